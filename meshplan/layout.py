@@ -1,0 +1,154 @@
+"""The layout grammar: `dp=2,pp=2,tp=4`, `sp=8`, `tp=2,sp=4`, `tsp=8`, `tpssm=4,zero=1`.
+
+A Layout is the degrees of each mesh axis; `validate_layout` checks it against a model (and a
+cluster), `validate_seq` against a sequence length. Errors are one line naming the constraint.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+
+from meshplan.errors import MeshplanError
+from meshplan.models import ModelSpec
+
+AXES = ("dp", "pp", "tp", "sp", "tsp", "tpssm")
+KEYS = AXES + ("zero",)
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    sp: int = 1
+    tsp: int = 1
+    tpssm: int = 1
+    zero: int = 0  # ZeRO stage over the dp axis: 1 optimizer state, 2 + gradients, 3 + parameters
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise MeshplanError(f"layout.{f.name} must be an integer, got {value!r}")
+        for axis in AXES:
+            if getattr(self, axis) < 1:
+                raise MeshplanError(f"layout.{axis} must be >= 1, got {getattr(self, axis)}")
+        if not 0 <= self.zero <= 3:
+            raise MeshplanError(f"layout.zero must be 0, 1, 2 or 3, got {self.zero}")
+        if self.tsp > 1 and (self.tp > 1 or self.sp > 1 or self.tpssm > 1):
+            raise MeshplanError("layout: tsp folds tensor and sequence onto one axis; do not combine it with tp, sp or tpssm")
+        if self.tp > 1 and self.tpssm > 1:
+            raise MeshplanError("layout: tp and tpssm are the same weight axis; give one of them (tpssm for Mamba models)")
+
+    # -- the model-parallel axes -----------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """The model-parallel scheme: tp, sp, tp+sp, tsp, tpssm, tpssm+sp, or none."""
+        t = self.tp > 1 or self.tpssm > 1
+        name = "tpssm" if self.tpssm > 1 else "tp"
+        if self.tsp > 1:
+            return "tsp"
+        if t and self.sp > 1:
+            return f"{name}+sp"
+        if t:
+            return name
+        return "sp" if self.sp > 1 else "none"
+
+    @property
+    def tensor_degree(self) -> int:
+        """T: the head / channel split of the TP axis (tp or tpssm); 1 for SP and TSP."""
+        return self.tp * self.tpssm
+
+    @property
+    def weight_shard_degree(self) -> int:
+        """How many ways each layer's weights are split: T, D, or 1 for SP."""
+        return self.tensor_degree * self.tsp
+
+    @property
+    def token_shard_degree(self) -> int:
+        """How many ways the sequence is split: Σ, D, or 1 for TP."""
+        return self.sp * self.tsp
+
+    @property
+    def model_parallel_degree(self) -> int:
+        return self.weight_shard_degree * self.sp
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.model_parallel_degree
+
+    def __str__(self) -> str:
+        parts = [f"{k}={getattr(self, k)}" for k in AXES if getattr(self, k) > 1]
+        if self.zero:
+            parts.append(f"zero={self.zero}")
+        return ",".join(parts) or "single"
+
+
+def parse_layout(text: str) -> Layout:
+    text = text.strip()
+    if text in ("", "single", "none"):
+        return Layout()
+    values: dict[str, int] = {}
+    for part in text.split(","):
+        key, sep, raw = part.strip().partition("=")
+        key = key.strip().lower()
+        if not sep:
+            raise MeshplanError(f"--layout: {part.strip()!r} is not key=value; write e.g. tp=4,dp=2")
+        if key not in KEYS:
+            hint = difflib.get_close_matches(key, KEYS, n=1)
+            fix = f"did you mean {hint[0]!r}?" if hint else f"use {', '.join(KEYS)}"
+            raise MeshplanError(f"--layout: unknown axis {key!r}; {fix}")
+        if key in values:
+            raise MeshplanError(f"--layout: axis {key!r} given twice")
+        try:
+            values[key] = int(raw.strip())
+        except ValueError:
+            raise MeshplanError(f"--layout: {key}={raw.strip()!r} is not an integer") from None
+    return Layout(**values)
+
+
+def _divides(degree: int, count: int, what: str, axis: str) -> None:
+    if count % degree:
+        raise MeshplanError(
+            f"layout: {axis}={degree} does not divide {what} ({count}); pick {axis} from the divisors of {count}")
+
+
+def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = None, cluster_name: str = "") -> None:
+    """Every sharding degree must divide what it splits; the mesh must fill the cluster exactly."""
+    if layout.tpssm > 1 and not model.has_mamba:
+        raise MeshplanError(f"layout: tpssm splits Mamba blocks but {model.name} has none; use tp={layout.tpssm}")
+    for axis, degree in (("tp", layout.tp), ("tpssm", layout.tpssm), ("tsp", layout.tsp)):
+        if degree == 1:
+            continue
+        if model.attention is not None:
+            _divides(degree, model.attention.heads, f"{model.name}'s attention heads", axis)
+            _divides(degree, model.attention.kv_heads, f"{model.name}'s KV heads", axis)
+        if model.mlp is not None:
+            _divides(degree, model.mlp.ffn_hidden, f"{model.name}'s FFN width", axis)
+        if model.mamba2 is not None:
+            _divides(degree, model.mamba2.nheads, f"{model.name}'s Mamba-2 heads", axis)
+            if axis != "tsp":
+                _divides(degree, model.mamba2.ngroups, f"{model.name}'s Mamba-2 B/C groups (ngroups)", axis)
+        if model.mamba1 is not None:
+            _divides(degree, model.mamba1.d_inner, f"{model.name}'s d_inner", axis)
+    if layout.pp > 1:
+        _divides(layout.pp, model.layers, f"{model.name}'s layers", "pp")
+    if num_gpus is not None and layout.world_size != num_gpus:
+        where = f"cluster {cluster_name}" if cluster_name else "the cluster"
+        raise MeshplanError(
+            f"layout {layout} uses {layout.world_size} GPUs but {where} has {num_gpus}; "
+            f"make dp×pp×tp×sp×tsp×tpssm = {num_gpus}")
+
+
+def validate_seq(layout: Layout, seq: int, batch: int) -> None:
+    if seq < 1:
+        raise MeshplanError(f"--seq must be >= 1, got {seq}")
+    if batch < 1:
+        raise MeshplanError(f"--batch must be >= 1, got {batch}")
+    if layout.sp > 1:
+        _divides(layout.sp, seq, "the sequence length", "sp")
+    if layout.tsp > 1 and seq % (2 * layout.tsp):
+        raise MeshplanError(
+            f"layout: tsp={layout.tsp} splits the sequence into 2·{layout.tsp} zigzag chunks, which must divide "
+            f"--seq ({seq}); use a multiple of {2 * layout.tsp}")

@@ -1,0 +1,343 @@
+"""Model shapes: frozen dataclasses validated on construction, and named presets.
+
+A model is a stack of blocks. Dense decoders are `layers` × (attention + MLP); Mamba models are
+`layers` × Mamba block; a Zamba-style hybrid is `layers` Mamba-2 blocks with a shared transformer
+block (attention + MLP, a few distinct copies reused in turn) invoked after every k-th Mamba block.
+The cost model walks `model.block_invocations()`; parameter counts come from `param_count()`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from meshplan.errors import MeshplanError
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+def dtype_bytes(name: str, field_name: str = "dtype") -> int:
+    try:
+        return DTYPE_BYTES[name]
+    except KeyError:
+        raise MeshplanError(f"{field_name}: unknown dtype {name!r}; use one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def _positive(owner: str, **values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise MeshplanError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Multi-head / grouped-query attention with a pre-norm. Widths in elements."""
+
+    hidden: int  # input width (Zamba2's shared block reads concat(hidden, embedding) = 2·d_model)
+    heads: int
+    kv_heads: int
+    head_dim: int
+    out_hidden: int  # width written back to the residual stream
+
+    def __post_init__(self) -> None:
+        _positive("attention", hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
+                  head_dim=self.head_dim, out_hidden=self.out_hidden)
+        if self.heads % self.kv_heads:
+            raise MeshplanError(
+                f"attention.kv_heads ({self.kv_heads}) must divide heads ({self.heads}); pick a divisor of heads")
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """h_kv = a_kv · d: the width of K (and of V)."""
+        return self.kv_heads * self.head_dim
+
+    def param_count(self) -> int:
+        # W_Q, W_K, W_V (no bias), W_O, and the pre-norm's scale.
+        return self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.out_hidden + self.hidden
+
+
+@dataclass(frozen=True)
+class MlpSpec:
+    hidden: int
+    ffn_hidden: int
+    gated: bool = True  # SwiGLU: gate and up (h × F·h each) and down (F·h × h)
+    out_hidden: int = 0  # 0: same as hidden
+
+    def __post_init__(self) -> None:
+        _positive("mlp", hidden=self.hidden, ffn_hidden=self.ffn_hidden)
+        if self.out_hidden == 0:
+            object.__setattr__(self, "out_hidden", self.hidden)
+
+    @property
+    def n_input_matrices(self) -> int:
+        return 2 if self.gated else 1
+
+    def param_count(self) -> int:
+        return self.n_input_matrices * self.hidden * self.ffn_hidden + self.ffn_hidden * self.out_hidden + self.hidden
+
+
+@dataclass(frozen=True)
+class Mamba2Spec:
+    """Mamba-2 mixer (Dao & Gu 2024; mamba_ssm `Mamba2`): in_proj → conv1d on xBC → SSD scan →
+    gated RMSNorm → out_proj, behind a pre-norm."""
+
+    d_model: int
+    d_state: int = 128
+    expand: int = 2
+    headdim: int = 64
+    ngroups: int = 1
+    d_conv: int = 4
+    chunk_size: int = 256
+
+    def __post_init__(self) -> None:
+        _positive("mamba2", d_model=self.d_model, d_state=self.d_state, expand=self.expand,
+                  headdim=self.headdim, ngroups=self.ngroups, d_conv=self.d_conv, chunk_size=self.chunk_size)
+        if self.d_inner % self.headdim:
+            raise MeshplanError(
+                f"mamba2.headdim ({self.headdim}) must divide d_inner = expand·d_model ({self.d_inner})")
+        if self.nheads % self.ngroups:
+            raise MeshplanError(f"mamba2.ngroups ({self.ngroups}) must divide nheads ({self.nheads})")
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def nheads(self) -> int:
+        return self.d_inner // self.headdim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels through the causal conv: x, B and C."""
+        return self.d_inner + 2 * self.ngroups * self.d_state
+
+    @property
+    def in_proj_width(self) -> int:
+        """z, x, B, C, dt packed: 2·d_inner + 2·ngroups·d_state + nheads (DESIGN.md §3)."""
+        return 2 * self.d_inner + 2 * self.ngroups * self.d_state + self.nheads
+
+    def param_count(self) -> int:
+        in_proj = self.d_model * self.in_proj_width
+        conv = self.conv_dim * self.d_conv + self.conv_dim  # depthwise weight + bias
+        per_head = 3 * self.nheads  # A_log, D, dt_bias
+        out_proj = self.d_inner * self.d_model
+        return in_proj + conv + per_head + self.d_inner + out_proj + self.d_model  # + gated norm + pre-norm
+
+
+@dataclass(frozen=True)
+class Mamba1Spec:
+    """Mamba-1 mixer (Gu & Dao 2023): in_proj → conv1d → x_proj (dt, B, C from all channels) →
+    dt_proj → selective scan → gate → out_proj. Falcon-Mamba is Mamba-1."""
+
+    d_model: int
+    d_state: int = 16
+    expand: int = 2
+    dt_rank: int = 0  # 0: ceil(d_model / 16), mamba_ssm's "auto"
+    d_conv: int = 4
+
+    def __post_init__(self) -> None:
+        if self.dt_rank == 0:
+            object.__setattr__(self, "dt_rank", math.ceil(self.d_model / 16))
+        _positive("mamba1", d_model=self.d_model, d_state=self.d_state, expand=self.expand,
+                  dt_rank=self.dt_rank, d_conv=self.d_conv)
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def x_proj_width(self) -> int:
+        return self.dt_rank + 2 * self.d_state
+
+    def param_count(self) -> int:
+        di = self.d_inner
+        in_proj = self.d_model * 2 * di
+        conv = di * self.d_conv + di
+        x_proj = di * self.x_proj_width
+        dt_proj = self.dt_rank * di + di
+        a_and_d = di * self.d_state + di
+        out_proj = di * self.d_model
+        return in_proj + conv + x_proj + dt_proj + a_and_d + out_proj + self.d_model
+
+
+BLOCK_KINDS = ("attention", "mlp", "mamba2", "mamba1", "hybrid_proj")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # "dense" | "mamba2" | "mamba1" | "hybrid"
+    d_model: int
+    layers: int
+    vocab: int
+    tied_embeddings: bool = False
+    param_dtype: str = "bf16"
+    attention: AttentionSpec | None = None
+    mlp: MlpSpec | None = None
+    mamba2: Mamba2Spec | None = None
+    mamba1: Mamba1Spec | None = None
+    hybrid_layers: int = 0  # hybrid: how many Mamba layers are followed by a shared-block invocation
+    shared_blocks: int = 0  # hybrid: distinct copies of the shared block, used in turn (ABAB…)
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        _positive(f"model {self.name}", d_model=self.d_model, layers=self.layers, vocab=self.vocab)
+        dtype_bytes(self.param_dtype, "model.param_dtype")
+        need = {
+            "dense": ("attention", "mlp"),
+            "mamba2": ("mamba2",),
+            "mamba1": ("mamba1",),
+            "hybrid": ("mamba2", "attention", "mlp"),
+        }
+        if self.family not in need:
+            raise MeshplanError(f"model.family: unknown {self.family!r}; use one of {', '.join(need)}")
+        for part in need[self.family]:
+            if getattr(self, part) is None:
+                raise MeshplanError(f"model {self.name}: family {self.family} needs a {part} spec")
+        if self.family == "hybrid":
+            _positive(f"model {self.name}", hybrid_layers=self.hybrid_layers, shared_blocks=self.shared_blocks)
+            if self.hybrid_layers > self.layers:
+                raise MeshplanError(f"model {self.name}: hybrid_layers ({self.hybrid_layers}) exceeds layers ({self.layers})")
+
+    # -- structure ---------------------------------------------------------------------------
+    @property
+    def has_attention(self) -> bool:
+        return self.attention is not None
+
+    @property
+    def has_mamba(self) -> bool:
+        return self.mamba2 is not None or self.mamba1 is not None
+
+    @property
+    def hybrid_invocations(self) -> int:
+        return self.hybrid_layers if self.family == "hybrid" else 0
+
+    def block_invocations(self) -> tuple[tuple[str, int], ...]:
+        """(block kind, times it runs per forward pass). Activations scale with these counts."""
+        if self.family == "dense":
+            return (("attention", self.layers), ("mlp", self.layers))
+        if self.family == "mamba2":
+            return (("mamba2", self.layers),)
+        if self.family == "mamba1":
+            return (("mamba1", self.layers),)
+        n = self.hybrid_invocations
+        return (("mamba2", self.layers), ("attention", n), ("mlp", n), ("hybrid_proj", n))
+
+    @property
+    def attention_layers(self) -> int:
+        """Attention invocations per forward pass (each keeps its own KV cache)."""
+        return dict(self.block_invocations()).get("attention", 0)
+
+    @property
+    def mamba_layers(self) -> int:
+        counts = dict(self.block_invocations())
+        return counts.get("mamba2", 0) + counts.get("mamba1", 0)
+
+    # -- parameters ----------------------------------------------------------------------------
+    def embedding_params(self) -> int:
+        """Token embedding, output head (unless tied) and the final norm."""
+        heads = 1 if self.tied_embeddings else 2
+        return heads * self.vocab * self.d_model + self.d_model
+
+    def layer_params(self) -> int:
+        """Parameters of all blocks (shared hybrid blocks counted once per distinct copy)."""
+        if self.family == "dense":
+            return self.layers * (self.attention.param_count() + self.mlp.param_count())
+        if self.family == "mamba2":
+            return self.layers * self.mamba2.param_count()
+        if self.family == "mamba1":
+            return self.layers * self.mamba1.param_count()
+        shared = self.shared_blocks * (self.attention.param_count() + self.mlp.param_count())
+        return self.layers * self.mamba2.param_count() + shared + self.hybrid_invocations * self.hybrid_proj_params()
+
+    def hybrid_proj_params(self) -> int:
+        """Zamba2: each hybrid layer owns a linear from the shared block's output back to d_model."""
+        if self.family != "hybrid":
+            return 0
+        return self.mlp.out_hidden * self.d_model
+
+    def param_count(self) -> int:
+        return self.embedding_params() + self.layer_params()
+
+    @property
+    def param_bytes_per_element(self) -> int:
+        return DTYPE_BYTES[self.param_dtype]
+
+
+# -- presets ----------------------------------------------------------------------------------
+
+def dense(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int,
+          gated: bool = True, tied: bool = False, source: str = "") -> ModelSpec:
+    head_dim = hidden // heads
+    if head_dim * heads != hidden:
+        raise MeshplanError(f"model {name}: heads ({heads}) must divide hidden ({hidden})")
+    return ModelSpec(
+        name=name, family="dense", d_model=hidden, layers=layers, vocab=vocab, tied_embeddings=tied,
+        attention=AttentionSpec(hidden, heads, kv_heads, head_dim, hidden),
+        mlp=MlpSpec(hidden, ffn_hidden, gated), source=source,
+    )
+
+
+def mamba2(name: str, d_model: int, layers: int, vocab: int, d_state: int = 128, headdim: int = 64,
+           ngroups: int = 1, expand: int = 2, d_conv: int = 4, tied: bool = True, source: str = "") -> ModelSpec:
+    return ModelSpec(
+        name=name, family="mamba2", d_model=d_model, layers=layers, vocab=vocab, tied_embeddings=tied,
+        mamba2=Mamba2Spec(d_model, d_state, expand, headdim, ngroups, d_conv), source=source,
+    )
+
+
+# state-spaces/mamba2-* config.json: d_state 128, headdim 64, ngroups 1, expand 2, d_conv 4,
+# vocab 50277 padded to a multiple of 16 (pad_vocab_size_multiple) = 50288, tied embeddings.
+_MAMBA2_VOCAB = 50288
+_MAMBA2_SRC = "state-spaces/mamba2-* config.json (d_model, n_layer), mamba_ssm Mamba2 defaults"
+
+PRESETS: dict[str, ModelSpec] = {
+    # DESIGN.md §6 anchor: the 7B dense model of the TSP paper (arXiv 2604.26294).
+    "dense-7b": dense("dense-7b", 4096, 32, 32, 32, 4 * 4096, 32000,
+                      source="DESIGN.md §6 (TSP paper 7B: h 4096, 32 layers, 32 heads, F 4 gated, V 32000)"),
+    # meta-llama/Meta-Llama-3-8B config.json.
+    "llama3-8b": dense("llama3-8b", 4096, 32, 32, 8, 14336, 128256, source="meta-llama/Meta-Llama-3-8B config.json"),
+    "mamba2-130m": mamba2("mamba2-130m", 768, 24, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
+    "mamba2-370m": mamba2("mamba2-370m", 1024, 48, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
+    "mamba2-780m": mamba2("mamba2-780m", 1536, 48, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
+    "mamba2-1.3b": mamba2("mamba2-1.3b", 2048, 48, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
+    "mamba2-2.7b": mamba2("mamba2-2.7b", 2560, 64, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
+    # tiiuae/falcon-mamba-7b config.json: hidden 4096, 64 layers, state 16, expand 2 (intermediate
+    # 8192), conv 4, time_step_rank 256, vocab 65024, untied (7.27B parameters).
+    "falcon-mamba-7b": ModelSpec(
+        name="falcon-mamba-7b", family="mamba1", d_model=4096, layers=64, vocab=65024, tied_embeddings=False,
+        mamba1=Mamba1Spec(4096, d_state=16, expand=2, dt_rank=256, d_conv=4),
+        source="tiiuae/falcon-mamba-7b config.json",
+    ),
+    # Zyphra/Zamba2-7B config.json: hidden 3584, 81 Mamba-2 layers (d_state 64, headdim 64,
+    # ngroups 2, expand 2), 2 shared transformer blocks used ABAB in 13 hybrid layers; the shared
+    # block reads concat(hidden, embedding) = 7168 wide, 32 heads of 224, intermediate 14336;
+    # vocab 32000, tied. Simplified here: the per-invocation LoRA adapters are left out (<1% of params).
+    "zamba2-7b": ModelSpec(
+        name="zamba2-7b", family="hybrid", d_model=3584, layers=81, vocab=32000, tied_embeddings=True,
+        mamba2=Mamba2Spec(3584, d_state=64, expand=2, headdim=64, ngroups=2, d_conv=4),
+        attention=AttentionSpec(7168, 32, 32, 224, 7168),
+        mlp=MlpSpec(7168, 14336, gated=True),
+        hybrid_layers=13, shared_blocks=2,
+        source="Zyphra/Zamba2-7B config.json (LoRA adapters omitted)",
+    ),
+}
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name, or a path to a HuggingFace config.json."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    from pathlib import Path
+
+    path = Path(name_or_path)
+    if not path.exists():
+        raise MeshplanError(
+            f"--model: {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor an existing config.json path")
+    from meshplan.hf_config import model_from_hf_config
+
+    return model_from_hf_config(path)

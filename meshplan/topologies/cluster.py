@@ -1,0 +1,194 @@
+"""Cluster descriptions: TOML files (or presets) → frozen ClusterSpec → networkx graph.
+
+TOML layout (every key required unless marked; an unknown key is an error naming it):
+
+    name = "h100-sxm-8"
+    nodes = 1                  # optional, default 1
+    gpus_per_node = 8
+    [gpu]        name, memory_bytes, bf16_tflops, hbm_tb_per_s
+    [intra_node] fabric ("nvswitch" | "xgmi" | "pcie"), link_gb_per_s, latency_us
+    [inter_node] nics_per_node, nic_gb_per_s, latency_us
+
+Bandwidths are per direction, in GB/s (1e9 bytes/s).
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from meshplan.errors import MeshplanError
+
+FABRICS = ("nvswitch", "xgmi", "pcie")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    memory_bytes: int
+    bf16_flops_per_s: float
+    hbm_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    bandwidth_bytes_per_s: float  # per direction
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: GpuSpec
+    fabric: str
+    intra_link: LinkSpec  # nvswitch/pcie: GPU ↔ switch; xgmi: each GPU ↔ peer link
+    nics_per_node: int
+    nic_link: LinkSpec
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise MeshplanError(f"cluster {self.name}: nodes and gpus_per_node must be >= 1")
+        if self.fabric not in FABRICS:
+            raise MeshplanError(f"cluster {self.name}: intra_node.fabric {self.fabric!r} unknown; use {', '.join(FABRICS)}")
+        if self.nics_per_node < 1:
+            raise MeshplanError(f"cluster {self.name}: inter_node.nics_per_node must be >= 1")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def with_nodes(self, nodes: int) -> "ClusterSpec":
+        if nodes < 1:
+            raise MeshplanError(f"--nodes must be >= 1, got {nodes}")
+        if nodes == self.nodes:
+            return self
+        return replace(self, nodes=nodes, name=f"{nodes}×{self.name}")
+
+
+_SCHEMA: dict[str, tuple[str, ...]] = {
+    "": ("name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node"),
+    "gpu": ("name", "memory_bytes", "bf16_tflops", "hbm_tb_per_s"),
+    "intra_node": ("fabric", "link_gb_per_s", "latency_us"),
+    "inter_node": ("nics_per_node", "nic_gb_per_s", "latency_us"),
+}
+_OPTIONAL = {("", "nodes")}
+_NUMERIC = {"memory_bytes", "bf16_tflops", "hbm_tb_per_s", "link_gb_per_s", "latency_us", "nics_per_node",
+            "nic_gb_per_s", "nodes", "gpus_per_node"}
+
+
+def _check_table(table: dict[str, Any], section: str, where: str) -> None:
+    allowed = _SCHEMA[section]
+    prefix = f"[{section}] " if section else ""
+    for key, value in table.items():
+        if key not in allowed:
+            hint = difflib.get_close_matches(key, allowed, n=1)
+            fix = f"did you mean {hint[0]!r}?" if hint else f"allowed: {', '.join(allowed)}"
+            raise MeshplanError(f"{where}: unknown key {prefix}{key!r}; {fix}")
+        if key in _NUMERIC and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
+            raise MeshplanError(f"{where}: {prefix}{key} must be a positive number, got {value!r}")
+    for key in allowed:
+        if key not in table and (section, key) not in _OPTIONAL:
+            raise MeshplanError(f"{where}: missing key {prefix}{key!r}")
+
+
+def cluster_from_dict(data: dict[str, Any], where: str) -> ClusterSpec:
+    _check_table(data, "", where)
+    for section in ("gpu", "intra_node", "inter_node"):
+        if not isinstance(data[section], dict):
+            raise MeshplanError(f"{where}: {section} must be a table ([{section}])")
+        _check_table(data[section], section, where)
+    gpu, intra, inter = data["gpu"], data["intra_node"], data["inter_node"]
+    return ClusterSpec(
+        name=str(data["name"]),
+        nodes=int(data.get("nodes", 1)),
+        gpus_per_node=int(data["gpus_per_node"]),
+        gpu=GpuSpec(str(gpu["name"]), int(gpu["memory_bytes"]), gpu["bf16_tflops"] * 1e12, gpu["hbm_tb_per_s"] * 1e12),
+        fabric=str(intra["fabric"]),
+        intra_link=LinkSpec(intra["link_gb_per_s"] * 1e9, intra["latency_us"] * 1e-6),
+        nics_per_node=int(inter["nics_per_node"]),
+        nic_link=LinkSpec(inter["nic_gb_per_s"] * 1e9, inter["latency_us"] * 1e-6),
+        source=where,
+    )
+
+
+def load_toml(path: Path) -> ClusterSpec:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise MeshplanError(f"{path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise MeshplanError(f"{path}: cannot read ({exc.strerror})") from None
+    return cluster_from_dict(data, str(path))
+
+
+def preset_names() -> list[str]:
+    folder = resources.files("meshplan.topologies") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_cluster(name_or_path: str, nodes: int | None = None) -> ClusterSpec:
+    """A preset name or a TOML path; `nodes` replicates the node over the preset's network."""
+    if name_or_path in preset_names():
+        text = (resources.files("meshplan.topologies") / "presets" / f"{name_or_path}.toml").read_text()
+        cluster = cluster_from_dict(tomllib.loads(text), f"preset {name_or_path}")
+    elif Path(name_or_path).exists():
+        cluster = load_toml(Path(name_or_path))
+    else:
+        raise MeshplanError(
+            f"--cluster: {name_or_path!r} is neither a preset ({', '.join(preset_names())}) nor an existing TOML path")
+    return cluster.with_nodes(nodes) if nodes is not None else cluster
+
+
+# -- graph ------------------------------------------------------------------------------------
+
+def gpu_id(node: int, local: int) -> str:
+    return f"n{node}/gpu{local}"
+
+
+def build_graph(cluster: ClusterSpec) -> nx.Graph:
+    """GPUs, intra-node switches (or the xGMI mesh), NICs and the network switch as a graph.
+
+    Node attribute `kind`: gpu | switch | nic. Edge attributes: `link` (nvlink, xgmi, pcie, nic,
+    network), `bandwidth_bytes_per_s` (per direction), `latency_s`.
+    """
+    g = nx.Graph(name=cluster.name)
+    intra = cluster.intra_link
+    link_name = {"nvswitch": "nvlink", "xgmi": "xgmi", "pcie": "pcie"}[cluster.fabric]
+    per_nic = max(1, cluster.gpus_per_node // cluster.nics_per_node)
+    if cluster.nodes > 1:
+        g.add_node("network", kind="switch", role="network")
+    for n in range(cluster.nodes):
+        gpus = [gpu_id(n, j) for j in range(cluster.gpus_per_node)]
+        for j, gid in enumerate(gpus):
+            g.add_node(gid, kind="gpu", node=n, local_rank=j, rank=n * cluster.gpus_per_node + j)
+        if cluster.fabric == "xgmi":
+            for a in range(len(gpus)):
+                for b in range(a + 1, len(gpus)):
+                    g.add_edge(gpus[a], gpus[b], link=link_name, bandwidth_bytes_per_s=intra.bandwidth_bytes_per_s,
+                               latency_s=intra.latency_s)
+        else:
+            switch = f"n{n}/{cluster.fabric}"
+            g.add_node(switch, kind="switch", role=cluster.fabric, node=n)
+            for gid in gpus:
+                g.add_edge(gid, switch, link=link_name, bandwidth_bytes_per_s=intra.bandwidth_bytes_per_s,
+                           latency_s=intra.latency_s)
+        for k in range(cluster.nics_per_node):
+            nic = f"n{n}/nic{k}"
+            g.add_node(nic, kind="nic", node=n)
+            for gid in gpus[k * per_nic:(k + 1) * per_nic] or gpus[-1:]:
+                # GPUDirect RDMA: the NIC reads GPU memory over its PCIe switch at the NIC's rate.
+                g.add_edge(gid, nic, link="nic", bandwidth_bytes_per_s=cluster.nic_link.bandwidth_bytes_per_s,
+                           latency_s=0.0)
+            if cluster.nodes > 1:
+                g.add_edge(nic, "network", link="network", bandwidth_bytes_per_s=cluster.nic_link.bandwidth_bytes_per_s,
+                           latency_s=cluster.nic_link.latency_s)
+    return g
