@@ -182,11 +182,14 @@ class ModelSpec:
     mamba1: Mamba1Spec | None = None
     hybrid_layers: int = 0  # hybrid: how many Mamba layers are followed by a shared-block invocation
     shared_blocks: int = 0  # hybrid: distinct copies of the shared block, used in turn (ABAB…)
+    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         _positive(f"model {self.name}", d_model=self.d_model, layers=self.layers, vocab=self.vocab)
         dtype_bytes(self.param_dtype, "model.param_dtype")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise MeshplanError(f"model.norm: unknown {self.norm!r}; use rmsnorm or layernorm")
         need = {
             "dense": ("attention", "mlp"),
             "mamba2": ("mamba2",),

@@ -1,0 +1,14 @@
+"""TP+SP: two orthogonal mesh axes T × Σ. Weights split by T, tokens by Σ; the TP rules apply on the
+T axis to tokens already split by Σ, and the K/V gather on the Σ axis moves heads already split by T.
+"""
+
+from meshplan.costmodel.options import MemoryOptions
+from meshplan.layout import Layout
+
+
+def sharding(layout: Layout, options: MemoryOptions):
+    from meshplan.costmodel.layouts import Sharding
+
+    t = layout.tensor_degree
+    return Sharding(weight_div=t, token_div=layout.sp, head_div=t,
+                    hidden_div=t if options.tp_sequence_parallel else 1, vocab_div=t, gathers_kv=True)

@@ -1,0 +1,200 @@
+"""Per-GPU memory for a model, layout and shape (DESIGN.md §3).
+
+    total = persistent + max(layer phase, logits phase)
+    persistent  = parameters + gradients + optimizer state + saved activations + KV / SSM caches
+    layer phase = working set of one layer + gathered K/V + in-flight TSP shards + ZeRO-3 gathers
+    logits phase = the logits (and, in training, the log-softmax kept for the loss's backward)
+
+Pipeline parallelism: the first stage holds `pp` micro-batches of activations in flight (1F1B,
+Korthikanti et al. 2022 §4.2.3), the last stage holds the output head and the logits; the larger of
+the two is reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from meshplan.costmodel.activations import block_saved, checkpoint_units, head_saved, Saved
+from meshplan.costmodel.layouts import Sharding, sharding_for
+from meshplan.costmodel.options import MemoryOptions
+from meshplan.layout import Layout, validate_layout, validate_seq
+from meshplan.models import ModelSpec
+
+ADAM_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m + v (ZeRO, Rajbhandari et al. 2020 §3)
+ADAM_STATE_BYTES_FP32_PARAMS = 8  # m + v only: fp32 weights are their own master copy
+
+COMPONENTS = (
+    "parameters", "gradients", "optimizer_state", "activations", "kv_cache", "ssm_state_cache",
+    "transient_working", "transient_kv_gather", "transient_weight_shards", "transient_comm_buffers",
+    "transient_logits",
+)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    per_gpu_bytes: dict[str, int]  # COMPONENTS → bytes
+    total_bytes: int
+    peak_phase: str  # "layer" or "logits": which transient set decides the peak
+    pipeline_stage: str  # "only", "first" or "last": the stage reported
+    activation_bytes_per_layer: int  # saved activations of one repetition unit, no micro-batches in flight
+    assumptions: dict = field(default_factory=dict)
+
+
+def _saved_bytes(items: list[Saved], tokens: float, keys: int, sh: Sharding, selective: bool = False) -> float:
+    """Bytes of `items` on one GPU for `tokens` tokens (all sequences of the micro-batch)."""
+    total = 0.0
+    for item in items:
+        if selective and item.recomputed_by_selective:
+            continue
+        div = sh.token_div * (sh.head_div if item.split == "heads" else sh.hidden_div)
+        total += tokens * item.bytes_per_token * (keys if item.quadratic else 1) / div
+    return total
+
+
+def _unit_items(model: ModelSpec, opts: MemoryOptions, blocks: tuple[str, ...]) -> list[Saved]:
+    return [item for kind in blocks for item in block_saved(kind, model, opts)]
+
+
+def saved_activation_bytes(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions,
+                           layers_fraction: float = 1.0) -> tuple[float, float]:
+    """(bytes saved for backward by the layers on one GPU, bytes of the largest unit's full set).
+
+    The second is the working set of one layer: what a layer's forward keeps alive, and what its
+    backward allocates again as gradients (and what full recompute rebuilds).
+    """
+    sh = sharding_for(layout, opts)
+    tokens = batch * seq
+    e = opts.nbytes("act_dtype")
+    saved = 0.0
+    largest = 0.0
+    for blocks, count, width in checkpoint_units(model):
+        items = _unit_items(model, opts, blocks)
+        full = _saved_bytes(items, tokens, seq, sh)
+        largest = max(largest, full)
+        runs = math.ceil(count * layers_fraction)
+        if opts.recompute == "full":
+            saved += runs * tokens * e * width / (sh.token_div * sh.hidden_div)
+        else:
+            saved += runs * _saved_bytes(items, tokens, seq, sh, selective=opts.recompute == "selective")
+    return saved, largest
+
+
+def _stage_params(model: ModelSpec, pp: int, stage: str) -> float:
+    """Parameters held by one pipeline stage (before any sharding)."""
+    if pp == 1:
+        return model.param_count()
+    layer = model.layer_params() / pp
+    vocab_matrix = model.vocab * model.d_model
+    if stage == "first":
+        return layer + vocab_matrix
+    # Last stage: the output head (for tied embeddings Megatron keeps a copy there) and the final norm.
+    return layer + vocab_matrix + model.d_model
+
+
+def _block_params(model: ModelSpec, kind: str) -> int:
+    if kind == "mamba2":
+        return model.mamba2.param_count()
+    if kind == "mamba1":
+        return model.mamba1.param_count()
+    if kind == "attention":
+        return model.attention.param_count()
+    if kind == "mlp":
+        return model.mlp.param_count()
+    return model.hybrid_proj_params()
+
+
+def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
+                   opts: MemoryOptions = MemoryOptions(), num_gpus: int | None = None) -> MemoryBreakdown:
+    """Per-GPU bytes by component. `seq` is the context length (prompt + cache in decode), `batch`
+    the micro-batch in sequences."""
+    validate_layout(layout, model, num_gpus)
+    validate_seq(layout, seq, batch)
+    sh = sharding_for(layout, opts)
+    train = opts.training
+    p_bytes = model.param_bytes_per_element
+    dp = layout.dp
+    zero = layout.zero if dp > 1 else 0
+
+    saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / layout.pp)
+    head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh) if train else 0.0
+    _, unit_full_decode = saved_activation_bytes(model, layout, 1 if opts.mode == "decode" else seq, batch, opts)
+    if opts.mode == "decode":
+        unit_full = unit_full_decode
+    per_layer = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / model.layers)[0] if train else 0.0
+
+    # Caches (inference): KV per attention invocation, conv + SSM state per Mamba layer.
+    kv_cache = ssm_cache = 0.0
+    if not train:
+        if model.attention is not None:
+            kv_cache = (model.attention_layers / layout.pp) * batch * seq * 2 * model.attention.kv_width \
+                * opts.nbytes("kv_cache_dtype") / (sh.token_div * sh.head_div)
+        m = model.mamba2 or model.mamba1
+        if m is not None:
+            if model.mamba2 is not None:
+                conv_ch, ssm_elems = m.conv_dim, m.nheads * m.headdim * m.d_state
+            else:
+                conv_ch, ssm_elems = m.d_inner, m.d_inner * m.d_state
+            per_seq = conv_ch * (m.d_conv - 1) * opts.nbytes("act_dtype") + ssm_elems * opts.nbytes("ssm_state_dtype")
+            ssm_cache = (model.mamba_layers / layout.pp) * batch * per_seq / sh.head_div
+
+    # Transients of the layer phase.
+    kv_gather = 0.0
+    if sh.gathers_kv and model.attention is not None and opts.mode != "decode":
+        kv_gather = batch * seq * 2 * model.attention.kv_width * opts.nbytes("act_dtype") / sh.head_div
+        if train:
+            kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
+    block_kinds = [k for k, _ in model.block_invocations()]
+    largest_block = max(_block_params(model, k) for k in block_kinds)
+    weight_shards = 0.0
+    if sh.streams_weights:
+        shard = largest_block / layout.tsp
+        weight_shards = 2 * shard * p_bytes  # double-buffered: the shard in use and the one arriving
+        if train:
+            weight_shards += 2 * shard * opts.nbytes("grad_dtype")  # partial grads awaiting reduce-scatter
+    comm_buffers = 0.0
+    if zero == 3:
+        comm_buffers = 2 * largest_block / sh.weight_div * p_bytes  # gathered layer + the prefetched next one
+
+    # Logits phase.
+    if train:
+        logits = 2 * batch * seq * model.vocab * opts.nbytes("logits_dtype") / (sh.token_div * sh.vocab_div)
+    else:
+        logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
+
+    results = []
+    stages = ("only",) if layout.pp == 1 else ("first", "last")
+    for stage in stages:
+        params = _stage_params(model, layout.pp, stage) / sh.weight_div
+        param_b = params * p_bytes / (dp if zero >= 3 else 1)
+        grad_b = params * opts.nbytes("grad_dtype") / (dp if zero >= 2 else 1) if train else 0.0
+        opt_bytes = 0
+        if train and opts.optimizer == "adam":
+            opt_bytes = ADAM_STATE_BYTES_PER_PARAM if p_bytes < 4 else ADAM_STATE_BYTES_FP32_PARAMS
+        opt_b = params * opt_bytes / (dp if zero >= 1 else 1)
+        acts = 0.0
+        if train:
+            in_flight = layout.pp if stage == "first" else 1
+            acts = saved_all * in_flight + (head_items if stage in ("only", "last") else 0.0)
+        has_logits = stage in ("only", "last")
+        parts = {
+            "parameters": param_b, "gradients": grad_b, "optimizer_state": opt_b, "activations": acts,
+            "kv_cache": kv_cache, "ssm_state_cache": ssm_cache, "transient_working": unit_full,
+            "transient_kv_gather": kv_gather, "transient_weight_shards": weight_shards,
+            "transient_comm_buffers": comm_buffers, "transient_logits": logits if has_logits else 0.0,
+        }
+        persistent = param_b + grad_b + opt_b + acts + kv_cache + ssm_cache
+        layer_phase = unit_full + kv_gather + weight_shards + comm_buffers
+        phase = "logits" if parts["transient_logits"] > layer_phase else "layer"
+        total = persistent + max(layer_phase, parts["transient_logits"])
+        results.append((total, stage, phase, parts))
+    total, stage, phase, parts = max(results, key=lambda r: r[0])
+    return MemoryBreakdown(
+        per_gpu_bytes={k: int(round(v)) for k, v in parts.items()},
+        total_bytes=int(round(total)),
+        peak_phase=phase,
+        pipeline_stage=stage,
+        activation_bytes_per_layer=int(round(per_layer)),
+        assumptions={**opts.as_dict(), "pipeline_schedule": "1F1B" if layout.pp > 1 else "none",
+                     "zero_stage": zero},
+    )

@@ -1,0 +1,201 @@
+"""Plain (single-GPU, mesh-unaware) dense decoder layers and Mamba-2 blocks.
+
+The executor's layouts parallelize these from the outside. What they save for backward is what
+`meshplan.costmodel.activations` counts; tests/test_saved_activations.py holds the two together.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from meshplan.kernels.reference import causal_conv1d_ref, ssd_scan_ref
+from meshplan.models import ModelSpec
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm that keeps only its input and the fp32 rstd per row for backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.float() * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        g = grad_out.float() * weight.float()
+        grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        grad_w = (grad_out.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x):
+        return _RMSNormFn.apply(x, self.weight, self.eps)
+
+
+def _init(linear_out: int, linear_in: int, generator: torch.Generator | None = None) -> nn.Parameter:
+    w = torch.empty(linear_out, linear_in)
+    nn.init.normal_(w, std=1.0 / math.sqrt(linear_in), generator=generator)
+    return nn.Parameter(w)
+
+
+def attention_core(q, k, v, flash: bool):
+    """q (b, s, a, d), k/v (b, s, a_kv, d) → (b, s, a·d). Causal."""
+    b, s, a, d = q.shape
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if flash:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=kh.shape[1] != a)
+    else:
+        rep = a // kh.shape[1]
+        kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
+        scores = torch.matmul(qh, kh.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        mask = torch.full((s, s), float("-inf"), dtype=scores.dtype, device=q.device).triu(1)
+        out = torch.matmul(torch.softmax(scores + mask, dim=-1), vh)
+    return out.transpose(1, 2).reshape(b, s, a * d)
+
+
+class DenseLayer(nn.Module):
+    """Pre-norm decoder layer: RMSNorm → fused QKV → causal SDPA → W_O; RMSNorm → SwiGLU MLP."""
+
+    def __init__(self, model: ModelSpec, flash: bool = True, selective_recompute: bool = False):
+        super().__init__()
+        attn, mlp = model.attention, model.mlp
+        self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
+        self.flash, self.selective = flash, selective_recompute
+        self.attn_norm = RMSNorm(attn.hidden)
+        self.w_qkv = _init(attn.q_width + 2 * attn.kv_width, attn.hidden)
+        self.w_o = _init(attn.out_hidden, attn.q_width)
+        self.mlp_norm = RMSNorm(mlp.hidden)
+        self.gated = mlp.gated
+        self.w_in = _init(mlp.n_input_matrices * mlp.ffn_hidden, mlp.hidden)  # [gate; up] when gated
+        self.w_down = _init(mlp.out_hidden, mlp.ffn_hidden)
+
+    def attention(self, x):
+        b, s, _ = x.shape
+        qkv = F.linear(self.attn_norm(x), self.w_qkv)
+        q_w, kv_w = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = qkv.split([q_w, kv_w, kv_w], dim=-1)
+        q = q.view(b, s, self.heads, self.head_dim)
+        k = k.view(b, s, self.kv_heads, self.head_dim)
+        v = v.view(b, s, self.kv_heads, self.head_dim)
+        if self.selective and not self.flash:
+            out = checkpoint(attention_core, q, k, v, self.flash, use_reentrant=False)
+        else:
+            out = attention_core(q, k, v, self.flash)
+        return F.linear(out, self.w_o)
+
+    def mlp(self, x):
+        h = F.linear(self.mlp_norm(x), self.w_in)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        return F.linear(h, self.w_down)
+
+    def forward(self, x):
+        x = x + self.attention(x)
+        return x + self.mlp(x)
+
+
+def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
+    """Mamba-2's RMSNormGated (norm_before_gate=False): rmsnorm(y · silu(z)) per group of channels."""
+    h = y.float() * F.silu(z.float())
+    shape = h.shape
+    hg = h.view(*shape[:-1], shape[-1] // group_size, group_size)
+    hg = hg * torch.rsqrt(hg.pow(2).mean(-1, keepdim=True) + eps)
+    return (hg.view(shape) * weight.float()).to(y.dtype)
+
+
+def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, seq_idx=None,
+                 initial_state=None):
+    """in_proj output → conv1d → SSD scan → gated norm → out_proj. Returns (out, final_state)."""
+    d_inner, ngroups, d_state, nheads, headdim = dims
+    b, s, _ = zxbcdt.shape
+    z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * ngroups * d_state, nheads], dim=-1)
+    xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx)
+    x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    dt = F.softplus(dt.float() + dt_bias.float())
+    y, state = ssd_scan_ref(x.reshape(b, s, nheads, headdim), dt, -torch.exp(a_log.float()),
+                            B.reshape(b, s, ngroups, d_state), C.reshape(b, s, ngroups, d_state), d_skip,
+                            initial_state=initial_state, seq_idx=seq_idx)
+    y = gated_rmsnorm(y.reshape(b, s, d_inner), z, norm_w, d_inner // ngroups)
+    return F.linear(y, out_w), state
+
+
+class _Mamba2CoreFn(torch.autograd.Function):
+    """The mixer core with recompute: saves only zxbcdt (and the weights) for backward."""
+
+    @staticmethod
+    def forward(ctx, zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims):
+        with torch.no_grad():
+            out, _ = mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims)
+        ctx.dims = dims
+        ctx.save_for_backward(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inputs = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            out, _ = mamba2_mixer(*inputs, ctx.dims)
+        grads = torch.autograd.grad(out, inputs, grad_out)
+        return (*grads, None)
+
+
+class Mamba2Block(nn.Module):
+    """Pre-norm Mamba-2 block: RMSNorm → in_proj → mixer core (recomputed in backward) → residual."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        m = model.mamba2
+        self.dims = (m.d_inner, m.ngroups, m.d_state, m.nheads, m.headdim)
+        self.norm = RMSNorm(m.d_model)
+        self.in_proj = _init(m.in_proj_width, m.d_model)
+        self.conv_w = nn.Parameter(torch.randn(m.conv_dim, m.d_conv) / math.sqrt(m.d_conv))
+        self.conv_b = nn.Parameter(torch.zeros(m.conv_dim))
+        self.dt_bias = nn.Parameter(torch.log(torch.expm1(torch.linspace(1e-3, 1e-1, m.nheads))))
+        self.a_log = nn.Parameter(torch.log(torch.linspace(1.0, 16.0, m.nheads)))
+        self.d_skip = nn.Parameter(torch.ones(m.nheads))
+        self.norm_w = nn.Parameter(torch.ones(m.d_inner))
+        self.out_proj = _init(m.d_model, m.d_inner)
+
+    def forward(self, x):
+        zxbcdt = F.linear(self.norm(x), self.in_proj)
+        out = _Mamba2CoreFn.apply(zxbcdt, self.conv_w, self.conv_b, self.dt_bias, self.a_log, self.d_skip,
+                                  self.norm_w, self.out_proj, self.dims)
+        return x + out
+
+
+class Stack(nn.Module):
+    """`n_layers` repetition units of a dense or Mamba-2 model, with a recompute policy."""
+
+    def __init__(self, model: ModelSpec, n_layers: int, recompute: str = "none", flash: bool = True):
+        super().__init__()
+        if model.family == "dense":
+            make = lambda: DenseLayer(model, flash=flash, selective_recompute=recompute == "selective")  # noqa: E731
+        elif model.family == "mamba2":
+            make = lambda: Mamba2Block(model)  # noqa: E731
+        else:
+            raise ValueError(f"Stack supports dense and mamba2 models, not {model.family}")
+        self.layers = nn.ModuleList(make() for _ in range(n_layers))
+        self.recompute = recompute
+
+    def forward(self, x):
+        for layer in self.layers:
+            # Full recompute keeps only each layer's input (the reentrant form saves exactly that).
+            x = checkpoint(layer, x, use_reentrant=True) if self.recompute == "full" else layer(x)
+        return x

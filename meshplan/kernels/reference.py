@@ -1,0 +1,72 @@
+"""Plain-torch references for the kernels: slow, obvious, and the ground truth in tests.
+
+Shapes (Mamba-2 / mamba_ssm conventions):
+    x  (batch, seqlen, nheads, headdim)      dt (batch, seqlen, nheads)    A (nheads,) negative
+    B, C (batch, seqlen, ngroups, d_state)   D (nheads,)
+    seq_idx (batch, seqlen) int: which packed sequence each token belongs to (state resets between).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      seq_idx: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+                      activation: str | None = "silu") -> torch.Tensor:
+    """Depthwise causal conv over time. x (b, s, c), weight (c, k), initial_state (b, c, k-1).
+
+    With `seq_idx`, a token never sees taps from an earlier packed sequence.
+    """
+    b, s, c = x.shape
+    k = weight.shape[1]
+    pad = x.new_zeros(b, k - 1, c) if initial_state is None else initial_state.transpose(1, 2).to(x.dtype)
+    xp = torch.cat([pad, x], dim=1)  # (b, s + k - 1, c)
+    out = torch.zeros(b, s, c, dtype=torch.float32, device=x.device)
+    for tap in range(k):
+        # output t uses input t - (k - 1 - tap)
+        shift = k - 1 - tap
+        contrib = xp[:, tap:tap + s, :].float() * weight[:, tap].float()
+        if seq_idx is not None and shift > 0:
+            src = torch.cat([seq_idx.new_full((b, shift), -1), seq_idx[:, :s - shift]], dim=1) if shift < s \
+                else seq_idx.new_full((b, s), -1)
+            contrib = contrib * (src == seq_idx).unsqueeze(-1)
+        out = out + contrib
+    if bias is not None:
+        out = out + bias.float()
+    if activation == "silu":
+        out = F.silu(out)
+    return out.to(x.dtype)
+
+
+def ssd_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                 D: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+                 seq_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Mamba-2 recurrence, token by token, in fp32:
+
+        h_t = exp(dt_t · A) · h_{t-1} + dt_t · x_t ⊗ B_t      y_t = h_t · C_t + D · x_t
+
+    `dt` is used as given (softplus and bias applied by the caller). Returns y (like x) and the final
+    state (batch, nheads, headdim, d_state). Where seq_idx changes, the state restarts from zero.
+    """
+    b, s, h, p = x.shape
+    g = B.shape[2]
+    heads_per_group = h // g
+    state = x.new_zeros(b, h, p, B.shape[-1], dtype=torch.float32) if initial_state is None \
+        else initial_state.float().clone()
+    Bh = B.float().repeat_interleave(heads_per_group, dim=2)  # (b, s, h, n)
+    Ch = C.float().repeat_interleave(heads_per_group, dim=2)
+    ys = []
+    for t in range(s):
+        if seq_idx is not None and t > 0:
+            keep = (seq_idx[:, t] == seq_idx[:, t - 1]).float().view(b, 1, 1, 1)
+            state = state * keep
+        dt_t = dt[:, t].float()  # (b, h)
+        decay = torch.exp(dt_t * A.float()).view(b, h, 1, 1)
+        state = state * decay + (dt_t.view(b, h, 1, 1) * x[:, t].float().unsqueeze(-1)) * Bh[:, t].unsqueeze(2)
+        y_t = (state * Ch[:, t].unsqueeze(2)).sum(-1)  # (b, h, p)
+        if D is not None:
+            y_t = y_t + D.float().view(1, h, 1) * x[:, t].float()
+        ys.append(y_t)
+    return torch.stack(ys, dim=1).to(x.dtype), state
