@@ -128,8 +128,11 @@ def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = Non
             _divides(degree, model.mlp.ffn_hidden, f"{model.name}'s FFN width", axis)
         if model.mamba2 is not None:
             _divides(degree, model.mamba2.nheads, f"{model.name}'s Mamba-2 heads", axis)
-            if axis != "tsp":
-                _divides(degree, model.mamba2.ngroups, f"{model.name}'s Mamba-2 B/C groups (ngroups)", axis)
+            groups = model.mamba2.ngroups
+            if axis != "tsp" and groups % degree and degree % groups:
+                raise MeshplanError(
+                    f"layout: {axis}={degree} and {model.name}'s Mamba-2 ngroups ({groups}) must divide one another "
+                    f"(B/C groups are split, or replicated to the ranks whose heads use them)")
         if model.mamba1 is not None:
             _divides(degree, model.mamba1.d_inner, f"{model.name}'s d_inner", axis)
     if layout.pp > 1:

@@ -12,6 +12,8 @@ also divided by the layout's token split):
 - "hidden": full-width tensors that TP replicates (norm inputs, projection inputs, dropout masks);
   Megatron-SP splits them by T as well.
 - "heads": tensors between a column-parallel and a row-parallel projection: divided by T.
+- "groups": Mamba-2's B and C, split by T when T divides ngroups, else replicated to the ranks whose
+  heads share a group: divided by gcd(T, ngroups).
 Entries with `quadratic=True` scale with the key length too (the s² attention scores).
 """
 
@@ -98,7 +100,8 @@ def mamba2_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         Saved("norm_input", e * m.d_model, "hidden"),
         Saved("norm_stats", FP32, "hidden"),
         Saved("in_proj_input", e * m.d_model, "hidden"),
-        Saved("zxbcdt", e * m.in_proj_width, "heads"),
+        Saved("zxdt", e * (2 * m.d_inner + m.nheads), "heads"),
+        Saved("bc", e * 2 * m.ngroups * m.d_state, "groups"),
     ]
 
 

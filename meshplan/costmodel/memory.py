@@ -41,13 +41,22 @@ class MemoryBreakdown:
     assumptions: dict = field(default_factory=dict)
 
 
-def _saved_bytes(items: list[Saved], tokens: float, keys: int, sh: Sharding, selective: bool = False) -> float:
+def _split_div(split: str, sh: Sharding, ngroups: int) -> int:
+    if split == "heads":
+        return sh.head_div
+    if split == "groups":
+        return math.gcd(sh.head_div, ngroups)
+    return sh.hidden_div
+
+
+def _saved_bytes(items: list[Saved], tokens: float, keys: int, sh: Sharding, ngroups: int = 1,
+                 selective: bool = False) -> float:
     """Bytes of `items` on one GPU for `tokens` tokens (all sequences of the micro-batch)."""
     total = 0.0
     for item in items:
         if selective and item.recomputed_by_selective:
             continue
-        div = sh.token_div * (sh.head_div if item.split == "heads" else sh.hidden_div)
+        div = sh.token_div * _split_div(item.split, sh, ngroups)
         total += tokens * item.bytes_per_token * (keys if item.quadratic else 1) / div
     return total
 
@@ -66,17 +75,18 @@ def saved_activation_bytes(model: ModelSpec, layout: Layout, seq: int, batch: in
     sh = sharding_for(layout, opts)
     tokens = batch * seq
     e = opts.nbytes("act_dtype")
+    groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     saved = 0.0
     largest = 0.0
     for blocks, count, width in checkpoint_units(model):
         items = _unit_items(model, opts, blocks)
-        full = _saved_bytes(items, tokens, seq, sh)
+        full = _saved_bytes(items, tokens, seq, sh, groups)
         largest = max(largest, full)
         runs = math.ceil(count * layers_fraction)
         if opts.recompute == "full":
             saved += runs * tokens * e * width / (sh.token_div * sh.hidden_div)
         else:
-            saved += runs * _saved_bytes(items, tokens, seq, sh, selective=opts.recompute == "selective")
+            saved += runs * _saved_bytes(items, tokens, seq, sh, groups, selective=opts.recompute == "selective")
     return saved, largest
 
 
@@ -90,6 +100,16 @@ def _stage_params(model: ModelSpec, pp: int, stage: str) -> float:
         return layer + vocab_matrix
     # Last stage: the output head (for tied embeddings Megatron keeps a copy there) and the final norm.
     return layer + vocab_matrix + model.d_model
+
+
+def replicated_group_params(model: ModelSpec, head_div: int) -> float:
+    """Extra parameters per rank when TP splits Mamba-2 heads finer than its B/C groups: the B/C
+    columns of in_proj (and their conv channels) are held by every rank whose heads use the group."""
+    m = model.mamba2
+    if m is None or head_div == 1:
+        return 0.0
+    per_layer = 2 * m.ngroups * m.d_state * (m.d_model + m.d_conv + 1)
+    return model.layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
 
 
 def _block_params(model: ModelSpec, kind: str) -> int:
@@ -117,7 +137,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     zero = layout.zero if dp > 1 else 0
 
     saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / layout.pp)
-    head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh) if train else 0.0
+    head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train else 0.0
     _, unit_full_decode = saved_activation_bytes(model, layout, 1 if opts.mode == "decode" else seq, batch, opts)
     if opts.mode == "decode":
         unit_full = unit_full_decode
@@ -165,7 +185,8 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     results = []
     stages = ("only",) if layout.pp == 1 else ("first", "last")
     for stage in stages:
-        params = _stage_params(model, layout.pp, stage) / sh.weight_div
+        params = (_stage_params(model, layout.pp, stage) / sh.weight_div
+                  + replicated_group_params(model, sh.head_div) / layout.pp)
         param_b = params * p_bytes / (dp if zero >= 3 else 1)
         grad_b = params * opts.nbytes("grad_dtype") / (dp if zero >= 2 else 1) if train else 0.0
         opt_bytes = 0

@@ -1,0 +1,241 @@
+"""The `meshplan` command: parse options into specs, call one function, render a table or JSON."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from meshplan.errors import MeshplanError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Plan, predict and run parallel layouts for transformer and Mamba models.")
+cluster_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect cluster descriptions.")
+app.add_typer(cluster_app, name="cluster")
+
+# Piped output (logs, CI) gets a wide fixed width so the per-component table is not folded.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def user_errors(fn):
+    """A MeshplanError becomes one line on stderr and exit status 2, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MeshplanError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def fmt_bytes(n: float) -> str:
+    if n == 0:
+        return "0"
+    for unit, size in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_params(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+COMPONENT_LABELS = {
+    "parameters": "params", "gradients": "grads", "optimizer_state": "optim", "activations": "acts",
+    "kv_cache": "KV$", "ssm_state_cache": "SSM$", "transient_working": "work",
+    "transient_kv_gather": "KVgath", "transient_weight_shards": "shards",
+    "transient_comm_buffers": "Z3gath", "transient_logits": "logits",
+}
+
+
+@app.command()
+@user_errors
+def memory(
+    model: str = typer.Option(..., "--model", help="Preset name or path to a HuggingFace config.json."),
+    layout: List[str] = typer.Option(..., "--layout", help="e.g. tp=8, tsp=8, tp=2,sp=4 (repeat to compare)."),
+    seq: str = typer.Option("4096", "--seq", help="Sequence length (context length in decode): 4096, 128k."),
+    batch: int = typer.Option(1, "--batch", help="Micro-batch size in sequences."),
+    mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="Preset or TOML: check the fit, and the GPU count."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Replicate the cluster's node N times."),
+    recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    flash: bool = typer.Option(True, "--flash/--no-flash", help="Fused attention (no s² scores kept)."),
+    dropout: bool = typer.Option(False, "--dropout/--no-dropout", help="Count dropout masks."),
+    act_dtype: str = typer.Option("bf16", "--act-dtype"),
+    grad_dtype: str = typer.Option("bf16", "--grad-dtype", help="bf16 (16 B/param with Adam) or fp32 (18)."),
+    optimizer: str = typer.Option("adam", "--optimizer", help="adam (mixed precision) | none"),
+    logits_dtype: str = typer.Option("fp32", "--logits-dtype"),
+    tp_sequence_parallel: bool = typer.Option(False, "--tp-sequence-parallel/--no-tp-sequence-parallel",
+                                              help="Megatron-SP on the TP axis."),
+    sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Write memory vs sequence length to this PNG."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+):
+    """Per-GPU memory, broken down, for one or more layouts (a dry run: nothing is allocated)."""
+    from meshplan.costmodel.options import MemoryOptions
+    from meshplan.layout import parse_layout
+    from meshplan.models import load_model
+    from meshplan.reports import memory_records, parse_token_list, parse_tokens
+    from meshplan.topologies.cluster import load_cluster
+
+    spec = load_model(model)
+    layouts = [parse_layout(text) for text in layout]
+    seqs = parse_token_list(sweep_seq) if sweep_seq else [parse_tokens(seq)]
+    opts = MemoryOptions(mode=mode, recompute=recompute, flash_attention=flash, dropout=dropout,
+                         act_dtype=act_dtype, grad_dtype=grad_dtype, optimizer=optimizer, logits_dtype=logits_dtype,
+                         tp_sequence_parallel=tp_sequence_parallel)
+    cluster_spec = load_cluster(cluster, nodes) if cluster else None
+    records = memory_records(spec, layouts, seqs, batch, opts, cluster_spec)
+    if plot:
+        from meshplan.plots import plot_memory_vs_seq
+
+        plot_memory_vs_seq(records, plot)
+    if as_json:
+        _print_json(records[0] if len(records) == 1 else records)
+        return
+    _render_memory(records, spec, opts, cluster_spec)
+    if plot:
+        console.print(f"plot written to {plot}")
+
+
+def fmt_tokens(n: int) -> str:
+    for unit, size in (("m", 1024 ** 2), ("k", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def _render_memory(records, spec, opts, cluster_spec) -> None:
+    shown = [k for k in COMPONENT_LABELS if any(r["per_gpu_bytes"][k] for r in records)]
+    gib = 2 ** 30
+    title = f"{spec.name} · {opts.mode} · batch {records[0]['batch']} · per-GPU memory (GiB)"
+    table = Table(title=title, caption="total = params + grads + optim + acts + caches + max(layer transients, "
+                                       "logits); $ = cache", pad_edge=False)
+    table.add_column("layout")
+    table.add_column("seq", justify="right")
+    for key in shown:
+        table.add_column(COMPONENT_LABELS[key], justify="right")
+    table.add_column("total", justify="right", style="bold")
+    if cluster_spec:
+        table.add_column(f"fits {cluster_spec.gpu.memory_bytes / gib:.0f}", justify="center")
+    for r in records:
+        row = [r["layout"], fmt_tokens(r["seq"])] + [f"{r['per_gpu_bytes'][k] / gib:.2f}" for k in shown]
+        row.append(f"{r['total_bytes'] / gib:.2f}")
+        if cluster_spec:
+            row.append("[green]yes[/]" if r["fits"] else "[red]no[/]")
+        table.add_row(*row)
+    console.print(table)
+    a = records[0]["assumptions"]
+    console.print(
+        f"assumptions: recompute={a['recompute']}, flash_attention={a['flash_attention']}, dropout={a['dropout']}, "
+        f"activations {a['act_dtype']}, grads {a['grad_dtype']}, optimizer {a['optimizer']}, "
+        f"logits {a['logits_dtype']}, tp_sequence_parallel={a['tp_sequence_parallel']}", highlight=False)
+
+
+# -- listings ------------------------------------------------------------------------------------
+
+@app.command()
+@user_errors
+def models(as_json: bool = typer.Option(False, "--json")):
+    """List the model presets."""
+    from meshplan.models import PRESETS
+
+    rows = []
+    for name, m in PRESETS.items():
+        attn = m.attention
+        rows.append({"name": name, "family": m.family, "params": m.param_count(), "d_model": m.d_model,
+                     "layers": m.layers, "heads": attn.heads if attn else None,
+                     "kv_heads": attn.kv_heads if attn else None, "vocab": m.vocab, "source": m.source})
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="model presets")
+    for col in ("name", "family", "params", "d_model", "layers", "heads/kv", "vocab", "source"):
+        table.add_column(col)
+    for r in rows:
+        heads = f"{r['heads']}/{r['kv_heads']}" if r["heads"] else "-"
+        table.add_row(r["name"], r["family"], fmt_params(r["params"]), str(r["d_model"]), str(r["layers"]), heads,
+                      str(r["vocab"]), r["source"])
+    console.print(table)
+
+
+@app.command()
+@user_errors
+def clusters(as_json: bool = typer.Option(False, "--json")):
+    """List the cluster presets."""
+    from meshplan.topologies.cluster import load_cluster, preset_names
+
+    specs = [load_cluster(name) for name in preset_names()]
+    rows = [{"name": c.name, "gpus": c.num_gpus, "gpu": c.gpu.name, "gpu_memory_bytes": c.gpu.memory_bytes,
+             "bf16_tflops": c.gpu.bf16_flops_per_s / 1e12, "fabric": c.fabric,
+             "link_gb_per_s": c.intra_link.bandwidth_bytes_per_s / 1e9,
+             "nics_per_node": c.nics_per_node, "nic_gb_per_s": c.nic_link.bandwidth_bytes_per_s / 1e9} for c in specs]
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="cluster presets (one node each; --nodes N joins N of them)")
+    for col in ("name", "GPUs", "GPU", "memory", "bf16 TFLOP/s", "intra-node", "NICs"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], str(r["gpus"]), r["gpu"], fmt_bytes(r["gpu_memory_bytes"]), f"{r['bf16_tflops']:.0f}",
+                      f"{r['fabric']} {r['link_gb_per_s']:.0f} GB/s", f"{r['nics_per_node']} × {r['nic_gb_per_s']:g} GB/s")
+    console.print(table)
+
+
+@cluster_app.command("show")
+@user_errors
+def cluster_show(name: str = typer.Argument(..., help="Preset name or TOML path."),
+                 nodes: Optional[int] = typer.Option(None, "--nodes"),
+                 as_json: bool = typer.Option(False, "--json")):
+    """Draw a cluster's topology as a tree."""
+    from networkx.readwrite import json_graph
+
+    from meshplan.topologies.cluster import build_graph, load_cluster
+
+    spec = load_cluster(name, nodes)
+    graph = build_graph(spec)
+    if as_json:
+        _print_json(json_graph.node_link_data(graph, edges="links"))
+        return
+    tree = Tree(f"[bold]{spec.name}[/] — {spec.num_gpus} × {spec.gpu.name}, {fmt_bytes(spec.gpu.memory_bytes)} each")
+    bw = spec.intra_link.bandwidth_bytes_per_s / 1e9
+    for n in range(spec.nodes):
+        node = tree.add(f"node {n}")
+        gpus = sorted((g for g, d in graph.nodes(data=True) if d["kind"] == "gpu" and d["node"] == n),
+                      key=lambda g: graph.nodes[g]["local_rank"])
+        if spec.fabric == "xgmi":
+            fabric = node.add(f"xGMI full mesh: {len(gpus) * (len(gpus) - 1) // 2} links, {bw:g} GB/s each way")
+        else:
+            fabric = node.add(f"{spec.fabric} ({bw:g} GB/s each way per GPU)")
+        for g in gpus:
+            nics = [x for x in graph.neighbors(g) if graph.nodes[x]["kind"] == "nic"]
+            fabric.add(f"{g} (rank {graph.nodes[g]['rank']}) → {', '.join(nics)}")
+        nic_bw = spec.nic_link.bandwidth_bytes_per_s / 1e9
+        target = "network switch" if spec.nodes > 1 else "no other node"
+        node.add(f"{spec.nics_per_node} NICs × {nic_bw:g} GB/s → {target}")
+    console.print(tree)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
