@@ -96,7 +96,7 @@ def parse_layout(text: str) -> Layout:
         if not sep:
             raise MeshplanError(f"--layout: {part.strip()!r} is not key=value; write e.g. tp=4,dp=2")
         if key not in KEYS:
-            hint = difflib.get_close_matches(key, KEYS, n=1)
+            hint = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.5)
             fix = f"did you mean {hint[0]!r}?" if hint else f"use {', '.join(KEYS)}"
             raise MeshplanError(f"--layout: unknown axis {key!r}; {fix}")
         if key in values:

@@ -151,12 +151,15 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
                 * opts.nbytes("kv_cache_dtype") / (sh.token_div * sh.head_div)
         m = model.mamba2 or model.mamba1
         if m is not None:
+            # Per sequence and layer: conv state (channels × (d_conv − 1)) and the SSM state.
             if model.mamba2 is not None:
-                conv_ch, ssm_elems = m.conv_dim, m.nheads * m.headdim * m.d_state
+                bc = 2 * m.ngroups * m.d_state  # B/C channels: split by gcd(T, ngroups), like their weights
+                conv_ch = m.d_inner / sh.head_div + bc / math.gcd(sh.head_div, m.ngroups)
+                ssm_elems = m.nheads * m.headdim * m.d_state / sh.head_div
             else:
-                conv_ch, ssm_elems = m.d_inner, m.d_inner * m.d_state
+                conv_ch, ssm_elems = m.d_inner / sh.head_div, m.d_inner * m.d_state / sh.head_div
             per_seq = conv_ch * (m.d_conv - 1) * opts.nbytes("act_dtype") + ssm_elems * opts.nbytes("ssm_state_dtype")
-            ssm_cache = (model.mamba_layers / layout.pp) * batch * per_seq / sh.head_div
+            ssm_cache = (model.mamba_layers / layout.pp) * batch * per_seq
 
     # Transients of the layer phase.
     kv_gather = 0.0

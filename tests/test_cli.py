@@ -1,0 +1,60 @@
+"""The CLI parses, calls and renders; user errors are one line with exit status 2."""
+
+import json
+
+from typer.testing import CliRunner
+
+from meshplan.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_memory_json_is_one_object_with_components():
+    r = invoke("memory", "--model", "dense-7b", "--layout", "tsp=8", "--seq", "128k", "--cluster", "h200-8", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert set(data["per_gpu_bytes"]) >= {"parameters", "gradients", "optimizer_state", "activations", "kv_cache",
+                                          "ssm_state_cache", "transient_logits"}
+    assert data["total_bytes"] >= sum(data["per_gpu_bytes"][k] for k in ("parameters", "activations"))
+    assert data["seq"] == 131072 and data["fits"] is True and data["layout"] == "tsp=8"
+
+
+def test_memory_sweep_compares_layouts_and_plots(tmp_path):
+    png = tmp_path / "mem.png"
+    r = invoke("memory", "--model", "dense-7b", "--layout", "tp=8", "--layout", "tsp=8", "--layout", "tp=2,sp=4",
+               "--sweep-seq", "16k,32k", "--plot", str(png), "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert [(x["layout"], x["seq"]) for x in rows] == [(lay, s) for lay in ("tp=8", "tsp=8", "tp=2,sp=4")
+                                                         for s in (16384, 32768)]
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_memory_table_renders():
+    r = invoke("memory", "--model", "mamba2-2.7b", "--layout", "tpssm=4", "--seq", "8k", "--mode", "decode",
+               "--batch", "8")
+    assert r.exit_code == 0, r.output
+    assert "SSM$" in r.stdout and "tpssm=4" in r.stdout
+
+
+def test_user_errors_are_one_line_exit_2():
+    for args in (["--layout", "tp=3"], ["--layout", "tq=2"], ["--layout", "tp=8", "--cluster", "h200-8", "--nodes", "2"],
+                 ["--layout", "tp=8", "--cluster", "nope"], ["--layout", "tp=8", "--seq", "12x"],
+                 ["--layout", "tp=8", "--mode", "serve"]):
+        r = invoke("memory", "--model", "dense-7b", *args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "Traceback" not in r.output
+        assert r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_listings():
+    models = json.loads(invoke("models", "--json").stdout)
+    assert {m["name"] for m in models} >= {"dense-7b", "llama3-8b", "mamba2-130m", "falcon-mamba-7b", "zamba2-7b"}
+    clusters = json.loads(invoke("clusters", "--json").stdout)
+    assert {c["name"] for c in clusters} >= {"h100-sxm-8", "h200-8", "a100-sxm-8", "a6000-pcie-4", "mi300x-8"}
+    tree = invoke("cluster", "show", "h100-sxm-8", "--nodes", "2")
+    assert tree.exit_code == 0 and "n1/gpu7" in tree.stdout and "network switch" in tree.stdout

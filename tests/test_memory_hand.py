@@ -1,0 +1,143 @@
+"""Hand-computed memory cases: the arithmetic is written out here, independent of the model code."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.costmodel.memory import memory_per_gpu, saved_activation_bytes
+from meshplan.costmodel.options import MemoryOptions
+from meshplan.layout import Layout, parse_layout
+from meshplan.models import PRESETS, dense
+
+# Korthikanti et al. 2022's setting: LayerNorm, GeLU MLP with F = 4, MHA, dropout, no fused attention.
+H, A, S, B = 1024, 16, 512, 2
+KORTHIKANTI = replace(dense("korthikanti", H, 1, A, A, 4 * H, 1000, gated=False), norm="layernorm")
+PAPER = MemoryOptions(dropout=True, flash_attention=False, act_dtype="bf16")
+LN_STATS = 2 * 8  # two LayerNorms, each keeping fp32 mean and rstd per token
+
+
+def acts(layout: str, opts: MemoryOptions = PAPER, model=KORTHIKANTI) -> float:
+    return saved_activation_bytes(model, parse_layout(layout), S, B, opts)[0]
+
+
+def test_no_parallelism_is_34_plus_5as_over_h():
+    sbh = S * B * H
+    assert acts("single") == sbh * 34 + 5 * A * S * S * B + LN_STATS * S * B
+
+
+def test_tp_without_sequence_parallel_is_10_plus_24_over_t():
+    t = 4
+    sbh = S * B * H
+    assert acts(f"tp={t}") == sbh * (10 + 24 / t) + 5 * A * S * S * B / t + LN_STATS * S * B
+
+
+def test_tp_with_megatron_sp_is_34_over_t():
+    t = 4
+    sbh = S * B * H
+    expected = sbh * 34 / t + 5 * A * S * S * B / t + LN_STATS * S * B / t
+    assert acts(f"tp={t}", replace(PAPER, tp_sequence_parallel=True)) == pytest.approx(expected)
+
+
+def test_selective_recompute_drops_the_score_term():
+    assert acts("single", replace(PAPER, recompute="selective")) == S * B * H * 34 + LN_STATS * S * B
+
+
+def test_flash_attention_keeps_output_and_logsumexp_not_scores():
+    # Without scores: 34·sbh still (the attention output is the out-projection input), + fp32 lse per head.
+    assert acts("single", replace(PAPER, flash_attention=True)) == S * B * H * 34 + LN_STATS * S * B + 4 * A * S * B
+
+
+def test_full_recompute_keeps_each_layer_input():
+    assert acts("single", replace(PAPER, recompute="full")) == 2 * S * B * H
+
+
+def test_gated_mlp_without_dropout_is_48_sbh_with_rmsnorm():
+    # Our executor's dense layer: SwiGLU (gate, silu(gate), up, product: 4·F·sbh·2 bytes = 32 sbh at F = 4),
+    # MLP input 2, QKV input 2, Q K V 6, attention output 2, norm inputs 4 → 48·sbh; + rstd 2·4 B and lse.
+    model = dense("ours", H, 1, A, A, 4 * H, 1000)
+    got = acts("single", MemoryOptions(), model)
+    assert got == 48 * S * B * H + 2 * 4 * S * B + 4 * A * S * B
+
+
+def test_model_states_dense_7b_tp8():
+    # dense-7b: per layer 4h² (attention) + 3·4h·h (gated MLP) + 2h (norms) = 16·4096² + 8192 = 268,443,648;
+    # ×32 = 8,590,196,736; + embedding and head 2·32000·4096 + final norm 4096 = 262,148,096.
+    params = 8_852_344_832
+    assert PRESETS["dense-7b"].param_count() == params
+    r = memory_per_gpu(PRESETS["dense-7b"], parse_layout("tp=8"), 4096, 1)
+    assert r.per_gpu_bytes["parameters"] == params // 8 * 2
+    assert r.per_gpu_bytes["gradients"] == params // 8 * 2
+    assert r.per_gpu_bytes["optimizer_state"] == params // 8 * 12  # 16 B/param in all
+
+
+def test_fp32_gradients_make_18_bytes_per_param():
+    model = PRESETS["llama3-8b"]
+    r = memory_per_gpu(model, Layout(), 1024, 1, MemoryOptions(grad_dtype="fp32"))
+    states = r.per_gpu_bytes["parameters"] + r.per_gpu_bytes["gradients"] + r.per_gpu_bytes["optimizer_state"]
+    assert states == 18 * model.param_count()
+
+
+@pytest.mark.parametrize("zero, div", [(0, (1, 1, 1)), (1, (1, 1, 4)), (2, (1, 4, 4)), (3, (4, 4, 4))])
+def test_zero_stages_divide_by_dp(zero, div):
+    model = PRESETS["llama3-8b"]
+    p = model.param_count() / 2  # tp=2
+    r = memory_per_gpu(model, Layout(dp=4, tp=2, zero=zero), 1024, 1)
+    assert r.per_gpu_bytes["parameters"] == round(p * 2 / div[0])
+    assert r.per_gpu_bytes["gradients"] == round(p * 2 / div[1])
+    assert r.per_gpu_bytes["optimizer_state"] == round(p * 12 / div[2])
+
+
+def test_kv_cache_llama3_8b_decode():
+    # 2 (K and V) · 32 layers · 8192 tokens · 8 KV heads · 128 · 2 bytes = 1 GiB per sequence.
+    model = PRESETS["llama3-8b"]
+    opts = MemoryOptions(mode="decode")
+    assert memory_per_gpu(model, Layout(), 8192, 1, opts).per_gpu_bytes["kv_cache"] == 2 * 32 * 8192 * 1024 * 2
+    assert memory_per_gpu(model, Layout(tp=8), 8192, 1, opts).per_gpu_bytes["kv_cache"] == 2 * 32 * 8192 * 128 * 2
+    assert memory_per_gpu(model, Layout(sp=4), 8192, 1, opts).per_gpu_bytes["kv_cache"] == 2 * 32 * 2048 * 1024 * 2
+
+
+def test_ssm_state_cache_mamba2_130m():
+    # Per layer and sequence: conv state (1536 + 2·128) channels · 3 taps · 2 B = 10,752;
+    # SSM state 24 heads · 64 · 128 · 4 B (fp32) = 786,432. 24 layers.
+    model = PRESETS["mamba2-130m"]
+    r = memory_per_gpu(model, Layout(), 4096, 1, MemoryOptions(mode="decode"))
+    assert r.per_gpu_bytes["ssm_state_cache"] == 24 * (10_752 + 786_432)
+    assert r.per_gpu_bytes["kv_cache"] == 0
+    # TP-SSM over 2: x channels and heads split, B/C (ngroups = 1) replicated on both ranks.
+    r2 = memory_per_gpu(model, Layout(tpssm=2), 4096, 1, MemoryOptions(mode="decode"))
+    assert r2.per_gpu_bytes["ssm_state_cache"] == 24 * ((768 + 256) * 3 * 2 + 12 * 64 * 128 * 4)
+
+
+def test_logits_at_128k_are_design_md_16_8_gb_twice():
+    # DESIGN.md §3: b·s·V fp32 logits at 128K tokens, V = 32000: 16.8 GB; the loss keeps its
+    # log-softmax as well, so training holds two such buffers (unsplit without TP).
+    model = PRESETS["dense-7b"]
+    r = memory_per_gpu(model, Layout(), 131072, 1)
+    assert r.per_gpu_bytes["transient_logits"] == 2 * 131072 * 32000 * 4
+    assert 131072 * 32000 * 4 == pytest.approx(16.8e9, rel=0.01)
+    tp = memory_per_gpu(model, Layout(tp=8), 131072, 1)  # vocab-parallel loss
+    assert tp.per_gpu_bytes["transient_logits"] == 2 * 131072 * 4000 * 4
+
+
+def test_tsp_in_flight_shards_are_double_buffered_mlp_shards():
+    model = PRESETS["dense-7b"]
+    mlp_params = 3 * 4096 * 16384 + 4096  # the largest block: gate, up, down + norm
+    r = memory_per_gpu(model, Layout(tsp=8), 16384, 1, MemoryOptions(mode="prefill"))
+    assert r.per_gpu_bytes["transient_weight_shards"] == round(2 * mlp_params / 8 * 2)
+    # K/V of the whole sequence for one layer: 2 · 16384 · 4096 · 2 B.
+    assert r.per_gpu_bytes["transient_kv_gather"] == 2 * 16384 * 4096 * 2
+
+
+def test_pipeline_first_stage_holds_pp_microbatches():
+    model = PRESETS["dense-7b"]
+    one = memory_per_gpu(model, Layout(tp=8), 4096, 1)
+    pp = memory_per_gpu(model, Layout(tp=8, pp=4), 4096, 1)
+    # 1F1B: the first stage keeps 4 micro-batches of its 8 layers = the same 32 layers' worth.
+    assert pp.pipeline_stage == "first"
+    assert pp.per_gpu_bytes["activations"] == one.per_gpu_bytes["activations"] - round(
+        saved_head_bytes(model, 4096))
+
+
+def saved_head_bytes(model, seq):
+    # final norm input + LM head input (bf16, full width) + fp32 rstd, unsplit by TP: 2·2·h + 4 per token.
+    return seq * (2 * 2 * model.d_model + 4)
