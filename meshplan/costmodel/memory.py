@@ -112,7 +112,15 @@ def replicated_group_params(model: ModelSpec, head_div: int) -> float:
     return model.layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
 
 
-def _block_params(model: ModelSpec, kind: str) -> int:
+def streamed_block_params(model: ModelSpec, kind: str) -> int:
+    """What TSP streams of a block: its weights less the input norm's scale (h elements, applied to the
+    rank's own tokens before any GEMM, so every rank keeps a copy)."""
+    norm = {"attention": model.attention.hidden if model.attention else 0,
+            "mlp": model.mlp.hidden if model.mlp else 0, "hybrid_proj": 0}.get(kind, model.d_model)
+    return block_params(model, kind) - norm
+
+
+def block_params(model: ModelSpec, kind: str) -> int:
     if kind == "mamba2":
         return model.mamba2.param_count()
     if kind == "mamba1":
@@ -168,10 +176,11 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         if train:
             kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
     block_kinds = [k for k, _ in model.block_invocations()]
-    largest_block = max(_block_params(model, k) for k in block_kinds)
+    largest_block = max(block_params(model, k) for k in block_kinds)
+    largest_streamed = max(streamed_block_params(model, k) for k in block_kinds)
     weight_shards = 0.0
     if sh.streams_weights:
-        shard = largest_block / layout.tsp
+        shard = largest_streamed / layout.tsp
         weight_shards = 2 * shard * p_bytes  # double-buffered: the shard in use and the one arriving
         if train:
             weight_shards += 2 * shard * opts.nbytes("grad_dtype")  # partial grads awaiting reduce-scatter

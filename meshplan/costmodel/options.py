@@ -13,7 +13,7 @@ OPTIMIZERS = ("adam", "none")
 
 
 @dataclass(frozen=True)
-class MemoryOptions:
+class CostOptions:
     mode: str = "train"
     recompute: str = "none"  # Korthikanti et al. 2022: none, selective (attention core), full (layer inputs)
     flash_attention: bool = True  # no s² score matrix is stored (FlashAttention / SDPA's fused kernels)
@@ -25,6 +25,8 @@ class MemoryOptions:
     kv_cache_dtype: str = "bf16"
     ssm_state_dtype: str = "fp32"  # DESIGN.md §3: the SSM state cache kept in fp32
     tp_sequence_parallel: bool = False  # Megatron-SP on the TP axis: full-width activations also split by T
+    int8_allreduce: bool = False  # TP-SSM: the block's all-reduce in int8 with per-group fp32 scales
+    microbatches: int = 0  # pipeline micro-batches per step; 0: 4·pp (GPipe, Huang et al. 2019 §2.3: M ≥ 4K)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -33,6 +35,8 @@ class MemoryOptions:
             raise MeshplanError(f"--recompute: unknown {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         if self.optimizer not in OPTIMIZERS:
             raise MeshplanError(f"--optimizer: unknown {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+        if self.microbatches < 0:
+            raise MeshplanError(f"--microbatches must be >= 0, got {self.microbatches}")
         for name in ("act_dtype", "grad_dtype", "logits_dtype", "kv_cache_dtype", "ssm_state_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise MeshplanError(f"--{name.replace('_', '-')}: unknown dtype {getattr(self, name)!r}; "
@@ -42,8 +46,16 @@ class MemoryOptions:
     def training(self) -> bool:
         return self.mode == "train"
 
+    def microbatches_for(self, pp: int) -> int:
+        if pp == 1:
+            return 1
+        return self.microbatches or 4 * pp
+
     def nbytes(self, name: str) -> int:
         return DTYPE_BYTES[getattr(self, name)]
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+MemoryOptions = CostOptions  # the memory model reads a subset of the same options

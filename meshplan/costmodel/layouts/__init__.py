@@ -6,10 +6,12 @@ twins of `meshplan/executor/layouts/` (what each rank holds there is what is cou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from meshplan.costmodel.options import MemoryOptions
+from meshplan.costmodel.options import CostOptions, MemoryOptions
 from meshplan.layout import Layout
+from meshplan.models import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -31,3 +33,64 @@ def sharding_for(layout: Layout, options: MemoryOptions) -> Sharding:
         return Sharding(1, 1, 1, 1, 1)
     module = {"tp": tp, "sp": sp, "tp+sp": tpsp, "tpssm+sp": tpsp, "tsp": tsp, "tpssm": tpssm}[kind]
     return module.sharding(layout, options)
+
+
+@dataclass(frozen=True)
+class ScheduleContext:
+    """What a layout module needs to write one block's collectives (sizes in bytes)."""
+
+    model: ModelSpec
+    layout: Layout
+    sharding: Sharding
+    batch: int
+    seq: int
+    opts: CostOptions
+
+    @property
+    def tokens(self) -> float:
+        """Tokens on one rank of the model-parallel group (per micro-batch)."""
+        return self.batch * self.seq / self.sharding.token_div
+
+    @property
+    def act_bytes(self) -> int:
+        return self.opts.nbytes("act_dtype")
+
+    @property
+    def param_bytes(self) -> int:
+        return self.model.param_bytes_per_element
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.opts.nbytes("grad_dtype")
+
+    def widths(self, kind: str) -> tuple[int, int]:
+        """(input width, output width) of a block, in elements."""
+        m = self.model
+        if kind == "attention":
+            return m.attention.hidden, m.attention.out_hidden
+        if kind == "mlp":
+            return m.mlp.hidden, m.mlp.out_hidden
+        return m.d_model, m.d_model
+
+    def streamed_params(self, kind: str) -> int:
+        from meshplan.costmodel.memory import streamed_block_params
+
+        return streamed_block_params(self.model, kind)
+
+    def mamba_state_bytes(self, head_div: int) -> float:
+        """Chunk-final SSM state (fp32) + conv tail (d_conv − 1 tokens) of one micro-batch, per rank."""
+        m = self.model.mamba2 or self.model.mamba1
+        if self.model.mamba2 is not None:
+            ssm = m.nheads * m.headdim * m.d_state
+            conv = m.d_inner / head_div + 2 * m.ngroups * m.d_state / math.gcd(head_div, m.ngroups)
+        else:
+            ssm, conv = m.d_inner * m.d_state, m.d_inner / head_div
+        return self.batch * (ssm / head_div * self.opts.nbytes("ssm_state_dtype") + conv * (m.d_conv - 1) * self.act_bytes)
+
+
+def block_comms(ctx: ScheduleContext, kind: str):
+    """The collectives of one invocation of a block, forward and backward, for the layout."""
+    from meshplan.costmodel.layouts import sp, tp, tpsp, tpssm, tsp
+
+    module = {"tp": tp, "sp": sp, "tp+sp": tpsp, "tpssm+sp": tpsp, "tsp": tsp, "tpssm": tpssm}.get(ctx.layout.kind)
+    return module.block_comms(ctx, kind) if module else []

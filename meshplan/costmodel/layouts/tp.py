@@ -15,3 +15,38 @@ def sharding(layout: Layout, options: MemoryOptions):
     t = layout.tensor_degree
     return Sharding(weight_div=t, token_div=1, head_div=t, hidden_div=t if options.tp_sequence_parallel else 1,
                     vocab_div=t)
+
+
+INT8_GROUP = 128  # elements per fp32 scale in our int8 all-reduce (meshplan/kernels/quant.py)
+
+
+def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
+    """Megatron TP: one all-reduce after the row-parallel projection (forward) and one of the input
+    gradient after the column-parallel one (backward). Megatron-SP swaps each for an all-gather and a
+    reduce-scatter of the same total size; the backward re-gathers the saved sequence shard.
+    Mamba-1 adds the all-reduce of x_proj's output (dt, B, C come from all d_inner channels)."""
+    from meshplan.costmodel.collectives import Comm
+
+    t = ctx.layout.tensor_degree
+    if t == 1 or kind == "hybrid_proj":
+        return []
+    e = ctx.act_bytes
+    w_in, w_out = ctx.widths(kind)
+    fwd_bytes = ctx.tokens * w_out * e
+    if int8_forward:
+        fwd_bytes = ctx.tokens * w_out * (1 + 4 / INT8_GROUP)
+    bwd_bytes = ctx.tokens * w_in * e
+    if ctx.opts.tp_sequence_parallel:
+        out = [Comm("all_gather", axis, ctx.tokens * w_in * e, t, phase="fwd", block=kind, what="gather sequence shards"),
+               Comm("reduce_scatter", axis, fwd_bytes, t, phase="fwd", block=kind, what="reduce-scatter output"),
+               Comm("all_gather", axis, ctx.tokens * w_out * e, t, phase="bwd", block=kind, what="gather output grad"),
+               Comm("all_gather", axis, ctx.tokens * w_in * e, t, phase="bwd", block=kind, what="re-gather input"),
+               Comm("reduce_scatter", axis, bwd_bytes, t, phase="bwd", block=kind, what="reduce-scatter input grad")]
+    else:
+        out = [Comm("all_reduce", axis, fwd_bytes, t, phase="fwd", block=kind, what="all-reduce output"),
+               Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad")]
+    if kind == "mamba1":
+        x_dbl = ctx.tokens * ctx.model.mamba1.x_proj_width * e
+        out += [Comm("all_reduce", axis, x_dbl, t, phase="fwd", block=kind, what="all-reduce x_proj (dt, B, C)"),
+                Comm("all_reduce", axis, x_dbl, t, phase="bwd", block=kind, what="all-reduce x_proj grad")]
+    return out

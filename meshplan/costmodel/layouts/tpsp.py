@@ -12,3 +12,12 @@ def sharding(layout: Layout, options: MemoryOptions):
     t = layout.tensor_degree
     return Sharding(weight_div=t, token_div=layout.sp, head_div=t,
                     hidden_div=t if options.tp_sequence_parallel else 1, vocab_div=t, gathers_kv=True)
+
+
+def block_comms(ctx, kind: str):
+    """TP's collectives on the T axis (tokens already split by Σ) and SP's on the Σ axis."""
+    from meshplan.costmodel.layouts import sp, tp
+
+    axis = "tpssm" if ctx.layout.tpssm > 1 else "tp"
+    int8 = ctx.opts.int8_allreduce and axis == "tpssm" and kind in ("mamba2", "mamba1")
+    return tp.block_comms(ctx, kind, axis=axis, int8_forward=int8) + sp.block_comms(ctx, kind)

@@ -17,3 +17,29 @@ def sharding(layout: Layout, options: MemoryOptions):
     d = layout.tsp
     return Sharding(weight_div=d, token_div=d, head_div=1, hidden_div=1, vocab_div=1, gathers_kv=True,
                     streams_weights=True)
+
+
+def block_comms(ctx, kind: str):
+    """Attention: D broadcasts of the packed W_Q,W_K,W_V,W_O shards (one per owner) and the zigzag
+    K/V all-gather. Gated MLP (and Mamba blocks): D − 1 ring hops of the weight shard. Backward
+    re-streams the shards the same way, re-gathers K/V, reduce-scatters dK/dV, and reduce-scatters
+    the weight gradients (every rank holds partial gradients of every shard from its own tokens).
+    Mamba blocks also hand the chunk-final state along the sequence, as SP does."""
+    from meshplan.costmodel.collectives import Comm
+    from meshplan.costmodel.layouts import sp
+
+    d = ctx.layout.tsp
+    if kind == "hybrid_proj":
+        return []
+    params = ctx.streamed_params(kind)
+    shard = params * ctx.param_bytes / d
+    grads = params * ctx.grad_bytes
+    if kind == "attention":
+        stream = [Comm("broadcast", "tsp", shard, d, count=d, phase=phase, block=kind,
+                       what="attention weight shards", overlap="gemm") for phase in ("fwd", "bwd")]
+    else:
+        stream = [Comm("send_recv", "tsp", shard, d, count=d - 1, phase=phase, block=kind,
+                       what="weight shard ring", overlap="gemm") for phase in ("fwd", "bwd")]
+    grad_rs = Comm("reduce_scatter", "tsp", grads, d, phase="bwd", block=kind, what="weight-grad reduce-scatter",
+                   overlap="backward")
+    return stream + [grad_rs] + sp.block_comms(ctx, kind, axis="tsp")

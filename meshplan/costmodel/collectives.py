@@ -1,0 +1,105 @@
+"""Collectives: what one moves (volume per rank) and what it costs on a group of GPUs (α-β).
+
+Volume, per rank, for ring algorithms (DESIGN.md §5): all-reduce 2(n−1)/n·M, all-gather and
+reduce-scatter (n−1)/n·M, all-to-all (n−1)/n·M, broadcast (n−1)/n·M averaged over ranks (every
+rank but the root receives M), send/recv M per hop. M is the full buffer: the all-reduced tensor,
+the all-gather output, the reduce-scatter input, the broadcast tensor, one hop's tensor.
+
+Time: α per algorithm step plus the bandwidth term, on the group's bottleneck link; a group that
+spans nodes runs hierarchically (reduce-scatter inside the node, the rest across, all-gather inside).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all")
+
+
+def volume_factor(kind: str, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind == "send_recv":
+        return 1.0
+    return (n - 1) / n
+
+
+def _time_factor_and_steps(kind: str, n: int) -> tuple[float, int]:
+    """(bandwidth multiplier on M, latency steps) for the ring / pipelined-chain algorithms."""
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n, 2 * (n - 1)
+    if kind == "broadcast":
+        return 1.0, n - 1  # pipelined chain: M crosses each link once
+    if kind == "send_recv":
+        return 1.0, 1
+    return (n - 1) / n, n - 1
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One entry of a layer's communication schedule."""
+
+    kind: str
+    axis: str  # mesh axis: tp, sp, tsp, tpssm, dp, pp (or "dp+sp" for the merged gradient group)
+    message_bytes: float
+    group_size: int
+    count: int = 1  # how many times it runs (D broadcasts, D−1 ring hops, …)
+    phase: str = "fwd"  # fwd | bwd | step
+    block: str = ""  # attention, mlp, mamba2, mamba1, embedding, logits, model
+    what: str = ""
+    overlap: str = "none"  # none | gemm (TSP ring / broadcast stream) | attention (SP K/V) | backward (grads)
+    chain: bool = False  # hops run one after another along the group (SP state hand-off): time × (n − 1)
+
+    @property
+    def bytes_per_rank(self) -> float:
+        return volume_factor(self.kind, self.group_size) * self.message_bytes * self.count
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """Where a mesh axis's group sits: members per node and nodes spanned."""
+
+    size: int
+    per_node: int
+    nodes: int
+
+
+def place_axis(size: int, stride: int, gpus_per_node: int) -> GroupPlacement:
+    """A group of `size` ranks spaced `stride` apart (inner axes have stride 1, ranks fill nodes in order)."""
+    if size <= 1:
+        return GroupPlacement(size, size, 1)
+    if stride >= gpus_per_node:
+        return GroupPlacement(size, 1, size)
+    per_node = max(1, min(size, gpus_per_node // stride))
+    return GroupPlacement(size, per_node, max(1, size // per_node))
+
+
+def collective_time_s(kind: str, message_bytes: float, group: GroupPlacement, intra_bw: float, intra_lat: float,
+                      inter_bw: float, inter_lat: float) -> float:
+    """α-β time of one collective; bandwidths per direction per rank, in bytes/s."""
+    n = group.size
+    if n <= 1 or message_bytes <= 0:
+        return 0.0
+    if group.nodes == 1:
+        factor, steps = _time_factor_and_steps(kind, n)
+        return steps * intra_lat + factor * message_bytes / intra_bw
+    if group.per_node == 1:
+        factor, steps = _time_factor_and_steps(kind, n)
+        return steps * inter_lat + factor * message_bytes / inter_bw
+    # Hierarchical: inside the node on M, across nodes on M / per_node (each local rank drives its slice).
+    local = GroupPlacement(group.per_node, group.per_node, 1)
+    remote = GroupPlacement(group.nodes, 1, group.nodes)
+    if kind == "all_reduce":
+        return (collective_time_s("reduce_scatter", message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat)
+                + collective_time_s("all_reduce", message_bytes / group.per_node, remote, intra_bw, intra_lat,
+                                    inter_bw, inter_lat)
+                + collective_time_s("all_gather", message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat))
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (collective_time_s(kind, message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat)
+                + collective_time_s(kind, message_bytes / group.per_node, remote, intra_bw, intra_lat, inter_bw,
+                                    inter_lat))
+    # broadcast and send/recv: the slowest hop is the network one.
+    factor, steps = _time_factor_and_steps(kind, n)
+    return steps * inter_lat + factor * message_bytes / inter_bw

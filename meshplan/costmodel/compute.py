@@ -1,0 +1,135 @@
+"""Compute time per block on one rank: GEMMs by roofline at an achieved rate, attention at the fused
+kernel's rate, memory-bound work (norms, activations, residuals, conv, scan) from HBM bytes.
+
+FLOPs per op (DESIGN.md §4): a GEMM of (m × k)·(k × n) is 2·m·n·k; causal attention is
+4·t·s·(a·d)/2 forward (QKᵀ and PV, half the keys masked); backward is 2× a GEMM's forward and
+2.5× attention's (FlashAttention-2, Dao 2023: 5 matmuls against 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.costmodel.layouts import Sharding
+from meshplan.models import ModelSpec
+
+# Achieved / peak for large bf16 GEMMs: an 8192³ bf16 matmul ran at 769–798 TFLOP/s of 989 peak on
+# H100 and H200 (device tool KINDS.md, 2026-11). Replaced by `meshplan calibrate` profiles.
+GEMM_EFFICIENCY = 0.80
+# Fused attention reaches a smaller share: FlashAttention-3 (Shah et al. 2024, Fig. 5) measures
+# FlashAttention-2 at ~330–350 TFLOP/s forward+backward on H100 SXM5, about 0.35 of peak.
+ATTENTION_EFFICIENCY = 0.35
+ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forward's 2
+# Adam step traffic per parameter: read fp32 param, m, v (12 B) and the bf16 grad (2 B); write param,
+# m, v (12 B) and the bf16 copy (2 B).
+ADAM_STEP_BYTES_PER_PARAM = 28
+
+
+@dataclass(frozen=True)
+class Device:
+    peak_flops: float
+    hbm_bytes_per_s: float
+
+
+def gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> float:
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    flops = 2 * m * n * k
+    return max(flops / (dev.peak_flops * GEMM_EFFICIENCY), (m * k + k * n + m * n) * e / dev.hbm_bytes_per_s)
+
+
+@dataclass(frozen=True)
+class BlockCompute:
+    gemm_fwd_s: float  # projections (what TSP's weight stream can hide behind)
+    attn_fwd_s: float  # the attention core
+    mem_fwd_s: float  # memory-bound work
+    recompute_fwd_s: float  # extra forward work redone in backward
+    flops_fwd: float  # model FLOPs (no recompute)
+
+    @property
+    def fwd_s(self) -> float:
+        return self.gemm_fwd_s + self.attn_fwd_s + self.mem_fwd_s
+
+    @property
+    def bwd_s(self) -> float:
+        return 2 * self.gemm_fwd_s + ATTENTION_BWD_FACTOR * self.attn_fwd_s + 2 * self.mem_fwd_s + self.recompute_fwd_s
+
+
+def _gemms(model: ModelSpec, kind: str, head_div: int) -> list[tuple[float, float]]:
+    """(n, k) of each projection in a block on one rank (m is the token count)."""
+    if kind == "attention":
+        a = model.attention
+        return [((a.q_width + 2 * a.kv_width) / head_div, a.hidden), (a.out_hidden, a.q_width / head_div)]
+    if kind == "mlp":
+        f = model.mlp
+        return [(f.n_input_matrices * f.ffn_hidden / head_div, f.hidden), (f.out_hidden, f.ffn_hidden / head_div)]
+    if kind == "mamba2":
+        m = model.mamba2
+        return [(m.in_proj_width / head_div, m.d_model), (m.d_model, m.d_inner / head_div)]
+    if kind == "mamba1":
+        m = model.mamba1
+        di = m.d_inner / head_div
+        return [(2 * di, m.d_model), (m.x_proj_width, di), (di, m.dt_rank), (m.d_model, di)]
+    return [(model.d_model, model.mlp.out_hidden)]  # hybrid_proj
+
+
+def _memory_bound_bytes_per_token(model: ModelSpec, kind: str, head_div: int, e: int) -> float:
+    """HBM traffic of the non-GEMM work per token: norm (read + write), residual add (2 reads + write),
+    and the block's own elementwise ops; for Mamba the conv and the scan's inputs and outputs."""
+    if kind == "attention":
+        a = model.attention
+        return e * (5 * a.hidden + 2 * (a.q_width + a.kv_width) / head_div)  # + rotary on q, k
+    if kind == "mlp":
+        f = model.mlp
+        return e * (5 * f.hidden + 3 * f.ffn_hidden / head_div)  # SwiGLU reads gate, up; writes product
+    if kind == "mamba2":
+        m = model.mamba2
+        conv = 2 * m.conv_dim / head_div
+        scan = (m.d_inner + m.nheads + 2 * m.ngroups * m.d_state + m.d_inner) / head_div  # x, dt, B, C in; y out
+        gate_norm = 3 * m.d_inner / head_div
+        return e * (5 * m.d_model + conv + scan + gate_norm)
+    if kind == "mamba1":
+        m = model.mamba1
+        di = m.d_inner / head_div
+        # selective scan reads u, delta, z and B, C; writes y; conv reads and writes x.
+        return e * (5 * m.d_model + 2 * di + 4 * di + 2 * m.d_state) + 4 * di * m.d_state * 2 / 2048
+    return e * 2 * model.d_model
+
+
+def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: Sharding, e: int, dev: Device,
+                  recompute: str, training: bool) -> BlockCompute:
+    """One invocation of `kind` on one rank: `tokens` local queries attending to `keys` keys."""
+    head_div = sh.head_div
+    gemm = sum(gemm_time_s(tokens, n, k, e, dev) for n, k in _gemms(model, kind, head_div))
+    flops = sum(2 * tokens * n * k for n, k in _gemms(model, kind, head_div))
+    attn = 0.0
+    if kind == "attention":
+        core_flops = 4 * tokens * keys * model.attention.q_width / head_div / 2
+        if tokens == 1 or keys <= 1:
+            attn = 0.0
+        else:
+            attn = core_flops / (dev.peak_flops * ATTENTION_EFFICIENCY)
+        flops += core_flops
+    mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) / dev.hbm_bytes_per_s
+    recompute_s = 0.0
+    if training:
+        if recompute == "full":
+            recompute_s = gemm + attn + mem
+        elif kind == "attention" and recompute == "selective":
+            recompute_s = attn
+        elif kind in ("mamba2", "mamba1"):
+            # The mixer core (conv, scan, gated norm, out_proj) is recomputed in backward.
+            recompute_s = mem + gemm_time_s(tokens, *_gemms(model, kind, head_div)[-1], e, dev)
+    return BlockCompute(gemm, attn, mem, recompute_s, flops)
+
+
+def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: Device) -> BlockCompute:
+    vocab = model.vocab / sh.vocab_div
+    gemm = gemm_time_s(tokens, vocab, model.d_model, e, dev)
+    # softmax / cross-entropy over the fp32 logits: read and write them twice.
+    mem = tokens * vocab * 4 * 4 / dev.hbm_bytes_per_s
+    return BlockCompute(gemm, 0.0, mem, 0.0, 2 * tokens * vocab * model.d_model)
+
+
+def optimizer_time_s(local_params: float, dev: Device) -> float:
+    return local_params * ADAM_STEP_BYTES_PER_PARAM / dev.hbm_bytes_per_s

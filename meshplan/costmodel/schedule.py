@@ -1,0 +1,146 @@
+"""The whole step's communication: per-block schedules from the layout modules, plus what runs once
+per micro-batch (embedding / logits, pipeline sends, ZeRO-3 gathers) and once per step (gradient sync).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from meshplan.costmodel.collectives import Comm
+from meshplan.costmodel.layouts import ScheduleContext, block_comms, sharding_for
+from meshplan.costmodel.memory import replicated_group_params
+from meshplan.costmodel.options import CostOptions
+from meshplan.layout import Layout
+from meshplan.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    per_block: dict[str, tuple[Comm, ...]]  # one invocation of each block kind
+    invocations: dict[str, float]  # block invocations per micro-batch on one pipeline stage
+    per_microbatch: tuple[Comm, ...]
+    per_step: tuple[Comm, ...]
+    microbatches: int
+
+    def all_comms(self):
+        """(comm, how many times it runs per step on one rank)."""
+        for kind, comms in self.per_block.items():
+            for c in comms:
+                yield c, self.invocations[kind] * self.microbatches
+        for c in self.per_microbatch:
+            yield c, self.microbatches
+        for c in self.per_step:
+            yield c, 1
+
+    @property
+    def comm_bytes_per_step(self) -> float:
+        return sum(c.bytes_per_rank * n for c, n in self.all_comms())
+
+    def bytes_by_kind_and_axis(self, message: bool = False) -> dict[str, float]:
+        """Bytes per rank per step keyed "kind/axis"; `message=True` sums buffer sizes instead of volume."""
+        out: dict[str, float] = defaultdict(float)
+        for c, n in self.all_comms():
+            out[f"{c.kind}/{c.axis}"] += (c.message_bytes * c.count if message else c.bytes_per_rank) * n
+        return dict(out)
+
+
+def _grad_group(layout: Layout) -> tuple[str, int]:
+    """Ranks holding the same weight shard: DP, and the Σ axis when SP replicates weights."""
+    if layout.sp > 1:
+        return ("dp+sp" if layout.dp > 1 else "sp"), layout.dp * layout.sp
+    return "dp", layout.dp
+
+
+def _embedding_comms(ctx: ScheduleContext, training: bool) -> list[Comm]:
+    model, layout = ctx.model, ctx.layout
+    e, h = ctx.act_bytes, model.d_model
+    out: list[Comm] = []
+    t = layout.tensor_degree
+    if t > 1:
+        axis = "tpssm" if layout.tpssm > 1 else "tp"
+        out += [Comm("all_reduce", axis, ctx.tokens * h * e, t, block="embedding", what="vocab-parallel embedding"),
+                Comm("all_reduce", axis, ctx.tokens * 2 * 4, t, block="logits", what="loss max / sum-exp (fp32)")]
+        if training:
+            out.append(Comm("all_reduce", axis, ctx.tokens * h * e, t, phase="bwd", block="logits",
+                            what="LM head input grad"))
+    if layout.tsp > 1:
+        d = layout.tsp
+        shard = model.vocab * h * ctx.param_bytes / d
+        phases = ("fwd", "bwd") if training else ("fwd",)
+        out += [Comm("send_recv", "tsp", shard, d, count=d - 1, phase=p, block="logits", what="LM head shard ring",
+                     overlap="gemm") for p in phases]
+        out += [Comm("all_to_all", "tsp", ctx.tokens * h * e, d, phase=p, block="embedding",
+                     what="embedding rows to token owners") for p in phases]
+        if training:
+            out.append(Comm("reduce_scatter", "tsp", model.vocab * h * ctx.grad_bytes, d, phase="bwd", block="logits",
+                            what="LM head grad reduce-scatter", overlap="backward"))
+    return out
+
+
+def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions) -> StepSchedule:
+    """Every collective of one step (train), one prefill, or one decoded token, on one rank."""
+    sh = sharding_for(layout, opts)
+    training = opts.training
+    decode = opts.mode == "decode"
+    if decode:
+        return _decode_schedule(model, layout, seq, batch, opts)
+    ctx = ScheduleContext(model, layout, sh, batch, seq, opts)
+    keep = (lambda c: True) if training else (lambda c: c.phase == "fwd")
+    per_block = {kind: tuple(c for c in block_comms(ctx, kind) if keep(c)) for kind, _ in model.block_invocations()}
+    invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}
+    per_mb = [c for c in _embedding_comms(ctx, training) if keep(c)]
+    if layout.pp > 1:
+        act = ctx.tokens * model.d_model * ctx.act_bytes / (sh.hidden_div if opts.tp_sequence_parallel else 1)
+        per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="fwd", block="model", what="activations to next stage"))
+        if training:
+            per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="bwd", block="model",
+                               what="activation grads to previous stage"))
+    per_step: list[Comm] = []
+    axis, group = _grad_group(layout)
+    if group > 1 and (training or layout.zero == 3):
+        local = (model.param_count() / sh.weight_div + replicated_group_params(model, sh.head_div)) / layout.pp
+        p_bytes, g_bytes = local * ctx.param_bytes, local * ctx.grad_bytes
+        zero = layout.zero if layout.dp > 1 else 0
+        if zero == 3:
+            per_mb.append(Comm("all_gather", axis, p_bytes, group, phase="fwd", block="model", what="ZeRO-3 gather params"))
+            if training:
+                per_mb += [Comm("all_gather", axis, p_bytes, group, phase="bwd", block="model",
+                                what="ZeRO-3 re-gather params"),
+                           Comm("reduce_scatter", axis, g_bytes, group, phase="bwd", block="model",
+                                what="ZeRO-3 grad reduce-scatter", overlap="backward")]
+        elif zero >= 1:
+            per_step += [Comm("reduce_scatter", axis, g_bytes, group, phase="step", block="model",
+                              what="grad reduce-scatter", overlap="backward"),
+                         Comm("all_gather", axis, p_bytes, group, phase="step", block="model",
+                              what="updated params all-gather")]
+        else:
+            per_step.append(Comm("all_reduce", axis, g_bytes, group, phase="step", block="model",
+                                 what="grad all-reduce", overlap="backward"))
+    return StepSchedule(per_block, invocations, tuple(per_mb), tuple(per_step), opts.microbatches_for(layout.pp))
+
+
+def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int, opts: CostOptions) -> StepSchedule:
+    """One new token per sequence: queries are not split along the sequence, the KV cache is.
+
+    TP all-reduces b·h per block; SP/TSP combine partial attention over their KV shards with an
+    all-reduce of the partial outputs and log-sum-exps; TSP still streams every weight shard."""
+    sh = replace(sharding_for(layout, opts), token_div=1)
+    ctx = ScheduleContext(model, layout, sh, batch, 1, opts)
+    sigma = layout.sp * layout.tsp
+    per_block = {}
+    for kind, _ in model.block_invocations():
+        comms = [c for c in block_comms(ctx, kind) if c.phase == "fwd" and c.kind != "all_gather"
+                 and not c.chain]
+        if kind == "attention" and sigma > 1:
+            attn = model.attention
+            partial = batch * (attn.q_width * ctx.act_bytes + attn.heads * 4) / sh.head_div
+            comms.append(Comm("all_reduce", "tsp" if layout.tsp > 1 else "sp", partial, sigma, block=kind,
+                              what="combine partial attention over KV shards"))
+        per_block[kind] = tuple(comms)
+    invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}
+    per_mb = [c for c in _embedding_comms(ctx, False)]
+    if layout.pp > 1:
+        per_mb.append(Comm("send_recv", "pp", batch * model.d_model * ctx.act_bytes, layout.pp, block="model",
+                           what="activations to next stage"))
+    return StepSchedule(per_block, invocations, tuple(per_mb), (), 1)

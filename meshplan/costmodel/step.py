@@ -1,0 +1,200 @@
+"""Step time: a per-block timeline with a compute stream and a communication stream (DESIGN.md §5).
+
+What hides and what does not:
+- TP all-reduces sit on the critical path (exposed in full).
+- SP's and TSP's K/V all-gather and dK/dV reduce-scatter overlap that block's attention (chunked,
+  ring-style).
+- TSP's weight shards stream behind the GEMM of the shard in hand: a ring of D − 1 hops costs
+  (D − 1)·max(0, transfer − GEMM) exposed (the first shard is the rank's own); the broadcast stream
+  also waits for its first transfer.
+- Gradient reduce-scatters and all-reduces overlap the backward; what is left sticks out.
+- Everything else (SP Mamba state hand-offs in series, pipeline sends, the loss statistics) is exposed.
+Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
+from meshplan.costmodel.compute import BlockCompute, Device, block_compute, logits_compute, optimizer_time_s
+from meshplan.costmodel.layouts import Sharding, sharding_for
+from meshplan.costmodel.memory import replicated_group_params
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.schedule import StepSchedule, step_schedule
+from meshplan.layout import Layout
+from meshplan.models import ModelSpec
+from meshplan.topologies.cluster import ClusterSpec
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    step_time_s: float  # train: one optimizer step; prefill: time to first token; decode: time per token
+    tokens_per_s: float  # whole cluster
+    compute_s: float  # on the critical path of one rank, per step
+    comm_s: float  # all communication time, hidden or not
+    exposed_comm_s: float
+    comm_bytes_per_step: float  # per rank
+    mfu: float
+    tokens_per_step: float
+    bound: str  # what limits it
+    breakdown: dict = field(default_factory=dict)
+
+
+class _Links:
+    """Group placement of each mesh axis, and the α-β parameters of the cluster."""
+
+    def __init__(self, layout: Layout, cluster: ClusterSpec):
+        g = cluster.gpus_per_node
+        inner = layout.tensor_degree * layout.tsp
+        sizes = {"tp": layout.tp, "tpssm": layout.tpssm, "tsp": layout.tsp}
+        self.groups: dict[str, GroupPlacement] = {k: place_axis(v, 1, g) for k, v in sizes.items()}
+        self.groups["sp"] = place_axis(layout.sp, inner, g)
+        self.groups["dp"] = place_axis(layout.dp, inner * layout.sp, g)
+        self.groups["dp+sp"] = place_axis(layout.dp * layout.sp, inner, g)
+        self.groups["pp"] = place_axis(layout.pp, inner * layout.sp * layout.dp, g)
+        self.cluster = cluster
+        self.inter_bw = cluster.nic_link.bandwidth_bytes_per_s * cluster.nics_per_node / g
+
+    def time_s(self, c: Comm) -> float:
+        group = self.groups[c.axis]
+        cl = self.cluster
+        intra = cl.intra_link.bandwidth_bytes_per_s
+        if cl.fabric == "xgmi" and c.kind != "send_recv":
+            intra *= max(1, group.per_node - 1)  # a full mesh: collectives drive every peer link at once
+        one = collective_time_s(c.kind, c.message_bytes, group, intra, cl.intra_link.latency_s, self.inter_bw,
+                                cl.nic_link.latency_s)
+        hops = group.size - 1 if c.chain else 1
+        return one * c.count * hops
+
+
+def _exposed(c: Comm, t: float, comp: BlockCompute | None, phase_gemm: float, phase_attn: float,
+             backward_s: float) -> float:
+    if c.overlap == "gemm" and c.count > 0:
+        t_x = t / c.count
+        per_shard = phase_gemm / (c.count if c.kind == "broadcast" else c.count + 1)
+        hidden_wait = max(0.0, t_x - per_shard)
+        if c.kind == "broadcast":
+            return t_x + (c.count - 1) * hidden_wait
+        return c.count * hidden_wait
+    if c.overlap == "attention":
+        return max(0.0, t - phase_attn)
+    if c.overlap == "backward":
+        return max(0.0, t - backward_s)
+    return t
+
+
+def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
+                  cluster: ClusterSpec, schedule: StepSchedule | None = None) -> StepEstimate:
+    sh = sharding_for(layout, opts)
+    schedule = schedule or step_schedule(model, layout, seq, batch, opts)
+    dev = Device(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s)
+    links = _Links(layout, cluster)
+    e = opts.nbytes("act_dtype")
+    training, decode = opts.training, opts.mode == "decode"
+    tokens = batch if decode else batch * seq / sh.token_div
+    keys = seq
+
+    mb_compute = mb_exposed = comm_total = bwd_total = 0.0
+    breakdown: dict[str, float] = {}
+    for kind, comms in schedule.per_block.items():
+        comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training)
+        if decode and kind == "attention":
+            comp = _decode_attention(comp, model, batch, seq, sh, opts, dev)
+        if decode and kind in ("mamba2", "mamba1"):
+            comp = _decode_state_io(comp, model, kind, batch, sh, opts, dev)
+        fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
+        exposed = 0.0
+        for c in comms:
+            t = links.time_s(c)
+            comm_total += t * schedule.invocations[kind]
+            gemm = comp.gemm_fwd_s * (2 if c.phase == "bwd" else 1)
+            attn = comp.attn_fwd_s * (2.5 if c.phase == "bwd" else 1)
+            exposed += _exposed(c, t, comp, gemm, attn, bwd)
+        n = schedule.invocations[kind]
+        mb_compute += n * (fwd + bwd)
+        bwd_total += n * bwd
+        mb_exposed += n * exposed
+        breakdown[f"{kind}_compute_s"] = n * (fwd + bwd)
+        breakdown[f"{kind}_exposed_comm_s"] = n * exposed
+
+    logits = logits_compute(model, batch if decode or not training else tokens, sh, e, dev)
+    logit_s = logits.fwd_s + (logits.bwd_s if training else 0.0)
+    mb_compute += logit_s
+    for c in schedule.per_microbatch:
+        t = links.time_s(c)
+        comm_total += t
+        mb_exposed += _exposed(c, t, None, logits.gemm_fwd_s * (2 if c.phase == "bwd" else 1), 0.0, bwd_total)
+
+    m, pp = schedule.microbatches, layout.pp
+    step_exposed = 0.0
+    for c in schedule.per_step:
+        t = links.time_s(c)
+        comm_total += t
+        step_exposed += _exposed(c, t, None, 0.0, 0.0, bwd_total * m)
+    local_params = (model.param_count() / sh.weight_div + replicated_group_params(model, sh.head_div)) / pp
+    opt_s = optimizer_time_s(local_params / (layout.dp if layout.zero >= 1 else 1), dev) if training else 0.0
+
+    slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
+    step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s
+    if decode:
+        tokens_per_step = layout.dp * batch
+    else:
+        tokens_per_step = layout.dp * m * batch * seq
+    model_flops = _model_flops(model, batch, seq, decode, training) * layout.dp * m
+    mfu = model_flops / (step * layout.world_size * dev.peak_flops) if step > 0 else 0.0
+    exposed_total = slots * mb_exposed + step_exposed
+    breakdown.update({"optimizer_s": opt_s, "logits_compute_s": logit_s, "pipeline_slots": slots,
+                      "microbatches": m})
+    return StepEstimate(
+        step_time_s=step, tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
+        compute_s=slots * mb_compute + opt_s, comm_s=comm_total * (m if training else 1),
+        exposed_comm_s=exposed_total, comm_bytes_per_step=schedule.comm_bytes_per_step, mfu=mfu,
+        tokens_per_step=tokens_per_step, bound=_bound(decode, exposed_total, step, schedule, links),
+        breakdown=breakdown,
+    )
+
+
+def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int, sh: Sharding, opts: CostOptions,
+                      dev: Device) -> BlockCompute:
+    """Decode attention reads the local KV cache once per token: memory-bound."""
+    a = model.attention
+    kv_bytes = batch * seq / sh.token_div * 2 * a.kv_width / sh.head_div * opts.nbytes("kv_cache_dtype")
+    flops = 4 * batch * seq / sh.token_div * a.q_width / sh.head_div
+    from meshplan.costmodel.compute import ATTENTION_EFFICIENCY
+
+    t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY), kv_bytes / dev.hbm_bytes_per_s)
+    return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
+
+
+def _decode_state_io(comp: BlockCompute, model: ModelSpec, kind: str, batch: int, sh: Sharding, opts: CostOptions,
+                     dev: Device) -> BlockCompute:
+    """A decode step reads and writes the layer's SSM state (fp32) once."""
+    m = model.mamba2 if kind == "mamba2" else model.mamba1
+    state = batch * m.d_inner * m.d_state / sh.head_div * opts.nbytes("ssm_state_dtype")
+    return BlockCompute(comp.gemm_fwd_s, comp.attn_fwd_s, comp.mem_fwd_s + 2 * state / dev.hbm_bytes_per_s, 0.0,
+                        comp.flops_fwd)
+
+
+def _model_flops(model: ModelSpec, batch: int, seq: int, decode: bool, training: bool) -> float:
+    """Model FLOPs of one micro-batch on one replica (no recompute, no sharding): 3× forward in training."""
+    one = Sharding(1, 1, 1, 1, 1)
+    dev = Device(1.0, 1.0)
+    tokens = batch if decode else batch * seq
+    fwd = sum(n * block_compute(model, kind, tokens, seq, one, 2, dev, "none", False).flops_fwd
+              for kind, n in model.block_invocations())
+    fwd += logits_compute(model, tokens, one, 2, dev).flops_fwd
+    return fwd * (3 if training else 1)
+
+
+def _bound(decode: bool, exposed: float, step: float, schedule: StepSchedule, links: _Links) -> str:
+    if step <= 0:
+        return "idle"
+    if decode:
+        streamed = sum(links.time_s(c) * n for c, n in schedule.all_comms() if c.overlap == "gemm")
+        if streamed > 0.5 * step:
+            return "bandwidth-bound: weights streamed every token"
+        if exposed > 0.5 * step:
+            return "latency-bound: small collectives every token"
+        return "HBM-bound: weights and cache read every token"
+    return "communication-bound" if exposed > 0.5 * step else "compute-bound"
