@@ -149,6 +149,120 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
         f"logits {a['logits_dtype']}, tp_sequence_parallel={a['tp_sequence_parallel']}", highlight=False)
 
 
+# -- recommend and crossover ------------------------------------------------------------------------
+
+def _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches):
+    from meshplan.costmodel.options import CostOptions
+
+    return CostOptions(mode=mode, recompute=recompute, flash_attention=flash, grad_dtype=grad_dtype,
+                       optimizer="adam" if mode == "train" else "none", tp_sequence_parallel=tp_sequence_parallel,
+                       int8_allreduce=int8_allreduce, microbatches=microbatches)
+
+
+@app.command()
+@user_errors
+def recommend(
+    model: str = typer.Option(..., "--model", help="Preset name or path to a HuggingFace config.json."),
+    cluster: str = typer.Option(..., "--cluster", help="Preset or TOML path."),
+    seq: str = typer.Option("4096", "--seq"),
+    batch: int = typer.Option(1, "--batch", help="Sequences per model replica per micro-batch."),
+    mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
+    nodes: Optional[int] = typer.Option(None, "--nodes"),
+    top: int = typer.Option(10, "--top", help="How many ranked meshes to show."),
+    objective: str = typer.Option("throughput", "--objective", help="throughput | memory | latency"),
+    recompute: str = typer.Option("none", "--recompute"),
+    flash: bool = typer.Option(True, "--flash/--no-flash"),
+    grad_dtype: str = typer.Option("bf16", "--grad-dtype"),
+    tp_sequence_parallel: bool = typer.Option(False, "--tp-sequence-parallel/--no-tp-sequence-parallel"),
+    int8_allreduce: bool = typer.Option(False, "--int8-allreduce/--no-int8-allreduce",
+                                        help="TP-SSM: int8-quantized block all-reduce."),
+    microbatches: int = typer.Option(0, "--microbatches", help="Pipeline micro-batches per step (0: 4·pp)."),
+    show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Rank every mesh of the cluster for a model and shape, and say why the winner wins."""
+    from meshplan.models import load_model
+    from meshplan.planner import plan
+    from meshplan.reports import parse_tokens
+    from meshplan.topologies.cluster import load_cluster
+
+    if top < 1:
+        raise MeshplanError(f"--top must be >= 1, got {top}")
+    spec = load_model(model)
+    cluster_spec = load_cluster(cluster, nodes)
+    tokens = parse_tokens(seq)
+    opts = _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches)
+    result = plan(spec, cluster_spec, tokens, batch, opts, objective, estimate_dropped=show_all)
+    if as_json:
+        rows = result.ranked + (result.dropped if show_all else [])
+        _print_json([c.as_dict() for c in (rows if show_all else rows[:top])])
+        return
+    what = {"train": "step", "prefill": "TTFT", "decode": "TPOT"}[mode]
+    table = Table(title=f"{spec.name} on {cluster_spec.name} · {mode} · seq {fmt_tokens(tokens)} · batch {batch} "
+                        f"· by {objective}")
+    for col in ("#", "layout", "mem/GPU", what, "tokens/s", "exposed comm", "comm/step", "MFU", "regime"):
+        table.add_column(col, justify="right" if col not in ("layout", "regime") else "left")
+    for i, c in enumerate(result.ranked[:top], 1):
+        e = c.estimate
+        table.add_row(str(i), str(c.layout), fmt_bytes(c.total_bytes), _fmt_s(e.step_time_s), f"{e.tokens_per_s:,.0f}",
+                      _fmt_s(e.exposed_comm_s), fmt_bytes(e.comm_bytes_per_step), f"{e.mfu:.0%}", c.regime)
+    console.print(table)
+    console.print(result.reason, highlight=False)
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
+
+
+@app.command()
+@user_errors
+def crossover(
+    model: str = typer.Option(..., "--model"),
+    degree: int = typer.Option(..., "--degree", help="D for TSP, T for TP."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="Also find where time crosses over."),
+    nodes: Optional[int] = typer.Option(None, "--nodes"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """The b·s above which TSP moves fewer bytes per layer than TP (and, on a cluster, is faster)."""
+    import math
+
+    from meshplan.costmodel.crossover import time_crossover_tokens, volume_crossover_tokens
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.layout import Layout, validate_layout
+    from meshplan.models import load_model
+    from meshplan.topologies.cluster import load_cluster
+
+    spec = load_model(model)
+    if degree < 2:
+        raise MeshplanError(f"--degree must be >= 2, got {degree}")
+    validate_layout(Layout(tsp=degree), spec)
+    fwd = volume_crossover_tokens(spec, degree)
+    train = volume_crossover_tokens(spec, degree, phases=("fwd", "bwd"))
+    out = {"model": spec.name, "degree": degree, "volume_crossover_tokens": None if math.isinf(fwd) else fwd,
+           "volume_crossover_tokens_train": None if math.isinf(train) else train,
+           "volume_crossover_over_h": None if math.isinf(fwd) else fwd / spec.d_model}
+    if cluster:
+        cl = load_cluster(cluster, nodes)
+        t = time_crossover_tokens(spec, degree, cl, CostOptions())
+        out["cluster"] = cl.name
+        out["time_crossover_tokens"] = None if math.isinf(t) else t
+    if as_json:
+        _print_json(out)
+        return
+
+    def show(x):
+        return "never" if x is None else f"b·s = {x:,.0f} ({x / spec.d_model:.2f}h)"
+
+    console.print(f"{spec.name}, degree {degree}: TSP moves fewer bytes than TP per layer above "
+                  f"{show(out['volume_crossover_tokens'])} in the forward pass, above "
+                  f"{show(out['volume_crossover_tokens_train'])} for forward + backward.", highlight=False)
+    if cluster:
+        console.print(f"On {out['cluster']}, a TSP training step is no slower than TP's from "
+                      f"{show(out['time_crossover_tokens'])} tokens per sequence (batch 1).", highlight=False)
+
+
 # -- listings ------------------------------------------------------------------------------------
 
 @app.command()

@@ -1,0 +1,153 @@
+"""Enumerate every mesh that fits a cluster, drop what does not fit in memory, rank the rest, and
+say why the winner wins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.costmodel.crossover import regime
+from meshplan.costmodel.memory import memory_per_gpu
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.step import StepEstimate, estimate_step
+from meshplan.errors import MeshplanError
+from meshplan.layout import Layout, validate_layout, validate_seq
+from meshplan.models import ModelSpec
+from meshplan.topologies.cluster import ClusterSpec
+
+OBJECTIVES = ("throughput", "memory", "latency")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    total_bytes: int
+    fits: bool
+    estimate: StepEstimate | None
+    regime: str
+
+    def as_dict(self) -> dict:
+        e = self.estimate
+        return {
+            "layout": str(self.layout), "kind": self.layout.kind, "total_bytes": self.total_bytes, "fits": self.fits,
+            "step_time_s": e.step_time_s if e else None, "tokens_per_s": e.tokens_per_s if e else None,
+            "comm_bytes_per_step": e.comm_bytes_per_step if e else None,
+            "exposed_comm_s": e.exposed_comm_s if e else None, "compute_s": e.compute_s if e else None,
+            "mfu": e.mfu if e else None, "bound": e.bound if e else None, "regime": self.regime,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    ranked: list[Candidate]  # fitting candidates, best first
+    dropped: list[Candidate]  # valid meshes that do not fit in memory
+    considered: int
+    objective: str
+    reason: str
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def enumerate_layouts(model: ModelSpec, num_gpus: int, seq: int, batch: int, mode: str) -> list[Layout]:
+    """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
+    and the shape, with each ZeRO stage when training with dp > 1."""
+    tensor_axis = "tpssm" if model.has_mamba else "tp"
+    out: list[Layout] = []
+    for dp in divisors(num_gpus):
+        for pp in divisors(num_gpus // dp):
+            if model.layers % pp:
+                continue
+            mp = num_gpus // dp // pp
+            shapes = [{}] if mp == 1 else [{tensor_axis: mp}, {"sp": mp}, {"tsp": mp}]
+            shapes += [{tensor_axis: t, "sp": mp // t} for t in divisors(mp) if 1 < t < mp]
+            zeros = (0, 1, 2, 3) if mode == "train" and dp > 1 else (0,)
+            for shape in shapes:
+                for zero in zeros:
+                    layout = Layout(dp=dp, pp=pp, zero=zero, **shape)
+                    try:
+                        validate_layout(layout, model, num_gpus)
+                        validate_seq(layout, seq, batch)
+                    except MeshplanError:
+                        continue
+                    out.append(layout)
+    return out
+
+
+def _sort_key(objective: str, mode: str):
+    if objective == "memory":
+        return lambda c: (c.total_bytes, c.estimate.step_time_s)
+    if objective == "latency":
+        return lambda c: (c.estimate.step_time_s, c.total_bytes)
+    return lambda c: (-c.estimate.tokens_per_s, c.total_bytes)
+
+
+def plan(model: ModelSpec, cluster: ClusterSpec, seq: int, batch: int, opts: CostOptions = CostOptions(),
+         objective: str = "throughput", estimate_dropped: bool = False) -> Plan:
+    if objective not in OBJECTIVES:
+        raise MeshplanError(f"--objective: unknown {objective!r}; use one of {', '.join(OBJECTIVES)}")
+    layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode)
+    if not layouts:
+        raise MeshplanError(f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}")
+    fitting: list[Candidate] = []
+    dropped: list[Candidate] = []
+    for layout in layouts:
+        mem = memory_per_gpu(model, layout, seq, batch, opts)
+        fits = mem.total_bytes <= cluster.gpu.memory_bytes
+        est = estimate_step(model, layout, seq, batch, opts, cluster) if fits or estimate_dropped else None
+        new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
+        cand = Candidate(layout, mem.total_bytes, fits, est, regime(model, layout, new_tokens, opts))
+        (fitting if fits else dropped).append(cand)
+    fitting.sort(key=_sort_key(objective, opts.mode))
+    dropped.sort(key=lambda c: c.total_bytes)
+    return Plan(fitting, dropped, len(layouts), objective, explain(fitting, dropped, objective, opts, cluster))
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2 ** 30:.1f} GiB"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
+
+
+def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, opts: CostOptions,
+            cluster: ClusterSpec) -> str:
+    """One paragraph: why the winner wins, and what the runner-up lost on."""
+    if not ranked:
+        least = dropped[0] if dropped else None
+        need = f"; the smallest, {least.layout}, needs {_gib(least.total_bytes)}" if least else ""
+        return (f"Nothing fits in {_gib(cluster.gpu.memory_bytes)} per GPU{need}. Use more GPUs (--nodes), "
+                f"a shorter --seq, a smaller --batch, or --recompute full.")
+    w = ranked[0].estimate
+    win = ranked[0]
+    what = {"train": "step", "prefill": "time to first token", "decode": "time per output token"}[opts.mode]
+    per = {"train": "step", "prefill": "prefill", "decode": "token"}[opts.mode]
+    text = [f"{win.layout} wins on {objective}: {w.tokens_per_s:,.0f} tokens/s, {what} {_ms(w.step_time_s)}, "
+            f"{_gib(win.total_bytes)} per GPU ({w.bound}; {win.regime})."]
+    if len(ranked) > 1:
+        r_c = ranked[1]
+        r = r_c.estimate
+        diffs = {
+            "compute": r.compute_s - w.compute_s,
+            "exposed communication": r.exposed_comm_s - w.exposed_comm_s,
+        }
+        main = max(diffs, key=diffs.get)
+        if objective == "memory" or abs(r.step_time_s - w.step_time_s) <= 1e-3 * w.step_time_s:
+            tie = "" if objective == "memory" else "it ties on time and "
+            lost = f"{tie}it needs {_gib(r_c.total_bytes)} per GPU against {_gib(win.total_bytes)}"
+        elif diffs[main] > 0:
+            lost = (f"its {main} costs {_ms(diffs[main])} more per {per} "
+                    f"({_ms(getattr(r, 'compute_s' if main == 'compute' else 'exposed_comm_s'))} against "
+                    f"{_ms(getattr(w, 'compute_s' if main == 'compute' else 'exposed_comm_s'))})")
+        else:
+            lost = f"it is {r.step_time_s / w.step_time_s - 1:.1%} slower per {per}"
+        text.append(f"The runner-up, {r_c.layout} ({r.tokens_per_s:,.0f} tokens/s), lost because {lost}.")
+    if opts.mode == "decode":
+        streamed = [c for c in ranked + dropped if c.layout.tsp > 1]
+        if streamed and streamed[0].estimate is not None:
+            text.append(f"TSP layouts stream every weight shard for every token "
+                        f"({streamed[0].estimate.bound}), so decode does not use them.")
+    text.append(f"{len(ranked)} of {len(ranked) + len(dropped)} valid meshes fit.")
+    return " ".join(text)
