@@ -117,7 +117,8 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         else:
             per_step.append(Comm("all_reduce", axis, g_bytes, group, phase="step", block="model",
                                  what="grad all-reduce", overlap="backward"))
-    return StepSchedule(per_block, invocations, tuple(per_mb), tuple(per_step), opts.microbatches_for(layout.pp))
+    microbatches = opts.microbatches_for(layout.pp) if training else 1
+    return StepSchedule(per_block, invocations, tuple(per_mb), tuple(per_step), microbatches)
 
 
 def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int, opts: CostOptions) -> StepSchedule:

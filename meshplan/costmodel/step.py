@@ -68,20 +68,33 @@ class _Links:
         return one * c.count * hops
 
 
-def _exposed(c: Comm, t: float, comp: BlockCompute | None, phase_gemm: float, phase_attn: float,
-             backward_s: float) -> float:
-    if c.overlap == "gemm" and c.count > 0:
-        t_x = t / c.count
-        per_shard = phase_gemm / (c.count if c.kind == "broadcast" else c.count + 1)
-        hidden_wait = max(0.0, t_x - per_shard)
-        if c.kind == "broadcast":
-            return t_x + (c.count - 1) * hidden_wait
-        return c.count * hidden_wait
-    if c.overlap == "attention":
-        return max(0.0, t - phase_attn)
-    if c.overlap == "backward":
-        return max(0.0, t - backward_s)
-    return t
+def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:
+    """Exposed time of a weight stream hidden behind the GEMM of the shard in hand."""
+    t_x = t / c.count
+    per_shard = phase_gemm / (c.count if c.kind == "broadcast" else c.count + 1)
+    hidden_wait = max(0.0, t_x - per_shard)
+    if c.kind == "broadcast":
+        return t_x + (c.count - 1) * hidden_wait  # the first shard must arrive before any GEMM
+    return c.count * hidden_wait  # a ring starts on the rank's own shard
+
+
+def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: float, attn_s: float) -> float:
+    """Exposed communication of one phase of one block. One communication stream: whatever overlaps
+    shares it, so the phase takes at least as long as that stream is busy.
+
+        phase = serial + max(compute + stream waits + K/V waits, busy time of the overlapping stream)
+    """
+    serial = waits = busy = 0.0
+    for c, t in comms:
+        if c.overlap == "none":
+            serial += t
+            continue
+        busy += t
+        if c.overlap == "gemm" and c.count > 0:
+            waits += _stream_wait(c, t, gemm_s)
+        elif c.overlap == "attention":
+            waits += max(0.0, t - attn_s)
+    return serial + max(compute_s + waits, busy) - compute_s
 
 
 def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
@@ -95,7 +108,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     tokens = batch if decode else batch * seq / sh.token_div
     keys = seq
 
-    mb_compute = mb_exposed = comm_total = bwd_total = 0.0
+    mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
     breakdown: dict[str, float] = {}
     for kind, comms in schedule.per_block.items():
         comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training)
@@ -104,13 +117,12 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         if decode and kind in ("mamba2", "mamba1"):
             comp = _decode_state_io(comp, model, kind, batch, sh, opts, dev)
         fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
-        exposed = 0.0
-        for c in comms:
-            t = links.time_s(c)
-            comm_total += t * schedule.invocations[kind]
-            gemm = comp.gemm_fwd_s * (2 if c.phase == "bwd" else 1)
-            attn = comp.attn_fwd_s * (2.5 if c.phase == "bwd" else 1)
-            exposed += _exposed(c, t, comp, gemm, attn, bwd)
+        timed = [(c, links.time_s(c)) for c in comms]
+        mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]
+        exposed = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
+        if training:
+            exposed += _phase_exposed([x for x in timed if x[0].phase == "bwd"], bwd, 2 * comp.gemm_fwd_s,
+                                      2.5 * comp.attn_fwd_s)
         n = schedule.invocations[kind]
         mb_compute += n * (fwd + bwd)
         bwd_total += n * bwd
@@ -121,17 +133,19 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     logits = logits_compute(model, batch if decode or not training else tokens, sh, e, dev)
     logit_s = logits.fwd_s + (logits.bwd_s if training else 0.0)
     mb_compute += logit_s
-    for c in schedule.per_microbatch:
-        t = links.time_s(c)
-        comm_total += t
-        mb_exposed += _exposed(c, t, None, logits.gemm_fwd_s * (2 if c.phase == "bwd" else 1), 0.0, bwd_total)
+    for phase, compute_s, gemm_s in (("fwd", mb_compute - bwd_total, logits.gemm_fwd_s), ("bwd", bwd_total,
+                                                                                         2 * logits.gemm_fwd_s)):
+        timed = [(c, links.time_s(c)) for c in schedule.per_microbatch if c.phase == phase]
+        mb_comm += sum(t for _, t in timed)
+        # Weight streams hide behind the LM head GEMM; gradient traffic behind the whole backward.
+        stream = [(c, t) for c, t in timed if c.overlap == "gemm"]
+        rest = [(c, t) for c, t in timed if c.overlap != "gemm"]
+        mb_exposed += _phase_exposed(stream, gemm_s, gemm_s, 0.0) + _phase_exposed(rest, compute_s, 0, 0)
 
     m, pp = schedule.microbatches, layout.pp
-    step_exposed = 0.0
-    for c in schedule.per_step:
-        t = links.time_s(c)
-        comm_total += t
-        step_exposed += _exposed(c, t, None, 0.0, 0.0, bwd_total * m)
+    timed = [(c, links.time_s(c)) for c in schedule.per_step]
+    step_comm = sum(t for _, t in timed)
+    step_exposed = _phase_exposed(timed, bwd_total * m, 0.0, 0.0)  # gradient sync behind the backward
     local_params = (model.param_count() / sh.weight_div + replicated_group_params(model, sh.head_div)) / pp
     opt_s = optimizer_time_s(local_params / (layout.dp if layout.zero >= 1 else 1), dev) if training else 0.0
 
@@ -148,7 +162,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
                       "microbatches": m})
     return StepEstimate(
         step_time_s=step, tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
-        compute_s=slots * mb_compute + opt_s, comm_s=comm_total * (m if training else 1),
+        compute_s=slots * mb_compute + opt_s, comm_s=slots * mb_comm + step_comm,
         exposed_comm_s=exposed_total, comm_bytes_per_step=schedule.comm_bytes_per_step, mfu=mfu,
         tokens_per_step=tokens_per_step, bound=_bound(decode, exposed_total, step, schedule, links),
         breakdown=breakdown,

@@ -1,0 +1,177 @@
+"""Communication volumes against hand arithmetic, the 8h crossover, time-model properties, and
+ranking sanity."""
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from typer.testing import CliRunner
+
+from meshplan.cli import app
+from meshplan.costmodel.collectives import GroupPlacement, collective_time_s, place_axis
+from meshplan.costmodel.crossover import layer_volume_bytes, volume_crossover_tokens
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.schedule import step_schedule
+from meshplan.costmodel.step import estimate_step
+from meshplan.layout import Layout
+from meshplan.models import PRESETS, dense, mamba2
+from meshplan.planner import enumerate_layouts, plan
+from meshplan.topologies import load_cluster
+
+H = 4096
+E = 2  # bf16
+FWD = CostOptions()
+
+
+def per_layer_fwd(layout: Layout, tokens: int, model=PRESETS["dense-7b"]) -> float:
+    return layer_volume_bytes(model, layout, tokens, FWD)
+
+
+def test_tp_moves_two_all_reduces_per_layer():
+    t, bs = 8, 16384
+    assert per_layer_fwd(Layout(tp=t), bs) == pytest.approx(2 * 2 * (t - 1) / t * bs * H * E)
+
+
+def test_sp_moves_the_kv_all_gather():
+    sigma, bs = 4, 16384
+    assert per_layer_fwd(Layout(sp=sigma), bs) == pytest.approx((sigma - 1) / sigma * 2 * bs * H * E)
+
+
+def test_tsp_moves_weights_and_kv():
+    # P_layer = 4h² (W_Q, W_K, W_V, W_O) + 3·4h·h (gated MLP) = 16h², norms not streamed.
+    d, bs = 8, 16384
+    expected = (d - 1) / d * (16 * H * H + 2 * bs * H) * E
+    assert per_layer_fwd(Layout(tsp=d), bs) == pytest.approx(expected)
+
+
+def test_tpssm_int8_all_reduce_is_one_byte_plus_scales():
+    model = PRESETS["mamba2-1.3b"]
+    s = step_schedule(model, Layout(tpssm=4), 4096, 2, CostOptions(mode="prefill", int8_allreduce=True))
+    (comm,) = s.per_block["mamba2"]
+    assert comm.kind == "all_reduce" and comm.message_bytes == pytest.approx(2 * 4096 * 2048 * (1 + 4 / 128))
+    bf16 = step_schedule(model, Layout(tpssm=4), 4096, 2, CostOptions(mode="prefill")).per_block["mamba2"][0]
+    assert bf16.message_bytes == 2 * 4096 * 2048 * 2
+
+
+def test_sp_mamba_hands_the_state_along_the_sequence():
+    model = PRESETS["mamba2-130m"]
+    (fwd,) = [c for c in step_schedule(model, Layout(sp=4), 4096, 1, CostOptions(mode="prefill")).per_block["mamba2"]]
+    # fp32 state 24 heads · 64 · 128 and the conv tail of 3 tokens · (1536 + 256) channels in bf16.
+    assert fwd.kind == "send_recv" and fwd.chain
+    assert fwd.message_bytes == 24 * 64 * 128 * 4 + 3 * (1536 + 256) * 2
+
+
+def test_dp_gradient_all_reduce_and_zero():
+    model = PRESETS["mamba2-370m"]
+    p = model.param_count()
+    plain = step_schedule(model, Layout(dp=8), 2048, 1, CostOptions()).bytes_by_kind_and_axis()
+    assert plain == {"all_reduce/dp": pytest.approx(2 * 7 / 8 * p * 2)}
+    z1 = step_schedule(model, Layout(dp=8, zero=1), 2048, 1, CostOptions()).bytes_by_kind_and_axis()
+    assert z1["reduce_scatter/dp"] + z1["all_gather/dp"] == pytest.approx(2 * 7 / 8 * p * 2)
+
+
+def test_crossover_is_8h_for_mha_and_gated_f4():
+    assert volume_crossover_tokens(PRESETS["dense-7b"], 8) == pytest.approx(8 * H)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([512, 1024, 2048, 4096, 8192]), st.sampled_from([2, 4, 8, 16]))
+def test_crossover_8h_falls_out_of_the_schedule_for_any_h_and_degree(h, d):
+    model = dense("m", h, 4, 16, 16, 4 * h, 1000)
+    assert volume_crossover_tokens(model, d) == pytest.approx(8 * h)
+
+
+def test_gqa_and_mamba_cross_over_earlier():
+    assert volume_crossover_tokens(PRESETS["llama3-8b"], 8) < 8 * H
+    assert 0 < volume_crossover_tokens(PRESETS["mamba2-2.7b"], 8) < math.inf
+
+
+def test_alpha_beta_by_hand():
+    intra = place_axis(8, 1, 8)
+    assert intra == GroupPlacement(8, 8, 1)
+    t = collective_time_s("all_reduce", 2 ** 30, intra, 450e9, 3e-6, 50e9, 5e-6)
+    assert t == pytest.approx(14 * 3e-6 + 2 * 7 / 8 * 2 ** 30 / 450e9)
+    spread = place_axis(16, 1, 8)
+    assert spread == GroupPlacement(16, 8, 2)
+    assert collective_time_s("all_reduce", 2 ** 30, spread, 450e9, 3e-6, 50e9, 5e-6) > t
+    assert place_axis(4, 8, 8) == GroupPlacement(4, 1, 4)  # dp across nodes
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["tp=8", "tsp=8", "sp=8", "tp=2,sp=4", "dp=2,tp=4", "pp=2,tp=4"]),
+       st.integers(1, 64).map(lambda k: 1024 * k), st.sampled_from(["train", "prefill"]))
+def test_step_time_monotone_and_exposed_within_comm(layout_text, seq, mode):
+    from meshplan.layout import parse_layout
+
+    cluster = load_cluster("h200-8")
+    layout = parse_layout(layout_text)
+    opts = CostOptions(mode=mode)
+    a = estimate_step(PRESETS["dense-7b"], layout, seq, 1, opts, cluster)
+    b = estimate_step(PRESETS["dense-7b"], layout, 2 * seq, 1, opts, cluster)
+    assert b.step_time_s >= a.step_time_s
+    assert 0 <= a.exposed_comm_s <= a.comm_s * (1 + 1e-9) + 1e-12
+    assert a.tokens_per_s > 0 and 0 < a.mfu < 1
+
+
+def test_enumeration_covers_every_mesh_once():
+    layouts = enumerate_layouts(PRESETS["dense-7b"], 8, 131072, 1, "train")
+    names = [str(x) for x in layouts]
+    assert len(names) == len(set(names))
+    assert all(x.world_size == 8 for x in layouts)
+    assert {"tp=8", "sp=8", "tsp=8", "tp=2,sp=4", "tp=4,sp=2", "dp=8", "dp=2,pp=2,tp=2,zero=3"} <= set(names)
+
+
+def test_small_model_at_short_context_is_not_told_to_use_tsp():
+    result = plan(PRESETS["mamba2-370m"], load_cluster("h100-sxm-8"), 4096, 8, CostOptions())
+    winner = result.ranked[0].layout
+    assert winner.tsp == 1 and winner.dp == 8
+    small_dense = dense("small", 1024, 16, 16, 16, 4096, 32000)
+    result = plan(small_dense, load_cluster("h100-sxm-8"), 2048, 8, CostOptions())
+    assert result.ranked[0].layout.dp == 8
+
+
+def test_decode_with_small_batches_does_not_stream_weights():
+    for objective in ("throughput", "latency"):
+        result = plan(PRESETS["llama3-8b"], load_cluster("h100-sxm-8"), 8192, 2, CostOptions(mode="decode"), objective)
+        assert result.ranked[0].layout.tsp == 1
+        assert "stream every weight shard" in result.reason
+
+
+def test_long_context_dense_7b_on_8_h200s_needs_tsp():
+    result = plan(PRESETS["dense-7b"], load_cluster("h200-8"), 131072, 1, CostOptions())
+    assert str(result.ranked[0].layout) == "tsp=8"
+    assert "8h = 32,768" in result.reason
+
+
+runner = CliRunner()
+
+
+def test_recommend_json_fields():
+    r = runner.invoke(app, ["recommend", "--model", "mamba2-370m", "--cluster", "h100-sxm-8", "--seq", "4k",
+                            "--batch", "8", "--json", "--top", "3"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert len(rows) == 3
+    for row in rows:
+        assert {"layout", "total_bytes", "step_time_s", "tokens_per_s", "comm_bytes_per_step", "exposed_comm_s",
+                "fits"} <= set(row)
+        assert row["fits"] is True
+    assert rows[0]["tokens_per_s"] >= rows[1]["tokens_per_s"] >= rows[2]["tokens_per_s"]
+
+
+def test_recommend_table_and_errors():
+    r = runner.invoke(app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k"])
+    assert r.exit_code == 0 and "tsp=8 wins" in r.stdout
+    bad = runner.invoke(app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--objective", "speed"])
+    assert bad.exit_code == 2 and bad.output.startswith("error:")
+
+
+def test_crossover_cli_json():
+    r = runner.invoke(app, ["crossover", "--model", "dense-7b", "--degree", "8", "--cluster", "h200-8", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["volume_crossover_tokens"] == pytest.approx(8 * 4096)
+    assert data["time_crossover_tokens"] > 0
+    bad = runner.invoke(app, ["crossover", "--model", "dense-7b", "--degree", "3"])
+    assert bad.exit_code == 2
