@@ -144,6 +144,13 @@ def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, o
         else:
             lost = f"it is {r.step_time_s / w.step_time_s - 1:.1%} slower per {per}"
         text.append(f"The runner-up, {r_c.layout} ({r.tokens_per_s:,.0f} tokens/s), lost because {lost}.")
+    close = [c for c in ranked[1:] if c.estimate.step_time_s and
+             abs(c.estimate.tokens_per_s / w.tokens_per_s - 1) <= 0.02]
+    if close:
+        roomiest = min([win] + close, key=lambda c: c.total_bytes)
+        text.append(f"{len(close) + 1} meshes are within 2% of the winner's throughput, inside the cost model's "
+                    f"error: among them {roomiest.layout} leaves the most memory free ({_gib(roomiest.total_bytes)} "
+                    f"per GPU).")
     if opts.mode == "decode":
         streamed = [c for c in ranked + dropped if c.layout.tsp > 1]
         if streamed and streamed[0].estimate is not None:

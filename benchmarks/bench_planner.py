@@ -1,0 +1,65 @@
+"""Planner speed: the full ranking (enumerate, memory, step estimate for every mesh) on large clusters.
+
+Target (DESIGN.md §6): a 16,384-GPU cluster ranked in under 2 s on one CPU core.
+Run: taskset -c 0 python benchmarks/bench_planner.py   (writes benchmarks/results/planner-cpu.json)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from meshplan.costmodel.options import CostOptions
+from meshplan.models import PRESETS
+from meshplan.planner import plan
+from meshplan.topologies import load_cluster
+
+CASES = [
+    ("dense-7b", "h100-sxm-8", 2048, 131072, 1, "train"),
+    ("llama3-8b", "h100-sxm-8", 2048, 8192, 4, "train"),
+    ("mamba2-2.7b", "h200-8", 2048, 32768, 2, "train"),
+    ("zamba2-7b", "mi300x-8", 128, 65536, 1, "train"),
+    ("llama3-8b", "h100-sxm-8", 2048, 32768, 8, "decode"),
+]
+REPEATS = 3
+
+
+def main() -> int:
+    rows = []
+    for model, cluster, nodes, seq, batch, mode in CASES:
+        spec, cl = PRESETS[model], load_cluster(cluster, nodes)
+        times = []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            result = plan(spec, cl, seq, batch, CostOptions(mode=mode))
+            times.append(time.perf_counter() - t0)
+        rows.append({"model": model, "cluster": cl.name, "gpus": cl.num_gpus, "seq": seq, "batch": batch, "mode": mode,
+                     "meshes": result.considered, "fitting": len(result.ranked),
+                     "winner": str(result.ranked[0].layout) if result.ranked else None,
+                     "seconds_min": min(times), "seconds_all": times})
+    table = Table(title=f"planner: full ranking, best of {REPEATS} (target < 2 s for 16,384 GPUs on one core)")
+    for col in ("model", "cluster", "GPUs", "mode", "meshes", "fit", "winner", "seconds"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["model"], r["cluster"], f"{r['gpus']:,}", r["mode"], str(r["meshes"]), str(r["fitting"]),
+                      str(r["winner"]), f"{r['seconds_min']:.3f}")
+    Console().print(table)
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    out = {"command": "taskset -c 0 python benchmarks/bench_planner.py", "cpu_affinity": affinity,
+           "python": sys.version.split()[0], "machine": platform.processor() or platform.machine(), "results": rows}
+    path = Path(__file__).parent / "results" / "planner-cpu.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    worst = max(r["seconds_min"] for r in rows if r["gpus"] >= 16384)
+    print(f"slowest 16,384-GPU ranking: {worst:.3f} s ({'meets' if worst < 2 else 'MISSES'} the 2 s target); wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
