@@ -53,8 +53,18 @@ class Comm:
     chain: bool = False  # hops run one after another along the group (SP state hand-off): time × (n − 1)
 
     @property
+    def chain_share(self) -> float:
+        """A chain's first rank only sends and its last only receives: (n − 1)/n hops per rank on average."""
+        return (self.group_size - 1) / self.group_size if self.chain else 1.0
+
+    @property
     def bytes_per_rank(self) -> float:
-        return volume_factor(self.kind, self.group_size) * self.message_bytes * self.count
+        return volume_factor(self.kind, self.group_size) * self.message_bytes * self.count * self.chain_share
+
+    @property
+    def message_bytes_per_rank(self) -> float:
+        """Buffer bytes a rank hands to collectives, averaged over the group (what the executor counts)."""
+        return self.message_bytes * self.count * self.chain_share
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ class StepSchedule:
         """Bytes per rank per step keyed "kind/axis"; `message=True` sums buffer sizes instead of volume."""
         out: dict[str, float] = defaultdict(float)
         for c, n in self.all_comms():
-            out[f"{c.kind}/{c.axis}"] += (c.message_bytes * c.count if message else c.bytes_per_rank) * n
+            out[f"{c.kind}/{c.axis}"] += (c.message_bytes_per_rank if message else c.bytes_per_rank) * n
         return dict(out)
 
 
@@ -78,8 +78,11 @@ def _embedding_comms(ctx: ScheduleContext, training: bool) -> list[Comm]:
     return out
 
 
-def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions) -> StepSchedule:
-    """Every collective of one step (train), one prefill, or one decoded token, on one rank."""
+def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
+                  embeddings: bool = True) -> StepSchedule:
+    """Every collective of one step (train), one prefill, or one decoded token, on one rank.
+
+    `embeddings=False` leaves out the embedding and LM head (the executor's bare layer stack)."""
     sh = sharding_for(layout, opts)
     training = opts.training
     decode = opts.mode == "decode"
@@ -89,7 +92,7 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     keep = (lambda c: True) if training else (lambda c: c.phase == "fwd")
     per_block = {kind: tuple(c for c in block_comms(ctx, kind) if keep(c)) for kind, _ in model.block_invocations()}
     invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}
-    per_mb = [c for c in _embedding_comms(ctx, training) if keep(c)]
+    per_mb = [c for c in _embedding_comms(ctx, training) if keep(c)] if embeddings else []
     if layout.pp > 1:
         act = ctx.tokens * model.d_model * ctx.act_bytes / (sh.hidden_div if opts.tp_sequence_parallel else 1)
         per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="fwd", block="model", what="activations to next stage"))
@@ -99,7 +102,8 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     per_step: list[Comm] = []
     axis, group = _grad_group(layout)
     if group > 1 and (training or layout.zero == 3):
-        local = (model.param_count() / sh.weight_div + replicated_group_params(model, sh.head_div)) / layout.pp
+        total = model.param_count() if embeddings else model.layer_params()
+        local = (total / sh.weight_div + replicated_group_params(model, sh.head_div)) / layout.pp
         p_bytes, g_bytes = local * ctx.param_bytes, local * ctx.grad_bytes
         zero = layout.zero if layout.dp > 1 else 0
         if zero == 3:

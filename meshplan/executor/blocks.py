@@ -121,39 +121,56 @@ def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
 
 
 def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, seq_idx=None,
-                 initial_state=None):
-    """in_proj output → conv1d → SSD scan → gated norm → out_proj. Returns (out, final_state)."""
+                 initial_state=None, conv_state=None, norm=None):
+    """in_proj output → conv1d → SSD scan → gated norm → out_proj. Returns (out, final_state).
+
+    `conv_state` (b, conv channels, d_conv − 1) and `initial_state` continue a sequence from where a
+    previous shard left it; `norm(y, z, weight)` replaces the gated RMSNorm (a distributed one for TP)."""
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s, _ = zxbcdt.shape
     z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * ngroups * d_state, nheads], dim=-1)
-    xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx)
+    xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
     x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
     dt = F.softplus(dt.float() + dt_bias.float())
     y, state = ssd_scan_ref(x.reshape(b, s, nheads, headdim), dt, -torch.exp(a_log.float()),
                             B.reshape(b, s, ngroups, d_state), C.reshape(b, s, ngroups, d_state), d_skip,
                             initial_state=initial_state, seq_idx=seq_idx)
-    y = gated_rmsnorm(y.reshape(b, s, d_inner), z, norm_w, d_inner // ngroups)
+    y = y.reshape(b, s, d_inner)
+    y = norm(y, z, norm_w) if norm is not None else gated_rmsnorm(y, z, norm_w, d_inner // ngroups)
     return F.linear(y, out_w), state
 
 
-class _Mamba2CoreFn(torch.autograd.Function):
-    """The mixer core with recompute: saves only zxbcdt (and the weights) for backward."""
+class Mamba2CoreFn(torch.autograd.Function):
+    """The mixer core with recompute: saves only zxbcdt (the weights, and the small conv / SSM states a
+    sequence shard starts from) for backward. Returns (out, final SSM state)."""
 
     @staticmethod
-    def forward(ctx, zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims):
+    def forward(ctx, zxbcdt, conv_state, init_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims,
+                norm):
         with torch.no_grad():
-            out, _ = mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims)
-        ctx.dims = dims
-        ctx.save_for_backward(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
-        return out
+            out, state = mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims,
+                                      initial_state=init_state, conv_state=conv_state, norm=norm)
+        ctx.dims, ctx.norm = dims, norm
+        ctx.has_states = (conv_state is not None, init_state is not None)
+        ctx.save_for_backward(zxbcdt, conv_state, init_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
+        return out, state
 
     @staticmethod
-    def backward(ctx, grad_out):
-        inputs = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
+    def backward(ctx, grad_out, grad_state):
+        saved = ctx.saved_tensors
+        inputs = [t.detach().requires_grad_(True) if t is not None else None for t in saved]
+        zx, conv_state, init_state, *params = inputs
         with torch.enable_grad():
-            out, _ = mamba2_mixer(*inputs, ctx.dims)
-        grads = torch.autograd.grad(out, inputs, grad_out)
-        return (*grads, None)
+            out, state = mamba2_mixer(zx, *params, ctx.dims, initial_state=init_state, conv_state=conv_state,
+                                      norm=ctx.norm)
+        wrt = [t for t in inputs if t is not None]
+        outputs, grads_out = [out], [grad_out]
+        if grad_state is not None:
+            outputs.append(state)
+            grads_out.append(grad_state)
+        grads = iter(torch.autograd.grad(outputs, wrt, grads_out, allow_unused=True))
+        result = [next(grads) if t is not None else None for t in inputs]
+        return (*result, None, None)
 
 
 class Mamba2Block(nn.Module):
@@ -175,8 +192,8 @@ class Mamba2Block(nn.Module):
 
     def forward(self, x):
         zxbcdt = F.linear(self.norm(x), self.in_proj)
-        out = _Mamba2CoreFn.apply(zxbcdt, self.conv_w, self.conv_b, self.dt_bias, self.a_log, self.d_skip,
-                                  self.norm_w, self.out_proj, self.dims)
+        out, _ = Mamba2CoreFn.apply(zxbcdt, None, None, self.conv_w, self.conv_b, self.dt_bias, self.a_log,
+                                    self.d_skip, self.norm_w, self.out_proj, self.dims, None)
         return x + out
 
 

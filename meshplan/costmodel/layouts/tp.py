@@ -5,6 +5,8 @@ QKV / MLP inputs, dropout masks) are replicated on every TP rank (the "10" in sÂ
 with Megatron-SP they are split along the sequence too (34/T).
 """
 
+import math
+
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout
 
@@ -45,6 +47,19 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
     else:
         out = [Comm("all_reduce", axis, fwd_bytes, t, phase="fwd", block=kind, what="all-reduce output"),
                Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad")]
+    if kind == "mamba2" and math.gcd(t, ctx.model.mamba2.ngroups) < t:
+        # B/C groups fewer than ranks: the gated RMSNorm's group spans ranks (sum of squares, fp32,
+        # all-reduced forward, again in the recomputed forward, and in its backward), and the B/C
+        # weights every rank holds get partial gradients, all-reduced once per micro-batch.
+        m = ctx.model.mamba2
+        share = t // math.gcd(t, m.ngroups)
+        stats = ctx.tokens * 4 * max(1, m.ngroups * share // t)
+        replicated = 2 * m.ngroups * m.d_state * (m.d_model + m.d_conv + 1) * ctx.grad_bytes
+        out += [Comm("all_reduce", axis, stats, share, phase="fwd", block=kind, what="gated-norm sum of squares"),
+                Comm("all_reduce", axis, stats, share, phase="bwd", block=kind, what="gated-norm (recompute)"),
+                Comm("all_reduce", axis, stats, share, phase="bwd", block=kind, what="gated-norm grad"),
+                Comm("all_reduce", axis, replicated, share, phase="bwd", block=kind, what="replicated B/C grads",
+                     overlap="backward")]
     if kind == "mamba1":
         x_dbl = ctx.tokens * ctx.model.mamba1.x_proj_width * e
         out += [Comm("all_reduce", axis, x_dbl, t, phase="fwd", block=kind, what="all-reduce x_proj (dt, B, C)"),

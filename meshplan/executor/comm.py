@@ -1,0 +1,227 @@
+"""Every collective the executor runs goes through here, and is counted here.
+
+Counts are message bytes by "kind/axis", with the cost model's convention (collectives.py): the
+all-reduced tensor, the all-gather output, the reduce-scatter input, the broadcast tensor, one
+send/recv hop's tensor. Small autograd functions name the collective of each direction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from meshplan.layout import Layout
+
+
+@dataclass
+class Axis:
+    name: str
+    size: int
+    rank: int  # this process's index along the axis
+    group: object | None  # ProcessGroup (None when size == 1)
+    ranks: list[int]  # global ranks of this process's group, in axis order
+
+
+@dataclass
+class Mesh:
+    layout: Layout
+    rank: int
+    world: int
+    axes: dict[str, Axis]
+    counts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    enabled: bool = True  # False: skip the transfers (for measuring exposed communication), keep counting
+    nccl: bool = False
+
+    def axis(self, name: str) -> Axis:
+        return self.axes[name]
+
+    def record(self, kind: str, axis: str, nbytes: float) -> None:
+        key = f"{kind}/{axis}"
+        self.counts[key] += nbytes
+        self.calls[key] += 1
+
+    def reset_counts(self) -> None:
+        self.counts.clear()
+        self.calls.clear()
+
+
+AXIS_ORDER = ("tensor", "sp", "dp", "pp")  # innermost first: matches the cost model's placement
+
+
+def build_mesh(layout: Layout) -> Mesh:
+    """Process groups for every axis. Rank = t + T·(σ + Σ·(d + dp·p)), the tensor axis (tp, tpssm or
+    tsp) innermost. Every process creates every group, in the same order."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != layout.world_size:
+        raise RuntimeError(f"layout {layout} needs {layout.world_size} processes, got {world}")
+    tensor_name = "tsp" if layout.tsp > 1 else "tpssm" if layout.tpssm > 1 else "tp"
+    sizes = {"tensor": layout.tensor_degree * layout.tsp, "sp": layout.sp, "dp": layout.dp, "pp": layout.pp}
+    strides, acc = {}, 1
+    for name in AXIS_ORDER:
+        strides[name] = acc
+        acc *= sizes[name]
+    coords = {name: (rank // strides[name]) % sizes[name] for name in AXIS_ORDER}
+    axes: dict[str, Axis] = {}
+    for name in AXIS_ORDER:
+        size, stride = sizes[name], strides[name]
+        mine = None
+        # Enumerate every group of this axis: fix the other coordinates, vary this one.
+        others = [n for n in AXIS_ORDER if n != name]
+        import itertools
+
+        for combo in itertools.product(*(range(sizes[n]) for n in others)):
+            base = sum(c * strides[n] for n, c in zip(others, combo))
+            ranks = [base + i * stride for i in range(size)]
+            group = dist.new_group(ranks) if size > 1 else None
+            if rank in ranks:
+                mine = Axis(name, size, coords[name], group, ranks)
+        axes[name] = mine
+    axes[tensor_name] = axes["tensor"]
+    backend = dist.get_backend()
+    return Mesh(layout, rank, world, axes, nccl=backend == "nccl")
+
+
+# -- raw collectives (counted) ------------------------------------------------------------------------
+
+def all_reduce(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return t
+    mesh.record("all_reduce", axis, t.numel() * t.element_size())
+    if mesh.enabled:
+        dist.all_reduce(t, group=ax.group)
+    return t
+
+
+def all_gather(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return t
+    t = t.contiguous()
+    mesh.record("all_gather", axis, t.numel() * t.element_size() * ax.size)
+    if not mesh.enabled:
+        return torch.cat([t] * ax.size, dim=dim)
+    parts = [torch.empty_like(t) for _ in range(ax.size)]
+    dist.all_gather(parts, t, group=ax.group)
+    return torch.cat(parts, dim=dim)
+
+
+def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    """Sum over the axis, keep this rank's slice along `dim`."""
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return t
+    t = t.contiguous()
+    mesh.record("reduce_scatter", axis, t.numel() * t.element_size())
+    chunks = [c.contiguous() for c in t.chunk(ax.size, dim=dim)]
+    if not mesh.enabled:
+        return chunks[ax.rank]
+    if mesh.nccl:
+        out = torch.empty_like(chunks[0])
+        dist.reduce_scatter(out, chunks, group=ax.group)
+        return out
+    # gloo has no reduce-scatter: all-reduce and slice (counted as the reduce-scatter it stands for).
+    dist.all_reduce(t, group=ax.group)
+    return t.chunk(ax.size, dim=dim)[ax.rank].contiguous()
+
+
+def broadcast(mesh: Mesh, t: torch.Tensor, axis: str, src_index: int) -> torch.Tensor:
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return t
+    mesh.record("broadcast", axis, t.numel() * t.element_size())
+    if mesh.enabled:
+        dist.broadcast(t, src=ax.ranks[src_index], group=ax.group)
+    return t
+
+
+def ring_shift(mesh: Mesh, t: torch.Tensor, axis: str) -> tuple[torch.Tensor, list]:
+    """Start sending `t` to the next rank on the axis and receiving the previous rank's; returns the
+    receive buffer and the requests to wait on (so the caller can compute meanwhile)."""
+    ax = mesh.axis(axis)
+    t = t.contiguous()
+    mesh.record("send_recv", axis, t.numel() * t.element_size())
+    recv = torch.empty_like(t)
+    if not mesh.enabled:
+        return t.clone(), []
+    nxt, prv = ax.ranks[(ax.rank + 1) % ax.size], ax.ranks[(ax.rank - 1) % ax.size]
+    ops = [dist.P2POp(dist.isend, t, nxt, group=ax.group), dist.P2POp(dist.irecv, recv, prv, group=ax.group)]
+    return recv, dist.batch_isend_irecv(ops)
+
+
+def send_recv_chain(mesh: Mesh, t: torch.Tensor | None, axis: str, forward: bool, like: torch.Tensor) -> torch.Tensor | None:
+    """Hand `t` to the next rank along the axis (forward) or the previous one (backward), in order:
+    returns what this rank received (None on the first rank of the chain)."""
+    ax = mesh.axis(axis)
+    first = 0 if forward else ax.size - 1
+    last = ax.size - 1 if forward else 0
+    step = 1 if forward else -1
+    received = None
+    if ax.rank != first:
+        received = torch.empty_like(like)
+        if mesh.enabled:
+            dist.recv(received, src=ax.ranks[ax.rank - step], group=ax.group)
+        else:
+            received.zero_()
+    if ax.rank != last and t is not None:
+        mesh.record("send_recv", axis, t.numel() * t.element_size())
+        if mesh.enabled:
+            dist.send(t.contiguous(), dst=ax.ranks[ax.rank + step], group=ax.group)
+    return received
+
+
+# -- autograd functions ----------------------------------------------------------------------------
+
+class CopyToAxis(torch.autograd.Function):
+    """Identity forward; all-reduce of the gradient backward (TP's "f")."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis):
+        ctx.mesh, ctx.axis = mesh, axis
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce(ctx.mesh, grad.contiguous().clone(), ctx.axis), None, None
+
+
+class ReduceFromAxis(torch.autograd.Function):
+    """All-reduce forward; identity backward (TP's "g")."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis):
+        return all_reduce(mesh, x.contiguous().clone(), axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+class GatherFromAxis(torch.autograd.Function):
+    """All-gather along `dim` forward; reduce-scatter of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis, dim):
+        ctx.mesh, ctx.axis, ctx.dim = mesh, axis, dim
+        return all_gather(mesh, x, axis, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter(ctx.mesh, grad, ctx.axis, ctx.dim), None, None, None
+
+
+class AllReduceBoth(torch.autograd.Function):
+    """All-reduce forward and backward (a sum whose every rank uses the result)."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis):
+        ctx.mesh, ctx.axis = mesh, axis
+        return all_reduce(mesh, x.contiguous().clone(), axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce(ctx.mesh, grad.contiguous().clone(), ctx.axis), None, None

@@ -1,0 +1,50 @@
+"""Pieces the layout modules share: slicing reference weights into shards (remembering which slice
+each local parameter is), token shards of a sequence, and causal masks for shard positions."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Sharded(nn.Module):
+    """A module whose parameters are slices of a reference module's parameters.
+
+    `index[local_name] = (reference_name, dim, indices)`: the local parameter equals
+    reference.index_select(dim, indices); dim None means a full copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.index: dict[str, tuple[str, int | None, torch.Tensor | None]] = {}
+
+    def take(self, local: str, ref_module: nn.Module, ref_name: str, dim: int | None = None,
+             idx: torch.Tensor | None = None) -> None:
+        full = dict(ref_module.named_parameters())[ref_name].detach()
+        value = full if dim is None else full.index_select(dim, idx)
+        # Register nested names (e.g. "attn_norm.weight") on the right submodule.
+        owner, _, leaf = local.rpartition(".")
+        target = self.get_submodule(owner) if owner else self
+        target.register_parameter(leaf, nn.Parameter(value.clone()))
+        self.index[local] = (ref_name, dim, idx)
+
+
+def rows(start: int, length: int) -> torch.Tensor:
+    return torch.arange(start, start + length)
+
+
+def contiguous_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
+    """Positions of shard `index` when the sequence is cut into `parts` contiguous pieces."""
+    n = seq // parts
+    return torch.arange(index * n, (index + 1) * n)
+
+
+def zigzag_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
+    """TSP's causal load balance: 2·parts chunks, rank i takes chunks i and 2·parts − 1 − i."""
+    c = seq // (2 * parts)
+    return torch.cat([torch.arange(index * c, (index + 1) * c),
+                      torch.arange((2 * parts - 1 - index) * c, (2 * parts - index) * c)])
+
+
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, device=None) -> torch.Tensor:
+    """Boolean (q, k): True where the key may be attended (key position ≤ query position)."""
+    return (k_pos.view(1, -1) <= q_pos.view(-1, 1)).to(device)

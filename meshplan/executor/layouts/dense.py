@@ -1,0 +1,95 @@
+"""A dense decoder layer on a tensor axis (Megatron TP), a sequence axis (SP), or both (TP+SP).
+
+TP: QKV and [gate; up] column-parallel (heads / FFN columns split), W_O and W_down row-parallel;
+the input is "copied" onto the axis (all-reduce of its gradient) and the output all-reduced.
+SP: each rank holds s/Σ contiguous tokens; K/V of the whole sequence are all-gathered for attention
+inside a checkpointed region, so only the local q, k, v are saved and the backward re-gathers K/V
+and reduce-scatters dK/dV. Weight gradients are all-reduced over Σ by the train step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from meshplan.executor.blocks import DenseLayer, RMSNorm
+from meshplan.executor.comm import CopyToAxis, GatherFromAxis, Mesh, ReduceFromAxis
+from meshplan.executor.layouts.common import Sharded, causal_mask, rows
+
+
+class ParallelDense(Sharded):
+    def __init__(self, ref: DenseLayer, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None,
+                 q_positions: torch.Tensor, seq: int):
+        super().__init__()
+        self.mesh, self.tensor_axis, self.seq_axis = mesh, tensor_axis, seq_axis
+        t = mesh.axis(tensor_axis).size if tensor_axis else 1
+        r = mesh.axis(tensor_axis).rank if tensor_axis else 0
+        self.heads, self.kv_heads, self.head_dim = ref.heads // t, ref.kv_heads // t, ref.head_dim
+        self.gated = ref.gated
+        q_w, kv_w = ref.heads * ref.head_dim, ref.kv_heads * ref.head_dim
+        lq, lkv = q_w // t, kv_w // t
+        f = ref.w_down.shape[1]
+        lf = f // t
+        self.attn_norm = RMSNorm(ref.attn_norm.weight.numel())
+        self.mlp_norm = RMSNorm(ref.mlp_norm.weight.numel())
+        del self.attn_norm.weight, self.mlp_norm.weight
+        self.take("attn_norm.weight", ref, "attn_norm.weight")
+        self.take("mlp_norm.weight", ref, "mlp_norm.weight")
+        qkv_rows = torch.cat([rows(r * lq, lq), rows(q_w + r * lkv, lkv), rows(q_w + kv_w + r * lkv, lkv)])
+        self.take("w_qkv", ref, "w_qkv", 0, qkv_rows)
+        self.take("w_o", ref, "w_o", 1, rows(r * lq, lq))
+        in_rows = torch.cat([rows(r * lf, lf), rows(f + r * lf, lf)]) if ref.gated else rows(r * lf, lf)
+        self.take("w_in", ref, "w_in", 0, in_rows)
+        self.take("w_down", ref, "w_down", 1, rows(r * lf, lf))
+        self.q_positions = q_positions
+        self.k_positions = torch.arange(seq)
+
+    def _enter(self, x):
+        return CopyToAxis.apply(x, self.mesh, self.tensor_axis) if self.tensor_axis else x
+
+    def _leave(self, y):
+        return ReduceFromAxis.apply(y, self.mesh, self.tensor_axis) if self.tensor_axis else y
+
+    def _attend(self, q, k, v):
+        """q (b, t, a, d); k, v local (b, t, a_kv, d): gather K/V over the sequence axis, attend causally."""
+        b, t, a, d = q.shape
+        if self.seq_axis:
+            k = GatherFromAxis.apply(k, self.mesh, self.seq_axis, 1)
+            v = GatherFromAxis.apply(v, self.mesh, self.seq_axis, 1)
+            mask = causal_mask(self.q_positions, self.k_positions, q.device)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 attn_mask=mask, enable_gqa=k.shape[2] != a)
+        else:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=True, enable_gqa=k.shape[2] != a)
+        return out.transpose(1, 2).reshape(b, t, a * d)
+
+    def attention(self, x):
+        b, t, _ = x.shape
+        qkv = F.linear(self._enter(self.attn_norm(x)), self.w_qkv)
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                             self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, t, self.heads, self.head_dim)
+        k = k.view(b, t, self.kv_heads, self.head_dim)
+        v = v.view(b, t, self.kv_heads, self.head_dim)
+        if self.seq_axis and torch.is_grad_enabled():
+            # Keep only the local q, k, v for backward: the gathered K/V are re-gathered there.
+            out = checkpoint(self._attend, q, k, v, use_reentrant=True)
+        else:
+            out = self._attend(q, k, v)
+        return self._leave(F.linear(out, self.w_o))
+
+    def mlp(self, x):
+        h = F.linear(self._enter(self.mlp_norm(x)), self.w_in)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        return self._leave(F.linear(h, self.w_down))
+
+    def forward(self, x):
+        x = x + self.attention(x)
+        return x + self.mlp(x)
+

@@ -1,0 +1,179 @@
+"""A Mamba-2 block on a tensor axis (TP-SSM), a sequence axis (SP), or both.
+
+TP-SSM (Dutt et al., arXiv 2602.21144): in_proj is split segment by segment (z, x, B, C, dt each by
+rank), so conv1d and the scan stay local; out_proj is row-parallel and its output all-reduced once.
+B/C groups are split when T divides ngroups; with one group (the mamba2-* presets) every rank keeps
+B and C, their gradients are all-reduced, and the gated RMSNorm, whose group then spans the ranks,
+all-reduces its sum of squares.
+SP: each rank holds s/Σ contiguous tokens; the conv's last d_conv − 1 inputs go to the next rank,
+and the SSM state is handed along the chain (forward) and its gradient back (backward).
+Twin of meshplan/costmodel/layouts/tpssm.py and sp.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm
+from meshplan.executor.comm import AllReduceBoth, CopyToAxis, Mesh, ReduceFromAxis, all_reduce
+from meshplan.executor.layouts.common import Sharded, rows
+
+TAG_STATE, TAG_TAIL = 1, 2
+
+
+def _p2p(mesh: Mesh, axis: str, send: torch.Tensor | None, dst: int | None, recv_like: torch.Tensor | None,
+         src: int | None, tag: int) -> torch.Tensor | None:
+    """Send to `dst` and/or receive from `src` (indices along the axis), counted, without deadlock."""
+    ax = mesh.axis(axis)
+    ops, received = [], None
+    if send is not None and dst is not None:
+        send = send.contiguous()
+        mesh.record("send_recv", axis, send.numel() * send.element_size())
+        ops.append(dist.P2POp(dist.isend, send, ax.ranks[dst], group=ax.group, tag=tag))
+    if recv_like is not None and src is not None:
+        received = torch.empty_like(recv_like)
+        ops.append(dist.P2POp(dist.irecv, received, ax.ranks[src], group=ax.group, tag=tag))
+    if ops and mesh.enabled:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    elif received is not None:
+        received.zero_()
+    return received
+
+
+class _ShiftTail(torch.autograd.Function):
+    """Forward: this rank's last d_conv − 1 conv inputs go to the next rank; returns the previous
+    rank's (zeros on the first). Backward: the gradient goes back the other way."""
+
+    @staticmethod
+    def forward(ctx, tail, mesh, axis):
+        ax = mesh.axis(axis)
+        ctx.mesh, ctx.axis = mesh, axis
+        nxt = ax.rank + 1 if ax.rank + 1 < ax.size else None
+        prv = ax.rank - 1 if ax.rank > 0 else None
+        got = _p2p(mesh, axis, tail, nxt, tail, prv, TAG_TAIL)
+        return torch.zeros_like(tail) if got is None else got
+
+    @staticmethod
+    def backward(ctx, grad):
+        mesh, axis = ctx.mesh, ctx.axis
+        ax = mesh.axis(axis)
+        prv = ax.rank - 1 if ax.rank > 0 else None
+        nxt = ax.rank + 1 if ax.rank + 1 < ax.size else None
+        got = _p2p(mesh, axis, grad, prv, grad, nxt, TAG_TAIL)
+        return (torch.zeros_like(grad) if got is None else got), None, None
+
+
+class _RecvState(torch.autograd.Function):
+    """The SSM state entering this sequence shard (zeros on the first); backward sends its gradient back."""
+
+    @staticmethod
+    def forward(ctx, anchor, like, mesh, axis):
+        ax = mesh.axis(axis)
+        ctx.mesh, ctx.axis = mesh, axis
+        got = _p2p(mesh, axis, None, None, like, ax.rank - 1 if ax.rank > 0 else None, TAG_STATE)
+        return torch.zeros_like(like) if got is None else got
+
+    @staticmethod
+    def backward(ctx, grad):
+        ax = ctx.mesh.axis(ctx.axis)
+        _p2p(ctx.mesh, ctx.axis, grad, ax.rank - 1 if ax.rank > 0 else None, None, None, TAG_STATE)
+        return None, None, None, None
+
+
+class _SendState(torch.autograd.Function):
+    """Passes `out` through; sends the final state to the next shard, and in backward receives its gradient."""
+
+    @staticmethod
+    def forward(ctx, out, state, mesh, axis):
+        ax = mesh.axis(axis)
+        ctx.mesh, ctx.axis = mesh, axis
+        ctx.state_like = torch.empty_like(state)
+        _p2p(mesh, axis, state, ax.rank + 1 if ax.rank + 1 < ax.size else None, None, None, TAG_STATE)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        ax = ctx.mesh.axis(ctx.axis)
+        got = _p2p(ctx.mesh, ctx.axis, None, None, ctx.state_like, ax.rank + 1 if ax.rank + 1 < ax.size else None,
+                   TAG_STATE)
+        return grad_out, (torch.zeros_like(ctx.state_like) if got is None else got), None, None
+
+
+class _SpanningGatedNorm:
+    """Mamba-2's gated RMSNorm when its one group spans the tensor axis: the sum of squares is all-reduced."""
+
+    def __init__(self, mesh: Mesh, axis: str, group_size: int, eps: float = 1e-5):
+        self.mesh, self.axis, self.group_size, self.eps = mesh, axis, group_size, eps
+
+    def __call__(self, y, z, weight):
+        h = y.float() * F.silu(z.float())
+        ss = AllReduceBoth.apply(h.pow(2).sum(-1, keepdim=True), self.mesh, self.axis)
+        return (h * torch.rsqrt(ss / self.group_size + self.eps) * weight.float()).to(y.dtype)
+
+
+class ParallelMamba2(Sharded):
+    def __init__(self, ref: Mamba2Block, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None):
+        super().__init__()
+        self.mesh, self.tensor_axis, self.seq_axis = mesh, tensor_axis, seq_axis
+        di, ng, ds, nh, hd = ref.dims
+        t = mesh.axis(tensor_axis).size if tensor_axis else 1
+        r = mesh.axis(tensor_axis).rank if tensor_axis else 0
+        if ng % t and ng != 1:
+            raise NotImplementedError(f"TP-SSM with ngroups={ng} not divisible by {t} (only ngroups=1 replicates)")
+        self.replicated_groups = ng % t != 0  # ngroups = 1 < T
+        ng_l = 1 if self.replicated_groups else ng // t
+        g0 = 0 if self.replicated_groups else r * ng_l
+        di_l, nh_l = di // t, nh // t
+        self.dims = (di_l, ng_l, ds, nh_l, hd)
+        self.d_conv = ref.conv_w.shape[1]
+        in_rows = torch.cat([rows(r * di_l, di_l), di + rows(r * di_l, di_l), 2 * di + rows(g0 * ds, ng_l * ds),
+                             2 * di + ng * ds + rows(g0 * ds, ng_l * ds), 2 * di + 2 * ng * ds + rows(r * nh_l, nh_l)])
+        conv_rows = torch.cat([rows(r * di_l, di_l), di + rows(g0 * ds, ng_l * ds), di + ng * ds + rows(g0 * ds, ng_l * ds)])
+        self.norm = RMSNorm(ref.norm.weight.numel())
+        del self.norm.weight
+        self.take("norm.weight", ref, "norm.weight")
+        self.take("in_proj", ref, "in_proj", 0, in_rows)
+        self.take("conv_w", ref, "conv_w", 0, conv_rows)
+        self.take("conv_b", ref, "conv_b", 0, conv_rows)
+        for name in ("dt_bias", "a_log", "d_skip"):
+            self.take(name, ref, name, 0, rows(r * nh_l, nh_l))
+        self.take("norm_w", ref, "norm_w", 0, rows(r * di_l, di_l))
+        self.take("out_proj", ref, "out_proj", 1, rows(r * di_l, di_l))
+        # Rows of in_proj / channels of conv that every tensor rank holds (B and C when ngroups = 1).
+        self.bc_in_rows = slice(2 * di_l, 2 * di_l + 2 * ng_l * ds)
+        self.bc_conv_rows = slice(di_l, di_l + 2 * ng_l * ds)
+        self.norm_fn = _SpanningGatedNorm(mesh, tensor_axis, di) if (t > 1 and self.replicated_groups) else None
+
+    def sync_replicated_grads(self) -> None:
+        """All-reduce the partial gradients of the B/C weights every tensor rank holds (ngroups < T)."""
+        if not (self.tensor_axis and self.replicated_groups and self.mesh.axis(self.tensor_axis).size > 1):
+            return
+        for param, sl in ((self.in_proj, self.bc_in_rows), (self.conv_w, self.bc_conv_rows),
+                          (self.conv_b, self.bc_conv_rows)):
+            if param.grad is not None:
+                part = param.grad[sl].contiguous()
+                param.grad[sl] = all_reduce(self.mesh, part, self.tensor_axis)
+
+    def forward(self, x):
+        xn = self.norm(x)
+        if self.tensor_axis:
+            xn = CopyToAxis.apply(xn, self.mesh, self.tensor_axis)
+        zxbcdt = F.linear(xn, self.in_proj)
+        di_l, ng_l, ds, nh_l, hd = self.dims
+        conv_state = init_state = None
+        if self.seq_axis:
+            xbc = zxbcdt[..., di_l:2 * di_l + 2 * ng_l * ds]
+            tail = _ShiftTail.apply(xbc[:, -(self.d_conv - 1):, :], self.mesh, self.seq_axis)
+            conv_state = tail.transpose(1, 2)
+            like = torch.empty(x.shape[0], nh_l, hd, ds, dtype=torch.float32, device=x.device)
+            init_state = _RecvState.apply(zxbcdt, like, self.mesh, self.seq_axis)
+        out, state = Mamba2CoreFn.apply(zxbcdt, conv_state, init_state, self.conv_w, self.conv_b, self.dt_bias,
+                                        self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn)
+        if self.seq_axis:
+            out = _SendState.apply(out, state, self.mesh, self.seq_axis)
+        if self.tensor_axis:
+            out = ReduceFromAxis.apply(out, self.mesh, self.tensor_axis)
+        return x + out

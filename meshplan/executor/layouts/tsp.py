@@ -1,0 +1,186 @@
+"""TSP on one axis D: each rank owns 1/D of every weight matrix and 1/D of the tokens (zigzag).
+
+Attention: the packed W_Q, W_K, W_V, W_O shard of rank j is broadcast in turn; each rank computes
+q, k, v of its tokens for shard j's heads, all-gathers that shard's K/V, attends, and adds the
+shard's W_O contribution to its output — no all-reduce. Gated MLP: the packed [W_gate; W_up], W_down
+shards travel a send/recv ring, the next shard in flight while the GEMMs of the one in hand run.
+Backward streams the shards again, re-gathers K/V, reduce-scatters dK/dV, and reduce-scatters the
+weight gradients (each rank has partial gradients of every shard from its own tokens) to the owner.
+Twin of meshplan/costmodel/layouts/tsp.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from meshplan.executor.blocks import DenseLayer, RMSNorm
+from meshplan.executor.comm import Mesh, all_gather, broadcast, reduce_scatter, ring_shift
+from meshplan.executor.layouts.common import Sharded, causal_mask, rows, zigzag_tokens
+
+
+def _attend(q, k, v, mask):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                          enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
+
+
+class _TSPAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, xn, packed, layer):
+        mesh, ax = layer.mesh, layer.mesh.axis("tsp")
+        b, t, _ = xn.shape
+        lq, lkv, hd = layer.lq, layer.lkv, layer.head_dim
+        y = None
+        qs, ks, vs, outs = [], [], [], []
+        for j in range(ax.size):
+            w = packed.detach().clone() if j == ax.rank else torch.empty_like(packed)
+            broadcast(mesh, w, "tsp", j)
+            wq, wk, wv, wo = layer.unpack_attention(w)
+            q = (xn @ wq.t()).view(b, t, lq // hd, hd)
+            k = (xn @ wk.t()).view(b, t, lkv // hd, hd)
+            v = (xn @ wv.t()).view(b, t, lkv // hd, hd)
+            kk, vv = all_gather(mesh, k, "tsp", 1), all_gather(mesh, v, "tsp", 1)
+            o = _attend(q, kk, vv, layer.mask).reshape(b, t, lq)
+            y = o @ wo.t() if y is None else y + o @ wo.t()
+            qs.append(q)
+            ks.append(k)
+            vs.append(v)
+            outs.append(o)
+        ctx.layer = layer
+        ctx.save_for_backward(xn, packed, torch.cat(qs, 2), torch.cat(ks, 2), torch.cat(vs, 2), torch.cat(outs, -1))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xn, packed, q_all, k_all, v_all, o_all = ctx.saved_tensors
+        layer = ctx.layer
+        mesh, ax = layer.mesh, layer.mesh.axis("tsp")
+        lq, lkv, hd = layer.lq, layer.lkv, layer.head_dim
+        nq, nkv = lq // hd, lkv // hd
+        dxn = torch.zeros_like(xn)
+        grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
+        for j in range(ax.size):
+            w = packed.detach().clone() if j == ax.rank else torch.empty_like(packed)
+            broadcast(mesh, w, "tsp", j)
+            wq, wk, wv, wo = layer.unpack_attention(w)
+            q = q_all[:, :, j * nq:(j + 1) * nq]
+            k, v = k_all[:, :, j * nkv:(j + 1) * nkv], v_all[:, :, j * nkv:(j + 1) * nkv]
+            o = o_all[..., j * lq:(j + 1) * lq]
+            kk, vv = all_gather(mesh, k, "tsp", 1), all_gather(mesh, v, "tsp", 1)
+            with torch.enable_grad():
+                q_, kk_, vv_ = (t.detach().requires_grad_(True) for t in (q, kk, vv))
+                o_ = _attend(q_, kk_, vv_, layer.mask)
+                do = (dy @ wo).view_as(o_)
+                dq, dkk, dvv = torch.autograd.grad(o_, (q_, kk_, vv_), do)
+            dk = reduce_scatter(mesh, dkk, "tsp", 1).flatten(2)
+            dv = reduce_scatter(mesh, dvv, "tsp", 1).flatten(2)
+            dq = dq.flatten(2)
+            dwo = torch.einsum("bth,btq->hq", dy, o)
+            dwq, dwk, dwv = (torch.einsum("btn,bth->nh", g, xn) for g in (dq, dk, dv))
+            dxn += dq @ wq + dk @ wk + dv @ wv
+            grads[j] = torch.cat([dwq.flatten(), dwk.flatten(), dwv.flatten(), dwo.flatten()])
+        own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
+        return dxn, own, None
+
+
+class _TSPMlp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, xn, packed, layer):
+        mesh, ax = layer.mesh, layer.mesh.axis("tsp")
+        cur = packed.detach().clone()
+        y = None
+        saved = []
+        for hop in range(ax.size):
+            reqs = []
+            if hop < ax.size - 1:
+                nxt, reqs = ring_shift(mesh, cur, "tsp")  # the next shard travels while this one computes
+            gate, up, down = layer.unpack_mlp(cur)
+            g, u = xn @ gate.t(), xn @ up.t()
+            sg = F.silu(g)
+            p = sg * u
+            y = p @ down.t() if y is None else y + p @ down.t()
+            saved += [g, sg, u, p]
+            for r in reqs:
+                r.wait()
+            if hop < ax.size - 1:
+                cur = nxt
+        ctx.layer = layer
+        ctx.save_for_backward(xn, packed, *saved)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xn, packed, *saved = ctx.saved_tensors
+        layer = ctx.layer
+        mesh, ax = layer.mesh, layer.mesh.axis("tsp")
+        dxn = torch.zeros_like(xn)
+        grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
+        cur = packed.detach().clone()
+        for hop in range(ax.size):
+            reqs = []
+            if hop < ax.size - 1:
+                nxt, reqs = ring_shift(mesh, cur, "tsp")
+            j = (ax.rank - hop) % ax.size
+            gate, up, down = layer.unpack_mlp(cur)
+            g, sg, u, p = saved[4 * hop:4 * hop + 4]
+            dp = dy @ down
+            ddown = torch.einsum("bth,btf->hf", dy, p)
+            du = dp * sg
+            sig = torch.sigmoid(g)
+            dg = dp * u * sig * (1 + g * (1 - sig))
+            dgate, dup = torch.einsum("btf,bth->fh", dg, xn), torch.einsum("btf,bth->fh", du, xn)
+            dxn += dg @ gate + du @ up
+            grads[j] = torch.cat([dgate.flatten(), dup.flatten(), ddown.flatten()])
+            for r in reqs:
+                r.wait()
+            if hop < ax.size - 1:
+                cur = nxt
+        own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
+        return dxn, own, None
+
+
+class TSPDense(Sharded):
+    def __init__(self, ref: DenseLayer, mesh: Mesh, seq: int):
+        super().__init__()
+        ax = mesh.axis("tsp")
+        d, r = ax.size, ax.rank
+        self.mesh = mesh
+        if not ref.gated:
+            raise NotImplementedError("TSP's MLP ring is written for gated MLPs")
+        self.head_dim = ref.head_dim
+        q_w, kv_w = ref.heads * ref.head_dim, ref.kv_heads * ref.head_dim
+        self.lq, self.lkv = q_w // d, kv_w // d
+        f = ref.w_down.shape[1]
+        self.lf, self.hidden = f // d, ref.w_o.shape[0]
+        self.attn_norm = RMSNorm(ref.attn_norm.weight.numel())
+        self.mlp_norm = RMSNorm(ref.mlp_norm.weight.numel())
+        del self.attn_norm.weight, self.mlp_norm.weight
+        self.take("attn_norm.weight", ref, "attn_norm.weight")
+        self.take("mlp_norm.weight", ref, "mlp_norm.weight")
+        self.take("w_qkv", ref, "w_qkv", 0, torch.cat([rows(r * self.lq, self.lq), rows(q_w + r * self.lkv, self.lkv),
+                                                       rows(q_w + kv_w + r * self.lkv, self.lkv)]))
+        self.take("w_o", ref, "w_o", 1, rows(r * self.lq, self.lq))
+        self.take("w_in", ref, "w_in", 0, torch.cat([rows(r * self.lf, self.lf), rows(f + r * self.lf, self.lf)]))
+        self.take("w_down", ref, "w_down", 1, rows(r * self.lf, self.lf))
+        self.q_positions = zigzag_tokens(seq, d, r)
+        k_positions = torch.cat([zigzag_tokens(seq, d, i) for i in range(d)])  # all-gather order
+        self.mask = causal_mask(self.q_positions, k_positions)
+
+    def unpack_attention(self, w):
+        h, lq, lkv = self.hidden, self.lq, self.lkv
+        n_qkv = (lq + 2 * lkv) * h
+        qkv = w[:n_qkv].view(lq + 2 * lkv, h)
+        return qkv[:lq], qkv[lq:lq + lkv], qkv[lq + lkv:], w[n_qkv:].view(h, lq)
+
+    def unpack_mlp(self, w):
+        h, lf = self.hidden, self.lf
+        w_in = w[:2 * lf * h].view(2 * lf, h)
+        return w_in[:lf], w_in[lf:], w[2 * lf * h:].view(h, lf)
+
+    def forward(self, x):
+        if self.mask.device != x.device:
+            self.mask = self.mask.to(x.device)
+        attn_packed = torch.cat([self.w_qkv.flatten(), self.w_o.flatten()])
+        x = x + _TSPAttention.apply(self.attn_norm(x), attn_packed, self)
+        mlp_packed = torch.cat([self.w_in.flatten(), self.w_down.flatten()])
+        return x + _TSPMlp.apply(self.mlp_norm(x), mlp_packed, self)
