@@ -266,6 +266,16 @@ class ModelSpec:
     def param_count(self) -> int:
         return self.embedding_params() + self.layer_params()
 
+    def norm_params(self, embeddings: bool = True) -> int:
+        """Norm scales: tiny, and replicated on every rank of a tensor / TSP axis (never split)."""
+        per_kind = {"attention": self.attention.hidden if self.attention else 0,
+                    "mlp": self.mlp.hidden if self.mlp else 0, "mamba2": self.d_model, "mamba1": self.d_model}
+        if self.family == "hybrid":
+            blocks = self.layers * self.d_model + self.shared_blocks * (per_kind["attention"] + per_kind["mlp"])
+        else:
+            blocks = sum(per_kind.get(kind, 0) * n for kind, n in self.block_invocations())
+        return blocks + (self.d_model if embeddings else 0)
+
     @property
     def param_bytes_per_element(self) -> int:
         return DTYPE_BYTES[self.param_dtype]

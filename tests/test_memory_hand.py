@@ -64,10 +64,13 @@ def test_model_states_dense_7b_tp8():
     # ×32 = 8,590,196,736; + embedding and head 2·32000·4096 + final norm 4096 = 262,148,096.
     params = 8_852_344_832
     assert PRESETS["dense-7b"].param_count() == params
+    # Norm scales stay whole on every TP rank: 32 layers · 2 · 4096 + the final 4096 = 266,240.
+    norms = 266_240
+    local = (params - norms) // 8 + norms
     r = memory_per_gpu(PRESETS["dense-7b"], parse_layout("tp=8"), 4096, 1)
-    assert r.per_gpu_bytes["parameters"] == params // 8 * 2
-    assert r.per_gpu_bytes["gradients"] == params // 8 * 2
-    assert r.per_gpu_bytes["optimizer_state"] == params // 8 * 12  # 16 B/param in all
+    assert r.per_gpu_bytes["parameters"] == local * 2
+    assert r.per_gpu_bytes["gradients"] == local * 2
+    assert r.per_gpu_bytes["optimizer_state"] == local * 12  # 16 B/param in all
 
 
 def test_fp32_gradients_make_18_bytes_per_param():
@@ -80,7 +83,8 @@ def test_fp32_gradients_make_18_bytes_per_param():
 @pytest.mark.parametrize("zero, div", [(0, (1, 1, 1)), (1, (1, 1, 4)), (2, (1, 4, 4)), (3, (4, 4, 4))])
 def test_zero_stages_divide_by_dp(zero, div):
     model = PRESETS["llama3-8b"]
-    p = model.param_count() / 2  # tp=2
+    norms = 32 * 2 * 4096 + 4096
+    p = (model.param_count() - norms) / 2 + norms  # tp=2, norm scales whole
     r = memory_per_gpu(model, Layout(dp=4, tp=2, zero=zero), 1024, 1)
     assert r.per_gpu_bytes["parameters"] == round(p * 2 / div[0])
     assert r.per_gpu_bytes["gradients"] == round(p * 2 / div[1])

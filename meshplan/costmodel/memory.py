@@ -83,11 +83,29 @@ def saved_activation_bytes(model: ModelSpec, layout: Layout, seq: int, batch: in
         full = _saved_bytes(items, tokens, seq, sh, groups)
         largest = max(largest, full)
         runs = math.ceil(count * layers_fraction)
+        if sh.token_div > 1 and opts.recompute != "full":
+            # A sequence shard keeps the conv tail and SSM state it started from (per sequence).
+            saved += runs * sum(mamba_boundary_bytes(model, kind, batch, sh.head_div, opts) for kind in blocks)
         if opts.recompute == "full":
             saved += runs * tokens * e * width / (sh.token_div * sh.hidden_div)
         else:
             saved += runs * _saved_bytes(items, tokens, seq, sh, groups, selective=opts.recompute == "selective")
     return saved, largest
+
+
+def mamba_boundary_bytes(model: ModelSpec, kind: str, batch: int, head_div: int, opts: MemoryOptions) -> float:
+    """Conv tail ((d_conv − 1) × conv channels, activation dtype) and SSM state (state dtype) of one
+    Mamba block for `batch` sequences on one rank; 0 for other blocks."""
+    if kind == "mamba2":
+        m = model.mamba2
+        conv = m.d_inner / head_div + 2 * m.ngroups * m.d_state / math.gcd(head_div, m.ngroups)
+        state = m.nheads * m.headdim * m.d_state / head_div
+    elif kind == "mamba1":
+        m = model.mamba1
+        conv, state = m.d_inner / head_div, m.d_inner * m.d_state / head_div
+    else:
+        return 0.0
+    return batch * (conv * (m.d_conv - 1) * opts.nbytes("act_dtype") + state * opts.nbytes("ssm_state_dtype"))
 
 
 def _stage_params(model: ModelSpec, pp: int, stage: str) -> float:
@@ -110,6 +128,14 @@ def replicated_group_params(model: ModelSpec, head_div: int) -> float:
         return 0.0
     per_layer = 2 * m.ngroups * m.d_state * (m.d_model + m.d_conv + 1)
     return model.layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
+
+
+def local_params(model: ModelSpec, sh: Sharding, pp: int = 1, stage: str = "only", embeddings: bool = True) -> float:
+    """Parameters one rank holds: split weights / weight_div, plus the replicated norm scales and
+    (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections."""
+    total = _stage_params(model, pp, stage) if embeddings else model.layer_params() / pp
+    norms = model.norm_params(embeddings) / pp if sh.weight_div > 1 else 0.0
+    return (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) / pp
 
 
 def streamed_block_params(model: ModelSpec, kind: str) -> int:
@@ -197,8 +223,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     results = []
     stages = ("only",) if layout.pp == 1 else ("first", "last")
     for stage in stages:
-        params = (_stage_params(model, layout.pp, stage) / sh.weight_div
-                  + replicated_group_params(model, sh.head_div) / layout.pp)
+        params = local_params(model, sh, layout.pp, stage)
         param_b = params * p_bytes / (dp if zero >= 3 else 1)
         grad_b = params * opts.nbytes("grad_dtype") / (dp if zero >= 2 else 1) if train else 0.0
         opt_bytes = 0

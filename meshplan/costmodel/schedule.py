@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.layouts import ScheduleContext, block_comms, sharding_for
-from meshplan.costmodel.memory import replicated_group_params
+from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -101,9 +101,13 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
                                what="activation grads to previous stage"))
     per_step: list[Comm] = []
     axis, group = _grad_group(layout)
+    if training and layout.tsp > 1:
+        # TSP keeps the norm scales on every rank; each rank's gradient comes from its own tokens.
+        norms = model.norm_params(embeddings) / layout.pp * ctx.grad_bytes
+        per_step.append(Comm("all_reduce", "tsp", norms, layout.tsp, phase="step", block="model",
+                             what="norm-scale grads", overlap="backward"))
     if group > 1 and (training or layout.zero == 3):
-        total = model.param_count() if embeddings else model.layer_params()
-        local = (total / sh.weight_div + replicated_group_params(model, sh.head_div)) / layout.pp
+        local = local_params(model, sh, layout.pp, "only", embeddings)
         p_bytes, g_bytes = local * ctx.param_bytes, local * ctx.grad_bytes
         zero = layout.zero if layout.dp > 1 else 0
         if zero == 3:

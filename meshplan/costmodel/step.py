@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
 from meshplan.costmodel.compute import BlockCompute, Device, block_compute, logits_compute, optimizer_time_s
 from meshplan.costmodel.layouts import Sharding, sharding_for
-from meshplan.costmodel.memory import replicated_group_params
+from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
 from meshplan.layout import Layout
@@ -146,8 +146,8 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     timed = [(c, links.time_s(c)) for c in schedule.per_step]
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, bwd_total * m, 0.0, 0.0)  # gradient sync behind the backward
-    local_params = (model.param_count() / sh.weight_div + replicated_group_params(model, sh.head_div)) / pp
-    opt_s = optimizer_time_s(local_params / (layout.dp if layout.zero >= 1 else 1), dev) if training else 0.0
+    held = local_params(model, sh, pp)
+    opt_s = optimizer_time_s(held / (layout.dp if layout.zero >= 1 else 1), dev) if training else 0.0
 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
     step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from meshplan.kernels.reference import causal_conv1d_ref, ssd_scan_ref
+from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_scan_ref
 from meshplan.models import ModelSpec
 
 
@@ -22,17 +22,17 @@ class _RMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        rstd = torch.rsqrt(acc(x).pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, weight, rstd)
-        return (x.float() * rstd).to(x.dtype) * weight
+        return (acc(x) * rstd).to(x.dtype) * weight
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight, rstd = ctx.saved_tensors
-        xhat = x.float() * rstd
-        g = grad_out.float() * weight.float()
+        xhat = acc(x) * rstd
+        g = acc(grad_out) * acc(weight)
         grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-        grad_w = (grad_out.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        grad_w = (acc(grad_out) * xhat).reshape(-1, x.shape[-1]).sum(0)
         return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
 
 
@@ -113,11 +113,11 @@ class DenseLayer(nn.Module):
 
 def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
     """Mamba-2's RMSNormGated (norm_before_gate=False): rmsnorm(y · silu(z)) per group of channels."""
-    h = y.float() * F.silu(z.float())
+    h = acc(y) * F.silu(acc(z))
     shape = h.shape
     hg = h.view(*shape[:-1], shape[-1] // group_size, group_size)
     hg = hg * torch.rsqrt(hg.pow(2).mean(-1, keepdim=True) + eps)
-    return (hg.view(shape) * weight.float()).to(y.dtype)
+    return (hg.view(shape) * acc(weight)).to(y.dtype)
 
 
 def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, seq_idx=None,
@@ -131,8 +131,8 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
     z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * ngroups * d_state, nheads], dim=-1)
     xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
     x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
-    dt = F.softplus(dt.float() + dt_bias.float())
-    y, state = ssd_scan_ref(x.reshape(b, s, nheads, headdim), dt, -torch.exp(a_log.float()),
+    dt = F.softplus(acc(dt) + acc(dt_bias))
+    y, state = ssd_scan_ref(x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)),
                             B.reshape(b, s, ngroups, d_state), C.reshape(b, s, ngroups, d_state), d_skip,
                             initial_state=initial_state, seq_idx=seq_idx)
     y = y.reshape(b, s, d_inner)

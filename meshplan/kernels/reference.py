@@ -12,6 +12,11 @@ import torch
 import torch.nn.functional as F
 
 
+def acc(t: torch.Tensor) -> torch.Tensor:
+    """`t` in its accumulation dtype: fp32 for bf16/fp16/fp32, float64 stays float64 (for checks)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                       seq_idx: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
                       activation: str | None = "silu") -> torch.Tensor:
@@ -23,18 +28,18 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     k = weight.shape[1]
     pad = x.new_zeros(b, k - 1, c) if initial_state is None else initial_state.transpose(1, 2).to(x.dtype)
     xp = torch.cat([pad, x], dim=1)  # (b, s + k - 1, c)
-    out = torch.zeros(b, s, c, dtype=torch.float32, device=x.device)
+    out = torch.zeros(b, s, c, dtype=acc(x).dtype, device=x.device)
     for tap in range(k):
         # output t uses input t - (k - 1 - tap)
         shift = k - 1 - tap
-        contrib = xp[:, tap:tap + s, :].float() * weight[:, tap].float()
+        contrib = acc(xp[:, tap:tap + s, :]) * acc(weight[:, tap])
         if seq_idx is not None and shift > 0:
             src = torch.cat([seq_idx.new_full((b, shift), -1), seq_idx[:, :s - shift]], dim=1) if shift < s \
                 else seq_idx.new_full((b, s), -1)
             contrib = contrib * (src == seq_idx).unsqueeze(-1)
         out = out + contrib
     if bias is not None:
-        out = out + bias.float()
+        out = out + acc(bias)
     if activation == "silu":
         out = F.silu(out)
     return out.to(x.dtype)
@@ -53,20 +58,20 @@ def ssd_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Te
     b, s, h, p = x.shape
     g = B.shape[2]
     heads_per_group = h // g
-    state = x.new_zeros(b, h, p, B.shape[-1], dtype=torch.float32) if initial_state is None \
-        else initial_state.float().clone()
-    Bh = B.float().repeat_interleave(heads_per_group, dim=2)  # (b, s, h, n)
-    Ch = C.float().repeat_interleave(heads_per_group, dim=2)
+    state = x.new_zeros(b, h, p, B.shape[-1], dtype=acc(x).dtype) if initial_state is None \
+        else acc(initial_state).clone()
+    Bh = acc(B).repeat_interleave(heads_per_group, dim=2)  # (b, s, h, n)
+    Ch = acc(C).repeat_interleave(heads_per_group, dim=2)
     ys = []
     for t in range(s):
         if seq_idx is not None and t > 0:
             keep = (seq_idx[:, t] == seq_idx[:, t - 1]).float().view(b, 1, 1, 1)
             state = state * keep
-        dt_t = dt[:, t].float()  # (b, h)
-        decay = torch.exp(dt_t * A.float()).view(b, h, 1, 1)
-        state = state * decay + (dt_t.view(b, h, 1, 1) * x[:, t].float().unsqueeze(-1)) * Bh[:, t].unsqueeze(2)
+        dt_t = acc(dt[:, t])  # (b, h)
+        decay = torch.exp(dt_t * acc(A)).view(b, h, 1, 1)
+        state = state * decay + (dt_t.view(b, h, 1, 1) * acc(x[:, t]).unsqueeze(-1)) * Bh[:, t].unsqueeze(2)
         y_t = (state * Ch[:, t].unsqueeze(2)).sum(-1)  # (b, h, p)
         if D is not None:
-            y_t = y_t + D.float().view(1, h, 1) * x[:, t].float()
+            y_t = y_t + acc(D).view(1, h, 1) * acc(x[:, t])
         ys.append(y_t)
     return torch.stack(ys, dim=1).to(x.dtype), state

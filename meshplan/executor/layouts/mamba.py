@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm
 from meshplan.executor.comm import AllReduceBoth, CopyToAxis, Mesh, ReduceFromAxis, all_reduce
 from meshplan.executor.layouts.common import Sharded, rows
+from meshplan.kernels.reference import acc
 
 TAG_STATE, TAG_TAIL = 1, 2
 
@@ -109,9 +110,9 @@ class _SpanningGatedNorm:
         self.mesh, self.axis, self.group_size, self.eps = mesh, axis, group_size, eps
 
     def __call__(self, y, z, weight):
-        h = y.float() * F.silu(z.float())
+        h = acc(y) * F.silu(acc(z))
         ss = AllReduceBoth.apply(h.pow(2).sum(-1, keepdim=True), self.mesh, self.axis)
-        return (h * torch.rsqrt(ss / self.group_size + self.eps) * weight.float()).to(y.dtype)
+        return (h * torch.rsqrt(ss / self.group_size + self.eps) * acc(weight)).to(y.dtype)
 
 
 class ParallelMamba2(Sharded):
@@ -168,7 +169,7 @@ class ParallelMamba2(Sharded):
             xbc = zxbcdt[..., di_l:2 * di_l + 2 * ng_l * ds]
             tail = _ShiftTail.apply(xbc[:, -(self.d_conv - 1):, :], self.mesh, self.seq_axis)
             conv_state = tail.transpose(1, 2)
-            like = torch.empty(x.shape[0], nh_l, hd, ds, dtype=torch.float32, device=x.device)
+            like = torch.empty(x.shape[0], nh_l, hd, ds, dtype=acc(x).dtype, device=x.device)
             init_state = _RecvState.apply(zxbcdt, like, self.mesh, self.seq_axis)
         out, state = Mamba2CoreFn.apply(zxbcdt, conv_state, init_state, self.conv_w, self.conv_b, self.dt_bias,
                                         self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn)

@@ -26,8 +26,9 @@ def _attend(q, k, v, mask):
 
 class _TSPAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, xn, packed, layer):
+    def forward(ctx, xn, w_qkv, w_o, layer):
         mesh, ax = layer.mesh, layer.mesh.axis("tsp")
+        packed = torch.cat([w_qkv.flatten(), w_o.flatten()])
         b, t, _ = xn.shape
         lq, lkv, hd = layer.lq, layer.lkv, layer.head_dim
         y = None
@@ -47,12 +48,13 @@ class _TSPAttention(torch.autograd.Function):
             vs.append(v)
             outs.append(o)
         ctx.layer = layer
-        ctx.save_for_backward(xn, packed, torch.cat(qs, 2), torch.cat(ks, 2), torch.cat(vs, 2), torch.cat(outs, -1))
+        ctx.save_for_backward(xn, w_qkv, w_o, torch.cat(qs, 2), torch.cat(ks, 2), torch.cat(vs, 2), torch.cat(outs, -1))
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        xn, packed, q_all, k_all, v_all, o_all = ctx.saved_tensors
+        xn, w_qkv, w_o, q_all, k_all, v_all, o_all = ctx.saved_tensors
+        packed = torch.cat([w_qkv.flatten(), w_o.flatten()])
         layer = ctx.layer
         mesh, ax = layer.mesh, layer.mesh.axis("tsp")
         lq, lkv, hd = layer.lq, layer.lkv, layer.head_dim
@@ -80,14 +82,14 @@ class _TSPAttention(torch.autograd.Function):
             dxn += dq @ wq + dk @ wk + dv @ wv
             grads[j] = torch.cat([dwq.flatten(), dwk.flatten(), dwv.flatten(), dwo.flatten()])
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
-        return dxn, own, None
+        return dxn, own[:w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel():].view_as(w_o), None
 
 
 class _TSPMlp(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, xn, packed, layer):
+    def forward(ctx, xn, w_in, w_down, layer):
         mesh, ax = layer.mesh, layer.mesh.axis("tsp")
-        cur = packed.detach().clone()
+        cur = torch.cat([w_in.flatten(), w_down.flatten()])
         y = None
         saved = []
         for hop in range(ax.size):
@@ -105,17 +107,18 @@ class _TSPMlp(torch.autograd.Function):
             if hop < ax.size - 1:
                 cur = nxt
         ctx.layer = layer
-        ctx.save_for_backward(xn, packed, *saved)
+        ctx.save_for_backward(xn, w_in, w_down, *saved)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        xn, packed, *saved = ctx.saved_tensors
+        xn, w_in, w_down, *saved = ctx.saved_tensors
+        packed = torch.cat([w_in.flatten(), w_down.flatten()])
         layer = ctx.layer
         mesh, ax = layer.mesh, layer.mesh.axis("tsp")
         dxn = torch.zeros_like(xn)
         grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
-        cur = packed.detach().clone()
+        cur = packed
         for hop in range(ax.size):
             reqs = []
             if hop < ax.size - 1:
@@ -136,7 +139,7 @@ class _TSPMlp(torch.autograd.Function):
             if hop < ax.size - 1:
                 cur = nxt
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
-        return dxn, own, None
+        return dxn, own[:w_in.numel()].view_as(w_in), own[w_in.numel():].view_as(w_down), None
 
 
 class TSPDense(Sharded):
@@ -180,7 +183,5 @@ class TSPDense(Sharded):
     def forward(self, x):
         if self.mask.device != x.device:
             self.mask = self.mask.to(x.device)
-        attn_packed = torch.cat([self.w_qkv.flatten(), self.w_o.flatten()])
-        x = x + _TSPAttention.apply(self.attn_norm(x), attn_packed, self)
-        mlp_packed = torch.cat([self.w_in.flatten(), self.w_down.flatten()])
-        return x + _TSPMlp.apply(self.mlp_norm(x), mlp_packed, self)
+        x = x + _TSPAttention.apply(self.attn_norm(x), self.w_qkv, self.w_o, self)
+        return x + _TSPMlp.apply(self.mlp_norm(x), self.w_in, self.w_down, self)

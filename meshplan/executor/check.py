@@ -1,0 +1,65 @@
+"""One rank's check of a layout against the single-process reference (used by tests and CPU runs):
+outputs, input and weight gradients, collective bytes against the cost model, saved activations
+against the memory model."""
+
+from __future__ import annotations
+
+import torch
+
+from meshplan.costmodel.memory import saved_activation_bytes
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.schedule import step_schedule
+from meshplan.executor.blocks import Stack
+from meshplan.executor.comm import build_mesh
+from meshplan.executor.parallelize import parallelize, run_layers, sync_gradients, token_positions
+from meshplan.executor.saved import count_saved_bytes
+from meshplan.layout import Layout
+from meshplan.models import ModelSpec
+
+
+def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: int, batch: int,
+                 mode: str = "train") -> dict:
+    from dataclasses import replace
+
+    model = replace(model, param_dtype="fp32")  # the run is float64: predictions in fp32, scaled by 2 below
+    torch.manual_seed(0)
+    ref = Stack(model, model.layers).double()
+    x = torch.randn(batch, seq, model.d_model, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(batch, seq, model.d_model, dtype=torch.float64)
+    y_ref = run_layers(ref.layers, x)
+    (y_ref * weight).sum().backward()
+
+    mesh = build_mesh(layout)
+    layers = parallelize(ref, mesh, seq)
+    pos = token_positions(mesh, seq)
+    x_local = x.detach()[:, pos].clone().requires_grad_(mode == "train")
+    result: dict = {"rank": rank}
+    if mode == "train":
+        params = list(layers.parameters())
+        with count_saved_bytes(params) as saved:
+            y = run_layers(layers, x_local)
+        (y * weight[:, pos]).sum().backward()
+        sync_gradients(layers, mesh)
+        result["saved_bytes"] = saved["bytes"]
+        result["max_grad_x_err"] = (x_local.grad - x.grad[:, pos]).abs().max().item()
+        errs = []
+        for layer, ref_layer in zip(layers, ref.layers):
+            ref_params = dict(ref_layer.named_parameters())
+            for name, p in layer.named_parameters():
+                ref_name, dim, idx = layer.index[name]
+                expect = ref_params[ref_name].grad
+                expect = expect if dim is None else expect.index_select(dim, idx)
+                errs.append((p.grad - expect).abs().max().item() / (expect.abs().max().item() + 1e-30))
+        result["max_weight_grad_rel_err"] = max(errs)
+    else:
+        with torch.no_grad():
+            y = run_layers(layers, x_local)
+    result["max_out_err"] = (y.detach() - y_ref.detach()[:, pos]).abs().max().item()
+    result["counts"] = dict(mesh.counts)
+    opts = CostOptions(mode=mode, act_dtype="fp32", grad_dtype="fp32")
+    # The reference runs in float64: scale the fp32 predictions by 2 (every counted tensor is float64).
+    schedule = step_schedule(model, layout, seq, batch, opts, embeddings=False)
+    result["predicted_counts"] = {k: 2 * v for k, v in schedule.bytes_by_kind_and_axis(message=True).items()}
+    if mode == "train":
+        result["predicted_saved_bytes"] = 2 * saved_activation_bytes(model, layout, seq, batch, opts)[0]
+    return result
