@@ -159,9 +159,11 @@ def block_params(model: ModelSpec, kind: str) -> int:
 
 
 def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
-                   opts: MemoryOptions = MemoryOptions(), num_gpus: int | None = None) -> MemoryBreakdown:
+                   opts: MemoryOptions = MemoryOptions(), num_gpus: int | None = None,
+                   embeddings: bool = True) -> MemoryBreakdown:
     """Per-GPU bytes by component. `seq` is the context length (prompt + cache in decode), `batch`
-    the micro-batch in sequences."""
+    the micro-batch in sequences. `embeddings=False`: the bare layer stack the executor runs (no
+    embedding, LM head or logits)."""
     validate_layout(layout, model, num_gpus)
     validate_seq(layout, seq, batch)
     sh = sharding_for(layout, opts)
@@ -171,7 +173,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     zero = layout.zero if dp > 1 else 0
 
     saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / layout.pp)
-    head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train else 0.0
+    head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train and embeddings else 0.0
     _, unit_full_decode = saved_activation_bytes(model, layout, 1 if opts.mode == "decode" else seq, batch, opts)
     if opts.mode == "decode":
         unit_full = unit_full_decode
@@ -215,7 +217,9 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         comm_buffers = 2 * largest_block / sh.weight_div * p_bytes  # gathered layer + the prefetched next one
 
     # Logits phase.
-    if train:
+    if not embeddings:
+        logits = 0.0
+    elif train:
         logits = 2 * batch * seq * model.vocab * opts.nbytes("logits_dtype") / (sh.token_div * sh.vocab_div)
     else:
         logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
@@ -223,7 +227,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     results = []
     stages = ("only",) if layout.pp == 1 else ("first", "last")
     for stage in stages:
-        params = local_params(model, sh, layout.pp, stage)
+        params = local_params(model, sh, layout.pp, stage, embeddings)
         param_b = params * p_bytes / (dp if zero >= 3 else 1)
         grad_b = params * opts.nbytes("grad_dtype") / (dp if zero >= 2 else 1) if train else 0.0
         opt_bytes = 0

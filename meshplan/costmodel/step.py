@@ -98,9 +98,10 @@ def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: fl
 
 
 def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
-                  cluster: ClusterSpec, schedule: StepSchedule | None = None) -> StepEstimate:
+                  cluster: ClusterSpec, schedule: StepSchedule | None = None, embeddings: bool = True) -> StepEstimate:
+    """`embeddings=False`: the bare layer stack the executor runs (no embedding, LM head, logits)."""
     sh = sharding_for(layout, opts)
-    schedule = schedule or step_schedule(model, layout, seq, batch, opts)
+    schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings)
     dev = Device(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s)
     links = _Links(layout, cluster)
     e = opts.nbytes("act_dtype")
@@ -131,6 +132,8 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         breakdown[f"{kind}_exposed_comm_s"] = n * exposed
 
     logits = logits_compute(model, batch if decode or not training else tokens, sh, e, dev)
+    if not embeddings:
+        logits = BlockCompute(0.0, 0.0, 0.0, 0.0, 0.0)
     logit_s = logits.fwd_s + (logits.bwd_s if training else 0.0)
     mb_compute += logit_s
     for phase, compute_s, gemm_s in (("fwd", mb_compute - bwd_total, logits.gemm_fwd_s), ("bwd", bwd_total,
@@ -146,7 +149,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     timed = [(c, links.time_s(c)) for c in schedule.per_step]
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, bwd_total * m, 0.0, 0.0)  # gradient sync behind the backward
-    held = local_params(model, sh, pp)
+    held = local_params(model, sh, pp, "only", embeddings)
     opt_s = optimizer_time_s(held / (layout.dp if layout.zero >= 1 else 1), dev) if training else 0.0
 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
@@ -155,7 +158,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         tokens_per_step = layout.dp * batch
     else:
         tokens_per_step = layout.dp * m * batch * seq
-    model_flops = _model_flops(model, batch, seq, decode, training) * layout.dp * m
+    model_flops = _model_flops(model, batch, seq, decode, training, embeddings) * layout.dp * m
     mfu = model_flops / (step * layout.world_size * dev.peak_flops) if step > 0 else 0.0
     exposed_total = slots * mb_exposed + step_exposed
     breakdown.update({"optimizer_s": opt_s, "logits_compute_s": logit_s, "pipeline_slots": slots,
@@ -190,14 +193,15 @@ def _decode_state_io(comp: BlockCompute, model: ModelSpec, kind: str, batch: int
                         comp.flops_fwd)
 
 
-def _model_flops(model: ModelSpec, batch: int, seq: int, decode: bool, training: bool) -> float:
+def _model_flops(model: ModelSpec, batch: int, seq: int, decode: bool, training: bool, embeddings: bool = True) -> float:
     """Model FLOPs of one micro-batch on one replica (no recompute, no sharding): 3× forward in training."""
     one = Sharding(1, 1, 1, 1, 1)
     dev = Device(1.0, 1.0)
     tokens = batch if decode else batch * seq
     fwd = sum(n * block_compute(model, kind, tokens, seq, one, 2, dev, "none", False).flops_fwd
               for kind, n in model.block_invocations())
-    fwd += logits_compute(model, tokens, one, 2, dev).flops_fwd
+    if embeddings:
+        fwd += logits_compute(model, tokens, one, 2, dev).flops_fwd
     return fwd * (3 if training else 1)
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_scan_ref
+from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref, ssd_scan_ref
 from meshplan.models import ModelSpec
 
 
@@ -132,9 +132,12 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
     xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
     x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
     dt = F.softplus(acc(dt) + acc(dt_bias))
-    y, state = ssd_scan_ref(x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)),
-                            B.reshape(b, s, ngroups, d_state), C.reshape(b, s, ngroups, d_state), d_skip,
-                            initial_state=initial_state, seq_idx=seq_idx)
+    scan_args = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
+                 C.reshape(b, s, ngroups, d_state), d_skip)
+    if seq_idx is None:
+        y, state = ssd_chunked_ref(*scan_args, initial_state=initial_state)
+    else:
+        y, state = ssd_scan_ref(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
     y = y.reshape(b, s, d_inner)
     y = norm(y, z, norm_w) if norm is not None else gated_rmsnorm(y, z, norm_w, d_inner // ngroups)
     return F.linear(y, out_w), state

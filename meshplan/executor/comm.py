@@ -52,12 +52,15 @@ class Mesh:
 AXIS_ORDER = ("tensor", "sp", "dp", "pp")  # innermost first: matches the cost model's placement
 
 
-def build_mesh(layout: Layout) -> Mesh:
+def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
     """Process groups for every axis. Rank = t + T·(σ + Σ·(d + dp·p)), the tensor axis (tp, tpssm or
-    tsp) innermost. Every process creates every group, in the same order."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    tsp) innermost. Every process creates every group, in the same order. `members`: run the layout on
+    these global ranks only (the others get None)."""
+    members = list(range(dist.get_world_size())) if members is None else list(members)
+    me, world = dist.get_rank(), len(members)
     if world != layout.world_size:
         raise RuntimeError(f"layout {layout} needs {layout.world_size} processes, got {world}")
+    rank = members.index(me) if me in members else -1
     tensor_name = "tsp" if layout.tsp > 1 else "tpssm" if layout.tpssm > 1 else "tp"
     sizes = {"tensor": layout.tensor_degree * layout.tsp, "sp": layout.sp, "dp": layout.dp, "pp": layout.pp}
     strides, acc = {}, 1
@@ -75,11 +78,13 @@ def build_mesh(layout: Layout) -> Mesh:
 
         for combo in itertools.product(*(range(sizes[n]) for n in others)):
             base = sum(c * strides[n] for n, c in zip(others, combo))
-            ranks = [base + i * stride for i in range(size)]
+            ranks = [members[base + i * stride] for i in range(size)]
             group = dist.new_group(ranks) if size > 1 else None
-            if rank in ranks:
+            if me in ranks:
                 mine = Axis(name, size, coords[name], group, ranks)
         axes[name] = mine
+    if rank < 0:
+        return None
     axes[tensor_name] = axes["tensor"]
     backend = dist.get_backend()
     return Mesh(layout, rank, world, axes, nccl=backend == "nccl")
@@ -129,14 +134,14 @@ def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Te
     return t.chunk(ax.size, dim=dim)[ax.rank].contiguous()
 
 
-def broadcast(mesh: Mesh, t: torch.Tensor, axis: str, src_index: int) -> torch.Tensor:
+def broadcast(mesh: Mesh, t: torch.Tensor, axis: str, src_index: int, async_op: bool = False):
+    """In place; with async_op, returns the work handle to wait on (None when nothing was sent)."""
     ax = mesh.axis(axis)
     if ax.size == 1:
-        return t
+        return None if async_op else t
     mesh.record("broadcast", axis, t.numel() * t.element_size())
-    if mesh.enabled:
-        dist.broadcast(t, src=ax.ranks[src_index], group=ax.group)
-    return t
+    work = dist.broadcast(t, src=ax.ranks[src_index], group=ax.group, async_op=async_op) if mesh.enabled else None
+    return work if async_op else t
 
 
 def ring_shift(mesh: Mesh, t: torch.Tensor, axis: str) -> tuple[torch.Tensor, list]:

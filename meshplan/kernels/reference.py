@@ -75,3 +75,53 @@ def ssd_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Te
             y_t = y_t + acc(D).view(1, h, 1) * acc(x[:, t])
         ys.append(y_t)
     return torch.stack(ys, dim=1).to(x.dtype), state
+
+
+def _segsum(a: torch.Tensor) -> torch.Tensor:
+    """(..., l) → (..., l, l): sum of a[j+1..i] below the diagonal, 0 on it, -inf above."""
+    l = a.shape[-1]
+    cs = torch.cumsum(a, dim=-1)
+    out = cs[..., :, None] - cs[..., None, :]
+    keep = torch.ones(l, l, dtype=torch.bool, device=a.device).tril()
+    return out.masked_fill(~keep, float("-inf"))
+
+
+def ssd_chunked_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                    D: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+                    chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same recurrence as `ssd_scan_ref`, computed chunk by chunk with matmuls (the SSD
+    decomposition of Dao & Gu 2024, §6): quadratic attention-like form inside each chunk, the
+    recurrence between chunks on their final states. No `seq_idx` (use ssd_scan_ref for packing)."""
+    b, s, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    pad = (-s) % chunk
+    dtype = acc(x).dtype
+    xa, dta = acc(x), acc(dt)
+    Bh = acc(B).repeat_interleave(h // g, dim=2)
+    Ch = acc(C).repeat_interleave(h // g, dim=2)
+    if pad:  # dt = 0 on padding: no decay, no input — the state passes through unchanged
+        xa, dta, Bh, Ch = (F.pad(t, (0,) * (2 * (t.dim() - 2)) + (0, pad)) for t in (xa, dta, Bh, Ch))
+    c = (s + pad) // chunk
+    X = (xa * dta.unsqueeze(-1)).view(b, c, chunk, h, p)
+    a = (dta * acc(A)).view(b, c, chunk, h).permute(0, 3, 1, 2)  # (b, h, c, l)
+    Bc, Cc = Bh.view(b, c, chunk, h, n), Ch.view(b, c, chunk, h, n)
+    a_cum = torch.cumsum(a, dim=-1)
+    # 1. within each chunk
+    L = torch.exp(_segsum(a))  # (b, h, c, l, l)
+    scores = torch.einsum("bclhn,bcshn->bhcls", Cc, Bc) * L
+    y = torch.einsum("bhcls,bcshp->bclhp", scores, X)
+    # 2. each chunk's final state from its own inputs
+    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # (b, h, c, l)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, decay_to_end, X)
+    # 3. the recurrence across chunks
+    init = torch.zeros_like(states[:, :1]) if initial_state is None else acc(initial_state).unsqueeze(1).to(dtype)
+    states = torch.cat([init, states], dim=1)  # (b, c + 1, h, p, n)
+    chunk_decay = torch.exp(_segsum(F.pad(a_cum[..., -1], (1, 0))))  # (b, h, c + 1, c + 1)
+    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)
+    entering, final = states[:, :-1], states[:, -1]
+    # 4. what the state entering each chunk adds to its outputs
+    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Cc, entering, torch.exp(a_cum))
+    y = y.reshape(b, c * chunk, h, p)[:, :s]
+    if D is not None:
+        y = y + acc(D).view(1, 1, h, 1) * acc(x)
+    return y.to(x.dtype), final

@@ -47,4 +47,5 @@ def zigzag_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
 
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, device=None) -> torch.Tensor:
     """Boolean (q, k): True where the key may be attended (key position ≤ query position)."""
-    return (k_pos.view(1, -1) <= q_pos.view(-1, 1)).to(device)
+    out = k_pos.view(1, -1) <= q_pos.view(-1, 1)
+    return out if device is None else out.to(device)

@@ -44,6 +44,7 @@ class ParallelDense(Sharded):
         self.take("w_down", ref, "w_down", 1, rows(r * lf, lf))
         self.q_positions = q_positions
         self.k_positions = torch.arange(seq)
+        self.keep_cache, self.kv_cache = False, None
 
     def _enter(self, x):
         return CopyToAxis.apply(x, self.mesh, self.tensor_axis) if self.tensor_axis else x
@@ -57,7 +58,7 @@ class ParallelDense(Sharded):
         if self.seq_axis:
             k = GatherFromAxis.apply(k, self.mesh, self.seq_axis, 1)
             v = GatherFromAxis.apply(v, self.mesh, self.seq_axis, 1)
-            mask = causal_mask(self.q_positions, self.k_positions, q.device)
+            mask = causal_mask(self.q_positions.to(q.device), self.k_positions.to(q.device))
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                  attn_mask=mask, enable_gqa=k.shape[2] != a)
         else:
@@ -73,6 +74,8 @@ class ParallelDense(Sharded):
         q = q.view(b, t, self.heads, self.head_dim)
         k = k.view(b, t, self.kv_heads, self.head_dim)
         v = v.view(b, t, self.kv_heads, self.head_dim)
+        if self.keep_cache:  # prefill: this rank's share of the KV cache outlives the step
+            self.kv_cache = (k.clone(), v.clone())
         if self.seq_axis and torch.is_grad_enabled():
             # Keep only the local q, k, v for backward: the gathered K/V are re-gathered there.
             out = checkpoint(self._attend, q, k, v, use_reentrant=True)

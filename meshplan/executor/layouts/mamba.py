@@ -147,6 +147,7 @@ class ParallelMamba2(Sharded):
         self.bc_in_rows = slice(2 * di_l, 2 * di_l + 2 * ng_l * ds)
         self.bc_conv_rows = slice(di_l, di_l + 2 * ng_l * ds)
         self.norm_fn = _SpanningGatedNorm(mesh, tensor_axis, di) if (t > 1 and self.replicated_groups) else None
+        self.keep_cache, self.ssm_cache = False, None
 
     def sync_replicated_grads(self) -> None:
         """All-reduce the partial gradients of the B/C weights every tensor rank holds (ngroups < T)."""
@@ -173,6 +174,8 @@ class ParallelMamba2(Sharded):
             init_state = _RecvState.apply(zxbcdt, like, self.mesh, self.seq_axis)
         out, state = Mamba2CoreFn.apply(zxbcdt, conv_state, init_state, self.conv_w, self.conv_b, self.dt_bias,
                                         self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn)
+        if self.keep_cache:  # prefill: the conv tail and SSM state decode continues from
+            self.ssm_cache = (state, zxbcdt[:, -(self.d_conv - 1):, di_l:2 * di_l + 2 * ng_l * ds].clone())
         if self.seq_axis:
             out = _SendState.apply(out, state, self.mesh, self.seq_axis)
         if self.tensor_axis:

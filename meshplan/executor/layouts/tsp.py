@@ -24,6 +24,12 @@ def _attend(q, k, v, mask):
                                           enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
 
 
+def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
+    """Begin broadcasting shard `owner` (this rank's own packed weights if it is the owner)."""
+    w = packed.detach().clone() if owner == mesh.axis("tsp").rank else torch.empty_like(packed)
+    return w, broadcast(mesh, w, "tsp", owner, async_op=True)
+
+
 class _TSPAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xn, w_qkv, w_o, layer):
@@ -33,9 +39,13 @@ class _TSPAttention(torch.autograd.Function):
         lq, lkv, hd = layer.lq, layer.lkv, layer.head_dim
         y = None
         qs, ks, vs, outs = [], [], [], []
+        pending = _start_broadcast(mesh, packed, 0)
         for j in range(ax.size):
-            w = packed.detach().clone() if j == ax.rank else torch.empty_like(packed)
-            broadcast(mesh, w, "tsp", j)
+            w, work = pending
+            if work is not None:
+                work.wait()
+            if j + 1 < ax.size:  # the next shard arrives while this one computes
+                pending = _start_broadcast(mesh, packed, j + 1)
             wq, wk, wv, wo = layer.unpack_attention(w)
             q = (xn @ wq.t()).view(b, t, lq // hd, hd)
             k = (xn @ wk.t()).view(b, t, lkv // hd, hd)
@@ -48,7 +58,10 @@ class _TSPAttention(torch.autograd.Function):
             vs.append(v)
             outs.append(o)
         ctx.layer = layer
-        ctx.save_for_backward(xn, w_qkv, w_o, torch.cat(qs, 2), torch.cat(ks, 2), torch.cat(vs, 2), torch.cat(outs, -1))
+        k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
+        if layer.keep_cache:
+            layer.kv_cache = (k_all, v_all)
+        ctx.save_for_backward(xn, w_qkv, w_o, torch.cat(qs, 2), k_all, v_all, torch.cat(outs, -1))
         return y
 
     @staticmethod
@@ -61,9 +74,13 @@ class _TSPAttention(torch.autograd.Function):
         nq, nkv = lq // hd, lkv // hd
         dxn = torch.zeros_like(xn)
         grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
+        pending = _start_broadcast(mesh, packed, 0)
         for j in range(ax.size):
-            w = packed.detach().clone() if j == ax.rank else torch.empty_like(packed)
-            broadcast(mesh, w, "tsp", j)
+            w, work = pending
+            if work is not None:
+                work.wait()
+            if j + 1 < ax.size:
+                pending = _start_broadcast(mesh, packed, j + 1)
             wq, wk, wv, wo = layer.unpack_attention(w)
             q = q_all[:, :, j * nq:(j + 1) * nq]
             k, v = k_all[:, :, j * nkv:(j + 1) * nkv], v_all[:, :, j * nkv:(j + 1) * nkv]
@@ -168,6 +185,7 @@ class TSPDense(Sharded):
         self.q_positions = zigzag_tokens(seq, d, r)
         k_positions = torch.cat([zigzag_tokens(seq, d, i) for i in range(d)])  # all-gather order
         self.mask = causal_mask(self.q_positions, k_positions)
+        self.keep_cache, self.kv_cache = False, None
 
     def unpack_attention(self, w):
         h, lq, lkv = self.hidden, self.lq, self.lkv

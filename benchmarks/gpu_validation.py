@@ -1,0 +1,141 @@
+"""Validation sweep: every layout run for real next to the cost model's prediction, in one launch.
+
+    torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --out $OUT/validation.json
+    torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --smoke --out /tmp/v.json   # CPU, gloo
+
+Each configuration runs on the first `world` ranks (1, 2 or 4); the others wait. Models are the
+7B-shaped dense model and mamba2-2.7b at reduced depth (--layers), bf16. Rank 0 writes the results
+after every run (a list of runs with `layout`, `model`, `seq`, `mode`, `world`, `predicted` and
+`measured`), so a run that dies loses nothing before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+from dataclasses import replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from meshplan.executor.comm import build_mesh
+from meshplan.executor.run import environment, measure, predict
+from meshplan.layout import parse_layout
+from meshplan.models import PRESETS, dense, mamba2
+from meshplan.topologies import load_cluster
+
+DENSE_LAYOUTS = ["single", "tp=2", "sp=2", "tsp=2", "tp=4", "sp=4", "tsp=4", "tp=2,sp=2"]
+MAMBA_LAYOUTS = ["single", "tpssm=2", "sp=2", "tpssm=4", "sp=4", "tpssm=2,sp=2"]
+
+
+def plan(args) -> list[dict]:
+    if args.smoke:
+        d, m = dense("smoke-dense", 64, 2, 8, 8, 256, 100), mamba2("smoke-m2", 64, 2, 100, d_state=16, headdim=16)
+        dense_seqs, mamba_seqs, prefill_seqs = [64, 128], [64], [128]
+    else:
+        d = replace(PRESETS["dense-7b"], layers=args.layers, name=f"dense-7b/{args.layers}L")
+        m = replace(PRESETS["mamba2-2.7b"], layers=args.layers, name=f"mamba2-2.7b/{args.layers}L")
+        dense_seqs, mamba_seqs, prefill_seqs = [4096, 16384, 32768], [4096, 16384], [16384]
+    runs = []
+    for seq in dense_seqs:
+        runs += [dict(model=d, layout=x, seq=seq, mode="train") for x in DENSE_LAYOUTS]
+    for seq in mamba_seqs:
+        runs += [dict(model=m, layout=x, seq=seq, mode="train") for x in MAMBA_LAYOUTS]
+    for seq in prefill_seqs:
+        runs += [dict(model=d, layout=x, seq=seq, mode="prefill") for x in ("single", "tp=4", "tsp=4", "sp=4")]
+        runs += [dict(model=m, layout=x, seq=seq, mode="prefill") for x in ("single", "tpssm=2", "tpssm=4")]
+    return runs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--only", default="", help="comma list of layouts to run")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available() and not args.smoke
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=180))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+    cluster = load_cluster("h200-8")
+    meshes: dict = {}
+    results = []
+    only = set(filter(None, args.only.split(",")))
+    for cfg in plan(args):
+        layout = parse_layout(cfg["layout"])
+        if layout.world_size > world or (only and cfg["layout"] not in only):
+            continue
+        members = list(range(layout.world_size))
+        key = str(layout)
+        if key not in meshes:
+            meshes[key] = build_mesh(layout, members)
+        mesh = meshes[key]
+        model, seq, mode = cfg["model"], cfg["seq"], cfg["mode"]
+        record = {"layout": str(layout), "model": model.name, "seq": seq, "batch": 1, "mode": mode,
+                  "world": layout.world_size, "layers": model.layers}
+        mine = None
+        t0 = time.time()
+        if mesh is not None:
+            try:
+                mine = measure(model, layout, mesh, seq, 1, mode, steps=args.steps, device=device, exposed=True)
+            except torch.cuda.OutOfMemoryError as exc:
+                mine = {"oom": True, "error": str(exc).splitlines()[0]}
+            except Exception:  # noqa: BLE001 - recorded, and the sweep goes on
+                mine = {"error": traceback.format_exc()[-2000:]}
+            if cuda:
+                torch.cuda.empty_cache()
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if rank == 0:
+            ranks = [g for g in gathered[:layout.world_size]]
+            record["predicted"] = predict(replace(model, param_dtype="bf16"), layout, seq, 1, mode, cluster)
+            record["measured"] = _combine(ranks)
+            record["per_rank"] = ranks
+            record["wall_s"] = time.time() - t0
+            results.append(record)
+            with open(args.out, "w") as f:
+                json.dump({"command": "torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --out $OUT/validation.json",
+                           "environment": environment(), "cluster_for_predictions": cluster.name, "runs": results}, f,
+                          indent=1)
+            m = record["measured"]
+            p = record["predicted"]
+            if "step_time_s" in m:
+                print(f"{record['model']:>18} {mode:7} {record['layout']:>12} s={seq:6} "
+                      f"time {m['step_time_s'] * 1e3:8.2f} ms (pred {p['step_time_s'] * 1e3:8.2f}) "
+                      f"peak {m['peak_bytes'] / 2**30 if m['peak_bytes'] else 0:6.2f} GiB "
+                      f"(pred {p['peak_bytes'] / 2**30:6.2f}) exposed {m.get('exposed_comm_s', 0) * 1e3:7.2f} ms "
+                      f"(pred {p['exposed_comm_s'] * 1e3:7.2f})", flush=True)
+            else:
+                print(f"{record['model']} {mode} {record['layout']} s={seq}: {str(m)[:300]}", flush=True)
+        dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _combine(ranks: list) -> dict:
+    """The step is as slow as its slowest rank; memory as high as its fullest; bytes are averaged."""
+    bad = [r for r in ranks if r is None or "error" in r or r.get("oom")]
+    if bad:
+        return bad[0] or {"error": "rank returned nothing"}
+    out = {"step_time_s": max(r["step_time_s"] for r in ranks),
+           "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None}
+    keys = set().union(*(r["comm_bytes"] for r in ranks))
+    out["comm_bytes"] = {k: sum(r["comm_bytes"].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
+    if "saved_bytes" in ranks[0]:
+        out["saved_bytes"] = max(r["saved_bytes"] for r in ranks)
+    if "exposed_comm_s" in ranks[0]:
+        out["exposed_comm_s"] = max(r["exposed_comm_s"] for r in ranks)
+        out["step_time_no_comm_s"] = max(r["step_time_no_comm_s"] for r in ranks)
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

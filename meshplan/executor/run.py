@@ -1,0 +1,153 @@
+"""Run a layout for real and measure it next to the cost model's prediction.
+
+Measured, per rank: step time (CUDA events after warm-up, median), peak memory
+(torch.cuda.max_memory_allocated over the timed steps), collective bytes by kind/axis (the counting
+wrapper), bytes saved for backward (saved_tensors_hooks), and the exposed communication: the same
+step timed again with the transfers skipped (counted, not sent), subtracted from the real one.
+Predicted: the same quantities from the cost model for the bare layer stack (no embeddings).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+from meshplan.costmodel.memory import memory_per_gpu, saved_activation_bytes
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.schedule import step_schedule
+from meshplan.costmodel.step import estimate_step
+from meshplan.executor.blocks import Stack
+from meshplan.executor.comm import Mesh
+from meshplan.executor.optim import MixedAdam
+from meshplan.executor.parallelize import parallelize, run_layers, sync_gradients, token_positions
+from meshplan.executor.saved import count_saved_bytes
+from meshplan.layout import Layout
+from meshplan.models import ModelSpec
+from meshplan.topologies.cluster import ClusterSpec
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, cluster: ClusterSpec | None,
+            act_dtype: str = "bf16") -> dict:
+    opts = CostOptions(mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype)
+    mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=False)
+    out = {
+        "peak_bytes": mem.total_bytes,
+        "memory_breakdown": mem.per_gpu_bytes,
+        "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=False).bytes_by_kind_and_axis(
+            message=True),
+        "saved_bytes": saved_activation_bytes(model, layout, seq, batch, opts)[0] if mode == "train" else 0.0,
+    }
+    if cluster is not None:
+        est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=False)
+        out.update(step_time_s=est.step_time_s, exposed_comm_s=est.exposed_comm_s, compute_s=est.compute_s)
+    return out
+
+
+def _timed(fn, steps: int, cuda: bool) -> list[float]:
+    times = []
+    for _ in range(steps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, steps: int = 5,
+            warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True) -> dict:
+    """Build, shard and run the stack on this rank; returns this rank's measurements."""
+    cuda = device.startswith("cuda")
+    model = replace(model, param_dtype=dtype)
+    torch.manual_seed(1234)  # every rank builds the same reference weights, then keeps its shard
+    with torch.device(device):
+        stack = Stack(model, model.layers).to(DTYPES[dtype])
+        layers = parallelize(stack, mesh, seq)
+    del stack
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    t_local = len(token_positions(mesh, seq))
+    train = mode == "train"
+    gen = torch.Generator(device=device).manual_seed(mesh.rank)
+    x = torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
+    dy = torch.randn(x.shape, dtype=x.dtype, device=device, generator=gen) if train else None
+    x.requires_grad_(train)
+    opt = MixedAdam(layers.parameters()) if train else None
+    for layer in layers:
+        layer.keep_cache = not train
+
+    def step():
+        if train:
+            run_layers(layers, x).backward(dy)
+            sync_gradients(layers, mesh)
+            opt.step()
+            opt.zero_grad()
+            x.grad = None
+        else:
+            for layer in layers:  # drop the previous prefill's cache before making the next
+                layer.kv_cache = layer.ssm_cache = None
+            with torch.no_grad():
+                run_layers(layers, x)
+
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    mesh.reset_counts()
+    times = _timed(step, steps, cuda)
+    result = {
+        "step_time_s": statistics.median(times),
+        "step_times_s": times,
+        "comm_bytes": {k: v / steps for k, v in mesh.counts.items()},
+        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+    }
+    if train:
+        with count_saved_bytes(list(layers.parameters())) as saved:
+            y = run_layers(layers, x)
+        y.backward(dy)
+        opt.zero_grad()
+        x.grad = None
+        result["saved_bytes"] = saved["bytes"]
+    if exposed and mesh.world > 1:
+        mesh.enabled = False
+        try:
+            for _ in range(warmup):
+                step()
+            result["step_time_no_comm_s"] = statistics.median(_timed(step, steps, cuda))
+        finally:
+            mesh.enabled = True
+        result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
+    for layer in layers:
+        layer.kv_cache = layer.ssm_cache = None
+    del layers, opt, x, dy
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def environment() -> dict:
+    import platform
+
+    env = {"torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
+                   nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None)
+    return env
+
+
+__all__ = ["measure", "predict", "environment"]

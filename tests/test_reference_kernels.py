@@ -1,0 +1,49 @@
+"""The plain-torch references agree with each other and with the definition of the recurrence."""
+
+import pytest
+import torch
+
+from meshplan.kernels.reference import causal_conv1d_ref, ssd_chunked_ref, ssd_scan_ref
+
+
+def random_ssd(b, s, h, p, g, n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, s, h, p, generator=gen, dtype=torch.float64)
+    dt = torch.rand(b, s, h, generator=gen, dtype=torch.float64) * 0.2
+    A = -torch.rand(h, generator=gen, dtype=torch.float64) * 4
+    B = torch.randn(b, s, g, n, generator=gen, dtype=torch.float64)
+    C = torch.randn(b, s, g, n, generator=gen, dtype=torch.float64)
+    D = torch.randn(h, generator=gen, dtype=torch.float64)
+    h0 = torch.randn(b, h, p, n, generator=gen, dtype=torch.float64)
+    return x, dt, A, B, C, D, h0
+
+
+@pytest.mark.parametrize("s, chunk", [(64, 16), (50, 16), (7, 8), (128, 64)])
+def test_chunked_ssd_equals_the_recurrence(s, chunk):
+    x, dt, A, B, C, D, h0 = random_ssd(2, s, 4, 3, 2, 5, seed=s)
+    y_ref, st_ref = ssd_scan_ref(x, dt, A, B, C, D, initial_state=h0)
+    y, st = ssd_chunked_ref(x, dt, A, B, C, D, initial_state=h0, chunk=chunk)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(st, st_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_scan_restarts_at_sequence_boundaries():
+    x, dt, A, B, C, D, _ = random_ssd(1, 24, 2, 3, 1, 4, seed=1)
+    seq_idx = torch.tensor([[0] * 10 + [1] * 9 + [2] * 5])
+    packed, _ = ssd_scan_ref(x, dt, A, B, C, D, seq_idx=seq_idx)
+    for lo, hi in ((0, 10), (10, 19), (19, 24)):
+        alone, _ = ssd_scan_ref(x[:, lo:hi], dt[:, lo:hi], A, B[:, lo:hi], C[:, lo:hi], D)
+        torch.testing.assert_close(packed[:, lo:hi], alone)
+
+
+def test_conv_restarts_at_sequence_boundaries_and_continues_from_a_state():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 12, 6, generator=gen, dtype=torch.float64)
+    w = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    seq_idx = torch.tensor([[0] * 5 + [1] * 7])
+    packed = causal_conv1d_ref(x, w, seq_idx=seq_idx)
+    torch.testing.assert_close(packed[:, 5:], causal_conv1d_ref(x[:, 5:], w))
+    # A shard continues from the previous shard's last 3 inputs.
+    whole = causal_conv1d_ref(x, w)
+    tail = x[:, 5 - 3:5].transpose(1, 2)
+    torch.testing.assert_close(causal_conv1d_ref(x[:, 5:], w, initial_state=tail), whole[:, 5:])
