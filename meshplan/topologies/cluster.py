@@ -21,8 +21,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
-
 from meshplan.errors import MeshplanError
 
 FABRICS = ("nvswitch", "xgmi", "pcie")
@@ -154,12 +152,14 @@ def gpu_id(node: int, local: int) -> str:
     return f"n{node}/gpu{local}"
 
 
-def build_graph(cluster: ClusterSpec) -> nx.Graph:
+def build_graph(cluster: ClusterSpec):
     """GPUs, intra-node switches (or the xGMI mesh), NICs and the network switch as a graph.
 
     Node attribute `kind`: gpu | switch | nic. Edge attributes: `link` (nvlink, xgmi, pcie, nic,
     network), `bandwidth_bytes_per_s` (per direction), `latency_s`.
     """
+    import networkx as nx
+
     g = nx.Graph(name=cluster.name)
     intra = cluster.intra_link
     link_name = {"nvswitch": "nvlink", "xgmi": "xgmi", "pcie": "pcie"}[cluster.fabric]
