@@ -123,11 +123,15 @@ def test_logits_at_128k_are_design_md_16_8_gb_twice():
     assert tp.per_gpu_bytes["transient_logits"] == 2 * 131072 * 4000 * 4
 
 
-def test_tsp_in_flight_shards_are_double_buffered_mlp_shards():
+def test_tsp_in_flight_shards():
     model = PRESETS["dense-7b"]
     mlp_params = 3 * 4096 * 16384  # the largest block: gate, up, down (the norm's scale is not streamed)
+    # The rank's own packed shard, the shard in use and the one arriving, in bf16.
     r = memory_per_gpu(model, Layout(tsp=8), 16384, 1, MemoryOptions(mode="prefill"))
-    assert r.per_gpu_bytes["transient_weight_shards"] == round(2 * mlp_params / 8 * 2)
+    assert r.per_gpu_bytes["transient_weight_shards"] == round(3 * mlp_params / 8 * 2)
+    # Training also holds the partial gradients of all 8 shards until their reduce-scatter.
+    t = memory_per_gpu(model, Layout(tsp=8), 16384, 1, MemoryOptions())
+    assert t.per_gpu_bytes["transient_weight_shards"] == round(3 * mlp_params / 8 * 2 + mlp_params * 2)
     # K/V of the whole sequence for one layer: 2 · 16384 · 4096 · 2 B.
     assert r.per_gpu_bytes["transient_kv_gather"] == 2 * 16384 * 4096 * 2
 

@@ -42,9 +42,11 @@ options = st.builds(MemoryOptions, mode=st.sampled_from(["train", "prefill", "de
 def test_never_negative_and_total_covers_persistent(model, layout, seq, batch, opts):
     r = run(model, layout, seq, batch, opts)
     assert all(v >= 0 for v in r.per_gpu_bytes.values())
-    persistent = sum(r.per_gpu_bytes[k] for k in ("parameters", "gradients", "optimizer_state", "activations",
-                                                   "kv_cache", "ssm_state_cache"))
-    assert r.total_bytes >= persistent
+    b = r.per_gpu_bytes
+    # Gradients are rebuilt during backward (set to None between steps): they need not coexist with
+    # all activations, but every kept term and the larger of the two must fit under the total.
+    kept = b["parameters"] + b["optimizer_state"] + b["kv_cache"] + b["ssm_state_cache"]
+    assert r.total_bytes >= kept + max(b["activations"], b["gradients"])
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,9 +1,13 @@
 """Per-GPU memory for a model, layout and shape (DESIGN.md §3).
 
-    total = persistent + max(layer phase, logits phase)
-    persistent  = parameters + gradients + optimizer state + saved activations + KV / SSM caches
-    layer phase = working set of one layer + gathered K/V + in-flight TSP shards + ZeRO-3 gathers
-    logits phase = the logits (and, in training, the log-softmax kept for the loss's backward)
+    total = kept + the largest of three moments
+    kept      = parameters + optimizer state + KV / SSM caches
+    layer     = saved activations + gradients present + one layer's working set + gathered K/V
+                + in-flight TSP shards + ZeRO-3 gathers
+    logits    = saved activations + gradients present + the logits (and the loss's log-softmax)
+    optimizer = all gradients + the step's fp32 temporaries of the largest matrix
+Gradients present at the activation peak: all of them with gradient accumulation (pipelining), else
+only the last block's — gradients are set to None after each step and rebuilt during backward.
 
 Pipeline parallelism: the first stage holds `pp` micro-batches of activations in flight (1F1B,
 Korthikanti et al. 2022 §4.2.3), the last stage holds the output head and the logits; the larger of
@@ -35,7 +39,7 @@ COMPONENTS = (
 class MemoryBreakdown:
     per_gpu_bytes: dict[str, int]  # COMPONENTS → bytes
     total_bytes: int
-    peak_phase: str  # "layer" or "logits": which transient set decides the peak
+    peak_phase: str  # "layer", "logits" or "optimizer": the moment that decides the peak
     pipeline_stage: str  # "only", "first" or "last": the stage reported
     activation_bytes_per_layer: int  # saved activations of one repetition unit, no micro-batches in flight
     assumptions: dict = field(default_factory=dict)
@@ -108,6 +112,62 @@ def mamba_boundary_bytes(model: ModelSpec, kind: str, batch: int, head_div: int,
     return batch * (conv * (m.d_conv - 1) * opts.nbytes("act_dtype") + state * opts.nbytes("ssm_state_dtype"))
 
 
+def _largest_block_share(model: ModelSpec) -> float:
+    """The largest block's share of the layer parameters (whose gradients exist as backward starts)."""
+    return max(block_params(model, k) for k, _ in model.block_invocations()) / model.layer_params()
+
+
+def largest_matrix(model: ModelSpec, sh: Sharding) -> float:
+    """Elements of the largest weight matrix one rank holds (the optimizer's fp32 temporaries)."""
+    sizes = []
+    if model.mlp is not None:
+        sizes.append(model.mlp.n_input_matrices * model.mlp.ffn_hidden * model.mlp.hidden / sh.weight_div)
+    if model.attention is not None:
+        a = model.attention
+        sizes.append((a.q_width + 2 * a.kv_width) * a.hidden / sh.weight_div)
+    if model.mamba2 is not None:
+        sizes.append(model.mamba2.in_proj_width * model.d_model / sh.weight_div)
+    if model.mamba1 is not None:
+        sizes.append(2 * model.mamba1.d_inner * model.d_model / sh.weight_div)
+    return max(sizes)
+
+
+_BLOCK_OUTPUT = {"attention": lambda m: m.attention.out_hidden, "mlp": lambda m: m.mlp.out_hidden}
+
+
+def _widest_gradient(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:
+    """Bytes of the widest per-token activation (its gradient is the backward's first big buffer)."""
+    groups = model.mamba2.ngroups if model.mamba2 is not None else 1
+    widest = 0.0
+    for kind, _ in model.block_invocations():
+        for item in block_saved(kind, model, opts):
+            if not item.quadratic:
+                widest = max(widest, _saved_bytes([item], batch * seq, seq, sh, groups))
+    return widest
+
+
+def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
+                   unit_full: float) -> float:
+    """Transient activations on top of what is kept.
+
+    Forward (prefill, decode): the live set of the widest block — its inputs and intermediates (the
+    tensors training would save) and its output. Training: the layer's input, output and output
+    gradient plus the widest gradient buffer; full recompute rebuilds one unit's activations first."""
+    e = opts.nbytes("act_dtype")
+    tokens = batch * seq
+    hidden = tokens * e * model.d_model / (sh.token_div * sh.hidden_div)
+    groups = model.mamba2.ngroups if model.mamba2 is not None else 1
+    if opts.training:
+        extra = unit_full if opts.recompute == "full" else 0.0
+        return 3 * hidden + _widest_gradient(model, sh, seq, batch, opts) + extra
+    live = 0.0
+    for kind, _ in model.block_invocations():
+        out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
+        block = _saved_bytes(block_saved(kind, model, opts), tokens, seq, sh, groups)
+        live = max(live, block + tokens * e * out_width / (sh.token_div * sh.hidden_div))
+    return live
+
+
 def _stage_params(model: ModelSpec, pp: int, stage: str) -> float:
     """Parameters held by one pipeline stage (before any sharding)."""
     if pp == 1:
@@ -174,9 +234,8 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
 
     saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / layout.pp)
     head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train and embeddings else 0.0
-    _, unit_full_decode = saved_activation_bytes(model, layout, 1 if opts.mode == "decode" else seq, batch, opts)
-    if opts.mode == "decode":
-        unit_full = unit_full_decode
+    step_tokens = 1 if opts.mode == "decode" else seq
+    working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full)
     per_layer = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / model.layers)[0] if train else 0.0
 
     # Caches (inference): KV per attention invocation, conv + SSM state per Mamba layer.
@@ -203,15 +262,23 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         kv_gather = batch * seq * 2 * model.attention.kv_width * opts.nbytes("act_dtype") / sh.head_div
         if train:
             kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
+    if train:
+        # The backward's peak is where it starts a layer: its input, output and output gradient, and
+        # the first wide gradient buffer (or the gathered K/V and their gradients, if larger). From
+        # then on it frees saved tensors about as fast as it allocates gradients (measured on H200:
+        # benchmarks/results/validation-h200-run1.json).
+        working, kv_gather = working + max(0.0, kv_gather - _widest_gradient(model, sh, seq, batch, opts)), 0.0
     block_kinds = [k for k, _ in model.block_invocations()]
     largest_block = max(block_params(model, k) for k in block_kinds)
     largest_streamed = max(streamed_block_params(model, k) for k in block_kinds)
     weight_shards = 0.0
     if sh.streams_weights:
         shard = largest_streamed / layout.tsp
-        weight_shards = 2 * shard * p_bytes  # double-buffered: the shard in use and the one arriving
+        # The rank's own shard packed for sending, the shard in use and the one arriving.
+        weight_shards = 3 * shard * p_bytes
         if train:
-            weight_shards += 2 * shard * opts.nbytes("grad_dtype")  # partial grads awaiting reduce-scatter
+            # Every rank's partial gradients of all D shards of the block, until their reduce-scatter.
+            weight_shards += largest_streamed * opts.nbytes("grad_dtype")
     comm_buffers = 0.0
     if zero == 3:
         comm_buffers = 2 * largest_block / sh.weight_div * p_bytes  # gathered layer + the prefetched next one
@@ -241,15 +308,25 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         has_logits = stage in ("only", "last")
         parts = {
             "parameters": param_b, "gradients": grad_b, "optimizer_state": opt_b, "activations": acts,
-            "kv_cache": kv_cache, "ssm_state_cache": ssm_cache, "transient_working": unit_full,
+            "kv_cache": kv_cache, "ssm_state_cache": ssm_cache, "transient_working": working,
             "transient_kv_gather": kv_gather, "transient_weight_shards": weight_shards,
             "transient_comm_buffers": comm_buffers, "transient_logits": logits if has_logits else 0.0,
         }
-        persistent = param_b + grad_b + opt_b + acts + kv_cache + ssm_cache
-        layer_phase = unit_full + kv_gather + weight_shards + comm_buffers
-        phase = "logits" if parts["transient_logits"] > layer_phase else "layer"
-        total = persistent + max(layer_phase, parts["transient_logits"])
-        results.append((total, stage, phase, parts))
+        kept = param_b + opt_b + kv_cache + ssm_cache
+        layer_phase = working + kv_gather + weight_shards + comm_buffers
+        # Without gradient accumulation the gradients are set to None after each step and built up
+        # during backward: at the activation peak (backward start) only the last layer's exist; all
+        # of them meet the optimizer step instead, with its fp32 temporaries of the largest matrix.
+        accumulating = layout.pp > 1 or opts.microbatches_for(layout.pp) > 1
+        grads_at_peak = grad_b if accumulating else grad_b * _largest_block_share(model)
+        phases = {
+            "layer": acts + grads_at_peak + layer_phase,
+            "logits": acts + grads_at_peak + parts["transient_logits"],
+        }
+        if train:
+            phases["optimizer"] = grad_b + 2 * largest_matrix(model, sh) * 4 / (dp if zero >= 1 else 1)
+        phase = max(phases, key=phases.get)
+        results.append((kept + phases[phase], stage, phase, parts))
     total, stage, phase, parts = max(results, key=lambda r: r[0])
     return MemoryBreakdown(
         per_gpu_bytes={k: int(round(v)) for k, v in parts.items()},

@@ -1,0 +1,77 @@
+"""Score committed GPU measurements against the cost model as it is now.
+
+    python benchmarks/compare_validation.py benchmarks/results/validation-h200-run1.json [--json OUT]
+
+The measurements are fixed (the file and the command that made them are committed); the predictions
+are recomputed from the current code, so a model change is judged against the same runs. Prints
+measured/predicted for peak memory, step time and exposed communication, and whether collective
+bytes match exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import replace
+
+from meshplan.executor.run import predict
+from meshplan.layout import parse_layout
+from meshplan.models import PRESETS
+from meshplan.topologies import load_cluster
+
+
+def model_for(name: str):
+    base, _, layers = name.partition("/")
+    return replace(PRESETS[base], layers=int(layers.rstrip("L")), name=name, param_dtype="bf16")
+
+
+def rescore(path: str) -> list[dict]:
+    data = json.load(open(path))
+    cluster = load_cluster(data.get("cluster_for_predictions", "h200-8"))
+    rows = []
+    for run in data["runs"]:
+        m = run["measured"]
+        if "step_time_s" not in m:
+            continue
+        p = predict(model_for(run["model"]), parse_layout(run["layout"]), run["seq"], run.get("batch", 1), run["mode"],
+                    cluster)
+        keys = set(m["comm_bytes"]) | set(p["comm_bytes"])
+        exact = all(abs(m["comm_bytes"].get(k, 0) - p["comm_bytes"].get(k, 0)) <= 1e-9 * max(1, p["comm_bytes"].get(k, 0))
+                    for k in keys)
+        rows.append({"model": run["model"], "mode": run["mode"], "layout": run["layout"], "seq": run["seq"],
+                     "memory_ratio": m["peak_bytes"] / p["peak_bytes"], "time_ratio": m["step_time_s"] / p["step_time_s"],
+                     "exposed_measured_s": m.get("exposed_comm_s"), "exposed_predicted_s": p["exposed_comm_s"],
+                     "comm_bytes_exact": exact,
+                     "saved_ratio": (m["saved_bytes"] / p["saved_bytes"]) if p.get("saved_bytes") else None,
+                     "predicted": p, "measured": m})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--json")
+    ap.add_argument("--model", default="")
+    args = ap.parse_args()
+    rows = [r for r in rescore(args.results) if args.model in r["model"]]
+    print(f"{'model':16} {'mode':7} {'layout':12} {'seq':>6} {'mem m/p':>8} {'time m/p':>8} {'exposed m/p ms':>16} bytes")
+    for r in rows:
+        exp = (f"{r['exposed_measured_s'] * 1e3:6.1f}/{r['exposed_predicted_s'] * 1e3:6.1f}"
+               if r["exposed_measured_s"] is not None else "-")
+        print(f"{r['model']:16} {r['mode']:7} {r['layout']:12} {r['seq']:6} {r['memory_ratio']:8.3f} "
+              f"{r['time_ratio']:8.2f} {exp:>16} {'exact' if r['comm_bytes_exact'] else 'DIFF'}")
+    for fam in sorted({r["model"] for r in rows}):
+        sub = [r for r in rows if r["model"] == fam]
+        mem = [abs(r["memory_ratio"] - 1) for r in sub]
+        tim = [abs(r["time_ratio"] - 1) for r in sub]
+        print(f"{fam}: memory |error| median {statistics.median(mem):.1%} max {max(mem):.1%}; "
+              f"time |error| median {statistics.median(tim):.1%} max {max(tim):.1%}; "
+              f"{sum(r['comm_bytes_exact'] for r in sub)}/{len(sub)} byte counts exact")
+    if args.json:
+        json.dump(rows, open(args.json, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
