@@ -2,12 +2,13 @@
 
 What hides and what does not:
 - TP all-reduces sit on the critical path (exposed in full).
-- SP's and TSP's K/V all-gather and dK/dV reduce-scatter overlap that block's attention (chunked,
-  ring-style).
+- SP's and TSP's K/V all-gather and dK/dV reduce-scatter are exposed: our executor gathers before
+  it attends (a ring-attention executor would mark them overlap="attention", hidden behind it).
 - TSP's weight shards stream behind the GEMM of the shard in hand: a ring of D − 1 hops costs
   (D − 1)·max(0, transfer − GEMM) exposed (the first shard is the rank's own); the broadcast stream
   also waits for its first transfer.
-- Gradient reduce-scatters and all-reduces overlap the backward; what is left sticks out.
+- DP gradient all-reduces overlap the backward; what is left sticks out. TSP's weight-gradient
+  reduce-scatter is exposed (the executor waits on it at the end of each block's backward).
 - Everything else (SP Mamba state hand-offs in series, pipeline sends, the loss statistics) is exposed.
 Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token per sequence.
 """

@@ -195,11 +195,15 @@ class CopyToAxis(torch.autograd.Function):
 
 
 class ReduceFromAxis(torch.autograd.Function):
-    """All-reduce forward; identity backward (TP's "g")."""
+    """All-reduce forward, in place on the partial output; identity backward (TP's "g")."""
 
     @staticmethod
     def forward(ctx, x, mesh, axis):
-        return all_reduce(mesh, x.contiguous().clone(), axis)
+        if not x.is_contiguous() or x._base is not None:
+            x = x.contiguous().clone()  # a view (or strided) output cannot be reduced in place
+        else:
+            ctx.mark_dirty(x)
+        return all_reduce(mesh, x, axis)
 
     @staticmethod
     def backward(ctx, grad):

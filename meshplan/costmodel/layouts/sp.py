@@ -27,10 +27,11 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
     head_div = ctx.sharding.head_div
     if kind == "attention":
         kv = ctx.batch * ctx.seq * 2 * ctx.model.attention.kv_width * ctx.act_bytes / head_div
-        return [Comm("all_gather", axis, kv, sigma, phase="fwd", block=kind, what="K/V all-gather", overlap="attention"),
-                Comm("all_gather", axis, kv, sigma, phase="bwd", block=kind, what="K/V re-gather", overlap="attention"),
-                Comm("reduce_scatter", axis, kv, sigma, phase="bwd", block=kind, what="dK/dV reduce-scatter",
-                     overlap="attention")]
+        # Our executor gathers before attending (no ring attention yet): exposed. A ring-attention
+        # implementation would mark these overlap="attention".
+        return [Comm("all_gather", axis, kv, sigma, phase="fwd", block=kind, what="K/V all-gather"),
+                Comm("all_gather", axis, kv, sigma, phase="bwd", block=kind, what="K/V re-gather"),
+                Comm("reduce_scatter", axis, kv, sigma, phase="bwd", block=kind, what="dK/dV reduce-scatter")]
     if kind in ("mamba2", "mamba1"):
         state = ctx.mamba_state_bytes(head_div)
         # One hop per rank, but the hops run one after another along the sequence: Σ − 1 in series.

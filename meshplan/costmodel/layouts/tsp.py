@@ -40,6 +40,6 @@ def block_comms(ctx, kind: str):
     else:
         stream = [Comm("send_recv", "tsp", shard, d, count=d - 1, phase=phase, block=kind,
                        what="weight shard ring", overlap="gemm") for phase in ("fwd", "bwd")]
-    grad_rs = Comm("reduce_scatter", "tsp", grads, d, phase="bwd", block=kind, what="weight-grad reduce-scatter",
-                   overlap="backward")
+    # Issued when the block's backward ends, and waited on (the executor does not overlap it yet).
+    grad_rs = Comm("reduce_scatter", "tsp", grads, d, phase="bwd", block=kind, what="weight-grad reduce-scatter")
     return stream + [grad_rs] + sp.block_comms(ctx, kind, axis="tsp")

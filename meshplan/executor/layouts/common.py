@@ -4,7 +4,9 @@ each local parameter is), token shards of a sequence, and causal masks for shard
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 
 class Sharded(nn.Module):
@@ -49,3 +51,16 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, device=None) -> torch.
     """Boolean (q, k): True where the key may be attended (key position ≤ query position)."""
     out = k_pos.view(1, -1) <= q_pos.view(-1, 1)
     return out if device is None else out.to(device)
+
+
+def attend_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Causal attention of `q` (b, t, a, d) — the last t of the first kv_len positions — to the
+    first kv_len keys of k, v (b, S, a_kv, d), in position order. A lower-right causal bias keeps
+    SDPA on its fused kernels, which skip the masked blocks."""
+    qh = q.transpose(1, 2)
+    kh, vh = k[:, :kv_len].transpose(1, 2), v[:, :kv_len].transpose(1, 2)
+    if kh.shape[1] != qh.shape[1]:  # GQA: repeat K/V per query head (CausalBias takes no enable_gqa)
+        rep = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
+    bias = causal_lower_right(q.shape[1], kv_len)
+    return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias).transpose(1, 2)

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import CopyToAxis, GatherFromAxis, Mesh, ReduceFromAxis
-from meshplan.executor.layouts.common import Sharded, causal_mask, rows
+from meshplan.executor.layouts.common import Sharded, attend_prefix, rows
 
 
 class ParallelDense(Sharded):
@@ -43,7 +43,6 @@ class ParallelDense(Sharded):
         self.take("w_in", ref, "w_in", 0, in_rows)
         self.take("w_down", ref, "w_down", 1, rows(r * lf, lf))
         self.q_positions = q_positions
-        self.k_positions = torch.arange(seq)
         self.keep_cache, self.kv_cache = False, None
 
     def _enter(self, x):
@@ -56,11 +55,10 @@ class ParallelDense(Sharded):
         """q (b, t, a, d); k, v local (b, t, a_kv, d): gather K/V over the sequence axis, attend causally."""
         b, t, a, d = q.shape
         if self.seq_axis:
+            # Contiguous shards: this rank's queries see every key up to the end of its own shard.
             k = GatherFromAxis.apply(k, self.mesh, self.seq_axis, 1)
             v = GatherFromAxis.apply(v, self.mesh, self.seq_axis, 1)
-            mask = causal_mask(self.q_positions.to(q.device), self.k_positions.to(q.device))
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 attn_mask=mask, enable_gqa=k.shape[2] != a)
+            return attend_prefix(q, k, v, int(self.q_positions[-1]) + 1).reshape(b, t, a * d)
         else:
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                  is_causal=True, enable_gqa=k.shape[2] != a)

@@ -16,12 +16,17 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import Mesh, all_gather, broadcast, reduce_scatter, ring_shift
-from meshplan.executor.layouts.common import Sharded, causal_mask, rows, zigzag_tokens
+from meshplan.executor.layouts.common import Sharded, attend_prefix, rows, zigzag_tokens
 
 
-def _attend(q, k, v, mask):
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                                          enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
+def _attend(q, k, v, layer):
+    """Zigzag causal attention: K/V arrive in all-gather order and are put in position order; the
+    rank's first chunk (index i) sees keys [0, (i+1)·c), its second (2D−1−i) keys [0, (2D−i)·c)."""
+    k, v = k[:, layer.key_order], v[:, layer.key_order]
+    c = q.shape[1] // 2
+    first = attend_prefix(q[:, :c], k, v, layer.chunk_ends[0])
+    second = attend_prefix(q[:, c:], k, v, layer.chunk_ends[1])
+    return torch.cat([first, second], dim=1)
 
 
 def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
@@ -51,7 +56,7 @@ class _TSPAttention(torch.autograd.Function):
             k = (xn @ wk.t()).view(b, t, lkv // hd, hd)
             v = (xn @ wv.t()).view(b, t, lkv // hd, hd)
             kk, vv = all_gather(mesh, k, "tsp", 1), all_gather(mesh, v, "tsp", 1)
-            o = _attend(q, kk, vv, layer.mask).reshape(b, t, lq)
+            o = _attend(q, kk, vv, layer).reshape(b, t, lq)
             y = o @ wo.t() if y is None else y + o @ wo.t()
             qs.append(q)
             ks.append(k)
@@ -88,7 +93,7 @@ class _TSPAttention(torch.autograd.Function):
             kk, vv = all_gather(mesh, k, "tsp", 1), all_gather(mesh, v, "tsp", 1)
             with torch.enable_grad():
                 q_, kk_, vv_ = (t.detach().requires_grad_(True) for t in (q, kk, vv))
-                o_ = _attend(q_, kk_, vv_, layer.mask)
+                o_ = _attend(q_, kk_, vv_, layer)
                 do = (dy @ wo).view_as(o_)
                 dq, dkk, dvv = torch.autograd.grad(o_, (q_, kk_, vv_), do)
             dk = reduce_scatter(mesh, dkk, "tsp", 1).flatten(2)
@@ -183,8 +188,10 @@ class TSPDense(Sharded):
         self.take("w_in", ref, "w_in", 0, torch.cat([rows(r * self.lf, self.lf), rows(f + r * self.lf, self.lf)]))
         self.take("w_down", ref, "w_down", 1, rows(r * self.lf, self.lf))
         self.q_positions = zigzag_tokens(seq, d, r)
-        k_positions = torch.cat([zigzag_tokens(seq, d, i) for i in range(d)])  # all-gather order
-        self.mask = causal_mask(self.q_positions, k_positions)
+        gathered = torch.cat([zigzag_tokens(seq, d, i) for i in range(d)])  # positions in all-gather order
+        self.key_order = torch.argsort(gathered)
+        c = seq // (2 * d)
+        self.chunk_ends = ((r + 1) * c, (2 * d - r) * c)
         self.keep_cache, self.kv_cache = False, None
 
     def unpack_attention(self, w):
@@ -199,7 +206,7 @@ class TSPDense(Sharded):
         return w_in[:lf], w_in[lf:], w[2 * lf * h:].view(h, lf)
 
     def forward(self, x):
-        if self.mask.device != x.device:
-            self.mask = self.mask.to(x.device)
+        if self.key_order.device != x.device:
+            self.key_order = self.key_order.to(x.device)
         x = x + _TSPAttention.apply(self.attn_norm(x), self.w_qkv, self.w_o, self)
         return x + _TSPMlp.apply(self.mlp_norm(x), self.w_in, self.w_down, self)
