@@ -20,9 +20,10 @@ GEMM_EFFICIENCY = 0.80
 # FlashAttention-2 at ~330–350 TFLOP/s forward+backward on H100 SXM5, about 0.35 of peak.
 ATTENTION_EFFICIENCY = 0.35
 ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forward's 2
-# Adam step traffic per parameter: read fp32 param, m, v (12 B) and the bf16 grad (2 B); write param,
-# m, v (12 B) and the bf16 copy (2 B).
-ADAM_STEP_BYTES_PER_PARAM = 28
+# Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
+# cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write
+# weight, m, v: 12), the bf16 copy-back (read 4, write 2).
+ADAM_STEP_BYTES_PER_PARAM = 40
 
 
 @dataclass(frozen=True)
@@ -97,14 +98,15 @@ def _memory_bound_bytes_per_token(model: ModelSpec, kind: str, head_div: int, e:
 
 
 def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: Sharding, e: int, dev: Device,
-                  recompute: str, training: bool) -> BlockCompute:
-    """One invocation of `kind` on one rank: `tokens` local queries attending to `keys` keys."""
+                  recompute: str, training: bool, causal_fraction: float = 0.5) -> BlockCompute:
+    """One invocation of `kind` on one rank: `tokens` local queries attending to `keys` keys, of which
+    a query sees `causal_fraction` on average (0.5 for a balanced causal split)."""
     head_div = sh.head_div
     gemm = sum(gemm_time_s(tokens, n, k, e, dev) for n, k in _gemms(model, kind, head_div))
     flops = sum(2 * tokens * n * k for n, k in _gemms(model, kind, head_div))
     attn = 0.0
     if kind == "attention":
-        core_flops = 4 * tokens * keys * model.attention.q_width / head_div / 2
+        core_flops = 4 * tokens * keys * model.attention.q_width / head_div * causal_fraction
         if tokens == 1 or keys <= 1:
             attn = 0.0
         else:

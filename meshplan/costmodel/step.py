@@ -110,10 +110,14 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     tokens = batch if decode else batch * seq / sh.token_div
     keys = seq
 
+    # Contiguous sequence shards are not balanced under a causal mask: the last shard's queries see
+    # nearly every key, and every rank waits for it (measured: benchmarks/results/validation-h200-run2-x2.json).
+    # TSP's zigzag split gives every rank the same causal work.
+    causal = 1 - 1 / (2 * layout.sp) if layout.sp > 1 else 0.5
     mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
     breakdown: dict[str, float] = {}
     for kind, comms in schedule.per_block.items():
-        comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training)
+        comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training, causal)
         if decode and kind == "attention":
             comp = _decode_attention(comp, model, batch, seq, sh, opts, dev)
         if decode and kind in ("mamba2", "mamba1"):

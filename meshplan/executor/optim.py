@@ -16,16 +16,24 @@ class MixedAdam:
 
     @torch.no_grad()
     def step(self) -> None:
+        """One parameter at a time: cast its bf16 gradient to fp32 (the only transient), one fused
+        AdamW kernel over master weight, m and v where torch has one, then the bf16 copy-back."""
         self.t += 1
         b1, b2 = self.betas
-        c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        fused = getattr(torch, "_fused_adamw_", None)
         for p, w, m, v in zip(self.params, self.master, self.m, self.v):
             if p.grad is None:
                 continue
-            g = p.grad.float()  # one parameter's fp32 gradient at a time: a small transient
-            m.mul_(b1).add_(g, alpha=1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            w.addcdiv_(m, v.sqrt().div_(c2 ** 0.5).add_(self.eps), value=-self.lr / c1)
+            g = p.grad.float()
+            if fused is not None and w.is_cuda:
+                step = torch.tensor(float(self.t), device=w.device)
+                fused([w], [g], [m], [v], [], [step], lr=self.lr, beta1=b1, beta2=b2, weight_decay=0.0,
+                      eps=self.eps, amsgrad=False, maximize=False)
+            else:
+                c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                w.addcdiv_(m, v.sqrt().div_(c2 ** 0.5).add_(self.eps), value=-self.lr / c1)
             p.copy_(w)
 
     def zero_grad(self) -> None:
