@@ -16,9 +16,14 @@ from meshplan.models import ModelSpec
 # Achieved / peak for large bf16 GEMMs: an 8192³ bf16 matmul ran at 769–798 TFLOP/s of 989 peak on
 # H100 and H200 (device tool KINDS.md, 2026-11). Replaced by `meshplan calibrate` profiles.
 GEMM_EFFICIENCY = 0.80
-# Fused attention reaches a smaller share: FlashAttention-3 (Shah et al. 2024, Fig. 5) measures
-# FlashAttention-2 at ~330–350 TFLOP/s forward+backward on H100 SXM5, about 0.35 of peak.
-ATTENTION_EFFICIENCY = 0.35
+# Achieved / peak of torch SDPA forward + backward (bf16, 32 heads of 128) by key length, measured on
+# an H200 with torch 2.11 (benchmarks/results/attention-h200.json, `python benchmarks/bench_attention.py`):
+# the fused causal kernel (queries and keys aligned: one GPU, TP) and the lower-right causal bias over
+# a key prefix that sequence shards use (SP, TSP), which torch runs on its memory-efficient kernel.
+# Other GPUs get the same fractions of their own peak until `meshplan calibrate` measures them.
+ATTENTION_EFFICIENCY_CAUSAL = ((4096, 0.39), (16384, 0.54), (32768, 0.56))
+ATTENTION_EFFICIENCY_PREFIX = ((8192, 0.27), (16384, 0.31), (32768, 0.33))
+ATTENTION_EFFICIENCY = 0.35  # decode and anything off the tables' shapes
 ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forward's 2
 # Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
 # cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write
@@ -30,6 +35,20 @@ ADAM_STEP_BYTES_PER_PARAM = 40
 class Device:
     peak_flops: float
     hbm_bytes_per_s: float
+
+
+def attention_efficiency(keys: float, prefix: bool) -> float:
+    """Interpolate the measured table in log(keys), clamped at its ends."""
+    import math
+
+    table = ATTENTION_EFFICIENCY_PREFIX if prefix else ATTENTION_EFFICIENCY_CAUSAL
+    if keys <= table[0][0]:
+        return table[0][1]
+    for (k0, e0), (k1, e1) in zip(table, table[1:]):
+        if keys <= k1:
+            f = (math.log(keys) - math.log(k0)) / (math.log(k1) - math.log(k0))
+            return e0 + f * (e1 - e0)
+    return table[-1][1]
 
 
 def gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> float:
@@ -110,14 +129,15 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         if tokens == 1 or keys <= 1:
             attn = 0.0
         else:
-            attn = core_flops / (dev.peak_flops * ATTENTION_EFFICIENCY)
+            attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1))
         flops += core_flops
     mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) / dev.hbm_bytes_per_s
     recompute_s = 0.0
     if training:
         if recompute == "full":
             recompute_s = gemm + attn + mem
-        elif kind == "attention" and recompute == "selective":
+        elif kind == "attention" and (recompute == "selective" or sh.gathers_kv):
+            # Sequence shards keep only their local q, k, v: attention is recomputed in backward.
             recompute_s = attn
         elif kind in ("mamba2", "mamba1"):
             # The mixer core (conv, scan, gated norm, out_proj) is recomputed in backward.
