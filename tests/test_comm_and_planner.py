@@ -197,6 +197,6 @@ def test_time_crossover_exists_when_communication_dominates():
     assert (estimate_step(PRESETS["dense-7b"], tsp, below, 1, FWD, slow).step_time_s
             > estimate_step(PRESETS["dense-7b"], tp, below, 1, FWD, slow).step_time_s)
     assert (estimate_step(PRESETS["dense-7b"], tsp, above, 1, FWD, slow).step_time_s
-            < estimate_step(PRESETS["dense-7b"], tp, big, 1, FWD, slow).step_time_s)
+            < estimate_step(PRESETS["dense-7b"], tp, above, 1, FWD, slow).step_time_s)
     bad = runner.invoke(app, ["crossover", "--model", "dense-7b", "--degree", "3"])
     assert bad.exit_code == 2
