@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.run import environment, measure, predict
+from meshplan.executor.run import combine_ranks, environment, measure, predict
 from meshplan.layout import parse_layout
 from meshplan.models import PRESETS, dense, mamba2
 from meshplan.topologies import load_cluster
@@ -97,7 +97,7 @@ def main() -> int:
         if rank == 0:
             ranks = [g for g in gathered[:layout.world_size]]
             record["predicted"] = predict(replace(model, param_dtype="bf16"), layout, seq, 1, mode, cluster)
-            record["measured"] = _combine(ranks)
+            record["measured"] = combine_ranks(ranks)
             record["per_rank"] = ranks
             record["wall_s"] = time.time() - t0
             results.append(record)
@@ -118,23 +118,6 @@ def main() -> int:
         dist.barrier()
     dist.destroy_process_group()
     return 0
-
-
-def _combine(ranks: list) -> dict:
-    """The step is as slow as its slowest rank; memory as high as its fullest; bytes are averaged."""
-    bad = [r for r in ranks if r is None or "error" in r or r.get("oom")]
-    if bad:
-        return bad[0] or {"error": "rank returned nothing"}
-    out = {"step_time_s": max(r["step_time_s"] for r in ranks),
-           "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None}
-    keys = set().union(*(r["comm_bytes"] for r in ranks))
-    out["comm_bytes"] = {k: sum(r["comm_bytes"].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
-    if "saved_bytes" in ranks[0]:
-        out["saved_bytes"] = max(r["saved_bytes"] for r in ranks)
-    if "exposed_comm_s" in ranks[0]:
-        out["exposed_comm_s"] = max(r["exposed_comm_s"] for r in ranks)
-        out["step_time_no_comm_s"] = max(r["step_time_no_comm_s"] for r in ranks)
-    return out
 
 
 if __name__ == "__main__":

@@ -263,6 +263,113 @@ def crossover(
                       f"{show(out['time_crossover_tokens'])} tokens per sequence (batch 1).", highlight=False)
 
 
+# -- execute and compare --------------------------------------------------------------------------
+
+@app.command()
+@user_errors
+def execute(
+    model: str = typer.Option(..., "--model"),
+    layout: str = typer.Option(..., "--layout"),
+    seq: str = typer.Option(..., "--seq"),
+    batch: int = typer.Option(1, "--batch"),
+    nproc: int = typer.Option(..., "--nproc", help="Processes on this node (GPUs, or CPU processes with gloo)."),
+    mode: str = typer.Option("train", "--mode", help="train | prefill"),
+    device: str = typer.Option("cpu", "--device", help="cpu (gloo) | cuda (NCCL)"),
+    steps: int = typer.Option(5, "--steps"),
+    layers: int = typer.Option(0, "--layers", help="Run only this many layers of the model (0: all)."),
+    out: str = typer.Option("run.json", "--out"),
+    do_compare: bool = typer.Option(False, "--compare", help="Compare with the prediction right after."),
+    tolerance: float = typer.Option(0.05, "--tolerance"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds before a hung run is stopped."),
+    nnodes: int = typer.Option(1, "--nnodes"),
+    node_rank: int = typer.Option(0, "--node-rank"),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
+):
+    """Run a layout for real under torchrun and record what it costs (one JSON file)."""
+    import os
+    import subprocess
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from meshplan.layout import parse_layout, validate_layout, validate_seq
+    from meshplan.models import load_model
+    from meshplan.reports import parse_tokens
+
+    spec = load_model(model)
+    lay = parse_layout(layout)
+    tokens = parse_tokens(seq)
+    if mode not in ("train", "prefill"):
+        raise MeshplanError(f"--mode: the executor runs train or prefill, not {mode!r}")
+    if device not in ("cpu", "cuda"):
+        raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
+    validate_layout(lay, spec, nproc * nnodes)
+    validate_seq(lay, tokens, batch)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
+    if nnodes > 1:
+        if not rdzv_endpoint:
+            raise MeshplanError("--rdzv-endpoint is required with --nnodes > 1 (host:port of node 0)")
+        cmd += [f"--node-rank={node_rank}", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-backend=c10d"]
+    else:
+        cmd += ["--standalone"]
+    cmd += ["-m", "meshplan.executor.worker", "--model", model, "--layout", layout, "--seq", str(tokens),
+            "--batch", str(batch), "--mode", mode, "--device", device, "--steps", str(steps), "--out", out,
+            "--timeout", str(timeout)]
+    if layers:
+        cmd += ["--layers", str(layers)]
+    env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as progress:
+        progress.add_task(f"running {lay} on {nproc * nnodes} {device} processes", total=None)
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            raise MeshplanError(f"the run did not finish in {timeout + 60:.0f} s (--timeout); a rank may be hung") \
+                from None
+    if proc.returncode != 0:
+        tail = [line for line in (proc.stderr or "").splitlines() if "Error" in line or "error" in line]
+        raise MeshplanError(f"a rank failed (exit {proc.returncode}): {tail[-1].strip() if tail else 'see torchrun output'}")
+    console.print(f"wrote {out}")
+    if do_compare:
+        _compare_file(out, tolerance, False)
+
+
+@app.command()
+@user_errors
+def compare(
+    run_file: str = typer.Argument(..., help="A run file written by meshplan execute."),
+    tolerance: float = typer.Option(0.05, "--tolerance"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Predicted against measured for a run; exit 1 beyond the tolerance."""
+    _compare_file(run_file, tolerance, as_json)
+
+
+def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
+    from meshplan.executor.compare import compare_run
+
+    try:
+        run = json.loads(open(path).read())
+    except OSError as exc:
+        raise MeshplanError(f"{path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise MeshplanError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    rows, ok = compare_run(run, tolerance)
+    if as_json:
+        _print_json({"run": path, "tolerance": tolerance, "ok": ok, "rows": rows})
+    else:
+        table = Table(title=f"{run['model']} · {run['layout']} · {run['mode']} · seq {run['seq']} · {run['device']}")
+        for col in ("quantity", "predicted", "measured", "error", "ok"):
+            table.add_column(col, justify="left" if col == "quantity" else "right")
+        for r in rows:
+            err = "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
+            fmt = _fmt_s if r["quantity"] in ("step time", "exposed communication (s)") else fmt_bytes
+            table.add_row(r["quantity"], fmt(r["predicted"]), fmt(r["measured"]), err,
+                          "[green]yes[/]" if r["ok"] else "[red]no[/]")
+        console.print(table)
+    if not ok:
+        raise typer.Exit(1)
+
+
 # -- listings ------------------------------------------------------------------------------------
 
 @app.command()

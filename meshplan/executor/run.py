@@ -150,4 +150,18 @@ def environment() -> dict:
     return env
 
 
-__all__ = ["measure", "predict", "environment"]
+def combine_ranks(ranks: list) -> dict:
+    """The step is as slow as its slowest rank; memory as high as its fullest; bytes are averaged."""
+    bad = [r for r in ranks if r is None or "error" in r or r.get("oom")]
+    if bad:
+        return bad[0] or {"error": "rank returned nothing"}
+    out = {"step_time_s": max(r["step_time_s"] for r in ranks),
+           "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None}
+    keys = set().union(*(r["comm_bytes"] for r in ranks))
+    out["comm_bytes"] = {k: sum(r["comm_bytes"].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
+    if "saved_bytes" in ranks[0]:
+        out["saved_bytes"] = max(r["saved_bytes"] for r in ranks)
+    if "exposed_comm_s" in ranks[0]:
+        out["exposed_comm_s"] = max(r["exposed_comm_s"] for r in ranks)
+        out["step_time_no_comm_s"] = max(r["step_time_no_comm_s"] for r in ranks)
+    return out

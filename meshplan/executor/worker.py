@@ -1,0 +1,79 @@
+"""What `meshplan execute` runs on every rank under torchrun: build the layout, measure it, and
+(rank 0) write one JSON file with the measurements, the prediction and the environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from meshplan.executor.comm import build_mesh
+from meshplan.executor.run import combine_ranks, environment, measure, predict
+from meshplan.layout import parse_layout, validate_layout, validate_seq
+from meshplan.models import load_model
+from meshplan.topologies.cluster import load_cluster
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="meshplan.executor.worker")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--layout", required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--mode", default="train", choices=("train", "prefill"))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="", help="bf16 on cuda, fp32 on cpu by default")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--cluster", default="h200-8", help="cluster whose links the time prediction assumes")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--out", required=True)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    model = load_model(args.model)
+    if args.layers:
+        model = replace(model, layers=args.layers, name=f"{model.name}/{args.layers}L")
+    dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    model = replace(model, param_dtype=dtype)
+    layout = parse_layout(args.layout)
+    validate_layout(layout, model, int(os.environ.get("WORLD_SIZE", "1")))
+    validate_seq(layout, args.seq, args.batch)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", timeout=timedelta(seconds=args.timeout))
+    rank = dist.get_rank()
+    mesh = build_mesh(layout)
+    device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else "cpu"
+    try:
+        mine = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=args.steps, device=device,
+                       dtype=dtype, exposed=args.device == "cuda")
+    except torch.cuda.OutOfMemoryError as exc:
+        mine = {"oom": True, "error": str(exc).splitlines()[0]}
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank == 0:
+        cluster = load_cluster(args.cluster) if args.device == "cuda" else None
+        act = "bf16" if dtype == "bf16" else "fp32"
+        run = {"model": model.name, "layout": str(layout), "seq": args.seq, "batch": args.batch, "mode": args.mode,
+               "device": args.device, "dtype": dtype, "world": layout.world_size, "layers": model.layers,
+               "predicted": predict(model, layout, args.seq, args.batch, args.mode, cluster, act_dtype=act),
+               "measured": combine_ranks(gathered), "per_rank": gathered, "environment": environment(),
+               "oom": any(r and r.get("oom") for r in gathered)}
+        if run["oom"]:
+            run["tried"] = {"layout": str(layout), "seq": args.seq, "batch": args.batch}
+        with open(args.out, "w") as f:
+            json.dump(run, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
