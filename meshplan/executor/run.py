@@ -49,7 +49,8 @@ def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, c
     return out
 
 
-def _timed(fn, steps: int, cuda: bool) -> list[float]:
+def timed(fn, steps: int, cuda: bool) -> list[float]:
+    """Seconds per call of fn, with CUDA events on the GPU (after the caller's warm-up)."""
     times = []
     for _ in range(steps):
         if cuda:
@@ -108,7 +109,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     mesh.reset_counts()
-    times = _timed(step, steps, cuda)
+    times = timed(step, steps, cuda)
     result = {
         "step_time_s": statistics.median(times),
         "step_times_s": times,
@@ -127,7 +128,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         try:
             for _ in range(warmup):
                 step()
-            result["step_time_no_comm_s"] = statistics.median(_timed(step, steps, cuda))
+            result["step_time_no_comm_s"] = statistics.median(timed(step, steps, cuda))
         finally:
             mesh.enabled = True
         result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
