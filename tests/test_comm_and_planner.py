@@ -93,7 +93,11 @@ def test_alpha_beta_by_hand():
     intra = place_axis(8, 1, 8)
     assert intra == GroupPlacement(8, 8, 1)
     t = collective_time_s("all_reduce", 2 ** 30, intra, 450e9, 3e-6, 50e9, 5e-6)
-    assert t == pytest.approx(14 * 3e-6 + 2 * 7 / 8 * 2 ** 30 / 450e9)
+    assert t == pytest.approx(14 * 3e-6 + 2 * 7 / 8 * 2 ** 30 / 450e9)  # 1 GiB: the ring wins
+    # 4 KiB: latency-bound, the double binary tree (depth 3, up and down) wins.
+    small = collective_time_s("all_reduce", 4096, intra, 450e9, 3e-6, 50e9, 5e-6)
+    assert small == pytest.approx(2 * 3 * 3e-6 + 2 * 4096 / 450e9)
+    assert small < 14 * 3e-6
     spread = place_axis(16, 1, 8)
     assert spread == GroupPlacement(16, 8, 2)
     assert collective_time_s("all_reduce", 2 ** 30, spread, 450e9, 3e-6, 50e9, 5e-6) > t

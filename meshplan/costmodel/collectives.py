@@ -5,12 +5,15 @@ reduce-scatter (n−1)/n·M, all-to-all (n−1)/n·M, broadcast (n−1)/n·M ave
 rank but the root receives M), send/recv M per hop. M is the full buffer: the all-reduced tensor,
 the all-gather output, the reduce-scatter input, the broadcast tensor, one hop's tensor.
 
-Time: α per algorithm step plus the bandwidth term, on the group's bottleneck link; a group that
-spans nodes runs hierarchically (reduce-scatter inside the node, the rest across, all-gather inside).
+Time: α per algorithm step plus the bandwidth term, on the group's bottleneck link; all-reduce takes
+the faster of ring and double binary tree; a group that spans nodes runs hierarchically
+(reduce-scatter inside the node, the rest across, all-gather inside). Message-size efficiency is the
+α-β curve itself, M / (M + α·β⁻¹·steps); calibrated profiles replace α and β per collective.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all")
@@ -86,18 +89,27 @@ def place_axis(size: int, stride: int, gpus_per_node: int) -> GroupPlacement:
     return GroupPlacement(size, per_node, max(1, size // per_node))
 
 
+def tree_all_reduce_s(message_bytes: float, n: int, latency_s: float, bw: float) -> float:
+    """NCCL's double binary tree all-reduce (Sanders, Speck, Träff 2009; NCCL 2.4): a reduce up and a
+    broadcast down trees of depth ⌈log2 n⌉, pipelined, each byte crossing a rank's link about twice.
+    Latency grows with log n instead of n, so it wins for small messages; NCCL picks the faster."""
+    depth = math.ceil(math.log2(n))
+    return 2 * depth * latency_s + 2 * message_bytes / bw
+
+
 def collective_time_s(kind: str, message_bytes: float, group: GroupPlacement, intra_bw: float, intra_lat: float,
                       inter_bw: float, inter_lat: float) -> float:
     """α-β time of one collective; bandwidths per direction per rank, in bytes/s."""
     n = group.size
     if n <= 1 or message_bytes <= 0:
         return 0.0
-    if group.nodes == 1:
+    if group.nodes == 1 or group.per_node == 1:
+        lat, bw = (intra_lat, intra_bw) if group.nodes == 1 else (inter_lat, inter_bw)
         factor, steps = _time_factor_and_steps(kind, n)
-        return steps * intra_lat + factor * message_bytes / intra_bw
-    if group.per_node == 1:
-        factor, steps = _time_factor_and_steps(kind, n)
-        return steps * inter_lat + factor * message_bytes / inter_bw
+        ring = steps * lat + factor * message_bytes / bw
+        if kind != "all_reduce":
+            return ring
+        return min(ring, tree_all_reduce_s(message_bytes, n, lat, bw))
     # Hierarchical: inside the node on M, across nodes on M / per_node (each local rank drives its slice).
     local = GroupPlacement(group.per_node, group.per_node, 1)
     remote = GroupPlacement(group.nodes, 1, group.nodes)
