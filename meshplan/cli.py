@@ -273,7 +273,7 @@ def execute(
     seq: str = typer.Option(..., "--seq"),
     batch: int = typer.Option(1, "--batch"),
     nproc: int = typer.Option(..., "--nproc", help="Processes on this node (GPUs, or CPU processes with gloo)."),
-    mode: str = typer.Option("train", "--mode", help="train | prefill"),
+    mode: str = typer.Option("train", "--mode", help="train | prefill | decode (one token after a prefill of --seq)"),
     device: str = typer.Option("cpu", "--device", help="cpu (gloo) | cuda (NCCL)"),
     steps: int = typer.Option(5, "--steps"),
     layers: int = typer.Option(0, "--layers", help="Run only this many layers of the model (0: all)."),
@@ -298,8 +298,8 @@ def execute(
     spec = load_model(model)
     lay = parse_layout(layout)
     tokens = parse_tokens(seq)
-    if mode not in ("train", "prefill"):
-        raise MeshplanError(f"--mode: the executor runs train or prefill, not {mode!r}")
+    if mode not in ("train", "prefill", "decode"):
+        raise MeshplanError(f"--mode: use train, prefill or decode, not {mode!r}")
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
     validate_layout(lay, spec, nproc * nnodes)

@@ -1,4 +1,5 @@
-"""Every layout on gloo processes against a single-process float64 run of the same weights:
+"""Every layout on gloo processes against a single-process float64 run of the same weights (training,
+prefill, and decode after prefill):
 outputs, input gradients and each rank's weight-gradient shard; counted collective bytes equal to
 the cost model's schedule, per kind and axis; saved activations within 5% of the memory model.
 One spawn per (family, world size) runs all its layouts, bounded by a timeout."""
@@ -29,7 +30,7 @@ def _run_all(rank, world, model, layouts, seq, batch):
     out = []
     for text in layouts:
         layout = parse_layout(text)
-        for mode in ("train", "prefill"):
+        for mode in ("train", "prefill", "decode"):
             if layout.world_size == world:
                 out.append((text, mode, check_layout(rank, world, model, layout, seq, batch, mode)))
     return out

@@ -87,7 +87,7 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     training = opts.training
     decode = opts.mode == "decode"
     if decode:
-        return _decode_schedule(model, layout, seq, batch, opts)
+        return _decode_schedule(model, layout, seq, batch, opts, embeddings)
     ctx = ScheduleContext(model, layout, sh, batch, seq, opts)
     keep = (lambda c: True) if training else (lambda c: c.phase == "fwd")
     per_block = {kind: tuple(c for c in block_comms(ctx, kind) if keep(c)) for kind, _ in model.block_invocations()}
@@ -129,7 +129,8 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     return StepSchedule(per_block, invocations, tuple(per_mb), tuple(per_step), microbatches)
 
 
-def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int, opts: CostOptions) -> StepSchedule:
+def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int, opts: CostOptions,
+                     embeddings: bool = True) -> StepSchedule:
     """One new token per sequence: queries are not split along the sequence, the KV cache is.
 
     TP all-reduces b·h per block; SP/TSP combine partial attention over their KV shards with an
@@ -142,13 +143,14 @@ def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int,
         comms = [c for c in block_comms(ctx, kind) if c.phase == "fwd" and c.kind != "all_gather"
                  and not c.chain]
         if kind == "attention" and sigma > 1:
+            # Every shard's partial output and log-sum-exp (fp32), gathered and combined on each rank.
             attn = model.attention
             partial = batch * (attn.q_width * ctx.act_bytes + attn.heads * 4) / sh.head_div
-            comms.append(Comm("all_reduce", "tsp" if layout.tsp > 1 else "sp", partial, sigma, block=kind,
-                              what="combine partial attention over KV shards"))
+            comms.append(Comm("all_gather", "tsp" if layout.tsp > 1 else "sp", sigma * partial, sigma, block=kind,
+                              what="partial attention over KV shards"))
         per_block[kind] = tuple(comms)
     invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}
-    per_mb = [c for c in _embedding_comms(ctx, False)]
+    per_mb = list(_embedding_comms(ctx, False)) if embeddings else []
     if layout.pp > 1:
         per_mb.append(Comm("send_recv", "pp", batch * model.d_model * ctx.act_bytes, layout.pp, block="model",
                            what="activations to next stage"))

@@ -22,6 +22,8 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
     from dataclasses import replace
 
     model = replace(model, param_dtype="fp32")  # the run is float64: predictions in fp32, scaled by 2 below
+    if mode == "decode":
+        return _check_decode(rank, model, layout, seq, batch)
     torch.manual_seed(0)
     ref = Stack(model, model.layers).double()
     x = torch.randn(batch, seq, model.d_model, dtype=torch.float64, requires_grad=True)
@@ -63,3 +65,40 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
     if mode == "train":
         result["predicted_saved_bytes"] = 2 * saved_activation_bytes(model, layout, seq, batch, opts)[0]
     return result
+
+
+DECODE_STEPS = 3
+
+
+def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: int) -> dict:
+    """Prefill `seq` tokens, then decode DECODE_STEPS more one at a time; each decoded output against
+    the single-process forward over all seq + DECODE_STEPS tokens."""
+    torch.manual_seed(0)
+    ref = Stack(model, model.layers).double()
+    total = seq + DECODE_STEPS
+    x = torch.randn(batch, total, model.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        y_ref = run_layers(ref.layers, x)
+    mesh = build_mesh(layout)
+    layers = parallelize(ref, mesh, seq)
+    pos = token_positions(mesh, seq)
+    for layer in layers:
+        layer.keep_cache = True
+    with torch.no_grad():
+        run_layers(layers, x[:, :seq][:, pos])
+    for layer in layers:
+        layer.keep_cache = False
+        if hasattr(layer, "share_final_state"):
+            layer.share_final_state()
+    mesh.reset_counts()
+    errs = []
+    for i in range(DECODE_STEPS):
+        h = x[:, seq + i:seq + i + 1]
+        for layer in layers:
+            h = layer.decode(h)
+        errs.append((h - y_ref[:, seq + i:seq + i + 1]).abs().max().item())
+    opts = CostOptions(mode="decode", act_dtype="fp32", grad_dtype="fp32")
+    schedule = step_schedule(model, layout, seq, batch, opts, embeddings=False)
+    return {"rank": rank, "max_out_err": max(errs),
+            "counts": {k: v / DECODE_STEPS for k, v in mesh.counts.items()},
+            "predicted_counts": {k: 2 * v for k, v in schedule.bytes_by_kind_and_axis(message=True).items()}}

@@ -89,9 +89,22 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     opt = MixedAdam(layers.parameters()) if train else None
     for layer in layers:
         layer.keep_cache = not train
+    decode = mode == "decode"
+    if decode:  # prefill once (not timed); the timed steps decode one token per sequence each
+        with torch.no_grad():
+            run_layers(layers, x)
+        for layer in layers:
+            layer.keep_cache = False
+            if hasattr(layer, "share_final_state"):
+                layer.share_final_state()
+        x = torch.randn(batch, 1, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
 
     def step():
-        if train:
+        if decode:
+            h = x
+            for layer in layers:
+                h = layer.decode(h)
+        elif train:
             run_layers(layers, x).backward(dy)
             sync_gradients(layers, mesh)
             opt.step()

@@ -26,7 +26,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--layout", required=True)
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--mode", default="train", choices=("train", "prefill"))
+    ap.add_argument("--mode", default="train", choices=("train", "prefill", "decode"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--dtype", default="", help="bf16 on cuda, fp32 on cpu by default")
     ap.add_argument("--steps", type=int, default=5)

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
+from meshplan.kernels.reference import acc
+
 
 class Sharded(nn.Module):
     """A module whose parameters are slices of a reference module's parameters.
@@ -64,3 +66,22 @@ def attend_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int
         kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
     bias = causal_lower_right(q.shape[1], kv_len)
     return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias).transpose(1, 2)
+
+
+def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query token (b, 1, a, d) against some keys (b, S, a_kv, d), all visible: the output and
+    the fp32 log-sum-exp per head, so shards of the keys can be combined exactly."""
+    rep = q.shape[2] // k.shape[2]
+    kh = k.repeat_interleave(rep, 2).transpose(1, 2)  # (b, a, S, d)
+    vh = v.repeat_interleave(rep, 2).transpose(1, 2)
+    scores = acc(q.transpose(1, 2) @ kh.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (b, a, 1, S)
+    lse = torch.logsumexp(scores, dim=-1)  # (b, a, 1)
+    out = (torch.softmax(scores, dim=-1).to(v.dtype) @ vh).transpose(1, 2)  # (b, 1, a, d)
+    return out, lse
+
+
+def combine_partials(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Softmax-weighted sum of per-shard attention outputs by their log-sum-exps."""
+    lses = torch.stack([lse for _, lse in parts])  # (n, b, a, 1)
+    weights = torch.softmax(lses, dim=0).transpose(-1, -2)  # (n, b, 1, a)
+    return sum(w.unsqueeze(-1).to(o.dtype) * o for w, (o, _) in zip(weights, parts))

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
-from meshplan.executor.comm import CopyToAxis, GatherFromAxis, Mesh, ReduceFromAxis
-from meshplan.executor.layouts.common import Sharded, attend_prefix, rows
+from meshplan.executor.comm import CopyToAxis, GatherFromAxis, Mesh, ReduceFromAxis, all_gather
+from meshplan.executor.layouts.common import Sharded, attend_prefix, combine_partials, partial_attention, rows
 
 
 class ParallelDense(Sharded):
@@ -94,3 +94,28 @@ class ParallelDense(Sharded):
         x = x + self.attention(x)
         return x + self.mlp(x)
 
+
+    @torch.no_grad()
+    def decode(self, x):
+        """One new token per sequence (b, 1, h) against the cache prefill left: on SP, each rank
+        attends over its shard of the cache (the last rank also holds the new tokens), and the
+        partial outputs are gathered and combined."""
+        b = x.shape[0]
+        qkv = F.linear(self.attn_norm(x), self.w_qkv)
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                             self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, 1, self.heads, self.head_dim)
+        k = k.view(b, 1, self.kv_heads, self.head_dim)
+        v = v.view(b, 1, self.kv_heads, self.head_dim)
+        ck, cv = self.kv_cache
+        owner = not self.seq_axis or self.mesh.axis(self.seq_axis).rank == self.mesh.axis(self.seq_axis).size - 1
+        if owner:
+            ck, cv = torch.cat([ck, k], 1), torch.cat([cv, v], 1)
+            self.kv_cache = (ck, cv)
+        out, lse = partial_attention(q, ck, cv)
+        if self.seq_axis:
+            outs = all_gather(self.mesh, out.contiguous(), self.seq_axis, 0).chunk(self.mesh.axis(self.seq_axis).size)
+            lses = all_gather(self.mesh, lse.contiguous(), self.seq_axis, 0).chunk(len(outs))
+            out = combine_partials(list(zip(outs, lses)))
+        x = x + self._leave(F.linear(out.reshape(b, 1, -1), self.w_o))
+        return x + self.mlp(x)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm
-from meshplan.executor.comm import AllReduceBoth, CopyToAxis, Mesh, ReduceFromAxis, all_reduce
+from meshplan.executor.comm import AllReduceBoth, CopyToAxis, Mesh, ReduceFromAxis, all_reduce, broadcast
 from meshplan.executor.layouts.common import Sharded, rows
 from meshplan.kernels.reference import acc
 
@@ -178,6 +178,48 @@ class ParallelMamba2(Sharded):
             self.ssm_cache = (state, zxbcdt[:, -(self.d_conv - 1):, di_l:2 * di_l + 2 * ng_l * ds].clone())
         if self.seq_axis:
             out = _SendState.apply(out, state, self.mesh, self.seq_axis)
+        if self.tensor_axis:
+            out = ReduceFromAxis.apply(out, self.mesh, self.tensor_axis)
+        return x + out
+
+    def share_final_state(self) -> None:
+        """After an SP prefill only the last sequence shard holds the true state: give it to all."""
+        if not self.seq_axis:
+            return
+        ax = self.mesh.axis(self.seq_axis)
+        state, tail = self.ssm_cache
+        state, tail = state.contiguous(), tail.contiguous()
+        broadcast(self.mesh, state, self.seq_axis, ax.size - 1)
+        broadcast(self.mesh, tail, self.seq_axis, ax.size - 1)
+        self.ssm_cache = (state, tail)
+
+    @torch.no_grad()
+    def decode(self, x):
+        """One new token per sequence: conv window and SSM state updated in place (heads split by TP)."""
+        di_l, ng_l, ds, nh_l, hd = self.dims
+        b = x.shape[0]
+        zxbcdt = F.linear(self.norm(x), self.in_proj)[:, 0]
+        z, xbc, dt = zxbcdt.split([di_l, di_l + 2 * ng_l * ds, nh_l], dim=-1)
+        state, tail = self.ssm_cache  # (b, nh, hd, ds) fp32; (b, d_conv - 1, channels)
+        window = torch.cat([tail, xbc.unsqueeze(1)], 1)  # (b, d_conv, channels)
+        conv = F.silu(acc(window).mul(acc(self.conv_w).t().unsqueeze(0)).sum(1) + acc(self.conv_b))
+        xs, B, C = conv.split([di_l, ng_l * ds, ng_l * ds], dim=-1)
+        dt = F.softplus(acc(dt) + acc(self.dt_bias))  # (b, nh)
+        A = -torch.exp(acc(self.a_log))
+        xs = xs.view(b, nh_l, hd)
+        Bh = B.view(b, ng_l, ds).repeat_interleave(nh_l // ng_l, 1)
+        Ch = C.view(b, ng_l, ds).repeat_interleave(nh_l // ng_l, 1)
+        state = state * torch.exp(dt * A).view(b, nh_l, 1, 1) + (dt.view(b, nh_l, 1) * xs).unsqueeze(-1) * Bh.unsqueeze(2)
+        y = (state * Ch.unsqueeze(2)).sum(-1) + acc(self.d_skip).view(1, nh_l, 1) * xs
+        self.ssm_cache = (state, window[:, 1:])
+        y = y.reshape(b, 1, di_l).to(x.dtype)
+        if self.norm_fn is not None:
+            y = self.norm_fn(y, z.unsqueeze(1), self.norm_w)
+        else:
+            from meshplan.executor.blocks import gated_rmsnorm
+
+            y = gated_rmsnorm(y, z.unsqueeze(1), self.norm_w, di_l // ng_l)
+        out = F.linear(y, self.out_proj)
         if self.tensor_axis:
             out = ReduceFromAxis.apply(out, self.mesh, self.tensor_axis)
         return x + out

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import Mesh, all_gather, broadcast, reduce_scatter, ring_shift
-from meshplan.executor.layouts.common import Sharded, attend_prefix, rows, zigzag_tokens
+from meshplan.executor.layouts.common import (Sharded, attend_prefix, combine_partials, partial_attention, rows,
+                                              zigzag_tokens)
 
 
 def _attend(q, k, v, layer):
@@ -209,4 +210,39 @@ class TSPDense(Sharded):
         if self.key_order.device != x.device:
             self.key_order = self.key_order.to(x.device)
         x = x + _TSPAttention.apply(self.attn_norm(x), self.w_qkv, self.w_o, self)
+        return x + _TSPMlp.apply(self.mlp_norm(x), self.w_in, self.w_down, self)
+
+    @torch.no_grad()
+    def decode(self, x):
+        """One new token per sequence. Attention: every shard's weights are broadcast again; each rank
+        attends over its part of the cache (the last rank keeps the new tokens) and the partial
+        outputs are gathered and combined. MLP: the weight ring, as in the forward."""
+        ax = self.mesh.axis("tsp")
+        b, hd = x.shape[0], self.head_dim
+        xn = self.attn_norm(x)
+        ck, cv = self.kv_cache
+        nq, nkv = self.lq // hd, self.lkv // hd
+        owner = ax.rank == ax.size - 1
+        new_k, new_v = [], []
+        packed = torch.cat([self.w_qkv.flatten(), self.w_o.flatten()])
+        y = torch.zeros_like(x)
+        for j in range(ax.size):
+            w, work = _start_broadcast(self.mesh, packed, j)
+            if work is not None:
+                work.wait()
+            wq, wk, wv, wo = self.unpack_attention(w)
+            q = (xn @ wq.t()).view(b, 1, nq, hd)
+            k, v = (xn @ wk.t()).view(b, 1, nkv, hd), (xn @ wv.t()).view(b, 1, nkv, hd)
+            keys, values = ck[:, :, j * nkv:(j + 1) * nkv], cv[:, :, j * nkv:(j + 1) * nkv]
+            if owner:
+                keys, values = torch.cat([keys, k], 1), torch.cat([values, v], 1)
+            out, lse = partial_attention(q, keys, values)
+            outs = all_gather(self.mesh, out.contiguous(), "tsp", 0).chunk(ax.size)
+            lses = all_gather(self.mesh, lse.contiguous(), "tsp", 0).chunk(ax.size)
+            y = y + combine_partials(list(zip(outs, lses))).reshape(b, 1, -1) @ wo.t()
+            new_k.append(k)
+            new_v.append(v)
+        if owner:
+            self.kv_cache = (torch.cat([ck, torch.cat(new_k, 2)], 1), torch.cat([cv, torch.cat(new_v, 2)], 1))
+        x = x + y
         return x + _TSPMlp.apply(self.mlp_norm(x), self.w_in, self.w_down, self)
