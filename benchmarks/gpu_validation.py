@@ -48,6 +48,10 @@ def plan(args) -> list[dict]:
     for seq in prefill_seqs:
         runs += [dict(model=d, layout=x, seq=seq, mode="prefill") for x in ("single", "tp=4", "tsp=4", "sp=4")]
         runs += [dict(model=m, layout=x, seq=seq, mode="prefill") for x in ("single", "tpssm=2", "tpssm=4")]
+        # Decode: one token per sequence after a prefill of `seq`, batch 8.
+        runs += [dict(model=d, layout=x, seq=seq, mode="decode", batch=8)
+                 for x in ("single", "tp=2", "sp=2", "tsp=2", "tp=4", "tsp=4")]
+        runs += [dict(model=m, layout=x, seq=seq, mode="decode", batch=8) for x in ("single", "tpssm=2", "sp=2", "tpssm=4")]
     return runs
 
 
@@ -58,6 +62,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", default="", help="comma list of layouts to run")
+    ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     if cuda:
@@ -71,21 +76,21 @@ def main() -> int:
     only = set(filter(None, args.only.split(",")))
     for cfg in plan(args):
         layout = parse_layout(cfg["layout"])
-        if layout.world_size > world or (only and cfg["layout"] not in only):
+        if layout.world_size > world or (only and cfg["layout"] not in only) or cfg["mode"] not in args.modes:
             continue
         members = list(range(layout.world_size))
         key = str(layout)
         if key not in meshes:
             meshes[key] = build_mesh(layout, members)
         mesh = meshes[key]
-        model, seq, mode = cfg["model"], cfg["seq"], cfg["mode"]
-        record = {"layout": str(layout), "model": model.name, "seq": seq, "batch": 1, "mode": mode,
+        model, seq, mode, batch = cfg["model"], cfg["seq"], cfg["mode"], cfg.get("batch", 1)
+        record = {"layout": str(layout), "model": model.name, "seq": seq, "batch": batch, "mode": mode,
                   "world": layout.world_size, "layers": model.layers}
         mine = None
         t0 = time.time()
         if mesh is not None:
             try:
-                mine = measure(model, layout, mesh, seq, 1, mode, steps=args.steps, device=device, exposed=True)
+                mine = measure(model, layout, mesh, seq, batch, mode, steps=args.steps, device=device, exposed=True)
             except torch.cuda.OutOfMemoryError as exc:
                 mine = {"oom": True, "error": str(exc).splitlines()[0]}
             except Exception:  # noqa: BLE001 - recorded, and the sweep goes on
@@ -96,7 +101,7 @@ def main() -> int:
         dist.gather_object(mine, gathered, dst=0)
         if rank == 0:
             ranks = [g for g in gathered[:layout.world_size]]
-            record["predicted"] = predict(replace(model, param_dtype="bf16"), layout, seq, 1, mode, cluster)
+            record["predicted"] = predict(replace(model, param_dtype="bf16"), layout, seq, batch, mode, cluster)
             record["measured"] = combine_ranks(ranks)
             record["per_rank"] = ranks
             record["wall_s"] = time.time() - t0
