@@ -68,16 +68,53 @@ def attend_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int
     return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias).transpose(1, 2)
 
 
+DECODE_HEADROOM = 64  # tokens of room a prefilled KV cache keeps for decoding (≤ 0.4% of a 16K cache)
+
+
+class KVCache:
+    """K and V of one layer on one rank, head-major (b, a_kv, capacity, d): decode appends in place
+    and attends over a prefix view, so no step copies the cache."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, headroom: int = DECODE_HEADROOM):
+        b, t, a, d = k.shape
+        self.k = k.new_empty(b, a, t + headroom, d)
+        self.v = v.new_empty(b, a, t + headroom, d)
+        self.k[:, :, :t] = k.transpose(1, 2)
+        self.v[:, :, :t] = v.transpose(1, 2)
+        self.length = t
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v (b, 1, a_kv, d)."""
+        if self.length == self.k.shape[2]:
+            raise RuntimeError("KV cache is full: raise DECODE_HEADROOM")
+        self.k[:, :, self.length] = k[:, 0]
+        self.v[:, :, self.length] = v[:, 0]
+        self.length += 1
+
+    def write_next(self, k: torch.Tensor, v: torch.Tensor, start: int, stop: int) -> None:
+        """Put heads [start, stop) of the next token (b, 1, n, d) in place, before it is counted."""
+        if self.length == self.k.shape[2]:
+            raise RuntimeError("KV cache is full: raise DECODE_HEADROOM")
+        self.k[:, start:stop, self.length] = k[:, 0]
+        self.v[:, start:stop, self.length] = v[:, 0]
+
+    def heads(self, start: int, stop: int, pending: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of heads [start, stop), including `pending` tokens written but not yet counted."""
+        n = self.length + pending
+        return self.k[:, start:stop, :n], self.v[:, start:stop, :n]
+
+
 def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One query token (b, 1, a, d) against some keys (b, S, a_kv, d), all visible: the output and
-    the fp32 log-sum-exp per head, so shards of the keys can be combined exactly."""
-    rep = q.shape[2] // k.shape[2]
-    kh = k.repeat_interleave(rep, 2).transpose(1, 2)  # (b, a, S, d)
-    vh = v.repeat_interleave(rep, 2).transpose(1, 2)
-    scores = acc(q.transpose(1, 2) @ kh.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (b, a, 1, S)
-    lse = torch.logsumexp(scores, dim=-1)  # (b, a, 1)
-    out = (torch.softmax(scores, dim=-1).to(v.dtype) @ vh).transpose(1, 2)  # (b, 1, a, d)
-    return out, lse
+    """One query token (b, 1, a, d) against visible keys k, v (b, a_kv, S, d): the output (b, 1, a, d)
+    and the log-sum-exp per head (b, a, 1), so shards of the keys can be combined exactly. Query
+    heads are grouped onto their KV head (GQA) without copying K or V."""
+    b, _, a, d = q.shape
+    a_kv = k.shape[1]
+    qg = q.view(b, a_kv, a // a_kv, d)
+    scores = acc(qg @ k.transpose(-1, -2)) / d ** 0.5  # (b, a_kv, rep, S)
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.softmax(scores, dim=-1).to(v.dtype) @ v  # (b, a_kv, rep, d)
+    return out.reshape(b, 1, a, d), lse.reshape(b, a, 1)
 
 
 def combine_partials(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import CopyToAxis, GatherFromAxis, Mesh, ReduceFromAxis, all_gather
-from meshplan.executor.layouts.common import Sharded, attend_prefix, combine_partials, partial_attention, rows
+from meshplan.executor.layouts.common import (KVCache, Sharded, attend_prefix, combine_partials, partial_attention,
+                                              rows)
 
 
 class ParallelDense(Sharded):
@@ -73,7 +74,7 @@ class ParallelDense(Sharded):
         k = k.view(b, t, self.kv_heads, self.head_dim)
         v = v.view(b, t, self.kv_heads, self.head_dim)
         if self.keep_cache:  # prefill: this rank's share of the KV cache outlives the step
-            self.kv_cache = (k.clone(), v.clone())
+            self.kv_cache = KVCache(k, v)
         if self.seq_axis and torch.is_grad_enabled():
             # Keep only the local q, k, v for backward: the gathered K/V are re-gathered there.
             out = checkpoint(self._attend, q, k, v, use_reentrant=True)
@@ -107,12 +108,10 @@ class ParallelDense(Sharded):
         q = q.view(b, 1, self.heads, self.head_dim)
         k = k.view(b, 1, self.kv_heads, self.head_dim)
         v = v.view(b, 1, self.kv_heads, self.head_dim)
-        ck, cv = self.kv_cache
         owner = not self.seq_axis or self.mesh.axis(self.seq_axis).rank == self.mesh.axis(self.seq_axis).size - 1
         if owner:
-            ck, cv = torch.cat([ck, k], 1), torch.cat([cv, v], 1)
-            self.kv_cache = (ck, cv)
-        out, lse = partial_attention(q, ck, cv)
+            self.kv_cache.append(k, v)
+        out, lse = partial_attention(q, *self.kv_cache.heads(0, self.kv_heads))
         if self.seq_axis:
             outs = all_gather(self.mesh, out.contiguous(), self.seq_axis, 0).chunk(self.mesh.axis(self.seq_axis).size)
             lses = all_gather(self.mesh, lse.contiguous(), self.seq_axis, 0).chunk(len(outs))

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import Mesh, all_gather, broadcast, reduce_scatter, ring_shift
-from meshplan.executor.layouts.common import (Sharded, attend_prefix, combine_partials, partial_attention, rows,
-                                              zigzag_tokens)
+from meshplan.executor.layouts.common import (KVCache, Sharded, attend_prefix, combine_partials, partial_attention,
+                                              rows, zigzag_tokens)
 
 
 def _attend(q, k, v, layer):
@@ -66,7 +66,7 @@ class _TSPAttention(torch.autograd.Function):
         ctx.layer = layer
         k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
         if layer.keep_cache:
-            layer.kv_cache = (k_all, v_all)
+            layer.kv_cache = KVCache(k_all, v_all)
         ctx.save_for_backward(xn, w_qkv, w_o, torch.cat(qs, 2), k_all, v_all, torch.cat(outs, -1))
         return y
 
@@ -220,10 +220,8 @@ class TSPDense(Sharded):
         ax = self.mesh.axis("tsp")
         b, hd = x.shape[0], self.head_dim
         xn = self.attn_norm(x)
-        ck, cv = self.kv_cache
         nq, nkv = self.lq // hd, self.lkv // hd
         owner = ax.rank == ax.size - 1
-        new_k, new_v = [], []
         packed = torch.cat([self.w_qkv.flatten(), self.w_o.flatten()])
         y = torch.zeros_like(x)
         for j in range(ax.size):
@@ -233,16 +231,13 @@ class TSPDense(Sharded):
             wq, wk, wv, wo = self.unpack_attention(w)
             q = (xn @ wq.t()).view(b, 1, nq, hd)
             k, v = (xn @ wk.t()).view(b, 1, nkv, hd), (xn @ wv.t()).view(b, 1, nkv, hd)
-            keys, values = ck[:, :, j * nkv:(j + 1) * nkv], cv[:, :, j * nkv:(j + 1) * nkv]
-            if owner:
-                keys, values = torch.cat([keys, k], 1), torch.cat([values, v], 1)
-            out, lse = partial_attention(q, keys, values)
+            if owner:  # the new token sees itself: write its shard-j heads into the next cache slot
+                self.kv_cache.write_next(k, v, j * nkv, (j + 1) * nkv)
+            out, lse = partial_attention(q, *self.kv_cache.heads(j * nkv, (j + 1) * nkv, pending=int(owner)))
             outs = all_gather(self.mesh, out.contiguous(), "tsp", 0).chunk(ax.size)
             lses = all_gather(self.mesh, lse.contiguous(), "tsp", 0).chunk(ax.size)
             y = y + combine_partials(list(zip(outs, lses))).reshape(b, 1, -1) @ wo.t()
-            new_k.append(k)
-            new_v.append(v)
         if owner:
-            self.kv_cache = (torch.cat([ck, torch.cat(new_k, 2)], 1), torch.cat([cv, torch.cat(new_v, 2)], 1))
+            self.kv_cache.length += 1
         x = x + y
         return x + _TSPMlp.apply(self.mlp_norm(x), self.w_in, self.w_down, self)
