@@ -4,8 +4,8 @@
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
 - validation-h200-run3-x2.json: the current executor, 2 × H200 (world 1 and 2).
-- validation-h200-run4-x2-inference.json: the current executor, prefill and decode (batch 8 after a
-  16K prefill), 2 × H200.
+- validation-h200-run5-x2-inference.json: the current executor, prefill and decode (batch 8 after a
+  16K prefill), 2 × H200. (run4 is the same sweep before the decode cache was preallocated.)
 - validation-h200-run1.json: 4 × H200 (world 1, 2, 4) with the first executor (attention through
   a dense boolean mask, unfused optimizer). Its byte counts and saved activations still stand; its
   memory and times describe that older executor and are reported separately.
@@ -25,7 +25,7 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
 SOURCES = [("validation-h200-run3-x2.json", "current executor, 2 x H200"),
-           ("validation-h200-run4-x2-inference.json", "current executor, prefill and decode, 2 x H200"),
+           ("validation-h200-run5-x2-inference.json", "current executor, prefill and decode, 2 x H200"),
            ("validation-h200-run1.json", "first executor (masked attention, unfused optimizer), 4 x H200")]
 
 
