@@ -18,7 +18,7 @@ from meshplan.models import ModelSpec
 
 
 def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: int, batch: int,
-                 mode: str = "train") -> dict:
+                 mode: str = "train", int8_allreduce: bool = False) -> dict:
     from dataclasses import replace
 
     model = replace(model, param_dtype="fp32")  # the run is float64: predictions in fp32, scaled by 2 below
@@ -32,7 +32,7 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
     (y_ref * weight).sum().backward()
 
     mesh = build_mesh(layout)
-    layers = parallelize(ref, mesh, seq)
+    layers = parallelize(ref, mesh, seq, int8_allreduce)
     pos = token_positions(mesh, seq)
     x_local = x.detach()[:, pos].clone().requires_grad_(mode == "train")
     result: dict = {"rank": rank}
@@ -57,11 +57,16 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
         with torch.no_grad():
             y = run_layers(layers, x_local)
     result["max_out_err"] = (y.detach() - y_ref.detach()[:, pos]).abs().max().item()
+    result["max_out_rel_err"] = result["max_out_err"] / y_ref.detach().abs().max().item()
     result["counts"] = dict(mesh.counts)
-    opts = CostOptions(mode=mode, act_dtype="fp32", grad_dtype="fp32")
+    opts = CostOptions(mode=mode, act_dtype="fp32", grad_dtype="fp32", int8_allreduce=int8_allreduce)
     # The reference runs in float64: scale the fp32 predictions by 2 (every counted tensor is float64).
     schedule = step_schedule(model, layout, seq, batch, opts, embeddings=False)
-    result["predicted_counts"] = {k: 2 * v for k, v in schedule.bytes_by_kind_and_axis(message=True).items()}
+    # Every float the run moves is float64, twice the fp32 prediction; int8 payloads (and their fp32
+    # scales) are the same size in any run.
+    predicted = schedule.bytes_by_kind_and_axis(message=True)
+    result["predicted_counts"] = {k: v if k.startswith(("all_to_all", "all_gather")) and int8_allreduce else 2 * v
+                                  for k, v in predicted.items()}
     if mode == "train":
         result["predicted_saved_bytes"] = 2 * saved_activation_bytes(model, layout, seq, batch, opts)[0]
     return result

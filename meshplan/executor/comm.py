@@ -134,6 +134,60 @@ def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Te
     return t.chunk(ax.size, dim=dim)[ax.rank].contiguous()
 
 
+def all_to_all(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
+    """t (n, ...): row j goes to rank j; returns the rows every rank sent to this one, in rank order."""
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return t
+    t = t.contiguous()
+    mesh.record("all_to_all", axis, t.numel() * t.element_size())
+    if not mesh.enabled:
+        return t.clone()
+    out = torch.empty_like(t)
+    dist.all_to_all_single(out, t, group=ax.group)
+    return out
+
+
+def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 128) -> torch.Tensor:
+    """Sum of x over the axis through int8 (meshplan/kernels/quant.py): quantize per group of
+    `group` elements, all-to-all the chunks, sum this rank's chunk in fp32, re-quantize, all-gather,
+    dequantize. Triton kernels on the GPU, the torch reference on the CPU."""
+    from meshplan.kernels import quant, reference
+
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return x
+    on_gpu = x.is_cuda
+    quantize = quant.quantize_int8 if on_gpu else reference.quantize_int8_ref
+    dequantize = quant.dequantize_int8 if on_gpu else reference.dequantize_int8_ref
+    n = ax.size
+    flat = x.reshape(-1)
+    pad = (-flat.numel()) % (n * group)
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    q, s = quantize(flat, group)
+    got_q = all_to_all(mesh, q.view(n, -1), axis)
+    got_s = all_to_all(mesh, s.view(n, -1), axis)
+    part = sum(dequantize(got_q[j], got_s[j], group, torch.float32) for j in range(n))
+    q2, s2 = quantize(part, group)
+    all_q = all_gather(mesh, q2, axis, 0)
+    all_s = all_gather(mesh, s2, axis, 0)
+    out = dequantize(all_q, all_s, group, x.dtype)
+    return out[:x.numel()].view_as(x)
+
+
+class QuantizedReduceFromAxis(torch.autograd.Function):
+    """int8 all-reduce forward (TP-SSM's block output); identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis):
+        return quantized_all_reduce(mesh, x, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
 def broadcast(mesh: Mesh, t: torch.Tensor, axis: str, src_index: int, async_op: bool = False):
     """In place; with async_op, returns the work handle to wait on (None when nothing was sent)."""
     ax = mesh.axis(axis)

@@ -23,7 +23,7 @@ def token_positions(mesh: Mesh, seq: int) -> torch.Tensor:
     return torch.arange(seq)
 
 
-def parallelize(stack: Stack, mesh: Mesh, seq: int) -> nn.ModuleList:
+def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False) -> nn.ModuleList:
     layout = mesh.layout
     tensor_axis = "tpssm" if layout.tpssm > 1 else "tp" if layout.tp > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
@@ -38,7 +38,7 @@ def parallelize(stack: Stack, mesh: Mesh, seq: int) -> nn.ModuleList:
         elif isinstance(layer, Mamba2Block):
             if layout.tsp > 1:
                 raise NotImplementedError("the executor runs TSP for dense layers; use tpssm or sp for Mamba-2")
-            out.append(ParallelMamba2(layer, mesh, tensor_axis, seq_axis))
+            out.append(ParallelMamba2(layer, mesh, tensor_axis, seq_axis, int8_allreduce))
         else:
             raise TypeError(f"cannot parallelize {type(layer).__name__}")
     return nn.ModuleList(out)

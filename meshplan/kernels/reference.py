@@ -125,3 +125,18 @@ def ssd_chunked_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
     if D is not None:
         y = y + acc(D).view(1, 1, h, 1) * acc(x)
     return y.to(x.dtype), final
+
+
+def quantize_int8_ref(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per group of `group` consecutive elements: scale = max|x| / 127 (1 where a
+    group is all zeros), q = round(x / scale). x.numel() must be a multiple of `group`."""
+    g = acc(x).reshape(-1, group)
+    scale = g.abs().amax(dim=1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(torch.float32)
+    q = torch.clamp(torch.round(g / scale[:, None]), -127, 127).to(torch.int8)
+    return q.reshape(-1), scale
+
+
+def dequantize_int8_ref(q: torch.Tensor, scale: torch.Tensor, group: int = 128,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (q.reshape(-1, group).to(torch.float32) * scale[:, None]).reshape(-1).to(dtype)

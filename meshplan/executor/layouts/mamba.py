@@ -17,7 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm
-from meshplan.executor.comm import AllReduceBoth, CopyToAxis, Mesh, ReduceFromAxis, all_reduce, broadcast
+from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis, all_reduce,
+                                   broadcast)
 from meshplan.executor.layouts.common import Sharded, rows
 from meshplan.kernels.reference import acc
 
@@ -116,8 +117,10 @@ class _SpanningGatedNorm:
 
 
 class ParallelMamba2(Sharded):
-    def __init__(self, ref: Mamba2Block, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None):
+    def __init__(self, ref: Mamba2Block, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None,
+                 int8_allreduce: bool = False):
         super().__init__()
+        self.reduce = QuantizedReduceFromAxis if int8_allreduce else ReduceFromAxis
         self.mesh, self.tensor_axis, self.seq_axis = mesh, tensor_axis, seq_axis
         di, ng, ds, nh, hd = ref.dims
         t = mesh.axis(tensor_axis).size if tensor_axis else 1
@@ -179,7 +182,7 @@ class ParallelMamba2(Sharded):
         if self.seq_axis:
             out = _SendState.apply(out, state, self.mesh, self.seq_axis)
         if self.tensor_axis:
-            out = ReduceFromAxis.apply(out, self.mesh, self.tensor_axis)
+            out = self.reduce.apply(out, self.mesh, self.tensor_axis)
         return x + out
 
     def share_final_state(self) -> None:
@@ -221,5 +224,5 @@ class ParallelMamba2(Sharded):
             y = gated_rmsnorm(y, z.unsqueeze(1), self.norm_w, di_l // ng_l)
         out = F.linear(y, self.out_proj)
         if self.tensor_axis:
-            out = ReduceFromAxis.apply(out, self.mesh, self.tensor_axis)
+            out = self.reduce.apply(out, self.mesh, self.tensor_axis)
         return x + out
