@@ -48,8 +48,10 @@ def test_tsp_moves_weights_and_kv():
 def test_tpssm_int8_all_reduce_is_one_byte_plus_scales():
     model = PRESETS["mamba2-1.3b"]
     s = step_schedule(model, Layout(tpssm=4), 4096, 2, CostOptions(mode="prefill", int8_allreduce=True))
-    comm, stats = s.per_block["mamba2"]
-    assert comm.kind == "all_reduce" and comm.message_bytes == pytest.approx(2 * 4096 * 2048 * (1 + 4 / 128))
+    a2a, gather, stats = s.per_block["mamba2"]
+    # int8 values plus an fp32 scale per 128: all-to-all (each rank sums its chunk), then all-gather.
+    for comm, kind in ((a2a, "all_to_all"), (gather, "all_gather")):
+        assert comm.kind == kind and comm.message_bytes == pytest.approx(2 * 4096 * 2048 * (1 + 4 / 128))
     # ngroups = 1 < T: the gated norm's sum of squares (fp32, one per token) is all-reduced too.
     assert stats.kind == "all_reduce" and stats.message_bytes == 2 * 4096 * 4
     bf16 = step_schedule(model, Layout(tpssm=4), 4096, 2, CostOptions(mode="prefill")).per_block["mamba2"][0]

@@ -1,15 +1,11 @@
-"""int8 kernels under TRITON_INTERPRET=1 against the torch reference; fresh inputs, poisoned outputs."""
+"""int8 kernels (under TRITON_INTERPRET=1 without a GPU: tests/conftest.py) against the torch reference."""
 
-import os
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
-from meshplan.kernels.quant import dequantize_int8, quantize_int8  # noqa: E402
-from meshplan.kernels.reference import dequantize_int8_ref, quantize_int8_ref  # noqa: E402
+from meshplan.kernels.quant import dequantize_int8, quantize_int8
+from meshplan.kernels.reference import dequantize_int8_ref, quantize_int8_ref
 
 
 @settings(max_examples=15, deadline=None)
