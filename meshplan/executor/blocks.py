@@ -129,7 +129,12 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s, _ = zxbcdt.shape
     z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * ngroups * d_state, nheads], dim=-1)
-    xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
+    if xbc.is_cuda and conv_state is None:  # the Triton kernel (packed-aware); CPU keeps the reference
+        from meshplan.kernels.conv1d import causal_conv1d
+
+        xbc = causal_conv1d(xbc, conv_w, conv_b, seq_idx)
+    else:
+        xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
     x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
     dt = F.softplus(acc(dt) + acc(dt_bias))
     scan_args = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),

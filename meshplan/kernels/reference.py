@@ -140,3 +140,21 @@ def quantize_int8_ref(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, 
 def dequantize_int8_ref(q: torch.Tensor, scale: torch.Tensor, group: int = 128,
                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return (q.reshape(-1, group).to(torch.float32) * scale[:, None]).reshape(-1).to(dtype)
+
+
+def selective_state_update_ref(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                               B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step of the Mamba-2 recurrence, state updated in place.
+
+    state (b, h, p, n) fp32; x (b, h, p); dt (b, h) after softplus; A (h,); B, C (b, g, n).
+    Returns y (b, h, p) = (state' · C) + D·x with state' = exp(dt·A)·state + dt·x ⊗ B."""
+    b, h, p = x.shape
+    rep = h // B.shape[1]
+    Bh, Ch = acc(B).repeat_interleave(rep, 1), acc(C).repeat_interleave(rep, 1)  # (b, h, n)
+    dta = acc(dt)
+    new = state * torch.exp(dta * acc(A)).view(b, h, 1, 1) + (dta.view(b, h, 1) * acc(x)).unsqueeze(-1) * Bh.unsqueeze(2)
+    state.copy_(new)
+    y = (new * Ch.unsqueeze(2)).sum(-1)
+    if D is not None:
+        y = y + acc(D).view(1, h, 1) * acc(x)
+    return y.to(x.dtype)
