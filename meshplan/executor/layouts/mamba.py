@@ -212,15 +212,11 @@ class ParallelMamba2(Sharded):
         xs = xs.view(b, nh_l, hd)
         Bh = B.view(b, ng_l, ds).repeat_interleave(nh_l // ng_l, 1)
         Ch = C.view(b, ng_l, ds).repeat_interleave(nh_l // ng_l, 1)
-        if state.is_cuda:  # Triton: one pass over the state, in place
-            from meshplan.kernels.state_update import selective_state_update
-
-            state = state.contiguous()
-            y = selective_state_update(state, xs.contiguous(), dt, A, B.view(b, ng_l, ds), C.view(b, ng_l, ds),
-                                       acc(self.d_skip))
-        else:
-            state = state * torch.exp(dt * A).view(b, nh_l, 1, 1) + (dt.view(b, nh_l, 1) * xs).unsqueeze(-1) * Bh.unsqueeze(2)
-            y = (state * Ch.unsqueeze(2)).sum(-1) + acc(self.d_skip).view(1, nh_l, 1) * xs
+        # torch ops, not meshplan.kernels.state_update: at batch 8 the Triton launch costs more than it
+        # saves (2 layers: 2.46 ms against 1.98 ms per token on an H200,
+        # benchmarks/results/validation-h200-run6-x1-triton.json vs run5).
+        state = state * torch.exp(dt * A).view(b, nh_l, 1, 1) + (dt.view(b, nh_l, 1) * xs).unsqueeze(-1) * Bh.unsqueeze(2)
+        y = (state * Ch.unsqueeze(2)).sum(-1) + acc(self.d_skip).view(1, nh_l, 1) * xs
         self.ssm_cache = (state, window[:, 1:])
         y = y.reshape(b, 1, di_l).to(x.dtype)
         if self.norm_fn is not None:
