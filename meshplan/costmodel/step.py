@@ -130,6 +130,11 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
             exposed += _phase_exposed([x for x in timed if x[0].phase == "bwd"], bwd, 2 * comp.gemm_fwd_s,
                                       2.5 * comp.attn_fwd_s)
         n = schedule.invocations[kind]
+        for part, value in (("gemm", comp.gemm_fwd_s * (3 if training else 1)),
+                            ("attention", comp.attn_fwd_s * (1 + (2.5 if training else 0))),
+                            ("memory_bound", comp.mem_fwd_s * (3 if training else 1)),
+                            ("recompute", comp.recompute_fwd_s if training else 0.0)):
+            breakdown[f"{part}_s"] = breakdown.get(f"{part}_s", 0.0) + n * value
         mb_compute += n * (fwd + bwd)
         bwd_total += n * bwd
         mb_exposed += n * exposed

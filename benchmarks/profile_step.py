@@ -1,0 +1,103 @@
+"""Where a training step's GPU time goes, by kernel category, next to the cost model's components.
+
+    python benchmarks/profile_step.py --out $OUT/profile.json      (one GPU)
+
+The 7B-shaped dense stack (2 layers, bf16) on one GPU at 4K / 16K / 32K tokens: torch.profiler's CUDA
+kernel times grouped by name into GEMM, attention, optimizer and the rest (elementwise, norms,
+copies), against the model's gemm / attention / memory-bound / optimizer seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from dataclasses import replace
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.step import estimate_step
+from meshplan.executor.blocks import Stack
+from meshplan.executor.optim import MixedAdam
+from meshplan.executor.parallelize import run_layers
+from meshplan.layout import Layout
+from meshplan.models import PRESETS
+from meshplan.topologies import load_cluster
+
+CATEGORIES = (
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul", "wgmma")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+)
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    model = replace(PRESETS["dense-7b"], layers=2, name="dense-7b/2L")
+    cluster = load_cluster("h200-8")
+    rows = []
+    for seq in (4096, 16384, 32768):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            stack = Stack(model, 2).to(torch.bfloat16)
+        x = torch.randn(1, seq, model.d_model, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn_like(x)
+        opt = MixedAdam(stack.parameters())
+
+        def step():
+            run_layers(stack.layers, x).backward(dy)
+            opt.step()
+            opt.zero_grad()
+            x.grad = None
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        by_cat: dict[str, float] = defaultdict(float)
+        kernels = 0
+        top: dict[str, float] = defaultdict(float)
+        for evt in prof.events():
+            if evt.device_type == torch.autograd.DeviceType.CUDA:
+                t = evt.device_time / 1e6 / 3  # µs → s, per step
+                by_cat[category(evt.name)] += t
+                top[evt.name] += t
+                kernels += 1
+        est = estimate_step(replace(model, param_dtype="bf16"), Layout(), seq, 1, CostOptions(), cluster,
+                            embeddings=False)
+        b = est.breakdown
+        rows.append({"seq": seq, "measured_s": dict(by_cat), "kernels_per_step": kernels / 3,
+                     "predicted_s": {"gemm": b["gemm_s"], "attention": b["attention_s"],
+                                     "memory_bound": b["memory_bound_s"], "optimizer": b["optimizer_s"]},
+                     "top_kernels": sorted(top.items(), key=lambda kv: -kv[1])[:12]})
+        del stack, opt, x, dy
+        torch.cuda.empty_cache()
+    json.dump({"command": "python benchmarks/profile_step.py --out $OUT/profile.json",
+               "gpu": torch.cuda.get_device_name(0), "runs": rows}, open(args.out, "w"), indent=1)
+    for r in rows:
+        m, p = r["measured_s"], r["predicted_s"]
+        print(f"seq {r['seq']}: kernels/step {r['kernels_per_step']:.0f}; measured ms " +
+              ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(m.items())) + "; predicted ms " +
+              ", ".join(f"{k} {v * 1e3:.1f}" for k, v in p.items()))
+        for name, t in r["top_kernels"][:8]:
+            print(f"    {t * 1e3:7.2f} ms  {name[:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
