@@ -13,9 +13,16 @@ from dataclasses import dataclass
 from meshplan.costmodel.layouts import Sharding
 from meshplan.models import ModelSpec
 
-# Achieved / peak for large bf16 GEMMs: an 8192³ bf16 matmul ran at 769–798 TFLOP/s of 989 peak on
-# H100 and H200 (device tool KINDS.md, 2026-11). Replaced by `meshplan calibrate` profiles.
-GEMM_EFFICIENCY = 0.80
+# Achieved / peak of the bf16 GEMMs in a training step of the 7B-shaped layers (forward and backward
+# shapes, cuBLAS nvjet kernels) on an H200: 0.73 at 32K tokens, 0.74 at 16K, 0.78 at 4K
+# (benchmarks/results/profile-step-h200.json, `python benchmarks/profile_step.py`); a square 8192³
+# GEMM reaches 0.80 (benchmarks/results/attention-h200.json). Replaced by `meshplan calibrate` profiles.
+GEMM_EFFICIENCY = 0.74
+# HBM traffic of the executor's eager elementwise work (RMSNorm with fp32 upcasts, SwiGLU, residual
+# adds, layout copies) against the single pass per tensor the byte counts below assume: 5.8× at 32K
+# and 6.0× at 16K tokens in the same profile (kernels other than GEMM, attention and the optimizer).
+# Fused norm / activation kernels would bring it to 1.
+EAGER_ELEMENTWISE_FACTOR = 5.9
 # Achieved / peak of torch SDPA forward + backward (bf16, 32 heads of 128) by key length, measured on
 # an H200 with torch 2.11 (benchmarks/results/attention-h200.json, `python benchmarks/bench_attention.py`):
 # the fused causal kernel (queries and keys aligned: one GPU, TP) and the lower-right causal bias over
@@ -131,7 +138,7 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         else:
             attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1))
         flops += core_flops
-    mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) / dev.hbm_bytes_per_s
+    mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * EAGER_ELEMENTWISE_FACTOR / dev.hbm_bytes_per_s
     recompute_s = 0.0
     if training:
         if recompute == "full":
