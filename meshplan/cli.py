@@ -370,6 +370,49 @@ def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
         raise typer.Exit(1)
 
 
+@app.command()
+@user_errors
+def calibrate(
+    nproc: int = typer.Option(..., "--nproc", help="Processes (GPUs) on this node."),
+    out: str = typer.Option("profile.toml", "--out"),
+    cluster: str = typer.Option("h200-8", "--cluster", help="Preset the profile extends."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer sizes and repeats (minutes, not tens)."),
+    device: str = typer.Option("cuda", "--device", help="cuda (NCCL) | cpu (gloo: collectives only)"),
+    max_bytes: int = typer.Option(0, "--max-bytes", help="Largest message (default 1 GiB; 256 MiB with --quick)."),
+    timeout: float = typer.Option(1800.0, "--timeout"),
+):
+    """Measure this machine's GEMM, HBM, attention and collectives; write a profile for --cluster."""
+    import subprocess
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from meshplan.topologies.cluster import preset_names
+
+    if cluster not in preset_names():
+        raise MeshplanError(f"--cluster: {cluster!r} is not a preset ({', '.join(preset_names())})")
+    if device not in ("cpu", "cuda"):
+        raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone",
+           "-m", "meshplan.topologies.calibrate", "--cluster", cluster, "--out", out, "--device", device]
+    if quick:
+        cmd.append("--quick")
+    if max_bytes:
+        cmd += ["--max-bytes", str(max_bytes)]
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as progress:
+        task = progress.add_task("calibrating", total=None)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        last = ""
+        for line in proc.stdout:
+            if line.startswith("calibrate: "):
+                progress.update(task, description=line.strip())
+            elif "Error" in line:
+                last = line.strip()
+        if proc.wait(timeout=timeout) != 0:
+            raise MeshplanError(f"calibration failed: {last or 'see torchrun output'}")
+    console.print(f"wrote {out}; use it with --cluster {out}")
+
+
 # -- listings ------------------------------------------------------------------------------------
 
 @app.command()

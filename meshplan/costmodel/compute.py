@@ -42,13 +42,33 @@ ADAM_STEP_BYTES_PER_PARAM = 40
 class Device:
     peak_flops: float
     hbm_bytes_per_s: float
+    gemm_efficiency: float = GEMM_EFFICIENCY
+    attention_causal: tuple = ATTENTION_EFFICIENCY_CAUSAL
+    attention_prefix: tuple = ATTENTION_EFFICIENCY_PREFIX
+
+    @classmethod
+    def of(cls, cluster) -> "Device":
+        """The cluster's GPU, with what `meshplan calibrate` measured where it measured it."""
+        cal = cluster.calibration
+        dev = cls(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s)
+        if cal is None:
+            return dev
+        from dataclasses import replace
+
+        return replace(dev, hbm_bytes_per_s=cal.hbm_bytes_per_s or dev.hbm_bytes_per_s,
+                       gemm_efficiency=cal.gemm_efficiency or dev.gemm_efficiency,
+                       attention_causal=cal.attention_causal or dev.attention_causal,
+                       attention_prefix=cal.attention_prefix or dev.attention_prefix)
 
 
-def attention_efficiency(keys: float, prefix: bool) -> float:
+def attention_efficiency(keys: float, prefix: bool, dev: "Device | None" = None) -> float:
     """Interpolate the measured table in log(keys), clamped at its ends."""
     import math
 
-    table = ATTENTION_EFFICIENCY_PREFIX if prefix else ATTENTION_EFFICIENCY_CAUSAL
+    if dev is not None:
+        table = dev.attention_prefix if prefix else dev.attention_causal
+    else:
+        table = ATTENTION_EFFICIENCY_PREFIX if prefix else ATTENTION_EFFICIENCY_CAUSAL
     if keys <= table[0][0]:
         return table[0][1]
     for (k0, e0), (k1, e1) in zip(table, table[1:]):
@@ -62,7 +82,7 @@ def gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> float:
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2 * m * n * k
-    return max(flops / (dev.peak_flops * GEMM_EFFICIENCY), (m * k + k * n + m * n) * e / dev.hbm_bytes_per_s)
+    return max(flops / (dev.peak_flops * dev.gemm_efficiency), (m * k + k * n + m * n) * e / dev.hbm_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -136,7 +156,7 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         if tokens == 1 or keys <= 1:
             attn = 0.0
         else:
-            attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1))
+            attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
         flops += core_flops
     mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * EAGER_ELEMENTWISE_FACTOR / dev.hbm_bytes_per_s
     recompute_s = 0.0

@@ -60,6 +60,11 @@ class _Links:
     def time_s(self, c: Comm) -> float:
         group = self.groups[c.axis]
         cl = self.cluster
+        measured = cl.calibration.collective(c.kind, group.size) if cl.calibration and group.nodes == 1 else None
+        if measured is not None:  # fitted on this cluster by `meshplan calibrate`
+            alpha, algbw = measured
+            hops = group.size - 1 if c.chain else 1
+            return (alpha + c.message_bytes / algbw) * c.count * hops
         intra = cl.intra_link.bandwidth_bytes_per_s
         if cl.fabric == "xgmi" and c.kind != "send_recv":
             intra *= max(1, group.per_node - 1)  # a full mesh: collectives drive every peer link at once
@@ -103,7 +108,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     """`embeddings=False`: the bare layer stack the executor runs (no embedding, LM head, logits)."""
     sh = sharding_for(layout, opts)
     schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings)
-    dev = Device(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s)
+    dev = Device.of(cluster)
     links = _Links(layout, cluster)
     e = opts.nbytes("act_dtype")
     training, decode = opts.training, opts.mode == "decode"

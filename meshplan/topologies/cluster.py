@@ -41,6 +41,26 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What `meshplan calibrate` measured on a real cluster; each field None where not measured."""
+
+    date: str = ""
+    command: str = ""
+    gemm_efficiency: float | None = None
+    hbm_bytes_per_s: float | None = None
+    attention_causal: tuple[tuple[int, float], ...] | None = None  # (keys, achieved / peak)
+    attention_prefix: tuple[tuple[int, float], ...] | None = None
+    # "kind/group_size" → (alpha_s, algorithm bandwidth in bytes/s): time = alpha + message / bandwidth
+    collectives: tuple[tuple[str, float, float], ...] = ()
+
+    def collective(self, kind: str, n: int) -> tuple[float, float] | None:
+        for key, alpha, bw in self.collectives:
+            if key == f"{kind}/{n}":
+                return alpha, bw
+        return None
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     nodes: int
@@ -51,6 +71,7 @@ class ClusterSpec:
     nics_per_node: int
     nic_link: LinkSpec
     source: str = ""
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -73,14 +94,17 @@ class ClusterSpec:
 
 
 _SCHEMA: dict[str, tuple[str, ...]] = {
-    "": ("name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node"),
+    "": ("name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "calibration"),
+    "calibration": ("date", "command", "gemm_efficiency", "hbm_tb_per_s", "attention_causal", "attention_prefix",
+                    "collectives"),
     "gpu": ("name", "memory_bytes", "bf16_tflops", "hbm_tb_per_s"),
     "intra_node": ("fabric", "link_gb_per_s", "latency_us"),
     "inter_node": ("nics_per_node", "nic_gb_per_s", "latency_us"),
 }
-_OPTIONAL = {("", "nodes")}
+_OPTIONAL = {("", "nodes"), ("", "calibration")} | {("calibration", k) for k in (
+    "date", "command", "gemm_efficiency", "hbm_tb_per_s", "attention_causal", "attention_prefix", "collectives")}
 _NUMERIC = {"memory_bytes", "bf16_tflops", "hbm_tb_per_s", "link_gb_per_s", "latency_us", "nics_per_node",
-            "nic_gb_per_s", "nodes", "gpus_per_node"}
+            "nic_gb_per_s", "nodes", "gpus_per_node", "gemm_efficiency"}
 
 
 def _check_table(table: dict[str, Any], section: str, where: str) -> None:
@@ -105,6 +129,12 @@ def cluster_from_dict(data: dict[str, Any], where: str) -> ClusterSpec:
             raise MeshplanError(f"{where}: {section} must be a table ([{section}])")
         _check_table(data[section], section, where)
     gpu, intra, inter = data["gpu"], data["intra_node"], data["inter_node"]
+    calibration = None
+    if "calibration" in data:
+        if not isinstance(data["calibration"], dict):
+            raise MeshplanError(f"{where}: calibration must be a table ([calibration])")
+        _check_table(data["calibration"], "calibration", where)
+        calibration = _calibration(data["calibration"], where)
     return ClusterSpec(
         name=str(data["name"]),
         nodes=int(data.get("nodes", 1)),
@@ -115,6 +145,37 @@ def cluster_from_dict(data: dict[str, Any], where: str) -> ClusterSpec:
         nics_per_node=int(inter["nics_per_node"]),
         nic_link=LinkSpec(inter["nic_gb_per_s"] * 1e9, inter["latency_us"] * 1e-6),
         source=where,
+        calibration=calibration,
+    )
+
+
+def _pairs(value, key: str, where: str) -> tuple[tuple[int, float], ...]:
+    try:
+        pairs = tuple((int(k), float(v)) for k, v in value)
+    except (TypeError, ValueError):
+        raise MeshplanError(f"{where}: calibration.{key} must be a list of [keys, efficiency] pairs") from None
+    if not pairs or any(k <= 0 or not 0 < v <= 1 for k, v in pairs):
+        raise MeshplanError(f"{where}: calibration.{key} needs positive key counts and efficiencies in (0, 1]")
+    return tuple(sorted(pairs))
+
+
+def _calibration(cal: dict, where: str) -> Calibration:
+    collectives = []
+    for key, entry in (cal.get("collectives") or {}).items():
+        kind, _, n = key.partition("/")
+        if not n.isdigit() or not isinstance(entry, dict) or "alpha_us" not in entry or "algbw_gb_per_s" not in entry:
+            raise MeshplanError(f"{where}: calibration.collectives.{key!r} must be 'kind/size' = "
+                                "{{alpha_us = …, algbw_gb_per_s = …}}")
+        collectives.append((key, float(entry["alpha_us"]) * 1e-6, float(entry["algbw_gb_per_s"]) * 1e9))
+    gemm = cal.get("gemm_efficiency")
+    if gemm is not None and not 0 < gemm <= 1:
+        raise MeshplanError(f"{where}: calibration.gemm_efficiency must be in (0, 1], got {gemm}")
+    return Calibration(
+        date=str(cal.get("date", "")), command=str(cal.get("command", "")), gemm_efficiency=gemm,
+        hbm_bytes_per_s=cal["hbm_tb_per_s"] * 1e12 if "hbm_tb_per_s" in cal else None,
+        attention_causal=_pairs(cal["attention_causal"], "attention_causal", where) if "attention_causal" in cal else None,
+        attention_prefix=_pairs(cal["attention_prefix"], "attention_prefix", where) if "attention_prefix" in cal else None,
+        collectives=tuple(collectives),
     )
 
 

@@ -1,0 +1,228 @@
+"""Measure a real cluster and write a profile that `--cluster` accepts (what `meshplan calibrate` runs
+under torchrun on every rank).
+
+Measured: bf16 GEMM rate over the shapes the cost model uses, HBM bandwidth (a device-to-device copy),
+SDPA forward + backward rates (fused causal, and the lower-right prefix kernel of sequence shards),
+and every collective the layouts use — all-reduce, all-gather, reduce-scatter, broadcast, send/recv
+ring, all-to-all — over group sizes 2, 4, … N and message sizes 64 KiB – 1 GiB (`--quick`: fewer),
+each result checked for correctness. Per collective and group size, time = α + message / bandwidth
+is fitted (scipy.optimize, non-negative least squares).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from datetime import date, timedelta
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all")
+
+
+def fit_alpha_bandwidth(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares fit of t = α + M / β over (message bytes, seconds); α ≥ 0, β > 0."""
+    from scipy.optimize import nnls
+    import numpy as np
+
+    m = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    # Relative errors: weight each point by 1/t so small messages count as much as large ones.
+    a = np.stack([np.ones_like(m), m], axis=1) / t[:, None]
+    (alpha, inv_bw), _ = nnls(a, np.ones_like(t))
+    return float(alpha), float(1 / inv_bw) if inv_bw > 0 else float("inf")
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _time(fn, reps: int, cuda: bool) -> float:
+    fn()
+    _sync(cuda)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(cuda)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _collective(kind: str, numel: int, group, ranks: list[int], me: int, device: str, dtype) -> tuple[callable, callable]:
+    """(run, check): run the collective once; check that its last result is right."""
+    n = len(ranks)
+    idx = ranks.index(me)
+    x = torch.full((numel,), float(idx + 1), device=device, dtype=dtype)
+    state = {}
+    if kind == "all_reduce":
+        def run():
+            state["y"] = x.clone()
+            dist.all_reduce(state["y"], group=group)
+        check = lambda: bool((state["y"] == n * (n + 1) / 2).all())  # noqa: E731
+    elif kind == "all_gather":
+        parts = [torch.empty(numel, device=device, dtype=dtype) for _ in range(n)]
+        run = lambda: dist.all_gather(parts, x, group=group)  # noqa: E731
+        check = lambda: all(bool((p == i + 1).all()) for i, p in enumerate(parts))  # noqa: E731
+    elif kind == "reduce_scatter":
+        chunk = numel // n
+        out = torch.empty(chunk, device=device, dtype=dtype)
+        if dist.get_backend() == "nccl":
+            run = lambda: dist.reduce_scatter(out, list(x[:chunk * n].chunk(n)), group=group)  # noqa: E731
+        else:  # gloo: all-reduce and slice, as the executor does
+            def run():
+                y = x[:chunk * n].clone()
+                dist.all_reduce(y, group=group)
+                out.copy_(y[idx * chunk:(idx + 1) * chunk])
+        check = lambda: bool((out == n * (n + 1) / 2).all())  # noqa: E731
+    elif kind == "broadcast":
+        def run():
+            state["y"] = x.clone()
+            dist.broadcast(state["y"], src=ranks[0], group=group)
+        check = lambda: bool((state["y"] == 1).all())  # noqa: E731
+    elif kind == "send_recv":
+        recv = torch.empty_like(x)
+
+        def run():
+            ops = [dist.P2POp(dist.isend, x, ranks[(idx + 1) % n], group=group),
+                   dist.P2POp(dist.irecv, recv, ranks[(idx - 1) % n], group=group)]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        check = lambda: bool((recv == (idx - 1) % n + 1).all())  # noqa: E731
+    else:
+        out = torch.empty_like(x)
+        run = lambda: dist.all_to_all_single(out, x, group=group)  # noqa: E731
+        check = lambda: all(bool((c == i + 1).all()) for i, c in enumerate(out.chunk(n)))  # noqa: E731
+    return run, check
+
+
+def measure_collectives(sizes: list[int], device: str, reps: int, progress=None) -> dict:
+    """Every collective over groups of the first 2, 4, … ranks; returns {"kind/n": [(bytes, s), …]}."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    cuda = device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    out: dict[str, list] = {}
+    n = 2
+    while n <= world:
+        ranks = list(range(n))
+        group = dist.new_group(ranks)
+        for kind in COLLECTIVES:
+            for size in sizes:
+                numel = max(n, size // dtype.itemsize // n * n)
+                if me in ranks:
+                    run, check = _collective(kind, numel, group, ranks, me, device, dtype)
+                    t = _time(run, reps, cuda)
+                    if not check():
+                        raise RuntimeError(f"calibrate: {kind} on {n} ranks returned a wrong result")
+                    out.setdefault(f"{kind}/{n}", []).append((numel * dtype.itemsize, t))
+                dist.barrier()
+                if progress:
+                    progress(f"{kind} on {n} ranks, {size / 2 ** 20:.2f} MiB")
+        n *= 2
+    return out
+
+
+def measure_compute(device: str, quick: bool) -> dict:
+    """GEMM efficiency over the model's shapes, copy bandwidth, attention rates (this GPU)."""
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    peak = float(os.environ.get("MESHPLAN_PEAK_TFLOPS", "989.4")) * 1e12
+    a = torch.empty(2 ** 30, dtype=torch.uint8, device=device)
+    copy_s = _time(lambda: a.clone(), 5, True)
+    effs = []
+    # tokens × hidden · (QKV, W_O, MLP in / out) of a 4096-wide layer, forward and a backward shape
+    for m, k, n in ((8192, 4096, 12288), (8192, 4096, 4096), (8192, 4096, 32768), (8192, 16384, 4096),
+                    (4096, 8192, 4096)):
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        w = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+        effs.append(2 * m * n * k / _time(lambda: x @ w, 10, True) / peak)
+    attn = {"causal": [], "prefix": []}
+    for keys in ((4096, 16384) if quick else (4096, 16384, 32768)):
+        for prefix in (False, True):
+            q_len = keys // 2 if prefix else keys
+            q = torch.randn(1, 32, q_len, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
+            kv = torch.randn(1, 32, keys, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
+            mask = causal_lower_right(q_len, keys) if prefix else None
+
+            def step():
+                o = (F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask) if prefix
+                     else F.scaled_dot_product_attention(q, kv, kv, is_causal=True))
+                o.sum().backward()
+            visible = (keys - q_len / 2) / keys
+            flops = 4 * q_len * keys * 32 * 128 * visible * 3.5
+            attn["prefix" if prefix else "causal"].append((keys, flops / _time(step, 5, True) / peak))
+    return {"gemm_efficiency": statistics.median(effs), "hbm_bytes_per_s": 2 * a.numel() / copy_s,
+            "attention_causal": attn["causal"], "attention_prefix": attn["prefix"]}
+
+
+def profile_toml(base_toml: str, measured: dict, command: str) -> str:
+    """The preset's TOML with a [calibration] table appended."""
+    lines = [base_toml.rstrip(), "", "[calibration]", f'date = "{date.today().isoformat()}"', f'command = "{command}"']
+    if "gemm_efficiency" in measured:
+        lines += [f"gemm_efficiency = {measured['gemm_efficiency']:.4f}",
+                  f"hbm_tb_per_s = {measured['hbm_bytes_per_s'] / 1e12:.4f}",
+                  "attention_causal = [" + ", ".join(f"[{k}, {e:.4f}]" for k, e in measured["attention_causal"]) + "]",
+                  "attention_prefix = [" + ", ".join(f"[{k}, {e:.4f}]" for k, e in measured["attention_prefix"]) + "]"]
+    if measured.get("collectives"):
+        lines += ["", "[calibration.collectives]"]
+        for key, points in sorted(measured["collectives"].items()):
+            alpha, bw = fit_alpha_bandwidth(points)
+            pts = ", ".join(f"[{b}, {t:.6g}]" for b, t in points)
+            lines.append(f'"{key}" = {{ alpha_us = {alpha * 1e6:.3f}, algbw_gb_per_s = {bw / 1e9:.3f}, points = [{pts}] }}')
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="meshplan.topologies.calibrate")
+    ap.add_argument("--cluster", default="h200-8", help="preset the profile extends")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--max-bytes", type=int, default=0, help="largest message (default 1 GiB, 256 MiB quick)")
+    args = ap.parse_args(argv)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=300))
+    device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+    top = args.max_bytes or (2 ** 28 if args.quick else 2 ** 30)
+    sizes, s = [], 2 ** 16
+    while s <= top:
+        sizes.append(s)
+        s *= 16 if args.quick else 4
+    reps = 5 if args.quick else 10
+    rank = dist.get_rank()
+    say = (lambda what: print(f"calibrate: {what}", flush=True)) if rank == 0 else None
+    measured = {"collectives": measure_collectives(sizes, device, reps, say)}
+    if cuda and rank == 0:
+        measured.update(measure_compute(device, args.quick))
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(measured["collectives"], gathered, dst=0)
+    if rank == 0:
+        merged: dict[str, list] = {}
+        for per_rank in gathered:  # a collective takes as long as its slowest rank
+            for key, pts in per_rank.items():
+                old = merged.setdefault(key, [])
+                for i, (b, t) in enumerate(pts):
+                    if i < len(old):
+                        old[i] = (b, max(old[i][1], t))
+                    else:
+                        old.append((b, t))
+        measured["collectives"] = merged
+        from importlib import resources
+
+        base = (resources.files("meshplan.topologies") / "presets" / f"{args.cluster}.toml").read_text()
+        command = f"meshplan calibrate --nproc {dist.get_world_size()}" + (" --quick" if args.quick else "")
+        with open(args.out, "w") as f:
+            f.write(profile_toml(base, measured, command))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""Calibration: the α-β fit, the profile round trip, and the cost model using what was measured."""
+
+import pytest
+from typer.testing import CliRunner
+
+from meshplan.cli import app
+from meshplan.costmodel.collectives import Comm
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.step import _Links, estimate_step
+from meshplan.errors import MeshplanError
+from meshplan.layout import Layout
+from meshplan.models import PRESETS
+from meshplan.topologies.calibrate import fit_alpha_bandwidth, profile_toml
+from meshplan.topologies.cluster import load_cluster, load_toml
+
+
+def test_fit_recovers_alpha_and_bandwidth():
+    alpha, bw = 12e-6, 150e9
+    points = [(m, alpha + m / bw) for m in (2 ** 16, 2 ** 20, 2 ** 24, 2 ** 28)]
+    got_alpha, got_bw = fit_alpha_bandwidth(points)
+    assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_bw == pytest.approx(bw, rel=1e-6)
+
+
+def _profile(tmp_path, measured):
+    from importlib import resources
+
+    base = (resources.files("meshplan.topologies") / "presets" / "h200-8.toml").read_text()
+    path = tmp_path / "profile.toml"
+    path.write_text(profile_toml(base, measured, "meshplan calibrate --nproc 8 --quick"))
+    return path
+
+
+def test_profile_round_trip_and_use(tmp_path):
+    points = [(m, 20e-6 + m / 100e9) for m in (2 ** 16, 2 ** 20, 2 ** 24)]
+    measured = {"collectives": {"all_reduce/8": points}, "gemm_efficiency": 0.6, "hbm_bytes_per_s": 4e12,
+                "attention_causal": [(4096, 0.3), (16384, 0.4)], "attention_prefix": [(8192, 0.2)]}
+    cluster = load_toml(_profile(tmp_path, measured))
+    cal = cluster.calibration
+    assert cal.gemm_efficiency == pytest.approx(0.6) and cal.hbm_bytes_per_s == pytest.approx(4e12)
+    alpha, bw = cal.collective("all_reduce", 8)
+    assert alpha == pytest.approx(20e-6, rel=1e-3) and bw == pytest.approx(100e9, rel=1e-3)
+    # The step model times that collective as measured, not from the preset's link.
+    links = _Links(Layout(tp=8), cluster)
+    c = Comm("all_reduce", "tp", 2 ** 26, 8)
+    assert links.time_s(c) == pytest.approx(alpha + 2 ** 26 / bw)
+    # A slower measured GEMM makes the same step slower.
+    plain = estimate_step(PRESETS["dense-7b"], Layout(tp=8), 16384, 1, CostOptions(), load_cluster("h200-8"))
+    slow = estimate_step(PRESETS["dense-7b"], Layout(tp=8), 16384, 1, CostOptions(), cluster)
+    assert slow.compute_s > plain.compute_s
+
+
+def test_profile_typos_are_named(tmp_path):
+    path = _profile(tmp_path, {"collectives": {}})
+    path.write_text(path.read_text() + "gemm_eficiency = 0.7\n")
+    with pytest.raises(MeshplanError, match="unknown key \\[calibration\\] 'gemm_eficiency'"):
+        load_toml(path)
+
+
+def test_calibrate_cli_on_cpu(tmp_path):
+    out = tmp_path / "p.toml"
+    r = CliRunner().invoke(app, ["calibrate", "--nproc", "2", "--device", "cpu", "--quick", "--max-bytes", "1048576",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    cal = load_toml(out).calibration
+    kinds = {key.split("/")[0] for key, _, _ in cal.collectives}
+    assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"}
+    assert all(alpha >= 0 and bw > 0 for _, alpha, bw in cal.collectives)
