@@ -26,9 +26,10 @@ def model_for(name: str):
     return replace(PRESETS[base], layers=int(layers.rstrip("L")), name=name, param_dtype="bf16")
 
 
-def rescore(path: str) -> list[dict]:
+def rescore(path: str, cluster_name: str = "") -> list[dict]:
+    """`cluster_name`: predict on this cluster or calibrated profile instead of the one the run names."""
     data = json.load(open(path))
-    cluster = load_cluster(data.get("cluster_for_predictions", "h200-8"))
+    cluster = load_cluster(cluster_name or data.get("cluster_for_predictions", "h200-8"))
     rows = []
     for run in data["runs"]:
         m = run["measured"]
@@ -53,8 +54,9 @@ def main() -> int:
     ap.add_argument("results")
     ap.add_argument("--json")
     ap.add_argument("--model", default="")
+    ap.add_argument("--cluster", default="", help="a preset or calibrated profile to predict with")
     args = ap.parse_args()
-    rows = [r for r in rescore(args.results) if args.model in r["model"]]
+    rows = [r for r in rescore(args.results, args.cluster) if args.model in r["model"]]
     print(f"{'model':16} {'mode':7} {'layout':12} {'seq':>6} {'mem m/p':>8} {'time m/p':>8} {'exposed m/p ms':>16} bytes")
     for r in rows:
         exp = (f"{r['exposed_measured_s'] * 1e3:6.1f}/{r['exposed_predicted_s'] * 1e3:6.1f}"
