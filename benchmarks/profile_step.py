@@ -22,24 +22,10 @@ from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
 from meshplan.executor.optim import MixedAdam
 from meshplan.executor.parallelize import run_layers
+from meshplan.executor.profiling import category
 from meshplan.layout import Layout
 from meshplan.models import PRESETS
 from meshplan.topologies import load_cluster
-
-CATEGORIES = (
-    ("attention", ("flash", "fmha", "attention", "attn")),
-    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul", "wgmma")),
-    ("optimizer", ("adam", "multi_tensor", "foreach")),
-)
-
-
-def category(name: str) -> str:
-    low = name.lower()
-    for cat, keys in CATEGORIES:
-        if any(k in low for k in keys):
-            return cat
-    return "other"
-
 
 def main() -> int:
     ap = argparse.ArgumentParser()

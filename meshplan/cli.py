@@ -279,6 +279,7 @@ def execute(
     layers: int = typer.Option(0, "--layers", help="Run only this many layers of the model (0: all)."),
     out: str = typer.Option("run.json", "--out"),
     do_compare: bool = typer.Option(False, "--compare", help="Compare with the prediction right after."),
+    do_profile: bool = typer.Option(False, "--profile", help="GPU time by kernel category (one extra step)."),
     tolerance: float = typer.Option(0.05, "--tolerance"),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds before a hung run is stopped."),
     nnodes: int = typer.Option(1, "--nnodes"),
@@ -316,6 +317,8 @@ def execute(
             "--timeout", str(timeout)]
     if layers:
         cmd += ["--layers", str(layers)]
+    if do_profile:
+        cmd.append("--profile")
     env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
                   transient=True) as progress:

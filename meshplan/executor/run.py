@@ -68,7 +68,8 @@ def timed(fn, steps: int, cuda: bool) -> list[float]:
 
 
 def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, steps: int = 5,
-            warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True) -> dict:
+            warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True,
+            profile: bool = False) -> dict:
     """Build, shard and run the stack on this rank; returns this rank's measurements."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
@@ -129,6 +130,10 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         "comm_bytes": {k: v / steps for k, v in mesh.counts.items()},
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
+    if profile and cuda:  # one more step under the profiler: GPU time by kernel category
+        from meshplan.executor.profiling import profile_step
+
+        result["phases_s"] = profile_step(step)
     if train:
         with count_saved_bytes(list(layers.parameters())) as saved:
             y = run_layers(layers, x)
@@ -175,6 +180,8 @@ def combine_ranks(ranks: list) -> dict:
     out["comm_bytes"] = {k: sum(r["comm_bytes"].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
     if "saved_bytes" in ranks[0]:
         out["saved_bytes"] = max(r["saved_bytes"] for r in ranks)
+    if ranks[0].get("phases_s"):
+        out["phases_s"] = ranks[0]["phases_s"]  # rank 0's profile
     if "exposed_comm_s" in ranks[0]:
         out["exposed_comm_s"] = max(r["exposed_comm_s"] for r in ranks)
         out["step_time_no_comm_s"] = max(r["step_time_no_comm_s"] for r in ranks)

@@ -32,6 +32,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--cluster", default="h200-8", help="cluster whose links the time prediction assumes")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--profile", action="store_true", help="record GPU time by kernel category (one extra step)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else "cpu"
     try:
         mine = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=args.steps, device=device,
-                       dtype=dtype, exposed=args.device == "cuda")
+                       dtype=dtype, exposed=args.device == "cuda", profile=args.profile)
     except torch.cuda.OutOfMemoryError as exc:
         mine = {"oom": True, "error": str(exc).splitlines()[0]}
     gathered = [None] * dist.get_world_size() if rank == 0 else None

@@ -1,0 +1,42 @@
+"""Where a step's GPU time goes, by kernel category (one profiled step, GPU only)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+CATEGORIES = (
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
+    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul", "wgmma")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("scan_conv", ("_conv_fwd", "_conv_bwd", "state_update", "quantize", "dequantize")),
+)
+
+
+def category(kernel_name: str) -> str:
+    low = kernel_name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "elementwise_other"
+
+
+def profile_step(step, steps: int = 1) -> dict[str, float] | None:
+    """Seconds per step of GPU kernel time by category (kernels on different streams may overlap,
+    so the sum can exceed the step); None without a GPU."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    out: dict[str, float] = defaultdict(float)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            out[category(evt.name)] += evt.device_time / 1e6 / steps
+    return dict(out)
