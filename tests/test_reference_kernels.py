@@ -47,3 +47,22 @@ def test_conv_restarts_at_sequence_boundaries_and_continues_from_a_state():
     whole = causal_conv1d_ref(x, w)
     tail = x[:, 5 - 3:5].transpose(1, 2)
     torch.testing.assert_close(causal_conv1d_ref(x[:, 5:], w, initial_state=tail), whole[:, 5:])
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=7),
+       st.sampled_from([8, 16]), st.booleans(), st.integers(0, 2 ** 31 - 1))
+def test_chunked_ssd_with_seq_idx_equals_the_recurrence(lengths, chunk, with_init, seed):
+    """Packed rows, boundaries anywhere (on chunk edges, inside chunks, length-1 sequences)."""
+    s = sum(lengths)
+    x, dt, A, B, C, D, h0 = random_ssd(2, s, 4, 3, 2, 5, seed=seed % 1000)
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    seq_idx = torch.stack([ids, torch.zeros_like(ids)])  # row 1: one sequence
+    init = h0 if with_init else None
+    y_ref, st_ref = ssd_scan_ref(x, dt, A, B, C, D, initial_state=init, seq_idx=seq_idx)
+    y, st_ = ssd_chunked_ref(x, dt, A, B, C, D, initial_state=init, chunk=chunk, seq_idx=seq_idx)
+    torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(st_, st_ref, rtol=1e-9, atol=1e-9)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref, ssd_scan_ref
+from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref
 from meshplan.models import ModelSpec
 
 
@@ -139,10 +139,7 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
     dt = F.softplus(acc(dt) + acc(dt_bias))
     scan_args = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
                  C.reshape(b, s, ngroups, d_state), d_skip)
-    if seq_idx is None:
-        y, state = ssd_chunked_ref(*scan_args, initial_state=initial_state)
-    else:
-        y, state = ssd_scan_ref(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
+    y, state = ssd_chunked_ref(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
     y = y.reshape(b, s, d_inner)
     y = norm(y, z, norm_w) if norm is not None else gated_rmsnorm(y, z, norm_w, d_inner // ngroups)
     return F.linear(y, out_w), state
@@ -154,11 +151,11 @@ class Mamba2CoreFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, zxbcdt, conv_state, init_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims,
-                norm):
+                norm, seq_idx=None):
         with torch.no_grad():
             out, state = mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims,
-                                      initial_state=init_state, conv_state=conv_state, norm=norm)
-        ctx.dims, ctx.norm = dims, norm
+                                      seq_idx=seq_idx, initial_state=init_state, conv_state=conv_state, norm=norm)
+        ctx.dims, ctx.norm, ctx.seq_idx = dims, norm, seq_idx
         ctx.has_states = (conv_state is not None, init_state is not None)
         ctx.save_for_backward(zxbcdt, conv_state, init_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
         return out, state
@@ -169,8 +166,8 @@ class Mamba2CoreFn(torch.autograd.Function):
         inputs = [t.detach().requires_grad_(True) if t is not None else None for t in saved]
         zx, conv_state, init_state, *params = inputs
         with torch.enable_grad():
-            out, state = mamba2_mixer(zx, *params, ctx.dims, initial_state=init_state, conv_state=conv_state,
-                                      norm=ctx.norm)
+            out, state = mamba2_mixer(zx, *params, ctx.dims, seq_idx=ctx.seq_idx, initial_state=init_state,
+                                      conv_state=conv_state, norm=ctx.norm)
         wrt = [t for t in inputs if t is not None]
         outputs, grads_out = [out], [grad_out]
         if grad_state is not None:
@@ -178,7 +175,7 @@ class Mamba2CoreFn(torch.autograd.Function):
             grads_out.append(grad_state)
         grads = iter(torch.autograd.grad(outputs, wrt, grads_out, allow_unused=True))
         result = [next(grads) if t is not None else None for t in inputs]
-        return (*result, None, None)
+        return (*result, None, None, None)
 
 
 class Mamba2Block(nn.Module):
@@ -198,10 +195,11 @@ class Mamba2Block(nn.Module):
         self.norm_w = nn.Parameter(torch.ones(m.d_inner))
         self.out_proj = _init(m.d_model, m.d_inner)
 
-    def forward(self, x):
+    def forward(self, x, seq_idx=None):
+        """`seq_idx` (b, s): packed sequences, each starting from a zero state and an empty conv window."""
         zxbcdt = F.linear(self.norm(x), self.in_proj)
         out, _ = Mamba2CoreFn.apply(zxbcdt, None, None, self.conv_w, self.conv_b, self.dt_bias, self.a_log,
-                                    self.d_skip, self.norm_w, self.out_proj, self.dims, None)
+                                    self.d_skip, self.norm_w, self.out_proj, self.dims, None, seq_idx)
         return x + out
 
 

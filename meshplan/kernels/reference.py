@@ -88,10 +88,18 @@ def _segsum(a: torch.Tensor) -> torch.Tensor:
 
 def ssd_chunked_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                     D: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
-                    chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+                    chunk: int = 64, seq_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The same recurrence as `ssd_scan_ref`, computed chunk by chunk with matmuls (the SSD
     decomposition of Dao & Gu 2024, §6): quadratic attention-like form inside each chunk, the
-    recurrence between chunks on their final states. No `seq_idx` (use ssd_scan_ref for packing)."""
+    recurrence between chunks on their final states.
+
+    With `seq_idx` (non-decreasing along each row) no state crosses a sequence boundary: inside a
+    chunk, pairs from different sequences are masked; a chunk's own state counts only the tokens of
+    its last sequence; the state entering a chunk reaches only tokens of the sequence it came from,
+    and is dropped where a boundary falls before the chunk's end. `initial_state` belongs to each
+    row's first sequence."""
+    if seq_idx is not None:
+        return _ssd_chunked_packed(x, dt, A, B, C, D, initial_state, chunk, seq_idx)
     b, s, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     pad = (-s) % chunk
@@ -158,3 +166,44 @@ def selective_state_update_ref(state: torch.Tensor, x: torch.Tensor, dt: torch.T
     if D is not None:
         y = y + acc(D).view(1, h, 1) * acc(x)
     return y.to(x.dtype)
+
+
+def _ssd_chunked_packed(x, dt, A, B, C, D, initial_state, chunk, seq_idx):
+    b, s, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    pad = (-s) % chunk
+    xa, dta = acc(x), acc(dt)
+    Bh = acc(B).repeat_interleave(h // g, dim=2)
+    Ch = acc(C).repeat_interleave(h // g, dim=2)
+    sid = seq_idx.to(torch.int64)
+    if pad:
+        xa, dta, Bh, Ch = (F.pad(t, (0,) * (2 * (t.dim() - 2)) + (0, pad)) for t in (xa, dta, Bh, Ch))
+        sid = torch.cat([sid, sid[:, -1:].expand(b, pad)], dim=1)  # padding joins the last sequence (dt = 0)
+    c = (s + pad) // chunk
+    X = (xa * dta.unsqueeze(-1)).view(b, c, chunk, h, p)
+    a = (dta * acc(A)).view(b, c, chunk, h).permute(0, 3, 1, 2)  # (b, h, c, l)
+    Bc, Cc = Bh.view(b, c, chunk, h, n), Ch.view(b, c, chunk, h, n)
+    sc = sid.view(b, c, chunk)
+    a_cum = torch.cumsum(a, dim=-1)
+    same = (sc.unsqueeze(-1) == sc.unsqueeze(-2)).unsqueeze(1)  # (b, 1, c, l, l)
+    L = torch.exp(_segsum(a)) * same
+    y = torch.einsum("bhcls,bcshp->bclhp", torch.einsum("bclhn,bcshn->bhcls", Cc, Bc) * L, X)
+    last = sc[:, :, -1:]  # (b, c, 1)
+    own = (sc == last).permute(0, 1, 2).unsqueeze(1)  # (b, 1, c, l): tokens of the chunk's last sequence
+    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum) * own
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, decay_to_end, X)  # (b, c, h, p, n)
+    carried = torch.zeros_like(states[:, 0]) if initial_state is None else acc(initial_state).to(states.dtype).clone()
+    prev_end = sc[:, 0, 0]  # the sequence the carried state belongs to
+    chunk_decay = torch.exp(a_cum[..., -1])  # (b, h, c)
+    y_off = torch.zeros_like(y)
+    for k in range(c):
+        reach = (sc[:, k] == prev_end[:, None]).to(y.dtype)  # (b, l)
+        y_off[:, k] = torch.einsum("blhn,bhpn,bhl->blhp", Cc[:, k], carried, torch.exp(a_cum[:, :, k])) * \
+            reach[:, :, None, None]
+        keep = (sc[:, k, -1] == prev_end).to(y.dtype).view(b, 1, 1, 1)  # no boundary up to this chunk's end
+        carried = states[:, k] + chunk_decay[:, :, k].view(b, h, 1, 1) * carried * keep
+        prev_end = sc[:, k, -1]
+    y = (y + y_off).reshape(b, c * chunk, h, p)[:, :s]
+    if D is not None:
+        y = y + acc(D).view(1, 1, h, 1) * acc(x)
+    return y.to(x.dtype), carried
