@@ -60,27 +60,28 @@ def main() -> int:
     return 0
 
 
-def end_to_end(mesh, world: int) -> dict:
-    """mamba2-2.7b, 4 layers, prefill of 16K tokens, batch 4: bf16 against int8 block all-reduce."""
+def _prefill_s(model, mesh, int8: bool) -> float:
     from meshplan.executor.blocks import Stack
     from meshplan.executor.parallelize import parallelize, run_layers
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        layers = parallelize(Stack(model, model.layers).to(torch.bfloat16), mesh, 16384, int8_allreduce=int8)
+    x = torch.randn(4, 16384, model.d_model, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):
+            run_layers(layers, x)
+        return statistics.median(timed(lambda: run_layers(layers, x), 5, True))
+
+
+def end_to_end(mesh, world: int) -> dict:
+    """mamba2-2.7b, 4 layers, prefill of 16K tokens, batch 4: bf16 against int8 block all-reduce."""
     from meshplan.models import PRESETS
 
     model = replace(PRESETS["mamba2-2.7b"], layers=4)
     out = {}
     for int8 in (False, True):
-        torch.manual_seed(0)
-        with torch.device("cuda"):
-            stack = Stack(model, model.layers).to(torch.bfloat16)
-            layers = parallelize(stack, mesh, 16384, int8_allreduce=int8)
-        del stack
-        x = torch.randn(4, 16384, model.d_model, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad():
-            for _ in range(2):
-                run_layers(layers, x)
-            t = statistics.median(timed(lambda: run_layers(layers, x), 5, True))
-        out["int8_s" if int8 else "bf16_s"] = t
-        del layers
+        out["int8_s" if int8 else "bf16_s"] = _prefill_s(model, mesh, int8)
         torch.cuda.empty_cache()
     out["speedup"] = out["bf16_s"] / out["int8_s"]
     return out

@@ -27,6 +27,44 @@ from meshplan.layout import Layout
 from meshplan.models import PRESETS
 from meshplan.topologies import load_cluster
 
+def profile_one(model, cluster, seq: int) -> dict:
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        stack = Stack(model, 2).to(torch.bfloat16)
+    x = torch.randn(1, seq, model.d_model, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    opt = MixedAdam(stack.parameters())
+
+    def step():
+        run_layers(stack.layers, x).backward(dy)
+        opt.step()
+        opt.zero_grad()
+        x.grad = None
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    by_cat: dict[str, float] = defaultdict(float)
+    top: dict[str, float] = defaultdict(float)
+    kernels = 0
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            t = evt.device_time / 1e6 / 3  # µs → s, per step
+            by_cat[category(evt.name)] += t
+            top[evt.name] += t
+            kernels += 1
+    b = estimate_step(replace(model, param_dtype="bf16"), Layout(), seq, 1, CostOptions(), cluster,
+                      embeddings=False).breakdown
+    return {"seq": seq, "measured_s": dict(by_cat), "kernels_per_step": kernels / 3,
+            "predicted_s": {"gemm": b["gemm_s"], "attention": b["attention_s"], "memory_bound": b["memory_bound_s"],
+                            "optimizer": b["optimizer_s"]},
+            "top_kernels": sorted(top.items(), key=lambda kv: -kv[1])[:12]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -35,43 +73,7 @@ def main() -> int:
     cluster = load_cluster("h200-8")
     rows = []
     for seq in (4096, 16384, 32768):
-        torch.manual_seed(0)
-        with torch.device("cuda"):
-            stack = Stack(model, 2).to(torch.bfloat16)
-        x = torch.randn(1, seq, model.d_model, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn_like(x)
-        opt = MixedAdam(stack.parameters())
-
-        def step():
-            run_layers(stack.layers, x).backward(dy)
-            opt.step()
-            opt.zero_grad()
-            x.grad = None
-
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-        by_cat: dict[str, float] = defaultdict(float)
-        kernels = 0
-        top: dict[str, float] = defaultdict(float)
-        for evt in prof.events():
-            if evt.device_type == torch.autograd.DeviceType.CUDA:
-                t = evt.device_time / 1e6 / 3  # µs → s, per step
-                by_cat[category(evt.name)] += t
-                top[evt.name] += t
-                kernels += 1
-        est = estimate_step(replace(model, param_dtype="bf16"), Layout(), seq, 1, CostOptions(), cluster,
-                            embeddings=False)
-        b = est.breakdown
-        rows.append({"seq": seq, "measured_s": dict(by_cat), "kernels_per_step": kernels / 3,
-                     "predicted_s": {"gemm": b["gemm_s"], "attention": b["attention_s"],
-                                     "memory_bound": b["memory_bound_s"], "optimizer": b["optimizer_s"]},
-                     "top_kernels": sorted(top.items(), key=lambda kv: -kv[1])[:12]})
-        del stack, opt, x, dy
+        rows.append(profile_one(model, cluster, seq))
         torch.cuda.empty_cache()
     json.dump({"command": "python benchmarks/profile_step.py --out $OUT/profile.json",
                "gpu": torch.cuda.get_device_name(0), "runs": rows}, open(args.out, "w"), indent=1)

@@ -15,7 +15,7 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.costmodel.step import estimate_step
 from meshplan.layout import Layout
-from meshplan.models import PRESETS, dense, mamba2
+from meshplan.models import PRESETS, dense
 from meshplan.planner import enumerate_layouts, plan
 from meshplan.topologies import load_cluster
 

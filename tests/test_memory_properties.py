@@ -1,6 +1,5 @@
 """Invariants of the memory model over random models, layouts and shapes (hypothesis)."""
 
-from dataclasses import replace
 
 from hypothesis import assume, given, settings, strategies as st
 
