@@ -139,7 +139,13 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
     dt = F.softplus(acc(dt) + acc(dt_bias))
     scan_args = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
                  C.reshape(b, s, ngroups, d_state), d_skip)
-    y, state = ssd_chunked_ref(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
+    if x.is_cuda and seq_idx is None and not torch.is_grad_enabled():
+        # Triton forward (the core's forward and prefill run without grad; backward recomputes below).
+        from meshplan.kernels.ssd import ssd_chunked
+
+        y, state = ssd_chunked(*scan_args, initial_state=initial_state)
+    else:
+        y, state = ssd_chunked_ref(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
     y = y.reshape(b, s, d_inner)
     y = norm(y, z, norm_w) if norm is not None else gated_rmsnorm(y, z, norm_w, d_inner // ngroups)
     return F.linear(y, out_w), state
