@@ -164,8 +164,23 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
     for kind, _ in model.block_invocations():
         out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
         block = _saved_bytes(block_saved(kind, model, opts), tokens, seq, sh, groups)
-        live = max(live, block + tokens * e * out_width / (sh.token_div * sh.hidden_div))
+        live = max(live, block + tokens * e * out_width / (sh.token_div * sh.hidden_div)
+                   + _scan_chunk_state_bytes(model, kind, tokens, sh))
     return live
+
+
+SSD_CHUNK = 64  # tokens per chunk of meshplan.kernels.ssd (and the torch chunked reference)
+
+
+def _scan_chunk_state_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding) -> float:
+    """The chunked scan's fp32 buffers: each chunk's own state and the state entering it
+    (meshplan/kernels/ssd.py; measured as most of a 16K prefill's transient,
+    benchmarks/results/validation-h200-run7-x1-triton-ssd.json)."""
+    if kind != "mamba2":
+        return 0.0
+    m = model.mamba2
+    chunks = math.ceil(tokens / sh.token_div / SSD_CHUNK)
+    return 2 * chunks * m.nheads / sh.head_div * m.headdim * m.d_state * 4
 
 
 def _stage_params(model: ModelSpec, pp: int, stage: str) -> float:
