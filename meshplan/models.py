@@ -164,9 +164,6 @@ class Mamba1Spec:
         return in_proj + conv + x_proj + dt_proj + a_and_d + out_proj + self.d_model
 
 
-BLOCK_KINDS = ("attention", "mlp", "mamba2", "mamba1", "hybrid_proj")
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     name: str

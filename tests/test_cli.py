@@ -17,8 +17,10 @@ def test_memory_json_is_one_object_with_components():
     r = invoke("memory", "--model", "dense-7b", "--layout", "tsp=8", "--seq", "128k", "--cluster", "h200-8", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    assert set(data["per_gpu_bytes"]) >= {"parameters", "gradients", "optimizer_state", "activations", "kv_cache",
-                                          "ssm_state_cache", "transient_logits"}
+    from meshplan.costmodel.memory import COMPONENTS
+
+    assert set(data["per_gpu_bytes"]) == set(COMPONENTS)
+    assert {"parameters", "gradients", "optimizer_state", "activations", "kv_cache", "ssm_state_cache"} <= set(COMPONENTS)
     assert data["total_bytes"] >= sum(data["per_gpu_bytes"][k] for k in ("parameters", "activations"))
     assert data["seq"] == 131072 and data["fits"] is True and data["layout"] == "tsp=8"
 

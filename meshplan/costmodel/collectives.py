@@ -16,9 +16,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all")
-
-
 def volume_factor(kind: str, n: int) -> float:
     if n <= 1:
         return 0.0

@@ -131,7 +131,8 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
 
 def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int, opts: CostOptions,
                      embeddings: bool = True) -> StepSchedule:
-    """One new token per sequence: queries are not split along the sequence, the KV cache is.
+    """One new token per sequence: queries are not split along the sequence, the KV cache is. No
+    message depends on the `context` length (weights, one token's activations, partial outputs).
 
     TP all-reduces b·h per block; SP/TSP combine partial attention over their KV shards with an
     all-reduce of the partial outputs and log-sum-exps; TSP still streams every weight shard."""

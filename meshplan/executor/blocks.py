@@ -162,7 +162,6 @@ class Mamba2CoreFn(torch.autograd.Function):
             out, state = mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims,
                                       seq_idx=seq_idx, initial_state=init_state, conv_state=conv_state, norm=norm)
         ctx.dims, ctx.norm, ctx.seq_idx = dims, norm, seq_idx
-        ctx.has_states = (conv_state is not None, init_state is not None)
         ctx.save_for_backward(zxbcdt, conv_state, init_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
         return out, state
 

@@ -212,27 +212,6 @@ def ring_shift(mesh: Mesh, t: torch.Tensor, axis: str) -> tuple[torch.Tensor, li
     return recv, dist.batch_isend_irecv(ops)
 
 
-def send_recv_chain(mesh: Mesh, t: torch.Tensor | None, axis: str, forward: bool, like: torch.Tensor) -> torch.Tensor | None:
-    """Hand `t` to the next rank along the axis (forward) or the previous one (backward), in order:
-    returns what this rank received (None on the first rank of the chain)."""
-    ax = mesh.axis(axis)
-    first = 0 if forward else ax.size - 1
-    last = ax.size - 1 if forward else 0
-    step = 1 if forward else -1
-    received = None
-    if ax.rank != first:
-        received = torch.empty_like(like)
-        if mesh.enabled:
-            dist.recv(received, src=ax.ranks[ax.rank - step], group=ax.group)
-        else:
-            received.zero_()
-    if ax.rank != last and t is not None:
-        mesh.record("send_recv", axis, t.numel() * t.element_size())
-        if mesh.enabled:
-            dist.send(t.contiguous(), dst=ax.ranks[ax.rank + step], group=ax.group)
-    return received
-
-
 # -- autograd functions ----------------------------------------------------------------------------
 
 class CopyToAxis(torch.autograd.Function):

@@ -49,12 +49,6 @@ def zigzag_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
                       torch.arange((2 * parts - 1 - index) * c, (2 * parts - index) * c)])
 
 
-def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, device=None) -> torch.Tensor:
-    """Boolean (q, k): True where the key may be attended (key position ≤ query position)."""
-    out = k_pos.view(1, -1) <= q_pos.view(-1, 1)
-    return out if device is None else out.to(device)
-
-
 def attend_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int) -> torch.Tensor:
     """Causal attention of `q` (b, t, a, d) — the last t of the first kv_len positions — to the
     first kv_len keys of k, v (b, S, a_kv, d), in position order. A lower-right causal bias keeps
