@@ -23,3 +23,26 @@ def test_triton_ssd_matches_the_recurrence(s, h, p, g, n, chunk, with_init):
     y, st = ssd_chunked(x, dt, A, B, C, D, initial_state=h0, chunk=chunk)
     torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(st.double(), st_ref, rtol=2e-3, atol=2e-3)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=6),
+       st.booleans(), st.integers(0, 2 ** 31 - 1))
+def test_triton_ssd_respects_packed_boundaries(lengths, with_init, seed):
+    s = sum(lengths)
+    gen = torch.Generator().manual_seed(seed % 10_000)
+    h, p, g, n = 2, 16, 1, 16
+    x = torch.randn(1, s, h, p, generator=gen)
+    dt = torch.rand(1, s, h, generator=gen) * 0.3
+    A = -torch.rand(h, generator=gen) * 2
+    B, C = torch.randn(1, s, g, n, generator=gen), torch.randn(1, s, g, n, generator=gen)
+    h0 = torch.randn(1, h, p, n, generator=gen) if with_init else None
+    seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
+    y_ref, st_ref = ssd_scan_ref(x.double(), dt.double(), A.double(), B.double(), C.double(),
+                                 initial_state=h0.double() if with_init else None, seq_idx=seq_idx)
+    y, st_ = ssd_chunked(x, dt, A, B, C, initial_state=h0, chunk=16, seq_idx=seq_idx)
+    torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(st_.double(), st_ref, rtol=2e-3, atol=2e-3)

@@ -139,11 +139,11 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
     dt = F.softplus(acc(dt) + acc(dt_bias))
     scan_args = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
                  C.reshape(b, s, ngroups, d_state), d_skip)
-    if x.is_cuda and seq_idx is None and not torch.is_grad_enabled():
+    if x.is_cuda and not torch.is_grad_enabled():
         # Triton forward (the core's forward and prefill run without grad; backward recomputes below).
         from meshplan.kernels.ssd import ssd_chunked
 
-        y, state = ssd_chunked(*scan_args, initial_state=initial_state)
+        y, state = ssd_chunked(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
     else:
         y, state = ssd_chunked_ref(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
     y = y.reshape(b, s, d_inner)
