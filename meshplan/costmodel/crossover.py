@@ -8,6 +8,7 @@ out at b·s = 8h (DESIGN.md §2) — a test checks that it falls out, nothing he
 
 from __future__ import annotations
 
+import functools
 import math
 
 from meshplan.costmodel.layouts import ScheduleContext, block_comms, sharding_for
@@ -30,6 +31,7 @@ def layer_volume_bytes(model: ModelSpec, layout: Layout, tokens: float, opts: Co
     return total / model.layers
 
 
+@functools.lru_cache(maxsize=1024)  # pure, and asked once per candidate mesh by the planner
 def volume_crossover_tokens(model: ModelSpec, degree: int, opts: CostOptions = CostOptions(),
                             phases: tuple[str, ...] = ("fwd",)) -> float:
     """b·s above which TSP moves fewer bytes per layer than TP at the same degree (inf: never)."""

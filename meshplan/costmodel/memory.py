@@ -41,7 +41,6 @@ class MemoryBreakdown:
     total_bytes: int
     peak_phase: str  # "layer", "logits" or "optimizer": the moment that decides the peak
     pipeline_stage: str  # "only", "first" or "last": the stage reported
-    activation_bytes_per_layer: int  # saved activations of one repetition unit, no micro-batches in flight
     assumptions: dict = field(default_factory=dict)
 
 
@@ -251,7 +250,6 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train and embeddings else 0.0
     step_tokens = 1 if opts.mode == "decode" else seq
     working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full)
-    per_layer = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / model.layers)[0] if train else 0.0
 
     # Caches (inference): KV per attention invocation, conv + SSM state per Mamba layer.
     kv_cache = ssm_cache = 0.0
@@ -348,7 +346,6 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         total_bytes=int(round(total)),
         peak_phase=phase,
         pipeline_stage=stage,
-        activation_bytes_per_layer=int(round(per_layer)),
         assumptions={**opts.as_dict(), "pipeline_schedule": "1F1B" if layout.pp > 1 else "none",
                      "zero_stage": zero},
     )
