@@ -12,19 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from meshplan.executor.run import timed
-
-
-def median_time(fn, reps: int = 10) -> float:
-    for _ in range(3):  # warm-up
-        fn()
-    return statistics.median(timed(fn, reps, cuda=True))
+from meshplan.executor.run import median_time_s
 
 
 def attention_rate(q_len: int, kv_len: int, heads: int = 32, d: int = 128, lower_right: bool = False) -> dict:
@@ -41,7 +34,7 @@ def attention_rate(q_len: int, kv_len: int, heads: int = 32, d: int = 128, lower
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         o.backward(go)
 
-    t = median_time(step)
+    t = median_time_s(step)
     visible = (kv_len - q_len / 2) / kv_len  # average share of keys a query sees
     flops = 4 * q_len * kv_len * heads * d * visible * 3.5
     return {"q_len": q_len, "kv_len": kv_len, "heads": heads, "head_dim": d, "lower_right": lower_right,
@@ -51,7 +44,7 @@ def attention_rate(q_len: int, kv_len: int, heads: int = 32, d: int = 128, lower
 def gemm_rate(n: int = 8192) -> dict:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    t = median_time(lambda: a @ b)
+    t = median_time_s(lambda: a @ b)
     return {"n": n, "seconds": t, "tflops": 2 * n ** 3 / t / 1e12}
 
 

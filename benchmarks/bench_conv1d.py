@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
-from meshplan.executor.run import timed
+from meshplan.executor.run import median_time_s
 from meshplan.kernels.conv1d import causal_conv1d, causal_conv1d_fwd
 from meshplan.kernels.reference import causal_conv1d_ref
-
-
-def median_s(fn, reps=20):
-    for _ in range(3):
-        fn()
-    return statistics.median(timed(fn, reps, True))
 
 
 def main() -> int:
@@ -32,7 +25,7 @@ def main() -> int:
     ap.add_argument("--tiles", action="store_true", help="also time the forward over tile shapes")
     args = ap.parse_args()
     big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    copy_s = median_s(lambda: big.clone())
+    copy_s = median_time_s(lambda: big.clone(), reps=20, warmup=3)
     copy_bw = 2 * big.numel() / copy_s  # read + write
     rows = []
     for b, t, c in ((4, 16384, 5376), (1, 65536, 5376), (8, 4096, 3328)):
@@ -41,11 +34,12 @@ def main() -> int:
         bias = torch.randn(c, device="cuda", dtype=torch.bfloat16)
         seq_idx = (torch.arange(t, device="cuda") // 1000).expand(b, t).contiguous()
         err = (causal_conv1d(x, w, bias, seq_idx).float() - causal_conv1d_ref(x, w, bias, seq_idx=seq_idx).float()).abs().max().item()
-        fwd = median_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx))
+        fwd = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx), reps=20, warmup=3)
         xg = x.clone().requires_grad_(True)
         out = causal_conv1d(xg, w, bias, seq_idx)
         g = torch.randn_like(out)
-        bwd = median_s(lambda: torch.autograd.grad(causal_conv1d(xg, w, bias, seq_idx), xg, g)) - fwd
+        bwd = median_time_s(lambda: torch.autograd.grad(causal_conv1d(xg, w, bias, seq_idx), xg, g), reps=20,
+                            warmup=3) - fwd
         n = b * t * c
         fwd_bytes = 2 * n * 2
         bwd_bytes = 3 * n * 2 + 2 * n * 4 + n * 4  # x, dy, dx; dpre written and read; recomputed pre
@@ -62,7 +56,7 @@ def main() -> int:
         seq_idx = (torch.arange(t, device="cuda") // 1000).expand(b, t).contiguous()
         out["tiles"] = []
         for bt, bc in ((64, 32), (32, 128), (64, 128), (16, 256), (32, 256), (128, 64), (8, 512)):
-            s = median_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, bt=bt, bc=bc))
+            s = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, bt=bt, bc=bc), reps=20, warmup=3)
             out["tiles"].append({"bt": bt, "bc": bc, "fwd_s": s, "fwd_bandwidth_fraction": 2 * b * t * c * 2 / s / copy_bw})
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"copy roofline {copy_bw / 1e12:.2f} TB/s")

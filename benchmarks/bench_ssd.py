@@ -11,20 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.run import timed
+from meshplan.executor.run import median_time_s
 from meshplan.kernels.reference import ssd_chunked_ref
 from meshplan.kernels.ssd import ssd_chunked
-
-
-def median_s(fn, reps=10):
-    for _ in range(2):
-        fn()
-    return statistics.median(timed(fn, reps, True))
 
 
 def main() -> int:
@@ -32,7 +25,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    copy_bw = 2 * big.numel() / median_s(lambda: big.clone())
+    copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
     rows = []
     for b, s, h, p, g, n in ((1, 16384, 80, 64, 1, 128), (4, 4096, 80, 64, 1, 128), (1, 16384, 40, 64, 1, 128)):
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -46,8 +39,8 @@ def main() -> int:
             y, _ = ssd_chunked(x, dt, A, B, C, D)
             ref, _ = ssd_chunked_ref(x.double(), dt.double(), A.double(), B.double(), C.double(), D.double())
             err = ((y.double() - ref).norm() / ref.norm()).item()
-            t_tri = median_s(lambda: ssd_chunked(x, dt, A, B, C, D))
-            t_ref = median_s(lambda: ssd_chunked_ref(x, dt, A, B, C, D), reps=3)
+            t_tri = median_time_s(lambda: ssd_chunked(x, dt, A, B, C, D), reps=10, warmup=2)
+            t_ref = median_time_s(lambda: ssd_chunked_ref(x, dt, A, B, C, D), reps=3, warmup=2)
         nc = s // 64
         bytes_min = (2 * b * s * h * p + 4 * b * s * h + 2 * 2 * b * s * g * n + 2 * b * s * h * p) + 3 * 4 * b * nc * h * p * n
         rows.append({"b": b, "s": s, "heads": h, "headdim": p, "ngroups": g, "d_state": n, "rel_err_vs_fp64": err,

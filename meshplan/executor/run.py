@@ -49,6 +49,13 @@ def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, c
     return out
 
 
+def median_time_s(fn, reps: int = 10, warmup: int = 3) -> float:
+    """Median seconds of fn on the GPU after `warmup` untimed calls (CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(timed(fn, reps, cuda=True))
+
+
 def timed(fn, steps: int, cuda: bool) -> list[float]:
     """Seconds per call of fn, with CUDA events on the GPU (after the caller's warm-up)."""
     times = []
