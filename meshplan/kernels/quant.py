@@ -16,12 +16,16 @@ GROUP = 128  # elements per fp32 scale (the cost model's INT8_GROUP)
 
 
 @triton.jit
+def _group_tile(n_groups, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr):
+    """This program's groups: their indices, element offsets, and the mask of groups that exist."""
+    rows = tl.program_id(0) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
+    offs = rows[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    return rows, offs, rows[:, None] < n_groups
+
+
+@triton.jit
 def _quantize_kernel(x_ptr, q_ptr, scale_ptr, n_groups, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr):
-    pid = tl.program_id(0)
-    rows = pid * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
-    cols = tl.arange(0, GROUP)
-    mask = rows[:, None] < n_groups
-    offs = rows[:, None] * GROUP + cols[None, :]
+    rows, offs, mask = _group_tile(n_groups, GROUP, GROUPS_PER_PROGRAM)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.where(amax > 0, amax / 127.0, 1.0)
@@ -34,11 +38,7 @@ def _quantize_kernel(x_ptr, q_ptr, scale_ptr, n_groups, GROUP: tl.constexpr, GRO
 
 @triton.jit
 def _dequantize_kernel(q_ptr, scale_ptr, out_ptr, n_groups, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr):
-    pid = tl.program_id(0)
-    rows = pid * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
-    cols = tl.arange(0, GROUP)
-    mask = rows[:, None] < n_groups
-    offs = rows[:, None] * GROUP + cols[None, :]
+    rows, offs, mask = _group_tile(n_groups, GROUP, GROUPS_PER_PROGRAM)
     q = tl.load(q_ptr + offs, mask=mask, other=0).to(tl.float32)
     scale = tl.load(scale_ptr + rows, mask=rows < n_groups, other=1.0)
     tl.store(out_ptr + offs, (q * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)

@@ -17,17 +17,22 @@ import triton.language as tl
 
 
 @triton.jit
+def _chunk_tile(S, H, G, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    """Grid (batch · chunk, head, headdim block) → batch, chunk, head, its B/C group, chunk count,
+    and the token, headdim and state index vectors of this program's tile."""
+    pid_bc, pid_h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n_chunks = S // L
+    t = (pid_bc % n_chunks) * L + tl.arange(0, L)
+    return (pid_bc // n_chunks, pid_bc % n_chunks, pid_h, pid_h // (H // G), n_chunks, t,
+            pid_p * BP + tl.arange(0, BP), tl.arange(0, BN))
+
+
+@triton.jit
 def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, st_ptr, S, H, G, P, N, HAS_SID: tl.constexpr,
                  L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """states[b, c, h] (P × N) = Σ_l exp(cum_last − cum_l) · dt_l · x_l ⊗ B_l over the chunk's tokens
     (with seq_idx: only those of the chunk's last sequence)."""
-    pid_bc, pid_h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_chunks = S // L
-    bi, ci = pid_bc // n_chunks, pid_bc % n_chunks
-    g = pid_h // (H // G)
-    t = ci * L + tl.arange(0, L)
-    p = pid_p * BP + tl.arange(0, BP)
-    n = tl.arange(0, BN)
+    bi, ci, pid_h, g, n_chunks, t, p, n = _chunk_tile(S, H, G, L, BP, BN)
     dt = tl.load(dt_ptr + (bi * S + t) * H + pid_h).to(tl.float32)
     a = dt * tl.load(a_ptr + pid_h).to(tl.float32)
     cum = tl.cumsum(a, axis=0)
@@ -68,13 +73,7 @@ def _state_passing(st_ptr, asum_ptr, keep_ptr, init_ptr, enter_ptr, final_ptr, N
 def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, prev_ptr, y_ptr, S, H, G, P, N,
                 HAS_D: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """y_i = Σ_{j ≤ i} (C_i · B_j) exp(cum_i − cum_j) dt_j x_j + exp(cum_i) C_i · entering + D x_i."""
-    pid_bc, pid_h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_chunks = S // L
-    bi, ci = pid_bc // n_chunks, pid_bc % n_chunks
-    g = pid_h // (H // G)
-    t = ci * L + tl.arange(0, L)
-    p = pid_p * BP + tl.arange(0, BP)
-    n = tl.arange(0, BN)
+    bi, ci, pid_h, g, n_chunks, t, p, n = _chunk_tile(S, H, G, L, BP, BN)
     pm, nm = p < P, n < N
     dt = tl.load(dt_ptr + (bi * S + t) * H + pid_h).to(tl.float32)
     cum = tl.cumsum(dt * tl.load(a_ptr + pid_h).to(tl.float32), axis=0)
