@@ -1,10 +1,14 @@
-"""Triton chunked SSD forward on one GPU: accuracy against the float64 recurrence, time against the
-torch chunked reference, and achieved bandwidth against the copy roofline.
+"""Triton chunked SSD scan on one GPU, forward and backward: accuracy against float64 references,
+time against the torch chunked reference, achieved bandwidth against the copy roofline, and a
+per-stage breakdown.
 
-    python benchmarks/bench_ssd.py --out $OUT/ssd.json
+    python benchmarks/bench_ssd.py --out $OUT/ssd.json [--chunk 64]
 
-Bytes counted as the least the forward must move: x, dt, B, C read and y written (bf16), plus each
-chunk's state written and read twice (fp32).
+Bytes counted as the least this decomposition must move. Forward: x, dt, B, C read and y written,
+plus 4 passes over the fp32 chunk states (written; read by the state passing, which writes the
+entering states; those read by the output kernel). Backward: x, dt, B, C, dy read and dx, ddt, dB,
+dC written, plus 9 state passes (3 to recompute the entering states; 1 to write their gradient; 3 in
+the backward passing, which reads entering and that gradient and writes dS; 2 in the chunk kernel).
 """
 
 from __future__ import annotations
@@ -16,57 +20,120 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.executor.run import median_time_s
+from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
-from meshplan.kernels.ssd import ssd_chunked
+from meshplan.kernels.ssd import chunk_states, entering_states, prepare, ssd_chunked
+
+SHAPES = ((1, 16384, 80, 64, 1, 128), (4, 4096, 80, 64, 1, 128), (1, 16384, 40, 64, 1, 128))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
-    rows = []
-    for b, s, h, p, g, n in ((1, 16384, 80, 64, 1, 128), (4, 4096, 80, 64, 1, 128), (1, 16384, 40, 64, 1, 128)):
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(b, s, h, p, device="cuda", dtype=torch.bfloat16, generator=gen)
-        dt = F.softplus(torch.randn(b, s, h, device="cuda", generator=gen) - 3)
-        A = -torch.rand(h, device="cuda", generator=gen) * 4 - 0.5
-        B = torch.randn(b, s, g, n, device="cuda", dtype=torch.bfloat16, generator=gen)
-        C = torch.randn(b, s, g, n, device="cuda", dtype=torch.bfloat16, generator=gen)
-        D = torch.randn(h, device="cuda", generator=gen)
-        with torch.no_grad():
-            y, _ = ssd_chunked(x, dt, A, B, C, D)
-            ref, _ = ssd_chunked_ref(x.double(), dt.double(), A.double(), B.double(), C.double(), D.double())
-            err = ((y.double() - ref).norm() / ref.norm()).item()
-            t_tri = median_time_s(lambda: ssd_chunked(x, dt, A, B, C, D), reps=10, warmup=2)
-            t_ref = median_time_s(lambda: ssd_chunked_ref(x, dt, A, B, C, D), reps=3, warmup=2)
-        nc = s // 64
-        bytes_min = (2 * b * s * h * p + 4 * b * s * h + 2 * 2 * b * s * g * n + 2 * b * s * h * p) + 3 * 4 * b * nc * h * p * n
-        rows.append({"b": b, "s": s, "heads": h, "headdim": p, "ngroups": g, "d_state": n, "rel_err_vs_fp64": err,
-                     "triton_s": t_tri, "torch_reference_s": t_ref, "speedup_over_reference": t_ref / t_tri,
-                     "bandwidth_fraction": bytes_min / t_tri / copy_bw})
-    # Packed rows: boundaries every 700 tokens, against the float64 reference with the same seq_idx.
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    b, s, h, p, g, n = 2, 4096, 16, 64, 1, 128
+def inputs(b, s, h, p, g, n, seed=0, grad=False):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(b, s, h, p, device="cuda", dtype=torch.bfloat16, generator=gen)
     dt = F.softplus(torch.randn(b, s, h, device="cuda", generator=gen) - 3)
     A = -torch.rand(h, device="cuda", generator=gen) * 4 - 0.5
     B = torch.randn(b, s, g, n, device="cuda", dtype=torch.bfloat16, generator=gen)
     C = torch.randn(b, s, g, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    D = torch.randn(h, device="cuda", generator=gen)
+    out = [x, dt, A, B, C, D]
+    return [t.requires_grad_() for t in out] if grad else out
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def gradients(fn, ins, dy, seq_idx=None, chunk=64):
+    leaves = [t.detach().clone().requires_grad_() for t in ins]
+    y, _ = fn(*leaves, seq_idx=seq_idx, chunk=chunk)
+    y.backward(dy.to(y.dtype))
+    return [t.grad for t in leaves]
+
+
+def accuracy(chunk: int) -> dict:
+    """Gradients of the Triton scan (bf16 inputs) against autograd through the float64 reference,
+    on a plain and a packed batch; a shape small enough for the float64 reference."""
+    out = {}
+    for name, sid in (("plain", None), ("packed_every_700", "packed")):
+        b, s, h, p, g, n = 2, 2048, 16, 64, 1, 128
+        ins = inputs(b, s, h, p, g, n, seed=3)
+        seq_idx = (torch.arange(s, device="cuda") // 700).expand(b, s).contiguous() if sid else None
+        dy = torch.randn(b, s, h, p, device="cuda", dtype=torch.bfloat16)
+        want = gradients(ssd_chunked_ref, [t.double() for t in ins], dy.double(), seq_idx, chunk)
+        got = gradients(ssd_chunked, ins, dy, seq_idx, chunk)
+        out[name] = {k: rel(o, w) for k, o, w in zip(["x", "dt", "A", "B", "C", "D"], got, want)}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--chunk", type=int, default=64)
+    args = ap.parse_args()
+    chunk = args.chunk
+    big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
+    copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
+    rows = []
+    for b, s, h, p, g, n in SHAPES:
+        x, dt, A, B, C, D = ins = inputs(b, s, h, p, g, n)
+        dy = torch.randn_like(x)
+        with torch.no_grad():
+            y, _ = ssd_chunked(*ins, chunk=chunk)
+            ref, _ = ssd_chunked_ref(*(t.double() for t in ins), chunk=chunk)
+            err = rel(y, ref)
+            del ref
+            t_fwd = median_time_s(lambda: ssd_chunked(*ins, chunk=chunk), reps=10, warmup=2)
+            t_ref = median_time_s(lambda: ssd_chunked_ref(*ins, chunk=chunk), reps=3, warmup=2)
+            pk = prepare(x, dt, A, B, C, None, chunk, 32)
+            t_states = median_time_s(lambda: chunk_states(pk, pk.x, pk.B), reps=10, warmup=2)
+            t_entering = median_time_s(lambda: entering_states(pk, None), reps=10, warmup=2)
+            t_bwd = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk, 32),
+                                  reps=10, warmup=2)
+        leaves = [t.detach().requires_grad_() for t in ins]
+
+        def ref_train():
+            yr, _ = ssd_chunked_ref(*leaves, chunk=chunk)
+            yr.backward(dy)
+
+        t_ref_train = median_time_s(ref_train, reps=3, warmup=1)
+        nc = -(-s // chunk)
+        state = 4 * b * nc * h * p * n
+        io_fwd = 2 * b * s * h * p * 2 + 4 * b * s * h + 2 * 2 * b * s * g * n
+        io_bwd = 2 * b * s * h * p * 3 + 4 * b * s * h * 2 + 2 * 2 * b * s * g * n * 2
+        rows.append({"b": b, "s": s, "heads": h, "headdim": p, "ngroups": g, "d_state": n, "chunk": chunk,
+                     "rel_err_vs_fp64": err, "forward_s": t_fwd, "backward_s": t_bwd,
+                     "torch_reference_forward_s": t_ref, "torch_reference_train_s": t_ref_train,
+                     "speedup_over_reference": t_ref / t_fwd,
+                     "train_speedup_over_reference": t_ref_train / (t_fwd + t_bwd),
+                     "bandwidth_fraction": (io_fwd + 4 * state) / t_fwd / copy_bw,
+                     "backward_bandwidth_fraction": (io_bwd + 9 * state) / t_bwd / copy_bw,
+                     "stages_s": {"chunk_states": t_states, "state_passing": t_entering - t_states,
+                                  "chunk_outputs": t_fwd - t_entering}})
+        torch.cuda.empty_cache()
+    # Packed rows: boundaries every 700 tokens, against the float64 reference with the same seq_idx.
+    b, s, h, p, g, n = 2, 4096, 16, 64, 1, 128
+    ins = inputs(b, s, h, p, g, n, seed=1)
     sid = (torch.arange(s, device="cuda") // 700).expand(b, s).contiguous()
     with torch.no_grad():
-        y, _ = ssd_chunked(x, dt, A, B, C, seq_idx=sid)
-        ref, _ = ssd_chunked_ref(x.double(), dt.double(), A.double(), B.double(), C.double(), seq_idx=sid)
-    packed_err = ((y.double() - ref).norm() / ref.norm()).item()
-    print(f"packed rows (seq_idx): rel err {packed_err:.1e}")
-    out = {"command": "python benchmarks/bench_ssd.py --out $OUT/ssd.json", "gpu": torch.cuda.get_device_name(0),
-           "copy_bytes_per_s": copy_bw, "runs": rows, "packed_rel_err_vs_fp64": packed_err}
+        y, _ = ssd_chunked(*ins, seq_idx=sid, chunk=chunk)
+        ref, _ = ssd_chunked_ref(*(t.double() for t in ins), seq_idx=sid, chunk=chunk)
+    packed_err = rel(y, ref)
+    grads = accuracy(chunk)
+    out = {"command": f"python benchmarks/bench_ssd.py --out $OUT/ssd.json --chunk {chunk}",
+           "gpu": torch.cuda.get_device_name(0), "copy_bytes_per_s": copy_bw, "runs": rows,
+           "packed_rel_err_vs_fp64": packed_err, "gradient_rel_err_vs_fp64": grads}
     json.dump(out, open(args.out, "w"), indent=1)
+    print(f"packed rows (seq_idx): rel err {packed_err:.1e}; gradient rel err vs fp64: "
+          + "; ".join(f"{k}: " + ", ".join(f"{n} {v:.1e}" for n, v in d.items()) for k, d in grads.items()))
     for r in rows:
-        print(f"b {r['b']} s {r['s']} h {r['heads']}: triton {r['triton_s'] * 1e3:.2f} ms, torch reference "
-              f"{r['torch_reference_s'] * 1e3:.1f} ms ({r['speedup_over_reference']:.1f}×), "
-              f"{r['bandwidth_fraction']:.0%} of roofline, rel err {r['rel_err_vs_fp64']:.1e}")
+        st = r["stages_s"]
+        print(f"b {r['b']} s {r['s']} h {r['heads']} chunk {chunk}: fwd {r['forward_s'] * 1e3:.2f} ms "
+              f"({r['bandwidth_fraction']:.0%} roofline; states {st['chunk_states'] * 1e3:.2f}, passing "
+              f"{st['state_passing'] * 1e3:.2f}, outputs {st['chunk_outputs'] * 1e3:.2f}), bwd "
+              f"{r['backward_s'] * 1e3:.2f} ms ({r['backward_bandwidth_fraction']:.0%}); torch reference fwd "
+              f"{r['torch_reference_forward_s'] * 1e3:.1f} ms ({r['speedup_over_reference']:.1f}×), fwd+bwd "
+              f"{r['torch_reference_train_s'] * 1e3:.1f} ms ({r['train_speedup_over_reference']:.1f}×); "
+              f"rel err {r['rel_err_vs_fp64']:.1e}")
     return 0
 
 

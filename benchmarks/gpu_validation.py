@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", default="", help="comma list of layouts to run")
+    ap.add_argument("--family", default="", help="dense or mamba2: run only that model family")
     ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
@@ -76,7 +77,8 @@ def main() -> int:
     only = set(filter(None, args.only.split(",")))
     for cfg in plan(args):
         layout = parse_layout(cfg["layout"])
-        if layout.world_size > world or (only and cfg["layout"] not in only) or cfg["mode"] not in args.modes:
+        if layout.world_size > world or (only and cfg["layout"] not in only) or cfg["mode"] not in args.modes \
+                or (args.family and cfg["model"].family != args.family):
             continue
         members = list(range(layout.world_size))
         key = str(layout)

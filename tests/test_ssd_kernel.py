@@ -1,9 +1,11 @@
-"""Triton chunked SSD forward (interpreted without a GPU) against the recurrence."""
+"""Triton chunked SSD (interpreted without a GPU): forward against the recurrence, backward against
+autograd through the chunked reference (float64)."""
 
 import pytest
 import torch
 
-from meshplan.kernels.reference import ssd_scan_ref
+from meshplan.kernels import ssd_bwd
+from meshplan.kernels.reference import ssd_chunked_ref, ssd_scan_ref
 from meshplan.kernels.ssd import ssd_chunked
 
 
@@ -46,3 +48,44 @@ def test_triton_ssd_respects_packed_boundaries(lengths, with_init, seed):
     y, st_ = ssd_chunked(x, dt, A, B, C, initial_state=h0, chunk=16, seq_idx=seq_idx)
     torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(st_.double(), st_ref, rtol=2e-3, atol=2e-3)
+
+
+def _grads(fn, ins, dy, dfinal, **kw):
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in ins]
+    y, final = fn(*leaves[:6], initial_state=leaves[6], **kw)
+    ((y * dy.to(y.dtype)).sum() + (final * dfinal.to(final.dtype)).sum()).backward()
+    return [t.grad if t is not None else None for t in leaves]
+
+
+def _check_backward(b, s, h, p, g, n, chunk, with_init, with_d, seed, seq_idx=None):
+    gen = torch.Generator().manual_seed(seed)
+    ins = [torch.randn(b, s, h, p, generator=gen), torch.rand(b, s, h, generator=gen) * 0.3,
+           -torch.rand(h, generator=gen) * 3, torch.randn(b, s, g, n, generator=gen),
+           torch.randn(b, s, g, n, generator=gen), torch.randn(h, generator=gen) if with_d else None,
+           torch.randn(b, h, p, n, generator=gen) if with_init else None]
+    dy, dfinal = torch.randn(b, s, h, p, generator=gen), torch.randn(b, h, p, n, generator=gen)
+    want = _grads(ssd_chunked_ref, [t.double() if t is not None else None for t in ins], dy, dfinal, chunk=chunk,
+                  seq_idx=seq_idx)
+    got = _grads(ssd_chunked, ins, dy, dfinal, chunk=chunk, seq_idx=seq_idx)
+    for name, w, o in zip(["x", "dt", "A", "B", "C", "D", "initial_state"], want, got):
+        assert (w is None) == (o is None), name
+        if w is not None:
+            torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()), msg=name)
+
+
+@pytest.mark.parametrize("split_target", [1, 1024])  # one program per group (all heads), and one per head
+@pytest.mark.parametrize("s, h, p, g, n, chunk, with_init, with_d", [(64, 2, 16, 1, 16, 32, False, True),
+                                                                    (50, 4, 16, 2, 16, 16, True, True),
+                                                                    (96, 4, 32, 1, 32, 32, True, False)])
+def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, s, h, p, g, n, chunk,
+                                                               with_init, with_d):
+    monkeypatch.setattr(ssd_bwd, "SPLIT_TARGET", split_target)
+    _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + h)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=5),
+       st.booleans(), st.integers(0, 2 ** 31 - 1))
+def test_triton_ssd_backward_respects_packed_boundaries(lengths, with_init, seed):
+    seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
+    _check_backward(1, sum(lengths), 2, 16, 1, 16, 16, with_init, True, seed % 10_000, seq_idx=seq_idx)

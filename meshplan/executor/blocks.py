@@ -139,8 +139,7 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
     dt = F.softplus(acc(dt) + acc(dt_bias))
     scan_args = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
                  C.reshape(b, s, ngroups, d_state), d_skip)
-    if x.is_cuda and not torch.is_grad_enabled():
-        # Triton forward (the core's forward and prefill run without grad; backward recomputes below).
+    if x.is_cuda:  # the Triton scan (forward and backward); CPU keeps the reference
         from meshplan.kernels.ssd import ssd_chunked
 
         y, state = ssd_chunked(*scan_args, initial_state=initial_state, seq_idx=seq_idx)

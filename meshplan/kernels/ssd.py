@@ -4,11 +4,14 @@ outputs (the attention-like intra-chunk term plus what the entering state contri
 
 Same contract as meshplan.kernels.reference.ssd_chunked_ref, seq_idx included (no state crosses a
 packed-sequence boundary): x (b, s, h, p), dt (b, s, h) after softplus, A (h,), B, C (b, s, g, n), D (h,).
-Returns y like x and the final state (b, h, p, n) fp32. Forward only: the executor's Mamba-2 core
-runs its forward without grad and recomputes with the reference in backward.
+Returns y like x and the final state (b, h, p, n) fp32. Differentiable in every input and the
+initial state: the backward (meshplan.kernels.ssd_bwd) recomputes the chunk states rather than saving
+them.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,19 +31,27 @@ def _chunk_tile(S, H, G, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, st_ptr, S, H, G, P, N, HAS_SID: tl.constexpr,
-                 L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G, P, N, HAS_SID: tl.constexpr,
+                 TO_ENTRY: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """states[b, c, h] (P × N) = Σ_l exp(cum_last − cum_l) · dt_l · x_l ⊗ B_l over the chunk's tokens
-    (with seq_idx: only those of the chunk's last sequence)."""
+    (with seq_idx: only those of the chunk's last sequence).
+
+    TO_ENTRY (the backward's use, x ← dy and B ← C): Σ_l exp(cum_l) · dy_l ⊗ C_l over the tokens the
+    entering state reaches — the gradient of the chunk's outputs with respect to that state."""
     bi, ci, pid_h, g, n_chunks, t, p, n = _chunk_tile(S, H, G, L, BP, BN)
     dt = tl.load(dt_ptr + (bi * S + t) * H + pid_h).to(tl.float32)
     a = dt * tl.load(a_ptr + pid_h).to(tl.float32)
     cum = tl.cumsum(a, axis=0)
-    last = tl.sum(a, axis=0)
-    w = tl.exp(last - cum) * dt  # (L,)
+    if TO_ENTRY:
+        w = tl.exp(cum)
+    else:
+        w = tl.exp(tl.sum(a, axis=0) - cum) * dt  # (L,)
     if HAS_SID:
         sid = tl.load(sid_ptr + bi * S + t)
-        w = tl.where(sid == tl.max(sid, axis=0), w, 0.0)  # seq_idx rises along a row: the max is the last
+        if TO_ENTRY:
+            w = tl.where(sid == tl.load(prev_ptr + bi * n_chunks + ci), w, 0.0)
+        else:
+            w = tl.where(sid == tl.max(sid, axis=0), w, 0.0)  # seq_idx rises along a row: the max is the last
     x = tl.load(x_ptr + ((bi * S + t[:, None]) * H + pid_h) * P + p[None, :], mask=p[None, :] < P, other=0.0)
     bv = tl.load(b_ptr + ((bi * S + t[:, None]) * G + g) * N + n[None, :], mask=n[None, :] < N, other=0.0)
     xw = (x.to(tl.float32) * w[:, None])
@@ -100,40 +111,115 @@ def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, p
              mask=pm[None, :])
 
 
-def ssd_chunked(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int = 32, seq_idx=None):
+class Packing(NamedTuple):
+    """The padded, contiguous inputs and the per-chunk sequence bookkeeping both passes use."""
+    x: torch.Tensor
+    dt: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    sid: torch.Tensor | None  # (b, S) int32, padding joined to each row's last sequence
+    prev: torch.Tensor | None  # (b, nc): the sequence of the state entering chunk c
+    keep: torch.Tensor  # (b, nc) float: 0 where a boundary falls before chunk c's end
+    s: int  # unpadded length
+    chunk: int
+    bn: int
+    bp: int
+
+    @property
+    def shape(self):  # b, S, h, p, g, n, nc
+        b, S, h, p = self.x.shape
+        return b, S, h, p, self.B.shape[2], self.B.shape[3], S // self.chunk
+
+
+def prepare(x, dt, A, B, C, seq_idx, chunk: int, bp: int) -> Packing:
     b, s, h, p = x.shape
-    g, n = B.shape[2], B.shape[3]
     pad = (-s) % chunk
     if pad:  # dt = 0 on padding: no decay, no input
         x, dt, B, C = (F.pad(t, (0,) * (2 * (t.dim() - 2)) + (0, pad)) for t in (x, dt, B, C))
     S = s + pad
     nc = S // chunk
+    sid = prev = None
+    keep = torch.ones(b, nc, device=x.device)
     if seq_idx is not None:  # padding joins the last sequence; per chunk: whom the carried state belongs to
         sid = seq_idx.to(torch.int32)
         if pad:
             sid = torch.cat([sid, sid[:, -1:].expand(b, pad)], dim=1)
         sid = sid.contiguous()
         ends = sid.view(b, nc, chunk)[:, :, -1]
-        prev = torch.cat([sid[:, :1], ends[:, :-1]], dim=1).contiguous()  # sequence of the state entering chunk c
+        prev = torch.cat([sid[:, :1], ends[:, :-1]], dim=1).contiguous()
         keep = (ends == prev).float().contiguous()
-    else:
-        sid = prev = x
-        keep = torch.ones(b, nc, device=x.device)
-    x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
-    A = A.float().contiguous()
-    bn = max(16, triton.next_power_of_2(n))
-    bp = min(bp, max(16, triton.next_power_of_2(p)))
-    states = torch.empty(b, nc, h, p, n, device=x.device, dtype=torch.float32)
-    grid = (b * nc, h, triton.cdiv(p, bp))
-    _chunk_state[grid](x, dt, A, B, sid, states, S, h, g, p, n, HAS_SID=seq_idx is not None, L=chunk, BP=bp, BN=bn)
-    asum = (dt.float() * A).view(b, nc, chunk, h).sum(2).contiguous()  # (b, nc, h)
+    n = B.shape[3]
+    return Packing(x.contiguous(), dt.contiguous(), A.float().contiguous(), B.contiguous(), C.contiguous(), sid,
+                   prev, keep, s, chunk, max(16, triton.next_power_of_2(n)),
+                   min(bp, max(16, triton.next_power_of_2(p))))
+
+
+def chunk_states(pk: Packing, x, b_or_c, to_entry: bool = False) -> torch.Tensor:
+    """(b, nc, h, p, n) fp32: each chunk's own final state — or, with to_entry, Σ exp(cum) dy ⊗ C."""
+    b, S, h, p, g, n, nc = pk.shape
+    out = torch.empty(b, nc, h, p, n, device=x.device, dtype=torch.float32)
+    sid = pk.sid if pk.sid is not None else x
+    prev = pk.prev if pk.prev is not None else x
+    _chunk_state[(b * nc, h, triton.cdiv(p, pk.bp))](x, pk.dt, pk.A, b_or_c, sid, prev, out, S, h, g, p, n,
+                                                     HAS_SID=pk.sid is not None, TO_ENTRY=to_entry, L=pk.chunk,
+                                                     BP=pk.bp, BN=pk.bn)
+    return out
+
+
+def chunk_decay_sums(pk: Packing) -> torch.Tensor:
+    """(b, nc, h): Σ dt·A over each chunk, the log of its state's decay."""
+    b, S, h, p, g, n, nc = pk.shape
+    return (pk.dt.float() * pk.A).view(b, nc, pk.chunk, h).sum(2).contiguous()
+
+
+PASS_BLOCK = 256  # state elements per program of the (sequential over chunks) state-passing kernels
+
+
+def entering_states(pk: Packing, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state entering each chunk (b, nc, h, p, n) and the final state (b, h, p, n), fp32."""
+    b, S, h, p, g, n, nc = pk.shape
+    states = chunk_states(pk, pk.x, pk.B)
     entering = torch.empty_like(states)
-    final = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
+    final = torch.empty(b, h, p, n, device=pk.x.device, dtype=torch.float32)
     init = initial_state.float().contiguous() if initial_state is not None else final
-    block = 256
-    _state_passing[(b, h, triton.cdiv(p * n, block))](states, asum, keep, init, entering, final, nc, h, p * n,
-                                                      HAS_INIT=initial_state is not None, BLOCK=block)
+    _state_passing[(b, h, triton.cdiv(p * n, PASS_BLOCK))](states, chunk_decay_sums(pk), pk.keep, init, entering,
+                                                           final, nc, h, p * n, HAS_INIT=initial_state is not None,
+                                                           BLOCK=PASS_BLOCK)
+    return entering, final
+
+
+def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int = 32, seq_idx=None):
+    pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp)
+    b, S, h, p, g, n, nc = pk.shape
+    entering, final = entering_states(pk, initial_state)
     y = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
-    _chunk_scan[grid](x, dt, A, B, C, D if D is not None else A, entering, sid, prev, y, S, h, g, p, n,
-                      HAS_D=D is not None, HAS_SID=seq_idx is not None, L=chunk, BP=bp, BN=bn)
-    return y[:, :s], final
+    sid = pk.sid if pk.sid is not None else x
+    prev = pk.prev if pk.prev is not None else x
+    _chunk_scan[(b * nc, h, triton.cdiv(p, pk.bp))](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A,
+                                                    entering, sid, prev, y, S, h, g, p, n, HAS_D=D is not None,
+                                                    HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn)
+    return y[:, :pk.s], final
+
+
+class SSDChunkedFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D, initial_state, seq_idx, chunk, bp):
+        y, final = ssd_forward(x, dt, A, B, C, D, initial_state, chunk, bp, seq_idx)
+        ctx.save_for_backward(x, dt, A, B, C, D, initial_state, seq_idx)
+        ctx.chunk, ctx.bp = chunk, bp
+        ctx.set_materialize_grads(False)
+        return y, final
+
+    @staticmethod
+    def backward(ctx, dy, dfinal):
+        from meshplan.kernels.ssd_bwd import ssd_backward
+
+        x, dt, A, B, C, D, initial_state, seq_idx = ctx.saved_tensors
+        grads = ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, ctx.chunk, ctx.bp)
+        return (*grads, None, None, None)
+
+
+def ssd_chunked(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int = 32, seq_idx=None):
+    """The chunked scan; differentiable (Triton backward) when any input requires grad."""
+    return SSDChunkedFn.apply(x, dt, A, B, C, D, initial_state, seq_idx, chunk, bp)
