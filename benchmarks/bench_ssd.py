@@ -65,12 +65,37 @@ def accuracy(chunk: int) -> dict:
     return out
 
 
+def tune(args) -> int:
+    """The chunk backward's settings (headdim block, warps, d_state block, head splits) on the first shape."""
+    b, s, h, p, g, n = SHAPES[0]
+    x, dt, A, B, C, D = inputs(b, s, h, p, g, n)
+    dy = torch.randn_like(x)
+    rows = []
+    for bp in (16, 32, 64):
+        for warps in (4, 8):
+            for block in (32, 64, 128):
+                for target in (1024, 4096):
+                    ssd_bwd.BWD_STATE_BLOCK = block
+                    with torch.no_grad():
+                        t = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None,
+                                                                       args.chunk, bp, target, warps), reps=5, warmup=1)
+                    rows.append({"bp": bp, "warps": warps, "state_block": block, "split_target": target,
+                                 "backward_s": t})
+                    print(f"bp {bp} warps {warps} state block {block} target {target}: {t * 1e3:.2f} ms", flush=True)
+    json.dump({"command": f"python benchmarks/bench_ssd.py --tune --chunk {args.chunk} --out $OUT/tune.json",
+               "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--tune", action="store_true", help="time the backward's launch settings and stop")
     args = ap.parse_args()
     chunk = args.chunk
+    if args.tune:
+        return tune(args)
     big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
     copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
     rows = []

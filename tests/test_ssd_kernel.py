@@ -73,13 +73,15 @@ def _check_backward(b, s, h, p, g, n, chunk, with_init, with_d, seed, seq_idx=No
             torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()), msg=name)
 
 
-@pytest.mark.parametrize("split_target", [1, 1024])  # one program per group (all heads), and one per head
+# (1, 16): one program per group (all heads), d_state in blocks of 16; (1024, 64): one per head.
+@pytest.mark.parametrize("split_target, state_block", [(1, 16), (1024, 64)])
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init, with_d", [(64, 2, 16, 1, 16, 32, False, True),
                                                                     (50, 4, 16, 2, 16, 16, True, True),
                                                                     (96, 4, 32, 1, 32, 32, True, False)])
-def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, s, h, p, g, n, chunk,
-                                                               with_init, with_d):
+def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, state_block, s, h, p, g,
+                                                               n, chunk, with_init, with_d):
     monkeypatch.setattr(ssd_bwd, "SPLIT_TARGET", split_target)
+    monkeypatch.setattr(ssd_bwd, "BWD_STATE_BLOCK", state_block)
     _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + h)
 
 
