@@ -65,23 +65,48 @@ def accuracy(chunk: int) -> dict:
     return out
 
 
+def profile(args) -> int:
+    """CUDA time per kernel of one forward and one backward on the first shape (torch.profiler)."""
+    b, s, h, p, g, n = SHAPES[0]
+    x, dt, A, B, C, D = inputs(b, s, h, p, g, n)
+    dy = torch.randn_like(x)
+
+    def both():
+        ssd_chunked(x, dt, A, B, C, D, chunk=args.chunk)
+        ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, args.chunk)
+
+    with torch.no_grad():
+        for _ in range(2):
+            both()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            both()
+            torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    print(table)
+    open(args.out, "w").write(table)
+    return 0
+
+
 def tune(args) -> int:
-    """The chunk backward's settings (headdim block, warps, d_state block, head splits) on the first shape."""
+    """The backward's settings (in-place state passing, headdim block, warps, d_state block) on the first shape."""
     b, s, h, p, g, n = SHAPES[0]
     x, dt, A, B, C, D = inputs(b, s, h, p, g, n)
     dy = torch.randn_like(x)
     rows = []
-    for bp in (16, 32, 64):
-        for warps in (4, 8):
-            for block in (32, 64, 128):
-                for target in (1024, 4096):
+    for in_place in (True, False):
+        for bp in (16, 32):
+            for warps in (4, 8):
+                for block in (64, 128):
                     ssd_bwd.BWD_STATE_BLOCK = block
                     with torch.no_grad():
                         t = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None,
-                                                                       args.chunk, bp, target, warps), reps=5, warmup=1)
-                    rows.append({"bp": bp, "warps": warps, "state_block": block, "split_target": target,
+                                                                       args.chunk, bp, None, warps, in_place),
+                                          reps=5, warmup=1)
+                    rows.append({"in_place": in_place, "bp": bp, "warps": warps, "state_block": block,
                                  "backward_s": t})
-                    print(f"bp {bp} warps {warps} state block {block} target {target}: {t * 1e3:.2f} ms", flush=True)
+                    print(f"in place {in_place} bp {bp} warps {warps} state block {block}: {t * 1e3:.2f} ms",
+                          flush=True)
     json.dump({"command": f"python benchmarks/bench_ssd.py --tune --chunk {args.chunk} --out $OUT/tune.json",
                "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
     return 0
@@ -92,10 +117,13 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--tune", action="store_true", help="time the backward's launch settings and stop")
+    ap.add_argument("--profile", action="store_true", help="print the forward's and backward's kernels and stop")
     args = ap.parse_args()
     chunk = args.chunk
     if args.tune:
         return tune(args)
+    if args.profile:
+        return profile(args)
     big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
     copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
     rows = []
@@ -112,7 +140,7 @@ def main() -> int:
             pk = prepare(x, dt, A, B, C, None, chunk, 32)
             t_states = median_time_s(lambda: chunk_states(pk, pk.x, pk.B), reps=10, warmup=2)
             t_entering = median_time_s(lambda: entering_states(pk, None), reps=10, warmup=2)
-            t_bwd = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk, 32),
+            t_bwd = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk),
                                   reps=10, warmup=2)
         leaves = [t.detach().requires_grad_() for t in ins]
 

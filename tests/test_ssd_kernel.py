@@ -73,15 +73,16 @@ def _check_backward(b, s, h, p, g, n, chunk, with_init, with_d, seed, seq_idx=No
             torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()), msg=name)
 
 
-# (1, 16): one program per group (all heads), d_state in blocks of 16; (1024, 64): one per head.
-@pytest.mark.parametrize("split_target, state_block", [(1, 16), (1024, 64)])
+# One program per group (all heads), d_state in blocks of 16, state passing in place; and one per head.
+@pytest.mark.parametrize("split_target, state_block, in_place", [(1, 16, True), (1024, 64, False)])
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init, with_d", [(64, 2, 16, 1, 16, 32, False, True),
                                                                     (50, 4, 16, 2, 16, 16, True, True),
                                                                     (96, 4, 32, 1, 32, 32, True, False)])
-def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, state_block, s, h, p, g,
-                                                               n, chunk, with_init, with_d):
+def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, state_block, in_place, s,
+                                                               h, p, g, n, chunk, with_init, with_d):
     monkeypatch.setattr(ssd_bwd, "SPLIT_TARGET", split_target)
     monkeypatch.setattr(ssd_bwd, "BWD_STATE_BLOCK", state_block)
+    monkeypatch.setattr(ssd_bwd, "BWD_IN_PLACE", in_place)
     _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + h)
 
 

@@ -207,7 +207,7 @@ class SSDChunkedFn(torch.autograd.Function):
     def forward(ctx, x, dt, A, B, C, D, initial_state, seq_idx, chunk, bp):
         y, final = ssd_forward(x, dt, A, B, C, D, initial_state, chunk, bp, seq_idx)
         ctx.save_for_backward(x, dt, A, B, C, D, initial_state, seq_idx)
-        ctx.chunk, ctx.bp = chunk, bp
+        ctx.chunk = chunk
         ctx.set_materialize_grads(False)
         return y, final
 
@@ -216,7 +216,7 @@ class SSDChunkedFn(torch.autograd.Function):
         from meshplan.kernels.ssd_bwd import ssd_backward
 
         x, dt, A, B, C, D, initial_state, seq_idx = ctx.saved_tensors
-        grads = ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, ctx.chunk, ctx.bp)
+        grads = ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, ctx.chunk)
         return (*grads, None, None, None)
 
 

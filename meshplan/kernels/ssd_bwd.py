@@ -3,7 +3,9 @@
 1. the gradient each chunk's outputs send to the state entering it, dE_c = Σ_i exp(cum_i) dy_i ⊗ C_i
    (the forward's chunk-state kernel, run on dy and C);
 2. the state recurrence run backwards: with G_c the total gradient of E_c (G_nc = d final),
-   dS_c = G_{c+1} and G_c = dE_c + exp(Σ a over c) · keep_c · G_{c+1}; G_0 is the initial state's gradient;
+   dS_c = G_{c+1} and G_c = dE_c + exp(Σ a over c) · keep_c · G_{c+1}; G_0 is the initial state's gradient
+   (one read and one write per state: reductions inside this sequential loop cost 10× its time on an
+   H200, benchmarks/results/ssd-h200.json);
 3. one program per (chunk, head) for dx, ddt, the per-chunk shares of dA and dD, and the gradient of
    the chunk's C_i·B_j matrix; then one per (chunk, group of heads, d_state block) for dB and dC, which
    sum over the heads that share a group.
@@ -22,12 +24,11 @@ from meshplan.kernels.ssd import PASS_BLOCK, chunk_decay_sums, chunk_states, ent
 
 
 @triton.jit
-def _state_passing_bwd(enter_ptr, d_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr, dasum_ptr, NC, H, PN,
-                       HAS_DFINAL: tl.constexpr, BLOCK: tl.constexpr):
-    """d_ptr holds dE_c on entry and dS_c = G_{c+1} on exit; dasum_ptr (b, nc, h, blocks) gets
-    Σ_k G_{c+1} · exp(asum_c) · keep_c · E_c over this program's block of state elements."""
+def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr, NC, H, PN, HAS_DFINAL: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (which may be d_ptr). (The gradient of the chunk's decay,
+    Σ dS_c · exp(asum_c) · keep_c · E_c, is summed by the chunk kernel, which reads both anyway.)"""
     pid_b, pid_h, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_blocks = tl.num_programs(2)
     k = pid_k * BLOCK + tl.arange(0, BLOCK)
     km = k < PN
     if HAS_DFINAL:
@@ -38,10 +39,8 @@ def _state_passing_bwd(enter_ptr, d_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_p
         c = NC - 1 - r
         base = ((pid_b * NC + c) * H + pid_h) * PN
         factor = tl.exp(tl.load(asum_ptr + (pid_b * NC + c) * H + pid_h)) * tl.load(keep_ptr + pid_b * NC + c)
-        e = tl.load(enter_ptr + base + k, mask=km, other=0.0)
         direct = tl.load(d_ptr + base + k, mask=km, other=0.0)
-        tl.store(d_ptr + base + k, gr, mask=km)
-        tl.store(dasum_ptr + ((pid_b * NC + c) * H + pid_h) * n_blocks + pid_k, factor * tl.sum(gr * e, axis=0))
+        tl.store(out_ptr + base + k, gr, mask=km)
         gr = direct + factor * gr
     tl.store(dinit_ptr + (pid_b * H + pid_h) * PN + k, gr, mask=km)
 
@@ -64,7 +63,7 @@ def _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, bi, ci, h, n_chunks, S, H, 
 
 
 @triton.jit
-def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, dy_ptr, sid_ptr, prev_ptr, dasum_ptr,
+def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, dy_ptr, sid_ptr, prev_ptr, keep_ptr,
                   dx_ptr, ddt_ptr, dcb_ptr, da_ptr, dd_ptr, S, H, G, P, N, HAS_D: tl.constexpr,
                   HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """Grid (batch · chunk, head). With M_ij = (C_i·B_j) exp(cum_i − cum_j) dt_j [same sequence,
@@ -96,30 +95,35 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     dw = tl.zeros((L,), dtype=tl.float32)
     dcum = tl.zeros((L,), dtype=tl.float32)
     dd = 0.0
+    dse = 0.0  # Σ dS · E, for the gradient of the chunk's decay
     st_base = ((bi * n_chunks + ci) * H + h) * P
     for p0 in range(0, P, BP):
         p = p0 + tl.arange(0, BP)
         pm = p < P
         tok_offs = ((bi * S + t[:, None]) * H + h) * P + p[None, :]
-        x = tl.load(x_ptr + tok_offs, mask=pm[None, :], other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + tok_offs, mask=pm[None, :], other=0.0).to(tl.float32)
+        x_in = tl.load(x_ptr + tok_offs, mask=pm[None, :], other=0.0)
+        dy_in = tl.load(dy_ptr + tok_offs, mask=pm[None, :], other=0.0)
+        x, dy = x_in.to(tl.float32), dy_in.to(tl.float32)
         st_offs = (st_base + p[:, None]) * N + n[None, :]
         st_mask = pm[:, None] & nm[None, :]
-        bds = tl.dot(bv, tl.trans(tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0)))  # (L, BP)
+        ds = tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0)
+        e = tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0)
+        dse += tl.sum(tl.sum(ds * e, axis=1), axis=0)
+        bds = tl.dot(bv, tl.trans(ds))  # (L, BP)
         dx = tl.dot(tl.trans(m), dy) + w[:, None] * bds
         if HAS_D:
             dx += tl.load(d_ptr + h).to(tl.float32) * dy
             dd += tl.sum(tl.sum(dy * x, axis=1), axis=0)
         tl.store(dx_ptr + tok_offs, dx.to(dx_ptr.dtype.element_ty), mask=pm[None, :])
-        dm += tl.dot(dy, tl.trans(x))
+        dm += tl.dot(dy_in, tl.trans(x_in))  # in the inputs' dtype: exact products, fp32 sums
         dw += tl.sum(x * bds, axis=1)
-        ce = tl.dot(cv, tl.trans(tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0)))  # (L, BP): C_i·E[p]
-        dcum += tl.sum(dy * ce, axis=1)
+        dcum += tl.sum(dy * tl.dot(cv, tl.trans(e)), axis=1)  # C_i · E[p]
     tl.store(dcb_ptr + (pid_bc * H + h) * L * L + i[:, None] * L + i[None, :], dm * decay * dt[None, :])
     q = dm * m  # the gradient of log M_ij
     ddt = tl.sum(dm * m_nodt, axis=0) + dw * w_nodt
     dcum = dcum * reach + tl.sum(q, axis=1) - tl.sum(q, axis=0) - dw * w
-    dlast = tl.sum(dw * w, axis=0) + tl.load(dasum_ptr + (bi * n_chunks + ci) * H + h)
+    decay_c = tl.exp(tl.sum(dt * a_h, axis=0)) * tl.load(keep_ptr + bi * n_chunks + ci)
+    dlast = tl.sum(dw * w, axis=0) + decay_c * dse
     # cum_i = Σ_{k ≤ i} a_k and last = Σ_k a_k, so da_k = Σ_{i ≥ k} dcum_i + dlast.
     da = tl.sum(dcum, axis=0) - tl.cumsum(dcum, axis=0) + dcum + dlast
     tl.store(ddt_ptr + (bi * S + t) * H + h, ddt + da * a_h)
@@ -190,26 +194,33 @@ def head_splits(heads_per_group: int, programs: int, target: int | None = None) 
     return best
 
 
-# Warps per program of the chunk backward kernels, and the d_state block of the dB/dC kernel.
-BWD_WARPS = 8
+# Launch settings of the chunk backward kernels — warps, headdim block, d_state block of the dB/dC
+# kernel — and whether the backward state passing writes over its input: the fastest of 16 settings
+# on an H200 (5.98 ms against 7.36 ms in place, at the cost of one more fp32 state buffer while it
+# runs): benchmarks/results/ssd-bwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune`.
+BWD_WARPS = 4
+BWD_HEADDIM_BLOCK = 16
 BWD_STATE_BLOCK = 64
+BWD_IN_PLACE = False
 
 
-def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int,
-                 split_target: int | None = None, warps: int | None = None):
+def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int | None = None,
+                 split_target: int | None = None, warps: int | None = None, in_place: bool | None = None):
     """Gradients of (x, dt, A, B, C, D, initial_state) (None where the input is None)."""
-    pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp)
+    pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or BWD_HEADDIM_BLOCK)
+    in_place = BWD_IN_PLACE if in_place is None else in_place
     b, S, h, p, g, n, nc = pk.shape
     entering, _ = entering_states(pk, initial_state)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
     d_states = chunk_states(pk, dy, pk.C, to_entry=True)  # dE_c, turned into dS_c below
-    n_blocks = triton.cdiv(p * n, PASS_BLOCK)
-    dasum = torch.empty(b, nc, h, n_blocks, device=x.device, dtype=torch.float32)
     d_init = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
-    _state_passing_bwd[(b, h, n_blocks)](entering, d_states, chunk_decay_sums(pk), pk.keep,
-                                         dfinal.contiguous() if dfinal is not None else d_init, d_init, dasum, nc, h,
-                                         p * n, HAS_DFINAL=dfinal is not None, BLOCK=PASS_BLOCK)
+    d_out = d_states if in_place else torch.empty_like(d_states)
+    _state_passing_bwd[(b, h, triton.cdiv(p * n, PASS_BLOCK))](d_states, d_out, chunk_decay_sums(pk), pk.keep,
+                                                               dfinal.contiguous() if dfinal is not None else d_init,
+                                                               d_init, nc, h, p * n, HAS_DFINAL=dfinal is not None,
+                                                               BLOCK=PASS_BLOCK)
+    d_states = d_out
     dx = torch.empty_like(pk.x)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
     dcb = torch.empty(b, nc, h, chunk, chunk, device=x.device, dtype=torch.float32)
@@ -218,7 +229,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x
     _chunk_bwd_dx[(b * nc, h)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, entering, d_states, dy,
-                               sid, prev, dasum.sum(-1).contiguous(), dx, ddt, dcb, da, dd, S, h, g, p, n,
+                               sid, prev, pk.keep, dx, ddt, dcb, da, dd, S, h, g, p, n,
                                HAS_D=D is not None, HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
                                num_warps=warps or BWD_WARPS)
     hpg = h // g
