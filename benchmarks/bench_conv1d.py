@@ -3,8 +3,8 @@
     python benchmarks/bench_conv1d.py --out $OUT/conv1d.json
 
 Bytes counted as the least the kernel must move: forward reads x and writes out (bf16); backward
-reads x and dy, writes dx (bf16), and in this implementation also writes and reads the fp32
-pre-activation gradient. Roofline: a large device-to-device copy measured in the same run.
+reads x and dy and writes dx (bf16) — it rebuilds the pre-activation in registers. Roofline: a large
+device-to-device copy measured in the same run. --tiles also times forward and backward tiles.
 """
 
 from __future__ import annotations
@@ -15,8 +15,28 @@ import json
 import torch
 
 from meshplan.executor.run import median_time_s
-from meshplan.kernels.conv1d import causal_conv1d, causal_conv1d_fwd
-from meshplan.kernels.reference import causal_conv1d_ref
+from meshplan.kernels.conv1d import causal_conv1d, causal_conv1d_bwd, causal_conv1d_fwd, causal_conv1d_update
+from meshplan.kernels.reference import causal_conv1d_ref, causal_conv1d_update_ref
+
+
+def decode_rows() -> list[dict]:
+    """One decode step of the conv (mamba2-2.7b's 5376 channels, d_conv 4): the Triton update (one
+    launch, state in place) against the torch ops the reference runs, per call."""
+    rows = []
+    for b in (1, 8, 64):
+        c, k = 5376, 4
+        x = torch.randn(b, c, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(c, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(c, device="cuda", dtype=torch.bfloat16)
+        state, state_ref = (torch.randn(b, k - 1, c, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        state_ref.copy_(state)
+        err = (causal_conv1d_update(x, state, w, bias).float() - causal_conv1d_update_ref(x, state_ref, w, bias).float())
+        tri = median_time_s(lambda: causal_conv1d_update(x, state, w, bias), reps=50, warmup=5)
+        ref = median_time_s(lambda: causal_conv1d_update_ref(x, state_ref, w, bias), reps=50, warmup=5)
+        rows.append({"b": b, "channels": c, "triton_s": tri, "torch_ops_s": ref, "max_abs_err": err.abs().max().item(),
+                     "state_equal": bool(torch.equal(state, state_ref))})
+        print(f"decode b {b}: triton update {tri * 1e6:.1f} us, torch ops {ref * 1e6:.1f} us", flush=True)
+    return rows
 
 
 def main() -> int:
@@ -35,19 +55,16 @@ def main() -> int:
         seq_idx = (torch.arange(t, device="cuda") // 1000).expand(b, t).contiguous()
         err = (causal_conv1d(x, w, bias, seq_idx).float() - causal_conv1d_ref(x, w, bias, seq_idx=seq_idx).float()).abs().max().item()
         fwd = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx), reps=20, warmup=3)
-        xg = x.clone().requires_grad_(True)
-        out = causal_conv1d(xg, w, bias, seq_idx)
-        g = torch.randn_like(out)
-        bwd = median_time_s(lambda: torch.autograd.grad(causal_conv1d(xg, w, bias, seq_idx), xg, g), reps=20,
-                            warmup=3) - fwd
+        g = torch.randn_like(x)
+        bwd = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx), reps=20, warmup=3)
         n = b * t * c
         fwd_bytes = 2 * n * 2
-        bwd_bytes = 3 * n * 2 + 2 * n * 4 + n * 4  # x, dy, dx; dpre written and read; recomputed pre
+        bwd_bytes = 3 * n * 2  # x, dy read; dx written
         rows.append({"b": b, "t": t, "c": c, "max_abs_err_vs_ref": err, "fwd_s": fwd, "bwd_s": bwd,
                      "fwd_bandwidth_fraction": fwd_bytes / fwd / copy_bw,
                      "bwd_bandwidth_fraction": bwd_bytes / bwd / copy_bw})
-    out = {"command": "python benchmarks/bench_conv1d.py --out $OUT/conv1d.json", "gpu": torch.cuda.get_device_name(0),
-           "copy_bytes_per_s": copy_bw, "runs": rows}
+    out = {"command": "python benchmarks/bench_conv1d.py --tiles --out $OUT/conv1d.json", "gpu": torch.cuda.get_device_name(0),
+           "copy_bytes_per_s": copy_bw, "runs": rows, "decode": decode_rows()}
     if args.tiles:
         b, t, c = 4, 16384, 5376
         x = torch.randn(b, t, c, device="cuda", dtype=torch.bfloat16)
@@ -58,6 +75,14 @@ def main() -> int:
         for bt, bc in ((64, 32), (32, 128), (64, 128), (16, 256), (32, 256), (128, 64), (8, 512)):
             s = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, bt=bt, bc=bc), reps=20, warmup=3)
             out["tiles"].append({"bt": bt, "bc": bc, "fwd_s": s, "fwd_bandwidth_fraction": 2 * b * t * c * 2 / s / copy_bw})
+        g = torch.randn_like(x)
+        out["bwd_tiles"] = []
+        for bt, bc, steps in ((32, 128, 16), (32, 128, 4), (16, 128, 16), (64, 64, 8), (32, 64, 16), (16, 256, 8)):
+            s = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, bt=bt, bc=bc, steps=steps), reps=20,
+                              warmup=3)
+            out["bwd_tiles"].append({"bt": bt, "bc": bc, "steps": steps, "bwd_s": s,
+                                     "bwd_bandwidth_fraction": 3 * b * t * c * 2 / s / copy_bw})
+            print(f"bwd tile {bt}x{bc}, {steps} steps: {s * 1e3:.3f} ms", flush=True)
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"copy roofline {copy_bw / 1e12:.2f} TB/s")
     for r in rows:

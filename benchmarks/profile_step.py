@@ -1,10 +1,11 @@
 """Where a training step's GPU time goes, by kernel category, next to the cost model's components.
 
     python benchmarks/profile_step.py --out $OUT/profile.json      (one GPU)
+    python benchmarks/profile_step.py --model mamba2-2.7b --out $OUT/profile-mamba2.json
 
-The 7B-shaped dense stack (2 layers, bf16) on one GPU at 4K / 16K / 32K tokens: torch.profiler's CUDA
-kernel times grouped by name into GEMM, attention, optimizer and the rest (elementwise, norms,
-copies), against the model's gemm / attention / memory-bound / optimizer seconds.
+A preset's stack (2 layers, bf16; the 7B-shaped dense model by default) on one GPU at 4K / 16K / 32K
+tokens: torch.profiler's CUDA kernel times grouped by name into GEMM, attention, scan and conv,
+optimizer and the rest (elementwise, norms, copies), against the model's components.
 """
 
 from __future__ import annotations
@@ -68,14 +69,15 @@ def profile_one(model, cluster, seq: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="dense-7b")
     args = ap.parse_args()
-    model = replace(PRESETS["dense-7b"], layers=2, name="dense-7b/2L")
+    model = replace(PRESETS[args.model], layers=2, name=f"{args.model}/2L")
     cluster = load_cluster("h200-8")
     rows = []
     for seq in (4096, 16384, 32768):
         rows.append(profile_one(model, cluster, seq))
         torch.cuda.empty_cache()
-    json.dump({"command": "python benchmarks/profile_step.py --out $OUT/profile.json",
+    json.dump({"command": f"python benchmarks/profile_step.py --model {args.model} --out $OUT/profile.json",
                "gpu": torch.cuda.get_device_name(0), "runs": rows}, open(args.out, "w"), indent=1)
     for r in rows:
         m, p = r["measured_s"], r["predicted_s"]

@@ -5,6 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from meshplan.kernels import conv1d
 from meshplan.kernels.conv1d import causal_conv1d
 from meshplan.kernels.packing import pack, unpack
 from meshplan.kernels.reference import causal_conv1d_ref, ssd_scan_ref
@@ -18,8 +19,13 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
     return x, w, bias
 
 
+# steps 2 with 8-step tiles: several backward programs, each walking two tiles (dw summed across both).
+@pytest.mark.parametrize("bwd_tiles", [None, (8, 2)])
 @pytest.mark.parametrize("t, c, k", [(37, 20, 4), (130, 40, 3), (5, 7, 4)])
-def test_forward_and_backward_match_reference(t, c, k):
+def test_forward_and_backward_match_reference(monkeypatch, bwd_tiles, t, c, k):
+    if bwd_tiles is not None:
+        monkeypatch.setattr(conv1d, "TILE_T", bwd_tiles[0])
+        monkeypatch.setattr(conv1d, "BWD_STEPS", bwd_tiles[1])
     x, w, bias = _inputs(2, t, c, k, seed=t)
     seq_idx = torch.tensor([[0] * (t // 3) + [1] * (t - t // 3), [0] * t])
     xs, ws, bs = (v.clone().requires_grad_(True) for v in (x, w, bias))
@@ -96,3 +102,22 @@ def test_mamba2_block_on_packed_rows_equals_each_sequence_alone():
         a = alone[None].clone().requires_grad_(True)
         block(a).sum().backward()
         torch.testing.assert_close(got, a.grad[0])
+
+
+@pytest.mark.parametrize("c, k", [(20, 4), (300, 3), (7, 2)])
+def test_conv_update_continues_the_full_conv(c, k):
+    """Decoding token by token from an empty window gives the full causal conv's outputs, and the
+    Triton update equals the reference update (output and state) at every step."""
+    from meshplan.kernels.conv1d import causal_conv1d_update
+    from meshplan.kernels.reference import causal_conv1d_update_ref
+
+    x, w, bias = _inputs(2, 9, c, k, seed=c)
+    full = causal_conv1d_ref(x, w, bias)
+    state = torch.zeros(2, k - 1, c)
+    state_ref = state.clone()
+    for t in range(x.shape[1]):
+        out = causal_conv1d_update(x[:, t], state, w, bias, bc=64)
+        ref = causal_conv1d_update_ref(x[:, t], state_ref, w, bias)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(state, state_ref)
+        torch.testing.assert_close(out, full[:, t], rtol=1e-5, atol=1e-5)

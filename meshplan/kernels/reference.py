@@ -207,3 +207,17 @@ def _ssd_chunked_packed(x, dt, A, B, C, D, initial_state, chunk, seq_idx):
     if D is not None:
         y = y + acc(D).view(1, 1, h, 1) * acc(x)
     return y.to(x.dtype), carried
+
+
+def causal_conv1d_update_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None = None, activation: str | None = "silu") -> torch.Tensor:
+    """One decode step of the causal conv: x (b, c), conv_state (b, K−1, c) the previous K−1 inputs
+    (oldest first), updated in place. Equals the last output of causal_conv1d_ref over (state, x)."""
+    window = torch.cat([conv_state, x.unsqueeze(1)], dim=1)  # (b, K, c)
+    out = (acc(window) * acc(weight).t().unsqueeze(0)).sum(1)
+    if bias is not None:
+        out = out + acc(bias)
+    if activation == "silu":
+        out = F.silu(out)
+    conv_state.copy_(window[:, 1:])
+    return out.to(x.dtype)
