@@ -47,7 +47,7 @@ def plan(args) -> list[dict]:
         runs += [dict(model=m, layout=x, seq=seq, mode="train") for x in MAMBA_LAYOUTS]
     for seq in prefill_seqs:
         runs += [dict(model=d, layout=x, seq=seq, mode="prefill") for x in ("single", "tp=4", "tsp=4", "sp=4")]
-        runs += [dict(model=m, layout=x, seq=seq, mode="prefill") for x in ("single", "tpssm=2", "tpssm=4")]
+        runs += [dict(model=m, layout=x, seq=seq, mode="prefill") for x in ("single", "tpssm=2", "sp=2", "tpssm=4")]
         # Decode: one token per sequence after a prefill of `seq`, batch 8.
         runs += [dict(model=d, layout=x, seq=seq, mode="decode", batch=8)
                  for x in ("single", "tp=2", "sp=2", "tsp=2", "tp=4", "tsp=4")]

@@ -58,12 +58,13 @@ def test_tpssm_int8_all_reduce_is_one_byte_plus_scales():
     assert bf16.message_bytes == 2 * 4096 * 2048 * 2
 
 
-def test_sp_mamba_hands_the_state_along_the_sequence():
+def test_sp_mamba_gathers_shard_summaries_and_passes_the_conv_tail():
     model = PRESETS["mamba2-130m"]
-    (fwd,) = [c for c in step_schedule(model, Layout(sp=4), 4096, 1, CostOptions(mode="prefill")).per_block["mamba2"]]
-    # fp32 state 24 heads · 64 · 128 and the conv tail of 3 tokens · (1536 + 256) channels in bf16.
-    assert fwd.kind == "send_recv" and fwd.chain
-    assert fwd.message_bytes == 24 * 64 * 128 * 4 + 3 * (1536 + 256) * 2
+    tail, summaries = step_schedule(model, Layout(sp=4), 4096, 1, CostOptions(mode="prefill")).per_block["mamba2"]
+    # The conv tail: 3 tokens · (1536 + 256) channels in bf16, to the next shard.
+    assert tail.kind == "send_recv" and tail.message_bytes == 3 * (1536 + 256) * 2
+    # Every shard's fp32 final state (24 heads · 64 · 128) and log decay (24 heads), gathered from 4.
+    assert summaries.kind == "all_gather" and summaries.message_bytes == 4 * (24 * 64 * 128 * 4 + 24 * 4)
 
 
 def test_dp_gradient_all_reduce_and_zero():
@@ -206,3 +207,19 @@ def test_time_crossover_exists_when_communication_dominates():
             > estimate_step(PRESETS["dense-7b"], tp, below, 1, FWD, slow).step_time_s)
     assert (estimate_step(PRESETS["dense-7b"], tsp, above, 1, FWD, slow).step_time_s
             < estimate_step(PRESETS["dense-7b"], tp, above, 1, FWD, slow).step_time_s)
+
+
+def test_mamba2_kernel_bytes_by_hand():
+    """mamba2-2.7b (80 heads of 64, d_state 128, one group) at 16384 tokens in bf16: 256 chunks of 64,
+    each state buffer 256 · 80 · 64 · 128 · 4 B; conv channels 5120 + 2 · 128."""
+    from meshplan.costmodel.compute import mamba2_kernel_bytes
+
+    t, state = 16384, 256 * 80 * 64 * 128 * 4
+    got = mamba2_kernel_bytes(PRESETS["mamba2-2.7b"], t, 1, 2)
+    assert got["scan_fwd"] == t * (2 * 5120 * 2 + 4 * 80 + 2 * 128 * 2) + 4 * state
+    assert got["scan_bwd"] == t * (3 * 5120 * 2 + 8 * 80 + 4 * 128 * 2) + 9 * state
+    assert got["conv_fwd"] == 2 * t * 5376 * 2 and got["conv_bwd"] == 3 * t * 5376 * 2
+    # TP-SSM 2: heads halve, the single B/C group stays whole on each rank.
+    half = mamba2_kernel_bytes(PRESETS["mamba2-2.7b"], t, 2, 2)
+    assert half["conv_fwd"] == 2 * t * (2560 + 256) * 2
+    assert half["scan_fwd"] == t * (2 * 2560 * 2 + 4 * 40 + 2 * 128 * 2) + 4 * state / 2

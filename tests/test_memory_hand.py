@@ -149,3 +149,19 @@ def test_pipeline_first_stage_holds_pp_microbatches():
 def saved_head_bytes(model, seq):
     # final norm input + LM head input (bf16, full width) + fp32 rstd, unsplit by TP: 2·2·h + 4 per token.
     return seq * (2 * 2 * model.d_model + 4)
+
+
+@pytest.mark.parametrize("layout, want", [
+    # d_inner 5120, 80 heads of 64, d_state 128, 1 group, 16384 tokens, bf16: the scan phase wins.
+    # Single GPU: 16384 · ((5120 + 256) · 2 + 80 · 4) + 16384 · (2 · 5120 · 2 + 80 · 4 + 256 · 8)
+    #             + 3 · (256 chunks · 80 · 64 · 128 · 4 B)
+    ("single", 16384 * 11072 + 16384 * 22848 + 3 * 256 * 80 * 64 * 128 * 4),
+    # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks.
+    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160) + 16384 * (2 * 2560 * 2 + 160 + 2048) + 3 * 256 * 40 * 64 * 128 * 4),
+])
+def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
+    from meshplan.costmodel.layouts import sharding_for
+    from meshplan.costmodel.memory import _mixer_backward_bytes
+
+    sh = sharding_for(parse_layout(layout), MemoryOptions())
+    assert _mixer_backward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want

@@ -50,21 +50,21 @@ class Comm:
     block: str = ""  # attention, mlp, mamba2, mamba1, embedding, logits, model
     what: str = ""
     overlap: str = "none"  # none | gemm (TSP ring / broadcast stream) | attention (SP K/V) | backward (grads)
-    chain: bool = False  # hops run one after another along the group (SP state hand-off): time × (n − 1)
+    line: bool = False  # send_recv to the next rank along a line, not a ring: the last rank sends nothing
 
     @property
-    def chain_share(self) -> float:
-        """A chain's first rank only sends and its last only receives: (n − 1)/n hops per rank on average."""
-        return (self.group_size - 1) / self.group_size if self.chain else 1.0
+    def share(self) -> float:
+        """Sends per rank, averaged over the group: (n − 1)/n along a line."""
+        return (self.group_size - 1) / self.group_size if self.line else 1.0
 
     @property
     def bytes_per_rank(self) -> float:
-        return volume_factor(self.kind, self.group_size) * self.message_bytes * self.count * self.chain_share
+        return volume_factor(self.kind, self.group_size) * self.message_bytes * self.count * self.share
 
     @property
     def message_bytes_per_rank(self) -> float:
         """Buffer bytes a rank hands to collectives, averaged over the group (what the executor counts)."""
-        return self.message_bytes * self.count * self.chain_share
+        return self.message_bytes * self.count * self.share
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ FLOPs per op (DESIGN.md §4): a GEMM of (m × k)·(k × n) is 2·m·n·k; causal
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.costmodel.layouts import Sharding
@@ -32,6 +33,22 @@ ATTENTION_EFFICIENCY_CAUSAL = ((4096, 0.39), (16384, 0.54), (32768, 0.56))
 ATTENTION_EFFICIENCY_PREFIX = ((8192, 0.27), (16384, 0.31), (32768, 0.33))
 ATTENTION_EFFICIENCY = 0.35  # decode and anything off the tables' shapes
 ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forward's 2
+# Mamba-2's own kernels (meshplan/kernels), as achieved fractions of the device's HBM rate (the
+# datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks: the
+# chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — forward 1.72e12 B/s, backward
+# 0.95e12 B/s (0.41 and 0.26 of the 4.18 TB/s copy rate; benchmarks/results/ssd-h200.json,
+# `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels (0.51 and 0.068
+# of the copy rate; benchmarks/results/conv1d-h200.json, `python benchmarks/bench_conv1d.py --tiles`).
+SCAN_FWD_HBM_FRACTION = 0.358
+SCAN_BWD_HBM_FRACTION = 0.227
+CONV_FWD_HBM_FRACTION = 0.443
+CONV_BWD_HBM_FRACTION = 0.059
+# Mamba-2's eager work (fp32 gated RMSNorm and its autograd, dt softplus, layout copies around the
+# kernels, partial-sum reductions) against the one pass per tensor counted below: 14.3× at 16K and
+# 13.9× at 32K tokens in a 2-layer mamba2-2.7b training step on an H200 (kernels other than GEMM,
+# scan, conv and the optimizer; benchmarks/results/profile-step-mamba2-h200.json,
+# `python benchmarks/profile_step.py --model mamba2-2.7b`). Fused gated-norm kernels would cut it.
+EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 14.1
 # Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
 # cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write
 # weight, m, v: 12), the bf16 copy-back (read 4, write 2).
@@ -92,14 +109,17 @@ class BlockCompute:
     mem_fwd_s: float  # memory-bound work
     recompute_fwd_s: float  # extra forward work redone in backward
     flops_fwd: float  # model FLOPs (no recompute)
+    kernel_fwd_s: float = 0.0  # Mamba-2's scan and conv kernels
+    kernel_bwd_s: float = 0.0
 
     @property
     def fwd_s(self) -> float:
-        return self.gemm_fwd_s + self.attn_fwd_s + self.mem_fwd_s
+        return self.gemm_fwd_s + self.attn_fwd_s + self.mem_fwd_s + self.kernel_fwd_s
 
     @property
     def bwd_s(self) -> float:
-        return 2 * self.gemm_fwd_s + ATTENTION_BWD_FACTOR * self.attn_fwd_s + 2 * self.mem_fwd_s + self.recompute_fwd_s
+        return 2 * self.gemm_fwd_s + ATTENTION_BWD_FACTOR * self.attn_fwd_s + 2 * self.mem_fwd_s + self.recompute_fwd_s \
+            + self.kernel_bwd_s
 
 
 def _gemms(model: ModelSpec, kind: str, head_div: int) -> list[tuple[float, float]]:
@@ -129,12 +149,10 @@ def _memory_bound_bytes_per_token(model: ModelSpec, kind: str, head_div: int, e:
     if kind == "mlp":
         f = model.mlp
         return e * (5 * f.hidden + 3 * f.ffn_hidden / head_div)  # SwiGLU reads gate, up; writes product
-    if kind == "mamba2":
+    if kind == "mamba2":  # conv and scan are kernels of their own (mamba2_kernel_s); dt's softplus is fp32
         m = model.mamba2
-        conv = 2 * m.conv_dim / head_div
-        scan = (m.d_inner + m.nheads + 2 * m.ngroups * m.d_state + m.d_inner) / head_div  # x, dt, B, C in; y out
         gate_norm = 3 * m.d_inner / head_div
-        return e * (5 * m.d_model + conv + scan + gate_norm)
+        return e * (5 * m.d_model + gate_norm) + (e + 4) * m.nheads / head_div
     if kind == "mamba1":
         m = model.mamba1
         di = m.d_inner / head_div
@@ -158,18 +176,52 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         else:
             attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
         flops += core_flops
-    mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * EAGER_ELEMENTWISE_FACTOR / dev.hbm_bytes_per_s
-    recompute_s = 0.0
+    eager = EAGER_ELEMENTWISE_FACTOR_MAMBA2 if kind == "mamba2" else EAGER_ELEMENTWISE_FACTOR
+    mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * eager / dev.hbm_bytes_per_s
+    kernel_fwd, kernel_bwd = mamba2_kernel_s(model, tokens, head_div, e, dev) if kind == "mamba2" else (0.0, 0.0)
+    # A sequence shard first runs conv and scan once more for its zero-start summary (its final state),
+    # recomputed and differentiated in backward (meshplan/executor/layouts/mamba.py).
+    summary_fwd, summary_bwd = (kernel_fwd, kernel_bwd) if sh.token_div > 1 else (0.0, 0.0)
+    recompute_s = summary_fwd if training else 0.0
     if training:
         if recompute == "full":
-            recompute_s = gemm + attn + mem
+            recompute_s += gemm + attn + mem + kernel_fwd
         elif kind == "attention" and (recompute == "selective" or sh.gathers_kv):
             # Sequence shards keep only their local q, k, v: attention is recomputed in backward.
-            recompute_s = attn
+            recompute_s += attn
         elif kind in ("mamba2", "mamba1"):
             # The mixer core (conv, scan, gated norm, out_proj) is recomputed in backward.
-            recompute_s = mem + gemm_time_s(tokens, *_gemms(model, kind, head_div)[-1], e, dev)
-    return BlockCompute(gemm, attn, mem, recompute_s, flops)
+            recompute_s += mem + kernel_fwd + gemm_time_s(tokens, *_gemms(model, kind, head_div)[-1], e, dev)
+    return BlockCompute(gemm, attn, mem, recompute_s, flops, kernel_fwd + summary_fwd,
+                        kernel_bwd + summary_bwd if training else 0.0)
+
+
+def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) -> dict[str, float]:
+    """HBM bytes of the Mamba-2 kernels on one rank, counted as their benchmarks count them
+    (benchmarks/bench_ssd.py, benchmarks/bench_conv1d.py). Scan: x, dt (fp32), B, C in and y out,
+    plus 4 passes over the fp32 chunk states forward; x, dt, B, C, dy in and dx, ddt, dB, dC out,
+    plus 9 state passes backward. Conv: read x, write out forward; read x and dy, write dx backward."""
+    from meshplan.costmodel.memory import SSD_CHUNK
+
+    m = model.mamba2
+    h = m.nheads / head_div
+    g = m.ngroups / min(head_div, m.ngroups)  # B/C groups this rank's heads use
+    hp, gn = h * m.headdim, g * m.d_state
+    state = 4 * math.ceil(tokens / SSD_CHUNK) * hp * m.d_state
+    conv = tokens * (hp + 2 * gn) * e
+    return {"scan_fwd": tokens * (2 * hp * e + 4 * h + 2 * gn * e) + 4 * state,
+            "scan_bwd": tokens * (3 * hp * e + 8 * h + 4 * gn * e) + 9 * state,
+            "conv_fwd": 2 * conv, "conv_bwd": 3 * conv}
+
+
+def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device) -> tuple[float, float]:
+    """(forward, backward) seconds of the scan and conv kernels at their measured HBM fractions."""
+    if tokens <= 1:  # decode: the state update, costed by the step's decode state I/O
+        return 0.0, 0.0
+    b = mamba2_kernel_bytes(model, tokens, head_div, e)
+    hbm = dev.hbm_bytes_per_s
+    return (b["scan_fwd"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
+            b["scan_bwd"] / (hbm * SCAN_BWD_HBM_FRACTION) + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION))
 
 
 def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: Device) -> BlockCompute:

@@ -87,8 +87,10 @@ def saved_activation_bytes(model: ModelSpec, layout: Layout, seq: int, batch: in
         largest = max(largest, full)
         runs = math.ceil(count * layers_fraction)
         if sh.token_div > 1 and opts.recompute != "full":
-            # A sequence shard keeps the conv tail and SSM state it started from (per sequence).
-            saved += runs * sum(mamba_boundary_bytes(model, kind, batch, sh.head_div, opts) for kind in blocks)
+            # A sequence shard keeps the conv tail and SSM state it started from, and every shard's
+            # summary it built that state from (per sequence).
+            saved += runs * sum(mamba_boundary_bytes(model, kind, batch, sh.head_div, opts, sh.token_div)
+                                for kind in blocks)
         if opts.recompute == "full":
             saved += runs * tokens * e * width / (sh.token_div * sh.hidden_div)
         else:
@@ -96,19 +98,25 @@ def saved_activation_bytes(model: ModelSpec, layout: Layout, seq: int, batch: in
     return saved, largest
 
 
-def mamba_boundary_bytes(model: ModelSpec, kind: str, batch: int, head_div: int, opts: MemoryOptions) -> float:
+def mamba_boundary_bytes(model: ModelSpec, kind: str, batch: int, head_div: int, opts: MemoryOptions,
+                         shards: int = 1) -> float:
     """Conv tail ((d_conv − 1) × conv channels, activation dtype) and SSM state (state dtype) of one
-    Mamba block for `batch` sequences on one rank; 0 for other blocks."""
+    Mamba block for `batch` sequences on one rank; 0 for other blocks. With `shards` > 1 (SP) also the
+    gathered summaries the entering state was combined from — every shard's final state and log
+    decay, and the combination's weights (one per shard and decay) — which its backward keeps."""
     if kind == "mamba2":
         m = model.mamba2
         conv = m.d_inner / head_div + 2 * m.ngroups * m.d_state / math.gcd(head_div, m.ngroups)
         state = m.nheads * m.headdim * m.d_state / head_div
+        decay = m.nheads / head_div
     elif kind == "mamba1":
         m = model.mamba1
         conv, state = m.d_inner / head_div, m.d_inner * m.d_state / head_div
+        decay = state
     else:
         return 0.0
-    return batch * (conv * (m.d_conv - 1) * opts.nbytes("act_dtype") + state * opts.nbytes("ssm_state_dtype"))
+    summaries = shards * (state + 2 * decay) if shards > 1 else 0.0
+    return batch * (conv * (m.d_conv - 1) * opts.nbytes("act_dtype") + (state + summaries) * opts.nbytes("ssm_state_dtype"))
 
 
 def _largest_block_share(model: ModelSpec) -> float:
@@ -158,7 +166,9 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     if opts.training:
         extra = unit_full if opts.recompute == "full" else 0.0
-        return 3 * hidden + _widest_gradient(model, sh, seq, batch, opts) + extra
+        inner = max((_mixer_backward_bytes(model, kind, tokens, sh, e) for kind, _ in model.block_invocations()),
+                    default=0.0)
+        return 3 * hidden + _widest_gradient(model, sh, seq, batch, opts) + extra + inner
     live = 0.0
     for kind, _ in model.block_invocations():
         out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
@@ -171,15 +181,40 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
 SSD_CHUNK = 64  # tokens per chunk of meshplan.kernels.ssd (and the torch chunked reference)
 
 
+def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding) -> float:
+    """One fp32 buffer of per-chunk SSM states (b, chunks, heads, headdim, d_state) on one rank."""
+    m = model.mamba2
+    chunks = math.ceil(tokens / sh.token_div / SSD_CHUNK)
+    return chunks * m.nheads / sh.head_div * m.headdim * m.d_state * 4
+
+
 def _scan_chunk_state_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding) -> float:
     """The chunked scan's fp32 buffers: each chunk's own state and the state entering it
     (meshplan/kernels/ssd.py; measured as most of a 16K prefill's transient,
     benchmarks/results/validation-h200-run7-x1-triton-ssd.json)."""
+    return 2 * _scan_state_bytes(model, tokens, sh) if kind == "mamba2" else 0.0
+
+
+def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int) -> float:
+    """Training, Mamba-2: the peak inside one block's backward, where Mamba2CoreFn recomputes the core
+    with grad and differentiates it (meshplan/executor/blocks.py), as the larger of two phases.
+
+    Gated-norm phase (backward starts): what the recomputed graph saved — conv output (d_inner + B/C
+    columns), dt (fp32), out_proj's input (d_inner), the gated norm's fp32 intermediates (y, z,
+    silu(z), their product, the normalised product: 5 × d_inner × 4) — and out_proj's input gradient.
+    Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's dy and dx, ddt (fp32), fp32
+    dB/dC partial sums (two head splits), and three fp32 state buffers (entering states, their
+    gradient and dS while the backward state passing runs out of place)."""
     if kind != "mamba2":
         return 0.0
     m = model.mamba2
-    chunks = math.ceil(tokens / sh.token_div / SSD_CHUNK)
-    return 2 * chunks * m.nheads / sh.head_div * m.headdim * m.d_state * 4
+    t = tokens / sh.token_div
+    di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
+    bc = 2 * m.d_state * m.ngroups / min(sh.head_div, m.ngroups)  # B and C of the groups this rank's heads use
+    common = t * ((di + bc) * e + nh * 4)
+    norm_phase = common + t * di * (2 * e + 5 * 4)
+    scan_phase = common + t * (2 * di * e + nh * 4 + bc * 2 * 4) + 3 * _scan_state_bytes(model, tokens, sh)
+    return max(norm_phase, scan_phase)
 
 
 def _stage_params(model: ModelSpec, pp: int, stage: str) -> float:

@@ -141,8 +141,9 @@ def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int,
     sigma = layout.sp * layout.tsp
     per_block = {}
     for kind, _ in model.block_invocations():
+        # Decode needs neither the K/V gather nor SP Mamba's tails and summaries (its state is whole).
         comms = [c for c in block_comms(ctx, kind) if c.phase == "fwd" and c.kind != "all_gather"
-                 and not c.chain]
+                 and not (c.kind == "send_recv" and kind in ("mamba2", "mamba1"))]
         if kind == "attention" and sigma > 1:
             # Every shard's partial output and log-sum-exp (fp32), gathered and combined on each rank.
             attn = model.attention

@@ -9,7 +9,7 @@ What hides and what does not:
   also waits for its first transfer.
 - DP gradient all-reduces overlap the backward; what is left sticks out. TSP's weight-gradient
   reduce-scatter is exposed (the executor waits on it at the end of each block's backward).
-- Everything else (SP Mamba state hand-offs in series, pipeline sends, the loss statistics) is exposed.
+- Everything else (SP Mamba conv tails and shard summaries, pipeline sends, the loss statistics) is exposed.
 Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token per sequence.
 """
 
@@ -63,15 +63,13 @@ class _Links:
         measured = cl.calibration.collective(c.kind, group.size) if cl.calibration and group.nodes == 1 else None
         if measured is not None:  # fitted on this cluster by `meshplan calibrate`
             alpha, algbw = measured
-            hops = group.size - 1 if c.chain else 1
-            return (alpha + c.message_bytes / algbw) * c.count * hops
+            return (alpha + c.message_bytes / algbw) * c.count
         intra = cl.intra_link.bandwidth_bytes_per_s
         if cl.fabric == "xgmi" and c.kind != "send_recv":
             intra *= max(1, group.per_node - 1)  # a full mesh: collectives drive every peer link at once
         one = collective_time_s(c.kind, c.message_bytes, group, intra, cl.intra_link.latency_s, self.inter_bw,
                                 cl.nic_link.latency_s)
-        hops = group.size - 1 if c.chain else 1
-        return one * c.count * hops
+        return one * c.count
 
 
 def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:
@@ -138,7 +136,8 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         for part, value in (("gemm", comp.gemm_fwd_s * (3 if training else 1)),
                             ("attention", comp.attn_fwd_s * (1 + (2.5 if training else 0))),
                             ("memory_bound", comp.mem_fwd_s * (3 if training else 1)),
-                            ("recompute", comp.recompute_fwd_s if training else 0.0)):
+                            ("recompute", comp.recompute_fwd_s if training else 0.0),
+                            ("scan_conv", comp.kernel_fwd_s + comp.kernel_bwd_s)):
             breakdown[f"{part}_s"] = breakdown.get(f"{part}_s", 0.0) + n * value
         mb_compute += n * (fwd + bwd)
         bwd_total += n * bwd

@@ -120,12 +120,8 @@ def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
     return (hg.view(shape) * acc(weight)).to(y.dtype)
 
 
-def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, seq_idx=None,
-                 initial_state=None, conv_state=None, norm=None):
-    """in_proj output → conv1d → SSD scan → gated norm → out_proj. Returns (out, final_state).
-
-    `conv_state` (b, conv channels, d_conv − 1) and `initial_state` continue a sequence from where a
-    previous shard left it; `norm(y, z, weight)` replaces the gated RMSNorm (a distributed one for TP)."""
+def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None, conv_state=None):
+    """in_proj output → (x, dt, A, B, C) as the scan takes them (conv1d applied, dt softplus'd), and z."""
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s, _ = zxbcdt.shape
     z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * ngroups * d_state, nheads], dim=-1)
@@ -137,14 +133,37 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
         xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
     x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
     dt = F.softplus(acc(dt) + acc(dt_bias))
-    scan_args = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
-                 C.reshape(b, s, ngroups, d_state), d_skip)
+    return (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
+            C.reshape(b, s, ngroups, d_state)), z
+
+
+def _scan(x, dt, A, B, C, D=None, initial_state=None, seq_idx=None):
     if x.is_cuda:  # the Triton scan (forward and backward); CPU keeps the reference
         from meshplan.kernels.ssd import ssd_chunked
 
-        y, state = ssd_chunked(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
-    else:
-        y, state = ssd_chunked_ref(*scan_args, initial_state=initial_state, seq_idx=seq_idx)
+        return ssd_chunked(x, dt, A, B, C, D, initial_state=initial_state, seq_idx=seq_idx)
+    return ssd_chunked_ref(x, dt, A, B, C, D, initial_state=initial_state, seq_idx=seq_idx)
+
+
+def mamba2_shard_summary(zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, dims):
+    """What a sequence shard passes on, from a zero entering state: its final SSM state (b, h, p, n)
+    fp32 and the log of its total decay Σ_t dt_t·A (b, h). By linearity, the state leaving the shard
+    from an entering state E is final + exp(log decay) · E."""
+    (x, dt, A, B, C), _ = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, conv_state=conv_state)
+    _, final = _scan(x, dt, A, B, C)
+    return final, (dt * A).sum(1)
+
+
+def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, seq_idx=None,
+                 initial_state=None, conv_state=None, norm=None):
+    """in_proj output → conv1d → SSD scan → gated norm → out_proj. Returns (out, final_state).
+
+    `conv_state` (b, conv channels, d_conv − 1) and `initial_state` continue a sequence from where a
+    previous shard left it; `norm(y, z, weight)` replaces the gated RMSNorm (a distributed one for TP)."""
+    d_inner, ngroups = dims[0], dims[1]
+    b, s, _ = zxbcdt.shape
+    scan_args, z = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx, conv_state)
+    y, state = _scan(*scan_args, d_skip, initial_state=initial_state, seq_idx=seq_idx)
     y = y.reshape(b, s, d_inner)
     y = norm(y, z, norm_w) if norm is not None else gated_rmsnorm(y, z, norm_w, d_inner // ngroups)
     return F.linear(y, out_w), state

@@ -216,6 +216,8 @@ class SSDChunkedFn(torch.autograd.Function):
         from meshplan.kernels.ssd_bwd import ssd_backward
 
         x, dt, A, B, C, D, initial_state, seq_idx = ctx.saved_tensors
+        if dy is None:  # only the final state was used (a sequence shard's summary)
+            dy = torch.zeros_like(x)
         grads = ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, ctx.chunk)
         return (*grads, None, None, None)
 

@@ -77,15 +77,20 @@ class ScheduleContext:
 
         return streamed_block_params(self.model, kind)
 
-    def mamba_state_bytes(self, head_div: int) -> float:
-        """Chunk-final SSM state (fp32) + conv tail (d_conv − 1 tokens) of one micro-batch, per rank."""
+    def mamba_shard_summary_bytes(self, head_div: int) -> tuple[float, float]:
+        """Per rank and micro-batch: (a sequence shard's summary — its zero-start final SSM state and
+        log decay, fp32 — , the conv tail of d_conv − 1 tokens). Mamba-2 decays per head; Mamba-1 per
+        state element."""
         m = self.model.mamba2 or self.model.mamba1
         if self.model.mamba2 is not None:
             ssm = m.nheads * m.headdim * m.d_state
+            decay = m.nheads
             conv = m.d_inner / head_div + 2 * m.ngroups * m.d_state / math.gcd(head_div, m.ngroups)
         else:
             ssm, conv = m.d_inner * m.d_state, m.d_inner / head_div
-        return self.batch * (ssm / head_div * self.opts.nbytes("ssm_state_dtype") + conv * (m.d_conv - 1) * self.act_bytes)
+            decay = ssm
+        summary = (ssm * self.opts.nbytes("ssm_state_dtype") + decay * 4) / head_div
+        return self.batch * summary, self.batch * conv * (m.d_conv - 1) * self.act_bytes
 
 
 def block_comms(ctx: ScheduleContext, kind: str):

@@ -17,8 +17,10 @@ def sharding(layout: Layout, options: MemoryOptions):
 
 def block_comms(ctx, kind: str, axis: str = "sp"):
     """Attention: all-gather K/V of the whole sequence (heads already split by T under TP+SP); the
-    backward re-gathers them and reduce-scatters dK/dV. Mamba: the chunk-final state and the conv
-    tail pass from each sequence shard to the next, in order (forward), and back (backward)."""
+    backward re-gathers them and reduce-scatters dK/dV. Mamba: each shard's conv tail goes to the next
+    shard, and every shard's zero-start summary (final state, log decay) is all-gathered, so that each
+    rebuilds the state entering it without waiting (meshplan/executor/layouts/mamba.py); backward
+    sends the tail's gradient back and reduce-scatters the summaries' gradients."""
     from meshplan.costmodel.collectives import Comm
 
     sigma = ctx.layout.sp * ctx.layout.tsp
@@ -33,8 +35,10 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
                 Comm("all_gather", axis, kv, sigma, phase="bwd", block=kind, what="K/V re-gather"),
                 Comm("reduce_scatter", axis, kv, sigma, phase="bwd", block=kind, what="dK/dV reduce-scatter")]
     if kind in ("mamba2", "mamba1"):
-        state = ctx.mamba_state_bytes(head_div)
-        # One hop per rank, but the hops run one after another along the sequence: Σ − 1 in series.
-        return [Comm("send_recv", axis, state, sigma, phase="fwd", block=kind, what="state hand-off", chain=True),
-                Comm("send_recv", axis, state, sigma, phase="bwd", block=kind, what="state-grad hand-off", chain=True)]
+        summary, tail = ctx.mamba_shard_summary_bytes(head_div)
+        return [Comm("send_recv", axis, tail, sigma, phase="fwd", block=kind, what="conv tail", line=True),
+                Comm("all_gather", axis, sigma * summary, sigma, phase="fwd", block=kind, what="shard summaries"),
+                Comm("send_recv", axis, tail, sigma, phase="bwd", block=kind, what="conv-tail grad", line=True),
+                Comm("reduce_scatter", axis, sigma * summary, sigma, phase="bwd", block=kind,
+                     what="summary grads")]
     return []

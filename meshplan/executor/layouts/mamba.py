@@ -5,8 +5,10 @@ rank), so conv1d and the scan stay local; out_proj is row-parallel and its outpu
 B/C groups are split when T divides ngroups; with one group (the mamba2-* presets) every rank keeps
 B and C, their gradients are all-reduced, and the gated RMSNorm, whose group then spans the ranks,
 all-reduces its sum of squares.
-SP: each rank holds s/Σ contiguous tokens; the conv's last d_conv − 1 inputs go to the next rank,
-and the SSM state is handed along the chain (forward) and its gradient back (backward).
+SP: each rank holds s/Σ contiguous tokens; the conv's last d_conv − 1 inputs go to the next rank.
+The SSM state entering each shard is rebuilt from all shards' zero-start summaries (final state and
+total decay), shared by one all-gather, so no shard waits for another's scan (the recurrence is
+linear in its entering state); backward reduce-scatters the summaries' gradients.
 Twin of meshplan/costmodel/layouts/tpssm.py and sp.py.
 """
 
@@ -16,13 +18,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm
-from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis, all_reduce,
-                                   broadcast)
+from torch.utils.checkpoint import checkpoint
+
+from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm, mamba2_shard_summary
+from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, GatherFromAxis, Mesh, QuantizedReduceFromAxis,
+                                   ReduceFromAxis, all_reduce, broadcast)
 from meshplan.executor.layouts.common import Sharded, rows
 from meshplan.kernels.reference import acc
 
-TAG_STATE, TAG_TAIL = 1, 2
+TAG_TAIL = 2
 
 
 def _p2p(mesh: Mesh, axis: str, send: torch.Tensor | None, dst: int | None, recv_like: torch.Tensor | None,
@@ -66,42 +70,6 @@ class _ShiftTail(torch.autograd.Function):
         nxt = ax.rank + 1 if ax.rank + 1 < ax.size else None
         got = _p2p(mesh, axis, grad, prv, grad, nxt, TAG_TAIL)
         return (torch.zeros_like(grad) if got is None else got), None, None
-
-
-class _RecvState(torch.autograd.Function):
-    """The SSM state entering this sequence shard (zeros on the first); backward sends its gradient back."""
-
-    @staticmethod
-    def forward(ctx, anchor, like, mesh, axis):
-        ax = mesh.axis(axis)
-        ctx.mesh, ctx.axis = mesh, axis
-        got = _p2p(mesh, axis, None, None, like, ax.rank - 1 if ax.rank > 0 else None, TAG_STATE)
-        return torch.zeros_like(like) if got is None else got
-
-    @staticmethod
-    def backward(ctx, grad):
-        ax = ctx.mesh.axis(ctx.axis)
-        _p2p(ctx.mesh, ctx.axis, grad, ax.rank - 1 if ax.rank > 0 else None, None, None, TAG_STATE)
-        return None, None, None, None
-
-
-class _SendState(torch.autograd.Function):
-    """Passes `out` through; sends the final state to the next shard, and in backward receives its gradient."""
-
-    @staticmethod
-    def forward(ctx, out, state, mesh, axis):
-        ax = mesh.axis(axis)
-        ctx.mesh, ctx.axis = mesh, axis
-        ctx.state_like = torch.empty_like(state)
-        _p2p(mesh, axis, state, ax.rank + 1 if ax.rank + 1 < ax.size else None, None, None, TAG_STATE)
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        ax = ctx.mesh.axis(ctx.axis)
-        got = _p2p(ctx.mesh, ctx.axis, None, None, ctx.state_like, ax.rank + 1 if ax.rank + 1 < ax.size else None,
-                   TAG_STATE)
-        return grad_out, (torch.zeros_like(ctx.state_like) if got is None else got), None, None
 
 
 class _SpanningGatedNorm:
@@ -173,17 +141,34 @@ class ParallelMamba2(Sharded):
             xbc = zxbcdt[..., di_l:2 * di_l + 2 * ng_l * ds]
             tail = _ShiftTail.apply(xbc[:, -(self.d_conv - 1):, :], self.mesh, self.seq_axis)
             conv_state = tail.transpose(1, 2)
-            like = torch.empty(x.shape[0], nh_l, hd, ds, dtype=acc(x).dtype, device=x.device)
-            init_state = _RecvState.apply(zxbcdt, like, self.mesh, self.seq_axis)
+            init_state = self._entering_state(zxbcdt, conv_state)
         out, state = Mamba2CoreFn.apply(zxbcdt, conv_state, init_state, self.conv_w, self.conv_b, self.dt_bias,
                                         self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn)
         if self.keep_cache:  # prefill: the conv tail and SSM state decode continues from
             self.ssm_cache = (state, zxbcdt[:, -(self.d_conv - 1):, di_l:2 * di_l + 2 * ng_l * ds].clone())
-        if self.seq_axis:
-            out = _SendState.apply(out, state, self.mesh, self.seq_axis)
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
         return x + out
+
+    def _entering_state(self, zxbcdt, conv_state):
+        """The SSM state entering this sequence shard, with every shard working at once: each computes
+        its own summary from a zero state (final state, log decay), one all-gather shares them, and
+        E_r = Σ_{q<r} exp(Σ_{q<k<r} log decay_k) · final_q follows in order. Backward: the gathered
+        summaries' gradients are reduce-scattered back to their shards. The summary is recomputed in
+        backward rather than saved."""
+        final, log_decay = checkpoint(mamba2_shard_summary, zxbcdt, conv_state, self.conv_w, self.conv_b,
+                                      self.dt_bias, self.a_log, self.dims, use_reentrant=False)
+        ax = self.mesh.axis(self.seq_axis)
+        flat = torch.cat([final.flatten(), log_decay.flatten()]).unsqueeze(0)
+        gathered = GatherFromAxis.apply(flat, self.mesh, self.seq_axis, 0)  # (Σ, state + decay)
+        finals = gathered[:, :final.numel()].view(ax.size, *final.shape)
+        total = torch.cumsum(gathered[:, final.numel():].view(ax.size, *log_decay.shape), 0)  # (Σ, b, h)
+        # Shard q < r reaches shard r decayed by the shards between: exp(total[r − 1] − total[q]).
+        # Every rank combines every summary (weight 0 from itself on), so every rank's backward
+        # reaches the gather and joins its reduce-scatter.
+        before = (torch.arange(ax.size, device=total.device) < ax.rank).view(-1, 1, 1)
+        log_w = torch.where(before, total[max(ax.rank - 1, 0)] - total, torch.full_like(total, -float("inf")))
+        return torch.einsum("qbh,qbhpn->bhpn", torch.exp(log_w), finals)
 
     def share_final_state(self) -> None:
         """After an SP prefill only the last sequence shard holds the true state: give it to all."""
@@ -204,8 +189,16 @@ class ParallelMamba2(Sharded):
         zxbcdt = F.linear(self.norm(x), self.in_proj)[:, 0]
         z, xbc, dt = zxbcdt.split([di_l, di_l + 2 * ng_l * ds, nh_l], dim=-1)
         state, tail = self.ssm_cache  # (b, nh, hd, ds) fp32; (b, d_conv - 1, channels)
-        window = torch.cat([tail, xbc.unsqueeze(1)], 1)  # (b, d_conv, channels)
-        conv = F.silu(acc(window).mul(acc(self.conv_w).t().unsqueeze(0)).sum(1) + acc(self.conv_b))
+        if xbc.is_cuda:  # one Triton launch, the window shifted in place (3.7x the torch ops at batch 8 on an
+            # H200: benchmarks/results/conv1d-h200.json "decode")
+            from meshplan.kernels.conv1d import causal_conv1d_update
+
+            tail = tail.contiguous()
+            conv = causal_conv1d_update(xbc, tail, self.conv_w, self.conv_b)
+        else:
+            window = torch.cat([tail, xbc.unsqueeze(1)], 1)  # (b, d_conv, channels)
+            conv = F.silu(acc(window).mul(acc(self.conv_w).t().unsqueeze(0)).sum(1) + acc(self.conv_b))
+            tail = window[:, 1:]
         xs, B, C = conv.split([di_l, ng_l * ds, ng_l * ds], dim=-1)
         dt = F.softplus(acc(dt) + acc(self.dt_bias))  # (b, nh)
         A = -torch.exp(acc(self.a_log))
@@ -217,7 +210,7 @@ class ParallelMamba2(Sharded):
         # benchmarks/results/validation-h200-run6-x1-triton.json vs run5).
         state = state * torch.exp(dt * A).view(b, nh_l, 1, 1) + (dt.view(b, nh_l, 1) * xs).unsqueeze(-1) * Bh.unsqueeze(2)
         y = (state * Ch.unsqueeze(2)).sum(-1) + acc(self.d_skip).view(1, nh_l, 1) * xs
-        self.ssm_cache = (state, window[:, 1:])
+        self.ssm_cache = (state, tail)
         y = y.reshape(b, 1, di_l).to(x.dtype)
         if self.norm_fn is not None:
             y = self.norm_fn(y, z.unsqueeze(1), self.norm_w)
