@@ -121,3 +121,23 @@ def test_conv_update_continues_the_full_conv(c, k):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(state, state_ref)
         torch.testing.assert_close(out, full[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_initial_state_continues_a_sequence_shard():
+    """Two shards, the second starting from the first's last K − 1 inputs, equal the whole sequence,
+    and the state's gradient equals the gradient of those inputs in the whole run."""
+    x, w, bias = _inputs(2, 30, 12, 4, seed=5)
+    whole = x.clone().requires_grad_(True)
+    ref = causal_conv1d_ref(whole, w, bias)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    second = x[:, 17:].clone().requires_grad_(True)
+    state = x[:, 14:17].transpose(1, 2).clone().requires_grad_(True)  # (b, c, K − 1)
+    out = causal_conv1d(second, w, bias, initial_state=state)
+    torch.testing.assert_close(out, ref[:, 17:], rtol=1e-5, atol=1e-5)
+    out.backward(g[:, 17:])
+    torch.testing.assert_close(second.grad, whole.grad[:, 17:], rtol=1e-4, atol=1e-4)
+    # The state's gradient is the share of inputs 14..16 that flows through the second shard's outputs.
+    xs = x.clone().requires_grad_(True)
+    causal_conv1d_ref(xs, w, bias)[:, 17:].backward(g[:, 17:])
+    torch.testing.assert_close(state.grad, xs.grad[:, 14:17].transpose(1, 2), rtol=1e-4, atol=1e-4)

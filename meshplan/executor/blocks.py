@@ -125,10 +125,10 @@ def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s, _ = zxbcdt.shape
     z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * ngroups * d_state, nheads], dim=-1)
-    if xbc.is_cuda and conv_state is None:  # the Triton kernel (packed-aware); CPU keeps the reference
+    if xbc.is_cuda and (conv_state is None or seq_idx is None):  # the Triton kernel; CPU keeps the reference
         from meshplan.kernels.conv1d import causal_conv1d
 
-        xbc = causal_conv1d(xbc, conv_w, conv_b, seq_idx)
+        xbc = causal_conv1d(xbc, conv_w, conv_b, seq_idx, initial_state=conv_state)
     else:
         xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
     x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)

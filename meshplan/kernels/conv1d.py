@@ -154,8 +154,17 @@ class CausalConv1dFn(torch.autograd.Function):
         return (*causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx, ctx.silu), None, None)
 
 
-def causal_conv1d(x, weight, bias=None, seq_idx=None, activation: str | None = "silu"):
-    """x (b, t, c), weight (c, K), bias (c,), seq_idx (b, t) int: the packed-aware causal conv."""
+def causal_conv1d(x, weight, bias=None, seq_idx=None, activation: str | None = "silu", initial_state=None):
+    """x (b, t, c), weight (c, K), bias (c,), seq_idx (b, t) int: the packed-aware causal conv.
+
+    `initial_state` (b, c, K − 1): the window a previous sequence shard ended with (not with seq_idx);
+    it is prepended and its outputs dropped, so its gradient comes out of autograd."""
+    if initial_state is not None:
+        if seq_idx is not None:
+            raise ValueError("causal_conv1d: initial_state with seq_idx is not supported; pass one or the other")
+        k = weight.shape[1]
+        x = torch.cat([initial_state.transpose(1, 2).to(x.dtype), x], 1)
+        return CausalConv1dFn.apply(x, weight, bias, None, activation == "silu")[:, k - 1:]
     return CausalConv1dFn.apply(x, weight, bias, seq_idx, activation == "silu")
 
 
