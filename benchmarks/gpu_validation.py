@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", default="", help="comma list of layouts to run")
+    ap.add_argument("--profile", type=int, default=0, help="profile one more step; print this many top kernels")
     ap.add_argument("--family", default="", help="dense or mamba2: run only that model family")
     ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
     args = ap.parse_args()
@@ -92,7 +93,8 @@ def main() -> int:
         t0 = time.time()
         if mesh is not None:
             try:
-                mine = measure(model, layout, mesh, seq, batch, mode, steps=args.steps, device=device, exposed=True)
+                mine = measure(model, layout, mesh, seq, batch, mode, steps=args.steps, device=device, exposed=True,
+                               profile=args.profile)
             except torch.cuda.OutOfMemoryError as exc:
                 mine = {"oom": True, "error": str(exc).splitlines()[0]}
             except Exception:  # noqa: BLE001 - recorded, and the sweep goes on
@@ -122,6 +124,12 @@ def main() -> int:
                       f"(pred {p['exposed_comm_s'] * 1e3:7.2f})", flush=True)
             else:
                 print(f"{record['model']} {mode} {record['layout']} s={seq}: {str(m)[:300]}", flush=True)
+            for name, t in (m.get("phases_s") or {}).get("top_kernels", []):
+                print(f"      {t * 1e3:7.2f} ms  {name}", flush=True)
+            if m.get("phases_s"):
+                print("      " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in m["phases_s"].items()
+                                        if isinstance(v, float) and k != "kernels_per_step"), flush=True)
+                print(f"      kernels per step {m['phases_s'].get('kernels_per_step')}", flush=True)
         dist.barrier()
     dist.destroy_process_group()
     return 0

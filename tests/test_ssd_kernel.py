@@ -6,7 +6,7 @@ import torch
 
 from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref, ssd_scan_ref
-from meshplan.kernels.ssd import ssd_chunked
+from meshplan.kernels.ssd import ssd_chunked, token_rows
 
 
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 32, False), (50, 4, 16, 2, 16, 16, True),
@@ -92,3 +92,27 @@ def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, spli
 def test_triton_ssd_backward_respects_packed_boundaries(lengths, with_init, seed):
     seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
     _check_backward(1, sum(lengths), 2, 16, 1, 16, 16, with_init, True, seed % 10_000, seq_idx=seq_idx)
+
+
+def test_triton_ssd_reads_column_slices_in_place():
+    """x, B and C as the executor passes them — column slices of one conv output, tokens strided
+    by its full width — give the same outputs and gradients as contiguous copies."""
+    gen = torch.Generator().manual_seed(7)
+    b, s, h, p, g, n = 2, 48, 2, 16, 1, 16  # a whole number of chunks: no padded copy
+    xbc = torch.randn(b, s, h * p + 2 * g * n + 5, generator=gen, requires_grad=True)
+    assert token_rows(xbc[..., :h * p].reshape(b, s, h, p))[1] == h * p + 2 * g * n + 5
+    dt = torch.rand(b, s, h, generator=gen) * 0.3
+    A = -torch.rand(h, generator=gen) * 2
+    dy = torch.randn(b, s, h, p, generator=gen)
+
+    def run(contiguous):
+        x, B, C, _ = xbc.split([h * p, g * n, g * n, 5], dim=-1)
+        x, B, C = x.reshape(b, s, h, p), B.reshape(b, s, g, n), C.reshape(b, s, g, n)
+        if contiguous:
+            x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
+        y, final = ssd_chunked(x, dt, A, B, C, chunk=16)
+        grad, = torch.autograd.grad((y * dy).sum() + final.sum(), xbc)
+        return y, final, grad
+
+    for got, want in zip(run(False), run(True)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -23,9 +23,10 @@ def category(kernel_name: str) -> str:
     return "elementwise_other"
 
 
-def profile_step(step, steps: int = 1) -> dict[str, float] | None:
+def profile_step(step, steps: int = 1, top: int = 0) -> dict[str, float] | None:
     """Seconds per step of GPU kernel time by category (kernels on different streams may overlap,
-    so the sum can exceed the step); None without a GPU."""
+    so the sum can exceed the step); with `top`, also the `top` kernels by time under "top_kernels".
+    None without a GPU."""
     if not torch.cuda.is_available():
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -35,8 +36,16 @@ def profile_step(step, steps: int = 1) -> dict[str, float] | None:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    out: dict[str, float] = defaultdict(float)
+    out: dict = defaultdict(float)
+    names: dict[str, float] = defaultdict(float)
+    count = 0
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             out[category(evt.name)] += evt.device_time / 1e6 / steps
-    return dict(out)
+            names[evt.name[:90]] += evt.device_time / 1e6 / steps
+            count += 1
+    out = dict(out)
+    if top:
+        out["kernels_per_step"] = count / steps
+        out["top_kernels"] = sorted(names.items(), key=lambda kv: -kv[1])[:top]
+    return out

@@ -140,7 +140,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     if profile and cuda:  # one more step under the profiler: GPU time by kernel category
         from meshplan.executor.profiling import profile_step
 
-        result["phases_s"] = profile_step(step)
+        result["phases_s"] = profile_step(step, top=profile if isinstance(profile, int) and profile > 1 else 0)
     if train:
         with count_saved_bytes(list(layers.parameters())) as saved:
             y = run_layers(layers, x)

@@ -31,7 +31,7 @@ def _chunk_tile(S, H, G, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G, P, N, HAS_SID: tl.constexpr,
+def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G, P, N, XT, BT, HAS_SID: tl.constexpr,
                  TO_ENTRY: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """states[b, c, h] (P × N) = Σ_l exp(cum_last − cum_l) · dt_l · x_l ⊗ B_l over the chunk's tokens
     (with seq_idx: only those of the chunk's last sequence).
@@ -52,8 +52,8 @@ def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G
             w = tl.where(sid == tl.load(prev_ptr + bi * n_chunks + ci), w, 0.0)
         else:
             w = tl.where(sid == tl.max(sid, axis=0), w, 0.0)  # seq_idx rises along a row: the max is the last
-    x = tl.load(x_ptr + ((bi * S + t[:, None]) * H + pid_h) * P + p[None, :], mask=p[None, :] < P, other=0.0)
-    bv = tl.load(b_ptr + ((bi * S + t[:, None]) * G + g) * N + n[None, :], mask=n[None, :] < N, other=0.0)
+    x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + pid_h * P + p[None, :], mask=p[None, :] < P, other=0.0)
+    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=n[None, :] < N, other=0.0)
     xw = (x.to(tl.float32) * w[:, None])
     st = tl.dot(tl.trans(xw), bv.to(tl.float32))  # (BP, BN)
     offs = (((bi * n_chunks + ci) * H + pid_h) * P + p[:, None]) * N + n[None, :]
@@ -81,16 +81,16 @@ def _state_passing(st_ptr, asum_ptr, keep_ptr, init_ptr, enter_ptr, final_ptr, N
 
 
 @triton.jit
-def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, prev_ptr, y_ptr, S, H, G, P, N,
+def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, prev_ptr, y_ptr, S, H, G, P, N, XT, BT, CT,
                 HAS_D: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """y_i = Σ_{j ≤ i} (C_i · B_j) exp(cum_i − cum_j) dt_j x_j + exp(cum_i) C_i · entering + D x_i."""
     bi, ci, pid_h, g, n_chunks, t, p, n = _chunk_tile(S, H, G, L, BP, BN)
     pm, nm = p < P, n < N
     dt = tl.load(dt_ptr + (bi * S + t) * H + pid_h).to(tl.float32)
     cum = tl.cumsum(dt * tl.load(a_ptr + pid_h).to(tl.float32), axis=0)
-    cv = tl.load(c_ptr + ((bi * S + t[:, None]) * G + g) * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
-    bv = tl.load(b_ptr + ((bi * S + t[:, None]) * G + g) * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + ((bi * S + t[:, None]) * H + pid_h) * P + p[None, :], mask=pm[None, :], other=0.0)
+    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + pid_h * P + p[None, :], mask=pm[None, :], other=0.0)
     scores = tl.dot(cv, tl.trans(bv))  # (L, L)
     i = tl.arange(0, L)
     causal = i[:, None] >= i[None, :]
@@ -122,6 +122,9 @@ class Packing(NamedTuple):
     prev: torch.Tensor | None  # (b, nc): the sequence of the state entering chunk c
     keep: torch.Tensor  # (b, nc) float: 0 where a boundary falls before chunk c's end
     s: int  # unpadded length
+    xt: int  # token strides of x, B and C (each token's heads × dim block is contiguous)
+    bt: int
+    ct: int
     chunk: int
     bn: int
     bp: int
@@ -150,19 +153,30 @@ def prepare(x, dt, A, B, C, seq_idx, chunk: int, bp: int) -> Packing:
         prev = torch.cat([sid[:, :1], ends[:, :-1]], dim=1).contiguous()
         keep = (ends == prev).float().contiguous()
     n = B.shape[3]
-    return Packing(x.contiguous(), dt.contiguous(), A.float().contiguous(), B.contiguous(), C.contiguous(), sid,
-                   prev, keep, s, chunk, max(16, triton.next_power_of_2(n)),
-                   min(bp, max(16, triton.next_power_of_2(p))))
+    (x, xt), (B, bt), (C, ct) = (token_rows(t) for t in (x, B, C))
+    return Packing(x, dt.contiguous(), A.float().contiguous(), B, C, sid, prev, keep, s, xt, bt, ct, chunk,
+                   max(16, triton.next_power_of_2(n)), min(bp, max(16, triton.next_power_of_2(p))))
 
 
-def chunk_states(pk: Packing, x, b_or_c, to_entry: bool = False) -> torch.Tensor:
-    """(b, nc, h, p, n) fp32: each chunk's own final state — or, with to_entry, Σ exp(cum) dy ⊗ C."""
+def token_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(t, its token stride) when t (b, S, k, d) keeps each token's k × d block contiguous at an even
+    spacing — as x, B and C are, being column slices of the conv output — else a contiguous copy."""
+    b, S, k, d = t.shape
+    if t.stride(3) == 1 and t.stride(2) == d and (b == 1 or t.stride(0) == S * t.stride(1)):
+        return t, t.stride(1)
+    return t.contiguous(), k * d
+
+
+def chunk_states(pk: Packing, x, b_or_c, to_entry: bool = False, xt: int | None = None,
+                 bt: int | None = None) -> torch.Tensor:
+    """(b, nc, h, p, n) fp32: each chunk's own final state — or, with to_entry, Σ exp(cum) dy ⊗ C
+    (token strides default to the packing's x and B)."""
     b, S, h, p, g, n, nc = pk.shape
     out = torch.empty(b, nc, h, p, n, device=x.device, dtype=torch.float32)
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x
     _chunk_state[(b * nc, h, triton.cdiv(p, pk.bp))](x, pk.dt, pk.A, b_or_c, sid, prev, out, S, h, g, p, n,
-                                                     HAS_SID=pk.sid is not None, TO_ENTRY=to_entry, L=pk.chunk,
+                                                     xt or pk.xt, bt or pk.bt, HAS_SID=pk.sid is not None, TO_ENTRY=to_entry, L=pk.chunk,
                                                      BP=pk.bp, BN=pk.bn)
     return out
 
@@ -197,7 +211,8 @@ def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp:
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x
     _chunk_scan[(b * nc, h, triton.cdiv(p, pk.bp))](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A,
-                                                    entering, sid, prev, y, S, h, g, p, n, HAS_D=D is not None,
+                                                    entering, sid, prev, y, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
+                                                    HAS_D=D is not None,
                                                     HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn)
     return y[:, :pk.s], final
 

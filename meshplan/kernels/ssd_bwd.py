@@ -64,7 +64,7 @@ def _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, bi, ci, h, n_chunks, S, H, 
 
 @triton.jit
 def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, dy_ptr, sid_ptr, prev_ptr, keep_ptr,
-                  dx_ptr, ddt_ptr, dcb_ptr, da_ptr, dd_ptr, S, H, G, P, N, HAS_D: tl.constexpr,
+                  dx_ptr, ddt_ptr, dcb_ptr, da_ptr, dd_ptr, S, H, G, P, N, XT, BT, CT, HAS_D: tl.constexpr,
                   HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """Grid (batch · chunk, head). With M_ij = (C_i·B_j) exp(cum_i − cum_j) dt_j [same sequence,
     j ≤ i] and w_j = exp(cum_last − cum_j) dt_j [last sequence]: y_i = Σ_j M_ij x_j + reach_i C_i·E
@@ -77,9 +77,8 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     t = ci * L + tl.arange(0, L)
     n = tl.arange(0, BN)
     nm = n < N
-    bc_offs = ((bi * S + t[:, None]) * G + g) * N + n[None, :]
-    bv = tl.load(b_ptr + bc_offs, mask=nm[None, :], other=0.0).to(tl.float32)
-    cv = tl.load(c_ptr + bc_offs, mask=nm[None, :], other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
+    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
     i = tl.arange(0, L)
     pair = i[:, None] >= i[None, :]
     if HAS_SID:
@@ -100,8 +99,8 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     for p0 in range(0, P, BP):
         p = p0 + tl.arange(0, BP)
         pm = p < P
-        tok_offs = ((bi * S + t[:, None]) * H + h) * P + p[None, :]
-        x_in = tl.load(x_ptr + tok_offs, mask=pm[None, :], other=0.0)
+        tok_offs = ((bi * S + t[:, None]) * H + h) * P + p[None, :]  # dy, dx: contiguous
+        x_in = tl.load(x_ptr + (bi * S + t[:, None]) * XT + h * P + p[None, :], mask=pm[None, :], other=0.0)
         dy_in = tl.load(dy_ptr + tok_offs, mask=pm[None, :], other=0.0)
         x, dy = x_in.to(tl.float32), dy_in.to(tl.float32)
         st_offs = (st_base + p[:, None]) * N + n[None, :]
@@ -134,7 +133,7 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
 
 @triton.jit
 def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr, sid_ptr, prev_ptr, dcb_ptr,
-                   db_ptr, dc_ptr, S, H, G, P, N, HPP: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr,
+                   db_ptr, dc_ptr, S, H, G, P, N, XT, BT, CT, HPP: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr,
                    BP: tl.constexpr, BN: tl.constexpr):
     """Grid (batch · chunk, group · split, d_state block): dB_j = Σ_h Σ_i dCB_ij C_i + w_j x_j·dS and
     dC_i = Σ_h Σ_j dCB_ij B_j + reach_i dy_i·E over HPP heads of one group (a split's partial sum)."""
@@ -147,9 +146,8 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
     n = pid_n * BN + tl.arange(0, BN)
     nm = n < N
     i = tl.arange(0, L)
-    bc_offs = ((bi * S + t[:, None]) * G + g) * N + n[None, :]
-    bv = tl.load(b_ptr + bc_offs, mask=nm[None, :], other=0.0).to(tl.float32)
-    cv = tl.load(c_ptr + bc_offs, mask=nm[None, :], other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
+    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
     db = tl.zeros((L, BN), dtype=tl.float32)
     dc = tl.zeros((L, BN), dtype=tl.float32)
     for k in range(HPP):
@@ -163,9 +161,10 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
         for p0 in range(0, P, BP):
             p = p0 + tl.arange(0, BP)
             pm = p < P
-            tok_offs = ((bi * S + t[:, None]) * H + h) * P + p[None, :]
-            x = tl.load(x_ptr + tok_offs, mask=pm[None, :], other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + tok_offs, mask=pm[None, :], other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + h * P + p[None, :], mask=pm[None, :],
+                        other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + ((bi * S + t[:, None]) * H + h) * P + p[None, :], mask=pm[None, :],
+                         other=0.0).to(tl.float32)
             st_offs = (st_base + p[:, None]) * N + n[None, :]
             st_mask = pm[:, None] & nm[None, :]
             dyE += tl.dot(dy, tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0))
@@ -213,7 +212,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     entering, _ = entering_states(pk, initial_state)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
-    d_states = chunk_states(pk, dy, pk.C, to_entry=True)  # dE_c, turned into dS_c below
+    d_states = chunk_states(pk, dy, pk.C, to_entry=True, xt=h * p, bt=pk.ct)  # dE_c; dS_c below
     d_init = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
     d_out = d_states if in_place else torch.empty_like(d_states)
     _state_passing_bwd[(b, h, triton.cdiv(p * n, PASS_BLOCK))](d_states, d_out, chunk_decay_sums(pk), pk.keep,
@@ -221,7 +220,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
                                                                d_init, nc, h, p * n, HAS_DFINAL=dfinal is not None,
                                                                BLOCK=PASS_BLOCK)
     d_states = d_out
-    dx = torch.empty_like(pk.x)
+    dx = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
     dcb = torch.empty(b, nc, h, chunk, chunk, device=x.device, dtype=torch.float32)
     da = torch.empty(b, nc, h, device=x.device, dtype=torch.float32)
@@ -229,7 +228,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x
     _chunk_bwd_dx[(b * nc, h)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, entering, d_states, dy,
-                               sid, prev, pk.keep, dx, ddt, dcb, da, dd, S, h, g, p, n,
+                               sid, prev, pk.keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                HAS_D=D is not None, HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
                                num_warps=warps or BWD_WARPS)
     hpg = h // g
@@ -239,7 +238,8 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     db = torch.empty(b, S, g * splits, n, device=x.device, dtype=torch.float32)
     dc = torch.empty_like(db)
     _chunk_bwd_dbc[(b * nc, g * splits, n_blocks)](pk.x, pk.dt, pk.A, pk.B, pk.C, entering, d_states, dy, sid, prev,
-                                                   dcb, db, dc, S, h, g, p, n, HPP=hpg // splits,
+                                                   dcb, db, dc, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
+                                                   HPP=hpg // splits,
                                                    HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=bn,
                                                    num_warps=warps or BWD_WARPS)
     s = pk.s
