@@ -63,9 +63,14 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", default="", help="comma list of layouts to run")
     ap.add_argument("--profile", type=int, default=0, help="profile one more step; print this many top kernels")
+    ap.add_argument("--decode-conv", choices=["triton", "torch"], default="triton",
+                    help="Mamba-2 decode's conv step: one Triton launch or the torch ops")
     ap.add_argument("--family", default="", help="dense or mamba2: run only that model family")
     ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
     args = ap.parse_args()
+    from meshplan.executor.layouts import mamba as mamba_layouts
+
+    mamba_layouts.TRITON_DECODE_CONV = args.decode_conv == "triton"
     cuda = torch.cuda.is_available() and not args.smoke
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -214,8 +214,9 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     columns), dt (fp32), out_proj's input (d_inner), the gated norm's fp32 intermediates (y, z,
     silu(z), their product, the normalised product: 5 × d_inner × 4) — and out_proj's input gradient.
     Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's dy and dx, ddt (fp32), fp32
-    dB/dC partial sums (two head splits), and three fp32 state buffers (entering states, their
-    gradient and dS while the backward state passing runs out of place)."""
+    dB/dC partial sums (two head splits), three fp32 state buffers (entering states, their gradient
+    and dS while the backward state passing runs out of place), and the conv output's gradient that
+    autograd assembles from dx, dB and dC."""
     if kind != "mamba2":
         return 0.0
     m = model.mamba2
@@ -224,7 +225,7 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     bc = 2 * m.d_state * m.ngroups / min(sh.head_div, m.ngroups)  # B and C of the groups this rank's heads use
     common = t * ((di + bc) * e + nh * 4)
     norm_phase = common + t * di * (2 * e + 5 * 4)
-    scan_phase = common + t * (2 * di * e + nh * 4 + bc * 2 * 4) + 3 * _scan_state_bytes(model, tokens, sh)
+    scan_phase = common + t * (2 * di * e + nh * 4 + bc * 2 * 4 + (di + bc) * e) + 3 * _scan_state_bytes(model, tokens, sh)
     return max(norm_phase, scan_phase)
 
 

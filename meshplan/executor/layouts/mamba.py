@@ -27,6 +27,9 @@ from meshplan.executor.layouts.common import Sharded, rows
 from meshplan.kernels.reference import acc
 
 TAG_TAIL = 2
+# Decode's conv step as one Triton launch with the window shifted in place (3.7× faster than the
+# torch ops on the GPU at batch 8: benchmarks/results/conv1d-h200.json "decode"), or the torch ops.
+TRITON_DECODE_CONV = True
 
 
 def _p2p(mesh: Mesh, axis: str, send: torch.Tensor | None, dst: int | None, recv_like: torch.Tensor | None,
@@ -189,8 +192,7 @@ class ParallelMamba2(Sharded):
         zxbcdt = F.linear(self.norm(x), self.in_proj)[:, 0]
         z, xbc, dt = zxbcdt.split([di_l, di_l + 2 * ng_l * ds, nh_l], dim=-1)
         state, tail = self.ssm_cache  # (b, nh, hd, ds) fp32; (b, d_conv - 1, channels)
-        if xbc.is_cuda:  # one Triton launch, the window shifted in place (3.7x the torch ops at batch 8 on an
-            # H200: benchmarks/results/conv1d-h200.json "decode")
+        if xbc.is_cuda and TRITON_DECODE_CONV:
             from meshplan.kernels.conv1d import causal_conv1d_update
 
             tail = tail.contiguous()
