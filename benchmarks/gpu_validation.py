@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import traceback
 from dataclasses import replace
@@ -116,7 +117,8 @@ def main() -> int:
             record["wall_s"] = time.time() - t0
             results.append(record)
             with open(args.out, "w") as f:
-                json.dump({"command": "torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --out $OUT/validation.json",
+                json.dump({"command": f"torchrun --nproc-per-node {world} benchmarks/gpu_validation.py "
+                                      + " ".join(sys.argv[1:]),
                            "environment": environment(), "cluster_for_predictions": cluster.name, "runs": results}, f,
                           indent=1)
             m = record["measured"]

@@ -9,8 +9,10 @@ Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file na
 - validation-h200-run1.json: 4 × H200 (world 1, 2, 4) with the first executor (attention through
   a dense boolean mask, unfused optimizer). Its byte counts and saved activations still stand; its
   memory and times describe that older executor and are reported separately.
-Predictions are recomputed from the current cost model. Mamba-2 runs use the plain-torch chunked
-scan (no fused kernel yet), which the cost model does not describe; they are listed, not scored.
+- validation-h200-run9-x2-mamba2.json: the current executor's Mamba-2 path (Triton conv and SSD scan,
+  forward and backward; SP with all-gathered shard summaries), 2 × H200. Its Mamba-2 runs replace
+  those of run3 and run5, which ran the torch reference scan.
+Predictions are recomputed from the current cost model.
 """
 
 from __future__ import annotations
@@ -25,14 +27,21 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
 SOURCES = [("validation-h200-run3-x2.json", "current executor, 2 x H200"),
+           ("validation-h200-run9-x2-mamba2.json", "current executor, Mamba-2 with Triton kernels, 2 x H200"),
            ("validation-h200-run5-x2-inference.json", "current executor, prefill and decode, 2 x H200"),
            ("validation-h200-run1.json", "first executor (masked attention, unfused optimizer), 4 x H200")]
+# Model families a source speaks for: run3 and run5 ran Mamba-2 on the torch reference scan, since
+# replaced (run9); so did run1, whose SP Mamba-2 also handed the state along a serial chain.
+FAMILIES = {"validation-h200-run3-x2.json": ("dense",), "validation-h200-run5-x2-inference.json": ("dense",),
+            "validation-h200-run9-x2-mamba2.json": ("mamba2",), "validation-h200-run1.json": ("dense",)}
 
 
 def main() -> int:
     runs = []
     for name, what in SOURCES:
         for row in rescore(str(RESULTS / name)):
+            if not row["model"].startswith(FAMILIES.get(name, ("dense", "mamba2"))):
+                continue
             p, m = row["predicted"], row["measured"]
             runs.append({
                 "layout": row["layout"], "model": row["model"], "seq": row["seq"], "mode": row["mode"],
@@ -63,15 +72,16 @@ def summarize(runs: list[dict]) -> dict:
     lines = []
     out = {}
     for source, _ in SOURCES:
-        for fam in ("dense", "mamba2"):
-            sub = [r for r in runs if r["source"] == source and r["model"].startswith(fam)]
+        for fam, modes in (("dense", ("train", "prefill")), ("dense", ("decode",)), ("mamba2", ("train", "prefill")),
+                           ("mamba2", ("decode",))):
+            sub = [r for r in runs if r["source"] == source and r["model"].startswith(fam) and r["mode"] in modes]
             if not sub:
                 continue
             mem = [abs(_err(r, "peak_bytes")) for r in sub]
             tim = [abs(_err(r, "step_time_s")) for r in sub]
             saved = [abs(r["measured"]["saved_bytes"] / r["predicted"]["saved_bytes"] - 1) for r in sub
                      if r["mode"] == "train" and r["predicted"]["saved_bytes"]]
-            key = f"{source}:{fam}"
+            key = f"{source}:{fam}:{'+'.join(modes)}"
             out[key] = {"runs": len(sub), "bytes_exact": sum(r["comm_bytes_exact"] for r in sub),
                         "memory_abs_err_median": statistics.median(mem), "memory_abs_err_max": max(mem),
                         "memory_within_5pct": sum(e <= 0.05 for e in mem),

@@ -174,7 +174,7 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
         out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
         block = _saved_bytes(block_saved(kind, model, opts), tokens, seq, sh, groups)
         live = max(live, block + tokens * e * out_width / (sh.token_div * sh.hidden_div)
-                   + _mixer_forward_bytes(model, kind, tokens, sh, e))
+                   + _mixer_forward_bytes(model, kind, tokens, sh, e, decode=opts.mode == "decode"))
     return live
 
 
@@ -188,17 +188,22 @@ def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding) -> float:
     return chunks * m.nheads / sh.head_div * m.headdim * m.d_state * 4
 
 
-def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int) -> float:
+def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int,
+                         decode: bool = False) -> float:
     """Forward without grad (prefill), Mamba-2: the mixer's transients on top of the in_proj output,
     as the larger of two phases (meshplan/executor/blocks.py mamba2_mixer). Scan: the conv output
     (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32), the scan output, and
     two fp32 state buffers (each chunk's own state and the state entering it, meshplan/kernels/ssd.py;
     most of a 16K prefill's transient, benchmarks/results/validation-h200-run7-x1-triton-ssd.json).
     Gated norm: conv output, dt, scan output and the norm's output, with three fp32 d_inner
-    temporaries alive at once."""
+    temporaries alive at once. Decode (`tokens` = the batch): no chunked scan; the state update's
+    torch ops hold three state-sized fp32 temporaries (decayed state, the dt·x ⊗ B update, the new
+    state) next to the cached one (meshplan/executor/layouts/mamba.py decode)."""
     if kind != "mamba2":
         return 0.0
     m = model.mamba2
+    if decode:
+        return 3 * tokens * m.nheads / sh.head_div * m.headdim * m.d_state * 4
     t = tokens / sh.token_div
     di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
     bc = 2 * m.d_state * m.ngroups / min(sh.head_div, m.ngroups)
