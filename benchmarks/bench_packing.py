@@ -5,8 +5,8 @@
 The same sequences (a long-tailed mix: most short, a few near the maximum) trained for one epoch
 (forward + backward) in rows of `row_len` tokens, 4 rows a step: padded, every sequence in its own
 row padded to row_len; packed, sequences placed first-fit in rows with seq_idx (no state crosses a
-boundary: the Triton conv and the chunked scan reset there). Speed-up = padded time / packed time for
-the same real tokens. The scan is the torch chunked reference (no fused scan yet).
+boundary: the Triton conv and the Triton chunked scan reset there, forward and backward). Speed-up =
+padded time / packed time for the same real tokens.
 """
 
 from __future__ import annotations

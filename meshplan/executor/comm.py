@@ -150,29 +150,29 @@ def all_to_all(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
 
 def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 128) -> torch.Tensor:
     """Sum of x over the axis through int8 (meshplan/kernels/quant.py): quantize per group of
-    `group` elements, all-to-all the chunks, sum this rank's chunk in fp32, re-quantize, all-gather,
-    dequantize. Triton kernels on the GPU, the torch reference on the CPU."""
+    `group` elements into one packed byte row per destination (values, then fp32 scales), all-to-all
+    the rows, dequantize-sum-requantize this rank's slice, all-gather the packed slices, dequantize.
+    Triton kernels on the GPU, the torch references on the CPU."""
     from meshplan.kernels import quant, reference
 
     ax = mesh.axis(axis)
     if ax.size == 1:
         return x
     on_gpu = x.is_cuda
-    quantize = quant.quantize_int8 if on_gpu else reference.quantize_int8_ref
-    dequantize = quant.dequantize_int8 if on_gpu else reference.dequantize_int8_ref
     n = ax.size
     flat = x.reshape(-1)
     pad = (-flat.numel()) % (n * group)
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    q, s = quantize(flat, group)
-    got_q = all_to_all(mesh, q.view(n, -1), axis)
-    got_s = all_to_all(mesh, s.view(n, -1), axis)
-    part = sum(dequantize(got_q[j], got_s[j], group, torch.float32) for j in range(n))
-    q2, s2 = quantize(part, group)
-    all_q = all_gather(mesh, q2, axis, 0)
-    all_s = all_gather(mesh, s2, axis, 0)
-    out = dequantize(all_q, all_s, group, x.dtype)
+    if on_gpu:
+        packed = quant.quantize_int8_packed(flat, n, group)
+    else:
+        packed = reference.quantize_int8_packed_ref(flat, n, group)
+    got = all_to_all(mesh, packed, axis)  # row j: rank j's copy of this rank's slice
+    mine = quant.dequant_sum_requant(got, group) if on_gpu else reference.dequant_sum_requant_ref(got, group)
+    rows = all_gather(mesh, mine.unsqueeze(0), axis, 0)
+    out = quant.dequantize_packed(rows, group, x.dtype) if on_gpu else reference.dequantize_packed_ref(rows, group,
+                                                                                                      x.dtype)
     return out[:x.numel()].view_as(x)
 
 

@@ -3,7 +3,9 @@
 The all-reduce (for TP-SSM's one all-reduce per block): quantize, all-to-all the int8 chunks (each
 rank receives every rank's copy of its own 1/n), dequantize and sum them in fp32, quantize that sum,
 all-gather the int8 chunks, dequantize. Bytes on the wire per rank: 2·(n−1)/n of the int8 message
-(with its scales) — half of a bf16 all-reduce's. References: meshplan/kernels/reference.py.
+(with its scales) — half of a bf16 all-reduce's. The wire format packs each destination's int8
+values and fp32 scales into one byte row, so the all-reduce is 2 collectives and 3 kernels (the
+middle one dequantizes, sums and re-quantizes in one pass). References: meshplan/kernels/reference.py.
 """
 
 from __future__ import annotations
@@ -63,4 +65,99 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP, dt
     out = torch.empty(q.numel(), dtype=dtype, device=q.device)
     grid = (triton.cdiv(n_groups, groups_per_program),)
     _dequantize_kernel[grid](q, scale, out, n_groups, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program)
+    return out
+
+
+@triton.jit
+def _packed_tile(row, n_groups_row, chunk_bytes, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr):
+    """Within packed byte row `row`: this program's groups, their value offsets, their fp32 scale
+    offsets (in fp32 units from the row's start), and the mask of groups that exist."""
+    g = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
+    ok = g < n_groups_row
+    vals = row * chunk_bytes + g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    scales = (row * chunk_bytes + n_groups_row * GROUP) // 4 + g
+    return g, vals, scales, ok
+
+
+@triton.jit
+def _quantize_packed_kernel(x_ptr, buf_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
+                            GROUPS_PER_PROGRAM: tl.constexpr):
+    row = tl.program_id(0)
+    g, vals, scales, ok = _packed_tile(row, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    src = (row * n_groups_row + g[:, None]) * GROUP + tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + src, mask=ok[:, None], other=0.0).to(tl.float32)
+    _store_packed(buf_ptr, x, vals, scales, ok)
+
+
+@triton.jit
+def _store_packed(buf_ptr, x, vals, scales, ok):
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, amax / 127.0, 1.0)
+    q = x / scale[:, None]
+    q = tl.where(q >= 0, tl.floor(q + 0.5), tl.ceil(q - 0.5))  # round half away from zero
+    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+    tl.store(buf_ptr + vals, q.to(tl.int8).to(tl.uint8, bitcast=True), mask=ok[:, None])
+    tl.store(buf_ptr.to(tl.pointer_type(tl.float32)) + scales, scale, mask=ok)
+
+
+@triton.jit
+def _load_packed(buf_ptr, vals, scales, ok):
+    q = tl.load(buf_ptr + vals, mask=ok[:, None], other=0).to(tl.int8, bitcast=True).to(tl.float32)
+    return q * tl.load(buf_ptr.to(tl.pointer_type(tl.float32)) + scales, mask=ok, other=1.0)[:, None]
+
+
+@triton.jit
+def _dequant_sum_requant_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
+                                GROUPS_PER_PROGRAM: tl.constexpr):
+    g, vals, scales, ok = _packed_tile(0, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    total = tl.zeros((GROUPS_PER_PROGRAM, GROUP), dtype=tl.float32)
+    for r in range(n_rows):
+        total += _load_packed(buf_ptr, vals + r * chunk_bytes, scales + r * chunk_bytes // 4, ok)
+    _store_packed(out_ptr, total, vals, scales, ok)
+
+
+@triton.jit
+def _dequantize_packed_kernel(buf_ptr, out_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
+                              GROUPS_PER_PROGRAM: tl.constexpr):
+    row = tl.program_id(0)
+    g, vals, scales, ok = _packed_tile(row, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    dst = (row * n_groups_row + g[:, None]) * GROUP + tl.arange(0, GROUP)[None, :]
+    tl.store(out_ptr + dst, _load_packed(buf_ptr, vals, scales, ok).to(out_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+def quantize_int8_packed(x: torch.Tensor, parts: int, group: int = GROUP, groups_per_program: int = 16):
+    """Same contract as reference.quantize_int8_packed_ref: (parts, chunk bytes) uint8."""
+    from meshplan.kernels.reference import packed_chunk_bytes
+
+    x = x.contiguous().reshape(-1)
+    if x.numel() % (parts * group):
+        raise ValueError(f"quantize_int8_packed: {x.numel()} elements is not a multiple of {parts} × {group}")
+    chunk = x.numel() // parts
+    nbytes = packed_chunk_bytes(chunk, group)
+    buf = torch.empty(parts, nbytes, dtype=torch.uint8, device=x.device)
+    grid = (parts, triton.cdiv(chunk // group, groups_per_program))
+    _quantize_packed_kernel[grid](x, buf, chunk // group, nbytes, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program)
+    return buf
+
+
+def dequant_sum_requant(buf: torch.Tensor, group: int = GROUP, groups_per_program: int = 16) -> torch.Tensor:
+    """Same contract as reference.dequant_sum_requant_ref: (n, chunk bytes) → (chunk bytes,)."""
+    n, nbytes = buf.shape
+    n_groups = nbytes // (group + 4)
+    out = torch.empty(nbytes, dtype=torch.uint8, device=buf.device)
+    grid = (1, triton.cdiv(n_groups, groups_per_program))
+    _dequant_sum_requant_kernel[grid](buf.contiguous(), out, n, n_groups, nbytes, GROUP=group,
+                                      GROUPS_PER_PROGRAM=groups_per_program)
+    return out
+
+
+def dequantize_packed(buf: torch.Tensor, group: int = GROUP, dtype=torch.float32,
+                      groups_per_program: int = 16) -> torch.Tensor:
+    """Same contract as reference.dequantize_packed_ref."""
+    rows, nbytes = buf.shape
+    n_groups = nbytes // (group + 4)
+    out = torch.empty(rows * n_groups * group, dtype=dtype, device=buf.device)
+    grid = (rows, triton.cdiv(n_groups, groups_per_program))
+    _dequantize_packed_kernel[grid](buf.contiguous(), out, n_groups, nbytes, GROUP=group,
+                                    GROUPS_PER_PROGRAM=groups_per_program)
     return out

@@ -221,3 +221,37 @@ def causal_conv1d_update_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: 
         out = F.silu(out)
     conv_state.copy_(window[:, 1:])
     return out.to(x.dtype)
+
+
+def packed_chunk_bytes(chunk: int, group: int = 128) -> int:
+    """Bytes of one packed int8 chunk: `chunk` int8 values, then one fp32 scale per group."""
+    return chunk + 4 * (chunk // group)
+
+
+def quantize_int8_packed_ref(x: torch.Tensor, parts: int, group: int = 128) -> torch.Tensor:
+    """x (numel a multiple of parts · group) → (parts, chunk bytes) uint8: part j holds the int8 values
+    of x's j-th slice followed by their fp32 scales' bytes — one buffer per destination, so a quantized
+    all-reduce needs one all-to-all and one all-gather instead of two of each."""
+    q, s = quantize_int8_ref(x, group)
+    return torch.cat([q.view(torch.uint8).view(parts, -1), s.view(torch.uint8).view(parts, -1)], dim=1)
+
+
+def unpack_int8_ref(buf: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, chunk bytes) uint8 → (rows, chunk) int8 values and (rows, chunk / group) fp32 scales."""
+    rows, nbytes = buf.shape
+    chunk = nbytes * group // (group + 4)
+    return buf[:, :chunk].contiguous().view(torch.int8), buf[:, chunk:].contiguous().view(torch.float32)
+
+
+def dequant_sum_requant_ref(buf: torch.Tensor, group: int = 128) -> torch.Tensor:
+    """(n, chunk bytes) packed copies of one slice from n ranks → their fp32 sum, re-quantized and
+    packed as one (chunk bytes,) row."""
+    q, s = unpack_int8_ref(buf, group)
+    total = (q.view(q.shape[0], -1, group).to(torch.float32) * s[:, :, None]).sum(0).reshape(-1)
+    return quantize_int8_packed_ref(total, 1, group)[0]
+
+
+def dequantize_packed_ref(buf: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(rows, chunk bytes) packed → the rows' values, concatenated, in `dtype`."""
+    q, s = unpack_int8_ref(buf, group)
+    return (q.view(q.shape[0], -1, group).to(torch.float32) * s[:, :, None]).reshape(-1).to(dtype)
