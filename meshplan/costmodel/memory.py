@@ -195,8 +195,8 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32), the scan output, and
     two fp32 state buffers (each chunk's own state and the state entering it, meshplan/kernels/ssd.py;
     most of a 16K prefill's transient, benchmarks/results/validation-h200-run7-x1-triton-ssd.json).
-    Gated norm: conv output, dt, scan output and the norm's output, with three fp32 d_inner
-    temporaries alive at once. Decode (`tokens` = the batch): no chunked scan; the state update's
+    Gated norm (Triton, meshplan/kernels/gated_norm.py): conv output, dt, scan output and the norm's
+    output. Decode (`tokens` = the batch): no chunked scan; the state update's
     torch ops hold three state-sized fp32 temporaries (decayed state, the dt·x ⊗ B update, the new
     state) next to the cached one (meshplan/executor/layouts/mamba.py decode)."""
     if kind != "mamba2":
@@ -208,7 +208,7 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
     bc = 2 * m.d_state * m.ngroups / min(sh.head_div, m.ngroups)
     common = t * ((2 * di + bc) * e + nh * 4)
-    return max(common + 2 * _scan_state_bytes(model, tokens, sh), common + t * di * (e + 3 * 4))
+    return max(common + 2 * _scan_state_bytes(model, tokens, sh), common + t * di * e)
 
 
 def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int) -> float:
@@ -216,8 +216,9 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     with grad and differentiates it (meshplan/executor/blocks.py), as the larger of two phases.
 
     Gated-norm phase (backward starts): what the recomputed graph saved — conv output (d_inner + B/C
-    columns), dt (fp32), out_proj's input (d_inner), the gated norm's fp32 intermediates (y, z,
-    silu(z), their product, the normalised product: 5 × d_inner × 4) — and out_proj's input gradient.
+    columns), dt (fp32), the scan output and out_proj's input (d_inner each; the Triton gated norm
+    keeps nothing wider, meshplan/kernels/gated_norm.py) — out_proj's input gradient, and the norm's
+    dy and dz.
     Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's dy and dx, ddt (fp32), fp32
     dB/dC partial sums (two head splits), three fp32 state buffers (entering states, their gradient
     and dS while the backward state passing runs out of place), and the conv output's gradient that
@@ -229,7 +230,7 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
     bc = 2 * m.d_state * m.ngroups / min(sh.head_div, m.ngroups)  # B and C of the groups this rank's heads use
     common = t * ((di + bc) * e + nh * 4)
-    norm_phase = common + t * di * (2 * e + 5 * 4)
+    norm_phase = common + t * di * 5 * e
     scan_phase = common + t * (2 * di * e + nh * 4 + bc * 2 * 4 + (di + bc) * e) + 3 * _scan_state_bytes(model, tokens, sh)
     return max(norm_phase, scan_phase)
 

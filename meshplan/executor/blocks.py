@@ -154,6 +154,16 @@ def mamba2_shard_summary(zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, dim
     return final, (dt * A).sum(1)
 
 
+def gated_norm(y, z, weight, group_size: int):
+    """The gated RMSNorm: the Triton kernels on the GPU (nothing fp32 of the row's width kept), the
+    torch reference on the CPU."""
+    if y.is_cuda:
+        from meshplan.kernels.gated_norm import gated_rmsnorm_triton
+
+        return gated_rmsnorm_triton(y, z, weight, group_size)
+    return gated_rmsnorm(y, z, weight, group_size)
+
+
 def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, seq_idx=None,
                  initial_state=None, conv_state=None, norm=None):
     """in_proj output → conv1d → SSD scan → gated norm → out_proj. Returns (out, final_state).
@@ -165,7 +175,7 @@ def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, 
     scan_args, z = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx, conv_state)
     y, state = _scan(*scan_args, d_skip, initial_state=initial_state, seq_idx=seq_idx)
     y = y.reshape(b, s, d_inner)
-    y = norm(y, z, norm_w) if norm is not None else gated_rmsnorm(y, z, norm_w, d_inner // ngroups)
+    y = norm(y, z, norm_w) if norm is not None else gated_norm(y, z, norm_w, d_inner // ngroups)
     return F.linear(y, out_w), state
 
 

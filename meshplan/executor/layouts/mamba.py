@@ -82,6 +82,11 @@ class _SpanningGatedNorm:
         self.mesh, self.axis, self.group_size, self.eps = mesh, axis, group_size, eps
 
     def __call__(self, y, z, weight):
+        if y.is_cuda:  # Triton kernels; the per-row statistics (sum of squares, backward's dot) all-reduced
+            from meshplan.kernels.gated_norm import gated_rmsnorm_triton
+
+            return gated_rmsnorm_triton(y, z, weight, self.group_size, self.eps, local=y.shape[-1],
+                                        reduce=lambda t: all_reduce(self.mesh, t, self.axis))
         h = acc(y) * F.silu(acc(z))
         ss = AllReduceBoth.apply(h.pow(2).sum(-1, keepdim=True), self.mesh, self.axis)
         return (h * torch.rsqrt(ss / self.group_size + self.eps) * acc(weight)).to(y.dtype)
@@ -217,9 +222,9 @@ class ParallelMamba2(Sharded):
         if self.norm_fn is not None:
             y = self.norm_fn(y, z.unsqueeze(1), self.norm_w)
         else:
-            from meshplan.executor.blocks import gated_rmsnorm
+            from meshplan.executor.blocks import gated_norm
 
-            y = gated_rmsnorm(y, z.unsqueeze(1), self.norm_w, di_l // ng_l)
+            y = gated_norm(y, z.unsqueeze(1), self.norm_w, di_l // ng_l)
         out = F.linear(y, self.out_proj)
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
