@@ -153,13 +153,13 @@ def saved_head_bytes(model, seq):
 
 @pytest.mark.parametrize("layout, want", [
     # d_inner 5120, 80 heads of 64, d_state 128, 1 group, 16384 tokens, bf16: the scan phase wins.
-    # Single GPU: 16384 · ((5120 + 256) · 2 + 80 · 4)                      conv output, dt
-    #           + 16384 · (2 · 5120 · 2 + 80 · 4 + 256 · 8 + 5376 · 2)    dy, dx, ddt, dB/dC, conv-output grad
-    #           + 3 · (256 chunks · 80 · 64 · 128 · 4 B)                    state buffers
-    ("single", 16384 * 11072 + 16384 * (22848 + 10752) + 3 * 256 * 80 * 64 * 128 * 4),
+    # Single GPU: 16384 · ((5120 + 256) · 2 + 80 · 4)   conv output, dt
+    #           + 16384 · 5120 · 2                      the scan's dy
+    #           + 3 · (256 chunks · 80 · 64 · 128 · 4)  three state buffers (the passing moment), more than
+    #             2 of them + the C·B gradient (256 · 80 · 64² · 4) + dx, ddt, dB/dC (16384 · 12608)
+    ("single", 16384 * (11072 + 10240) + 3 * 256 * 80 * 64 * 128 * 4),
     # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks.
-    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160) + 16384 * (2 * 2560 * 2 + 160 + 2048 + 2816 * 2)
-     + 3 * 256 * 40 * 64 * 128 * 4),
+    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2560 * 2) + 3 * 256 * 40 * 64 * 128 * 4),
 ])
 def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
     from meshplan.costmodel.layouts import sharding_for

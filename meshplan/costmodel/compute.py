@@ -43,14 +43,14 @@ SCAN_FWD_HBM_FRACTION = 0.358
 SCAN_BWD_HBM_FRACTION = 0.227
 CONV_FWD_HBM_FRACTION = 0.443
 CONV_BWD_HBM_FRACTION = 0.059
-# Mamba-2's eager work (fp32 gated RMSNorm and its autograd, dt softplus, the SP conv-window
-# concatenation, partial-sum reductions) against the one pass per tensor counted below, over the
-# four passes a training step makes (forward, the core's recompute, backward at twice forward):
-# 13.4× at 16K and 13.0× at 32K tokens (15.4× at 4K) in a 2-layer mamba2-2.7b training step on an
-# H200 (kernels other than GEMM, scan, conv and the optimizer; benchmarks/results/
-# profile-step-mamba2-h200.json, `python benchmarks/profile_step.py --model mamba2-2.7b`). Fused
-# gated-norm kernels would cut it.
-EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 13.2
+# Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
+# partial-sum reductions; the gated RMSNorm runs as Triton kernels, meshplan/kernels/gated_norm.py)
+# against the one pass per tensor counted below, over the four passes a training step makes
+# (forward, the core's recompute, backward at twice forward): 6.5× at 16K and 6.2× at 32K tokens
+# (8.4× at 4K) in a 2-layer mamba2-2.7b training step on an H200 (kernels other than GEMM, scan,
+# conv and the optimizer; benchmarks/results/profile-step-mamba2-h200.json,
+# `python benchmarks/profile_step.py --model mamba2-2.7b`). With the torch gated norm it was 13.2×.
+EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 6.35
 # Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
 # cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write
 # weight, m, v: 12), the bf16 copy-back (read 4, write 2).

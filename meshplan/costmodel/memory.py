@@ -219,10 +219,10 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     columns), dt (fp32), the scan output and out_proj's input (d_inner each; the Triton gated norm
     keeps nothing wider, meshplan/kernels/gated_norm.py) — out_proj's input gradient, and the norm's
     dy and dz.
-    Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's dy and dx, ddt (fp32), fp32
-    dB/dC partial sums (two head splits), three fp32 state buffers (entering states, their gradient
-    and dS while the backward state passing runs out of place), and the conv output's gradient that
-    autograd assembles from dx, dB and dC."""
+    Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt and the scan's output gradient dy, then
+    the larger of two moments — the backward state passing (three fp32 state buffers: entering
+    states, their gradient, dS) and the chunk kernels (entering states and dS; the C·B gradient,
+    chunk² fp32 per head and chunk; dx, ddt, and fp32 dB/dC partial sums for two head splits)."""
     if kind != "mamba2":
         return 0.0
     m = model.mamba2
@@ -231,7 +231,9 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     bc = 2 * m.d_state * m.ngroups / min(sh.head_div, m.ngroups)  # B and C of the groups this rank's heads use
     common = t * ((di + bc) * e + nh * 4)
     norm_phase = common + t * di * 5 * e
-    scan_phase = common + t * (2 * di * e + nh * 4 + bc * 2 * 4 + (di + bc) * e) + 3 * _scan_state_bytes(model, tokens, sh)
+    state = _scan_state_bytes(model, tokens, sh)
+    dcb = math.ceil(t / SSD_CHUNK) * nh * SSD_CHUNK ** 2 * 4
+    scan_phase = common + t * di * e + max(3 * state, 2 * state + dcb + t * (di * e + nh * 4 + bc * 2 * 4))
     return max(norm_phase, scan_phase)
 
 
