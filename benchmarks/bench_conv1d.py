@@ -77,12 +77,16 @@ def main() -> int:
             out["tiles"].append({"bt": bt, "bc": bc, "fwd_s": s, "fwd_bandwidth_fraction": 2 * b * t * c * 2 / s / copy_bw})
         g = torch.randn_like(x)
         out["bwd_tiles"] = []
-        for bt, bc, steps in ((32, 128, 16), (32, 128, 4), (16, 128, 16), (64, 64, 8), (32, 64, 16), (16, 256, 8)):
-            s = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, bt=bt, bc=bc, steps=steps), reps=20,
-                              warmup=3)
-            out["bwd_tiles"].append({"bt": bt, "bc": bc, "steps": steps, "bwd_s": s,
-                                     "bwd_bandwidth_fraction": 3 * b * t * c * 2 / s / copy_bw})
-            print(f"bwd tile {bt}x{bc}, {steps} steps: {s * 1e3:.3f} ms", flush=True)
+        for two_pass in (False, True):
+            for idx in (seq_idx, None):
+                for bt, bc, steps in ((32, 128, 16), (64, 64, 8), (32, 64, 16)):
+                    s = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, idx, bt=bt, bc=bc, steps=steps,
+                                                                two_pass=two_pass), reps=20, warmup=3)
+                    out["bwd_tiles"].append({"two_pass": two_pass, "seq_idx": idx is not None, "bt": bt, "bc": bc,
+                                             "steps": steps, "bwd_s": s,
+                                             "bwd_bandwidth_fraction": 3 * b * t * c * 2 / s / copy_bw})
+                    print(f"bwd {'two-pass' if two_pass else 'fused'}{' seq_idx' if idx is not None else ''} tile "
+                          f"{bt}x{bc}, {steps} steps: {s * 1e3:.3f} ms", flush=True)
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"copy roofline {copy_bw / 1e12:.2f} TB/s")
     for r in rows:

@@ -50,12 +50,29 @@ def _conv_fwd(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, K: tl.constexpr, HAS_
 
 
 @triton.jit
+def _conv_dpre(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dpre_ptr, T, C, K: tl.constexpr, HAS_IDX: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr):
+    """dpre = dout · silu'(pre), fp32, the pre-activation rebuilt from x (the two-pass backward)."""
+    pid_b, pid_t, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = pid_t * BT + tl.arange(0, BT)
+    c = pid_c * BC + tl.arange(0, BC)
+    cm = c < C
+    mask = (t < T)[:, None] & cm[None, :]
+    offs = pid_b * T * C + t[:, None] * C + c[None, :]
+    pre = _pre_activation(x_ptr, w_ptr, b_ptr, idx_ptr, pid_b, t, c, cm, T, C, K, HAS_IDX)
+    sig = tl.sigmoid(pre)
+    g = tl.load(dout_ptr + offs, mask=mask, other=0.0).to(tl.float32) * sig * (1 + pre * (1 - sig))
+    tl.store(dpre_ptr + offs, g, mask=mask)
+
+
+@triton.jit
 def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, K: tl.constexpr,
               HAS_IDX: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr):
-    """STEPS blocks of BT time steps: the pre-activation gradient dpre = dout · silu'(pre) is rebuilt
-    from x at the K positions each input feeds (nothing saved, nothing fp32 in HBM); then
-    dx[t] = Σ_j w[c, j] · dpre[t + (K−1) − j] over outputs in the same sequence, and this program's
-    partial sums of dw[c, j] = Σ_t dpre[t] · x[t − (K−1) + j] and db[c] = Σ_t dpre[t]."""
+    """STEPS blocks of BT time steps: the pre-activation gradient dpre = dout · silu'(pre) — with SILU
+    rebuilt from x at the K positions each input feeds; without, dout_ptr already holds it (or there
+    is no activation) —; then dx[t] = Σ_j w[c, j] · dpre[t + (K−1) − j] over outputs in the same
+    sequence, and this program's partial sums of dw[c, j] = Σ_t dpre[t] · x[t − (K−1) + j] and
+    db[c] = Σ_t dpre[t]."""
     pid_b, pid_t, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
@@ -109,8 +126,11 @@ def _launch_shape(x: torch.Tensor, bt: int, bc: int):
 # against 41% for 64 × 32): benchmarks/results/conv1d-h200.json, `python benchmarks/bench_conv1d.py --tiles`.
 TILE_T, TILE_C = 32, 128
 # Backward: each program walks BWD_STEPS tiles of TILE_T steps, so that the dw partial sums written per
-# program stay small next to x (they were 1 fp32 (channels × taps) row per 32 tokens).
+# program stay small next to x (they were 1 fp32 (channels × taps) row per 32 tokens). TWO_PASS writes
+# the fp32 pre-activation gradient first (one more kernel, 8 more bytes per element) instead of
+# rebuilding the pre-activation at each of the K shifts inside the gather.
 BWD_STEPS = 16
+TWO_PASS = False
 
 
 def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TILE_C):
@@ -124,9 +144,11 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
     return out
 
 
-def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=None, bc=None, steps=None):
-    """(dx, dw, db) of causal_conv1d_fwd given the output gradient (tiles default to the module's)."""
+def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=None, bc=None, steps=None,
+                      two_pass: bool | None = None):
+    """(dx, dw, db) of causal_conv1d_fwd given the output gradient (settings default to the module's)."""
     bt, bc, steps = bt or TILE_T, bc or TILE_C, steps or BWD_STEPS
+    two_pass = TWO_PASS if two_pass is None else two_pass
     x = x.contiguous()
     b, t, c = x.shape
     k = weight.shape[1]
@@ -136,7 +158,13 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
     db_part = torch.empty(b * grid[1], c, dtype=torch.float32, device=x.device)
     idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else x
     bias_in = bias if bias is not None else torch.zeros(c, dtype=weight.dtype, device=x.device)
-    _conv_bwd[grid](x, weight.contiguous(), bias_in.contiguous(), idx, grad_out.contiguous(), dx, dw_part, db_part,
+    g = grad_out.contiguous()
+    if two_pass and silu:
+        dpre = torch.empty(b, t, c, dtype=torch.float32, device=x.device)
+        _conv_dpre[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias_in.contiguous(), idx, g, dpre, t, c, K=k,
+                                             HAS_IDX=seq_idx is not None, BT=bt, BC=bc)
+        g, silu = dpre, False
+    _conv_bwd[grid](x, weight.contiguous(), bias_in.contiguous(), idx, g, dx, dw_part, db_part,
                     t, c, K=k, HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc, STEPS=steps)
     return dx, dw_part.sum(0).to(weight.dtype), (db_part.sum(0).to(bias.dtype) if bias is not None else None)
 
