@@ -19,15 +19,15 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
     return x, w, bias
 
 
-# steps 2 with 8-step tiles: several backward programs, each walking two tiles (dw summed across both);
-# the two-pass backward (pre-activation gradient written first) with the same tiles.
-@pytest.mark.parametrize("bwd_tiles", [None, (8, 2), (8, 2, "two-pass")])
+# 8-step tiles, 2 steps: several backward programs, each walking two tiles (dw summed across both), in
+# the one-pass backward (pre-activation rebuilt at each shift) and the two-pass one.
+@pytest.mark.parametrize("bwd_tiles", [None, (8, 2, False), (8, 2, True)])
 @pytest.mark.parametrize("t, c, k", [(37, 20, 4), (130, 40, 3), (5, 7, 4)])
 def test_forward_and_backward_match_reference(monkeypatch, bwd_tiles, t, c, k):
     if bwd_tiles is not None:
-        monkeypatch.setattr(conv1d, "TILE_T", bwd_tiles[0])
+        monkeypatch.setattr(conv1d, "BWD_TILE_T", bwd_tiles[0])
         monkeypatch.setattr(conv1d, "BWD_STEPS", bwd_tiles[1])
-        monkeypatch.setattr(conv1d, "TWO_PASS", len(bwd_tiles) == 3)
+        monkeypatch.setattr(conv1d, "TWO_PASS", bwd_tiles[2])
     x, w, bias = _inputs(2, t, c, k, seed=t)
     seq_idx = torch.tensor([[0] * (t // 3) + [1] * (t - t // 3), [0] * t])
     xs, ws, bs = (v.clone().requires_grad_(True) for v in (x, w, bias))

@@ -222,7 +222,9 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt and the scan's output gradient dy, then
     the larger of two moments — the backward state passing (three fp32 state buffers: entering
     states, their gradient, dS) and the chunk kernels (entering states and dS; the C·B gradient,
-    chunk² fp32 per head and chunk; dx, ddt, and fp32 dB/dC partial sums for two head splits)."""
+    chunk² fp32 per head and chunk; dx, ddt, and fp32 dB/dC partial sums for two head splits). Conv
+    phase (meshplan/kernels/conv1d.py, two-pass backward): the conv output's gradient, the fp32
+    pre-activation gradient, and dx."""
     if kind != "mamba2":
         return 0.0
     m = model.mamba2
@@ -234,7 +236,8 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     state = _scan_state_bytes(model, tokens, sh)
     dcb = math.ceil(t / SSD_CHUNK) * nh * SSD_CHUNK ** 2 * 4
     scan_phase = common + t * di * e + max(3 * state, 2 * state + dcb + t * (di * e + nh * 4 + bc * 2 * 4))
-    return max(norm_phase, scan_phase)
+    conv_phase = common + t * (di + bc) * (2 * e + 4)
+    return max(norm_phase, scan_phase, conv_phase)
 
 
 def _stage_params(model: ModelSpec, pp: int, stage: str) -> float:
