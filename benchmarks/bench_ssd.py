@@ -88,6 +88,25 @@ def profile(args) -> int:
     return 0
 
 
+def tune_forward(args) -> int:
+    """The forward's headdim block and warps on the first shape."""
+    import meshplan.kernels.ssd as ssd
+
+    b, s, h, p, g, n = SHAPES[0]
+    ins = inputs(b, s, h, p, g, n)
+    rows = []
+    for bp in (16, 32, 64):
+        for warps in (2, 4, 8):
+            ssd.FWD_WARPS = warps
+            with torch.no_grad():
+                t = median_time_s(lambda: ssd.ssd_forward(*ins, chunk=args.chunk, bp=bp), reps=10, warmup=2)
+            rows.append({"bp": bp, "warps": warps, "forward_s": t})
+            print(f"forward bp {bp} warps {warps}: {t * 1e3:.3f} ms", flush=True)
+    json.dump({"command": f"python benchmarks/bench_ssd.py --tune-forward --chunk {args.chunk} --out $OUT/tune-fwd.json",
+               "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
+    return 0
+
+
 def tune(args) -> int:
     """The backward's settings (in-place state passing, headdim block, warps, d_state block) on the first shape."""
     b, s, h, p, g, n = SHAPES[0]
@@ -118,12 +137,15 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--tune", action="store_true", help="time the backward's launch settings and stop")
     ap.add_argument("--profile", action="store_true", help="print the forward's and backward's kernels and stop")
+    ap.add_argument("--tune-forward", action="store_true", help="time the forward's launch settings and stop")
     args = ap.parse_args()
     chunk = args.chunk
     if args.tune:
         return tune(args)
     if args.profile:
         return profile(args)
+    if args.tune_forward:
+        return tune_forward(args)
     big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
     copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
     rows = []

@@ -188,6 +188,10 @@ def chunk_decay_sums(pk: Packing) -> torch.Tensor:
 
 
 PASS_BLOCK = 256  # state elements per program of the (sequential over chunks) state-passing kernels
+# Forward launch settings — headdim block and warps of the chunk-state and chunk-output kernels — the
+# fastest of 9 on an H200 at 16K × 80 heads of 64 (1.64 ms, against 1.86 ms for 32 and 4):
+# benchmarks/results/ssd-fwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune-forward`.
+FWD_HEADDIM_BLOCK, FWD_WARPS = 64, 4
 
 
 def entering_states(pk: Packing, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,8 +207,8 @@ def entering_states(pk: Packing, initial_state) -> tuple[torch.Tensor, torch.Ten
     return entering, final
 
 
-def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int = 32, seq_idx=None):
-    pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp)
+def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None):
+    pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or FWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
     entering, final = entering_states(pk, initial_state)
     y = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
@@ -213,7 +217,8 @@ def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp:
     _chunk_scan[(b * nc, h, triton.cdiv(p, pk.bp))](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A,
                                                     entering, sid, prev, y, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                                     HAS_D=D is not None,
-                                                    HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn)
+                                                    HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
+                                                    num_warps=FWD_WARPS)
     return y[:, :pk.s], final
 
 
@@ -237,6 +242,6 @@ class SSDChunkedFn(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def ssd_chunked(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int = 32, seq_idx=None):
+def ssd_chunked(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None):
     """The chunked scan; differentiable (Triton backward) when any input requires grad."""
     return SSDChunkedFn.apply(x, dt, A, B, C, D, initial_state, seq_idx, chunk, bp)
