@@ -9,10 +9,12 @@ Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file na
 - validation-h200-run1.json: 4 × H200 (world 1, 2, 4) with the first executor (attention through
   a dense boolean mask, unfused optimizer). Its byte counts and saved activations still stand; its
   memory and times describe that older executor and are reported separately.
-- validation-h200-run10-x2-mamba2-fused-norm.json: the current executor's Mamba-2 path (Triton conv,
-  SSD scan and gated RMSNorm, forward and backward; SP with all-gathered shard summaries), 2 × H200,
-  training and prefill. Its Mamba-2 runs replace those of run3 and run5, which ran the torch
-  reference scan.
+- validation-h200-run11-x2-mamba2.json: the current executor's Mamba-2 path (Triton conv, SSD scan
+  and gated RMSNorm, forward and backward, with their tuned launch settings; SP with all-gathered
+  shard summaries), 2 × H200, training and prefill. Its Mamba-2 runs replace those of run3 and run5,
+  which ran the torch reference scan.
+- validation-h200-run10-x2-mamba2-fused-norm.json: the same before the conv backward and scan
+  forward settings were tuned.
 - validation-h200-run9-x2-mamba2.json: the same before the Triton gated norm, with decode.
 Predictions are recomputed from the current cost model.
 """
@@ -29,14 +31,15 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
 SOURCES = [("validation-h200-run3-x2.json", "current executor, 2 x H200"),
-           ("validation-h200-run10-x2-mamba2-fused-norm.json", "current executor, Mamba-2 with Triton kernels, 2 x H200"),
+           ("validation-h200-run11-x2-mamba2.json", "current executor, Mamba-2 with Triton kernels, 2 x H200"),
+           ("validation-h200-run10-x2-mamba2-fused-norm.json", "Mamba-2 before the last kernel tuning, 2 x H200"),
            ("validation-h200-run9-x2-mamba2.json", "Mamba-2 before the Triton gated norm (decode from here), 2 x H200"),
            ("validation-h200-run5-x2-inference.json", "current executor, prefill and decode, 2 x H200"),
            ("validation-h200-run1.json", "first executor (masked attention, unfused optimizer), 4 x H200")]
 # Model families a source speaks for: run3 and run5 ran Mamba-2 on the torch reference scan, since
 # replaced (run9); so did run1, whose SP Mamba-2 also handed the state along a serial chain.
 FAMILIES = {"validation-h200-run3-x2.json": ("dense",), "validation-h200-run5-x2-inference.json": ("dense",),
-            "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),
+            "validation-h200-run11-x2-mamba2.json": ("mamba2",), "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),
             "validation-h200-run9-x2-mamba2.json": ("mamba2",), "validation-h200-run1.json": ("dense",)}
 
 

@@ -35,22 +35,23 @@ ATTENTION_EFFICIENCY = 0.35  # decode and anything off the tables' shapes
 ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forward's 2
 # Mamba-2's own kernels (meshplan/kernels), as achieved fractions of the device's HBM rate (the
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks: the
-# chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — forward 1.72e12 B/s, backward
-# 0.95e12 B/s (0.41 and 0.26 of the 4.18 TB/s copy rate; benchmarks/results/ssd-h200.json,
-# `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels (0.51 and 0.068
-# of the copy rate; benchmarks/results/conv1d-h200.json, `python benchmarks/bench_conv1d.py --tiles`).
-SCAN_FWD_HBM_FRACTION = 0.358
-SCAN_BWD_HBM_FRACTION = 0.227
-CONV_FWD_HBM_FRACTION = 0.443
-CONV_BWD_HBM_FRACTION = 0.059
+# chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — forward 1.80e12 B/s, backward
+# 1.12e12 B/s (0.43 and 0.27 of the 4.19 TB/s copy rate; benchmarks/results/ssd-h200.json,
+# `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels (0.54 and 0.11
+# of the copy rate, two-pass backward; benchmarks/results/conv1d-h200.json,
+# `python benchmarks/bench_conv1d.py`).
+SCAN_FWD_HBM_FRACTION = 0.374
+SCAN_BWD_HBM_FRACTION = 0.234
+CONV_FWD_HBM_FRACTION = 0.472
+CONV_BWD_HBM_FRACTION = 0.098
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
 # partial-sum reductions; the gated RMSNorm runs as Triton kernels, meshplan/kernels/gated_norm.py)
 # against the one pass per tensor counted below, over the four passes a training step makes
-# (forward, the core's recompute, backward at twice forward): 6.5× at 16K and 6.2× at 32K tokens
-# (8.4× at 4K) in a 2-layer mamba2-2.7b training step on an H200 (kernels other than GEMM, scan,
+# (forward, the core's recompute, backward at twice forward): 6.9× at 16K and 6.6× at 32K tokens
+# (8.7× at 4K) in a 2-layer mamba2-2.7b training step on an H200 (kernels other than GEMM, scan,
 # conv and the optimizer; benchmarks/results/profile-step-mamba2-h200.json,
 # `python benchmarks/profile_step.py --model mamba2-2.7b`). With the torch gated norm it was 13.2×.
-EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 6.35
+EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 6.7
 # Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
 # cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write
 # weight, m, v: 12), the bf16 copy-back (read 4, write 2).
