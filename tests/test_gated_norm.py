@@ -7,6 +7,9 @@ import torch
 from meshplan.executor.blocks import gated_rmsnorm
 from meshplan.kernels.gated_norm import gated_rmsnorm_triton
 
+# Outputs come from torch.empty poisoned with NaN: an element a kernel leaves unwritten fails.
+pytestmark = pytest.mark.usefixtures("poison_empty")
+
 
 def _inputs(rows, channels, seed):
     gen = torch.Generator().manual_seed(seed)

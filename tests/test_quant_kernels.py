@@ -7,6 +7,9 @@ from hypothesis import given, settings, strategies as st
 from meshplan.kernels.quant import dequantize_int8, quantize_int8
 from meshplan.kernels.reference import dequantize_int8_ref, quantize_int8_ref
 
+# Outputs come from torch.empty poisoned with NaN: an element a kernel leaves unwritten fails.
+pytestmark = pytest.mark.usefixtures("poison_empty")
+
 
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 40), st.sampled_from([32, 128]), st.floats(1e-3, 1e3), st.integers(0, 2 ** 31 - 1))

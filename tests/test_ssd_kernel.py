@@ -8,6 +8,9 @@ from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref, ssd_scan_ref
 from meshplan.kernels.ssd import ssd_chunked, token_rows
 
+# Outputs come from torch.empty poisoned with NaN: an element a kernel leaves unwritten fails.
+pytestmark = pytest.mark.usefixtures("poison_empty")
+
 
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 32, False), (50, 4, 16, 2, 16, 16, True),
                                                               (96, 2, 32, 2, 32, 32, True)])
