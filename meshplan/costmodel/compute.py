@@ -52,6 +52,15 @@ CONV_BWD_HBM_FRACTION = 0.098
 # conv and the optimizer; benchmarks/results/profile-step-mamba2-h200.json,
 # `python benchmarks/profile_step.py --model mamba2-2.7b`). With the torch gated norm it was 13.2×.
 EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 6.7
+# Decode, measured on an H200 at batch 8 after a 16K prefill (2 layers, one GPU; benchmarks/results/
+# decode-profile-h200.json, `torchrun --nproc-per-node 1 benchmarks/gpu_validation.py --modes decode
+# --only single --profile 3 --steps 20`): torch's attention over the KV cache runs as two cuBLAS gemv
+# kernels (q·Kᵀ, then ·V) reading 4.29 GB in 2.34 ms, 1.84e12 B/s — 0.38 of the datasheet HBM rate;
+# and the eager executor issues 46 kernels per dense layer (92 per step) and 39 per Mamba-2 layer
+# (78), at 23 µs of host time each (the Mamba-2 step: 1.79 ms for 78 kernels, its GPU busy 0.41 ms).
+DECODE_ATTENTION_HBM_FRACTION = 0.38
+DECODE_KERNELS_PER_BLOCK = {"attention": 23, "mlp": 23, "mamba2": 39}  # a dense layer's 46, split evenly
+DECODE_KERNEL_HOST_S = 23e-6
 # Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
 # cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write
 # weight, m, v: 12), the bf16 copy-back (read 4, write 2).

@@ -168,6 +168,10 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
     step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s
+    if decode:  # the eager executor's kernel launches: a host-side floor under a small step
+        host = slots * _decode_host_s(schedule)
+        breakdown["decode_host_s"] = host
+        step = max(step, host)
     if decode:
         tokens_per_step = layout.dp * batch
     else:
@@ -188,14 +192,27 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
 
 def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int, sh: Sharding, opts: CostOptions,
                       dev: Device) -> BlockCompute:
-    """Decode attention reads the local KV cache once per token: memory-bound."""
+    """Decode attention reads the local KV cache once per token: memory-bound, at the rate torch's
+    decode attention measured (compute.DECODE_ATTENTION_HBM_FRACTION)."""
     a = model.attention
     kv_bytes = batch * seq / sh.token_div * 2 * a.kv_width / sh.head_div * opts.nbytes("kv_cache_dtype")
     flops = 4 * batch * seq / sh.token_div * a.q_width / sh.head_div
-    from meshplan.costmodel.compute import ATTENTION_EFFICIENCY
+    from meshplan.costmodel.compute import ATTENTION_EFFICIENCY, DECODE_ATTENTION_HBM_FRACTION
 
-    t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY), kv_bytes / dev.hbm_bytes_per_s)
+    t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY),
+            kv_bytes / (dev.hbm_bytes_per_s * DECODE_ATTENTION_HBM_FRACTION))
     return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
+
+
+def _decode_host_s(schedule) -> float:
+    """Host time to launch one decode micro-batch: the measured kernels of each block invocation and
+    one launch per collective, each at the measured host cost (compute.DECODE_KERNEL_HOST_S)."""
+    from meshplan.costmodel.compute import DECODE_KERNEL_HOST_S, DECODE_KERNELS_PER_BLOCK
+
+    launches = sum(n * (DECODE_KERNELS_PER_BLOCK.get(kind, DECODE_KERNELS_PER_BLOCK["mlp"])
+                        + len(schedule.per_block[kind]))
+                   for kind, n in schedule.invocations.items())
+    return launches * DECODE_KERNEL_HOST_S
 
 
 def _decode_state_io(comp: BlockCompute, model: ModelSpec, kind: str, batch: int, sh: Sharding, opts: CostOptions,
