@@ -67,7 +67,8 @@ def _conv_dpre(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dpre_ptr, T, C, K: tl.con
 
 @triton.jit
 def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, K: tl.constexpr,
-              HAS_IDX: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr):
+              HAS_IDX: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr,
+              KP: tl.constexpr):
     """STEPS blocks of BT time steps: the pre-activation gradient dpre = dout · silu'(pre) — with SILU
     rebuilt from x at the K positions each input feeds; without, dout_ptr already holds it (or there
     is no activation) —; then dx[t] = Σ_j w[c, j] · dpre[t + (K−1) − j] over outputs in the same
@@ -78,6 +79,8 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
     cm = c < C
     base = pid_b * T * C
     wsum = tl.zeros((BC,), dtype=tl.float32)
+    taps = tl.arange(0, KP)  # K rounded up to a power of two
+    wacc = tl.zeros((BC, KP), dtype=tl.float32)  # dw partial sums, kept in registers across the steps
     part = (pid_b * tl.num_programs(1) + pid_t) * C * K
     for step in range(STEPS):
         t = (pid_t * STEPS + step) * BT + tl.arange(0, BT)
@@ -109,11 +112,8 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
                 ok_src = ok_src & (tl.load(idx_ptr + pid_b * T + src, mask=ok_src, other=-2) == me)
             xv = tl.load(x_ptr + base + src[:, None] * C + c[None, :], mask=ok_src[:, None] & cm[None, :], other=0.0)
             contrib = tl.sum(dpre * xv.to(tl.float32), axis=0)
-            if step == 0:
-                tl.store(dw_part_ptr + part + c * K + j, contrib, mask=cm)
-            else:
-                tl.store(dw_part_ptr + part + c * K + j, tl.load(dw_part_ptr + part + c * K + j, mask=cm) + contrib,
-                         mask=cm)
+            wacc += tl.where(taps[None, :] == j, contrib[:, None], 0.0)
+    tl.store(dw_part_ptr + part + c[:, None] * K + taps[None, :], wacc, mask=cm[:, None] & (taps[None, :] < K))
     tl.store(db_part_ptr + (pid_b * tl.num_programs(1) + pid_t) * C + c, wsum, mask=cm)
 
 
@@ -129,7 +129,7 @@ TILE_T, TILE_C = 32, 128
 # written per program stay small next to x. TWO_PASS writes the fp32 pre-activation gradient first (one
 # more kernel, 8 more bytes per element) instead of rebuilding the pre-activation at each of the K
 # shifts inside the gather. Fastest of 12 settings on an H200 at 4 × 16K × 5376 channels: two-pass,
-# 64 × 64, 8 steps — 4.62 ms with seq_idx (3.90 ms without) against 7.08 ms for the best one-pass
+# 64 × 64, 8 steps — 4.50 ms with seq_idx (3.35 ms without) against 5.96 ms for the best one-pass
 # setting (benchmarks/results/conv1d-h200.json "bwd_tiles", `python benchmarks/bench_conv1d.py --tiles`).
 BWD_TILE_T, BWD_TILE_C, BWD_STEPS = 64, 64, 8
 TWO_PASS = True
@@ -167,7 +167,8 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
                                              HAS_IDX=seq_idx is not None, BT=bt, BC=bc)
         g, silu = dpre, False
     _conv_bwd[grid](x, weight.contiguous(), bias_in.contiguous(), idx, g, dx, dw_part, db_part,
-                    t, c, K=k, HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc, STEPS=steps)
+                    t, c, K=k, HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc, STEPS=steps,
+                    KP=triton.next_power_of_2(k))
     return dx, dw_part.sum(0).to(weight.dtype), (db_part.sum(0).to(bias.dtype) if bias is not None else None)
 
 
