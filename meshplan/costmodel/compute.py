@@ -59,7 +59,9 @@ EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 6.7
 # and the eager executor issues 46 kernels per dense layer (92 per step) and 39 per Mamba-2 layer
 # (78), at 23 µs of host time each (the Mamba-2 step: 1.79 ms for 78 kernels, its GPU busy 0.41 ms).
 DECODE_ATTENTION_HBM_FRACTION = 0.38
-DECODE_KERNELS_PER_BLOCK = {"attention": 23, "mlp": 23, "mamba2": 39}  # a dense layer's 46, split evenly
+# A dense layer's 46 split evenly between its two blocks (only their sum is measured); blocks the
+# executor does not run (Mamba-1, Zamba2's projection) are assumed to launch what an MLP block does.
+DECODE_KERNELS_PER_BLOCK = {"attention": 23, "mlp": 23, "mamba2": 39}
 DECODE_KERNEL_HOST_S = 23e-6
 # Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
 # cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write

@@ -185,7 +185,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         step_time_s=step, tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
         compute_s=slots * mb_compute + opt_s, comm_s=slots * mb_comm + step_comm,
         exposed_comm_s=exposed_total, comm_bytes_per_step=schedule.comm_bytes_per_step, mfu=mfu,
-        tokens_per_step=tokens_per_step, bound=_bound(decode, exposed_total, step, schedule, links),
+        tokens_per_step=tokens_per_step, bound=_bound(decode, exposed_total, step, schedule, links, breakdown.get("decode_host_s", 0.0)),
         breakdown=breakdown,
     )
 
@@ -236,9 +236,12 @@ def _model_flops(model: ModelSpec, batch: int, seq: int, decode: bool, training:
     return fwd * (3 if training else 1)
 
 
-def _bound(decode: bool, exposed: float, step: float, schedule: StepSchedule, links: _Links) -> str:
+def _bound(decode: bool, exposed: float, step: float, schedule: StepSchedule, links: _Links,
+           host: float = 0.0) -> str:
     if step <= 0:
         return "idle"
+    if decode and host >= step:
+        return "launch-bound: the host issues kernels slower than the GPU runs them"
     if decode:
         streamed = sum(links.time_s(c) * n for c, n in schedule.all_comms() if c.overlap == "gemm")
         if streamed > 0.5 * step:
