@@ -152,9 +152,10 @@ def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, o
                     f"error: among them {roomiest.layout} leaves the most memory free ({_gib(roomiest.total_bytes)} "
                     f"per GPU).")
     if opts.mode == "decode":
-        streamed = [c for c in ranked + dropped if c.layout.tsp > 1]
-        if streamed and streamed[0].estimate is not None:
-            text.append(f"TSP layouts stream every weight shard for every token "
-                        f"({streamed[0].estimate.bound}), so decode does not use them.")
+        streamed = [c for c in ranked + dropped if c.layout.tsp > 1 and c.estimate is not None]
+        if streamed and win.layout.tsp == 1:
+            best = max(streamed, key=lambda c: c.estimate.tokens_per_s)
+            text.append(f"TSP layouts stream every weight shard for every token: the fastest, {best.layout}, "
+                        f"reaches {best.estimate.tokens_per_s:,.0f} tokens/s ({best.estimate.bound}).")
     text.append(f"{len(ranked)} of {len(ranked) + len(dropped)} valid meshes fit.")
     return " ".join(text)
