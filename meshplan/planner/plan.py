@@ -134,7 +134,11 @@ def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, o
             "exposed communication": r.exposed_comm_s - w.exposed_comm_s,
         }
         main = max(diffs, key=diffs.get)
-        if objective == "memory" or abs(r.step_time_s - w.step_time_s) <= 1e-3 * w.step_time_s:
+        same_time = abs(r.step_time_s - w.step_time_s) <= 1e-3 * w.step_time_s
+        if objective != "memory" and same_time and abs(r.tokens_per_s / w.tokens_per_s - 1) > 1e-3:
+            lost = (f"its step takes as long but carries {r.tokens_per_step:,.0f} tokens against "
+                    f"{w.tokens_per_step:,.0f}")
+        elif objective == "memory" or same_time:
             tie = "" if objective == "memory" else "it ties on time and "
             lost = f"{tie}it needs {_gib(r_c.total_bytes)} per GPU against {_gib(win.total_bytes)}"
         elif diffs[main] > 0:
