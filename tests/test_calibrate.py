@@ -65,3 +65,17 @@ def test_calibrate_cli_on_cpu(tmp_path):
     kinds = {key.split("/")[0] for key, _, _ in cal.collectives}
     assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"}
     assert all(alpha >= 0 and bw > 0 for _, alpha, bw in cal.collectives)
+
+
+def test_calibrated_hbm_replaces_the_streaming_rate_not_the_rated_one():
+    """The measured fractions (eager factors, kernel rates) are relative to the datasheet rate, so a
+    calibrated profile changes what streams at full speed, not what those fractions apply to."""
+    from pathlib import Path
+
+    from meshplan.costmodel.compute import Device
+    from meshplan.topologies import load_cluster
+
+    profile = Path(__file__).parent.parent / "meshplan/topologies/profiles/h200-2gpu-2026-11-22.toml"
+    dev, preset = Device.of(load_cluster(str(profile))), Device.of(load_cluster("h200-8"))
+    assert dev.hbm_bytes_per_s == pytest.approx(3.8629e12)
+    assert dev.rated_hbm == preset.rated_hbm == preset.hbm_bytes_per_s == pytest.approx(4.8e12)

@@ -76,12 +76,20 @@ class Device:
     gemm_efficiency: float = GEMM_EFFICIENCY
     attention_causal: tuple = ATTENTION_EFFICIENCY_CAUSAL
     attention_prefix: tuple = ATTENTION_EFFICIENCY_PREFIX
+    # The datasheet HBM rate the measured fractions above (eager factors, Mamba-2 kernel rates, decode
+    # attention) are relative to; `meshplan calibrate` replaces hbm_bytes_per_s, not this.
+    hbm_rated_bytes_per_s: float = 0.0
+
+    @property
+    def rated_hbm(self) -> float:
+        return self.hbm_rated_bytes_per_s or self.hbm_bytes_per_s
 
     @classmethod
     def of(cls, cluster) -> "Device":
         """The cluster's GPU, with what `meshplan calibrate` measured where it measured it."""
         cal = cluster.calibration
-        dev = cls(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s)
+        dev = cls(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s,
+                  hbm_rated_bytes_per_s=cluster.gpu.hbm_bytes_per_s)
         if cal is None:
             return dev
         from dataclasses import replace
@@ -191,7 +199,7 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
             attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
         flops += core_flops
     eager = EAGER_ELEMENTWISE_FACTOR_MAMBA2 if kind == "mamba2" else EAGER_ELEMENTWISE_FACTOR
-    mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * eager / dev.hbm_bytes_per_s
+    mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * eager / dev.rated_hbm
     kernel_fwd, kernel_bwd = mamba2_kernel_s(model, tokens, head_div, e, dev) if kind == "mamba2" else (0.0, 0.0)
     # A sequence shard first runs conv and scan once more for its zero-start summary (its final state),
     # recomputed and differentiated in backward (meshplan/executor/layouts/mamba.py).
@@ -233,7 +241,7 @@ def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev:
     if tokens <= 1:  # decode: the state update, costed by the step's decode state I/O
         return 0.0, 0.0
     b = mamba2_kernel_bytes(model, tokens, head_div, e)
-    hbm = dev.hbm_bytes_per_s
+    hbm = dev.rated_hbm
     return (b["scan_fwd"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
             b["scan_bwd"] / (hbm * SCAN_BWD_HBM_FRACTION) + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION))
 

@@ -200,7 +200,7 @@ def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int
     from meshplan.costmodel.compute import ATTENTION_EFFICIENCY, DECODE_ATTENTION_HBM_FRACTION
 
     t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY),
-            kv_bytes / (dev.hbm_bytes_per_s * DECODE_ATTENTION_HBM_FRACTION))
+            kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION))
     return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
 
 
