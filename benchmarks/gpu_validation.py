@@ -41,6 +41,9 @@ def plan(args) -> list[dict]:
         d = replace(PRESETS["dense-7b"], layers=args.layers, name=f"dense-7b/{args.layers}L")
         m = replace(PRESETS["mamba2-2.7b"], layers=args.layers, name=f"mamba2-2.7b/{args.layers}L")
         dense_seqs, mamba_seqs, prefill_seqs = [4096, 16384, 32768], [4096, 16384], [16384]
+    if args.seqs:  # training at these lengths only (e.g. up to past the largest that fits)
+        dense_seqs = mamba_seqs = [int(x) for x in args.seqs.split(",")]
+        prefill_seqs = []
     runs = []
     for seq in dense_seqs:
         runs += [dict(model=d, layout=x, seq=seq, mode="train") for x in DENSE_LAYOUTS]
@@ -68,6 +71,9 @@ def main() -> int:
                     help="Mamba-2 decode's conv step: one Triton launch or the torch ops")
     ap.add_argument("--family", default="", help="dense or mamba2: run only that model family")
     ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
+    ap.add_argument("--seqs", default="", help="comma list of training lengths replacing the grid's")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-exposed", action="store_true", help="skip re-timing with the transfers skipped")
     args = ap.parse_args()
     from meshplan.executor.layouts import mamba as mamba_layouts
 
@@ -99,8 +105,8 @@ def main() -> int:
         t0 = time.time()
         if mesh is not None:
             try:
-                mine = measure(model, layout, mesh, seq, batch, mode, steps=args.steps, device=device, exposed=True,
-                               profile=args.profile)
+                mine = measure(model, layout, mesh, seq, batch, mode, steps=args.steps, warmup=args.warmup,
+                               device=device, exposed=not args.no_exposed, profile=args.profile)
             except torch.cuda.OutOfMemoryError as exc:
                 mine = {"oom": True, "error": str(exc).splitlines()[0]}
             except Exception:  # noqa: BLE001 - recorded, and the sweep goes on

@@ -38,8 +38,8 @@ def _pre_activation(x_ptr, w_ptr, b_ptr, idx_ptr, pid_b, pos, c, cm, T, C, K: tl
 @triton.jit
 def _conv_fwd(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, K: tl.constexpr, HAS_IDX: tl.constexpr,
               SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    pid_b, pid_t, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = pid_t * BT + tl.arange(0, BT)
+    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
+    t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)  # t · channels passes 2^31 at long context
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
     acc = _pre_activation(x_ptr, w_ptr, b_ptr, idx_ptr, pid_b, t, c, cm, T, C, K, HAS_IDX)
@@ -53,8 +53,8 @@ def _conv_fwd(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, K: tl.constexpr, HAS_
 def _conv_dpre(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dpre_ptr, T, C, K: tl.constexpr, HAS_IDX: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr):
     """dpre = dout · silu'(pre), fp32, the pre-activation rebuilt from x (the two-pass backward)."""
-    pid_b, pid_t, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = pid_t * BT + tl.arange(0, BT)
+    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
+    t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)  # t · channels passes 2^31 at long context
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
     mask = (t < T)[:, None] & cm[None, :]
@@ -74,7 +74,7 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
     is no activation) —; then dx[t] = Σ_j w[c, j] · dpre[t + (K−1) − j] over outputs in the same
     sequence, and this program's partial sums of dw[c, j] = Σ_t dpre[t] · x[t − (K−1) + j] and
     db[c] = Σ_t dpre[t]."""
-    pid_b, pid_t, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
     base = pid_b * T * C
@@ -83,7 +83,7 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
     wacc = tl.zeros((BC, KP), dtype=tl.float32)  # dw partial sums, kept in registers across the steps
     part = (pid_b * tl.num_programs(1) + pid_t) * C * K
     for step in range(STEPS):
-        t = (pid_t * STEPS + step) * BT + tl.arange(0, BT)
+        t = ((pid_t * STEPS + step) * BT + tl.arange(0, BT)).to(tl.int64)
         tm = t < T
         if HAS_IDX:
             me = tl.load(idx_ptr + pid_b * T + t, mask=tm, other=-1)

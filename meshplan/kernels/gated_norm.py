@@ -21,7 +21,7 @@ import triton.language as tl
 
 @triton.jit
 def _tile(R, C, BR: tl.constexpr, BC: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)  # rows × channels passes 2^31 at long context
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     mask = (rows < R)[:, None] & (cols < C)[None, :]
     return rows, cols, mask, rows[:, None] * C + cols[None, :]
@@ -39,7 +39,7 @@ def _gate(y_ptr, z_ptr, offs, mask):
 def _row_sums(y_ptr, z_ptr, dout_ptr, w_ptr, out_ptr, R, C, LOCAL, NG, DOT: tl.constexpr, BR: tl.constexpr,
               BC: tl.constexpr):
     """Grid (row blocks, local groups): per row and group Σ h² (or, with DOT, Σ dout·w·h)."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     g = tl.program_id(1)
     acc = tl.zeros((BR,), dtype=tl.float32)
     for c0 in range(0, LOCAL, BC):

@@ -26,7 +26,9 @@ def _chunk_tile(S, H, G, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     pid_bc, pid_h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_chunks = S // L
     t = (pid_bc % n_chunks) * L + tl.arange(0, L)
-    return (pid_bc // n_chunks, pid_bc % n_chunks, pid_h, pid_h // (H // G), n_chunks, t,
+    # The batch index is int64 so that every offset built on it is: at long context (s · conv channels,
+    # or chunks · heads · state) they pass 2^31.
+    return ((pid_bc // n_chunks).to(tl.int64), pid_bc % n_chunks, pid_h, pid_h // (H // G), n_chunks, t,
             pid_p * BP + tl.arange(0, BP), tl.arange(0, BN))
 
 
@@ -64,7 +66,7 @@ def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G
 def _state_passing(st_ptr, asum_ptr, keep_ptr, init_ptr, enter_ptr, final_ptr, NC, H, PN, HAS_INIT: tl.constexpr,
                    BLOCK: tl.constexpr):
     """entering[c] = state before chunk c; entering[c + 1] = states[c] + exp(Σ a over c) · entering[c]."""
-    pid_b, pid_h, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_b, pid_h, pid_k = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
     k = pid_k * BLOCK + tl.arange(0, BLOCK)
     km = k < PN
     if HAS_INIT:

@@ -28,7 +28,7 @@ def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr
                        BLOCK: tl.constexpr):
     """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (which may be d_ptr). (The gradient of the chunk's decay,
     Σ dS_c · exp(asum_c) · keep_c · E_c, is summed by the chunk kernel, which reads both anyway.)"""
-    pid_b, pid_h, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_b, pid_h, pid_k = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
     k = pid_k * BLOCK + tl.arange(0, BLOCK)
     km = k < PN
     if HAS_DFINAL:
@@ -70,7 +70,7 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     j ≤ i] and w_j = exp(cum_last − cum_j) dt_j [last sequence]: y_i = Σ_j M_ij x_j + reach_i C_i·E
     + D x_i and S = Σ_j w_j x_j ⊗ B_j. Writes dx, ddt, the gradient of C_i·B_j (for dB, dC) and
     this chunk's share of dA and dD."""
-    pid_bc, h = tl.program_id(0), tl.program_id(1)
+    pid_bc, h = tl.program_id(0).to(tl.int64), tl.program_id(1)  # int64: offsets pass 2^31 at long context
     n_chunks = S // L
     bi, ci = pid_bc // n_chunks, pid_bc % n_chunks
     g = h // (H // G)
@@ -137,7 +137,7 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
                    BP: tl.constexpr, BN: tl.constexpr):
     """Grid (batch · chunk, group · split, d_state block): dB_j = Σ_h Σ_i dCB_ij C_i + w_j x_j·dS and
     dC_i = Σ_h Σ_j dCB_ij B_j + reach_i dy_i·E over HPP heads of one group (a split's partial sum)."""
-    pid_bc, pid_gs, pid_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_bc, pid_gs, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
     n_chunks = S // L
     bi, ci = pid_bc // n_chunks, pid_bc % n_chunks
     splits = tl.num_programs(1) // G
