@@ -15,6 +15,9 @@ Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file na
   which ran the torch reference scan.
 - validation-h200-run10-x2-mamba2-fused-norm.json: the same before the conv backward and scan
   forward settings were tuned.
+- validation-h200-run12-x2-mamba2-long.json and run13 (…-long-expandable.json): Mamba-2 training at
+  128K to 1M tokens, one step each, up to the largest that fits; run13 with expandable allocator
+  segments, which the executor now sets.
 - validation-h200-run9-x2-mamba2.json: the same before the Triton gated norm, with decode.
 Predictions are recomputed from the current cost model.
 """
@@ -33,6 +36,9 @@ DOCS = HERE.parent / "docs"
 SOURCES = [("validation-h200-run3-x2.json", "current executor, 2 x H200"),
            ("validation-h200-run11-x2-mamba2.json", "current executor, Mamba-2 with Triton kernels, 2 x H200"),
            ("validation-h200-run10-x2-mamba2-fused-norm.json", "Mamba-2 before the last kernel tuning, 2 x H200"),
+           ("validation-h200-run12-x2-mamba2-long.json", "Mamba-2 training 128K-1M tokens, 2 x H200"),
+           ("validation-h200-run13-x2-mamba2-long-expandable.json",
+            "Mamba-2 training 512K-1M tokens, expandable allocator segments, 2 x H200"),
            ("validation-h200-run9-x2-mamba2.json", "Mamba-2 before the Triton gated norm (decode from here), 2 x H200"),
            ("validation-h200-run5-x2-inference.json", "current executor, prefill and decode, 2 x H200"),
            ("validation-h200-run1.json", "first executor (masked attention, unfused optimizer), 4 x H200")]
@@ -40,6 +46,8 @@ SOURCES = [("validation-h200-run3-x2.json", "current executor, 2 x H200"),
 # replaced (run9); so did run1, whose SP Mamba-2 also handed the state along a serial chain.
 FAMILIES = {"validation-h200-run3-x2.json": ("dense",), "validation-h200-run5-x2-inference.json": ("dense",),
             "validation-h200-run11-x2-mamba2.json": ("mamba2",), "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),
+            "validation-h200-run12-x2-mamba2-long.json": ("mamba2",),
+            "validation-h200-run13-x2-mamba2-long-expandable.json": ("mamba2",),
             "validation-h200-run9-x2-mamba2.json": ("mamba2",), "validation-h200-run1.json": ("dense",)}
 
 

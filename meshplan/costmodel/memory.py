@@ -237,6 +237,12 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     dcb = math.ceil(t / SSD_CHUNK) * nh * SSD_CHUNK ** 2 * 4
     scan_phase = common + t * di * e + max(3 * state, 2 * state + dcb + t * (di * e + nh * 4 + bc * 2 * 4))
     conv_phase = common + t * (di + bc) * (2 * e + 4)
+    if sh.token_div > 1:
+        # SP: the shard summary's backward (its own scan backward) runs after the core's, while the
+        # core's gradient of the in_proj output waits to be summed with the summary's
+        # (meshplan/executor/layouts/mamba.py; 7% of the peak short without it at 128K-1M tokens,
+        # benchmarks/results/validation-h200-run12-x2-mamba2-long.json).
+        scan_phase += t * m.in_proj_width / sh.head_div * e
     return max(norm_phase, scan_phase, conv_phase)
 
 
