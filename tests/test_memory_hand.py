@@ -160,6 +160,9 @@ def saved_head_bytes(model, seq):
     ("single", 16384 * (11072 + 10240) + 3 * 256 * 80 * 64 * 128 * 4),
     # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks.
     ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2560 * 2) + 3 * 256 * 40 * 64 * 128 * 4),
+    # SP 2: 8192 tokens per shard, and the core's in_proj-output gradient (10576 wide) waiting for the
+    # summary's backward.
+    ("sp=2", 8192 * (11072 + 10240 + 10576 * 2) + 3 * 128 * 80 * 64 * 128 * 4),
 ])
 def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
     from meshplan.costmodel.layouts import sharding_for
