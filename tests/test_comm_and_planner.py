@@ -233,3 +233,18 @@ def test_mamba2_kernel_bytes_by_hand():
     half = mamba2_kernel_bytes(PRESETS["mamba2-2.7b"], t, 2, 2)
     assert half["conv_fwd"] == 2 * t * (2560 + 256) * 2
     assert half["scan_fwd"] == t * (2 * 2560 * 2 + 4 * 40 + 2 * 128 * 2) + 4 * state / 2
+
+
+def test_decode_host_floor_by_hand():
+    """A 2-layer Mamba-2 decode step on one GPU is launch-bound: 39 kernels per block, 2 blocks, 23 µs
+    each; TP-SSM adds its two all-reduces per block (output, and the gated norm's sum of squares, its
+    one group spanning both ranks) as two more launches."""
+    from dataclasses import replace as _replace
+
+    model = _replace(PRESETS["mamba2-2.7b"], layers=2)
+    cluster = load_cluster("h200-8")
+    one = estimate_step(model, Layout(), 16384, 8, CostOptions(mode="decode"), cluster, embeddings=False)
+    assert one.breakdown["decode_host_s"] == pytest.approx(2 * 39 * 23e-6)
+    assert one.step_time_s == pytest.approx(2 * 39 * 23e-6) and one.bound.startswith("launch-bound")
+    tp = estimate_step(model, Layout(tpssm=2), 16384, 8, CostOptions(mode="decode"), cluster, embeddings=False)
+    assert tp.breakdown["decode_host_s"] == pytest.approx(2 * (39 + 2) * 23e-6)
