@@ -4,8 +4,9 @@
    (the forward's chunk-state kernel, run on dy and C);
 2. the state recurrence run backwards: with G_c the total gradient of E_c (G_nc = d final),
    dS_c = G_{c+1} and G_c = dE_c + exp(Σ a over c) · keep_c · G_{c+1}; G_0 is the initial state's gradient
-   (one read and one write per state: reductions inside this sequential loop cost 10× its time on an
-   H200, benchmarks/results/ssd-h200.json);
+   (one read and one write per state; the decay's gradient, a reduction over each state, is left to
+   the chunk kernel, which reads E and dS anyway — inside this sequential loop it made the passing
+   the backward's slowest kernel, `python benchmarks/bench_ssd.py --profile`);
 3. one program per (chunk, head) for dx, ddt, the per-chunk shares of dA and dD, and the gradient of
    the chunk's C_i·B_j matrix; then one per (chunk, group of heads, d_state block) for dB and dC, which
    sum over the heads that share a group.
@@ -26,8 +27,8 @@ from meshplan.kernels.ssd import PASS_BLOCK, chunk_decay_sums, chunk_states, ent
 @triton.jit
 def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr, NC, H, PN, HAS_DFINAL: tl.constexpr,
                        BLOCK: tl.constexpr):
-    """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (which may be d_ptr). (The gradient of the chunk's decay,
-    Σ dS_c · exp(asum_c) · keep_c · E_c, is summed by the chunk kernel, which reads both anyway.)"""
+    """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (which may be d_ptr). The gradient of the
+    chunk's decay, Σ dS_c · exp(asum_c) · keep_c · E_c, is summed by the chunk kernel."""
     pid_b, pid_h, pid_k = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
     k = pid_k * BLOCK + tl.arange(0, BLOCK)
     km = k < PN
