@@ -28,14 +28,20 @@ def _group_tile(n_groups, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr)
 @triton.jit
 def _quantize_kernel(x_ptr, q_ptr, scale_ptr, n_groups, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr):
     rows, offs, mask = _group_tile(n_groups, GROUP, GROUPS_PER_PROGRAM)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    q, scale = _quantize_rows(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32))
+    tl.store(q_ptr + offs, q, mask=mask)
+    tl.store(scale_ptr + rows, scale, mask=rows < n_groups)
+
+
+@triton.jit
+def _quantize_rows(x):
+    """(groups, GROUP) fp32 → int8 values and one fp32 scale per group: scale = max|x| / 127 (1 for an
+    all-zero group), values rounded half away from zero."""
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.where(amax > 0, amax / 127.0, 1.0)
     q = x / scale[:, None]
-    q = tl.where(q >= 0, tl.floor(q + 0.5), tl.ceil(q - 0.5))  # round half away from zero
-    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-    tl.store(q_ptr + offs, q.to(tl.int8), mask=mask)
-    tl.store(scale_ptr + rows, scale, mask=rows < n_groups)
+    q = tl.where(q >= 0, tl.floor(q + 0.5), tl.ceil(q - 0.5))
+    return tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int8), scale
 
 
 @triton.jit
@@ -70,33 +76,28 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP, dt
 
 @triton.jit
 def _packed_tile(row, n_groups_row, chunk_bytes, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr):
-    """Within packed byte row `row`: this program's groups, their value offsets, their fp32 scale
-    offsets (in fp32 units from the row's start), and the mask of groups that exist."""
+    """Within packed byte row `row`: the offsets of this program's groups' values, of their fp32
+    scales (in fp32 units), of the same elements in the unpacked tensor, and the mask of groups that
+    exist."""
     g = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
     ok = g < n_groups_row
     vals = row * chunk_bytes + g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     scales = (row * chunk_bytes + n_groups_row * GROUP) // 4 + g
-    return g, vals, scales, ok
+    flat = (row * n_groups_row + g[:, None]) * GROUP + tl.arange(0, GROUP)[None, :]
+    return vals, scales, flat, ok
 
 
 @triton.jit
 def _quantize_packed_kernel(x_ptr, buf_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
                             GROUPS_PER_PROGRAM: tl.constexpr):
-    row = tl.program_id(0)
-    g, vals, scales, ok = _packed_tile(row, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
-    src = (row * n_groups_row + g[:, None]) * GROUP + tl.arange(0, GROUP)[None, :]
-    x = tl.load(x_ptr + src, mask=ok[:, None], other=0.0).to(tl.float32)
-    _store_packed(buf_ptr, x, vals, scales, ok)
+    vals, scales, flat, ok = _packed_tile(tl.program_id(0), n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    _store_packed(buf_ptr, tl.load(x_ptr + flat, mask=ok[:, None], other=0.0).to(tl.float32), vals, scales, ok)
 
 
 @triton.jit
 def _store_packed(buf_ptr, x, vals, scales, ok):
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0, amax / 127.0, 1.0)
-    q = x / scale[:, None]
-    q = tl.where(q >= 0, tl.floor(q + 0.5), tl.ceil(q - 0.5))  # round half away from zero
-    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-    tl.store(buf_ptr + vals, q.to(tl.int8).to(tl.uint8, bitcast=True), mask=ok[:, None])
+    q, scale = _quantize_rows(x)
+    tl.store(buf_ptr + vals, q.to(tl.uint8, bitcast=True), mask=ok[:, None])
     tl.store(buf_ptr.to(tl.pointer_type(tl.float32)) + scales, scale, mask=ok)
 
 
@@ -109,7 +110,7 @@ def _load_packed(buf_ptr, vals, scales, ok):
 @triton.jit
 def _dequant_sum_requant_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
                                 GROUPS_PER_PROGRAM: tl.constexpr):
-    g, vals, scales, ok = _packed_tile(0, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    vals, scales, flat, ok = _packed_tile(0, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
     total = tl.zeros((GROUPS_PER_PROGRAM, GROUP), dtype=tl.float32)
     for r in range(n_rows):
         total += _load_packed(buf_ptr, vals + r * chunk_bytes, scales + r * chunk_bytes // 4, ok)
@@ -119,10 +120,8 @@ def _dequant_sum_requant_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_by
 @triton.jit
 def _dequantize_packed_kernel(buf_ptr, out_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
                               GROUPS_PER_PROGRAM: tl.constexpr):
-    row = tl.program_id(0)
-    g, vals, scales, ok = _packed_tile(row, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
-    dst = (row * n_groups_row + g[:, None]) * GROUP + tl.arange(0, GROUP)[None, :]
-    tl.store(out_ptr + dst, _load_packed(buf_ptr, vals, scales, ok).to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    vals, scales, flat, ok = _packed_tile(tl.program_id(0), n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    tl.store(out_ptr + flat, _load_packed(buf_ptr, vals, scales, ok).to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 def quantize_int8_packed(x: torch.Tensor, parts: int, group: int = GROUP, groups_per_program: int = 16):
