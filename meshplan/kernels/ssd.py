@@ -63,16 +63,25 @@ def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G
 
 
 @triton.jit
+def _passing_start(start_ptr, H, PN, HAS_START: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid (batch, head, state block) of the sequential state passings, forward and backward: batch
+    (int64, for offsets past 2^31), head, this program's state elements and their mask, and the
+    carried vector it starts from (the given one at start_ptr, or zeros)."""
+    pid_b, pid_h, pid_k = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    k = pid_k * BLOCK + tl.arange(0, BLOCK)
+    km = k < PN
+    if HAS_START:
+        carried = tl.load(start_ptr + (pid_b * H + pid_h) * PN + k, mask=km, other=0.0).to(tl.float32)
+    else:
+        carried = tl.zeros((BLOCK,), dtype=tl.float32)
+    return pid_b, pid_h, k, km, carried
+
+
+@triton.jit
 def _state_passing(st_ptr, asum_ptr, keep_ptr, init_ptr, enter_ptr, final_ptr, NC, H, PN, HAS_INIT: tl.constexpr,
                    BLOCK: tl.constexpr):
     """entering[c] = state before chunk c; entering[c + 1] = states[c] + exp(Σ a over c) · entering[c]."""
-    pid_b, pid_h, pid_k = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
-    k = pid_k * BLOCK + tl.arange(0, BLOCK)
-    km = k < PN
-    if HAS_INIT:
-        e = tl.load(init_ptr + (pid_b * H + pid_h) * PN + k, mask=km, other=0.0).to(tl.float32)
-    else:
-        e = tl.zeros((BLOCK,), dtype=tl.float32)
+    pid_b, pid_h, k, km, e = _passing_start(init_ptr, H, PN, HAS_INIT, BLOCK)
     for c in range(NC):
         base = ((pid_b * NC + c) * H + pid_h) * PN
         tl.store(enter_ptr + base + k, e, mask=km)

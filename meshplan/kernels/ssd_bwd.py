@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from meshplan.kernels.ssd import PASS_BLOCK, chunk_decay_sums, chunk_states, entering_states, prepare
+from meshplan.kernels.ssd import PASS_BLOCK, _passing_start, chunk_decay_sums, chunk_states, entering_states, prepare
 
 
 @triton.jit
@@ -29,13 +29,7 @@ def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr
                        BLOCK: tl.constexpr):
     """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (which may be d_ptr). The gradient of the
     chunk's decay, Σ dS_c · exp(asum_c) · keep_c · E_c, is summed by the chunk kernel."""
-    pid_b, pid_h, pid_k = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
-    k = pid_k * BLOCK + tl.arange(0, BLOCK)
-    km = k < PN
-    if HAS_DFINAL:
-        gr = tl.load(dfinal_ptr + (pid_b * H + pid_h) * PN + k, mask=km, other=0.0).to(tl.float32)
-    else:
-        gr = tl.zeros((BLOCK,), dtype=tl.float32)
+    pid_b, pid_h, k, km, gr = _passing_start(dfinal_ptr, H, PN, HAS_DFINAL, BLOCK)
     for r in range(NC):
         c = NC - 1 - r
         base = ((pid_b * NC + c) * H + pid_h) * PN
