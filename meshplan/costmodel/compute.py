@@ -223,12 +223,11 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
     (benchmarks/bench_ssd.py, benchmarks/bench_conv1d.py). Scan: x, dt (fp32), B, C in and y out,
     plus 4 passes over the fp32 chunk states forward; x, dt, B, C, dy in and dx, ddt, dB, dC out,
     plus 9 state passes backward. Conv: read x, write out forward; read x and dy, write dx backward."""
-    from meshplan.costmodel.memory import SSD_CHUNK
+    from meshplan.costmodel.memory import SSD_CHUNK, local_bc_channels
 
     m = model.mamba2
     h = m.nheads / head_div
-    g = m.ngroups / min(head_div, m.ngroups)  # B/C groups this rank's heads use
-    hp, gn = h * m.headdim, g * m.d_state
+    hp, gn = h * m.headdim, local_bc_channels(m, head_div) / 2  # B (or C) channels this rank uses
     state = 4 * math.ceil(tokens / SSD_CHUNK) * hp * m.d_state
     conv = tokens * (hp + 2 * gn) * e
     return {"scan_fwd": tokens * (2 * hp * e + 4 * h + 2 * gn * e) + 4 * state,

@@ -44,6 +44,12 @@ class MemoryBreakdown:
     assumptions: dict = field(default_factory=dict)
 
 
+def local_bc_channels(m, head_div: int) -> float:
+    """Mamba-2's B and C channels on a rank whose heads are split `head_div` ways: split with the
+    groups where T divides ngroups, else the whole groups its heads use (gcd(T, ngroups) ways)."""
+    return 2 * m.ngroups * m.d_state / math.gcd(head_div, m.ngroups)
+
+
 def _split_div(split: str, sh: Sharding, ngroups: int) -> int:
     if split == "heads":
         return sh.head_div
@@ -106,7 +112,7 @@ def mamba_boundary_bytes(model: ModelSpec, kind: str, batch: int, head_div: int,
     decay, and the combination's weights (one per shard and decay) — which its backward keeps."""
     if kind == "mamba2":
         m = model.mamba2
-        conv = m.d_inner / head_div + 2 * m.ngroups * m.d_state / math.gcd(head_div, m.ngroups)
+        conv = m.d_inner / head_div + local_bc_channels(m, head_div)
         state = m.nheads * m.headdim * m.d_state / head_div
         decay = m.nheads / head_div
     elif kind == "mamba1":
@@ -206,7 +212,7 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
         return 3 * tokens * m.nheads / sh.head_div * m.headdim * m.d_state * 4
     t = tokens / sh.token_div
     di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
-    bc = 2 * m.d_state * m.ngroups / min(sh.head_div, m.ngroups)
+    bc = local_bc_channels(m, sh.head_div)
     common = t * ((2 * di + bc) * e + nh * 4)
     return max(common + 2 * _scan_state_bytes(model, tokens, sh), common + t * di * e)
 
@@ -230,7 +236,7 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     m = model.mamba2
     t = tokens / sh.token_div
     di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
-    bc = 2 * m.d_state * m.ngroups / min(sh.head_div, m.ngroups)  # B and C of the groups this rank's heads use
+    bc = local_bc_channels(m, sh.head_div)
     common = t * ((di + bc) * e + nh * 4)
     norm_phase = common + t * di * 5 * e
     state = _scan_state_bytes(model, tokens, sh)
@@ -325,8 +331,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         if m is not None:
             # Per sequence and layer: conv state (channels × (d_conv − 1)) and the SSM state.
             if model.mamba2 is not None:
-                bc = 2 * m.ngroups * m.d_state  # B/C channels: split by gcd(T, ngroups), like their weights
-                conv_ch = m.d_inner / sh.head_div + bc / math.gcd(sh.head_div, m.ngroups)
+                conv_ch = m.d_inner / sh.head_div + local_bc_channels(m, sh.head_div)
                 ssm_elems = m.nheads * m.headdim * m.d_state / sh.head_div
             else:
                 conv_ch, ssm_elems = m.d_inner / sh.head_div, m.d_inner * m.d_state / sh.head_div

@@ -6,7 +6,6 @@ twins of `meshplan/executor/layouts/` (what each rank holds there is what is cou
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from meshplan.costmodel.options import CostOptions, MemoryOptions
@@ -81,11 +80,13 @@ class ScheduleContext:
         """Per rank and micro-batch: (a sequence shard's summary — its zero-start final SSM state and
         log decay, fp32 — , the conv tail of d_conv − 1 tokens). Mamba-2 decays per head; Mamba-1 per
         state element."""
+        from meshplan.costmodel.memory import local_bc_channels
+
         m = self.model.mamba2 or self.model.mamba1
         if self.model.mamba2 is not None:
             ssm = m.nheads * m.headdim * m.d_state
             decay = m.nheads
-            conv = m.d_inner / head_div + 2 * m.ngroups * m.d_state / math.gcd(head_div, m.ngroups)
+            conv = m.d_inner / head_div + local_bc_channels(m, head_div)
         else:
             ssm, conv = m.d_inner * m.d_state, m.d_inner / head_div
             decay = ssm
