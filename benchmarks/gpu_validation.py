@@ -23,14 +23,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-# Large transient buffers (a 1M-token Mamba-2 layer's fp32 chunk states are 20-40 GiB each) fragment
-# the caching allocator's fixed segments: mamba2-2.7b/2L at 512K tokens ran out of memory with 137 GiB
-# in use, and fit at a 115 GiB peak with expandable segments (benchmarks/results/
-# validation-h200-run12-x2-mamba2-long.json against run13). Read when CUDA first allocates.
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.run import combine_ranks, environment, measure, predict
+from meshplan.executor.run import combine_ranks, environment, measure, predict, use_expandable_segments
 from meshplan.layout import parse_layout
 from meshplan.models import PRESETS, dense, mamba2
 from meshplan.topologies import load_cluster
@@ -66,6 +60,7 @@ def plan(args) -> list[dict]:
 
 
 def main() -> int:
+    use_expandable_segments()
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=2)

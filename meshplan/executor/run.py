@@ -10,6 +10,7 @@ Predicted: the same quantities from the cost model for the bare layer stack (no 
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -47,6 +48,16 @@ def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, c
         est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=False)
         out.update(step_time_s=est.step_time_s, exposed_comm_s=est.exposed_comm_s, compute_s=est.compute_s)
     return out
+
+
+def use_expandable_segments() -> None:
+    """Expandable allocator segments unless the user chose a configuration; call before CUDA starts.
+
+    Large transient buffers (a 1M-token Mamba-2 layer's fp32 chunk states are 20-40 GiB each) fragment
+    the caching allocator's fixed segments: mamba2-2.7b/2L at 512K tokens ran out of memory with 137 GiB
+    in use, and fit at a 115 GiB peak with expandable segments (benchmarks/results/
+    validation-h200-run12-x2-mamba2-long.json against run13)."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 def median_time_s(fn, reps: int = 10, warmup: int = 3) -> float:

@@ -12,14 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-# Large transient buffers (a 1M-token Mamba-2 layer's fp32 chunk states are 20-40 GiB each) fragment
-# the caching allocator's fixed segments: mamba2-2.7b/2L at 512K tokens ran out of memory with 137 GiB
-# in use, and fit at a 115 GiB peak with expandable segments (benchmarks/results/
-# validation-h200-run12-x2-mamba2-long.json against run13). Read when CUDA first allocates.
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.run import combine_ranks, environment, measure, predict
+from meshplan.executor.run import combine_ranks, environment, measure, predict, use_expandable_segments
 from meshplan.layout import parse_layout, validate_layout, validate_seq
 from meshplan.models import load_model
 from meshplan.topologies.cluster import load_cluster
@@ -44,6 +38,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    use_expandable_segments()
     args = parse(argv)
     model = load_model(args.model)
     if args.layers:
