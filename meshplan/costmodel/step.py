@@ -168,11 +168,11 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
     step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s
+    host = 0.0
     if decode:  # the eager executor's kernel launches: a host-side floor under a small step
         host = slots * _decode_host_s(schedule)
         breakdown["decode_host_s"] = host
         step = max(step, host)
-    if decode:
         tokens_per_step = layout.dp * batch
     else:
         tokens_per_step = layout.dp * m * batch * seq
@@ -185,7 +185,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         step_time_s=step, tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
         compute_s=slots * mb_compute + opt_s, comm_s=slots * mb_comm + step_comm,
         exposed_comm_s=exposed_total, comm_bytes_per_step=schedule.comm_bytes_per_step, mfu=mfu,
-        tokens_per_step=tokens_per_step, bound=_bound(decode, exposed_total, step, schedule, links, breakdown.get("decode_host_s", 0.0)),
+        tokens_per_step=tokens_per_step, bound=_bound(decode, exposed_total, step, schedule, links, host),
         breakdown=breakdown,
     )
 
