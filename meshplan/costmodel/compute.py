@@ -102,8 +102,6 @@ class Device:
 
 def attention_efficiency(keys: float, prefix: bool, dev: "Device | None" = None) -> float:
     """Interpolate the measured table in log(keys), clamped at its ends."""
-    import math
-
     if dev is not None:
         table = dev.attention_prefix if prefix else dev.attention_causal
     else:
@@ -223,12 +221,12 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
     (benchmarks/bench_ssd.py, benchmarks/bench_conv1d.py). Scan: x, dt (fp32), B, C in and y out,
     plus 4 passes over the fp32 chunk states forward; x, dt, B, C, dy in and dx, ddt, dB, dC out,
     plus 9 state passes backward. Conv: read x, write out forward; read x and dy, write dx backward."""
-    from meshplan.costmodel.memory import SSD_CHUNK, local_bc_channels
+    from meshplan.costmodel.memory import local_bc_channels, scan_state_bytes
 
     m = model.mamba2
     h = m.nheads / head_div
     hp, gn = h * m.headdim, local_bc_channels(m, head_div) / 2  # B (or C) channels this rank uses
-    state = 4 * math.ceil(tokens / SSD_CHUNK) * hp * m.d_state
+    state = scan_state_bytes(m, tokens, head_div)
     conv = tokens * (hp + 2 * gn) * e
     return {"scan_fwd": tokens * (2 * hp * e + 4 * h + 2 * gn * e) + 4 * state,
             "scan_bwd": tokens * (3 * hp * e + 8 * h + 4 * gn * e) + 9 * state,

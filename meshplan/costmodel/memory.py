@@ -187,11 +187,14 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
 SSD_CHUNK = 64  # tokens per chunk of meshplan.kernels.ssd (and the torch chunked reference)
 
 
+def scan_state_bytes(m, local_tokens: float, head_div: int) -> float:
+    """One fp32 buffer of per-chunk SSM states (b, chunks, heads, headdim, d_state) on one rank holding
+    `local_tokens` tokens and 1/head_div of the heads (meshplan/kernels/ssd.py)."""
+    return math.ceil(local_tokens / SSD_CHUNK) * m.nheads / head_div * m.headdim * m.d_state * 4
+
+
 def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding) -> float:
-    """One fp32 buffer of per-chunk SSM states (b, chunks, heads, headdim, d_state) on one rank."""
-    m = model.mamba2
-    chunks = math.ceil(tokens / sh.token_div / SSD_CHUNK)
-    return chunks * m.nheads / sh.head_div * m.headdim * m.d_state * 4
+    return scan_state_bytes(model.mamba2, tokens / sh.token_div, sh.head_div)
 
 
 def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int,
@@ -219,7 +222,7 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
 
 def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int) -> float:
     """Training, Mamba-2: the peak inside one block's backward, where Mamba2CoreFn recomputes the core
-    with grad and differentiates it (meshplan/executor/blocks.py), as the larger of two phases.
+    with grad and differentiates it (meshplan/executor/blocks.py), as the largest of three phases.
 
     Gated-norm phase (backward starts): what the recomputed graph saved — conv output (d_inner + B/C
     columns), dt (fp32), the scan output and out_proj's input (d_inner each; the Triton gated norm
