@@ -135,12 +135,19 @@ BWD_TILE_T, BWD_TILE_C, BWD_STEPS = 64, 64, 8
 TWO_PASS = True
 
 
+def _bias_or_zeros(bias, weight):
+    """The kernels always read a bias (contiguous, one per channel): zeros when there is none."""
+    if bias is None:
+        return torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
+    return bias.contiguous()
+
+
 def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TILE_C):
     x = x.contiguous()
     b, t, c = x.shape
     out = torch.empty_like(x)
     idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else x
-    bias = bias if bias is not None else torch.zeros(c, dtype=weight.dtype, device=x.device)
+    bias = _bias_or_zeros(bias, weight)
     _conv_fwd[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias.contiguous(), idx, out, t, c,
                                         K=weight.shape[1], HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc)
     return out
@@ -159,7 +166,7 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
     dw_part = torch.empty(b * grid[1], c, k, dtype=torch.float32, device=x.device)
     db_part = torch.empty(b * grid[1], c, dtype=torch.float32, device=x.device)
     idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else x
-    bias_in = bias if bias is not None else torch.zeros(c, dtype=weight.dtype, device=x.device)
+    bias_in = _bias_or_zeros(bias, weight)
     g = grad_out.contiguous()
     if two_pass and silu:
         dpre = torch.empty(b, t, c, dtype=torch.float32, device=x.device)
@@ -231,7 +238,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation: str | Non
     k = weight.shape[1]
     assert conv_state.is_contiguous() and conv_state.shape == (b, k - 1, c)
     out = torch.empty_like(x)
-    bias = bias if bias is not None else torch.zeros(c, dtype=weight.dtype, device=x.device)
+    bias = _bias_or_zeros(bias, weight)
     _conv_update[(b, triton.cdiv(c, bc))](x.contiguous(), conv_state, weight.contiguous(), bias.contiguous(), out, c,
                                           K=k, SILU=activation == "silu", BC=bc)
     return out
