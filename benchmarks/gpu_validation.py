@@ -66,7 +66,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--only", default="", help="comma list of layouts to run")
+    ap.add_argument("--only", default="", help="layouts to run, separated by ',' (or ';' if one has a comma)")
     ap.add_argument("--profile", type=int, default=0, help="profile one more step; print this many top kernels")
     ap.add_argument("--decode-conv", choices=["triton", "torch"], default="triton",
                     help="Mamba-2 decode's conv step: one Triton launch or the torch ops")
@@ -74,6 +74,7 @@ def main() -> int:
     ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
     ap.add_argument("--seqs", default="", help="comma list of training lengths replacing the grid's")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--int8-allreduce", action="store_true", help="TP-SSM's block all-reduce in int8 (forward)")
     ap.add_argument("--no-exposed", action="store_true", help="skip re-timing with the transfers skipped")
     args = ap.parse_args()
     from meshplan.executor.layouts import mamba as mamba_layouts
@@ -88,7 +89,8 @@ def main() -> int:
     cluster = load_cluster("h200-8")
     meshes: dict = {}
     results = []
-    only = set(filter(None, args.only.split(",")))
+    # Layouts separated by ';' when one of them has a comma ("tp=4;tp=2,sp=2"), else by ','.
+    only = set(filter(None, args.only.split(";" if ";" in args.only else ",")))
     for cfg in plan(args):
         layout = parse_layout(cfg["layout"])
         if layout.world_size > world or (only and cfg["layout"] not in only) or cfg["mode"] not in args.modes \
@@ -101,13 +103,14 @@ def main() -> int:
         mesh = meshes[key]
         model, seq, mode, batch = cfg["model"], cfg["seq"], cfg["mode"], cfg.get("batch", 1)
         record = {"layout": str(layout), "model": model.name, "seq": seq, "batch": batch, "mode": mode,
-                  "world": layout.world_size, "layers": model.layers}
+                  "world": layout.world_size, "layers": model.layers, "int8_allreduce": args.int8_allreduce}
         mine = None
         t0 = time.time()
         if mesh is not None:
             try:
                 mine = measure(model, layout, mesh, seq, batch, mode, steps=args.steps, warmup=args.warmup,
-                               device=device, exposed=not args.no_exposed, profile=args.profile)
+                               device=device, exposed=not args.no_exposed, profile=args.profile,
+                               int8_allreduce=args.int8_allreduce)
             except torch.cuda.OutOfMemoryError as exc:
                 mine = {"oom": True, "error": str(exc).splitlines()[0]}
             except Exception:  # noqa: BLE001 - recorded, and the sweep goes on
@@ -118,7 +121,8 @@ def main() -> int:
         dist.gather_object(mine, gathered, dst=0)
         if rank == 0:
             ranks = [g for g in gathered[:layout.world_size]]
-            record["predicted"] = predict(replace(model, param_dtype="bf16"), layout, seq, batch, mode, cluster)
+            record["predicted"] = predict(replace(model, param_dtype="bf16"), layout, seq, batch, mode, cluster,
+                                          int8_allreduce=args.int8_allreduce)
             record["measured"] = combine_ranks(ranks)
             record["per_rank"] = ranks
             record["wall_s"] = time.time() - t0

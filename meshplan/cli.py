@@ -280,6 +280,8 @@ def execute(
     out: str = typer.Option("run.json", "--out"),
     do_compare: bool = typer.Option(False, "--compare", help="Compare with the prediction right after."),
     do_profile: bool = typer.Option(False, "--profile", help="GPU time by kernel category (one extra step)."),
+    int8_allreduce: bool = typer.Option(False, "--int8-allreduce/--no-int8-allreduce",
+                                        help="TP-SSM: int8-quantized block all-reduce."),
     tolerance: float = typer.Option(0.05, "--tolerance"),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds before a hung run is stopped."),
     nnodes: int = typer.Option(1, "--nnodes"),
@@ -319,6 +321,8 @@ def execute(
         cmd += ["--layers", str(layers)]
     if do_profile:
         cmd.append("--profile")
+    if int8_allreduce:
+        cmd.append("--int8-allreduce")
     env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
                   transient=True) as progress:

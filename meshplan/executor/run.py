@@ -34,8 +34,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, cluster: ClusterSpec | None,
-            act_dtype: str = "bf16") -> dict:
-    opts = CostOptions(mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype)
+            act_dtype: str = "bf16", int8_allreduce: bool = False) -> dict:
+    opts = CostOptions(mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce)
     mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=False)
     out = {
         "peak_bytes": mem.total_bytes,
@@ -87,14 +87,15 @@ def timed(fn, steps: int, cuda: bool) -> list[float]:
 
 def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, steps: int = 5,
             warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True,
-            profile: bool = False) -> dict:
-    """Build, shard and run the stack on this rank; returns this rank's measurements."""
+            profile: bool = False, int8_allreduce: bool = False) -> dict:
+    """Build, shard and run the stack on this rank; returns this rank's measurements. `int8_allreduce`:
+    TP-SSM's block all-reduce in int8 (forward; meshplan.executor.comm.quantized_all_reduce)."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
     torch.manual_seed(1234)  # every rank builds the same reference weights, then keeps its shard
     with torch.device(device):
         stack = Stack(model, model.layers).to(DTYPES[dtype])
-        layers = parallelize(stack, mesh, seq)
+        layers = parallelize(stack, mesh, seq, int8_allreduce)
     del stack
     gc.collect()
     if cuda:

@@ -33,6 +33,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--cluster", default="h200-8", help="cluster whose links the time prediction assumes")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true", help="record GPU time by kernel category (one extra step)")
+    ap.add_argument("--int8-allreduce", action="store_true", help="TP-SSM: int8-quantized block all-reduce")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -56,7 +57,8 @@ def main(argv=None) -> int:
     device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else "cpu"
     try:
         mine = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=args.steps, device=device,
-                       dtype=dtype, exposed=args.device == "cuda", profile=args.profile)
+                       dtype=dtype, exposed=args.device == "cuda", profile=args.profile,
+                       int8_allreduce=args.int8_allreduce)
     except torch.cuda.OutOfMemoryError as exc:
         mine = {"oom": True, "error": str(exc).splitlines()[0]}
     gathered = [None] * dist.get_world_size() if rank == 0 else None
@@ -66,7 +68,9 @@ def main(argv=None) -> int:
         act = "bf16" if dtype == "bf16" else "fp32"
         run = {"model": model.name, "layout": str(layout), "seq": args.seq, "batch": args.batch, "mode": args.mode,
                "device": args.device, "dtype": dtype, "world": layout.world_size, "layers": model.layers,
-               "predicted": predict(model, layout, args.seq, args.batch, args.mode, cluster, act_dtype=act),
+               "int8_allreduce": args.int8_allreduce,
+               "predicted": predict(model, layout, args.seq, args.batch, args.mode, cluster, act_dtype=act,
+                                    int8_allreduce=args.int8_allreduce),
                "measured": combine_ranks(gathered), "per_rank": gathered, "environment": environment(),
                "oom": any(r and r.get("oom") for r in gathered)}
         if run["oom"]:
