@@ -6,6 +6,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 part=${1:?a or b}
+command -v meshplan >/dev/null || pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 t() { local s=$SECONDS; "$@" 2>&1 | grep -v -e '^W1' -e 'OMP_NUM_THREADS' -e '^\*\*\*'; echo "[$(( SECONDS - s )) s] $*"; }
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 if [ "$part" = a ]; then
