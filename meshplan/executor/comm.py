@@ -110,9 +110,15 @@ def all_gather(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Tensor
     mesh.record("all_gather", axis, t.numel() * t.element_size() * ax.size)
     if not mesh.enabled:
         return torch.cat([t] * ax.size, dim=dim)
-    parts = [torch.empty_like(t) for _ in range(ax.size)]
-    dist.all_gather(parts, t, group=ax.group)
-    return torch.cat(parts, dim=dim)
+    # Gathered straight into one rank-major buffer: when every dimension before `dim` has size 1 that
+    # buffer already is the concatenation (no second copy of the gathered tensor, as a list of parts
+    # and torch.cat would make).
+    n = ax.size
+    buf = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    dist.all_gather_into_tensor(buf, t, group=ax.group)
+    if all(size == 1 for size in t.shape[:dim]):
+        return buf.view(*t.shape[:dim], n * t.shape[dim], *t.shape[dim + 1:])
+    return torch.cat(buf.chunk(n, 0), dim=dim)
 
 
 def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
