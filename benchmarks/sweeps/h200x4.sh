@@ -3,10 +3,11 @@
 # a 4 x H200 machine; results under $OUT):
 #   bash benchmarks/sweeps/h200x4.sh a   # validation grid at degrees 1/2/4, TP-SSM with int8, int8 all-reduce on 2 and 4, calibrate
 #   bash benchmarks/sweeps/h200x4.sh b   # dense memory curves at long context on 4 GPUs, SSD kernel bench
+#   bash benchmarks/sweeps/h200x4.sh c   # what is live at the memory peak; recalibration; int8 all-reduce over host memory
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
-part=${1:?a or b}
-command -v meshplan >/dev/null || pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+part=${1:?a, b or c}
+
 t() { local s=$SECONDS; "$@" 2>&1 | grep -v -e '^W1' -e 'OMP_NUM_THREADS' -e '^\*\*\*'; echo "[$(( SECONDS - s )) s] $*"; }
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 if [ "$part" = a ]; then
@@ -14,9 +15,18 @@ if [ "$part" = a ]; then
   t torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --family mamba2 --only "single;tpssm=2;tpssm=4" \
       --modes train,prefill --int8-allreduce --out "$OUT/validation-x4-int8.json"
   t torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4.json"
-  t meshplan calibrate --nproc 4 --quick --out "$OUT/h200-4gpu.toml"
+  t python -m meshplan.cli calibrate --nproc 4 --quick --out "$OUT/h200-4gpu.toml"
 else
   t torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --family dense --only "tp=4;tsp=4;tp=2,sp=2;sp=4" \
       --seqs 16384,65536,131072,262144 --steps 2 --warmup 1 --no-exposed --out "$OUT/memory-curves-x4.json"
   t python benchmarks/bench_ssd.py --out "$OUT/ssd.json" --chunk 64
+fi
+if [ "$part" = c ]; then  # bash benchmarks/sweeps/h200x4.sh c: memory at the peak, recalibration, int8 over host memory
+  t torchrun --nproc-per-node 4 benchmarks/memory_peak.py --layouts "tp=4;tsp=4;sp=4;tp=2,sp=2;tp=2" --seq 65536 \
+      --out "$OUT/memory-peak-dense.json"
+  t torchrun --nproc-per-node 4 benchmarks/memory_peak.py --model mamba2-2.7b --mode decode --batch 8 \
+      --layouts "single;tpssm=4" --seq 16384 --out "$OUT/memory-peak-mamba2-decode.json"
+  t python -m meshplan.cli calibrate --nproc 4 --quick --out "$OUT/h200-4gpu.toml"
+  t torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4.json"
+  NCCL_P2P_DISABLE=1 t torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4-nop2p.json"
 fi
