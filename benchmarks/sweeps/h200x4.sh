@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 4-GPU sweep, in two parts that each fit one 10-minute device call (run from the repository root on
+# The 4-GPU sweep, in parts that each fit one 10-minute device call (run from the repository root on
 # a 4 x H200 machine; results under $OUT):
 #   bash benchmarks/sweeps/h200x4.sh a   # validation grid at degrees 1/2/4, TP-SSM with int8, int8 all-reduce on 2 and 4, calibrate
 #   bash benchmarks/sweeps/h200x4.sh b   # dense memory curves at long context on 4 GPUs, SSD kernel bench
@@ -16,7 +16,7 @@ if [ "$part" = a ]; then
       --modes train,prefill --int8-allreduce --out "$OUT/validation-x4-int8.json"
   t torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4.json"
   t python -m meshplan.cli calibrate --nproc 4 --quick --out "$OUT/h200-4gpu.toml"
-else
+elif [ "$part" = b ]; then
   t torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --family dense --only "tp=4;tsp=4;tp=2,sp=2;sp=4" \
       --seqs 16384,65536,131072,262144 --steps 2 --warmup 1 --no-exposed --out "$OUT/memory-curves-x4.json"
   t python benchmarks/bench_ssd.py --out "$OUT/ssd.json" --chunk 64
@@ -28,5 +28,5 @@ if [ "$part" = c ]; then  # bash benchmarks/sweeps/h200x4.sh c: memory at the pe
       --layouts "single;tpssm=4" --seq 16384 --out "$OUT/memory-peak-mamba2-decode.json"
   t python -m meshplan.cli calibrate --nproc 4 --quick --out "$OUT/h200-4gpu.toml"
   t torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4.json"
-  NCCL_P2P_DISABLE=1 t torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4-nop2p.json"
+  t env NCCL_P2P_DISABLE=1 torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4-nop2p.json"
 fi
