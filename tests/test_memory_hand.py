@@ -181,3 +181,22 @@ def test_mamba2_prefill_transient_is_the_scan_phase():
     sh = sharding_for(parse_layout("single"), MemoryOptions())
     want = 16384 * ((2 * 5120 + 256) * 2 + 80 * 4) + 2 * 256 * 80 * 64 * 128 * 4
     assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
+
+
+def test_training_peak_at_attention_frees_the_layers_mlp_first():
+    """SP training with K/V much wider than the MLP: the backward's peak is the last layer's attention,
+    where the whole sequence's K, V and their gradients stand beside the layer's input, output and
+    output gradient — after the MLP's saved tensors of that layer are freed."""
+    from meshplan.costmodel.memory import block_params
+
+    model = dense("wide-kv", 1024, 2, 8, 8, 512, 1000)
+    seq, local = 8192, 8192 // 4
+    r = memory_per_gpu(model, Layout(sp=4), seq, 1, MemoryOptions(), embeddings=False)
+    assert r.peak_phase == "attention"
+    kv = 2 * seq * 1024 * 2 * 2  # K and V of the whole sequence in bf16, and their gradients
+    boundary = 3 * local * 1024 * 2  # the layer's input, output and output gradient
+    mlp_saved = local * (2 * 1024 * 2 + 4 + 4 * 512 * 2)  # norm input, rstd, w_in input; gate, silu, up, product
+    p = r.per_gpu_bytes
+    share = block_params(model, "attention") / model.layer_params()  # gradients that exist as backward starts
+    assert r.total_bytes == pytest.approx(p["parameters"] + p["optimizer_state"] + p["activations"]
+                                          + p["gradients"] * share + boundary + kv - mlp_saved, rel=1e-9)

@@ -159,6 +159,11 @@ def _widest_gradient(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts:
     return widest
 
 
+def _boundary_bytes(model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryOptions) -> float:
+    """One layer-boundary activation (tokens × d_model) as one rank holds it."""
+    return tokens * opts.nbytes("act_dtype") * model.d_model / (sh.token_div * sh.hidden_div)
+
+
 def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
                    unit_full: float) -> float:
     """Transient activations on top of what is kept.
@@ -168,7 +173,7 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
     gradient plus the widest gradient buffer; full recompute rebuilds one unit's activations first."""
     e = opts.nbytes("act_dtype")
     tokens = batch * seq
-    hidden = tokens * e * model.d_model / (sh.token_div * sh.hidden_div)
+    hidden = _boundary_bytes(model, sh, tokens, opts)
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     if opts.training:
         extra = unit_full if opts.recompute == "full" else 0.0
@@ -347,12 +352,17 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         kv_gather = batch * seq * 2 * model.attention.kv_width * opts.nbytes("act_dtype") / sh.head_div
         if train:
             kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
-    if train:
-        # The backward's peak is where it starts a layer: its input, output and output gradient, and
-        # the first wide gradient buffer (or the gathered K/V and their gradients, if larger). From
-        # then on it frees saved tensors about as fast as it allocates gradients (measured on H200:
-        # benchmarks/results/validation-h200-run1.json).
-        working, kv_gather = working + max(0.0, kv_gather - _widest_gradient(model, sh, seq, batch, opts)), 0.0
+    attention_phase = 0.0
+    if train and kv_gather:
+        # The backward reaches a layer's attention after its MLP, whose saved tensors are freed by then:
+        # the gathered K/V and their gradients stand beside the layer's input, output and output
+        # gradient, not beside the MLP's first gradient buffer. On 4 H200s at 64K tokens, SP and TSP
+        # peak in the MLP's backward with the K/V gather long gone (benchmarks/results/
+        # memory-peak-4xh200.json); charging both at once over-predicted them by 9-14% at 64K-256K
+        # (memory-curves-4xh200-run16.json).
+        mlp_saved = _saved_bytes(block_saved("mlp", model, opts), batch * seq, seq, sh, 1) if model.mlp else 0.0
+        extra = unit_full if opts.recompute == "full" else 0.0
+        attention_phase = 3 * _boundary_bytes(model, sh, batch * seq, opts) + extra + kv_gather - mlp_saved
     block_kinds = [k for k, _ in model.block_invocations()]
     largest_block = max(block_params(model, k) for k in block_kinds)
     largest_streamed = max(streamed_block_params(model, k) for k in block_kinds)
@@ -398,7 +408,8 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
             "transient_comm_buffers": comm_buffers, "transient_logits": logits if has_logits else 0.0,
         }
         kept = param_b + opt_b + kv_cache + ssm_cache
-        layer_phase = working + kv_gather + weight_shards + comm_buffers
+        streaming = weight_shards + comm_buffers
+        layer_phase = working + (0.0 if train else kv_gather) + streaming
         # Without gradient accumulation the gradients are set to None after each step and built up
         # during backward: at the activation peak (backward start) only the last layer's exist; all
         # of them meet the optimizer step instead, with its fp32 temporaries of the largest matrix.
@@ -410,6 +421,8 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         }
         if train:
             phases["optimizer"] = grad_b + 2 * largest_matrix(model, sh) * 4 / (dp if zero >= 1 else 1)
+            if attention_phase:
+                phases["attention"] = acts + grads_at_peak + attention_phase + streaming
         phase = max(phases, key=phases.get)
         results.append((kept + phases[phase], stage, phase, parts))
     total, stage, phase, parts = max(results, key=lambda r: r[0])
