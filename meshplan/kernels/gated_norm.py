@@ -35,8 +35,10 @@ def _gate(y_ptr, z_ptr, offs, mask, GATED: tl.constexpr):
     if GATED:
         z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         sig = tl.sigmoid(z)
-        return y, z, sig, y * z * sig
-    return y, y, y, y
+        h = y * z * sig
+    else:
+        z, sig, h = y, y, y
+    return y, z, sig, h
 
 
 @triton.jit
