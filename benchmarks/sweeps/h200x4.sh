@@ -4,9 +4,10 @@
 #   bash benchmarks/sweeps/h200x4.sh a   # validation grid at degrees 1/2/4, TP-SSM with int8, int8 all-reduce on 2 and 4, calibrate
 #   bash benchmarks/sweeps/h200x4.sh b   # dense memory curves at long context on 4 GPUs, SSD kernel bench
 #   bash benchmarks/sweeps/h200x4.sh c   # what is live at the memory peak; recalibration; int8 all-reduce over host memory
+#   bash benchmarks/sweeps/h200x4.sh d   # memory curves and the grid again, after the Triton RMSNorm
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
-part=${1:?a, b or c}
+part=${1:?a, b, c or d}
 
 t() { local s=$SECONDS; "$@" 2>&1 | grep -v -e '^W1' -e 'OMP_NUM_THREADS' -e '^\*\*\*'; echo "[$(( SECONDS - s )) s] $*"; }
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
@@ -29,4 +30,10 @@ if [ "$part" = c ]; then  # bash benchmarks/sweeps/h200x4.sh c: memory at the pe
   t python -m meshplan.cli calibrate --nproc 4 --quick --out "$OUT/h200-4gpu.toml"
   t torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4.json"
   t env NCCL_P2P_DISABLE=1 torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4-nop2p.json"
+fi
+if [ "$part" = d ]; then  # after the Triton RMSNorm and the memory model's attention phase
+  t torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --family dense --only "tp=4;tsp=4;tp=2,sp=2;sp=4" \
+      --seqs 16384,65536,131072,262144 --steps 2 --warmup 1 --no-exposed --out "$OUT/memory-curves-x4.json"
+  t torchrun --nproc-per-node 4 benchmarks/memory_peak.py --layouts "tp=4;tsp=4" --seq 65536 --out "$OUT/memory-peak-dense.json"
+  t torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --out "$OUT/validation-x4.json"
 fi
