@@ -61,7 +61,7 @@ COMPONENT_LABELS = {
     "parameters": "params", "gradients": "grads", "optimizer_state": "optim", "activations": "acts",
     "kv_cache": "KV$", "ssm_state_cache": "SSM$", "transient_working": "work",
     "transient_kv_gather": "KVgath", "transient_weight_shards": "shards",
-    "transient_comm_buffers": "Z3gath", "transient_logits": "logits",
+    "transient_comm_buffers": "Z3gath", "transient_logits": "logits", "blas_workspace": "BLAS",
 }
 
 

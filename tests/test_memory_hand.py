@@ -129,9 +129,10 @@ def test_tsp_in_flight_shards():
     # The rank's own packed shard, the shard in use and the one arriving, in bf16.
     r = memory_per_gpu(model, Layout(tsp=8), 16384, 1, MemoryOptions(mode="prefill"))
     assert r.per_gpu_bytes["transient_weight_shards"] == round(3 * mlp_params / 8 * 2)
-    # Training also holds the partial gradients of all 8 shards until their reduce-scatter.
+    # Training also holds the partial gradients of all 8 shards until their reduce-scatter, and in
+    # backward its own packed copy, one hop's weight gradients and the row they are packed into.
     t = memory_per_gpu(model, Layout(tsp=8), 16384, 1, MemoryOptions())
-    assert t.per_gpu_bytes["transient_weight_shards"] == round(3 * mlp_params / 8 * 2 + mlp_params * 2)
+    assert t.per_gpu_bytes["transient_weight_shards"] == round(6 * mlp_params / 8 * 2 + mlp_params * 2)
     # K/V of the whole sequence for one layer: 2 · 16384 · 4096 · 2 B.
     assert r.per_gpu_bytes["transient_kv_gather"] == 2 * 16384 * 4096 * 2
 
@@ -198,5 +199,15 @@ def test_training_peak_at_attention_frees_the_layers_mlp_first():
     mlp_saved = local * (2 * 1024 * 2 + 4 + 4 * 512 * 2)  # norm input, rstd, w_in input; gate, silu, up, product
     p = r.per_gpu_bytes
     share = block_params(model, "attention") / model.layer_params()  # gradients that exist as backward starts
-    assert r.total_bytes == pytest.approx(p["parameters"] + p["optimizer_state"] + p["activations"]
-                                          + p["gradients"] * share + boundary + kv - mlp_saved, rel=1e-9)
+    kept = p["parameters"] + p["optimizer_state"] + p["blas_workspace"]
+    assert r.total_bytes == pytest.approx(kept + p["activations"] + p["gradients"] * share + boundary + kv - mlp_saved,
+                                          rel=1e-9)
+
+
+def test_blas_workspace_one_handle_inference_two_training():
+    """32 MiB per cuBLAS handle on Hopper; training's backward runs on the autograd thread's own handle."""
+    model = PRESETS["dense-7b"]
+    assert memory_per_gpu(model, Layout(tp=8), 4096, 1, MemoryOptions(mode="prefill")).per_gpu_bytes[
+        "blas_workspace"] == 32 * 2 ** 20
+    training = memory_per_gpu(model, Layout(tp=8), 4096, 1, MemoryOptions())
+    assert training.per_gpu_bytes["blas_workspace"] == 64 * 2 ** 20

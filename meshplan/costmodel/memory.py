@@ -27,11 +27,17 @@ from meshplan.models import ModelSpec
 
 ADAM_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m + v (ZeRO, Rajbhandari et al. 2020 §3)
 ADAM_STATE_BYTES_FP32_PARAMS = 8  # m + v only: fp32 weights are their own master copy
+# cuBLAS/cuBLASLt workspace per handle, taken from the caching allocator: 32 MiB on Hopper (PyTorch's
+# default since pytorch/pytorch#120925). Measured on H200, torch 2.11: 32 MiB in prefill and decode,
+# 64 MiB in training, whose backward runs on the autograd engine's own thread and handle
+# (`blas_workspace_bytes` in benchmarks/results/validation-h200-run17-x4-triton-norm.json). Older
+# GPUs get 4 MiB or less, so this over-counts them by under 60 MiB.
+BLAS_WORKSPACE_BYTES = 32 * 2 ** 20
 
 COMPONENTS = (
     "parameters", "gradients", "optimizer_state", "activations", "kv_cache", "ssm_state_cache",
     "transient_working", "transient_kv_gather", "transient_weight_shards", "transient_comm_buffers",
-    "transient_logits",
+    "transient_logits", "blas_workspace",
 )
 
 
@@ -165,11 +171,12 @@ def _boundary_bytes(model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryO
 
 
 def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
-                   unit_full: float) -> float:
+                   unit_full: float, kv_gather: float = 0.0) -> float:
     """Transient activations on top of what is kept.
 
     Forward (prefill, decode): the live set of the widest block — its inputs and intermediates (the
-    tensors training would save) and its output. Training: the layer's input, output and output
+    tensors training would save) and its output; an attention block's includes the gathered K/V
+    (`kv_gather`), which are gone before the MLP runs. Training: the layer's input, output and output
     gradient plus the widest gradient buffer; full recompute rebuilds one unit's activations first."""
     e = opts.nbytes("act_dtype")
     tokens = batch * seq
@@ -185,7 +192,8 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
         out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
         block = _saved_bytes(block_saved(kind, model, opts), tokens, seq, sh, groups)
         live = max(live, block + tokens * e * out_width / (sh.token_div * sh.hidden_div)
-                   + _mixer_forward_bytes(model, kind, tokens, sh, e, decode=opts.mode == "decode"))
+                   + _mixer_forward_bytes(model, kind, tokens, sh, e, decode=opts.mode == "decode")
+                   + (kv_gather if kind == "attention" else 0.0))
     return live
 
 
@@ -326,8 +334,6 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
 
     saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / layout.pp)
     head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train and embeddings else 0.0
-    step_tokens = 1 if opts.mode == "decode" else seq
-    working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full)
 
     # Caches (inference): KV per attention invocation, conv + SSM state per Mamba layer.
     kv_cache = ssm_cache = 0.0
@@ -352,6 +358,8 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         kv_gather = batch * seq * 2 * model.attention.kv_width * opts.nbytes("act_dtype") / sh.head_div
         if train:
             kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
+    step_tokens = 1 if opts.mode == "decode" else seq
+    working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full, 0.0 if train else kv_gather)
     attention_phase = 0.0
     if train and kv_gather:
         # The backward reaches a layer's attention after its MLP, whose saved tensors are freed by then:
@@ -372,8 +380,11 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         # The rank's own shard packed for sending, the shard in use and the one arriving.
         weight_shards = 3 * shard * p_bytes
         if train:
-            # Every rank's partial gradients of all D shards of the block, until their reduce-scatter.
-            weight_shards += largest_streamed * opts.nbytes("grad_dtype")
+            # Every rank's partial gradients of all D shards of the block, until their reduce-scatter;
+            # and the backward's own packed copy of its shard, one hop's weight gradients and the row
+            # they are packed into (meshplan/executor/layouts/tsp.py, _TSPMlp.backward). Without these
+            # three shards TSP training was under-predicted by 0.28 GiB at D = 4 (memory-peak-4xh200.json).
+            weight_shards += largest_streamed * opts.nbytes("grad_dtype") + 3 * shard * p_bytes
     comm_buffers = 0.0
     if zero == 3:
         comm_buffers = 2 * largest_block / sh.weight_div * p_bytes  # gathered layer + the prefetched next one
@@ -386,6 +397,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     else:
         logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
 
+    workspace = BLAS_WORKSPACE_BYTES * (2 if train else 1)
     results = []
     stages = ("only",) if layout.pp == 1 else ("first", "last")
     for stage in stages:
@@ -406,10 +418,11 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
             "kv_cache": kv_cache, "ssm_state_cache": ssm_cache, "transient_working": working,
             "transient_kv_gather": kv_gather, "transient_weight_shards": weight_shards,
             "transient_comm_buffers": comm_buffers, "transient_logits": logits if has_logits else 0.0,
+            "blas_workspace": workspace,
         }
-        kept = param_b + opt_b + kv_cache + ssm_cache
+        kept = param_b + opt_b + kv_cache + ssm_cache + workspace
         streaming = weight_shards + comm_buffers
-        layer_phase = working + (0.0 if train else kv_gather) + streaming
+        layer_phase = working + streaming
         # Without gradient accumulation the gradients are set to None after each step and built up
         # during backward: at the activation peak (backward start) only the last layer's exist; all
         # of them meet the optimizer step instead, with its fp32 temporaries of the largest matrix.
