@@ -79,7 +79,8 @@ def main() -> int:
         out["bwd_tiles"] = []
         for two_pass in (False, True):
             for idx in (seq_idx, None):
-                for bt, bc, steps in ((32, 128, 16), (64, 64, 8), (32, 64, 16)):
+                for bt, bc, steps in ((32, 128, 16), (64, 64, 8), (32, 64, 16), (16, 128, 32), (16, 64, 32),
+                                      (8, 128, 64)):
                     s = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, idx, bt=bt, bc=bc, steps=steps,
                                                                 two_pass=two_pass), reps=20, warmup=3)
                     out["bwd_tiles"].append({"two_pass": two_pass, "seq_idx": idx is not None, "bt": bt, "bc": bc,

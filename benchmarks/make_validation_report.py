@@ -3,6 +3,12 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run17-x4-triton-norm.json: the current executor on 4 × H200 (world 1, 2 and 4),
+  every layout, dense and Mamba-2, training, prefill and decode (benchmarks/sweeps/h200x4.sh d).
+- memory-curves-4xh200-run18-triton-norm.json: dense training at 16K-256K tokens on 4 × H200, TP,
+  TSP, SP and TP+SP (the memory curves; two timed steps each).
+- validation-h200-run14-x4.json: the same grid before the executor's RMSNorm went to Triton (its
+  torch backward held five fp32 copies of a full-sequence activation under TP).
 - validation-h200-run3-x2.json: the current executor, 2 × H200 (world 1 and 2).
 - validation-h200-run5-x2-inference.json: the current executor, prefill and decode (batch 8 after a
   16K prefill), 2 × H200. (run4 is the same sweep before the decode cache was preallocated.)
@@ -33,7 +39,10 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run3-x2.json", "current executor, 2 x H200"),
+SOURCES = [("validation-h200-run17-x4-triton-norm.json", "current executor, 4 x H200"),
+           ("memory-curves-4xh200-run18-triton-norm.json", "current executor, dense training 16K-256K, 4 x H200"),
+           ("validation-h200-run14-x4.json", "before the Triton RMSNorm, 4 x H200"),
+           ("validation-h200-run3-x2.json", "executor before the Triton RMSNorm, 2 x H200"),
            ("validation-h200-run11-x2-mamba2.json", "current executor, Mamba-2 with Triton kernels, 2 x H200"),
            ("validation-h200-run10-x2-mamba2-fused-norm.json", "Mamba-2 before the last kernel tuning, 2 x H200"),
            ("validation-h200-run12-x2-mamba2-long.json", "Mamba-2 training 128K-1M tokens, 2 x H200"),
@@ -137,7 +146,7 @@ def plot(runs: list[dict]) -> None:
         ax.set_title({"peak_bytes": "peak memory per GPU", "step_time_s": "step time"}[key])
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("dense-7b shape, 2 layers, bf16, 1-2 H200 (benchmarks/results/validation-h200-run3-x2.json)")
+    fig.suptitle("dense-7b shape, 2 layers, bf16, 1-4 H200 (benchmarks/results/validation-h200-run17-x4-triton-norm.json)")
     fig.tight_layout()
     DOCS.mkdir(exist_ok=True)
     fig.savefig(DOCS / "validation.png", dpi=110)

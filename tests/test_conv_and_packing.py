@@ -25,7 +25,7 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
 # 8-step tiles, 2 steps: several backward programs, each walking two tiles (dw summed across both), in
 # the one-pass backward (pre-activation rebuilt at each shift) and the two-pass one.
 @pytest.mark.parametrize("bwd_tiles", [None, (8, 2, False), (8, 2, True)])
-@pytest.mark.parametrize("t, c, k", [(37, 20, 4), (130, 40, 3), (5, 7, 4)])
+@pytest.mark.parametrize("t, c, k", [(37, 20, 4), (130, 40, 3), (5, 7, 4), (41, 12, 6)])
 def test_forward_and_backward_match_reference(monkeypatch, bwd_tiles, t, c, k):
     if bwd_tiles is not None:
         monkeypatch.setattr(conv1d, "BWD_TILE_T", bwd_tiles[0])

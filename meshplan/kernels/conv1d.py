@@ -73,14 +73,20 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
     rebuilt from x at the K positions each input feeds; without, dout_ptr already holds it (or there
     is no activation) —; then dx[t] = Σ_j w[c, j] · dpre[t + (K−1) − j] over outputs in the same
     sequence, and this program's partial sums of dw[c, j] = Σ_t dpre[t] · x[t − (K−1) + j] and
-    db[c] = Σ_t dpre[t]."""
+    db[c] = Σ_t dpre[t]. For K ≤ 4 the products are summed elementwise over the steps and reduced
+    across the tile's rows once at the end (a cross-warp reduction per tap and step cost more than the
+    loads); larger K reduce every step."""
     pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
     base = pid_b * T * C
-    wsum = tl.zeros((BC,), dtype=tl.float32)
     taps = tl.arange(0, KP)  # K rounded up to a power of two
-    wacc = tl.zeros((BC, KP), dtype=tl.float32)  # dw partial sums, kept in registers across the steps
+    wacc = tl.zeros((BC, KP), dtype=tl.float32)  # dw partial sums (K > 4), kept in registers across the steps
+    a0 = tl.zeros((BT, BC), dtype=tl.float32)  # K ≤ 4: elementwise dw partial sums of taps 0..3, and of db
+    a1 = tl.zeros((BT, BC), dtype=tl.float32)
+    a2 = tl.zeros((BT, BC), dtype=tl.float32)
+    a3 = tl.zeros((BT, BC), dtype=tl.float32)
+    dsum = tl.zeros((BT, BC), dtype=tl.float32)
     part = (pid_b * tl.num_programs(1) + pid_t) * C * K
     for step in range(STEPS):
         t = ((pid_t * STEPS + step) * BT + tl.arange(0, BT)).to(tl.int64)
@@ -104,17 +110,34 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
                 dpre = g
         tl.store(dx_ptr + base + t[:, None] * C + c[None, :], dx.to(dx_ptr.dtype.element_ty),
                  mask=tm[:, None] & cm[None, :])
-        wsum += tl.sum(dpre, axis=0)
+        dsum += dpre
         for j in tl.static_range(K):
             src = t - (K - 1) + j  # the input that output t read through tap j
             ok_src = tm & (src >= 0)
             if HAS_IDX:
                 ok_src = ok_src & (tl.load(idx_ptr + pid_b * T + src, mask=ok_src, other=-2) == me)
             xv = tl.load(x_ptr + base + src[:, None] * C + c[None, :], mask=ok_src[:, None] & cm[None, :], other=0.0)
-            contrib = tl.sum(dpre * xv.to(tl.float32), axis=0)
-            wacc += tl.where(taps[None, :] == j, contrib[:, None], 0.0)
+            prod = dpre * xv.to(tl.float32)
+            if K > 4:
+                wacc += tl.where(taps[None, :] == j, tl.sum(prod, axis=0)[:, None], 0.0)
+            elif j == 0:
+                a0 += prod
+            elif j == 1:
+                a1 += prod
+            elif j == 2:
+                a2 += prod
+            else:
+                a3 += prod
+    if K <= 4:
+        wacc = tl.where(taps[None, :] == 0, tl.sum(a0, axis=0)[:, None], 0.0)
+        if K > 1:
+            wacc += tl.where(taps[None, :] == 1, tl.sum(a1, axis=0)[:, None], 0.0)
+        if K > 2:
+            wacc += tl.where(taps[None, :] == 2, tl.sum(a2, axis=0)[:, None], 0.0)
+        if K > 3:
+            wacc += tl.where(taps[None, :] == 3, tl.sum(a3, axis=0)[:, None], 0.0)
     tl.store(dw_part_ptr + part + c[:, None] * K + taps[None, :], wacc, mask=cm[:, None] & (taps[None, :] < K))
-    tl.store(db_part_ptr + (pid_b * tl.num_programs(1) + pid_t) * C + c, wsum, mask=cm)
+    tl.store(db_part_ptr + (pid_b * tl.num_programs(1) + pid_t) * C + c, tl.sum(dsum, axis=0), mask=cm)
 
 
 def _launch_shape(x: torch.Tensor, bt: int, bc: int):
