@@ -19,11 +19,12 @@ from meshplan.models import ModelSpec
 # (benchmarks/results/profile-step-h200.json, `python benchmarks/profile_step.py`); a square 8192³
 # GEMM reaches 0.80 (benchmarks/results/attention-h200.json). Replaced by `meshplan calibrate` profiles.
 GEMM_EFFICIENCY = 0.74
-# HBM traffic of the executor's eager elementwise work (RMSNorm with fp32 upcasts, SwiGLU, residual
-# adds, layout copies) against the single pass per tensor the byte counts below assume: 5.8× at 32K
-# and 6.0× at 16K tokens in the same profile (kernels other than GEMM, attention and the optimizer).
-# Fused norm / activation kernels would bring it to 1.
-EAGER_ELEMENTWISE_FACTOR = 5.9
+# HBM traffic of the executor's eager elementwise work (SwiGLU, residual adds, layout copies; RMSNorm
+# runs as Triton kernels) against the single pass per tensor the byte counts below assume: 3.1× at 32K
+# and 3.4× at 16K tokens on an H200 (kernels other than GEMM, attention and the optimizer;
+# benchmarks/results/profile-step-h200-triton-norm.json, `python benchmarks/profile_step.py`). With the
+# torch RMSNorm and its fp32 upcasts it was 5.9× (profile-step-h200.json). A fused SwiGLU would lower it.
+EAGER_ELEMENTWISE_FACTOR = 3.3
 # Achieved / peak of torch SDPA forward + backward (bf16, 32 heads of 128) by key length, measured on
 # an H200 with torch 2.11 (benchmarks/results/attention-h200.json, `python benchmarks/bench_attention.py`):
 # the fused causal kernel (queries and keys aligned: one GPU, TP) and the lower-right causal bias over
@@ -37,21 +38,22 @@ ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forwa
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks: the
 # chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — forward 1.80e12 B/s, backward
 # 1.12e12 B/s (0.43 and 0.27 of the 4.19 TB/s copy rate; benchmarks/results/ssd-h200.json,
-# `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels (0.52 and 0.11
-# of the copy rate, two-pass backward; benchmarks/results/conv1d-h200.json,
-# `python benchmarks/bench_conv1d.py --tiles`).
+# `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels: forward 0.52
+# of the copy rate (benchmarks/results/conv1d-h200.json), backward 0.78e12 B/s with its 8 × 128 × 64
+# tiles (0.163 of the datasheet rate; conv1d-h200-run2.json, `python benchmarks/bench_conv1d.py --tiles`).
 SCAN_FWD_HBM_FRACTION = 0.374
 SCAN_BWD_HBM_FRACTION = 0.234
 CONV_FWD_HBM_FRACTION = 0.452
-CONV_BWD_HBM_FRACTION = 0.099
+CONV_BWD_HBM_FRACTION = 0.163
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
 # partial-sum reductions; the gated RMSNorm runs as Triton kernels, meshplan/kernels/gated_norm.py)
 # against the one pass per tensor counted below, over the four passes a training step makes
-# (forward, the core's recompute, backward at twice forward): 6.9× at 16K and 6.6× at 32K tokens
-# (8.7× at 4K) in a 2-layer mamba2-2.7b training step on an H200 (kernels other than GEMM, scan,
-# conv and the optimizer; benchmarks/results/profile-step-mamba2-h200.json,
-# `python benchmarks/profile_step.py --model mamba2-2.7b`). With the torch gated norm it was 13.2×.
-EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 6.7
+# (forward, the core's recompute, backward at twice forward): 6.1× at 16K and 5.8× at 32K tokens in a
+# 2-layer mamba2-2.7b training step on an H200, the block's RMSNorm in Triton (kernels other than
+# GEMM, scan, conv and the optimizer; benchmarks/results/profile-step-mamba2-h200-triton-norm.json,
+# `python benchmarks/profile_step.py --model mamba2-2.7b`). With the torch RMSNorm it was 6.7×, with
+# the torch gated norm too 13.2×.
+EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 5.9
 # Decode, measured on an H200 at batch 8 after a 16K prefill (2 layers, one GPU; benchmarks/results/
 # decode-profile-h200.json, `torchrun --nproc-per-node 1 benchmarks/gpu_validation.py --modes decode
 # --only single --profile 3 --steps 20`): torch's attention over the KV cache runs as two cuBLAS gemv

@@ -151,10 +151,12 @@ TILE_T, TILE_C = 32, 128
 # Backward: each program walks BWD_STEPS tiles of BWD_TILE_T × BWD_TILE_C, so that the dw partial sums
 # written per program stay small next to x. TWO_PASS writes the fp32 pre-activation gradient first (one
 # more kernel, 8 more bytes per element) instead of rebuilding the pre-activation at each of the K
-# shifts inside the gather. Fastest of 12 settings on an H200 at 4 × 16K × 5376 channels: two-pass,
-# 64 × 64, 8 steps — 4.50 ms with seq_idx (3.35 ms without) against 5.96 ms for the best one-pass
-# setting (benchmarks/results/conv1d-h200.json "bwd_tiles", `python benchmarks/bench_conv1d.py --tiles`).
-BWD_TILE_T, BWD_TILE_C, BWD_STEPS = 64, 64, 8
+# shifts inside the gather. Fastest of 24 settings on an H200 at 4 × 16K × 5376 channels, with the dw
+# products summed elementwise and reduced once per program: two-pass, 8 × 128, 64 steps — 2.71 ms with
+# seq_idx (2.38 ms without), against 4.32 ms for the earlier 64 × 64 × 8 and 3.84 ms for the best
+# one-pass setting (benchmarks/results/conv1d-h200-run2.json "bwd_tiles",
+# `python benchmarks/bench_conv1d.py --tiles`).
+BWD_TILE_T, BWD_TILE_C, BWD_STEPS = 8, 128, 64
 TWO_PASS = True
 
 
