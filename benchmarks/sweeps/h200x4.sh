@@ -5,9 +5,10 @@
 #   bash benchmarks/sweeps/h200x4.sh b   # dense memory curves at long context on 4 GPUs, SSD kernel bench
 #   bash benchmarks/sweeps/h200x4.sh c   # what is live at the memory peak; recalibration; int8 all-reduce over host memory
 #   bash benchmarks/sweeps/h200x4.sh d   # memory curves and the grid again, after the Triton RMSNorm
+#   bash benchmarks/sweeps/h200x4.sh e   # int8 all-reduce and TP-SSM 1/2/4 with GPUs talking through host memory; conv1d
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
-part=${1:?a, b, c or d}
+part=${1:?a, b, c, d or e}
 
 t() { local s=$SECONDS; "$@" 2>&1 | grep -v -e '^W1' -e 'OMP_NUM_THREADS' -e '^\*\*\*'; echo "[$(( SECONDS - s )) s] $*"; }
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
@@ -36,4 +37,13 @@ if [ "$part" = d ]; then  # after the Triton RMSNorm and the memory model's atte
       --seqs 16384,65536,131072,262144 --steps 2 --warmup 1 --no-exposed --out "$OUT/memory-curves-x4.json"
   t torchrun --nproc-per-node 4 benchmarks/memory_peak.py --layouts "tp=4;tsp=4" --seq 65536 --out "$OUT/memory-peak-dense.json"
   t torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --out "$OUT/validation-x4.json"
+fi
+if [ "$part" = e ]; then  # int8 over host memory (no NVLink: NCCL_P2P_DISABLE=1) on 2 and 4 GPUs; TP-SSM 1/2/4 there
+  t env NCCL_P2P_DISABLE=1 CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 benchmarks/bench_quant_allreduce.py \
+      --out "$OUT/quant-allreduce-x2-host-memory.json"
+  for q in "" --int8-allreduce; do
+    t env NCCL_P2P_DISABLE=1 torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --family mamba2 \
+        --only "single;tpssm=2;tpssm=4" --modes train,prefill --seqs 16384 $q --out "$OUT/tpssm-host-memory${q:+-int8}.json"
+  done
+  t python benchmarks/bench_conv1d.py --out "$OUT/conv1d.json"
 fi
