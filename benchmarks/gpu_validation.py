@@ -130,7 +130,9 @@ def main() -> int:
             with open(args.out, "w") as f:
                 json.dump({"command": f"torchrun --nproc-per-node {world} benchmarks/gpu_validation.py "
                                       + " ".join(sys.argv[1:]),
-                           "environment": environment(), "cluster_for_predictions": cluster.name, "runs": results}, f,
+                           "environment": environment(), "cluster_for_predictions": cluster.name,
+                           "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+                           "runs": results}, f,
                           indent=1)
             m = record["measured"]
             p = record["predicted"]
