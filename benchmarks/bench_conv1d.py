@@ -43,6 +43,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--tiles", action="store_true", help="also time the forward over tile shapes")
+    ap.add_argument("--march", action="store_true", help="also time the time-marching kernels' settings")
     args = ap.parse_args()
     big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
     copy_s = median_time_s(lambda: big.clone(), reps=20, warmup=3)
@@ -63,7 +64,8 @@ def main() -> int:
         rows.append({"b": b, "t": t, "c": c, "max_abs_err_vs_ref": err, "fwd_s": fwd, "bwd_s": bwd,
                      "fwd_bandwidth_fraction": fwd_bytes / fwd / copy_bw,
                      "bwd_bandwidth_fraction": bwd_bytes / bwd / copy_bw})
-    out = {"command": "python benchmarks/bench_conv1d.py --tiles --out $OUT/conv1d.json", "gpu": torch.cuda.get_device_name(0),
+    out = {"command": "python benchmarks/bench_conv1d.py " + " ".join(f"--{k}" for k in ("tiles", "march")
+                                                                     if getattr(args, k)) + " --out $OUT/conv1d.json", "gpu": torch.cuda.get_device_name(0),
            "copy_bytes_per_s": copy_bw, "runs": rows, "decode": decode_rows()}
     if args.tiles:
         b, t, c = 4, 16384, 5376
@@ -88,6 +90,27 @@ def main() -> int:
                                              "bwd_bandwidth_fraction": 3 * b * t * c * 2 / s / copy_bw})
                     print(f"bwd {'two-pass' if two_pass else 'fused'}{' seq_idx' if idx is not None else ''} tile "
                           f"{bt}x{bc}, {steps} steps: {s * 1e3:.3f} ms", flush=True)
+    if args.march:
+        b, t, c = 4, 16384, 5376
+        x = torch.randn(b, t, c, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(c, 4, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(c, device="cuda", dtype=torch.bfloat16)
+        seq_idx = (torch.arange(t, device="cuda") // 1000).expand(b, t).contiguous()
+        g = torch.randn_like(x)
+        n = b * t * c
+        out["march"] = []
+        for rows in (128, 256, 512):
+            for channels in (128, 256, 512):
+                for warps in (1, 2, 4):
+                    kw = dict(march=True, rows=rows, channels=channels, warps=warps)
+                    f = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, **kw), reps=20, warmup=3)
+                    bw = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, **kw), reps=20, warmup=3)
+                    out["march"].append({"rows": rows, "channels": channels, "warps": warps, "fwd_s": f, "bwd_s": bw,
+                                         "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw,
+                                         "bwd_bandwidth_fraction": 3 * n * 2 / bw / copy_bw})
+                    print(f"march {rows} rows x {channels} channels, {warps} warps: fwd {f * 1e3:.3f} ms "
+                          f"({2 * n * 2 / f / copy_bw:.0%}), bwd {bw * 1e3:.3f} ms ({3 * n * 2 / bw / copy_bw:.0%})",
+                          flush=True)
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"copy roofline {copy_bw / 1e12:.2f} TB/s")
     for r in rows:

@@ -22,12 +22,17 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
     return x, w, bias
 
 
-# 8-step tiles, 2 steps: several backward programs, each walking two tiles (dw summed across both), in
-# the one-pass backward (pre-activation rebuilt at each shift) and the two-pass one.
-@pytest.mark.parametrize("bwd_tiles", [None, (8, 2, False), (8, 2, True)])
-@pytest.mark.parametrize("t, c, k", [(37, 20, 4), (130, 40, 3), (5, 7, 4), (41, 12, 6)])
+# The time-marching kernels with 16-row, 8-channel programs (several per sequence and per row), and the
+# tiled ones: 8-step tiles, 2 steps — several backward programs, each walking two tiles (dw summed
+# across both), in the one-pass backward (pre-activation rebuilt at each shift) and the two-pass one.
+@pytest.mark.parametrize("bwd_tiles", ["march", (8, 2, False), (8, 2, True)])
+@pytest.mark.parametrize("t, c, k", [(37, 20, 4), (130, 40, 3), (5, 7, 4), (41, 12, 6), (29, 9, 2)])
 def test_forward_and_backward_match_reference(monkeypatch, bwd_tiles, t, c, k):
-    if bwd_tiles is not None:
+    if bwd_tiles == "march":
+        monkeypatch.setattr(conv1d, "MARCH_ROWS", 16)
+        monkeypatch.setattr(conv1d, "MARCH_CHANNELS", 8)
+    else:
+        monkeypatch.setattr(conv1d, "MARCH", False)
         monkeypatch.setattr(conv1d, "BWD_TILE_T", bwd_tiles[0])
         monkeypatch.setattr(conv1d, "BWD_STEPS", bwd_tiles[1])
         monkeypatch.setattr(conv1d, "TWO_PASS", bwd_tiles[2])

@@ -140,6 +140,126 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
     tl.store(db_part_ptr + (pid_b * tl.num_programs(1) + pid_t) * C + c, tl.sum(dsum, axis=0), mask=cm)
 
 
+@triton.jit
+def _row(ptr, base, t, C, c, cm, T):
+    """Row t (fp32, zeros outside 0 ≤ t < T) of a (T, C) slab at `base`: the BC channels c."""
+    tv = (tl.zeros_like(c) + t).to(tl.int64)  # t as a vector: a tensor mask and int64 offsets
+    return tl.load(ptr + base + tv * C + c, mask=cm & (tv >= 0) & (tv < T), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _seq_id(idx_ptr, pid_b, t, T, HAS_IDX: tl.constexpr, outside):
+    """Sequence id of row t, shape (1,) (`outside` where there is no row t; 0 without seq_idx)."""
+    tv = tl.zeros((1,), dtype=tl.int32) + t
+    if HAS_IDX:
+        return tl.load(idx_ptr + pid_b * T + tv, mask=(tv >= 0) & (tv < T), other=outside)
+    return tl.where((tv >= 0) & (tv < T), 0, outside)
+
+
+@triton.jit
+def _conv_fwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.constexpr, SILU: tl.constexpr,
+                  BC: tl.constexpr):
+    """Time-marching forward: one program walks L rows of BC channels, keeping the last three inputs
+    (and their sequence ids) in registers, so each input is read once and each output written once.
+    w4 (C, 4) fp32: the taps right-aligned, zeros in front when K < 4."""
+    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    c = pid_c * BC + tl.arange(0, BC)
+    cm = c < C
+    base = pid_b * T * C
+    w0, w1 = tl.load(w4_ptr + c * 4, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 1, mask=cm, other=0.0)
+    w2, w3 = tl.load(w4_ptr + c * 4 + 2, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 3, mask=cm, other=0.0)
+    bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    t0 = pid_t * L
+    x3, x2, x1 = _row(x_ptr, base, t0 - 3, C, c, cm, T), _row(x_ptr, base, t0 - 2, C, c, cm, T), \
+        _row(x_ptr, base, t0 - 1, C, c, cm, T)
+    i3, i2, i1 = _seq_id(idx_ptr, pid_b, t0 - 3, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t0 - 2, T, HAS_IDX, -1), \
+        _seq_id(idx_ptr, pid_b, t0 - 1, T, HAS_IDX, -1)
+    for t in range(t0, tl.minimum(t0 + L, T)):
+        x0 = _row(x_ptr, base, t, C, c, cm, T)
+        i0 = _seq_id(idx_ptr, pid_b, t, T, HAS_IDX, -2)
+        acc = bias + w3 * x0 + w2 * tl.where(i1 == i0, x1, 0.0) + w1 * tl.where(i2 == i0, x2, 0.0) \
+            + w0 * tl.where(i3 == i0, x3, 0.0)
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        tl.store(out_ptr + base + (tl.zeros_like(c) + t).to(tl.int64) * C + c, acc.to(out_ptr.dtype.element_ty),
+                 mask=cm)
+        x3, x2, x1 = x2, x1, x0
+        i3, i2, i1 = i2, i1, i0
+
+
+@triton.jit
+def _conv_bwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L,
+                  HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr):
+    """Time-marching backward, one pass: a program walks its L rows downwards from three rows above
+    them, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in registers. At each row:
+    pre (rebuilt), dpre = dout · silu'(pre), dx[t] = Σ_j w_j · dpre[t + 3 − j] over the same sequence,
+    and the dw, db sums per channel — no fp32 buffer in memory, no reduction across threads. Rows
+    above the program's own only supply dpre (each row's dw, db and dx are counted by one program)."""
+    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    c = pid_c * BC + tl.arange(0, BC)
+    cm = c < C
+    base = pid_b * T * C
+    w0, w1 = tl.load(w4_ptr + c * 4, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 1, mask=cm, other=0.0)
+    w2, w3 = tl.load(w4_ptr + c * 4 + 2, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 3, mask=cm, other=0.0)
+    bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    t0 = pid_t * L
+    t_own = tl.minimum(t0 + L, T) - 1  # the last row this program writes
+    top = tl.minimum(t0 + L + 2, T - 1)  # the highest row whose dpre its rows need
+    xa, xb, xc = _row(x_ptr, base, top, C, c, cm, T), _row(x_ptr, base, top - 1, C, c, cm, T), \
+        _row(x_ptr, base, top - 2, C, c, cm, T)  # x[t], x[t−1], x[t−2] for t = top
+    ia, ib, ic = _seq_id(idx_ptr, pid_b, top, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, top - 1, T, HAS_IDX, -1), \
+        _seq_id(idx_ptr, pid_b, top - 2, T, HAS_IDX, -1)
+    g1 = tl.zeros((BC,), dtype=tl.float32)  # dpre[t+1], dpre[t+2], dpre[t+3]
+    g2 = tl.zeros((BC,), dtype=tl.float32)
+    g3 = tl.zeros((BC,), dtype=tl.float32)
+    j1 = _seq_id(idx_ptr, pid_b, top + 1, T, HAS_IDX, -3)
+    j2 = _seq_id(idx_ptr, pid_b, top + 2, T, HAS_IDX, -3)
+    j3 = _seq_id(idx_ptr, pid_b, top + 3, T, HAS_IDX, -3)
+    dw0 = tl.zeros((BC,), dtype=tl.float32)
+    dw1 = tl.zeros((BC,), dtype=tl.float32)
+    dw2 = tl.zeros((BC,), dtype=tl.float32)
+    dw3 = tl.zeros((BC,), dtype=tl.float32)
+    db = tl.zeros((BC,), dtype=tl.float32)
+    for i in range(0, top - t0 + 1):
+        t = top - i
+        xd = _row(x_ptr, base, t - 3, C, c, cm, T)
+        idd = _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1)
+        m1, m2, m3 = tl.where(ib == ia, 1.0, 0.0), tl.where(ic == ia, 1.0, 0.0), tl.where(idd == ia, 1.0, 0.0)
+        g = _row(dout_ptr, base, t, C, c, cm, T)
+        if SILU:
+            pre = bias + w3 * xa + w2 * m1 * xb + w1 * m2 * xc + w0 * m3 * xd
+            sig = tl.sigmoid(pre)
+            g = g * sig * (1 + pre * (1 - sig))
+        if t <= t_own:
+            dx = w3 * g + w2 * tl.where(j1 == ia, g1, 0.0) + w1 * tl.where(j2 == ia, g2, 0.0) \
+                + w0 * tl.where(j3 == ia, g3, 0.0)
+            tl.store(dx_ptr + base + (tl.zeros_like(c) + t).to(tl.int64) * C + c, dx.to(dx_ptr.dtype.element_ty),
+                     mask=cm)
+            dw3 += g * xa
+            dw2 += g * m1 * xb
+            dw1 += g * m2 * xc
+            dw0 += g * m3 * xd
+            db += g
+        g3, g2, g1 = g2, g1, g
+        j3, j2, j1 = j2, j1, ia
+        xa, xb, xc = xb, xc, xd
+        ia, ib, ic = ib, ic, idd
+    part = (pid_b * tl.num_programs(1) + pid_t) * C
+    tl.store(dw_part_ptr + (part + c) * 4, dw0, mask=cm)
+    tl.store(dw_part_ptr + (part + c) * 4 + 1, dw1, mask=cm)
+    tl.store(dw_part_ptr + (part + c) * 4 + 2, dw2, mask=cm)
+    tl.store(dw_part_ptr + (part + c) * 4 + 3, dw3, mask=cm)
+    tl.store(db_part_ptr + part + c, db, mask=cm)
+
+
+def _taps4(weight):
+    """(C, K ≤ 4) → (C, 4) fp32 with the taps right-aligned: the time-marching kernels always use 4."""
+    c, k = weight.shape
+    w4 = torch.zeros(c, 4, dtype=torch.float32, device=weight.device)
+    w4[:, 4 - k:] = weight.float()
+    return w4
+
+
 def _launch_shape(x: torch.Tensor, bt: int, bc: int):
     b, t, c = x.shape
     return (b, triton.cdiv(t, bt), triton.cdiv(c, bc))
@@ -167,41 +287,68 @@ def _bias_or_zeros(bias, weight):
     return bias.contiguous()
 
 
-def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TILE_C):
+# Time-marching kernels (K ≤ 4): each program walks MARCH_ROWS rows of MARCH_CHANNELS channels with
+# MARCH_WARPS warps, reading every input once. Settings to be swept on a GPU (bench_conv1d.py --march).
+MARCH = True
+MARCH_ROWS, MARCH_CHANNELS, MARCH_WARPS = 256, 256, 2
+
+
+def _marching(weight, march):
+    return (MARCH if march is None else march) and weight.shape[1] <= 4
+
+
+def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TILE_C, march=None, rows=None,
+                      channels=None, warps=None):
     x = x.contiguous()
     b, t, c = x.shape
     out = torch.empty_like(x)
     idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else x
     bias = _bias_or_zeros(bias, weight)
+    if _marching(weight, march):
+        rows, channels = rows or MARCH_ROWS, channels or MARCH_CHANNELS
+        _conv_fwd_seq[(b, triton.cdiv(t, rows), triton.cdiv(c, channels))](
+            x, _taps4(weight), bias, idx, out, t, c, rows, HAS_IDX=seq_idx is not None, SILU=silu, BC=channels,
+            num_warps=warps or MARCH_WARPS)
+        return out
     _conv_fwd[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias.contiguous(), idx, out, t, c,
                                         K=weight.shape[1], HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc)
     return out
 
 
 def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=None, bc=None, steps=None,
-                      two_pass: bool | None = None):
+                      two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None):
     """(dx, dw, db) of causal_conv1d_fwd given the output gradient (settings default to the module's)."""
     bt, bc, steps = bt or BWD_TILE_T, bc or BWD_TILE_C, steps or BWD_STEPS
     two_pass = TWO_PASS if two_pass is None else two_pass
     x = x.contiguous()
     b, t, c = x.shape
     k = weight.shape[1]
-    grid = (b, triton.cdiv(t, bt * steps), triton.cdiv(c, bc))
     dx = torch.empty_like(x)
-    dw_part = torch.empty(b * grid[1], c, k, dtype=torch.float32, device=x.device)
-    db_part = torch.empty(b * grid[1], c, dtype=torch.float32, device=x.device)
     idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else x
     bias_in = _bias_or_zeros(bias, weight)
     g = grad_out.contiguous()
-    if two_pass and silu:
-        dpre = torch.empty(b, t, c, dtype=torch.float32, device=x.device)
-        _conv_dpre[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias_in.contiguous(), idx, g, dpre, t, c, K=k,
-                                             HAS_IDX=seq_idx is not None, BT=bt, BC=bc)
-        g, silu = dpre, False
-    _conv_bwd[grid](x, weight.contiguous(), bias_in.contiguous(), idx, g, dx, dw_part, db_part,
-                    t, c, K=k, HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc, STEPS=steps,
-                    KP=triton.next_power_of_2(k))
-    return dx, dw_part.sum(0).to(weight.dtype), (db_part.sum(0).to(bias.dtype) if bias is not None else None)
+    if _marching(weight, march):
+        rows, channels = rows or MARCH_ROWS, channels or MARCH_CHANNELS
+        grid = (b, triton.cdiv(t, rows), triton.cdiv(c, channels))
+        dw_part = torch.empty(b * grid[1], c, 4, dtype=torch.float32, device=x.device)
+        db_part = torch.empty(b * grid[1], c, dtype=torch.float32, device=x.device)
+        _conv_bwd_seq[grid](x, _taps4(weight), bias_in, idx, g, dx, dw_part, db_part, t, c, rows,
+                            HAS_IDX=seq_idx is not None, SILU=silu, BC=channels, num_warps=warps or MARCH_WARPS)
+        dw = dw_part.sum(0)[:, 4 - k:]
+    else:
+        grid = (b, triton.cdiv(t, bt * steps), triton.cdiv(c, bc))
+        dw_part = torch.empty(b * grid[1], c, k, dtype=torch.float32, device=x.device)
+        db_part = torch.empty(b * grid[1], c, dtype=torch.float32, device=x.device)
+        if two_pass and silu:
+            dpre = torch.empty(b, t, c, dtype=torch.float32, device=x.device)
+            _conv_dpre[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias_in.contiguous(), idx, g, dpre, t, c,
+                                                 K=k, HAS_IDX=seq_idx is not None, BT=bt, BC=bc)
+            g, silu = dpre, False
+        _conv_bwd[grid](x, weight.contiguous(), bias_in.contiguous(), idx, g, dx, dw_part, db_part,
+                        t, c, K=k, HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc, STEPS=steps,
+                        KP=triton.next_power_of_2(k))
+        dw = dw_part.sum(0)
+    return dx, dw.to(weight.dtype), (db_part.sum(0).to(bias.dtype) if bias is not None else None)
 
 
 class CausalConv1dFn(torch.autograd.Function):
