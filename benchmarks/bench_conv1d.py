@@ -39,6 +39,12 @@ def decode_rows() -> list[dict]:
     return rows
 
 
+# Time-marching settings timed by --march: (rows, channels, warps, loop unroll). The first sweep (27
+# settings, no unroll; conv1d-march-h200.json) put 128 x 256 x 2 warps first for the backward.
+MARCH_SWEEP = [(r, c, w, u) for r, c, w in ((128, 256, 2), (128, 128, 1), (256, 256, 2), (128, 512, 4))
+               for u in (1, 2, 4)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -99,18 +105,17 @@ def main() -> int:
         g = torch.randn_like(x)
         n = b * t * c
         out["march"] = []
-        for rows in (128, 256, 512):
-            for channels in (128, 256, 512):
-                for warps in (1, 2, 4):
-                    kw = dict(march=True, rows=rows, channels=channels, warps=warps)
-                    f = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, **kw), reps=20, warmup=3)
-                    bw = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, **kw), reps=20, warmup=3)
-                    out["march"].append({"rows": rows, "channels": channels, "warps": warps, "fwd_s": f, "bwd_s": bw,
-                                         "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw,
-                                         "bwd_bandwidth_fraction": 3 * n * 2 / bw / copy_bw})
-                    print(f"march {rows} rows x {channels} channels, {warps} warps: fwd {f * 1e3:.3f} ms "
-                          f"({2 * n * 2 / f / copy_bw:.0%}), bwd {bw * 1e3:.3f} ms ({3 * n * 2 / bw / copy_bw:.0%})",
-                          flush=True)
+        for nrows, channels, warps, unroll in MARCH_SWEEP:
+            kw = dict(march=True, rows=nrows, channels=channels, warps=warps, unroll=unroll)
+            f = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, **kw), reps=20, warmup=3)
+            bw = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, **kw), reps=20, warmup=3)
+            out["march"].append({"rows": nrows, "channels": channels, "warps": warps, "unroll": unroll,
+                                 "fwd_s": f, "bwd_s": bw,
+                                 "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw,
+                                 "bwd_bandwidth_fraction": 3 * n * 2 / bw / copy_bw})
+            print(f"march {nrows} rows x {channels} channels, {warps} warps, unroll {unroll}: fwd {f * 1e3:.3f} ms "
+                  f"({2 * n * 2 / f / copy_bw:.0%}), bwd {bw * 1e3:.3f} ms ({3 * n * 2 / bw / copy_bw:.0%})",
+                  flush=True)
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"copy roofline {copy_bw / 1e12:.2f} TB/s")
     for r in rows:

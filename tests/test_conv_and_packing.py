@@ -29,10 +29,12 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
 @pytest.mark.parametrize("t, c, k", [(37, 20, 4), (130, 40, 3), (5, 7, 4), (41, 12, 6), (29, 9, 2)])
 def test_forward_and_backward_match_reference(monkeypatch, bwd_tiles, t, c, k):
     if bwd_tiles == "march":
+        monkeypatch.setattr(conv1d, "MARCH_FWD", True)
         monkeypatch.setattr(conv1d, "MARCH_ROWS", 16)
         monkeypatch.setattr(conv1d, "MARCH_CHANNELS", 8)
+        monkeypatch.setattr(conv1d, "MARCH_UNROLL", 2)
     else:
-        monkeypatch.setattr(conv1d, "MARCH", False)
+        monkeypatch.setattr(conv1d, "MARCH_BWD", False)
         monkeypatch.setattr(conv1d, "BWD_TILE_T", bwd_tiles[0])
         monkeypatch.setattr(conv1d, "BWD_STEPS", bwd_tiles[1])
         monkeypatch.setattr(conv1d, "TWO_PASS", bwd_tiles[2])
