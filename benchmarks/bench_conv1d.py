@@ -39,10 +39,11 @@ def decode_rows() -> list[dict]:
     return rows
 
 
-# Time-marching settings timed by --march: (rows, channels, warps, loop unroll). The first sweep (27
-# settings, no unroll; conv1d-march-h200.json) put 128 x 256 x 2 warps first for the backward.
-MARCH_SWEEP = [(r, c, w, u) for r, c, w in ((128, 256, 2), (128, 128, 1), (256, 256, 2), (128, 512, 4))
-               for u in (1, 2, 4)]
+# Time-marching settings timed by --march: (rows, channels, warps, loop unroll, pipeline stages). The
+# first sweep (27 settings, no unroll; conv1d-march-h200.json) put 128 x 256 x 2 warps first for the
+# backward, the second (unroll 1/2/4; conv1d-march-unroll-h200.json) unroll 2.
+MARCH_SWEEP = [(128, 256, 2, 2, st) for st in (1, 2, 3)] + [(128, 512, 2, 2, st) for st in (1, 3)] + \
+    [(64, 256, 2, 2, 1), (128, 256, 4, 2, 1)]
 
 
 def main() -> int:
@@ -105,15 +106,15 @@ def main() -> int:
         g = torch.randn_like(x)
         n = b * t * c
         out["march"] = []
-        for nrows, channels, warps, unroll in MARCH_SWEEP:
-            kw = dict(march=True, rows=nrows, channels=channels, warps=warps, unroll=unroll)
+        for nrows, channels, warps, unroll, stages in MARCH_SWEEP:
+            kw = dict(march=True, rows=nrows, channels=channels, warps=warps, unroll=unroll, stages=stages)
             f = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, **kw), reps=20, warmup=3)
             bw = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, **kw), reps=20, warmup=3)
-            out["march"].append({"rows": nrows, "channels": channels, "warps": warps, "unroll": unroll,
+            out["march"].append({"rows": nrows, "channels": channels, "warps": warps, "unroll": unroll, "stages": stages,
                                  "fwd_s": f, "bwd_s": bw,
                                  "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw,
                                  "bwd_bandwidth_fraction": 3 * n * 2 / bw / copy_bw})
-            print(f"march {nrows} rows x {channels} channels, {warps} warps, unroll {unroll}: fwd {f * 1e3:.3f} ms "
+            print(f"march {nrows} x {channels}, {warps} warps, unroll {unroll}, {stages} stages: fwd {f * 1e3:.3f} ms "
                   f"({2 * n * 2 / f / copy_bw:.0%}), bwd {bw * 1e3:.3f} ms ({3 * n * 2 / bw / copy_bw:.0%})",
                   flush=True)
     json.dump(out, open(args.out, "w"), indent=1)

@@ -158,7 +158,7 @@ def _seq_id(idx_ptr, pid_b, t, T, HAS_IDX: tl.constexpr, outside):
 
 @triton.jit
 def _conv_fwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.constexpr, SILU: tl.constexpr,
-                  BC: tl.constexpr, UNROLL: tl.constexpr):
+                  BC: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
     """Time-marching forward: one program walks L rows of BC channels, keeping the last three inputs
     (and their sequence ids) in registers, so each input is read once and each output written once.
     w4 (C, 4) fp32: the taps right-aligned, zeros in front when K < 4."""
@@ -174,7 +174,7 @@ def _conv_fwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.c
         _row(x_ptr, base, t0 - 1, C, c, cm, T)
     i3, i2, i1 = _seq_id(idx_ptr, pid_b, t0 - 3, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t0 - 2, T, HAS_IDX, -1), \
         _seq_id(idx_ptr, pid_b, t0 - 1, T, HAS_IDX, -1)
-    for t in tl.range(t0, tl.minimum(t0 + L, T), loop_unroll_factor=UNROLL):
+    for t in tl.range(t0, tl.minimum(t0 + L, T), num_stages=STAGES, loop_unroll_factor=UNROLL):
         x0 = _row(x_ptr, base, t, C, c, cm, T)
         i0 = _seq_id(idx_ptr, pid_b, t, T, HAS_IDX, -2)
         acc = bias + w3 * x0 + w2 * tl.where(i1 == i0, x1, 0.0) + w1 * tl.where(i2 == i0, x2, 0.0) \
@@ -189,7 +189,7 @@ def _conv_fwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.c
 
 @triton.jit
 def _conv_bwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L,
-                  HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, UNROLL: tl.constexpr):
+                  HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
     """Time-marching backward, one pass: a program walks its L rows downwards from three rows above
     them, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in registers. At each row:
     pre (rebuilt), dpre = dout · silu'(pre), dx[t] = Σ_j w_j · dpre[t + 3 − j] over the same sequence,
@@ -220,7 +220,7 @@ def _conv_bwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, 
     dw2 = tl.zeros((BC,), dtype=tl.float32)
     dw3 = tl.zeros((BC,), dtype=tl.float32)
     db = tl.zeros((BC,), dtype=tl.float32)
-    for i in tl.range(0, top - t0 + 1, loop_unroll_factor=UNROLL):
+    for i in tl.range(0, top - t0 + 1, num_stages=STAGES, loop_unroll_factor=UNROLL):
         t = top - i
         xd = _row(x_ptr, base, t - 3, C, c, cm, T)
         idd = _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1)
@@ -293,7 +293,7 @@ def _bias_or_zeros(bias, weight):
 # for the tiled two-pass one; the forward was no faster than the tiled kernel (0.66 against 0.65 ms),
 # which it keeps (benchmarks/results/conv1d-march-h200.json, `python benchmarks/bench_conv1d.py --march`).
 MARCH_FWD, MARCH_BWD = False, True
-MARCH_ROWS, MARCH_CHANNELS, MARCH_WARPS, MARCH_UNROLL = 128, 256, 2, 1
+MARCH_ROWS, MARCH_CHANNELS, MARCH_WARPS, MARCH_UNROLL, MARCH_STAGES = 128, 256, 2, 2, 1
 
 
 def _marching(weight, march, default):
@@ -301,7 +301,7 @@ def _marching(weight, march, default):
 
 
 def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TILE_C, march=None, rows=None,
-                      channels=None, warps=None, unroll=None):
+                      channels=None, warps=None, unroll=None, stages=None):
     x = x.contiguous()
     b, t, c = x.shape
     out = torch.empty_like(x)
@@ -311,7 +311,7 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
         rows, channels = rows or MARCH_ROWS, channels or MARCH_CHANNELS
         _conv_fwd_seq[(b, triton.cdiv(t, rows), triton.cdiv(c, channels))](
             x, _taps4(weight), bias, idx, out, t, c, rows, HAS_IDX=seq_idx is not None, SILU=silu, BC=channels,
-            UNROLL=unroll or MARCH_UNROLL, num_warps=warps or MARCH_WARPS)
+            UNROLL=unroll or MARCH_UNROLL, STAGES=stages or MARCH_STAGES, num_warps=warps or MARCH_WARPS)
         return out
     _conv_fwd[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias.contiguous(), idx, out, t, c,
                                         K=weight.shape[1], HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc)
@@ -319,7 +319,8 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
 
 
 def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=None, bc=None, steps=None,
-                      two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None, unroll=None):
+                      two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None, unroll=None,
+                      stages=None):
     """(dx, dw, db) of causal_conv1d_fwd given the output gradient (settings default to the module's)."""
     bt, bc, steps = bt or BWD_TILE_T, bc or BWD_TILE_C, steps or BWD_STEPS
     two_pass = TWO_PASS if two_pass is None else two_pass
@@ -337,7 +338,7 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
         db_part = torch.empty(b * grid[1], c, dtype=torch.float32, device=x.device)
         _conv_bwd_seq[grid](x, _taps4(weight), bias_in, idx, g, dx, dw_part, db_part, t, c, rows,
                             HAS_IDX=seq_idx is not None, SILU=silu, BC=channels, UNROLL=unroll or MARCH_UNROLL,
-                            num_warps=warps or MARCH_WARPS)
+                            STAGES=stages or MARCH_STAGES, num_warps=warps or MARCH_WARPS)
         dw = dw_part.sum(0)[:, 4 - k:]
     else:
         grid = (b, triton.cdiv(t, bt * steps), triton.cdiv(c, bc))
