@@ -39,12 +39,13 @@ ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forwa
 # chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — forward 1.80e12 B/s, backward
 # 1.12e12 B/s (0.43 and 0.27 of the 4.19 TB/s copy rate; benchmarks/results/ssd-h200.json,
 # `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels: forward 0.52
-# of the copy rate (benchmarks/results/conv1d-h200.json), backward 0.78e12 B/s with its 8 × 128 × 64
-# tiles (0.163 of the datasheet rate; conv1d-h200-run2.json, `python benchmarks/bench_conv1d.py --tiles`).
+# of the copy rate (benchmarks/results/conv1d-h200.json), backward 1.74e12 B/s with the one-pass
+# time-marching kernel (0.363 of the datasheet rate; conv1d-march-stages-h200.json,
+# `python benchmarks/bench_conv1d.py --march`).
 SCAN_FWD_HBM_FRACTION = 0.374
 SCAN_BWD_HBM_FRACTION = 0.234
 CONV_FWD_HBM_FRACTION = 0.452
-CONV_BWD_HBM_FRACTION = 0.163
+CONV_BWD_HBM_FRACTION = 0.363
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
 # partial-sum reductions; the gated RMSNorm runs as Triton kernels, meshplan/kernels/gated_norm.py)
 # against the one pass per tensor counted below, over the four passes a training step makes

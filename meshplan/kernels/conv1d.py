@@ -288,12 +288,14 @@ def _bias_or_zeros(bias, weight):
 
 
 # Time-marching kernels (K ≤ 4): each program walks MARCH_ROWS rows of MARCH_CHANNELS channels with
-# MARCH_WARPS warps, reading every input once. On an H200 at 4 × 16K × 5376 with seq_idx, the backward
-# took 1.33 ms at 128 × 256 × 2 warps (38% of the copy roofline; best of 27 settings) against 2.54 ms
-# for the tiled two-pass one; the forward was no faster than the tiled kernel (0.66 against 0.65 ms),
-# which it keeps (benchmarks/results/conv1d-march-h200.json, `python benchmarks/bench_conv1d.py --march`).
+# MARCH_WARPS warps, reading every input once. On an H200 at 4 × 16K × 5376 with seq_idx the backward
+# takes 1.21 ms at 128 × 256, 2 warps, unroll 2, 2 pipeline stages (44% of the copy roofline), against
+# 2.54 ms for the tiled two-pass backward and 4.46 ms before that; three sweeps of 27, 12 and 7
+# settings (benchmarks/results/conv1d-march-h200.json, conv1d-march-unroll-h200.json,
+# conv1d-march-stages-h200.json; `python benchmarks/bench_conv1d.py --march`). The marching forward
+# is no faster than the tiled one (0.62-0.66 against 0.64-0.69 ms across the same runs), which stays.
 MARCH_FWD, MARCH_BWD = False, True
-MARCH_ROWS, MARCH_CHANNELS, MARCH_WARPS, MARCH_UNROLL, MARCH_STAGES = 128, 256, 2, 2, 1
+MARCH_ROWS, MARCH_CHANNELS, MARCH_WARPS, MARCH_UNROLL, MARCH_STAGES = 128, 256, 2, 2, 2
 
 
 def _marching(weight, march, default):
