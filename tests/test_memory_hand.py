@@ -174,13 +174,14 @@ def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
 
 
 def test_mamba2_prefill_transient_is_the_scan_phase():
-    """mamba2-2.7b, 16384 tokens, bf16, one GPU: conv output (5120 + 256), dt (80 fp32) and the scan
-    output (5120) per token, plus two fp32 state buffers of 256 chunks · 80 · 64 · 128."""
+    """mamba2-2.7b, 16384 tokens, bf16, one GPU: conv output (5120 + 256) and dt (80 fp32) per token,
+    plus two fp32 state buffers of 256 chunks · 80 · 64 · 128; the scan output (5120 per token) comes
+    after the chunks' own states are freed (memory-peak-mamba2-prefill-h200.json)."""
     from meshplan.costmodel.layouts import sharding_for
     from meshplan.costmodel.memory import _mixer_forward_bytes
 
     sh = sharding_for(parse_layout("single"), MemoryOptions())
-    want = 16384 * ((2 * 5120 + 256) * 2 + 80 * 4) + 2 * 256 * 80 * 64 * 128 * 4
+    want = 16384 * ((5120 + 256) * 2 + 80 * 4) + 2 * 256 * 80 * 64 * 128 * 4
     assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
 
 

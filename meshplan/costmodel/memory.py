@@ -213,10 +213,12 @@ def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding) -> float:
 def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int,
                          decode: bool = False) -> float:
     """Forward without grad (prefill), Mamba-2: the mixer's transients on top of the in_proj output,
-    as the larger of two phases (meshplan/executor/blocks.py mamba2_mixer). Scan: the conv output
-    (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32), the scan output, and
-    two fp32 state buffers (each chunk's own state and the state entering it, meshplan/kernels/ssd.py;
-    most of a 16K prefill's transient, benchmarks/results/validation-h200-run7-x1-triton-ssd.json).
+    as the larger of three phases (meshplan/executor/blocks.py mamba2_mixer). Scan: the conv output
+    (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32) and two fp32 state
+    buffers (each chunk's own state and the state entering it, meshplan/kernels/ssd.py; most of a 16K
+    prefill's transient). Outputs: the scan output beside the entering states only — the peak of a
+    16K prefill is at the state passing, before the output exists
+    (benchmarks/results/memory-peak-mamba2-prefill-h200.json).
     Gated norm (Triton, meshplan/kernels/gated_norm.py): conv output, dt, scan output and the norm's
     output. Decode (`tokens` = the batch): no chunked scan; the state update's
     torch ops hold three state-sized fp32 temporaries (decayed state, the dt·x ⊗ B update, the new
@@ -229,8 +231,10 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     t = tokens / sh.token_div
     di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
     bc = local_bc_channels(m, sh.head_div)
-    common = t * ((2 * di + bc) * e + nh * 4)
-    return max(common + 2 * _scan_state_bytes(model, tokens, sh), common + t * di * e)
+    scan_in = t * ((di + bc) * e + nh * 4)  # conv output (x, B, C) and dt
+    y = t * di * e  # the scan's output; allocated once the chunk states have passed (freed by then)
+    state = _scan_state_bytes(model, tokens, sh)
+    return max(scan_in + 2 * state, scan_in + y + state, scan_in + y + t * di * e)
 
 
 def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int) -> float:
