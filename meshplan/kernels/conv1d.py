@@ -2,9 +2,13 @@
 
 out[b, t, c] = act(bias[c] + Σ_j w[c, j] · x[b, t − (K−1) + j, c]), where a tap that falls before the
 start of the row or in an earlier packed sequence (seq_idx differs) contributes nothing — so a packed
-row gives each sequence exactly what it would get alone (PackMamba, Xu et al. 2024). The backward
-is one kernel: it rebuilds the pre-activation where it needs it, gathers dx along the same taps and
-reduces dw, db per program.
+row gives each sequence exactly what it would get alone (PackMamba, Xu et al. 2024).
+
+Two families of kernels: tiled ones (a block of time steps × channels per program, the K taps read
+as shifted loads), and time-marching ones for K ≤ 4 (a program walks its rows one at a time with the
+window in registers, so every input is read once). The forward is tiled; the backward marches (one
+pass: pre-activation rebuilt, dx gathered, dw and db summed per channel), and falls back to the tiled
+backward (optionally two-pass, with an fp32 pre-activation gradient) for K > 4.
 Reference: meshplan.kernels.reference.causal_conv1d_ref.
 """
 
