@@ -153,3 +153,19 @@ def test_initial_state_continues_a_sequence_shard():
     xs = x.clone().requires_grad_(True)
     causal_conv1d_ref(xs, w, bias)[:, 17:].backward(g[:, 17:])
     torch.testing.assert_close(state.grad, xs.grad[:, 14:17].transpose(1, 2), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k", [4, 3])
+def test_marching_backward_without_seq_idx_across_programs(monkeypatch, k):
+    """No seq_idx, several 16-row programs per row: every program starts three rows above its own (the
+    pre-activation gradients it needs) and counts dw, db only for its own rows."""
+    monkeypatch.setattr(conv1d, "MARCH_ROWS", 16)
+    monkeypatch.setattr(conv1d, "MARCH_CHANNELS", 8)
+    x, w, bias = _inputs(2, 53, 12, k, seed=k)
+    xs, ws, bs = (v.clone().requires_grad_(True) for v in (x, w, bias))
+    xr, wr, br = (v.clone().requires_grad_(True) for v in (x, w, bias))
+    g = torch.randn(2, 53, 12, generator=torch.Generator().manual_seed(9))
+    causal_conv1d(xs, ws, bs).backward(g)
+    causal_conv1d_ref(xr, wr, br).backward(g)
+    for mine, theirs in ((xs, xr), (ws, wr), (bs, br)):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-4)
