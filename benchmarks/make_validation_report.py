@@ -3,8 +3,10 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
-- validation-h200-run17-x4-triton-norm.json: the current executor on 4 × H200 (world 1, 2 and 4),
-  every layout, dense and Mamba-2, training, prefill and decode (benchmarks/sweeps/h200x4.sh d).
+- validation-h200-run20-x4-current.json: the current executor (Triton RMSNorm, time-marching conv1d
+  backward) on 4 × H200, every layout at degree 1, 2, 4, dense and Mamba-2, training, prefill, decode.
+- validation-h200-run17-x4-triton-norm.json: the same grid before the conv1d backward marched
+  (benchmarks/sweeps/h200x4.sh d).
 - memory-curves-4xh200-run18-triton-norm.json: dense training at 16K-256K tokens on 4 × H200, TP,
   TSP, SP and TP+SP (the memory curves; two timed steps each).
 - validation-h200-run14-x4.json: the same grid before the executor's RMSNorm went to Triton (its
@@ -39,7 +41,8 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run17-x4-triton-norm.json", "current executor, 4 x H200"),
+SOURCES = [("validation-h200-run20-x4-current.json", "current executor, 4 x H200"),
+           ("validation-h200-run17-x4-triton-norm.json", "before the marching conv1d backward, 4 x H200"),
            ("memory-curves-4xh200-run18-triton-norm.json", "current executor, dense training 16K-256K, 4 x H200"),
            ("validation-h200-run14-x4.json", "before the Triton RMSNorm, 4 x H200"),
            ("validation-h200-run3-x2.json", "executor before the Triton RMSNorm, 2 x H200"),
@@ -146,7 +149,7 @@ def plot(runs: list[dict]) -> None:
         ax.set_title({"peak_bytes": "peak memory per GPU", "step_time_s": "step time"}[key])
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("dense-7b shape, 2 layers, bf16, 1-4 H200 (benchmarks/results/validation-h200-run17-x4-triton-norm.json)")
+    fig.suptitle("dense-7b shape, 2 layers, bf16, 1-4 H200 (benchmarks/results/validation-h200-run20-x4-current.json)")
     fig.tight_layout()
     DOCS.mkdir(exist_ok=True)
     fig.savefig(DOCS / "validation.png", dpi=110)
