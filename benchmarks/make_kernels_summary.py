@@ -30,7 +30,6 @@ def main() -> int:
     at16 = {k: next(x for x in v["allreduce"] if x["mib_bf16"] == 16) for k, v in links.items()}
     prefill = {k: v["tpssm_prefill"]["speedup"] for k, v in links.items()}
     r, c = ssd["runs"][0], conv["runs"][0]
-    q16 = next(x for x in q["allreduce"] if x["mib_bf16"] == 16)
     q256 = next(x for x in q["allreduce"] if x["mib_bf16"] == 256)
     dec = next(x for x in conv["decode"] if x["b"] == 8)
     grads = ssd["gradient_rel_err_vs_fp64"]
