@@ -126,8 +126,10 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
     shown = [k for k in COMPONENT_LABELS if any(r["per_gpu_bytes"][k] for r in records)]
     gib = 2 ** 30
     title = f"{spec.name} · {opts.mode} · batch {records[0]['batch']} · per-GPU memory (GiB)"
-    table = Table(title=title, caption="total = params + grads + optim + acts + caches + max(layer transients, "
-                                       "logits); $ = cache", pad_edge=False)
+    table = Table(title=title, caption="total = params + optim + caches + BLAS + the largest phase: a layer (acts, "
+                                       "the grads built so far, its transients; in training the MLP's work and the "
+                                       "attention's KVgath peak apart), the logits or the optimizer step; $ = cache",
+                  pad_edge=False)
     table.add_column("layout")
     table.add_column("seq", justify="right")
     for key in shown:
