@@ -248,3 +248,14 @@ def test_decode_host_floor_by_hand():
     assert one.step_time_s == pytest.approx(2 * 39 * 23e-6) and one.bound.startswith("launch-bound")
     tp = estimate_step(model, Layout(tpssm=2), 16384, 8, CostOptions(mode="decode"), cluster, embeddings=False)
     assert tp.breakdown["decode_host_s"] == pytest.approx(2 * (39 + 2) * 23e-6)
+
+
+def test_int8_allreduce_kernels_by_hand():
+    """TP-SSM's int8 block all-reduce adds its three kernels' HBM passes to each Mamba block's forward:
+    16384 tokens × d_model 2560 elements, 7 + 1/4 bytes each at 4 ranks, at the H200's 4.8 TB/s, for
+    each of mamba2-2.7b's 64 layers."""
+    cluster = load_cluster("h200-8")
+    model = PRESETS["mamba2-2.7b"]
+    plain, int8 = (estimate_step(model, Layout(tpssm=4), 16384, 1, CostOptions(mode="prefill", int8_allreduce=q),
+                                 cluster, embeddings=False) for q in (False, True))
+    assert int8.compute_s - plain.compute_s == pytest.approx(64 * 16384 * 2560 * 7.25 / 4.8e12, rel=1e-9)

@@ -219,6 +219,16 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
                         kernel_bwd + summary_bwd if training else 0.0)
 
 
+def int8_allreduce_kernels_s(elements: float, group: int, dev: Device) -> float:
+    """HBM time on one rank of our int8 all-reduce's three kernels (meshplan/kernels/quant.py) over a
+    tensor of `elements`: quantize (bf16 in, int8 out), dequantize-sum-requantize (the group's int8 copies
+    of this rank's 1/n in, 1/n out), dequantize (int8 in, bf16 out) — 3 + (1 + 1/n) + 3 bytes per
+    element, the fp32 scales (4 B per 128) aside. Their launches and the extra collective's latency are
+    not in it: on NVLink that fixed cost, not these bytes, is what makes the int8 path slower
+    (benchmarks/results/quant-allreduce-h200x4.json)."""
+    return elements * (7 + 1 / group) / dev.rated_hbm
+
+
 def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) -> dict[str, float]:
     """HBM bytes of the Mamba-2 kernels on one rank, counted as their benchmarks count them
     (benchmarks/bench_ssd.py, benchmarks/bench_conv1d.py). Scan: x, dt (fp32), B, C in and y out,

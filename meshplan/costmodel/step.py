@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
-from meshplan.costmodel.compute import BlockCompute, Device, block_compute, logits_compute, optimizer_time_s
+from meshplan.costmodel.compute import (BlockCompute, Device, block_compute, int8_allreduce_kernels_s,
+                                        logits_compute, optimizer_time_s)
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
@@ -126,6 +127,8 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         if decode and kind in ("mamba2", "mamba1"):
             comp = _decode_state_io(comp, model, kind, batch, sh, opts, dev)
         fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
+        if opts.int8_allreduce and kind in ("mamba2", "mamba1") and layout.tpssm > 1 and not decode:
+            fwd += int8_allreduce_kernels_s(tokens * model.d_model, layout.tpssm, dev)
         timed = [(c, links.time_s(c)) for c in comms]
         mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]
         exposed = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
