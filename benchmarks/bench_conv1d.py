@@ -46,6 +46,14 @@ MARCH_SWEEP = [(128, 256, 2, 2, st) for st in (1, 2, 3)] + [(128, 512, 2, 2, st)
     [(64, 256, 2, 2, 1), (128, 256, 4, 2, 1)]
 
 
+def conv_inputs(b: int, t: int, c: int):
+    """bf16 x (b, t, c), 4-tap weights and bias, and seq_idx starting a new sequence every 1000 tokens."""
+    x = torch.randn(b, t, c, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(c, 4, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(c, device="cuda", dtype=torch.bfloat16)
+    return x, w, bias, (torch.arange(t, device="cuda") // 1000).expand(b, t).contiguous()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -57,10 +65,7 @@ def main() -> int:
     copy_bw = 2 * big.numel() / copy_s  # read + write
     rows = []
     for b, t, c in ((4, 16384, 5376), (1, 65536, 5376), (8, 4096, 3328)):
-        x = torch.randn(b, t, c, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(c, 4, device="cuda", dtype=torch.bfloat16)
-        bias = torch.randn(c, device="cuda", dtype=torch.bfloat16)
-        seq_idx = (torch.arange(t, device="cuda") // 1000).expand(b, t).contiguous()
+        x, w, bias, seq_idx = conv_inputs(b, t, c)
         err = (causal_conv1d(x, w, bias, seq_idx).float() - causal_conv1d_ref(x, w, bias, seq_idx=seq_idx).float()).abs().max().item()
         fwd = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx), reps=20, warmup=3)
         g = torch.randn_like(x)
@@ -71,15 +76,13 @@ def main() -> int:
         rows.append({"b": b, "t": t, "c": c, "max_abs_err_vs_ref": err, "fwd_s": fwd, "bwd_s": bwd,
                      "fwd_bandwidth_fraction": fwd_bytes / fwd / copy_bw,
                      "bwd_bandwidth_fraction": bwd_bytes / bwd / copy_bw})
-    out = {"command": "python benchmarks/bench_conv1d.py " + " ".join(f"--{k}" for k in ("tiles", "march")
-                                                                     if getattr(args, k)) + " --out $OUT/conv1d.json", "gpu": torch.cuda.get_device_name(0),
+    flags = "".join(f" --{k}" for k in ("tiles", "march") if getattr(args, k))
+    out = {"command": f"python benchmarks/bench_conv1d.py{flags} --out $OUT/conv1d.json",
+           "gpu": torch.cuda.get_device_name(0),
            "copy_bytes_per_s": copy_bw, "runs": rows, "decode": decode_rows()}
     if args.tiles:
         b, t, c = 4, 16384, 5376
-        x = torch.randn(b, t, c, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(c, 4, device="cuda", dtype=torch.bfloat16)
-        bias = torch.randn(c, device="cuda", dtype=torch.bfloat16)
-        seq_idx = (torch.arange(t, device="cuda") // 1000).expand(b, t).contiguous()
+        x, w, bias, seq_idx = conv_inputs(b, t, c)
         out["tiles"] = []
         for bt, bc in ((64, 32), (32, 128), (64, 128), (16, 256), (32, 256), (128, 64), (8, 512)):
             s = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, bt=bt, bc=bc), reps=20, warmup=3)
@@ -99,10 +102,7 @@ def main() -> int:
                           f"{bt}x{bc}, {steps} steps: {s * 1e3:.3f} ms", flush=True)
     if args.march:
         b, t, c = 4, 16384, 5376
-        x = torch.randn(b, t, c, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(c, 4, device="cuda", dtype=torch.bfloat16)
-        bias = torch.randn(c, device="cuda", dtype=torch.bfloat16)
-        seq_idx = (torch.arange(t, device="cuda") // 1000).expand(b, t).contiguous()
+        x, w, bias, seq_idx = conv_inputs(b, t, c)
         g = torch.randn_like(x)
         n = b * t * c
         out["march"] = []
@@ -110,8 +110,8 @@ def main() -> int:
             kw = dict(march=True, rows=nrows, channels=channels, warps=warps, unroll=unroll, stages=stages)
             f = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, **kw), reps=20, warmup=3)
             bw = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, **kw), reps=20, warmup=3)
-            out["march"].append({"rows": nrows, "channels": channels, "warps": warps, "unroll": unroll, "stages": stages,
-                                 "fwd_s": f, "bwd_s": bw,
+            out["march"].append({"rows": nrows, "channels": channels, "warps": warps, "unroll": unroll,
+                                 "stages": stages, "fwd_s": f, "bwd_s": bw,
                                  "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw,
                                  "bwd_bandwidth_fraction": 3 * n * 2 / bw / copy_bw})
             print(f"march {nrows} x {channels}, {warps} warps, unroll {unroll}, {stages} stages: fwd {f * 1e3:.3f} ms "

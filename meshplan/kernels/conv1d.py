@@ -145,10 +145,31 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
 
 
 @triton.jit
+def _march_program(w4_ptr, b_ptr, T, C, BC: tl.constexpr):
+    """A time-marching program's batch (int64), time block, channels and their mask, the slab's base
+    offset, the four right-aligned taps and the bias (fp32)."""
+    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    c = pid_c * BC + tl.arange(0, BC)
+    cm = c < C
+    w0, w1 = tl.load(w4_ptr + c * 4, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 1, mask=cm, other=0.0)
+    w2, w3 = tl.load(w4_ptr + c * 4 + 2, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 3, mask=cm, other=0.0)
+    bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    return pid_b, pid_t, c, cm, pid_b * T * C, w0, w1, w2, w3, bias
+
+
+@triton.jit
+def _row_offsets(base, t, C, c):
+    """(offsets, t as an int64 vector) of row t's BC channels c in a (T, C) slab at `base`: t as a
+    vector gives a tensor mask and int64 offsets."""
+    tv = (tl.zeros_like(c) + t).to(tl.int64)
+    return base + tv * C + c, tv
+
+
+@triton.jit
 def _row(ptr, base, t, C, c, cm, T):
     """Row t (fp32, zeros outside 0 ≤ t < T) of a (T, C) slab at `base`: the BC channels c."""
-    tv = (tl.zeros_like(c) + t).to(tl.int64)  # t as a vector: a tensor mask and int64 offsets
-    return tl.load(ptr + base + tv * C + c, mask=cm & (tv >= 0) & (tv < T), other=0.0).to(tl.float32)
+    offs, tv = _row_offsets(base, t, C, c)
+    return tl.load(ptr + offs, mask=cm & (tv >= 0) & (tv < T), other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -166,13 +187,7 @@ def _conv_fwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.c
     """Time-marching forward: one program walks L rows of BC channels, keeping the last three inputs
     (and their sequence ids) in registers, so each input is read once and each output written once.
     w4 (C, 4) fp32: the taps right-aligned, zeros in front when K < 4."""
-    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    c = pid_c * BC + tl.arange(0, BC)
-    cm = c < C
-    base = pid_b * T * C
-    w0, w1 = tl.load(w4_ptr + c * 4, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 1, mask=cm, other=0.0)
-    w2, w3 = tl.load(w4_ptr + c * 4 + 2, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 3, mask=cm, other=0.0)
-    bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias = _march_program(w4_ptr, b_ptr, T, C, BC)
     t0 = pid_t * L
     x3, x2, x1 = _row(x_ptr, base, t0 - 3, C, c, cm, T), _row(x_ptr, base, t0 - 2, C, c, cm, T), \
         _row(x_ptr, base, t0 - 1, C, c, cm, T)
@@ -185,27 +200,22 @@ def _conv_fwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.c
             + w0 * tl.where(i3 == i0, x3, 0.0)
         if SILU:
             acc = acc * tl.sigmoid(acc)
-        tl.store(out_ptr + base + (tl.zeros_like(c) + t).to(tl.int64) * C + c, acc.to(out_ptr.dtype.element_ty),
-                 mask=cm)
+        offs, _ = _row_offsets(base, t, C, c)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=cm)
         x3, x2, x1 = x2, x1, x0
         i3, i2, i1 = i2, i1, i0
 
 
 @triton.jit
 def _conv_bwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L,
-                  HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
+                  HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, UNROLL: tl.constexpr,
+                  STAGES: tl.constexpr):
     """Time-marching backward, one pass: a program walks its L rows downwards from three rows above
     them, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in registers. At each row:
     pre (rebuilt), dpre = dout · silu'(pre), dx[t] = Σ_j w_j · dpre[t + 3 − j] over the same sequence,
     and the dw, db sums per channel — no fp32 buffer in memory, no reduction across threads. Rows
     above the program's own only supply dpre (each row's dw, db and dx are counted by one program)."""
-    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    c = pid_c * BC + tl.arange(0, BC)
-    cm = c < C
-    base = pid_b * T * C
-    w0, w1 = tl.load(w4_ptr + c * 4, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 1, mask=cm, other=0.0)
-    w2, w3 = tl.load(w4_ptr + c * 4 + 2, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 3, mask=cm, other=0.0)
-    bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias = _march_program(w4_ptr, b_ptr, T, C, BC)
     t0 = pid_t * L
     t_own = tl.minimum(t0 + L, T) - 1  # the last row this program writes
     top = tl.minimum(t0 + L + 2, T - 1)  # the highest row whose dpre its rows need
@@ -237,8 +247,8 @@ def _conv_bwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, 
         if t <= t_own:
             dx = w3 * g + w2 * tl.where(j1 == ia, g1, 0.0) + w1 * tl.where(j2 == ia, g2, 0.0) \
                 + w0 * tl.where(j3 == ia, g3, 0.0)
-            tl.store(dx_ptr + base + (tl.zeros_like(c) + t).to(tl.int64) * C + c, dx.to(dx_ptr.dtype.element_ty),
-                     mask=cm)
+            offs, _ = _row_offsets(base, t, C, c)
+            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=cm)
             dw3 += g * xa
             dw2 += g * m1 * xb
             dw1 += g * m2 * xc
