@@ -170,6 +170,13 @@ def _boundary_bytes(model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryO
     return tokens * opts.nbytes("act_dtype") * model.d_model / (sh.token_div * sh.hidden_div)
 
 
+def _backward_layer_bytes(model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryOptions,
+                          unit_full: float) -> float:
+    """What every phase of a layer's backward holds: its input, output and output gradient, and under
+    full recompute the unit's rebuilt activations."""
+    return 3 * _boundary_bytes(model, sh, tokens, opts) + (unit_full if opts.recompute == "full" else 0.0)
+
+
 def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
                    unit_full: float, kv_gather: float = 0.0) -> float:
     """Transient activations on top of what is kept.
@@ -180,13 +187,12 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
     gradient plus the widest gradient buffer; full recompute rebuilds one unit's activations first."""
     e = opts.nbytes("act_dtype")
     tokens = batch * seq
-    hidden = _boundary_bytes(model, sh, tokens, opts)
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     if opts.training:
-        extra = unit_full if opts.recompute == "full" else 0.0
         inner = max((_mixer_backward_bytes(model, kind, tokens, sh, e) for kind, _ in model.block_invocations()),
                     default=0.0)
-        return 3 * hidden + _widest_gradient(model, sh, seq, batch, opts) + extra + inner
+        widest = _widest_gradient(model, sh, seq, batch, opts)
+        return _backward_layer_bytes(model, sh, tokens, opts, unit_full) + widest + inner
     live = 0.0
     for kind, _ in model.block_invocations():
         out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
@@ -373,8 +379,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         # memory-peak-4xh200.json); charging both at once over-predicted them by 9-14% at 64K-256K
         # (memory-curves-4xh200-run16.json).
         mlp_saved = _saved_bytes(block_saved("mlp", model, opts), batch * seq, seq, sh, 1) if model.mlp else 0.0
-        extra = unit_full if opts.recompute == "full" else 0.0
-        attention_phase = 3 * _boundary_bytes(model, sh, batch * seq, opts) + extra + kv_gather - mlp_saved
+        attention_phase = _backward_layer_bytes(model, sh, batch * seq, opts, unit_full) + kv_gather - mlp_saved
     block_kinds = [k for k, _ in model.block_invocations()]
     largest_block = max(block_params(model, k) for k in block_kinds)
     largest_streamed = max(streamed_block_params(model, k) for k in block_kinds)

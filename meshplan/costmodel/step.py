@@ -21,6 +21,7 @@ from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time
 from meshplan.costmodel.compute import (BlockCompute, Device, block_compute, int8_allreduce_kernels_s,
                                         logits_compute, optimizer_time_s)
 from meshplan.costmodel.layouts import Sharding, sharding_for
+from meshplan.costmodel.layouts.tp import int8_block
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
@@ -127,7 +128,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         if decode and kind in ("mamba2", "mamba1"):
             comp = _decode_state_io(comp, model, kind, batch, sh, opts, dev)
         fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
-        if opts.int8_allreduce and kind in ("mamba2", "mamba1") and layout.tpssm > 1 and not decode:
+        if int8_block(opts, layout, kind) and not decode:
             fwd += int8_allreduce_kernels_s(tokens * model.d_model, layout.tpssm, dev)
         timed = [(c, links.time_s(c)) for c in comms]
         mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]

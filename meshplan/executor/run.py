@@ -193,10 +193,11 @@ def combine_ranks(ranks: list) -> dict:
     if bad:
         return bad[0] or {"error": "rank returned nothing"}
     out = {"step_time_s": max(r["step_time_s"] for r in ranks),
-           **({"blas_workspace_bytes": ranks[0]["blas_workspace_bytes"]} if "blas_workspace_bytes" in ranks[0] else {}),
            "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None}
     keys = set().union(*(r["comm_bytes"] for r in ranks))
     out["comm_bytes"] = {k: sum(r["comm_bytes"].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
+    if "blas_workspace_bytes" in ranks[0]:
+        out["blas_workspace_bytes"] = ranks[0]["blas_workspace_bytes"]
     if "saved_bytes" in ranks[0]:
         out["saved_bytes"] = max(r["saved_bytes"] for r in ranks)
     if ranks[0].get("phases_s"):

@@ -22,6 +22,11 @@ def sharding(layout: Layout, options: MemoryOptions):
 INT8_GROUP = 128  # elements per fp32 scale in our int8 all-reduce (meshplan/kernels/quant.py)
 
 
+def int8_block(opts, layout, kind: str) -> bool:
+    """Whether this block's forward all-reduce runs in int8: TP-SSM's Mamba blocks, when asked for."""
+    return opts.int8_allreduce and layout.tpssm > 1 and kind in ("mamba2", "mamba1")
+
+
 def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
     """Megatron TP: one all-reduce after the row-parallel projection (forward) and one of the input
     gradient after the column-parallel one (backward). Megatron-SP swaps each for an all-gather and a

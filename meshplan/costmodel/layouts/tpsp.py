@@ -19,5 +19,5 @@ def block_comms(ctx, kind: str):
     from meshplan.costmodel.layouts import sp, tp
 
     axis = "tpssm" if ctx.layout.tpssm > 1 else "tp"
-    int8 = ctx.opts.int8_allreduce and axis == "tpssm" and kind in ("mamba2", "mamba1")
-    return tp.block_comms(ctx, kind, axis=axis, int8_forward=int8) + sp.block_comms(ctx, kind)
+    return tp.block_comms(ctx, kind, axis=axis, int8_forward=tp.int8_block(ctx.opts, ctx.layout, kind)) \
+        + sp.block_comms(ctx, kind)

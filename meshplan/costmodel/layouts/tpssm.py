@@ -17,5 +17,4 @@ def sharding(layout: Layout, options: MemoryOptions):
 
 def block_comms(ctx, kind: str):
     """TP's collectives on the tpssm axis; a Mamba block's forward all-reduce may be int8."""
-    int8 = ctx.opts.int8_allreduce and kind in ("mamba2", "mamba1")
-    return tp.block_comms(ctx, kind, axis="tpssm", int8_forward=int8)
+    return tp.block_comms(ctx, kind, axis="tpssm", int8_forward=tp.int8_block(ctx.opts, ctx.layout, kind))
