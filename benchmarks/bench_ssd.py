@@ -1,14 +1,14 @@
 """Triton chunked SSD scan on one GPU, forward and backward: accuracy against float64 references,
-time against the torch chunked reference, achieved bandwidth against the copy roofline, and a
-per-stage breakdown.
+time against the torch chunked reference, and achieved bandwidth against the copy roofline, whole and
+kernel by kernel.
 
     python benchmarks/bench_ssd.py --out $OUT/ssd.json [--chunk 64]
 
-Bytes counted as the least this decomposition must move. Forward: x, dt, B, C read and y written,
-plus 4 passes over the fp32 chunk states (written; read by the state passing, which writes the
-entering states; those read by the output kernel). Backward: x, dt, B, C, dy read and dx, ddt, dB,
-dC written, plus 9 state passes (3 to recompute the entering states; 1 to write their gradient; 3 in
-the backward passing, which reads entering and that gradient and writes dS; 2 in the chunk kernel).
+Bytes are what each kernel reads and writes in HBM (`kernel_traffic`): its token inputs and outputs
+once (B and C, shared by the heads of a group, are counted once: they stay in L2), the per-chunk
+states at their stored width (fp32 chunk states and gradients; the forward's entering states in the
+inputs' dtype, the backward's recomputed ones in fp32), and the backward's C·B gradient and dB/dC
+partial sums. Per-kernel times come from torch.profiler over a few calls.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import torch.nn.functional as F
 from meshplan.executor.run import median_time_s
 from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
-from meshplan.kernels.ssd import chunk_states, entering_states, prepare, ssd_chunked
+from meshplan.kernels.ssd import ssd_chunked
+
+FWD_KERNELS = ("_chunk_state", "_state_passing", "_chunk_scan")
+BWD_KERNELS = ("_chunk_state", "_state_passing", "_state_passing_bwd", "_chunk_bwd_dx", "_chunk_bwd_dbc")
 
 SHAPES = ((1, 16384, 80, 64, 1, 128), (4, 4096, 80, 64, 1, 128), (1, 16384, 40, 64, 1, 128))
 
@@ -41,6 +44,45 @@ def inputs(b, s, h, p, g, n, seed=0, grad=False):
 
 def rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def kernel_traffic(b, s, h, p, g, n, chunk, e=2) -> dict:
+    """HBM bytes per kernel of one forward and one backward (see the module's docstring); `e` is the
+    inputs' element size, which is also that of the forward's entering states and of the backward's
+    entering states, dS and C·B gradient (meshplan/kernels/ssd_bwd.py). Kernels that run twice in the
+    backward (chunk states) are summed under one name, as the profiler reports them."""
+    nc = -(-s // chunk)
+    tok, x, bc, dt = b * nc * chunk, b * nc * chunk * h * p, b * nc * chunk * g * n, 4 * b * nc * chunk * h
+    E = b * nc * h * p * n  # elements of one per-chunk state buffer
+    dcb = e * b * nc * h * chunk * chunk
+    splits = ssd_bwd.head_splits(h // g, b * nc * g * -(-n // min(n, ssd_bwd.BWD_STATE_BLOCK)))
+    partials = 2 * 4 * tok * g * splits * n  # fp32 dB and dC per head split
+    states = x * e + dt + bc * e + 4 * E  # read x (or dy), dt, B (or C); write fp32 chunk states (or dE)
+    passing = 4 * E + e * E  # read fp32, write the inputs' dtype
+    fwd = {"_chunk_state": states, "_state_passing": passing, "_chunk_scan": 2 * x * e + dt + 2 * bc * e + e * E}
+    bwd = {"_chunk_state": 2 * states,  # recomputed chunk states; dy ⊗ C weighted to the entry (dE)
+           "_state_passing": passing, "_state_passing_bwd": passing,
+           "_chunk_bwd_dx": 3 * x * e + 2 * dt + 2 * bc * e + 2 * e * E + dcb,  # x, dy in, dx out; E, dS in
+           "_chunk_bwd_dbc": 2 * x * e + dt + 2 * bc * e + 2 * e * E + dcb + partials}
+    return {"forward": fwd, "backward": bwd}
+
+
+def kernel_times(fn, names, reps: int = 5) -> dict:
+    """Mean CUDA seconds per call of fn spent in each named kernel (torch.profiler)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = dict.fromkeys(names, 0.0)
+    out["other"] = 0.0  # torch's own kernels around them (padding, the dB/dC partial sums, ...)
+    for ev in prof.key_averages():
+        t = ev.device_time_total / 1e6 / reps
+        if t > 0:
+            out[ev.key if ev.key in names else "other"] += t
+    return out
 
 
 def gradients(fn, ins, dy, seq_idx=None, chunk=64):
@@ -89,43 +131,41 @@ def profile(args) -> int:
 
 
 def tune_forward(args) -> int:
-    """The forward's headdim block and warps on the first shape."""
+    """The forward's headdim block and the warps of its output and chunk-state kernels, on the first shape."""
     import meshplan.kernels.ssd as ssd
 
     b, s, h, p, g, n = SHAPES[0]
     ins = inputs(b, s, h, p, g, n)
     rows = []
-    for bp in (16, 32, 64):
-        for warps in (2, 4, 8):
-            ssd.FWD_WARPS = warps
-            with torch.no_grad():
-                t = median_time_s(lambda: ssd.ssd_forward(*ins, chunk=args.chunk, bp=bp), reps=10, warmup=2)
-            rows.append({"bp": bp, "warps": warps, "forward_s": t})
-            print(f"forward bp {bp} warps {warps}: {t * 1e3:.3f} ms", flush=True)
+    for bp in (32, 64):
+        for warps in (4, 8):
+            for state_warps in (2, 4, 8):
+                ssd.FWD_WARPS, ssd.STATE_WARPS = warps, state_warps
+                with torch.no_grad():
+                    t = median_time_s(lambda: ssd.ssd_forward(*ins, chunk=args.chunk, bp=bp), reps=10, warmup=2)
+                rows.append({"bp": bp, "warps": warps, "state_warps": state_warps, "forward_s": t})
+                print(f"forward bp {bp} warps {warps} state warps {state_warps}: {t * 1e3:.3f} ms", flush=True)
     json.dump({"command": f"python benchmarks/bench_ssd.py --tune-forward --chunk {args.chunk} --out $OUT/tune-fwd.json",
                "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
     return 0
 
 
 def tune(args) -> int:
-    """The backward's settings (in-place state passing, headdim block, warps, d_state block) on the first shape."""
+    """The backward's settings (headdim block, warps, d_state block) on the first shape."""
     b, s, h, p, g, n = SHAPES[0]
     x, dt, A, B, C, D = inputs(b, s, h, p, g, n)
     dy = torch.randn_like(x)
     rows = []
-    for in_place in (True, False):
-        for bp in (16, 32):
-            for warps in (4, 8):
-                for block in (64, 128):
-                    ssd_bwd.BWD_STATE_BLOCK = block
-                    with torch.no_grad():
-                        t = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None,
-                                                                       args.chunk, bp, None, warps, in_place),
-                                          reps=5, warmup=1)
-                    rows.append({"in_place": in_place, "bp": bp, "warps": warps, "state_block": block,
-                                 "backward_s": t})
-                    print(f"in place {in_place} bp {bp} warps {warps} state block {block}: {t * 1e3:.2f} ms",
-                          flush=True)
+    for bp in (16, 32, 64):
+        for warps in (4, 8):
+            for block in (64, 128):
+                ssd_bwd.BWD_STATE_BLOCK = block
+                with torch.no_grad():
+                    t = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None,
+                                                                   args.chunk, bp, None, warps),
+                                      reps=5, warmup=1)
+                rows.append({"bp": bp, "warps": warps, "state_block": block, "backward_s": t})
+                print(f"bp {bp} warps {warps} state block {block}: {t * 1e3:.2f} ms", flush=True)
     json.dump({"command": f"python benchmarks/bench_ssd.py --tune --chunk {args.chunk} --out $OUT/tune.json",
                "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
     return 0
@@ -159,11 +199,11 @@ def main() -> int:
             del ref
             t_fwd = median_time_s(lambda: ssd_chunked(*ins, chunk=chunk), reps=10, warmup=2)
             t_ref = median_time_s(lambda: ssd_chunked_ref(*ins, chunk=chunk), reps=3, warmup=2)
-            pk = prepare(x, dt, A, B, C, None, chunk, 32)
-            t_states = median_time_s(lambda: chunk_states(pk, pk.x, pk.B), reps=10, warmup=2)
-            t_entering = median_time_s(lambda: entering_states(pk, None), reps=10, warmup=2)
             t_bwd = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk),
                                   reps=10, warmup=2)
+            k_fwd = kernel_times(lambda: ssd_chunked(*ins, chunk=chunk), FWD_KERNELS)
+            k_bwd = kernel_times(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk),
+                                 BWD_KERNELS)
         leaves = [t.detach().requires_grad_() for t in ins]
 
         def ref_train():
@@ -171,19 +211,18 @@ def main() -> int:
             yr.backward(dy)
 
         t_ref_train = median_time_s(ref_train, reps=3, warmup=1)
-        nc = -(-s // chunk)
-        state = 4 * b * nc * h * p * n
-        io_fwd = 2 * b * s * h * p * 2 + 4 * b * s * h + 2 * 2 * b * s * g * n
-        io_bwd = 2 * b * s * h * p * 3 + 4 * b * s * h * 2 + 2 * 2 * b * s * g * n * 2
+        traffic = kernel_traffic(b, s, h, p, g, n, chunk, x.element_size())
+        kernels = {d: {k: {"s": t, "bytes": traffic[d].get(k), "bandwidth_fraction": traffic[d][k] / t / copy_bw}
+                       if k in traffic[d] else {"s": t} for k, t in times.items()}
+                   for d, times in (("forward", k_fwd), ("backward", k_bwd))}
         rows.append({"b": b, "s": s, "heads": h, "headdim": p, "ngroups": g, "d_state": n, "chunk": chunk,
                      "rel_err_vs_fp64": err, "forward_s": t_fwd, "backward_s": t_bwd,
                      "torch_reference_forward_s": t_ref, "torch_reference_train_s": t_ref_train,
                      "speedup_over_reference": t_ref / t_fwd,
                      "train_speedup_over_reference": t_ref_train / (t_fwd + t_bwd),
-                     "bandwidth_fraction": (io_fwd + 4 * state) / t_fwd / copy_bw,
-                     "backward_bandwidth_fraction": (io_bwd + 9 * state) / t_bwd / copy_bw,
-                     "stages_s": {"chunk_states": t_states, "state_passing": t_entering - t_states,
-                                  "chunk_outputs": t_fwd - t_entering}})
+                     "bandwidth_fraction": sum(traffic["forward"].values()) / t_fwd / copy_bw,
+                     "backward_bandwidth_fraction": sum(traffic["backward"].values()) / t_bwd / copy_bw,
+                     "kernels": kernels})
         torch.cuda.empty_cache()
     # Packed rows: boundaries every 700 tokens, against the float64 reference with the same seq_idx.
     b, s, h, p, g, n = 2, 4096, 16, 64, 1, 128
@@ -201,11 +240,13 @@ def main() -> int:
     print(f"packed rows (seq_idx): rel err {packed_err:.1e}; gradient rel err vs fp64: "
           + "; ".join(f"{k}: " + ", ".join(f"{n} {v:.1e}" for n, v in d.items()) for k, d in grads.items()))
     for r in rows:
-        st = r["stages_s"]
+        per = {d: ", ".join(f"{k.strip('_')} {v['s'] * 1e3:.2f} ms" + (f" {v['bandwidth_fraction']:.0%}" if "bytes" in v
+                                                                        else "") for k, v in ks.items())
+               for d, ks in r["kernels"].items()}
         print(f"b {r['b']} s {r['s']} h {r['heads']} chunk {chunk}: fwd {r['forward_s'] * 1e3:.2f} ms "
-              f"({r['bandwidth_fraction']:.0%} roofline; states {st['chunk_states'] * 1e3:.2f}, passing "
-              f"{st['state_passing'] * 1e3:.2f}, outputs {st['chunk_outputs'] * 1e3:.2f}), bwd "
-              f"{r['backward_s'] * 1e3:.2f} ms ({r['backward_bandwidth_fraction']:.0%}); torch reference fwd "
+              f"({r['bandwidth_fraction']:.0%} roofline; {per['forward']}), bwd "
+              f"{r['backward_s'] * 1e3:.2f} ms ({r['backward_bandwidth_fraction']:.0%}; {per['backward']}); "
+              "torch reference fwd "
               f"{r['torch_reference_forward_s'] * 1e3:.1f} ms ({r['speedup_over_reference']:.1f}×), fwd+bwd "
               f"{r['torch_reference_train_s'] * 1e3:.1f} ms ({r['train_speedup_over_reference']:.1f}×); "
               f"rel err {r['rel_err_vs_fp64']:.1e}")

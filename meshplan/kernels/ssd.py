@@ -56,8 +56,10 @@ def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G
             w = tl.where(sid == tl.max(sid, axis=0), w, 0.0)  # seq_idx rises along a row: the max is the last
     x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + pid_h * P + p[None, :], mask=p[None, :] < P, other=0.0)
     bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=n[None, :] < N, other=0.0)
-    xw = (x.to(tl.float32) * w[:, None])
-    st = tl.dot(tl.trans(xw), bv.to(tl.float32))  # (BP, BN)
+    # The weights go onto B, rounded to x's dtype, so that the product runs on the inputs' dtype
+    # (bf16 tensor cores, fp32 sums) — as mamba_ssm's chunk-state kernel does.
+    bw = (bv.to(tl.float32) * w[:, None]).to(x.dtype)
+    st = tl.dot(tl.trans(x), bw)  # (BP, BN)
     offs = (((bi * n_chunks + ci) * H + pid_h) * P + p[:, None]) * N + n[None, :]
     tl.store(st_ptr + offs, st, mask=(p[:, None] < P) & (n[None, :] < N))
 
@@ -84,7 +86,7 @@ def _state_passing(st_ptr, asum_ptr, keep_ptr, init_ptr, enter_ptr, final_ptr, N
     pid_b, pid_h, k, km, e = _passing_start(init_ptr, H, PN, HAS_INIT, BLOCK)
     for c in range(NC):
         base = ((pid_b * NC + c) * H + pid_h) * PN
-        tl.store(enter_ptr + base + k, e, mask=km)
+        tl.store(enter_ptr + base + k, e.to(enter_ptr.dtype.element_ty), mask=km)
         decay = tl.exp(tl.load(asum_ptr + (pid_b * NC + c) * H + pid_h))
         keep = tl.load(keep_ptr + pid_b * NC + c)  # 0 where a sequence boundary falls before the chunk's end
         e = tl.load(st_ptr + base + k, mask=km, other=0.0) + decay * e * keep
@@ -99,10 +101,10 @@ def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, p
     pm, nm = p < P, n < N
     dt = tl.load(dt_ptr + (bi * S + t) * H + pid_h).to(tl.float32)
     cum = tl.cumsum(dt * tl.load(a_ptr + pid_h).to(tl.float32), axis=0)
-    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
-    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
+    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0)
+    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0)
     x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + pid_h * P + p[None, :], mask=pm[None, :], other=0.0)
-    scores = tl.dot(cv, tl.trans(bv))  # (L, L)
+    scores = tl.dot(cv, tl.trans(bv))  # (L, L), fp32 sums of the inputs' products
     i = tl.arange(0, L)
     causal = i[:, None] >= i[None, :]
     decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], -float("inf")))
@@ -112,10 +114,12 @@ def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, p
         sid = tl.load(sid_ptr + bi * S + t)
         scores = tl.where(sid[:, None] == sid[None, :], scores, 0.0)  # no pair across a boundary
         reach = tl.where(sid == tl.load(prev_ptr + bi * n_chunks + ci), reach, 0.0)  # the entering state's own sequence
-    y = tl.dot(scores, x.to(tl.float32))  # (L, BP)
+    # Both products run on the inputs' dtype (the scores and the entering states rounded to it, as
+    # mamba_ssm's chunk-scan kernel does), with fp32 sums; reach scales C_i's row after the product.
+    y = tl.dot(scores.to(x.dtype), x)  # (L, BP)
     e_offs = (((bi * n_chunks + ci) * H + pid_h) * P + p[None, :]) * N + n[:, None]  # (BN, BP): entering^T
     e = tl.load(enter_ptr + e_offs, mask=nm[:, None] & pm[None, :], other=0.0)
-    y += tl.dot(cv * reach[:, None], e)
+    y += tl.dot(cv, e.to(cv.dtype)) * reach[:, None]
     if HAS_D:
         y += tl.load(d_ptr + pid_h).to(tl.float32) * x.to(tl.float32)
     tl.store(y_ptr + ((bi * S + t[:, None]) * H + pid_h) * P + p[None, :], y.to(y_ptr.dtype.element_ty),
@@ -186,9 +190,11 @@ def chunk_states(pk: Packing, x, b_or_c, to_entry: bool = False, xt: int | None 
     out = torch.empty(b, nc, h, p, n, device=x.device, dtype=torch.float32)
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x
-    _chunk_state[(b * nc, h, triton.cdiv(p, pk.bp))](x, pk.dt, pk.A, b_or_c, sid, prev, out, S, h, g, p, n,
-                                                     xt or pk.xt, bt or pk.bt, HAS_SID=pk.sid is not None, TO_ENTRY=to_entry, L=pk.chunk,
-                                                     BP=pk.bp, BN=pk.bn)
+    bp = min(STATE_HEADDIM_BLOCK, max(16, triton.next_power_of_2(p)))  # its own: the backward's pk.bp is smaller
+    _chunk_state[(b * nc, h, triton.cdiv(p, bp))](x, pk.dt, pk.A, b_or_c, sid, prev, out, S, h, g, p, n,
+                                                  xt or pk.xt, bt or pk.bt, HAS_SID=pk.sid is not None,
+                                                  TO_ENTRY=to_entry, L=pk.chunk, BP=bp, BN=pk.bn,
+                                                  num_warps=STATE_WARPS)
     return out
 
 
@@ -199,17 +205,24 @@ def chunk_decay_sums(pk: Packing) -> torch.Tensor:
 
 
 PASS_BLOCK = 256  # state elements per program of the (sequential over chunks) state-passing kernels
-# Forward launch settings — headdim block and warps of the chunk-state and chunk-output kernels — the
-# fastest of 9 on an H200 at 16K × 80 heads of 64 (1.64 ms, against 1.86 ms for 32 and 4):
+# Forward launch settings — headdim block and warps of the output kernel — the fastest of 12 on an H200
+# at 16K × 80 heads of 64 (1.09 ms; 1.33 ms at a block of 32, 1.53 ms with 8 warps):
 # benchmarks/results/ssd-fwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune-forward`.
 FWD_HEADDIM_BLOCK, FWD_WARPS = 64, 4
+# The chunk-state kernel's headdim block and warps, forward and backward (the backward ran it with its
+# own headdim block of 16 at first: 0.50 ms per call against 0.28 ms at 64, on an H200 at the shape
+# above: ssd-bf16-forward-h200.json against ssd-bf16-operands-h200.json in benchmarks/results; its
+# warps: ssd-fwd-tune-h200.json, 2 to 8 within 3%).
+STATE_HEADDIM_BLOCK, STATE_WARPS = 64, 4
 
 
-def entering_states(pk: Packing, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
-    """The state entering each chunk (b, nc, h, p, n) and the final state (b, h, p, n), fp32."""
+def entering_states(pk: Packing, initial_state, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state entering each chunk (b, nc, h, p, n) in `dtype` and the final state (b, h, p, n),
+    fp32. The passing carries fp32 whatever `dtype` is: the forward rounds only what its output
+    kernel reads (to the inputs' dtype, as mamba_ssm's forward does); the backward keeps fp32."""
     b, S, h, p, g, n, nc = pk.shape
     states = chunk_states(pk, pk.x, pk.B)
-    entering = torch.empty_like(states)
+    entering = torch.empty_like(states, dtype=dtype)
     final = torch.empty(b, h, p, n, device=pk.x.device, dtype=torch.float32)
     init = initial_state.float().contiguous() if initial_state is not None else final
     _state_passing[(b, h, triton.cdiv(p * n, PASS_BLOCK))](states, chunk_decay_sums(pk), pk.keep, init, entering,
@@ -221,7 +234,7 @@ def entering_states(pk: Packing, initial_state) -> tuple[torch.Tensor, torch.Ten
 def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None):
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or FWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
-    entering, final = entering_states(pk, initial_state)
+    entering, final = entering_states(pk, initial_state, pk.x.dtype)
     y = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x

@@ -27,7 +27,8 @@ from meshplan.kernels.ssd import PASS_BLOCK, _passing_start, chunk_decay_sums, c
 @triton.jit
 def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr, NC, H, PN, HAS_DFINAL: tl.constexpr,
                        BLOCK: tl.constexpr):
-    """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (which may be d_ptr). The gradient of the
+    """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (in out_ptr's dtype; G is carried in
+    fp32). The gradient of the
     chunk's decay, Σ dS_c · exp(asum_c) · keep_c · E_c, is summed by the chunk kernel."""
     pid_b, pid_h, k, km, gr = _passing_start(dfinal_ptr, H, PN, HAS_DFINAL, BLOCK)
     for r in range(NC):
@@ -35,7 +36,7 @@ def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr
         base = ((pid_b * NC + c) * H + pid_h) * PN
         factor = tl.exp(tl.load(asum_ptr + (pid_b * NC + c) * H + pid_h)) * tl.load(keep_ptr + pid_b * NC + c)
         direct = tl.load(d_ptr + base + k, mask=km, other=0.0)
-        tl.store(out_ptr + base + k, gr, mask=km)
+        tl.store(out_ptr + base + k, gr.to(out_ptr.dtype.element_ty), mask=km)
         gr = direct + factor * gr
     tl.store(dinit_ptr + (pid_b * H + pid_h) * PN + k, gr, mask=km)
 
@@ -72,8 +73,8 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     t = ci * L + tl.arange(0, L)
     n = tl.arange(0, BN)
     nm = n < N
-    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
-    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0)
+    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0)
     i = tl.arange(0, L)
     pair = i[:, None] >= i[None, :]
     if HAS_SID:
@@ -85,6 +86,7 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
     m_nodt = tl.dot(cv, tl.trans(bv)) * decay
     m = m_nodt * dt[None, :]
+    m_t = tl.trans(m).to(dy_ptr.dtype.element_ty)  # the product with dy runs on dy's dtype, fp32 sums
     dm = tl.zeros((L, L), dtype=tl.float32)  # dy_i · x_j
     dw = tl.zeros((L,), dtype=tl.float32)
     dcum = tl.zeros((L,), dtype=tl.float32)
@@ -102,17 +104,18 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
         st_mask = pm[:, None] & nm[None, :]
         ds = tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0)
         e = tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0)
-        dse += tl.sum(tl.sum(ds * e, axis=1), axis=0)
-        bds = tl.dot(bv, tl.trans(ds))  # (L, BP)
-        dx = tl.dot(tl.trans(m), dy) + w[:, None] * bds
+        dse += tl.sum(tl.sum(ds.to(tl.float32) * e.to(tl.float32), axis=1), axis=0)
+        bds = tl.dot(bv, tl.trans(ds.to(bv.dtype)))  # (L, BP)
+        dx = tl.dot(m_t, dy_in) + w[:, None] * bds
         if HAS_D:
             dx += tl.load(d_ptr + h).to(tl.float32) * dy
             dd += tl.sum(tl.sum(dy * x, axis=1), axis=0)
         tl.store(dx_ptr + tok_offs, dx.to(dx_ptr.dtype.element_ty), mask=pm[None, :])
         dm += tl.dot(dy_in, tl.trans(x_in))  # in the inputs' dtype: exact products, fp32 sums
         dw += tl.sum(x * bds, axis=1)
-        dcum += tl.sum(dy * tl.dot(cv, tl.trans(e)), axis=1)  # C_i · E[p]
-    tl.store(dcb_ptr + (pid_bc * H + h) * L * L + i[:, None] * L + i[None, :], dm * decay * dt[None, :])
+        dcum += tl.sum(dy * tl.dot(cv, tl.trans(e.to(cv.dtype))), axis=1)  # C_i · E[p]
+    tl.store(dcb_ptr + (pid_bc * H + h) * L * L + i[:, None] * L + i[None, :],
+             (dm * decay * dt[None, :]).to(dcb_ptr.dtype.element_ty))
     q = dm * m  # the gradient of log M_ij
     ddt = tl.sum(dm * m_nodt, axis=0) + dw * w_nodt
     dcum = dcum * reach + tl.sum(q, axis=1) - tl.sum(q, axis=0) - dw * w
@@ -141,8 +144,8 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
     n = pid_n * BN + tl.arange(0, BN)
     nm = n < N
     i = tl.arange(0, L)
-    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
-    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0)
+    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0)
     db = tl.zeros((L, BN), dtype=tl.float32)
     dc = tl.zeros((L, BN), dtype=tl.float32)
     for k in range(HPP):
@@ -156,16 +159,14 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
         for p0 in range(0, P, BP):
             p = p0 + tl.arange(0, BP)
             pm = p < P
-            x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + h * P + p[None, :], mask=pm[None, :],
-                        other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + ((bi * S + t[:, None]) * H + h) * P + p[None, :], mask=pm[None, :],
-                         other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + h * P + p[None, :], mask=pm[None, :], other=0.0)
+            dy = tl.load(dy_ptr + ((bi * S + t[:, None]) * H + h) * P + p[None, :], mask=pm[None, :], other=0.0)
             st_offs = (st_base + p[:, None]) * N + n[None, :]
             st_mask = pm[:, None] & nm[None, :]
-            dyE += tl.dot(dy, tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0))
-            xdS += tl.dot(x, tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0))
-        dc += tl.dot(dcb, bv) + reach[:, None] * dyE
-        db += tl.dot(tl.trans(dcb), cv) + (w_nodt * dt)[:, None] * xdS
+            dyE += tl.dot(dy, tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0).to(dy.dtype))
+            xdS += tl.dot(x, tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0).to(x.dtype))
+        dc += tl.dot(dcb.to(bv.dtype), bv) + reach[:, None] * dyE
+        db += tl.dot(tl.trans(dcb).to(cv.dtype), cv) + (w_nodt * dt)[:, None] * xdS
     out_offs = ((bi * S + t[:, None]) * tl.num_programs(1) + pid_gs) * N + n[None, :]
     tl.store(db_ptr + out_offs, db, mask=nm[None, :])
     tl.store(dc_ptr + out_offs, dc, mask=nm[None, :])
@@ -189,35 +190,38 @@ def head_splits(heads_per_group: int, programs: int, target: int | None = None) 
 
 
 # Launch settings of the chunk backward kernels — warps, headdim block, d_state block of the dB/dC
-# kernel — and whether the backward state passing writes over its input: the fastest of 16 settings
-# on an H200 (5.98 ms against 7.36 ms in place, at the cost of one more fp32 state buffer while it
-# runs): benchmarks/results/ssd-bwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune`.
+# kernel: the fastest of 16 settings on an H200 (5.98 ms):
+# benchmarks/results/ssd-bwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune`.
 BWD_WARPS = 4
 BWD_HEADDIM_BLOCK = 16
 BWD_STATE_BLOCK = 64
-BWD_IN_PLACE = False
 
 
 def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int | None = None,
-                 split_target: int | None = None, warps: int | None = None, in_place: bool | None = None):
-    """Gradients of (x, dt, A, B, C, D, initial_state) (None where the input is None)."""
+                 split_target: int | None = None, warps: int | None = None):
+    """Gradients of (x, dt, A, B, C, D, initial_state) (None where the input is None).
+
+    The per-chunk buffers the chunk kernels read — the recomputed entering states, dS and the C·B
+    gradient — are stored in the inputs' dtype, as mamba_ssm's backward stores its states and dstates:
+    those kernels use them only as operands of products in that dtype. Every recurrence (both state
+    passings) and every sum runs in fp32, and dE, a sum over the chunk's tokens, is kept in fp32."""
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or BWD_HEADDIM_BLOCK)
-    in_place = BWD_IN_PLACE if in_place is None else in_place
     b, S, h, p, g, n, nc = pk.shape
-    entering, _ = entering_states(pk, initial_state)
+    io = pk.x.dtype
+    entering, _ = entering_states(pk, initial_state, io)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
-    d_states = chunk_states(pk, dy, pk.C, to_entry=True, xt=h * p, bt=pk.ct)  # dE_c; dS_c below
+    d_entering = chunk_states(pk, dy, pk.C, to_entry=True, xt=h * p, bt=pk.ct)  # dE_c, fp32
     d_init = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
-    d_out = d_states if in_place else torch.empty_like(d_states)
-    _state_passing_bwd[(b, h, triton.cdiv(p * n, PASS_BLOCK))](d_states, d_out, chunk_decay_sums(pk), pk.keep,
+    d_states = torch.empty_like(d_entering, dtype=io)  # dS_c
+    _state_passing_bwd[(b, h, triton.cdiv(p * n, PASS_BLOCK))](d_entering, d_states, chunk_decay_sums(pk), pk.keep,
                                                                dfinal.contiguous() if dfinal is not None else d_init,
                                                                d_init, nc, h, p * n, HAS_DFINAL=dfinal is not None,
                                                                BLOCK=PASS_BLOCK)
-    d_states = d_out
+    del d_entering
     dx = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
-    dcb = torch.empty(b, nc, h, chunk, chunk, device=x.device, dtype=torch.float32)
+    dcb = torch.empty(b, nc, h, chunk, chunk, device=x.device, dtype=io)
     da = torch.empty(b, nc, h, device=x.device, dtype=torch.float32)
     dd = torch.empty_like(da) if D is not None else da
     sid = pk.sid if pk.sid is not None else x
