@@ -4,11 +4,9 @@ kernel by kernel.
 
     python benchmarks/bench_ssd.py --out $OUT/ssd.json [--chunk 64]
 
-Bytes are what each kernel reads and writes in HBM (`kernel_traffic`): its token inputs and outputs
-once (B and C, shared by the heads of a group, are counted once: they stay in L2), the per-chunk
-states at their stored width (fp32 chunk states and gradients; the forward's entering states in the
-inputs' dtype, the backward's recomputed ones in fp32), and the backward's C·B gradient and dB/dC
-partial sums. Per-kernel times come from torch.profiler over a few calls.
+Bytes are what each kernel reads and writes in HBM, as the cost model counts them
+(meshplan.costmodel.compute.ssd_kernel_bytes); per-kernel times come from torch.profiler over a few
+calls.
 """
 
 from __future__ import annotations
@@ -19,7 +17,9 @@ import json
 import torch
 import torch.nn.functional as F
 
+from meshplan.costmodel.compute import ssd_kernel_bytes
 from meshplan.executor.run import median_time_s
+from meshplan.kernels import launch
 from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
 from meshplan.kernels.ssd import ssd_chunked
@@ -47,24 +47,11 @@ def rel(a, b) -> float:
 
 
 def kernel_traffic(b, s, h, p, g, n, chunk, e=2) -> dict:
-    """HBM bytes per kernel of one forward and one backward (see the module's docstring); `e` is the
-    inputs' element size, which is also that of the forward's entering states and of the backward's
-    entering states, dS and C·B gradient (meshplan/kernels/ssd_bwd.py). Kernels that run twice in the
-    backward (chunk states) are summed under one name, as the profiler reports them."""
+    """HBM bytes per kernel of one forward and one backward, by the cost model's count
+    (meshplan.costmodel.compute.ssd_kernel_bytes), under the profiler's kernel names."""
     nc = -(-s // chunk)
-    tok, x, bc, dt = b * nc * chunk, b * nc * chunk * h * p, b * nc * chunk * g * n, 4 * b * nc * chunk * h
-    E = b * nc * h * p * n  # elements of one per-chunk state buffer
-    dcb = e * b * nc * h * chunk * chunk
-    splits = ssd_bwd.head_splits(h // g, b * nc * g * -(-n // min(n, ssd_bwd.BWD_STATE_BLOCK)))
-    partials = 2 * 4 * tok * g * splits * n  # fp32 dB and dC per head split
-    states = x * e + dt + bc * e + 4 * E  # read x (or dy), dt, B (or C); write fp32 chunk states (or dE)
-    passing = 4 * E + e * E  # read fp32, write the inputs' dtype
-    fwd = {"_chunk_state": states, "_state_passing": passing, "_chunk_scan": 2 * x * e + dt + 2 * bc * e + e * E}
-    bwd = {"_chunk_state": 2 * states,  # recomputed chunk states; dy ⊗ C weighted to the entry (dE)
-           "_state_passing": passing, "_state_passing_bwd": passing,
-           "_chunk_bwd_dx": 3 * x * e + 2 * dt + 2 * bc * e + 2 * e * E + dcb,  # x, dy in, dx out; E, dS in
-           "_chunk_bwd_dbc": 2 * x * e + dt + 2 * bc * e + 2 * e * E + dcb + partials}
-    return {"forward": fwd, "backward": bwd}
+    traffic = ssd_kernel_bytes(b * nc * chunk, h, p, g, n, e, chunk)
+    return {d: {"_" + k: v for k, v in ks.items()} for d, ks in traffic.items()}
 
 
 def kernel_times(fn, names, reps: int = 5) -> dict:
@@ -159,7 +146,7 @@ def tune(args) -> int:
     for bp in (16, 32, 64):
         for warps in (4, 8):
             for block in (64, 128):
-                ssd_bwd.BWD_STATE_BLOCK = block
+                launch.BWD_STATE_BLOCK = block
                 with torch.no_grad():
                     t = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None,
                                                                    args.chunk, bp, None, warps),

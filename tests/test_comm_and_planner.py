@@ -221,18 +221,30 @@ def test_time_crossover_exists_when_communication_dominates():
 
 def test_mamba2_kernel_bytes_by_hand():
     """mamba2-2.7b (80 heads of 64, d_state 128, one group) at 16384 tokens in bf16: 256 chunks of 64,
-    each state buffer 256 · 80 · 64 · 128 · 4 B; conv channels 5120 + 2 · 128."""
+    each state buffer 256 · 80 · 64 · 128 elements; conv channels 5120 + 2 · 128. Forward: the chunk
+    states (x, dt, B in; fp32 states out), the passing (fp32 in, bf16 out), the outputs (x, dt, B, C,
+    bf16 entering states in; y out). Backward: the chunk-state kernel twice, both passings, the dx
+    kernel (x, dy, dt, B, C, bf16 E and dS in; dx, ddt and the bf16 C·B gradient out) and the dB/dC
+    kernel (x, dy, dt, B, C, E, dS and the C·B gradient in; fp32 dB and dC for 4 head splits out:
+    256 programs need 4 to reach 1024)."""
     from meshplan.costmodel.compute import mamba2_kernel_bytes
 
-    t, state = 16384, 256 * 80 * 64 * 128 * 4
+    def expected(t, heads):
+        x, bc, dt, E = t * heads * 64 * 2, t * 128 * 2, 4 * t * heads, 256 * heads * 64 * 128
+        dcb, partials = 2 * 256 * heads * 64 * 64, 2 * 4 * t * 128 * 4
+        fwd = (x + dt + bc + 4 * E) + (4 * E + 2 * E) + (2 * x + dt + 2 * bc + 2 * E)
+        bwd = (2 * (x + dt + bc + 4 * E) + 2 * (4 * E + 2 * E) + (3 * x + 2 * dt + 2 * bc + 4 * E + dcb)
+               + (2 * x + dt + 2 * bc + 4 * E + dcb + partials))
+        return fwd, bwd
+
+    t = 16384
     got = mamba2_kernel_bytes(PRESETS["mamba2-2.7b"], t, 1, 2)
-    assert got["scan_fwd"] == t * (2 * 5120 * 2 + 4 * 80 + 2 * 128 * 2) + 4 * state
-    assert got["scan_bwd"] == t * (3 * 5120 * 2 + 8 * 80 + 4 * 128 * 2) + 9 * state
+    assert (got["scan_fwd"], got["scan_bwd"]) == expected(t, 80)
     assert got["conv_fwd"] == 2 * t * 5376 * 2 and got["conv_bwd"] == 3 * t * 5376 * 2
     # TP-SSM 2: heads halve, the single B/C group stays whole on each rank.
     half = mamba2_kernel_bytes(PRESETS["mamba2-2.7b"], t, 2, 2)
     assert half["conv_fwd"] == 2 * t * (2560 + 256) * 2
-    assert half["scan_fwd"] == t * (2 * 2560 * 2 + 4 * 40 + 2 * 128 * 2) + 4 * state / 2
+    assert (half["scan_fwd"], half["scan_bwd"]) == expected(t, 40)
 
 
 def test_decode_host_floor_by_hand():

@@ -156,14 +156,15 @@ def saved_head_bytes(model, seq):
     # d_inner 5120, 80 heads of 64, d_state 128, 1 group, 16384 tokens, bf16: the scan phase wins.
     # Single GPU: 16384 · ((5120 + 256) · 2 + 80 · 4)   conv output, dt
     #           + 16384 · 5120 · 2                      the scan's dy
-    #           + 3 · (256 chunks · 80 · 64 · 128 · 4)  three state buffers (the passing moment), more than
-    #             2 of them + the C·B gradient (256 · 80 · 64² · 4) + dx, ddt, dB/dC (16384 · 12608)
-    ("single", 16384 * (11072 + 10240) + 3 * 256 * 80 * 64 * 128 * 4),
+    #           + (256 chunks · 80 · 64 · 128) · (4 + 2 + 2)  the passing moment: dE (fp32), entering states
+    #             and dS (bf16); more than E and dS + the C·B gradient (256 · 80 · 64² · 2) + dx, ddt and
+    #             fp32 dB/dC for 4 head splits (16384 · (10240 + 320 + 4096))
+    ("single", 16384 * (11072 + 10240) + 256 * 80 * 64 * 128 * 8),
     # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks.
-    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2560 * 2) + 3 * 256 * 40 * 64 * 128 * 4),
+    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2560 * 2) + 256 * 40 * 64 * 128 * 8),
     # SP 2: 8192 tokens per shard, and the core's in_proj-output gradient (10576 wide) waiting for the
     # summary's backward.
-    ("sp=2", 8192 * (11072 + 10240 + 10576 * 2) + 3 * 128 * 80 * 64 * 128 * 4),
+    ("sp=2", 8192 * (11072 + 10240 + 10576 * 2) + 128 * 80 * 64 * 128 * 8),
 ])
 def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
     from meshplan.costmodel.layouts import sharding_for
@@ -175,13 +176,14 @@ def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
 
 def test_mamba2_prefill_transient_is_the_scan_phase():
     """mamba2-2.7b, 16384 tokens, bf16, one GPU: conv output (5120 + 256) and dt (80 fp32) per token,
-    plus two fp32 state buffers of 256 chunks · 80 · 64 · 128; the scan output (5120 per token) comes
-    after the chunks' own states are freed (memory-peak-mamba2-prefill-h200.json)."""
+    plus two state buffers of 256 chunks · 80 · 64 · 128 — the chunks' own (fp32) and the entering
+    states (bf16); the scan output (5120 per token) comes after the chunks' own states are freed
+    (memory-peak-mamba2-prefill-h200.json)."""
     from meshplan.costmodel.layouts import sharding_for
     from meshplan.costmodel.memory import _mixer_forward_bytes
 
     sh = sharding_for(parse_layout("single"), MemoryOptions())
-    want = 16384 * ((5120 + 256) * 2 + 80 * 4) + 2 * 256 * 80 * 64 * 128 * 4
+    want = 16384 * ((5120 + 256) * 2 + 80 * 4) + 256 * 80 * 64 * 128 * (4 + 2)
     assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
 
 

@@ -4,7 +4,7 @@ autograd through the chunked reference (float64)."""
 import pytest
 import torch
 
-from meshplan.kernels import ssd_bwd
+from meshplan.kernels import launch
 from meshplan.kernels.reference import ssd_chunked_ref, ssd_scan_ref
 from meshplan.kernels.ssd import ssd_chunked, token_rows
 
@@ -12,9 +12,12 @@ from meshplan.kernels.ssd import ssd_chunked, token_rows
 pytestmark = pytest.mark.usefixtures("poison_empty")
 
 
+# The output kernel with one head per program, and with all of a group's heads in one program's loop.
+@pytest.mark.parametrize("split_target", [1024, 1])
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 32, False), (50, 4, 16, 2, 16, 16, True),
                                                               (96, 4, 32, 2, 32, 32, True)])
-def test_triton_ssd_matches_the_recurrence(s, h, p, g, n, chunk, with_init):
+def test_triton_ssd_matches_the_recurrence(monkeypatch, split_target, s, h, p, g, n, chunk, with_init):
+    monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
     gen = torch.Generator().manual_seed(s + h)
     x = torch.randn(2, s, h, p, generator=gen)
     dt = torch.rand(2, s, h, generator=gen) * 0.2
@@ -48,7 +51,9 @@ def test_triton_ssd_respects_packed_boundaries(lengths, with_init, seed):
     seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
     y_ref, st_ref = ssd_scan_ref(x.double(), dt.double(), A.double(), B.double(), C.double(),
                                  initial_state=h0.double() if with_init else None, seq_idx=seq_idx)
-    y, st_ = ssd_chunked(x, dt, A, B, C, initial_state=h0, chunk=16, seq_idx=seq_idx)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "SPLIT_TARGET", 1)  # both heads in one program's loop
+        y, st_ = ssd_chunked(x, dt, A, B, C, initial_state=h0, chunk=16, seq_idx=seq_idx)
     torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(st_.double(), st_ref, rtol=2e-3, atol=2e-3)
 
@@ -83,8 +88,8 @@ def _check_backward(b, s, h, p, g, n, chunk, with_init, with_d, seed, seq_idx=No
                                                                     (96, 4, 32, 1, 32, 32, True, False)])
 def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, state_block, s, h, p, g, n,
                                                                chunk, with_init, with_d):
-    monkeypatch.setattr(ssd_bwd, "SPLIT_TARGET", split_target)
-    monkeypatch.setattr(ssd_bwd, "BWD_STATE_BLOCK", state_block)
+    monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
+    monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
     _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + h)
 
 
@@ -94,7 +99,7 @@ def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, spli
 def test_triton_ssd_backward_respects_packed_boundaries(lengths, with_init, seed):
     seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ssd_bwd, "SPLIT_TARGET", 1)  # both heads in one program's loop
+        mp.setattr(launch, "SPLIT_TARGET", 1)  # both heads in one program's loop
         _check_backward(1, sum(lengths), 2, 16, 1, 16, 16, with_init, True, seed % 10_000, seq_idx=seq_idx)
 
 

@@ -36,14 +36,14 @@ ATTENTION_EFFICIENCY = 0.35  # decode and anything off the tables' shapes
 ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forward's 2
 # Mamba-2's own kernels (meshplan/kernels), as achieved fractions of the device's HBM rate (the
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks: the
-# chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — forward 1.80e12 B/s, backward
-# 1.12e12 B/s (0.43 and 0.27 of the 4.19 TB/s copy rate; benchmarks/results/ssd-h200.json,
-# `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels: forward 0.52
-# of the copy rate (benchmarks/results/conv1d-h200.json), backward 1.74e12 B/s with the one-pass
-# time-marching kernel (0.363 of the datasheet rate; conv1d-march-stages-h200.json,
-# `python benchmarks/bench_conv1d.py --march`).
-SCAN_FWD_HBM_FRACTION = 0.374
-SCAN_BWD_HBM_FRACTION = 0.234
+# chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — its kernels' profiled times against
+# `ssd_kernel_bytes`: forward 3.04e12 B/s, backward 2.37e12 B/s (0.74 and 0.57 of the 4.13 TB/s copy
+# rate; benchmarks/results/ssd-h200.json, `python benchmarks/bench_ssd.py`) — and the causal conv1d at
+# 4 × 16K × 5376 channels: forward 0.52 of the copy rate (benchmarks/results/conv1d-h200.json),
+# backward 1.74e12 B/s with the one-pass time-marching kernel (0.363 of the datasheet rate;
+# conv1d-march-stages-h200.json, `python benchmarks/bench_conv1d.py --march`).
+SCAN_FWD_HBM_FRACTION = 0.632
+SCAN_BWD_HBM_FRACTION = 0.493
 CONV_FWD_HBM_FRACTION = 0.452
 CONV_BWD_HBM_FRACTION = 0.363
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
@@ -229,20 +229,45 @@ def int8_allreduce_kernels_s(elements: float, group: int, dev: Device) -> float:
     return elements * (7 + 1 / group) / dev.rated_hbm
 
 
+def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d_state: int, e: int,
+                     chunk: int = 64) -> dict[str, dict[str, float]]:
+    """HBM bytes of each SSD scan kernel (meshplan/kernels/ssd.py, ssd_bwd.py) over `tokens` tokens of
+    `heads` heads whose B and C come in `groups` groups, `e` bytes per input element: the token inputs and
+    outputs once (B and C, shared by a group's heads, stay in L2), and each per-chunk state buffer at its
+    stored width — fp32 chunk states and dE, the entering states and dS in the inputs' dtype — plus the
+    backward's C·B gradient (chunk² per head and chunk, inputs' dtype) and fp32 dB/dC partial sums.
+    Forward: chunk states, state passing, outputs. Backward: the chunk states twice (recomputed, and dE),
+    the passing (recomputed), the backward passing, the dx and dB/dC kernels. benchmarks/bench_ssd.py
+    divides each by its kernel's measured time."""
+    from meshplan.kernels.launch import bwd_splits
+
+    chunks = math.ceil(tokens / chunk)
+    tokens = chunks * chunk  # padded to whole chunks
+    x, bc, dt = tokens * heads * headdim * e, tokens * groups * d_state * e, 4 * tokens * heads
+    state = chunks * heads * headdim * d_state  # elements of one per-chunk state buffer
+    dcb = e * chunks * heads * chunk * chunk
+    partials = 2 * 4 * tokens * groups * d_state * bwd_splits(chunks, int(heads), int(groups), d_state)
+    states = x + dt + bc + 4 * state  # x (or dy), dt, B (or C) in; fp32 chunk states (or dE) out
+    passing = 4 * state + e * state  # fp32 in, the inputs' dtype out
+    return {"forward": {"chunk_state": states, "state_passing": passing,
+                        "chunk_scan": 2 * x + dt + 2 * bc + e * state},
+            "backward": {"chunk_state": 2 * states, "state_passing": passing, "state_passing_bwd": passing,
+                         "chunk_bwd_dx": 3 * x + 2 * dt + 2 * bc + 2 * e * state + dcb,
+                         "chunk_bwd_dbc": 2 * x + dt + 2 * bc + 2 * e * state + dcb + partials}}
+
+
 def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) -> dict[str, float]:
-    """HBM bytes of the Mamba-2 kernels on one rank, counted as their benchmarks count them
-    (benchmarks/bench_ssd.py, benchmarks/bench_conv1d.py). Scan: x, dt (fp32), B, C in and y out,
-    plus 4 passes over the fp32 chunk states forward; x, dt, B, C, dy in and dx, ddt, dB, dC out,
-    plus 9 state passes backward. Conv: read x, write out forward; read x and dy, write dx backward."""
-    from meshplan.costmodel.memory import local_bc_channels, scan_state_bytes
+    """HBM bytes of the Mamba-2 kernels on one rank, counted as their benchmarks count them: the scan's
+    kernels by `ssd_kernel_bytes` (benchmarks/bench_ssd.py); the conv reads x and writes its output
+    forward, reads x and dy and writes dx backward (benchmarks/bench_conv1d.py)."""
+    from meshplan.costmodel.memory import SSD_CHUNK, local_bc_channels
 
     m = model.mamba2
     h = m.nheads / head_div
-    hp, gn = h * m.headdim, local_bc_channels(m, head_div) / 2  # B (or C) channels this rank uses
-    state = scan_state_bytes(m, tokens, head_div)
-    conv = tokens * (hp + 2 * gn) * e
-    return {"scan_fwd": tokens * (2 * hp * e + 4 * h + 2 * gn * e) + 4 * state,
-            "scan_bwd": tokens * (3 * hp * e + 8 * h + 4 * gn * e) + 9 * state,
+    gn = local_bc_channels(m, head_div) / 2  # B (or C) channels this rank uses
+    scan = ssd_kernel_bytes(tokens, h, m.headdim, gn / m.d_state, m.d_state, e, SSD_CHUNK)
+    conv = tokens * (h * m.headdim + 2 * gn) * e
+    return {"scan_fwd": sum(scan["forward"].values()), "scan_bwd": sum(scan["backward"].values()),
             "conv_fwd": 2 * conv, "conv_bwd": 3 * conv}
 
 

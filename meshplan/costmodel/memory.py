@@ -24,6 +24,7 @@ from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import ModelSpec
+from meshplan.kernels.launch import bwd_splits
 
 ADAM_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m + v (ZeRO, Rajbhandari et al. 2020 §3)
 ADAM_STATE_BYTES_FP32_PARAMS = 8  # m + v only: fp32 weights are their own master copy
@@ -206,25 +207,26 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
 SSD_CHUNK = 64  # tokens per chunk of meshplan.kernels.ssd (and the torch chunked reference)
 
 
-def scan_state_bytes(m, local_tokens: float, head_div: int) -> float:
-    """One fp32 buffer of per-chunk SSM states (b, chunks, heads, headdim, d_state) on one rank holding
-    `local_tokens` tokens and 1/head_div of the heads (meshplan/kernels/ssd.py)."""
-    return math.ceil(local_tokens / SSD_CHUNK) * m.nheads / head_div * m.headdim * m.d_state * 4
+def scan_state_bytes(m, local_tokens: float, head_div: int, nbytes: int = 4) -> float:
+    """One buffer of per-chunk SSM states (b, chunks, heads, headdim, d_state) on one rank holding
+    `local_tokens` tokens and 1/head_div of the heads, `nbytes` per element (meshplan/kernels/ssd.py:
+    fp32 chunk states and their gradient dE; entering states and dS in the activations' dtype)."""
+    return math.ceil(local_tokens / SSD_CHUNK) * m.nheads / head_div * m.headdim * m.d_state * nbytes
 
 
-def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding) -> float:
-    return scan_state_bytes(model.mamba2, tokens / sh.token_div, sh.head_div)
+def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding, nbytes: int = 4) -> float:
+    return scan_state_bytes(model.mamba2, tokens / sh.token_div, sh.head_div, nbytes)
 
 
 def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int,
                          decode: bool = False) -> float:
     """Forward without grad (prefill), Mamba-2: the mixer's transients on top of the in_proj output,
     as the larger of three phases (meshplan/executor/blocks.py mamba2_mixer). Scan: the conv output
-    (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32) and two fp32 state
-    buffers (each chunk's own state and the state entering it, meshplan/kernels/ssd.py; most of a 16K
-    prefill's transient). Outputs: the scan output beside the entering states only — the peak of a
-    16K prefill is at the state passing, before the output exists
-    (benchmarks/results/memory-peak-mamba2-prefill-h200.json).
+    (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32) and two state buffers
+    (each chunk's own state, fp32, and the state entering it, in the activations' dtype:
+    meshplan/kernels/ssd.py; most of a 16K prefill's transient). Outputs: the scan output beside the
+    entering states only — the peak of a 16K prefill is at the state passing, before the output
+    exists (benchmarks/results/memory-peak-mamba2-prefill-h200.json).
     Gated norm (Triton, meshplan/kernels/gated_norm.py): conv output, dt, scan output and the norm's
     output. Decode (`tokens` = the batch): no chunked scan; the state update's
     torch ops hold three state-sized fp32 temporaries (decayed state, the dt·x ⊗ B update, the new
@@ -239,8 +241,8 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     bc = local_bc_channels(m, sh.head_div)
     scan_in = t * ((di + bc) * e + nh * 4)  # conv output (x, B, C) and dt
     y = t * di * e  # the scan's output; allocated once the chunk states have passed (freed by then)
-    state = _scan_state_bytes(model, tokens, sh)
-    return max(scan_in + 2 * state, scan_in + y + state, scan_in + y + t * di * e)
+    state, entering = _scan_state_bytes(model, tokens, sh), _scan_state_bytes(model, tokens, sh, e)
+    return max(scan_in + state + entering, scan_in + y + entering, scan_in + y + t * di * e)
 
 
 def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int) -> float:
@@ -252,9 +254,10 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     keeps nothing wider, meshplan/kernels/gated_norm.py) — out_proj's input gradient, and the norm's
     dy and dz.
     Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt and the scan's output gradient dy, then
-    the larger of two moments — the backward state passing (three fp32 state buffers: entering
-    states, their gradient, dS) and the chunk kernels (entering states and dS; the C·B gradient,
-    chunk² fp32 per head and chunk; dx, ddt, and fp32 dB/dC partial sums for two head splits). Conv
+    the larger of two moments — the backward state passing (three state buffers: the recomputed
+    entering states and dS in the activations' dtype, dE in fp32) and the chunk kernels (entering
+    states and dS; the C·B gradient, chunk² per head and chunk in the activations' dtype; dx, ddt,
+    and fp32 dB/dC partial sums, one pair per head split: meshplan.kernels.launch.bwd_splits). Conv
     phase (meshplan/kernels/conv1d.py, two-pass backward): the conv output's gradient, the fp32
     pre-activation gradient, and dx."""
     if kind != "mamba2":
@@ -265,9 +268,11 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     bc = local_bc_channels(m, sh.head_div)
     common = t * ((di + bc) * e + nh * 4)
     norm_phase = common + t * di * 5 * e
-    state = _scan_state_bytes(model, tokens, sh)
-    dcb = math.ceil(t / SSD_CHUNK) * nh * SSD_CHUNK ** 2 * 4
-    scan_phase = common + t * di * e + max(3 * state, 2 * state + dcb + t * (di * e + nh * 4 + bc * 2 * 4))
+    state, narrow = _scan_state_bytes(model, tokens, sh), _scan_state_bytes(model, tokens, sh, e)
+    chunks = math.ceil(t / SSD_CHUNK)
+    dcb = chunks * nh * SSD_CHUNK ** 2 * e
+    partials = bc * 4 * bwd_splits(chunks, int(nh), int(bc / 2 / m.d_state), m.d_state)  # fp32 dB and dC per split
+    scan_phase = common + t * di * e + max(state + 2 * narrow, 2 * narrow + dcb + t * (di * e + nh * 4 + partials))
     conv_phase = common + t * (di + bc) * (2 * e + 4)
     if sh.token_div > 1:
         # SP: the shard summary's backward (its own scan backward) runs after the core's, while the

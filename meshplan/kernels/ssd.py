@@ -18,6 +18,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from meshplan.kernels import launch
+
 
 @triton.jit
 def _chunk_tile(S, H, G, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
@@ -95,35 +97,49 @@ def _state_passing(st_ptr, asum_ptr, keep_ptr, init_ptr, enter_ptr, final_ptr, N
 
 @triton.jit
 def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, prev_ptr, y_ptr, S, H, G, P, N, XT, BT, CT,
-                HAS_D: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
-    """y_i = Σ_{j ≤ i} (C_i · B_j) exp(cum_i − cum_j) dt_j x_j + exp(cum_i) C_i · entering + D x_i."""
-    bi, ci, pid_h, g, n_chunks, t, p, n = _chunk_tile(S, H, G, L, BP, BN)
+                HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
+                BN: tl.constexpr, STAGES: tl.constexpr):
+    """y_i = Σ_{j ≤ i} (C_i · B_j) exp(cum_i − cum_j) dt_j x_j + exp(cum_i) C_i · entering + D x_i.
+
+    Grid (batch · chunk, group · split, headdim block): each program takes HPP heads of one B/C group
+    in turn, so that it loads the chunk's B and C and forms C·Bᵀ once for them all, and the next
+    head's loads overlap this one's products (a pipelined loop)."""
+    pid_bc, pid_gs, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n_chunks = S // L
+    bi, ci = (pid_bc // n_chunks).to(tl.int64), pid_bc % n_chunks  # int64: offsets pass 2^31 at long context
+    splits = tl.num_programs(1) // G
+    g = pid_gs // splits
+    t = ci * L + tl.arange(0, L)
+    p, n = pid_p * BP + tl.arange(0, BP), tl.arange(0, BN)
     pm, nm = p < P, n < N
-    dt = tl.load(dt_ptr + (bi * S + t) * H + pid_h).to(tl.float32)
-    cum = tl.cumsum(dt * tl.load(a_ptr + pid_h).to(tl.float32), axis=0)
     cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0)
     bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0)
-    x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + pid_h * P + p[None, :], mask=pm[None, :], other=0.0)
-    scores = tl.dot(cv, tl.trans(bv))  # (L, L), fp32 sums of the inputs' products
+    cb = tl.dot(cv, tl.trans(bv))  # (L, L), fp32 sums of the inputs' products; the same for every head
     i = tl.arange(0, L)
-    causal = i[:, None] >= i[None, :]
-    decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], -float("inf")))
-    scores = scores * decay * dt[None, :]
-    reach = tl.exp(cum)
+    pair = i[:, None] >= i[None, :]
     if HAS_SID:
         sid = tl.load(sid_ptr + bi * S + t)
-        scores = tl.where(sid[:, None] == sid[None, :], scores, 0.0)  # no pair across a boundary
-        reach = tl.where(sid == tl.load(prev_ptr + bi * n_chunks + ci), reach, 0.0)  # the entering state's own sequence
-    # Both products run on the inputs' dtype (the scores and the entering states rounded to it, as
-    # mamba_ssm's chunk-scan kernel does), with fp32 sums; reach scales C_i's row after the product.
-    y = tl.dot(scores.to(x.dtype), x)  # (L, BP)
-    e_offs = (((bi * n_chunks + ci) * H + pid_h) * P + p[None, :]) * N + n[:, None]  # (BN, BP): entering^T
-    e = tl.load(enter_ptr + e_offs, mask=nm[:, None] & pm[None, :], other=0.0)
-    y += tl.dot(cv, e.to(cv.dtype)) * reach[:, None]
-    if HAS_D:
-        y += tl.load(d_ptr + pid_h).to(tl.float32) * x.to(tl.float32)
-    tl.store(y_ptr + ((bi * S + t[:, None]) * H + pid_h) * P + p[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=pm[None, :])
+        pair = pair & (sid[:, None] == sid[None, :])  # no pair across a boundary
+        own = sid == tl.load(prev_ptr + bi * n_chunks + ci)  # tokens the entering state reaches
+    for k in tl.range(0, HPP, num_stages=STAGES):
+        h = g * (H // G) + (pid_gs % splits) * HPP + k
+        dt = tl.load(dt_ptr + (bi * S + t) * H + h).to(tl.float32)
+        cum = tl.cumsum(dt * tl.load(a_ptr + h).to(tl.float32), axis=0)
+        x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + h * P + p[None, :], mask=pm[None, :], other=0.0)
+        e_offs = (((bi * n_chunks + ci) * H + h) * P + p[None, :]) * N + n[:, None]  # (BN, BP): entering^T
+        e = tl.load(enter_ptr + e_offs, mask=nm[:, None] & pm[None, :], other=0.0)
+        scores = cb * tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf"))) * dt[None, :]
+        reach = tl.exp(cum)
+        if HAS_SID:
+            reach = tl.where(own, reach, 0.0)
+        # Both products run on the inputs' dtype (the scores and the entering states rounded to it, as
+        # mamba_ssm's chunk-scan kernel does), with fp32 sums; reach scales C_i's row after the product.
+        y = tl.dot(scores.to(x.dtype), x)  # (L, BP)
+        y += tl.dot(cv, e.to(cv.dtype)) * reach[:, None]
+        if HAS_D:
+            y += tl.load(d_ptr + h).to(tl.float32) * x.to(tl.float32)
+        tl.store(y_ptr + ((bi * S + t[:, None]) * H + h) * P + p[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=pm[None, :])
 
 
 class Packing(NamedTuple):
@@ -209,6 +225,11 @@ PASS_BLOCK = 256  # state elements per program of the (sequential over chunks) s
 # at 16K × 80 heads of 64 (1.09 ms; 1.33 ms at a block of 32, 1.53 ms with 8 warps):
 # benchmarks/results/ssd-fwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune-forward`.
 FWD_HEADDIM_BLOCK, FWD_WARPS = 64, 4
+# The output kernel's programs (meshplan.kernels.launch.SPLIT_TARGET) and its pipelined head loop's
+# stages: on an H200 at the shape above the loop took the kernel from 0.32 to 0.27 ms, and 3 stages
+# took the forward from 0.97 to 0.91 ms (targets of 132 to 4096 programs within 6% of each other):
+# benchmarks/results/ssd-head-loops-h200.json.
+FWD_STAGES = 3
 # The chunk-state kernel's headdim block and warps, forward and backward (the backward ran it with its
 # own headdim block of 16 at first: 0.50 ms per call against 0.28 ms at 64, on an H200 at the shape
 # above: ssd-bf16-forward-h200.json against ssd-bf16-operands-h200.json in benchmarks/results; its
@@ -231,18 +252,21 @@ def entering_states(pk: Packing, initial_state, dtype=torch.float32) -> tuple[to
     return entering, final
 
 
-def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None):
+def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None,
+                split_target: int | None = None):
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or FWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
     entering, final = entering_states(pk, initial_state, pk.x.dtype)
     y = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x
-    _chunk_scan[(b * nc, h, triton.cdiv(p, pk.bp))](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A,
-                                                    entering, sid, prev, y, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
-                                                    HAS_D=D is not None,
-                                                    HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
-                                                    num_warps=FWD_WARPS)
+    p_blocks = triton.cdiv(p, pk.bp)
+    splits = launch.head_splits(h // g, b * nc * g * p_blocks, split_target)
+    _chunk_scan[(b * nc, g * splits, p_blocks)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A,
+                                                entering, sid, prev, y, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
+                                                HPP=h // g // splits, HAS_D=D is not None,
+                                                HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
+                                                STAGES=FWD_STAGES, num_warps=FWD_WARPS)
     return y[:, :pk.s], final
 
 

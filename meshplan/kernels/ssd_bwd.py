@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from meshplan.kernels import launch
 from meshplan.kernels.ssd import PASS_BLOCK, _passing_start, chunk_decay_sums, chunk_states, entering_states, prepare
 
 
@@ -172,29 +173,11 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
     tl.store(dc_ptr + out_offs, dc, mask=nm[None, :])
 
 
-# Programs to aim for in the chunk backward: a few waves over an H200's 132 SMs.
-SPLIT_TARGET = 1024
-
-
-def head_splits(heads_per_group: int, programs: int, target: int | None = None) -> int:
-    """How many programs share one group's heads: enough programs to fill the GPU (`target`), each
-    split a whole number of heads. More splits mean more per-split dB/dC partial sums to add."""
-    target = SPLIT_TARGET if target is None else target
-    best = 1
-    for s in range(1, heads_per_group + 1):
-        if heads_per_group % s == 0:
-            best = s
-            if programs * s >= target:
-                break
-    return best
-
-
-# Launch settings of the chunk backward kernels — warps, headdim block, d_state block of the dB/dC
-# kernel: the fastest of 16 settings on an H200 (5.98 ms):
-# benchmarks/results/ssd-bwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune`.
+# Launch settings of the chunk backward kernels — warps, headdim block (and the dB/dC kernel's d_state
+# block, meshplan.kernels.launch): the fastest of 12 settings on an H200 (2.82 ms, against 3.10 ms at
+# 16 and 64): benchmarks/results/ssd-bwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune`.
 BWD_WARPS = 4
-BWD_HEADDIM_BLOCK = 16
-BWD_STATE_BLOCK = 64
+BWD_HEADDIM_BLOCK = 32
 
 
 def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int | None = None,
@@ -226,14 +209,16 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     dd = torch.empty_like(da) if D is not None else da
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x
+    # One program per (chunk, head): a loop over a group's heads sharing C·Bᵀ, as the forward's output
+    # kernel has, made this kernel slower (1.14 against 0.99 ms on an H200 at 16K × 80 heads; the
+    # dB/dC kernel below keeps its loop): benchmarks/results/ssd-head-loops-h200.json.
     _chunk_bwd_dx[(b * nc, h)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, entering, d_states, dy,
                                sid, prev, pk.keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                HAS_D=D is not None, HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
                                num_warps=warps or BWD_WARPS)
     hpg = h // g
-    bn = min(pk.bn, BWD_STATE_BLOCK)
-    n_blocks = triton.cdiv(n, bn)
-    splits = head_splits(hpg, b * nc * g * n_blocks, split_target)
+    bn, n_blocks = launch.state_blocks(n)
+    splits = launch.head_splits(hpg, b * nc * g * n_blocks, split_target)
     db = torch.empty(b, S, g * splits, n, device=x.device, dtype=torch.float32)
     dc = torch.empty_like(db)
     _chunk_bwd_dbc[(b * nc, g * splits, n_blocks)](pk.x, pk.dt, pk.A, pk.B, pk.C, entering, d_states, dy, sid, prev,

@@ -1,0 +1,37 @@
+"""Launch shapes of the SSD scan kernels that the cost model also needs (how many dB/dC partial sums
+the backward writes), kept free of Triton so that the cost model can import them."""
+
+from __future__ import annotations
+
+# Programs to aim for in the chunk kernels that loop over a group's heads: a few waves over an H200's
+# 132 SMs.
+SPLIT_TARGET = 1024
+# d_state block of the backward's dB/dC kernel: with the backward's other settings, the fastest of 12
+# on an H200 (benchmarks/results/ssd-bwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune`).
+BWD_STATE_BLOCK = 128
+
+
+def head_splits(heads_per_group: int, programs: int, target: int | None = None) -> int:
+    """How many programs share one group's heads: the fewest that give `target` programs in all
+    (enough to fill the GPU), each split a whole number of heads (all of them when none does)."""
+    target = SPLIT_TARGET if target is None else target
+    best = 1
+    for s in range(1, heads_per_group + 1):
+        if heads_per_group % s == 0:
+            best = s
+            if programs * s >= target:
+                break
+    return best
+
+
+def state_blocks(d_state: int) -> tuple[int, int]:
+    """(block, blocks): the backward dB/dC kernel's d_state block and how many cover d_state."""
+    padded = max(16, 1 << (d_state - 1).bit_length())
+    block = min(padded, BWD_STATE_BLOCK)
+    return block, -(-d_state // block)
+
+
+def bwd_splits(chunks: int, heads: int, groups: int, d_state: int) -> int:
+    """Head splits of the backward's dB/dC kernel over `chunks` chunks (batch included): the number of
+    fp32 dB and dC partial sums it writes per token."""
+    return head_splits(heads // groups, chunks * groups * state_blocks(d_state)[1])
