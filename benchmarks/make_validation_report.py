@@ -41,22 +41,28 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run20-x4-current.json", "current executor, 4 x H200"),
+SOURCES = [("validation-h200-run20-x4-current.json",
+            "current executor for dense; Mamba-2 with the fp32-buffer scan (before 7e3a361), 4 x H200"),
+           ("validation-h200-run23-x2-mamba2-bf16-scan.json", "current executor, Mamba-2, 2 x H200"),
+           ("validation-h200-run24-x2-mamba2-long-bf16-scan.json",
+            "current executor, Mamba-2 training 128K-1M tokens, 2 x H200"),
            ("validation-h200-run17-x4-triton-norm.json", "before the marching conv1d backward, 4 x H200"),
            ("memory-curves-4xh200-run18-triton-norm.json", "current executor, dense training 16K-256K, 4 x H200"),
            ("validation-h200-run14-x4.json", "before the Triton RMSNorm, 4 x H200"),
            ("validation-h200-run3-x2.json", "executor before the Triton RMSNorm, 2 x H200"),
-           ("validation-h200-run11-x2-mamba2.json", "current executor, Mamba-2 with Triton kernels, 2 x H200"),
+           ("validation-h200-run11-x2-mamba2.json", "Mamba-2 with Triton kernels, fp32-buffer scan, 2 x H200"),
            ("validation-h200-run10-x2-mamba2-fused-norm.json", "Mamba-2 before the last kernel tuning, 2 x H200"),
-           ("validation-h200-run12-x2-mamba2-long.json", "Mamba-2 training 128K-1M tokens, 2 x H200"),
+           ("validation-h200-run12-x2-mamba2-long.json", "Mamba-2 training 128K-1M tokens, fp32-buffer scan, 2 x H200"),
            ("validation-h200-run13-x2-mamba2-long-expandable.json",
-            "Mamba-2 training 512K-1M tokens, expandable allocator segments, 2 x H200"),
+            "Mamba-2 training 512K-1M tokens, expandable allocator segments, fp32-buffer scan, 2 x H200"),
            ("validation-h200-run9-x2-mamba2.json", "Mamba-2 before the Triton gated norm (decode from here), 2 x H200"),
            ("validation-h200-run5-x2-inference.json", "current executor, prefill and decode, 2 x H200"),
            ("validation-h200-run1.json", "first executor (masked attention, unfused optimizer), 4 x H200")]
 # Model families a source speaks for: run3 and run5 ran Mamba-2 on the torch reference scan, since
 # replaced (run9); so did run1, whose SP Mamba-2 also handed the state along a serial chain.
-FAMILIES = {"validation-h200-run3-x2.json": ("dense",), "validation-h200-run5-x2-inference.json": ("dense",),
+FAMILIES = {"validation-h200-run3-x2.json": ("dense",),
+            "validation-h200-run23-x2-mamba2-bf16-scan.json": ("mamba2",),
+            "validation-h200-run24-x2-mamba2-long-bf16-scan.json": ("mamba2",), "validation-h200-run5-x2-inference.json": ("dense",),
             "validation-h200-run11-x2-mamba2.json": ("mamba2",), "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),
             "validation-h200-run12-x2-mamba2-long.json": ("mamba2",),
             "validation-h200-run13-x2-mamba2-long-expandable.json": ("mamba2",),
