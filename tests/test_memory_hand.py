@@ -155,16 +155,16 @@ def saved_head_bytes(model, seq):
 @pytest.mark.parametrize("layout, want", [
     # d_inner 5120, 80 heads of 64, d_state 128, 1 group, 16384 tokens, bf16: the scan phase wins.
     # Single GPU: 16384 · ((5120 + 256) · 2 + 80 · 4)   conv output, dt
-    #           + 16384 · 5120 · 2                      the scan's dy
+    #           + 16384 · 5120 · 2 · 2                  the scan's dy, and dz waiting for the in_proj gradient
     #           + (256 chunks · 80 · 64 · 128) · (4 + 2 + 2)  the passing moment: dE (fp32), entering states
     #             and dS (bf16); more than E and dS + the C·B gradient (256 · 80 · 64² · 2) + dx, ddt and
     #             fp32 dB/dC for 4 head splits (16384 · (10240 + 320 + 4096))
-    ("single", 16384 * (11072 + 10240) + 256 * 80 * 64 * 128 * 8),
+    ("single", 16384 * (11072 + 2 * 10240) + 256 * 80 * 64 * 128 * 8),
     # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks.
-    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2560 * 2) + 256 * 40 * 64 * 128 * 8),
+    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2 * 2560 * 2) + 256 * 40 * 64 * 128 * 8),
     # SP 2: 8192 tokens per shard, and the core's in_proj-output gradient (10576 wide) waiting for the
     # summary's backward.
-    ("sp=2", 8192 * (11072 + 10240 + 10576 * 2) + 128 * 80 * 64 * 128 * 8),
+    ("sp=2", 8192 * (11072 + 2 * 10240 + 10576 * 2) + 128 * 80 * 64 * 128 * 8),
 ])
 def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
     from meshplan.costmodel.layouts import sharding_for

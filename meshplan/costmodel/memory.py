@@ -155,12 +155,16 @@ def largest_matrix(model: ModelSpec, sh: Sharding) -> float:
 _BLOCK_OUTPUT = {"attention": lambda m: m.attention.out_hidden, "mlp": lambda m: m.mlp.out_hidden}
 
 
-def _widest_gradient(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:
-    """Bytes of the widest per-token activation (its gradient is the backward's first big buffer)."""
+def _widest_gradient(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
+                     kind: str | None = None) -> float:
+    """Bytes of the widest per-token activation of `kind`'s blocks (or of every block) — its gradient
+    is the backward's first big buffer."""
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     widest = 0.0
-    for kind, _ in model.block_invocations():
-        for item in block_saved(kind, model, opts):
+    for k, _ in model.block_invocations():
+        if kind is not None and k != kind:
+            continue
+        for item in block_saved(k, model, opts):
             if not item.quadratic:
                 widest = max(widest, _saved_bytes([item], batch * seq, seq, sh, groups))
     return widest
@@ -185,15 +189,17 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
     Forward (prefill, decode): the live set of the widest block — its inputs and intermediates (the
     tensors training would save) and its output; an attention block's includes the gathered K/V
     (`kv_gather`), which are gone before the MLP runs. Training: the layer's input, output and output
-    gradient plus the widest gradient buffer; full recompute rebuilds one unit's activations first."""
+    gradient plus, for the block whose backward holds the most, its widest gradient buffer — or, for a
+    Mamba-2 block, the phases of its backward, which list their own gradients (`_mixer_backward_bytes`);
+    full recompute rebuilds one unit's activations first."""
     e = opts.nbytes("act_dtype")
     tokens = batch * seq
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     if opts.training:
-        inner = max((_mixer_backward_bytes(model, kind, tokens, sh, e) for kind, _ in model.block_invocations()),
-                    default=0.0)
-        widest = _widest_gradient(model, sh, seq, batch, opts)
-        return _backward_layer_bytes(model, sh, tokens, opts, unit_full) + widest + inner
+        inner = max((_mixer_backward_bytes(model, kind, tokens, sh, e) if kind == "mamba2"
+                     else _widest_gradient(model, sh, seq, batch, opts, kind)
+                     for kind, _ in model.block_invocations()), default=0.0)
+        return _backward_layer_bytes(model, sh, tokens, opts, unit_full) + inner
     live = 0.0
     for kind, _ in model.block_invocations():
         out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
@@ -253,7 +259,11 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     columns), dt (fp32), the scan output and out_proj's input (d_inner each; the Triton gated norm
     keeps nothing wider, meshplan/kernels/gated_norm.py) — out_proj's input gradient, and the norm's
     dy and dz.
-    Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt and the scan's output gradient dy, then
+    Its in_proj output's gradient comes last, assembled after the conv's backward; until then only its
+    z part, the norm's dz, waits (in the scan and conv phases): at 128K tokens on one GPU the full-width
+    gradient the model once added here over-predicted the peak by 5%
+    (benchmarks/results/memory-peak-mamba2-train-128k-h200.json).
+    Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's output gradient dy and dz, then
     the larger of two moments — the backward state passing (three state buffers: the recomputed
     entering states and dS in the activations' dtype, dE in fp32) and the chunk kernels (entering
     states and dS; the C·B gradient, chunk² per head and chunk in the activations' dtype; dx, ddt,
@@ -272,8 +282,10 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     chunks = math.ceil(t / SSD_CHUNK)
     dcb = chunks * nh * SSD_CHUNK ** 2 * e
     partials = bc * 4 * bwd_splits(chunks, int(nh), int(bc / 2 / m.d_state), m.d_state)  # fp32 dB and dC per split
-    scan_phase = common + t * di * e + max(state + 2 * narrow, 2 * narrow + dcb + t * (di * e + nh * 4 + partials))
-    conv_phase = common + t * (di + bc) * (2 * e + 4)
+    dz = t * di * e
+    scan_phase = common + t * di * e + dz + max(state + 2 * narrow,
+                                                2 * narrow + dcb + t * (di * e + nh * 4 + partials))
+    conv_phase = common + dz + t * (di + bc) * (2 * e + 4)
     if sh.token_div > 1:
         # SP: the shard summary's backward (its own scan backward) runs after the core's, while the
         # core's gradient of the in_proj output waits to be summed with the summary's
