@@ -36,7 +36,7 @@ def rescore(path: str, cluster_name: str = "") -> list[dict]:
         if "step_time_s" not in m:
             continue
         p = predict(model_for(run["model"]), parse_layout(run["layout"]), run["seq"], run.get("batch", 1), run["mode"],
-                    cluster)
+                    cluster, int8_allreduce=run.get("int8_allreduce", False))
         keys = set(m["comm_bytes"]) | set(p["comm_bytes"])
         exact = all(abs(m["comm_bytes"].get(k, 0) - p["comm_bytes"].get(k, 0)) <= 1e-9 * max(1, p["comm_bytes"].get(k, 0))
                     for k in keys)

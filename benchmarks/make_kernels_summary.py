@@ -77,7 +77,8 @@ def main() -> int:
         "int8_note": ("bf16 / int8 time at 16 MiB of bf16 per link and GPU count: "
                       + "; ".join(f"{k} {r['bf16_s'] * 1e3:.3f} / {r['int8_s'] * 1e3:.3f} ms" for k, r in at16.items())
                       + f". 256 MiB over NVLink on 2: {q256['speedup']:.2f}x. NVLink moves 16 MiB faster than the "
-                      "int8 path's fixed cost (2 collectives, 3 kernels, Python); over host memory int8 wins from 16 MiB. "
+                      "int8 path's fixed cost (on 2 ranks one all-gather and 2 kernels, on more 2 collectives and 3 kernels, "
+                      "and Python); over host memory int8 wins from 16 MiB. "
                       "TP-SSM prefill (mamba2-2.7b, 4 layers, batch 4 x 16K) int8 over bf16: "
                       + ", ".join(f"{k} {v:.2f}x" for k, v in prefill.items())
                       + ". Sources: quant-allreduce-h200x2.json, quant-allreduce-h200x4.json, "

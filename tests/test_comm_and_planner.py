@@ -56,6 +56,11 @@ def test_tpssm_int8_all_reduce_is_one_byte_plus_scales():
     assert stats.kind == "all_reduce" and stats.message_bytes == 2 * 4096 * 4
     bf16 = step_schedule(model, Layout(tpssm=4), 4096, 2, CostOptions(mode="prefill")).per_block["mamba2"][0]
     assert bf16.message_bytes == 2 * 4096 * 2048 * 2
+    # Two ranks: one all-gather of both ranks' int8 tensors (each sends its whole tensor once).
+    gather, stats = step_schedule(model, Layout(tpssm=2), 4096, 2,
+                                  CostOptions(mode="prefill", int8_allreduce=True)).per_block["mamba2"]
+    assert gather.kind == "all_gather" and gather.message_bytes == pytest.approx(2 * 2 * 4096 * 2048 * (1 + 4 / 128))
+    assert stats.kind == "all_reduce"
 
 
 def test_sp_mamba_gathers_shard_summaries_and_passes_the_conv_tail():
@@ -262,12 +267,14 @@ def test_decode_host_floor_by_hand():
     assert tp.breakdown["decode_host_s"] == pytest.approx(2 * (39 + 2) * 23e-6)
 
 
-def test_int8_allreduce_kernels_by_hand():
-    """TP-SSM's int8 block all-reduce adds its three kernels' HBM passes to each Mamba block's forward:
-    16384 tokens × d_model 2560 elements, 7 + 1/4 bytes each at 4 ranks, at the H200's 4.8 TB/s, for
-    each of mamba2-2.7b's 64 layers."""
+@pytest.mark.parametrize("ranks, per_element", [(4, 7.25), (2, 7.0)])
+def test_int8_allreduce_kernels_by_hand(ranks, per_element):
+    """TP-SSM's int8 block all-reduce adds its kernels' HBM passes to each Mamba block's forward:
+    16384 tokens × d_model 2560 elements at the H200's 4.8 TB/s, for each of mamba2-2.7b's 64 layers.
+    4 ranks: quantize (2 + 1), dequantize-sum-requantize (1 + 1/4), dequantize (1 + 2) bytes per
+    element; 2 ranks: quantize (2 + 1), dequantize-sum of both copies (2 + 2)."""
     cluster = load_cluster("h200-8")
     model = PRESETS["mamba2-2.7b"]
-    plain, int8 = (estimate_step(model, Layout(tpssm=4), 16384, 1, CostOptions(mode="prefill", int8_allreduce=q),
+    plain, int8 = (estimate_step(model, Layout(tpssm=ranks), 16384, 1, CostOptions(mode="prefill", int8_allreduce=q),
                                  cluster, embeddings=False) for q in (False, True))
-    assert int8.compute_s - plain.compute_s == pytest.approx(64 * 16384 * 2560 * 7.25 / 4.8e12, rel=1e-9)
+    assert int8.compute_s - plain.compute_s == pytest.approx(64 * 16384 * 2560 * per_element / 4.8e12, rel=1e-9)

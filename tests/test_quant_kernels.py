@@ -44,8 +44,8 @@ def test_quantize_rejects_partial_groups():
 def test_packed_wire_format_matches_reference(parts, groups_per_part):
     """The packed quantize, the dequantize-sum-requantize of n packed copies, and the packed
     dequantize equal their torch references byte for byte (values and scales)."""
-    from meshplan.kernels.quant import dequant_sum_requant, dequantize_packed, quantize_int8_packed
-    from meshplan.kernels.reference import (dequant_sum_requant_ref, dequantize_packed_ref,
+    from meshplan.kernels.quant import dequant_sum, dequant_sum_requant, dequantize_packed, quantize_int8_packed
+    from meshplan.kernels.reference import (dequant_sum_ref, dequant_sum_requant_ref, dequantize_packed_ref,
                                             quantize_int8_packed_ref)
 
     gen = torch.Generator().manual_seed(parts * 100 + groups_per_part)
@@ -56,5 +56,6 @@ def test_packed_wire_format_matches_reference(parts, groups_per_part):
     copies = torch.stack([quantize_int8_packed(torch.randn(groups_per_part * 128, generator=gen), 1)[0]
                           for _ in range(parts)])
     assert torch.equal(dequant_sum_requant(copies), dequant_sum_requant_ref(copies))
+    torch.testing.assert_close(dequant_sum(copies), dequant_sum_ref(copies), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(dequantize_packed(buf), dequantize_packed_ref(buf))
     torch.testing.assert_close(dequantize_packed(buf), x, rtol=0, atol=float(x.abs().max()) / 127)

@@ -220,13 +220,15 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
 
 
 def int8_allreduce_kernels_s(elements: float, group: int, dev: Device) -> float:
-    """HBM time on one rank of our int8 all-reduce's three kernels (meshplan/kernels/quant.py) over a
-    tensor of `elements`: quantize (bf16 in, int8 out), dequantize-sum-requantize (the group's int8 copies
-    of this rank's 1/n in, 1/n out), dequantize (int8 in, bf16 out) — 3 + (1 + 1/n) + 3 bytes per
-    element, the fp32 scales (4 B per 128) aside. Their launches and the extra collective's latency are
-    not in it: on NVLink that fixed cost, not these bytes, is what makes the int8 path slower
+    """HBM time on one rank of our int8 all-reduce's kernels (meshplan/kernels/quant.py) over a tensor
+    of `elements`. Two ranks: quantize (bf16 in, int8 out), dequantize-sum (both int8 copies in, bf16
+    out) — 3 + (2 + 2) bytes per element. More: quantize, dequantize-sum-requantize (the group's int8
+    copies of this rank's 1/n in, 1/n out), dequantize (int8 in, bf16 out) — 3 + (1 + 1/n) + 3. The
+    fp32 scales (4 B per 128) aside. Their launches and the collectives' latency are not in it: on
+    NVLink that fixed cost, not these bytes, is what makes the int8 path slower
     (benchmarks/results/quant-allreduce-h200x4.json)."""
-    return elements * (7 + 1 / group) / dev.rated_hbm
+    per_element = 3 + group + 2 if group == 2 else 7 + 1 / group
+    return elements * per_element / dev.rated_hbm
 
 
 def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d_state: int, e: int,

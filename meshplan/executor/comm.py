@@ -155,10 +155,12 @@ def all_to_all(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
 
 
 def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 128) -> torch.Tensor:
-    """Sum of x over the axis through int8 (meshplan/kernels/quant.py): quantize per group of
-    `group` elements into one packed byte row per destination (values, then fp32 scales), all-to-all
-    the rows, dequantize-sum-requantize this rank's slice, all-gather the packed slices, dequantize.
-    Triton kernels on the GPU, the torch references on the CPU."""
+    """Sum of x over the axis through int8 (meshplan/kernels/quant.py), per group of `group` elements
+    (values, then fp32 scales, packed in one byte row per destination). Two ranks: quantize, all-gather
+    the packed tensors, dequantize and sum (each rank sends its tensor once: as many bytes as the path
+    below, with one collective and one kernel fewer and no second rounding). More ranks: quantize into
+    one row per rank, all-to-all the rows, dequantize-sum-requantize this rank's slice, all-gather the
+    packed slices, dequantize. Triton kernels on the GPU, the torch references on the CPU."""
     from meshplan.kernels import quant, reference
 
     ax = mesh.axis(axis)
@@ -170,10 +172,12 @@ def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 12
     pad = (-flat.numel()) % (n * group)
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    if on_gpu:
-        packed = quant.quantize_int8_packed(flat, n, group)
-    else:
-        packed = reference.quantize_int8_packed_ref(flat, n, group)
+    if n == 2:
+        packed = quant.quantize_int8_packed(flat, 1, group) if on_gpu else reference.quantize_int8_packed_ref(flat, 1, group)
+        rows = all_gather(mesh, packed, axis, 0)
+        out = quant.dequant_sum(rows, group, x.dtype) if on_gpu else reference.dequant_sum_ref(rows, group, x.dtype)
+        return out[:x.numel()].view_as(x)
+    packed = quant.quantize_int8_packed(flat, n, group) if on_gpu else reference.quantize_int8_packed_ref(flat, n, group)
     got = all_to_all(mesh, packed, axis)  # row j: rank j's copy of this rank's slice
     mine = quant.dequant_sum_requant(got, group) if on_gpu else reference.dequant_sum_requant_ref(got, group)
     rows = all_gather(mesh, mine.unsqueeze(0), axis, 0)

@@ -78,8 +78,9 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP, dt
 def _packed_tile(row, n_groups_row, chunk_bytes, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr):
     """Within packed byte row `row`: the offsets of this program's groups' values, of their fp32
     scales (in fp32 units), of the same elements in the unpacked tensor, and the mask of groups that
-    exist."""
-    g = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
+    exist. The groups' block is the grid's first axis (up to 2^31 − 1 blocks; the second stops at
+    65,535, which a 256 MiB tensor in one row would pass)."""
+    g = tl.program_id(0) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
     ok = g < n_groups_row
     vals = row * chunk_bytes + g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     scales = (row * chunk_bytes + n_groups_row * GROUP) // 4 + g
@@ -90,7 +91,7 @@ def _packed_tile(row, n_groups_row, chunk_bytes, GROUP: tl.constexpr, GROUPS_PER
 @triton.jit
 def _quantize_packed_kernel(x_ptr, buf_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
                             GROUPS_PER_PROGRAM: tl.constexpr):
-    vals, scales, flat, ok = _packed_tile(tl.program_id(0), n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    vals, scales, flat, ok = _packed_tile(tl.program_id(1), n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
     _store_packed(buf_ptr, tl.load(x_ptr + flat, mask=ok[:, None], other=0.0).to(tl.float32), vals, scales, ok)
 
 
@@ -118,9 +119,19 @@ def _dequant_sum_requant_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_by
 
 
 @triton.jit
+def _dequant_sum_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
+                        GROUPS_PER_PROGRAM: tl.constexpr):
+    vals, scales, flat, ok = _packed_tile(0, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    total = tl.zeros((GROUPS_PER_PROGRAM, GROUP), dtype=tl.float32)
+    for r in range(n_rows):
+        total += _load_packed(buf_ptr, vals + r * chunk_bytes, scales + r * chunk_bytes // 4, ok)
+    tl.store(out_ptr + flat, total.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
 def _dequantize_packed_kernel(buf_ptr, out_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
                               GROUPS_PER_PROGRAM: tl.constexpr):
-    vals, scales, flat, ok = _packed_tile(tl.program_id(0), n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
+    vals, scales, flat, ok = _packed_tile(tl.program_id(1), n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
     tl.store(out_ptr + flat, _load_packed(buf_ptr, vals, scales, ok).to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
@@ -134,7 +145,7 @@ def quantize_int8_packed(x: torch.Tensor, parts: int, group: int = GROUP, groups
     chunk = x.numel() // parts
     nbytes = packed_chunk_bytes(chunk, group)
     buf = torch.empty(parts, nbytes, dtype=torch.uint8, device=x.device)
-    grid = (parts, triton.cdiv(chunk // group, groups_per_program))
+    grid = (triton.cdiv(chunk // group, groups_per_program), parts)
     _quantize_packed_kernel[grid](x, buf, chunk // group, nbytes, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program)
     return buf
 
@@ -144,9 +155,20 @@ def dequant_sum_requant(buf: torch.Tensor, group: int = GROUP, groups_per_progra
     n, nbytes = buf.shape
     n_groups = nbytes // (group + 4)
     out = torch.empty(nbytes, dtype=torch.uint8, device=buf.device)
-    grid = (1, triton.cdiv(n_groups, groups_per_program))
+    grid = (triton.cdiv(n_groups, groups_per_program), 1)
     _dequant_sum_requant_kernel[grid](buf.contiguous(), out, n, n_groups, nbytes, GROUP=group,
                                       GROUPS_PER_PROGRAM=groups_per_program)
+    return out
+
+
+def dequant_sum(buf: torch.Tensor, group: int = GROUP, dtype=torch.float32, groups_per_program: int = 16) -> torch.Tensor:
+    """Same contract as reference.dequant_sum_ref: (n, chunk bytes) → (chunk,) in `dtype`."""
+    n, nbytes = buf.shape
+    n_groups = nbytes // (group + 4)
+    out = torch.empty(n_groups * group, dtype=dtype, device=buf.device)
+    grid = (triton.cdiv(n_groups, groups_per_program), 1)
+    _dequant_sum_kernel[grid](buf.contiguous(), out, n, n_groups, nbytes, GROUP=group,
+                              GROUPS_PER_PROGRAM=groups_per_program)
     return out
 
 
@@ -156,7 +178,7 @@ def dequantize_packed(buf: torch.Tensor, group: int = GROUP, dtype=torch.float32
     rows, nbytes = buf.shape
     n_groups = nbytes // (group + 4)
     out = torch.empty(rows * n_groups * group, dtype=dtype, device=buf.device)
-    grid = (rows, triton.cdiv(n_groups, groups_per_program))
+    grid = (triton.cdiv(n_groups, groups_per_program), rows)
     _dequantize_packed_kernel[grid](buf.contiguous(), out, n_groups, nbytes, GROUP=group,
                                     GROUPS_PER_PROGRAM=groups_per_program)
     return out

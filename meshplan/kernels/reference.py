@@ -251,6 +251,12 @@ def dequant_sum_requant_ref(buf: torch.Tensor, group: int = 128) -> torch.Tensor
     return quantize_int8_packed_ref(total, 1, group)[0]
 
 
+def dequant_sum_ref(buf: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(n, chunk bytes) packed copies of one tensor from n ranks → their fp32 sum, in `dtype`."""
+    q, s = unpack_int8_ref(buf, group)
+    return (q.view(q.shape[0], -1, group).to(torch.float32) * s[:, :, None]).sum(0).reshape(-1).to(dtype)
+
+
 def dequantize_packed_ref(buf: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(rows, chunk bytes) packed → the rows' values, concatenated, in `dtype`."""
     q, s = unpack_int8_ref(buf, group)

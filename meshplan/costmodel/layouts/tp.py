@@ -49,9 +49,14 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
                Comm("all_gather", axis, ctx.tokens * w_out * e, t, phase="bwd", block=kind, what="gather output grad"),
                Comm("all_gather", axis, ctx.tokens * w_in * e, t, phase="bwd", block=kind, what="re-gather input"),
                Comm("reduce_scatter", axis, bwd_bytes, t, phase="bwd", block=kind, what="reduce-scatter input grad")]
+    elif int8_forward and t == 2:
+        # meshplan.executor.comm.quantized_all_reduce on two ranks: the int8 tensors (and their scales)
+        # all-gathered, dequantized and summed on each rank.
+        out = [Comm("all_gather", axis, t * fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-gather"),
+               Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad")]
     elif int8_forward:
-        # meshplan.executor.comm.quantized_all_reduce: int8 chunks (and their scales) all-to-all,
-        # summed in fp32 per rank, re-quantized and all-gathered.
+        # On more ranks: int8 chunks (and their scales) all-to-all, summed in fp32 per rank,
+        # re-quantized and all-gathered.
         out = [Comm("all_to_all", axis, fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-to-all"),
                Comm("all_gather", axis, fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-gather"),
                Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad")]
