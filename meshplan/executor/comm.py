@@ -103,22 +103,34 @@ def all_reduce(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
 
 
 def all_gather(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    return all_gather_start(mesh, t, axis, dim)()
+
+
+def all_gather_start(mesh: Mesh, t: torch.Tensor, axis: str, dim: int):
+    """Begin gathering `t` along `dim` over the axis; returns a function that waits for the gather and
+    returns the gathered tensor (so the caller can compute meanwhile)."""
     ax = mesh.axis(axis)
     if ax.size == 1:
-        return t
+        return lambda: t
     t = t.contiguous()
     mesh.record("all_gather", axis, t.numel() * t.element_size() * ax.size)
     if not mesh.enabled:
-        return torch.cat([t] * ax.size, dim=dim)
+        out = torch.cat([t] * ax.size, dim=dim)
+        return lambda: out
     # Gathered straight into one rank-major buffer: when every dimension before `dim` has size 1 that
     # buffer already is the concatenation (no second copy of the gathered tensor, as a list of parts
     # and torch.cat would make).
     n = ax.size
     buf = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_gather_into_tensor(buf, t, group=ax.group)
-    if all(size == 1 for size in t.shape[:dim]):
-        return buf.view(*t.shape[:dim], n * t.shape[dim], *t.shape[dim + 1:])
-    return torch.cat(buf.chunk(n, 0), dim=dim)
+    work = dist.all_gather_into_tensor(buf, t, group=ax.group, async_op=True)
+
+    def finish() -> torch.Tensor:
+        work.wait()
+        if all(size == 1 for size in t.shape[:dim]):
+            return buf.view(*t.shape[:dim], n * t.shape[dim], *t.shape[dim + 1:])
+        return torch.cat(buf.chunk(n, 0), dim=dim)
+
+    return finish
 
 
 def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Tensor:

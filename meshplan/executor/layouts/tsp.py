@@ -6,6 +6,7 @@ shard's W_O contribution to its output — no all-reduce. Gated MLP: the packed 
 shards travel a send/recv ring, the next shard in flight while the GEMMs of the one in hand run.
 Backward streams the shards again, re-gathers K/V, reduce-scatters dK/dV, and reduce-scatters the
 weight gradients (each rank has partial gradients of every shard from its own tokens) to the owner.
+Both directions gather the next shard's K/V while the current shard attends (or is differentiated).
 Twin of meshplan/costmodel/layouts/tsp.py.
 """
 
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
-from meshplan.executor.comm import Mesh, all_gather, broadcast, reduce_scatter, ring_shift
+from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import (KVCache, Sharded, attend_prefix, combine_partials, partial_attention,
                                               rows, zigzag_tokens)
 
@@ -36,33 +37,47 @@ def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
     return w, broadcast(mesh, w, "tsp", owner, async_op=True)
 
 
+def _project(layer, xn, w):
+    """q, k, v of this rank's tokens for one shard's heads, and the shard's W_O."""
+    b, t, _ = xn.shape
+    wq, wk, wv, wo = layer.unpack_attention(w)
+    hd = layer.head_dim
+    return ((xn @ wq.t()).view(b, t, layer.lq // hd, hd), (xn @ wk.t()).view(b, t, layer.lkv // hd, hd),
+            (xn @ wv.t()).view(b, t, layer.lkv // hd, hd), wo)
+
+
 class _TSPAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xn, w_qkv, w_o, layer):
         mesh, ax = layer.mesh, layer.mesh.axis("tsp")
         packed = torch.cat([w_qkv.flatten(), w_o.flatten()])
         b, t, _ = xn.shape
-        lq, lkv, hd = layer.lq, layer.lkv, layer.head_dim
         y = None
         qs, ks, vs, outs = [], [], [], []
-        pending = _start_broadcast(mesh, packed, 0)
-        for j in range(ax.size):
+
+        def take(j, pending):
+            """Wait for shard j's weights, start shard j + 1's broadcast, project, and start gathering
+            the shard's K/V — which then travel while the previous shard attends."""
             w, work = pending
             if work is not None:
                 work.wait()
-            if j + 1 < ax.size:  # the next shard arrives while this one computes
-                pending = _start_broadcast(mesh, packed, j + 1)
-            wq, wk, wv, wo = layer.unpack_attention(w)
-            q = (xn @ wq.t()).view(b, t, lq // hd, hd)
-            k = (xn @ wk.t()).view(b, t, lkv // hd, hd)
-            v = (xn @ wv.t()).view(b, t, lkv // hd, hd)
-            kk, vv = all_gather(mesh, k, "tsp", 1), all_gather(mesh, v, "tsp", 1)
-            o = _attend(q, kk, vv, layer).reshape(b, t, lq)
+            nxt = _start_broadcast(mesh, packed, j + 1) if j + 1 < ax.size else None
+            q, k, v, wo = _project(layer, xn, w)
+            return (q, k, v, wo, all_gather_start(mesh, k, "tsp", 1), all_gather_start(mesh, v, "tsp", 1)), nxt
+
+        cur, pending = take(0, _start_broadcast(mesh, packed, 0))
+        for j in range(ax.size):
+            if j + 1 < ax.size:
+                nxt, pending = take(j + 1, pending)
+            q, k, v, wo, gather_k, gather_v = cur
+            o = _attend(q, gather_k(), gather_v(), layer).reshape(b, t, layer.lq)
             y = o @ wo.t() if y is None else y + o @ wo.t()
             qs.append(q)
             ks.append(k)
             vs.append(v)
             outs.append(o)
+            if j + 1 < ax.size:
+                cur = nxt
         ctx.layer = layer
         k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
         if layer.keep_cache:
@@ -80,18 +95,26 @@ class _TSPAttention(torch.autograd.Function):
         nq, nkv = lq // hd, lkv // hd
         dxn = torch.zeros_like(xn)
         grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
+
+        def gather(j):
+            """Start gathering shard j's K/V (saved from the forward: nothing to wait for)."""
+            return tuple(all_gather_start(mesh, t[:, :, j * nkv:(j + 1) * nkv], "tsp", 1) for t in (k_all, v_all))
+
         pending = _start_broadcast(mesh, packed, 0)
+        gathers = gather(0)
         for j in range(ax.size):
             w, work = pending
             if work is not None:
                 work.wait()
             if j + 1 < ax.size:
                 pending = _start_broadcast(mesh, packed, j + 1)
+                upcoming = gather(j + 1)  # the next shard's K/V travel while this one is differentiated
             wq, wk, wv, wo = layer.unpack_attention(w)
             q = q_all[:, :, j * nq:(j + 1) * nq]
-            k, v = k_all[:, :, j * nkv:(j + 1) * nkv], v_all[:, :, j * nkv:(j + 1) * nkv]
             o = o_all[..., j * lq:(j + 1) * lq]
-            kk, vv = all_gather(mesh, k, "tsp", 1), all_gather(mesh, v, "tsp", 1)
+            kk, vv = (finish() for finish in gathers)
+            if j + 1 < ax.size:
+                gathers = upcoming
             with torch.enable_grad():
                 q_, kk_, vv_ = (t.detach().requires_grad_(True) for t in (q, kk, vv))
                 o_ = _attend(q_, kk_, vv_, layer)
