@@ -222,7 +222,8 @@ def chunk_decay_sums(pk: Packing) -> torch.Tensor:
 
 PASS_BLOCK = 256  # state elements per program of the (sequential over chunks) state-passing kernels
 # Forward launch settings — headdim block and warps of the output kernel — the fastest of 12 on an H200
-# at 16K × 80 heads of 64 (1.09 ms; 1.33 ms at a block of 32, 1.53 ms with 8 warps):
+# at 16K × 80 heads of 64, swept when the kernel took one head per program (1.09 ms; 1.33 ms at a
+# block of 32, 1.53 ms with 8 warps):
 # benchmarks/results/ssd-fwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune-forward`.
 FWD_HEADDIM_BLOCK, FWD_WARPS = 64, 4
 # The output kernel's programs (meshplan.kernels.launch.SPLIT_TARGET) and its pipelined head loop's
