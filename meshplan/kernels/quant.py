@@ -109,23 +109,18 @@ def _load_packed(buf_ptr, vals, scales, ok):
 
 
 @triton.jit
-def _dequant_sum_requant_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
-                                GROUPS_PER_PROGRAM: tl.constexpr):
-    vals, scales, flat, ok = _packed_tile(0, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
-    total = tl.zeros((GROUPS_PER_PROGRAM, GROUP), dtype=tl.float32)
-    for r in range(n_rows):
-        total += _load_packed(buf_ptr, vals + r * chunk_bytes, scales + r * chunk_bytes // 4, ok)
-    _store_packed(out_ptr, total, vals, scales, ok)
-
-
-@triton.jit
 def _dequant_sum_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
-                        GROUPS_PER_PROGRAM: tl.constexpr):
+                        GROUPS_PER_PROGRAM: tl.constexpr, REQUANT: tl.constexpr):
+    """The fp32 sum of n_rows packed copies of one slice: re-quantized into one packed row (REQUANT),
+    or stored unpacked in out_ptr's dtype."""
     vals, scales, flat, ok = _packed_tile(0, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
     total = tl.zeros((GROUPS_PER_PROGRAM, GROUP), dtype=tl.float32)
     for r in range(n_rows):
         total += _load_packed(buf_ptr, vals + r * chunk_bytes, scales + r * chunk_bytes // 4, ok)
-    tl.store(out_ptr + flat, total.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    if REQUANT:
+        _store_packed(out_ptr, total, vals, scales, ok)
+    else:
+        tl.store(out_ptr + flat, total.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 @triton.jit
@@ -152,23 +147,22 @@ def quantize_int8_packed(x: torch.Tensor, parts: int, group: int = GROUP, groups
 
 def dequant_sum_requant(buf: torch.Tensor, group: int = GROUP, groups_per_program: int = 16) -> torch.Tensor:
     """Same contract as reference.dequant_sum_requant_ref: (n, chunk bytes) → (chunk bytes,)."""
-    n, nbytes = buf.shape
-    n_groups = nbytes // (group + 4)
-    out = torch.empty(nbytes, dtype=torch.uint8, device=buf.device)
-    grid = (triton.cdiv(n_groups, groups_per_program), 1)
-    _dequant_sum_requant_kernel[grid](buf.contiguous(), out, n, n_groups, nbytes, GROUP=group,
-                                      GROUPS_PER_PROGRAM=groups_per_program)
-    return out
+    out = torch.empty(buf.shape[1], dtype=torch.uint8, device=buf.device)
+    return _sum_rows(buf, out, group, groups_per_program, requant=True)
 
 
 def dequant_sum(buf: torch.Tensor, group: int = GROUP, dtype=torch.float32, groups_per_program: int = 16) -> torch.Tensor:
     """Same contract as reference.dequant_sum_ref: (n, chunk bytes) → (chunk,) in `dtype`."""
+    out = torch.empty(buf.shape[1] // (group + 4) * group, dtype=dtype, device=buf.device)
+    return _sum_rows(buf, out, group, groups_per_program, requant=False)
+
+
+def _sum_rows(buf: torch.Tensor, out: torch.Tensor, group: int, groups_per_program: int, requant: bool) -> torch.Tensor:
     n, nbytes = buf.shape
     n_groups = nbytes // (group + 4)
-    out = torch.empty(n_groups * group, dtype=dtype, device=buf.device)
     grid = (triton.cdiv(n_groups, groups_per_program), 1)
     _dequant_sum_kernel[grid](buf.contiguous(), out, n, n_groups, nbytes, GROUP=group,
-                              GROUPS_PER_PROGRAM=groups_per_program)
+                              GROUPS_PER_PROGRAM=groups_per_program, REQUANT=requant)
     return out
 
 
