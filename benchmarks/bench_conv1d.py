@@ -4,7 +4,9 @@
 
 Bytes counted as the least the kernel must move: forward reads x and writes out (bf16); backward
 reads x and dy and writes dx (bf16) — it rebuilds the pre-activation in registers. Roofline: a large
-device-to-device copy measured in the same run. --tiles also times forward and backward tiles.
+device-to-device copy measured in the same run. The main rows run the module's settings (the
+time-marching kernels for d_conv ≤ 4); --tiles also times the tiled kernels' tiles, --march the
+marching kernels' settings.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ def decode_rows() -> list[dict]:
     return rows
 
 
-# Time-marching settings timed by --march: (rows, channels, warps, loop unroll, pipeline stages). The
-# first sweep (27 settings, no unroll; conv1d-march-h200.json) put 128 x 256 x 2 warps first for the
-# backward, the second (unroll 1/2/4; conv1d-march-unroll-h200.json) unroll 2.
-MARCH_SWEEP = [(128, 256, 2, 2, st) for st in (1, 2, 3)] + [(128, 512, 2, 2, st) for st in (1, 3)] + \
-    [(64, 256, 2, 2, 1), (128, 256, 4, 2, 1)]
+# Time-marching settings timed by --march: (rows, channels, warps, pipeline stages), forward and backward
+# at each. The kernels walk four rows a step; a sweep of 27 settings (benchmarks/results/
+# conv1d-rows4-ab-h200.json) put 128 channels, 1 warp first for the forward and 128 channels, 2 warps
+# for the backward.
+MARCH_SWEEP = [(128, 128, 1, st) for st in (1, 2, 3)] + [(128, 128, 2, st) for st in (1, 2, 3)] + \
+    [(128, 256, 2, 1), (128, 256, 2, 2), (64, 128, 2, 2), (256, 128, 2, 2)]
 
 
 def conv_inputs(b: int, t: int, c: int):
@@ -85,7 +88,8 @@ def main() -> int:
         x, w, bias, seq_idx = conv_inputs(b, t, c)
         out["tiles"] = []
         for bt, bc in ((64, 32), (32, 128), (64, 128), (16, 256), (32, 256), (128, 64), (8, 512)):
-            s = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, bt=bt, bc=bc), reps=20, warmup=3)
+            s = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, bt=bt, bc=bc, march=False), reps=20,
+                              warmup=3)
             out["tiles"].append({"bt": bt, "bc": bc, "fwd_s": s, "fwd_bandwidth_fraction": 2 * b * t * c * 2 / s / copy_bw})
         g = torch.randn_like(x)
         out["bwd_tiles"] = []
@@ -94,7 +98,7 @@ def main() -> int:
                 for bt, bc, steps in ((32, 128, 16), (64, 64, 8), (32, 64, 16), (16, 128, 32), (16, 64, 32),
                                       (8, 128, 64)):
                     s = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, idx, bt=bt, bc=bc, steps=steps,
-                                                                two_pass=two_pass), reps=20, warmup=3)
+                                                                two_pass=two_pass, march=False), reps=20, warmup=3)
                     out["bwd_tiles"].append({"two_pass": two_pass, "seq_idx": idx is not None, "bt": bt, "bc": bc,
                                              "steps": steps, "bwd_s": s,
                                              "bwd_bandwidth_fraction": 3 * b * t * c * 2 / s / copy_bw})
@@ -106,15 +110,14 @@ def main() -> int:
         g = torch.randn_like(x)
         n = b * t * c
         out["march"] = []
-        for nrows, channels, warps, unroll, stages in MARCH_SWEEP:
-            kw = dict(march=True, rows=nrows, channels=channels, warps=warps, unroll=unroll, stages=stages)
+        for nrows, channels, warps, stages in MARCH_SWEEP:
+            kw = dict(march=True, rows=nrows, channels=channels, warps=warps, stages=stages)
             f = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, **kw), reps=20, warmup=3)
             bw = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, **kw), reps=20, warmup=3)
-            out["march"].append({"rows": nrows, "channels": channels, "warps": warps, "unroll": unroll,
-                                 "stages": stages, "fwd_s": f, "bwd_s": bw,
-                                 "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw,
+            out["march"].append({"rows": nrows, "channels": channels, "warps": warps, "stages": stages,
+                                 "fwd_s": f, "bwd_s": bw, "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw,
                                  "bwd_bandwidth_fraction": 3 * n * 2 / bw / copy_bw})
-            print(f"march {nrows} x {channels}, {warps} warps, unroll {unroll}, {stages} stages: fwd {f * 1e3:.3f} ms "
+            print(f"march {nrows} x {channels}, {warps} warps, {stages} stages: fwd {f * 1e3:.3f} ms "
                   f"({2 * n * 2 / f / copy_bw:.0%}), bwd {bw * 1e3:.3f} ms ({3 * n * 2 / bw / copy_bw:.0%})",
                   flush=True)
     json.dump(out, open(args.out, "w"), indent=1)

@@ -22,18 +22,19 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
     return x, w, bias
 
 
-# The time-marching kernels with 16-row, 8-channel programs (several per sequence and per row), and the
-# tiled ones: 8-step tiles, 2 steps — several backward programs, each walking two tiles (dw summed
-# across both), in the one-pass backward (pre-activation rebuilt at each shift) and the two-pass one.
-@pytest.mark.parametrize("bwd_tiles", ["march", (8, 2, False), (8, 2, True)])
+# The time-marching kernels with 16- and 18-row, 8-channel programs (several per sequence and per row;
+# 18 rows stop in the middle of a four-row step), and the tiled ones: 8-step tiles, 2 steps — several
+# backward programs, each walking two tiles (dw summed across both), in the one-pass backward
+# (pre-activation rebuilt at each shift) and the two-pass one.
+@pytest.mark.parametrize("bwd_tiles", [16, 18, (8, 2, False), (8, 2, True)])
 @pytest.mark.parametrize("t, c, k", [(37, 20, 4), (130, 40, 3), (5, 7, 4), (41, 12, 6), (29, 9, 2)])
 def test_forward_and_backward_match_reference(monkeypatch, bwd_tiles, t, c, k):
-    if bwd_tiles == "march":
-        monkeypatch.setattr(conv1d, "MARCH_FWD", True)
-        monkeypatch.setattr(conv1d, "MARCH_ROWS", 16)
+    if isinstance(bwd_tiles, int):
+        monkeypatch.setattr(conv1d, "MARCH_ROWS", bwd_tiles)
         monkeypatch.setattr(conv1d, "MARCH_CHANNELS", 8)
-        monkeypatch.setattr(conv1d, "MARCH_UNROLL", 2)
+        monkeypatch.setattr(conv1d, "MARCH_FWD_CHANNELS", 8)
     else:
+        monkeypatch.setattr(conv1d, "MARCH_FWD", False)
         monkeypatch.setattr(conv1d, "MARCH_BWD", False)
         monkeypatch.setattr(conv1d, "BWD_TILE_T", bwd_tiles[0])
         monkeypatch.setattr(conv1d, "BWD_STEPS", bwd_tiles[1])
@@ -161,6 +162,7 @@ def test_marching_backward_without_seq_idx_across_programs(monkeypatch, k):
     pre-activation gradients it needs) and counts dw, db only for its own rows."""
     monkeypatch.setattr(conv1d, "MARCH_ROWS", 16)
     monkeypatch.setattr(conv1d, "MARCH_CHANNELS", 8)
+    monkeypatch.setattr(conv1d, "MARCH_FWD_CHANNELS", 8)
     x, w, bias = _inputs(2, 53, 12, k, seed=k)
     xs, ws, bs = (v.clone().requires_grad_(True) for v in (x, w, bias))
     xr, wr, br = (v.clone().requires_grad_(True) for v in (x, w, bias))

@@ -4,11 +4,11 @@ out[b, t, c] = act(bias[c] + Σ_j w[c, j] · x[b, t − (K−1) + j, c]), where 
 start of the row or in an earlier packed sequence (seq_idx differs) contributes nothing — so a packed
 row gives each sequence exactly what it would get alone (PackMamba, Xu et al. 2024).
 
-Two families of kernels: tiled ones (a block of time steps × channels per program, the K taps read
-as shifted loads), and time-marching ones for K ≤ 4 (a program walks its rows one at a time with the
-window in registers, so every input is read once). The forward is tiled; the backward marches (one
-pass: pre-activation rebuilt, dx gathered, dw and db summed per channel), and falls back to the tiled
-backward (optionally two-pass, with an fp32 pre-activation gradient) for K > 4.
+Two families of kernels: time-marching ones for K ≤ 4 (a program walks its rows four at a time with
+the window in registers, so every input is read once; the backward in one pass: pre-activation
+rebuilt, dx gathered, dw and db summed per channel), and tiled ones for K > 4 (a block of time steps
+× channels per program, the K taps read as shifted loads; the backward optionally two-pass, with an
+fp32 pre-activation gradient).
 Reference: meshplan.kernels.reference.causal_conv1d_ref.
 """
 
@@ -17,6 +17,21 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _tile_ids(T, ROWS):
+    """(batch as int64, time block, channel block, time blocks) of a program on the grid
+    (batch · time blocks, channel blocks), ROWS time steps a block. Batch and time share the first
+    axis, which has room for 2^31 programs (the second stops at 65,535: 2M tokens at 32 a block);
+    the batch varies fastest, then time, then channels. Time fastest made the tiled forward 5%
+    slower at batch 4 (0.676 against 0.645 ms), and channels fastest 2-3% slower (so that the
+    programs resident at one time read whole rows) on an H200
+    (benchmarks/results/conv1d-rows4-ab2-h200.json, ssd-grid-order-h200.json "conv")."""
+    n_t = tl.cdiv(T, ROWS)
+    n_b = tl.num_programs(0) // n_t
+    pid = tl.program_id(0)
+    return (pid % n_b).to(tl.int64), pid // n_b, tl.program_id(1), n_t
 
 
 @triton.jit
@@ -42,7 +57,7 @@ def _pre_activation(x_ptr, w_ptr, b_ptr, idx_ptr, pid_b, pos, c, cm, T, C, K: tl
 @triton.jit
 def _conv_fwd(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, K: tl.constexpr, HAS_IDX: tl.constexpr,
               SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
+    pid_b, pid_t, pid_c, _ = _tile_ids(T, BT)  # pid_b int64: offsets pass 2^31
     t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)  # t · channels passes 2^31 at long context
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
@@ -57,7 +72,7 @@ def _conv_fwd(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, K: tl.constexpr, HAS_
 def _conv_dpre(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dpre_ptr, T, C, K: tl.constexpr, HAS_IDX: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr):
     """dpre = dout · silu'(pre), fp32, the pre-activation rebuilt from x (the two-pass backward)."""
-    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
+    pid_b, pid_t, pid_c, _ = _tile_ids(T, BT)  # pid_b int64: offsets pass 2^31
     t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)  # t · channels passes 2^31 at long context
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
@@ -80,7 +95,7 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
     db[c] = Σ_t dpre[t]. For K ≤ 4 the products are summed elementwise over the steps and reduced
     across the tile's rows once at the end (a cross-warp reduction per tap and step cost more than the
     loads); larger K reduce every step."""
-    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
+    pid_b, pid_t, pid_c, n_t = _tile_ids(T, BT * STEPS)  # pid_b int64: offsets pass 2^31
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
     base = pid_b * T * C
@@ -91,7 +106,7 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
     a2 = tl.zeros((BT, BC), dtype=tl.float32)
     a3 = tl.zeros((BT, BC), dtype=tl.float32)
     dsum = tl.zeros((BT, BC), dtype=tl.float32)
-    part = (pid_b * tl.num_programs(1) + pid_t) * C * K
+    part = (pid_b * n_t + pid_t) * C * K
     for step in range(STEPS):
         t = ((pid_t * STEPS + step) * BT + tl.arange(0, BT)).to(tl.int64)
         tm = t < T
@@ -141,26 +156,27 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
         if K > 3:
             wacc += tl.where(taps[None, :] == 3, tl.sum(a3, axis=0)[:, None], 0.0)
     tl.store(dw_part_ptr + part + c[:, None] * K + taps[None, :], wacc, mask=cm[:, None] & (taps[None, :] < K))
-    tl.store(db_part_ptr + (pid_b * tl.num_programs(1) + pid_t) * C + c, tl.sum(dsum, axis=0), mask=cm)
+    tl.store(db_part_ptr + (pid_b * n_t + pid_t) * C + c, tl.sum(dsum, axis=0), mask=cm)
 
 
 @triton.jit
-def _march_program(w4_ptr, b_ptr, T, C, BC: tl.constexpr):
+def _march_program(w4_ptr, b_ptr, T, C, L, BC: tl.constexpr):
     """A time-marching program's batch (int64), time block, channels and their mask, the slab's base
-    offset, the four right-aligned taps and the bias (fp32)."""
-    pid_b, pid_t, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    offset, the four right-aligned taps, the bias (fp32) and the number of time blocks."""
+    pid_b, pid_t, pid_c, n_t = _tile_ids(T, L)
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
     w0, w1 = tl.load(w4_ptr + c * 4, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 1, mask=cm, other=0.0)
     w2, w3 = tl.load(w4_ptr + c * 4 + 2, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 3, mask=cm, other=0.0)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
-    return pid_b, pid_t, c, cm, pid_b * T * C, w0, w1, w2, w3, bias
+    return pid_b, pid_t, c, cm, pid_b * T * C, w0, w1, w2, w3, bias, n_t
 
 
 @triton.jit
 def _row_offsets(base, t, C, c):
-    """(offsets, t as an int64 vector) of row t's BC channels c in a (T, C) slab at `base`: t as a
-    vector gives a tensor mask and int64 offsets."""
+    """(offsets, t as an int64 vector) of row t's BC channels c in a (T, C) slab at `base`. The row's
+    offset as one int64 scalar, with only the channel offsets vectors, made the forward 4-8% slower
+    on an H200 (benchmarks/results/conv1d-rows4-ab3-h200.json)."""
     tv = (tl.zeros_like(c) + t).to(tl.int64)
     return base + tv * C + c, tv
 
@@ -173,6 +189,13 @@ def _row(ptr, base, t, C, c, cm, T):
 
 
 @triton.jit
+def _store_row(ptr, v, base, t, C, c, cm, lo, hi):
+    """Row t of a (T, C) slab at `base` (the BC channels c), where lo ≤ t < hi."""
+    offs, tv = _row_offsets(base, t, C, c)
+    tl.store(ptr + offs, v.to(ptr.dtype.element_ty), mask=cm & (tv >= lo) & (tv < hi))
+
+
+@triton.jit
 def _seq_id(idx_ptr, pid_b, t, T, HAS_IDX: tl.constexpr, outside):
     """Sequence id of row t, shape (1,) (`outside` where there is no row t; 0 without seq_idx)."""
     tv = tl.zeros((1,), dtype=tl.int32) + t
@@ -182,40 +205,81 @@ def _seq_id(idx_ptr, pid_b, t, T, HAS_IDX: tl.constexpr, outside):
 
 
 @triton.jit
-def _conv_fwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.constexpr, SILU: tl.constexpr,
-                  BC: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
-    """Time-marching forward: one program walks L rows of BC channels, keeping the last three inputs
-    (and their sequence ids) in registers, so each input is read once and each output written once.
-    w4 (C, 4) fp32: the taps right-aligned, zeros in front when K < 4."""
-    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias = _march_program(w4_ptr, b_ptr, T, C, BC)
+def _fwd_out(x0, x1, x2, x3, i0, i1, i2, i3, w0, w1, w2, w3, bias, SILU: tl.constexpr):
+    """One output row from its input x0 and the three before it (sequence ids i0..i3), fp32."""
+    acc = bias + w3 * x0 + w2 * tl.where(i1 == i0, x1, 0.0) + w1 * tl.where(i2 == i0, x2, 0.0) \
+        + w0 * tl.where(i3 == i0, x3, 0.0)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return acc
+
+
+@triton.jit
+def _conv_fwd_march(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.constexpr, SILU: tl.constexpr,
+                    BC: tl.constexpr, STAGES: tl.constexpr):
+    """Time-marching forward: one program walks L rows of BC channels four rows a step, keeping the
+    last three inputs (and their sequence ids) in registers, so each input is read once and each
+    output written once. A step's four input rows are loaded before any of its outputs is stored: a
+    load after a store waits for it (the compiler cannot tell the buffers apart), and four loads a
+    thread in flight, not one, is what the step gains. w4 (C, 4) fp32: the taps right-aligned,
+    zeros in front when K < 4."""
+    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, _ = _march_program(w4_ptr, b_ptr, T, C, L, BC)
     t0 = pid_t * L
+    end = tl.minimum(t0 + L, T)
     x3, x2, x1 = _row(x_ptr, base, t0 - 3, C, c, cm, T), _row(x_ptr, base, t0 - 2, C, c, cm, T), \
         _row(x_ptr, base, t0 - 1, C, c, cm, T)
     i3, i2, i1 = _seq_id(idx_ptr, pid_b, t0 - 3, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t0 - 2, T, HAS_IDX, -1), \
         _seq_id(idx_ptr, pid_b, t0 - 1, T, HAS_IDX, -1)
-    for t in tl.range(t0, tl.minimum(t0 + L, T), num_stages=STAGES, loop_unroll_factor=UNROLL):
-        x0 = _row(x_ptr, base, t, C, c, cm, T)
-        i0 = _seq_id(idx_ptr, pid_b, t, T, HAS_IDX, -2)
-        acc = bias + w3 * x0 + w2 * tl.where(i1 == i0, x1, 0.0) + w1 * tl.where(i2 == i0, x2, 0.0) \
-            + w0 * tl.where(i3 == i0, x3, 0.0)
-        if SILU:
-            acc = acc * tl.sigmoid(acc)
-        offs, _ = _row_offsets(base, t, C, c)
-        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=cm)
-        x3, x2, x1 = x2, x1, x0
-        i3, i2, i1 = i2, i1, i0
+    for t in tl.range(t0, end, 4, num_stages=STAGES):
+        xa, xb = _row(x_ptr, base, t, C, c, cm, end), _row(x_ptr, base, t + 1, C, c, cm, end)
+        xc, xd = _row(x_ptr, base, t + 2, C, c, cm, end), _row(x_ptr, base, t + 3, C, c, cm, end)
+        ia, ib = _seq_id(idx_ptr, pid_b, t, T, HAS_IDX, -2), _seq_id(idx_ptr, pid_b, t + 1, T, HAS_IDX, -2)
+        ic, id_ = _seq_id(idx_ptr, pid_b, t + 2, T, HAS_IDX, -2), _seq_id(idx_ptr, pid_b, t + 3, T, HAS_IDX, -2)
+        _store_row(out_ptr, _fwd_out(xa, x1, x2, x3, ia, i1, i2, i3, w0, w1, w2, w3, bias, SILU), base, t, C, c, cm,
+                   0, end)
+        _store_row(out_ptr, _fwd_out(xb, xa, x1, x2, ib, ia, i1, i2, w0, w1, w2, w3, bias, SILU), base, t + 1, C, c,
+                   cm, 0, end)
+        _store_row(out_ptr, _fwd_out(xc, xb, xa, x1, ic, ib, ia, i1, w0, w1, w2, w3, bias, SILU), base, t + 2, C, c,
+                   cm, 0, end)
+        _store_row(out_ptr, _fwd_out(xd, xc, xb, xa, id_, ic, ib, ia, w0, w1, w2, w3, bias, SILU), base, t + 3, C, c,
+                   cm, 0, end)
+        x3, x2, x1 = xb, xc, xd
+        i3, i2, i1 = ib, ic, id_
 
 
 @triton.jit
-def _conv_bwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L,
-                  HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, UNROLL: tl.constexpr,
-                  STAGES: tl.constexpr):
+def _bwd_step(t, lo, hi, xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
+              w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU: tl.constexpr):
+    """One row t of the marching backward given its window (x[t..t−3] as xa, xb, xc, xd; dpre[t+1..t+3]
+    as g1..g3, with sequence ids): dpre[t] rebuilt, and dx[t] stored and the dw, db sums taken where
+    lo ≤ t ≤ hi. Returns the window moved one row down, and the sums."""
+    m1, m2, m3 = tl.where(ib == ia, 1.0, 0.0), tl.where(ic == ia, 1.0, 0.0), tl.where(idd == ia, 1.0, 0.0)
+    g = gout
+    if SILU:
+        pre = bias + w3 * xa + w2 * m1 * xb + w1 * m2 * xc + w0 * m3 * xd
+        sig = tl.sigmoid(pre)
+        g = g * sig * (1 + pre * (1 - sig))
+    dx = w3 * g + w2 * tl.where(j1 == ia, g1, 0.0) + w1 * tl.where(j2 == ia, g2, 0.0) \
+        + w0 * tl.where(j3 == ia, g3, 0.0)
+    offs, tv = _row_offsets(base, t, C, c)
+    own = cm & (tv >= lo) & (tv <= hi)
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=own)
+    go = tl.where(own, g, 0.0)
+    return (xb, xc, xd, ib, ic, idd, g, g1, g2, ia, j1, j2, dw0 + go * m3 * xd, dw1 + go * m2 * xc,
+            dw2 + go * m1 * xb, dw3 + go * xa, db + go)
+
+
+@triton.jit
+def _conv_bwd_march(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L,
+                    HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """Time-marching backward, one pass: a program walks its L rows downwards from three rows above
-    them, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in registers. At each row:
-    pre (rebuilt), dpre = dout · silu'(pre), dx[t] = Σ_j w_j · dpre[t + 3 − j] over the same sequence,
-    and the dw, db sums per channel — no fp32 buffer in memory, no reduction across threads. Rows
-    above the program's own only supply dpre (each row's dw, db and dx are counted by one program)."""
-    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias = _march_program(w4_ptr, b_ptr, T, C, BC)
+    them, four rows a step, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in
+    registers. At each row: pre (rebuilt), dpre = dout · silu'(pre), dx[t] = Σ_j w_j · dpre[t + 3 − j]
+    over the same sequence, and the dw, db sums per channel — no fp32 buffer in memory, no reduction
+    across threads. Rows above the program's own only supply dpre (each row's dw, db and dx are
+    counted by one program). A step's x and dout rows are all loaded before its first dx row is
+    stored, as in the forward."""
+    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, n_t = _march_program(w4_ptr, b_ptr, T, C, L, BC)
     t0 = pid_t * L
     t_own = tl.minimum(t0 + L, T) - 1  # the last row this program writes
     top = tl.minimum(t0 + L + 2, T - 1)  # the highest row whose dpre its rows need
@@ -234,31 +298,27 @@ def _conv_bwd_seq(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, 
     dw2 = tl.zeros((BC,), dtype=tl.float32)
     dw3 = tl.zeros((BC,), dtype=tl.float32)
     db = tl.zeros((BC,), dtype=tl.float32)
-    for i in tl.range(0, top - t0 + 1, num_stages=STAGES, loop_unroll_factor=UNROLL):
+    for i in tl.range(0, top - t0 + 1, 4, num_stages=STAGES):
         t = top - i
-        xd = _row(x_ptr, base, t - 3, C, c, cm, T)
-        idd = _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1)
-        m1, m2, m3 = tl.where(ib == ia, 1.0, 0.0), tl.where(ic == ia, 1.0, 0.0), tl.where(idd == ia, 1.0, 0.0)
-        g = _row(dout_ptr, base, t, C, c, cm, T)
-        if SILU:
-            pre = bias + w3 * xa + w2 * m1 * xb + w1 * m2 * xc + w0 * m3 * xd
-            sig = tl.sigmoid(pre)
-            g = g * sig * (1 + pre * (1 - sig))
-        if t <= t_own:
-            dx = w3 * g + w2 * tl.where(j1 == ia, g1, 0.0) + w1 * tl.where(j2 == ia, g2, 0.0) \
-                + w0 * tl.where(j3 == ia, g3, 0.0)
-            offs, _ = _row_offsets(base, t, C, c)
-            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=cm)
-            dw3 += g * xa
-            dw2 += g * m1 * xb
-            dw1 += g * m2 * xc
-            dw0 += g * m3 * xd
-            db += g
-        g3, g2, g1 = g2, g1, g
-        j3, j2, j1 = j2, j1, ia
-        xa, xb, xc = xb, xc, xd
-        ia, ib, ic = ib, ic, idd
-    part = (pid_b * tl.num_programs(1) + pid_t) * C
+        xd0, xd1 = _row(x_ptr, base, t - 3, C, c, cm, T), _row(x_ptr, base, t - 4, C, c, cm, T)
+        xd2, xd3 = _row(x_ptr, base, t - 5, C, c, cm, T), _row(x_ptr, base, t - 6, C, c, cm, T)
+        go0, go1 = _row(dout_ptr, base, t, C, c, cm, T), _row(dout_ptr, base, t - 1, C, c, cm, T)
+        go2, go3 = _row(dout_ptr, base, t - 2, C, c, cm, T), _row(dout_ptr, base, t - 3, C, c, cm, T)
+        id0, id1 = _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t - 4, T, HAS_IDX, -1)
+        id2, id3 = _seq_id(idx_ptr, pid_b, t - 5, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t - 6, T, HAS_IDX, -1)
+        xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_step(
+            t, t0, t_own, xd0, id0, go0, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
+            w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU)
+        xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_step(
+            t - 1, t0, t_own, xd1, id1, go1, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
+            w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU)
+        xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_step(
+            t - 2, t0, t_own, xd2, id2, go2, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
+            w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU)
+        xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_step(
+            t - 3, t0, t_own, xd3, id3, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
+            w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU)
+    part = (pid_b * n_t + pid_t) * C
     tl.store(dw_part_ptr + (part + c) * 4, dw0, mask=cm)
     tl.store(dw_part_ptr + (part + c) * 4 + 1, dw1, mask=cm)
     tl.store(dw_part_ptr + (part + c) * 4 + 2, dw2, mask=cm)
@@ -275,8 +335,9 @@ def _taps4(weight):
 
 
 def _launch_shape(x: torch.Tensor, bt: int, bc: int):
+    """The grid of _tile_ids: (batch · time blocks, channel blocks)."""
     b, t, c = x.shape
-    return (b, triton.cdiv(t, bt), triton.cdiv(c, bc))
+    return (b * triton.cdiv(t, bt), triton.cdiv(c, bc))
 
 
 # Tile: 32 time steps × 128 channels ran fastest of 7 shapes on an H200 (55% of the copy roofline,
@@ -301,15 +362,20 @@ def _bias_or_zeros(bias, weight):
     return bias.contiguous()
 
 
-# Time-marching kernels (K ≤ 4): each program walks MARCH_ROWS rows of MARCH_CHANNELS channels with
-# MARCH_WARPS warps, reading every input once. On an H200 at 4 × 16K × 5376 with seq_idx the backward
-# takes 1.21 ms at 128 × 256, 2 warps, unroll 2, 2 pipeline stages (44% of the copy roofline), against
-# 2.54 ms for the tiled two-pass backward and 4.46 ms before that; three sweeps of 27, 12 and 7
-# settings (benchmarks/results/conv1d-march-h200.json, conv1d-march-unroll-h200.json,
-# conv1d-march-stages-h200.json; `python benchmarks/bench_conv1d.py --march`). The marching forward
-# is no faster than the tiled one (0.62-0.66 against 0.64-0.69 ms across the same runs), which stays.
-MARCH_FWD, MARCH_BWD = False, True
-MARCH_ROWS, MARCH_CHANNELS, MARCH_WARPS, MARCH_UNROLL, MARCH_STAGES = 128, 256, 2, 2, 2
+# Time-marching kernels (K ≤ 4), forward and backward: each program walks MARCH_ROWS rows of
+# MARCH_CHANNELS channels with MARCH_WARPS warps, four rows a step, reading every input once. On an
+# H200 at 4 × 16K × 5376 bf16 with seq_idx (benchmarks/results/conv1d-rows4-ab2-h200.json, three
+# interleaved rounds, and conv1d-rows4-ab-h200.json, a sweep of 27 settings):
+# - forward, 128 channels, 1 warp, 2 stages: 0.52 ms (64% of the copy roofline), against 0.60 ms for
+#   one row a step and 0.645 ms for the tiled forward, which had been the default;
+# - backward, 128 channels, 2 warps, 2 stages: 1.14 ms (44%), against 1.23 ms for one row a step
+#   (128 rows × 256 channels, 2 warps, unroll 2, 2 stages: the best of three earlier sweeps,
+#   conv1d-march-h200.json, conv1d-march-unroll-h200.json, conv1d-march-stages-h200.json) and
+#   2.54 ms for the tiled two-pass backward.
+MARCH_FWD, MARCH_BWD = True, True
+MARCH_ROWS, MARCH_STAGES = 128, 2
+MARCH_CHANNELS, MARCH_WARPS = 128, 2  # the backward's
+MARCH_FWD_CHANNELS, MARCH_FWD_WARPS = 128, 1
 
 
 def _marching(weight, march, default):
@@ -317,17 +383,18 @@ def _marching(weight, march, default):
 
 
 def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TILE_C, march=None, rows=None,
-                      channels=None, warps=None, unroll=None, stages=None):
+                      channels=None, warps=None, stages=None):
+    """out = act(conv(x)) (settings default to the module's)."""
     x = x.contiguous()
-    b, t, c = x.shape
+    _, t, c = x.shape
     out = torch.empty_like(x)
     idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else x
     bias = _bias_or_zeros(bias, weight)
     if _marching(weight, march, MARCH_FWD):
-        rows, channels = rows or MARCH_ROWS, channels or MARCH_CHANNELS
-        _conv_fwd_seq[(b, triton.cdiv(t, rows), triton.cdiv(c, channels))](
+        rows, channels = rows or MARCH_ROWS, channels or MARCH_FWD_CHANNELS
+        _conv_fwd_march[_launch_shape(x, rows, channels)](
             x, _taps4(weight), bias, idx, out, t, c, rows, HAS_IDX=seq_idx is not None, SILU=silu, BC=channels,
-            UNROLL=unroll or MARCH_UNROLL, STAGES=stages or MARCH_STAGES, num_warps=warps or MARCH_WARPS)
+            STAGES=stages or MARCH_STAGES, num_warps=warps or MARCH_FWD_WARPS)
         return out
     _conv_fwd[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias.contiguous(), idx, out, t, c,
                                         K=weight.shape[1], HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc)
@@ -335,8 +402,7 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
 
 
 def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=None, bc=None, steps=None,
-                      two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None, unroll=None,
-                      stages=None):
+                      two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None, stages=None):
     """(dx, dw, db) of causal_conv1d_fwd given the output gradient (settings default to the module's)."""
     bt, bc, steps = bt or BWD_TILE_T, bc or BWD_TILE_C, steps or BWD_STEPS
     two_pass = TWO_PASS if two_pass is None else two_pass
@@ -349,17 +415,17 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
     g = grad_out.contiguous()
     if _marching(weight, march, MARCH_BWD):
         rows, channels = rows or MARCH_ROWS, channels or MARCH_CHANNELS
-        grid = (b, triton.cdiv(t, rows), triton.cdiv(c, channels))
-        dw_part = torch.empty(b * grid[1], c, 4, dtype=torch.float32, device=x.device)
-        db_part = torch.empty(b * grid[1], c, dtype=torch.float32, device=x.device)
-        _conv_bwd_seq[grid](x, _taps4(weight), bias_in, idx, g, dx, dw_part, db_part, t, c, rows,
-                            HAS_IDX=seq_idx is not None, SILU=silu, BC=channels, UNROLL=unroll or MARCH_UNROLL,
-                            STAGES=stages or MARCH_STAGES, num_warps=warps or MARCH_WARPS)
+        grid = _launch_shape(x, rows, channels)
+        dw_part = torch.empty(b * triton.cdiv(t, rows), c, 4, dtype=torch.float32, device=x.device)
+        db_part = torch.empty(b * triton.cdiv(t, rows), c, dtype=torch.float32, device=x.device)
+        _conv_bwd_march[grid](x, _taps4(weight), bias_in, idx, g, dx, dw_part, db_part, t, c, rows,
+                              HAS_IDX=seq_idx is not None, SILU=silu, BC=channels, STAGES=stages or MARCH_STAGES,
+                              num_warps=warps or MARCH_WARPS)
         dw = dw_part.sum(0)[:, 4 - k:]
     else:
-        grid = (b, triton.cdiv(t, bt * steps), triton.cdiv(c, bc))
-        dw_part = torch.empty(b * grid[1], c, k, dtype=torch.float32, device=x.device)
-        db_part = torch.empty(b * grid[1], c, dtype=torch.float32, device=x.device)
+        grid = _launch_shape(x, bt * steps, bc)
+        dw_part = torch.empty(b * triton.cdiv(t, bt * steps), c, k, dtype=torch.float32, device=x.device)
+        db_part = torch.empty(b * triton.cdiv(t, bt * steps), c, dtype=torch.float32, device=x.device)
         if two_pass and silu:
             dpre = torch.empty(b, t, c, dtype=torch.float32, device=x.device)
             _conv_dpre[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias_in.contiguous(), idx, g, dpre, t, c,

@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from meshplan.kernels import launch
-from meshplan.kernels.ssd import PASS_BLOCK, _passing_start, chunk_decay_sums, chunk_states, entering_states, prepare
+from meshplan.kernels.ssd import (PASS_BLOCK, _passing_start, chunk_decay_sums, chunk_states, entering_states, grid_ids,
+                                  prepare)
 
 
 @triton.jit
@@ -74,11 +75,12 @@ def _decay(sid_ptr, bi, S, t, cum, L: tl.constexpr, HAS_SID: tl.constexpr):
 def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, dy_ptr, sid_ptr, prev_ptr, keep_ptr,
                   dx_ptr, ddt_ptr, dcb_ptr, da_ptr, dd_ptr, S, H, G, P, N, XT, BT, CT, HAS_D: tl.constexpr,
                   HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
-    """Grid (batch · chunk, head). With M_ij = (C_i·B_j) exp(cum_i − cum_j) dt_j [same sequence,
+    """Grid (batch · chunk · head,). With M_ij = (C_i·B_j) exp(cum_i − cum_j) dt_j [same sequence,
     j ≤ i] and w_j = exp(cum_last − cum_j) dt_j [last sequence]: y_i = Σ_j M_ij x_j + reach_i C_i·E
     + D x_i and S = Σ_j w_j x_j ⊗ B_j. Writes dx, ddt, the gradient of C_i·B_j (for dB, dC) and
     this chunk's share of dA and dD."""
-    pid_bc, h = tl.program_id(0).to(tl.int64), tl.program_id(1)  # int64: offsets pass 2^31 at long context
+    pid_bc, h, _ = grid_ids(H, 1)
+    pid_bc = pid_bc.to(tl.int64)  # offsets pass 2^31 at long context
     n_chunks = S // L
     bi, ci = pid_bc // n_chunks, pid_bc % n_chunks
     g = h // (H // G)
@@ -144,12 +146,13 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
 def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr, sid_ptr, prev_ptr, dcb_ptr,
                    db_ptr, dc_ptr, S, H, G, P, N, XT, BT, CT, HPP: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr,
                    BP: tl.constexpr, BN: tl.constexpr):
-    """Grid (batch · chunk, group · split, d_state block): dB_j = Σ_h Σ_i dCB_ij C_i + w_j x_j·dS and
+    """Grid (batch · chunk · group · split · d_state block,): dB_j = Σ_h Σ_i dCB_ij C_i + w_j x_j·dS and
     dC_i = Σ_h Σ_j dCB_ij B_j + reach_i dy_i·E over HPP heads of one group (a split's partial sum)."""
-    pid_bc, pid_gs, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
+    splits = H // G // HPP
+    pid_bc, pid_gs, pid_n = grid_ids(G * splits, tl.cdiv(N, BN))
+    pid_bc = pid_bc.to(tl.int64)  # offsets pass 2^31 at long context
     n_chunks = S // L
     bi, ci = pid_bc // n_chunks, pid_bc % n_chunks
-    splits = tl.num_programs(1) // G
     g = pid_gs // splits
     t = ci * L + tl.arange(0, L)
     n = pid_n * BN + tl.arange(0, BN)
@@ -178,7 +181,7 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
             xdS += tl.dot(x, tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0).to(x.dtype))
         dc += tl.dot(dcb.to(bv.dtype), bv) + reach[:, None] * dyE
         db += tl.dot(tl.trans(dcb).to(cv.dtype), cv) + (w_nodt * dt)[:, None] * xdS
-    out_offs = ((bi * S + t[:, None]) * tl.num_programs(1) + pid_gs) * N + n[None, :]
+    out_offs = ((bi * S + t[:, None]) * (G * splits) + pid_gs) * N + n[None, :]
     tl.store(db_ptr + out_offs, db, mask=nm[None, :])
     tl.store(dc_ptr + out_offs, dc, mask=nm[None, :])
 
@@ -207,7 +210,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     d_entering = chunk_states(pk, dy, pk.C, to_entry=True, xt=h * p, bt=pk.ct)  # dE_c, fp32
     d_init = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
     d_states = torch.empty_like(d_entering, dtype=io)  # dS_c
-    _state_passing_bwd[(b, h, triton.cdiv(p * n, PASS_BLOCK))](d_entering, d_states, chunk_decay_sums(pk), pk.keep,
+    _state_passing_bwd[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](d_entering, d_states, chunk_decay_sums(pk), pk.keep,
                                                                dfinal.contiguous() if dfinal is not None else d_init,
                                                                d_init, nc, h, p * n, HAS_DFINAL=dfinal is not None,
                                                                BLOCK=PASS_BLOCK)
@@ -222,7 +225,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     # One program per (chunk, head): a loop over a group's heads sharing C·Bᵀ, as the forward's output
     # kernel has, made this kernel slower (1.14 against 0.99 ms on an H200 at 16K × 80 heads; the
     # dB/dC kernel below keeps its loop): benchmarks/results/ssd-head-loops-h200.json.
-    _chunk_bwd_dx[(b * nc, h)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, entering, d_states, dy,
+    _chunk_bwd_dx[(b * nc * h,)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, entering, d_states, dy,
                                sid, prev, pk.keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                HAS_D=D is not None, HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
                                num_warps=warps or BWD_WARPS)
@@ -231,7 +234,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     splits = launch.head_splits(hpg, b * nc * g * n_blocks, split_target)
     db = torch.empty(b, S, g * splits, n, device=x.device, dtype=torch.float32)
     dc = torch.empty_like(db)
-    _chunk_bwd_dbc[(b * nc, g * splits, n_blocks)](pk.x, pk.dt, pk.A, pk.B, pk.C, entering, d_states, dy, sid, prev,
+    _chunk_bwd_dbc[(b * nc * g * splits * n_blocks,)](pk.x, pk.dt, pk.A, pk.B, pk.C, entering, d_states, dy, sid, prev,
                                                    dcb, db, dc, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                                    HPP=hpg // splits,
                                                    HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=bn,
