@@ -141,7 +141,8 @@ def main() -> int:
                       f"time {m['step_time_s'] * 1e3:8.2f} ms (pred {p['step_time_s'] * 1e3:8.2f}) "
                       f"peak {m['peak_bytes'] / 2**30 if m['peak_bytes'] else 0:6.2f} GiB "
                       f"(pred {p['peak_bytes'] / 2**30:6.2f}) exposed {m.get('exposed_comm_s', 0) * 1e3:7.2f} ms "
-                      f"(pred {p['exposed_comm_s'] * 1e3:7.2f})", flush=True)
+                      f"(pred {p['exposed_comm_s'] * 1e3:7.2f}) host {m.get('host_enqueue_s', 0) * 1e3:7.2f} ms",
+                      flush=True)
             else:
                 print(f"{record['model']} {mode} {record['layout']} s={seq}: {str(m)[:300]}", flush=True)
             for name, t in (m.get("phases_s") or {}).get("top_kernels", []):
@@ -149,7 +150,8 @@ def main() -> int:
             if m.get("phases_s"):
                 print("      " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in m["phases_s"].items()
                                         if isinstance(v, float) and k != "kernels_per_step"), flush=True)
-                print(f"      kernels per step {m['phases_s'].get('kernels_per_step')}", flush=True)
+                print(f"      kernels per step {m['phases_s'].get('kernels_per_step')}: "
+                      f"{m['phases_s'].get('kernels_by_category')}", flush=True)
         dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -37,15 +37,17 @@ ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forwa
 # Mamba-2's own kernels (meshplan/kernels), as achieved fractions of the device's HBM rate (the
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks: the
 # chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — its kernels' profiled times against
-# `ssd_kernel_bytes`: forward 3.04e12 B/s, backward 2.37e12 B/s (0.74 and 0.57 of the 4.13 TB/s copy
+# `ssd_kernel_bytes`: forward 3.13e12 B/s, backward 2.45e12 B/s (0.75 and 0.59 of the 4.16 TB/s copy
 # rate; benchmarks/results/ssd-h200.json, `python benchmarks/bench_ssd.py`) — and the causal conv1d at
-# 4 × 16K × 5376 channels: forward 0.52 of the copy rate (benchmarks/results/conv1d-h200.json),
-# backward 1.74e12 B/s with the one-pass time-marching kernel (0.363 of the datasheet rate;
-# conv1d-march-stages-h200.json, `python benchmarks/bench_conv1d.py --march`).
-SCAN_FWD_HBM_FRACTION = 0.632
-SCAN_BWD_HBM_FRACTION = 0.493
-CONV_FWD_HBM_FRACTION = 0.452
-CONV_BWD_HBM_FRACTION = 0.363
+# 4 × 16K × 5376 channels with its time-marching kernels: forward 2.60e12 B/s (0.542 ms), backward
+# 1.87e12 B/s (1.133 ms) (benchmarks/results/conv1d-march4-h200.json, `python benchmarks/bench_conv1d.py
+# --march`: the forward from the sweep's row at the module's setting, the backward from the main row;
+# across the day's A/B runs on other H200s the same code took 0.52-0.62 and 1.13-1.25 ms,
+# conv1d-rows4-ab*-h200.json, conv1d-prefetch-ab-h200.json).
+SCAN_FWD_HBM_FRACTION = 0.653
+SCAN_BWD_HBM_FRACTION = 0.511
+CONV_FWD_HBM_FRACTION = 0.542
+CONV_BWD_HBM_FRACTION = 0.389
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
 # partial-sum reductions; the gated RMSNorm runs as Triton kernels, meshplan/kernels/gated_norm.py)
 # against the one pass per tensor counted below, over the four passes a training step makes
@@ -58,14 +60,51 @@ EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 5.9
 # Decode, measured on an H200 at batch 8 after a 16K prefill (2 layers, one GPU; benchmarks/results/
 # decode-profile-h200.json, `torchrun --nproc-per-node 1 benchmarks/gpu_validation.py --modes decode
 # --only single --profile 3 --steps 20`): torch's attention over the KV cache runs as two cuBLAS gemv
-# kernels (q·Kᵀ, then ·V) reading 4.29 GB in 2.34 ms, 1.84e12 B/s — 0.38 of the datasheet HBM rate;
-# and the eager executor issues 46 kernels per dense layer (92 per step) and 39 per Mamba-2 layer
-# (78), at 23 µs of host time each (the Mamba-2 step: 1.79 ms for 78 kernels, its GPU busy 0.41 ms).
+# kernels (q·Kᵀ, then ·V) reading 4.29 GB in 2.34 ms, 1.84e12 B/s — 0.38 of the datasheet HBM rate.
 DECODE_ATTENTION_HBM_FRACTION = 0.38
-# A dense layer's 46 split evenly between its two blocks (only their sum is measured); blocks the
+# The eager executor's kernel launches, a host-side floor under every step. Kernels per block
+# invocation counted by torch.profiler on 2 × H200 over 2-layer stacks (training and prefill at
+# 4K-32K tokens, decode at batch 8 after 16K), the optimizer's per-parameter kernels included; and the
+# host's time per kernel: median 64 µs over the 13 training and prefill runs whose host did not wait
+# on the GPU (issuing a step took under 0.9 of the step; 48-72 µs), and over the 7 decode runs (42-106
+# µs) (benchmarks/results/validation-h200-run28-x2-profiled-optimizer-fix.json, `bash
+# benchmarks/sweeps/h200x2-profiled.sh`: `host_enqueue_s` over `phases_s.kernels_per_step`). Host time
+# depends on the host's CPU: a single-H200 machine issued the Mamba-2 decode step's kernels at 23 µs
+# each (decode-profile-h200.json), the 2-GPU machine at 42 µs.
+# A dense layer's count is split evenly between its two blocks (only the sum is measured); blocks the
 # executor does not run (Mamba-1, Zamba2's projection) are assumed to launch what an MLP block does.
-DECODE_KERNELS_PER_BLOCK = {"attention": 23, "mlp": 23, "mamba2": 39}
-DECODE_KERNEL_HOST_S = 23e-6
+STEP_KERNEL_HOST_S = 64e-6
+DECODE_KERNELS_PER_BLOCK = {"attention": 16, "mlp": 16, "mamba2": 32}
+STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 134.0},
+                          "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 29.0}}
+# What sharding adds per block in training and prefill, from the same runs (degree 2): TP-SSM's
+# collectives and their copies; a sequence split — for Mamba-2 the shard's zero-start summary pass
+# (forward, and again in backward), for a dense layer the K/V exchange —; and TSP's shard-by-shard
+# loops, taken as growing with the degree (each ring step runs one attention call and one weight
+# shard). TP leaves a dense layer within 2% of one GPU's count (82.5 against 83.8). Dense prefill
+# under SP or TSP was not profiled: nothing is added there, so the floor is a lower bound. Decode
+# adds one launch per collective instead (meshplan.costmodel.step._decode_host_s).
+STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 143.5}, "attention": {"sp": 13.3, "tsp2": 117.0},
+                                  "mlp": {"sp": 13.3, "tsp2": 117.0}},
+                        "prefill": {"mamba2": {"tpssm": 2.0, "sp": 36.0}}}
+
+
+def step_kernels_per_block(kind: str, mode: str, layout) -> float:
+    """Kernels the eager executor launches for one invocation of a `kind` block in a training or
+    prefill step under `layout` (STEP_KERNELS_PER_BLOCK and STEP_KERNELS_SHARDED)."""
+    base = STEP_KERNELS_PER_BLOCK[mode]
+    known = kind if kind in base else "mlp"
+    extra = STEP_KERNELS_SHARDED[mode].get(known, {})
+    n = base[known]
+    if layout.tpssm > 1:
+        n += extra.get("tpssm", 0.0)
+    if layout.sp > 1:
+        n += extra.get("sp", 0.0)
+    if layout.tsp > 1:
+        n += extra.get("tsp2", 0.0) * layout.tsp / 2
+    return n
+
+
 # Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
 # cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write
 # weight, m, v: 12), the bf16 copy-back (read 4, write 2).

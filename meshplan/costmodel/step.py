@@ -172,14 +172,16 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
     step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s
-    host = 0.0
-    if decode:  # the eager executor's kernel launches: a host-side floor under a small step
+    # The eager executor's kernel launches: a host-side floor under a small step.
+    if decode:
         host = slots * _decode_host_s(schedule)
         breakdown["decode_host_s"] = host
-        step = max(step, host)
         tokens_per_step = layout.dp * batch
     else:
+        host = slots * _step_host_s(schedule, layout, opts.mode)
+        breakdown["host_s"] = host
         tokens_per_step = layout.dp * m * batch * seq
+    step = max(step, host)
     model_flops = _model_flops(model, batch, seq, decode, training, embeddings) * layout.dp * m
     mfu = model_flops / (step * layout.world_size * dev.peak_flops) if step > 0 else 0.0
     exposed_total = slots * mb_exposed + step_exposed
@@ -210,13 +212,24 @@ def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int
 
 def _decode_host_s(schedule) -> float:
     """Host time to launch one decode micro-batch: the measured kernels of each block invocation and
-    one launch per collective, each at the measured host cost (compute.DECODE_KERNEL_HOST_S)."""
-    from meshplan.costmodel.compute import DECODE_KERNEL_HOST_S, DECODE_KERNELS_PER_BLOCK
+    one launch per collective, each at the measured host cost (compute.STEP_KERNEL_HOST_S)."""
+    from meshplan.costmodel.compute import DECODE_KERNELS_PER_BLOCK, STEP_KERNEL_HOST_S
 
     launches = sum(n * (DECODE_KERNELS_PER_BLOCK.get(kind, DECODE_KERNELS_PER_BLOCK["mlp"])
                         + len(schedule.per_block[kind]))
                    for kind, n in schedule.invocations.items())
-    return launches * DECODE_KERNEL_HOST_S
+    return launches * STEP_KERNEL_HOST_S
+
+
+def _step_host_s(schedule, layout: Layout, mode: str) -> float:
+    """Host time to launch one training or prefill micro-batch: the measured kernels of each block
+    invocation under this layout (compute.step_kernels_per_block), each at the measured host cost
+    (compute.STEP_KERNEL_HOST_S). The executor's stacks have no embedding or LM head: their few
+    launches are not counted."""
+    from meshplan.costmodel.compute import STEP_KERNEL_HOST_S, step_kernels_per_block
+
+    return sum(n * step_kernels_per_block(kind, mode, layout)
+               for kind, n in schedule.invocations.items()) * STEP_KERNEL_HOST_S
 
 
 def _decode_state_io(comp: BlockCompute, model: ModelSpec, kind: str, batch: int, sh: Sharding, opts: CostOptions,
@@ -244,7 +257,7 @@ def _bound(decode: bool, exposed: float, step: float, schedule: StepSchedule, li
            host: float = 0.0) -> str:
     if step <= 0:
         return "idle"
-    if decode and host >= step:
+    if host >= step:
         return "launch-bound: the host issues kernels slower than the GPU runs them"
     if decode:
         streamed = sum(links.time_s(c) * n for c, n in schedule.all_comms() if c.overlap == "gemm")

@@ -21,13 +21,17 @@ class MixedAdam:
         self.t += 1
         b1, b2 = self.betas
         fused = getattr(torch, "_fused_adamw_", None)
+        # The step count as a device tensor, filled on the device once a step: torch.tensor(t, device=...)
+        # copies from pageable host memory, which waits for the GPU to drain, once per parameter.
+        steps: dict = {}
         for p, w, m, v in zip(self.params, self.master, self.m, self.v):
             if p.grad is None:
                 continue
             g = p.grad.float()
             if fused is not None and w.is_cuda:
-                step = torch.tensor(float(self.t), device=w.device)
-                fused([w], [g], [m], [v], [], [step], lr=self.lr, beta1=b1, beta2=b2, weight_decay=0.0,
+                if w.device not in steps:
+                    steps[w.device] = torch.full((), float(self.t), device=w.device)
+                fused([w], [g], [m], [v], [], [steps[w.device]], lr=self.lr, beta1=b1, beta2=b2, weight_decay=0.0,
                       eps=self.eps, amsgrad=False, maximize=False)
             else:
                 c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t

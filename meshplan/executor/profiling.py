@@ -25,7 +25,8 @@ def category(kernel_name: str) -> str:
 
 def profile_step(step, steps: int = 1, top: int = 0) -> dict[str, float] | None:
     """Seconds per step of GPU kernel time by category (kernels on different streams may overlap,
-    so the sum can exceed the step); with `top`, also the `top` kernels by time under "top_kernels".
+    so the sum can exceed the step); with `top`, also the `top` kernels by time under "top_kernels"
+    and the kernels launched per step, in all and by category.
     None without a GPU."""
     if not torch.cuda.is_available():
         return None
@@ -38,14 +39,16 @@ def profile_step(step, steps: int = 1, top: int = 0) -> dict[str, float] | None:
         torch.cuda.synchronize()
     out: dict = defaultdict(float)
     names: dict[str, float] = defaultdict(float)
-    count = 0
+    counts: dict[str, float] = defaultdict(float)
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
-            out[category(evt.name)] += evt.device_time / 1e6 / steps
+            cat = category(evt.name)
+            out[cat] += evt.device_time / 1e6 / steps
             names[evt.name[:90]] += evt.device_time / 1e6 / steps
-            count += 1
+            counts[cat] += 1 / steps
     out = dict(out)
     if top:
-        out["kernels_per_step"] = count / steps
+        out["kernels_per_step"] = sum(counts.values())
+        out["kernels_by_category"] = dict(counts)
         out["top_kernels"] = sorted(names.items(), key=lambda kv: -kv[1])[:top]
     return out

@@ -149,6 +149,8 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         "comm_bytes": {k: v / steps for k, v in mesh.counts.items()},
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
+    if cuda:  # the host's share: seconds to issue one step from an idle GPU, not waiting for it
+        result["host_enqueue_s"] = statistics.median(_host_enqueue_s(step) for _ in range(3))
     if cuda and hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
         # cuBLAS / cuBLASLt workspaces come from the caching allocator and count in the peak: measure them.
         held = torch.cuda.memory_allocated()
@@ -177,6 +179,18 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
 
 
+def _host_enqueue_s(step) -> float:
+    """Wall seconds the host spends issuing `step` after the GPU has drained. Where the GPU keeps up
+    with the host, the step takes about this long; where a step synchronizes inside, it includes the
+    wait."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()
+    out = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return out
+
+
 def environment() -> dict:
     import platform
 
@@ -200,6 +214,8 @@ def combine_ranks(ranks: list) -> dict:
         out["blas_workspace_bytes"] = ranks[0]["blas_workspace_bytes"]
     if "saved_bytes" in ranks[0]:
         out["saved_bytes"] = max(r["saved_bytes"] for r in ranks)
+    if "host_enqueue_s" in ranks[0]:
+        out["host_enqueue_s"] = max(r["host_enqueue_s"] for r in ranks)
     if ranks[0].get("phases_s"):
         out["phases_s"] = ranks[0]["phases_s"]  # rank 0's profile
     if "exposed_comm_s" in ranks[0]:
