@@ -138,21 +138,29 @@ def tune_forward(args) -> int:
 
 
 def tune(args) -> int:
-    """The backward's settings (headdim block, warps, d_state block) on the first shape."""
+    """The backward's settings — headdim block, the dx and the dB/dC kernels' warps, the d_state
+    block — on the first shape: the whole call's time and each kernel's profiled time."""
     b, s, h, p, g, n = SHAPES[0]
     x, dt, A, B, C, D = inputs(b, s, h, p, g, n)
     dy = torch.randn_like(x)
     rows = []
     for bp in (16, 32, 64):
         for warps in (4, 8):
-            for block in (64, 128):
-                launch.BWD_STATE_BLOCK = block
-                with torch.no_grad():
-                    t = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None,
-                                                                   args.chunk, bp, None, warps),
-                                      reps=5, warmup=1)
-                rows.append({"bp": bp, "warps": warps, "state_block": block, "backward_s": t})
-                print(f"bp {bp} warps {warps} state block {block}: {t * 1e3:.2f} ms", flush=True)
+            for dbc_warps in (4, 8):
+                for block in (64, 128):
+                    launch.BWD_STATE_BLOCK = block
+
+                    def call():
+                        return ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, args.chunk, bp, None,
+                                                    warps, dbc_warps)
+
+                    with torch.no_grad():
+                        t = median_time_s(call, reps=5, warmup=1)
+                        k = kernel_times(call, BWD_KERNELS)
+                    rows.append({"bp": bp, "warps": warps, "dbc_warps": dbc_warps, "state_block": block,
+                                 "backward_s": t, "kernels_s": k})
+                    print(f"bp {bp} warps {warps} dbc warps {dbc_warps} state block {block}: {t * 1e3:.2f} ms "
+                          f"(dx {k['_chunk_bwd_dx'] * 1e3:.3f}, dbc {k['_chunk_bwd_dbc'] * 1e3:.3f} ms)", flush=True)
     json.dump({"command": f"python benchmarks/bench_ssd.py --tune --chunk {args.chunk} --out $OUT/tune.json",
                "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
     return 0

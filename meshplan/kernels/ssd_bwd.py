@@ -189,12 +189,17 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
 # Launch settings of the chunk backward kernels — warps, headdim block (and the dB/dC kernel's d_state
 # block, meshplan.kernels.launch): the fastest of 12 settings on an H200 (2.82 ms, against 3.10 ms at
 # 16 and 64): benchmarks/results/ssd-bwd-tune-h200.json, `python benchmarks/bench_ssd.py --tune`.
+# Swept again with each kernel's time and the dB/dC kernel's warps apart (24 settings,
+# ssd-bwd-tune-kernels-h200.json): dx is fastest at headdim block 32 and 4 warps (0.906 ms; 1.65-2.16
+# ms elsewhere); dB/dC at block 16 would save 0.025 ms of its 0.527 (1% of the backward), and 8 warps
+# slow it (0.56-0.70 ms).
 BWD_WARPS = 4
 BWD_HEADDIM_BLOCK = 32
+BWD_DBC_WARPS = 4  # the dB/dC kernel's own warps
 
 
 def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int | None = None,
-                 split_target: int | None = None, warps: int | None = None):
+                 split_target: int | None = None, warps: int | None = None, dbc_warps: int | None = None):
     """Gradients of (x, dt, A, B, C, D, initial_state) (None where the input is None).
 
     The per-chunk buffers the chunk kernels read — the recomputed entering states, dS and the C·B
@@ -238,7 +243,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
                                                    dcb, db, dc, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                                    HPP=hpg // splits,
                                                    HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=bn,
-                                                   num_warps=warps or BWD_WARPS)
+                                                   num_warps=dbc_warps or BWD_DBC_WARPS)
     s = pk.s
     db = db.view(b, S, g, splits, n).sum(3)[:, :s].to(B.dtype)
     dc = dc.view(b, S, g, splits, n).sum(3)[:, :s].to(C.dtype)
