@@ -153,12 +153,13 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
 
 # -- recommend and crossover ------------------------------------------------------------------------
 
-def _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches):
+def _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches,
+                  launch_floor=True):
     from meshplan.costmodel.options import CostOptions
 
     return CostOptions(mode=mode, recompute=recompute, flash_attention=flash, grad_dtype=grad_dtype,
                        optimizer="adam" if mode == "train" else "none", tp_sequence_parallel=tp_sequence_parallel,
-                       int8_allreduce=int8_allreduce, microbatches=microbatches)
+                       int8_allreduce=int8_allreduce, microbatches=microbatches, launch_floor=launch_floor)
 
 
 @app.command()
@@ -179,6 +180,9 @@ def recommend(
     int8_allreduce: bool = typer.Option(False, "--int8-allreduce/--no-int8-allreduce",
                                         help="TP-SSM: int8-quantized block all-reduce."),
     microbatches: int = typer.Option(0, "--microbatches", help="Pipeline micro-batches per step (0: 4·pp)."),
+    launch_floor: bool = typer.Option(True, "--launch-floor/--no-launch-floor",
+                                      help="Floor each step at an eager PyTorch stack's kernel launches (64 us "
+                                           "each, measured); off for stacks that launch far fewer (CUDA graphs)."),
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -193,7 +197,8 @@ def recommend(
     spec = load_model(model)
     cluster_spec = load_cluster(cluster, nodes)
     tokens = parse_tokens(seq)
-    opts = _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches)
+    opts = _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches,
+                         launch_floor)
     result = plan(spec, cluster_spec, tokens, batch, opts, objective, estimate_dropped=show_all)
     if as_json:
         rows = result.ranked + (result.dropped if show_all else [])

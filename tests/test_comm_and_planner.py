@@ -286,6 +286,8 @@ def test_training_host_floor_by_hand():
     dense = _replace(PRESETS["dense-7b"], layers=2)
     tsp = estimate_step(dense, Layout(tsp=4), 4096, 1, CostOptions(), cluster, embeddings=False)
     assert tsp.breakdown["host_s"] == pytest.approx(2 * 2 * (41.9 + 2 * 117) * 64e-6)
+    off = estimate_step(m2, Layout(), 4096, 1, CostOptions(launch_floor=False), cluster, embeddings=False)
+    assert off.breakdown["host_s"] == 0 and off.step_time_s < 0.6 * one.step_time_s and off.bound == "compute-bound"
     long = estimate_step(dense, Layout(), 32768, 1, CostOptions(), cluster, embeddings=False)
     assert long.breakdown["host_s"] == pytest.approx(2 * 2 * 41.9 * 64e-6)
     assert long.step_time_s > 10 * long.breakdown["host_s"] and long.bound == "compute-bound"

@@ -173,12 +173,15 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
     step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s
     # The eager executor's kernel launches: a host-side floor under a small step.
+    host = 0.0
     if decode:
-        host = slots * _decode_host_s(schedule)
+        if opts.launch_floor:
+            host = slots * _decode_host_s(schedule)
         breakdown["decode_host_s"] = host
         tokens_per_step = layout.dp * batch
     else:
-        host = slots * _step_host_s(schedule, layout, opts.mode)
+        if opts.launch_floor:
+            host = slots * _step_host_s(schedule, layout, opts.mode)
         breakdown["host_s"] = host
         tokens_per_step = layout.dp * m * batch * seq
     step = max(step, host)
