@@ -44,6 +44,9 @@ class ParallelDense(Sharded):
         self.take("w_in", ref, "w_in", 0, in_rows)
         self.take("w_down", ref, "w_down", 1, rows(r * lf, lf))
         self.q_positions = q_positions
+        # The keys this rank's queries see, as a Python int, read once here: q_positions sits on the
+        # GPU, and reading it in every attention call made the host wait for the GPU to drain there.
+        self.kv_len = int(q_positions[-1]) + 1
         self.keep_cache, self.kv_cache = False, None
 
     def _enter(self, x):
@@ -59,7 +62,7 @@ class ParallelDense(Sharded):
             # Contiguous shards: this rank's queries see every key up to the end of its own shard.
             k = GatherFromAxis.apply(k, self.mesh, self.seq_axis, 1)
             v = GatherFromAxis.apply(v, self.mesh, self.seq_axis, 1)
-            return attend_prefix(q, k, v, int(self.q_positions[-1]) + 1).reshape(b, t, a * d)
+            return attend_prefix(q, k, v, self.kv_len).reshape(b, t, a * d)
         else:
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                  is_causal=True, enable_gqa=k.shape[2] != a)
