@@ -41,9 +41,11 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run28-x2-profiled-optimizer-fix.json",
-            "current executor and kernels (four-rows-a-step conv, optimizer without a host sync), degrees 1-2, "
-            "profiled, 2 x H200"),
+SOURCES = [("validation-h200-run30-x2-fewer-launches.json",
+            "current executor and kernels (four-rows-a-step conv reading its taps as they are, the scan's decay "
+            "sums from its chunk-state kernel, no host syncs), degrees 1-2, profiled, 2 x H200"),
+           ("validation-h200-run28-x2-profiled-optimizer-fix.json",
+            "the same with 20 more launches a Mamba-2 layer and dense SP's host sync, degrees 1-2, profiled, 2 x H200"),
            ("validation-h200-run20-x4-current.json",
             "current executor for dense; Mamba-2 with the fp32-buffer scan (before 7e3a361), 4 x H200"),
            ("validation-h200-run23-x2-mamba2-bf16-scan.json", "current executor, Mamba-2, 2 x H200"),

@@ -64,19 +64,22 @@ EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 5.9
 DECODE_ATTENTION_HBM_FRACTION = 0.38
 # The eager executor's kernel launches, a host-side floor under every step. Kernels per block
 # invocation counted by torch.profiler on 2 × H200 over 2-layer stacks (training and prefill at
-# 4K-32K tokens, decode at batch 8 after 16K), the optimizer's per-parameter kernels included; and the
-# host's time per kernel: median 64 µs over the 13 training and prefill runs whose host did not wait
-# on the GPU (issuing a step took under 0.9 of the step; 48-72 µs), and over the 7 decode runs (42-106
-# µs) (benchmarks/results/validation-h200-run28-x2-profiled-optimizer-fix.json, `bash
-# benchmarks/sweeps/h200x2-profiled.sh`: `host_enqueue_s` over `phases_s.kernels_per_step`). Host time
-# depends on the host's CPU: a single-H200 machine issued the Mamba-2 decode step's kernels at 23 µs
-# each (decode-profile-h200.json), the 2-GPU machine at 42 µs.
-# A dense layer's count is split evenly between its two blocks (only the sum is measured); blocks the
-# executor does not run (Mamba-1, Zamba2's projection) are assumed to launch what an MLP block does.
-STEP_KERNEL_HOST_S = 64e-6
+# 4K-32K tokens, decode at batch 8 after 16K), the optimizer's per-parameter kernels included
+# (benchmarks/results/validation-h200-run30-x2-fewer-launches.json, `bash
+# benchmarks/sweeps/h200x2-profiled.sh`: `phases_s.kernels_per_step`, divided by the layers). The
+# host's time per kernel: median 53 µs over the 30 training and prefill runs, on two 2-GPU machines,
+# whose host did not wait on the GPU (issuing a step took under 0.9 of the step; `host_enqueue_s` over
+# the kernels): 48-72 µs on one (run 28), 29-69 µs on the other (run 30). A decode step's kernels
+# (no autograd, small tensors) cost less: median 46 µs over the 14 decode runs of runs 28 and 30
+# (24-106 µs). Host time depends on the host's CPU: a single-GPU machine issued the Mamba-2 decode
+# step's kernels at 23 µs each (decode-profile-h200.json). A dense layer's count is split evenly
+# between its two blocks (only the sum is measured); blocks the executor does not run (Mamba-1,
+# Zamba2's projection) are assumed to launch what an MLP block does.
+STEP_KERNEL_HOST_S = 53e-6
+DECODE_KERNEL_HOST_S = 46e-6
 DECODE_KERNELS_PER_BLOCK = {"attention": 16, "mlp": 16, "mamba2": 32}
-STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 134.0},
-                          "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 29.0}}
+STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 114.0},
+                          "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0}}
 # What sharding adds per block in training and prefill, from the same runs (degree 2): TP-SSM's
 # collectives and their copies; a sequence split — for Mamba-2 the shard's zero-start summary pass
 # (forward, and again in backward), for a dense layer the K/V exchange —; and TSP's shard-by-shard
@@ -84,9 +87,9 @@ STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 13
 # shard). TP leaves a dense layer within 2% of one GPU's count (82.5 against 83.8). Dense prefill
 # under SP or TSP was not profiled: nothing is added there, so the floor is a lower bound. Decode
 # adds one launch per collective instead (meshplan.costmodel.step._decode_host_s).
-STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 143.5}, "attention": {"sp": 13.3, "tsp2": 117.0},
-                                  "mlp": {"sp": 13.3, "tsp2": 117.0}},
-                        "prefill": {"mamba2": {"tpssm": 2.0, "sp": 36.0}}}
+STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 123.5}, "attention": {"sp": 12.3, "tsp2": 117.0},
+                                  "mlp": {"sp": 12.3, "tsp2": 117.0}},
+                        "prefill": {"mamba2": {"tpssm": 2.0, "sp": 30.0}}}
 
 
 def step_kernels_per_block(kind: str, mode: str, layout) -> float:

@@ -215,13 +215,13 @@ def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int
 
 def _decode_host_s(schedule) -> float:
     """Host time to launch one decode micro-batch: the measured kernels of each block invocation and
-    one launch per collective, each at the measured host cost (compute.STEP_KERNEL_HOST_S)."""
-    from meshplan.costmodel.compute import DECODE_KERNELS_PER_BLOCK, STEP_KERNEL_HOST_S
+    one launch per collective, each at the measured host cost (compute.DECODE_KERNEL_HOST_S)."""
+    from meshplan.costmodel.compute import DECODE_KERNEL_HOST_S, DECODE_KERNELS_PER_BLOCK
 
     launches = sum(n * (DECODE_KERNELS_PER_BLOCK.get(kind, DECODE_KERNELS_PER_BLOCK["mlp"])
                         + len(schedule.per_block[kind]))
                    for kind, n in schedule.invocations.items())
-    return launches * STEP_KERNEL_HOST_S
+    return launches * DECODE_KERNEL_HOST_S
 
 
 def _step_host_s(schedule, layout: Layout, mode: str) -> float:

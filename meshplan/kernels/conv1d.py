@@ -160,14 +160,23 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
 
 
 @triton.jit
-def _march_program(w4_ptr, b_ptr, T, C, L, BC: tl.constexpr):
+def _tap(w_ptr, c, cm, j: tl.constexpr, K: tl.constexpr):
+    """Tap j of four, right-aligned (zero where j < 4 − K), fp32, from the (C, K) weight: reading the
+    weight as it is saves the small copy to four taps each call would launch."""
+    if j < 4 - K:
+        return tl.zeros((c.shape[0],), dtype=tl.float32)
+    return tl.load(w_ptr + c * K + (j - (4 - K)), mask=cm, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _march_program(w_ptr, b_ptr, T, C, L, K: tl.constexpr, BC: tl.constexpr):
     """A time-marching program's batch (int64), time block, channels and their mask, the slab's base
     offset, the four right-aligned taps, the bias (fp32) and the number of time blocks."""
     pid_b, pid_t, pid_c, n_t = _tile_ids(T, L)
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
-    w0, w1 = tl.load(w4_ptr + c * 4, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 1, mask=cm, other=0.0)
-    w2, w3 = tl.load(w4_ptr + c * 4 + 2, mask=cm, other=0.0), tl.load(w4_ptr + c * 4 + 3, mask=cm, other=0.0)
+    w0, w1 = _tap(w_ptr, c, cm, 0, K), _tap(w_ptr, c, cm, 1, K)
+    w2, w3 = _tap(w_ptr, c, cm, 2, K), _tap(w_ptr, c, cm, 3, K)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
     return pid_b, pid_t, c, cm, pid_b * T * C, w0, w1, w2, w3, bias, n_t
 
@@ -215,15 +224,15 @@ def _fwd_out(x0, x1, x2, x3, i0, i1, i2, i3, w0, w1, w2, w3, bias, SILU: tl.cons
 
 
 @triton.jit
-def _conv_fwd_march(x_ptr, w4_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, HAS_IDX: tl.constexpr, SILU: tl.constexpr,
-                    BC: tl.constexpr, STAGES: tl.constexpr):
+def _conv_fwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, K: tl.constexpr, HAS_IDX: tl.constexpr,
+                    SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """Time-marching forward: one program walks L rows of BC channels four rows a step, keeping the
     last three inputs (and their sequence ids) in registers, so each input is read once and each
     output written once. A step's four input rows are loaded before any of its outputs is stored: a
     load after a store waits for it (the compiler cannot tell the buffers apart), and four loads a
-    thread in flight, not one, is what the step gains. w4 (C, 4) fp32: the taps right-aligned,
-    zeros in front when K < 4."""
-    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, _ = _march_program(w4_ptr, b_ptr, T, C, L, BC)
+    thread in flight, not one, is what the step gains. K ≤ 4 taps, right-aligned (zeros in front when
+    K < 4)."""
+    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, _ = _march_program(w_ptr, b_ptr, T, C, L, K, BC)
     t0 = pid_t * L
     end = tl.minimum(t0 + L, T)
     x3, x2, x1 = _row(x_ptr, base, t0 - 3, C, c, cm, T), _row(x_ptr, base, t0 - 2, C, c, cm, T), \
@@ -270,7 +279,7 @@ def _bwd_step(t, lo, hi, xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, 
 
 
 @triton.jit
-def _conv_bwd_march(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L,
+def _conv_bwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L, K: tl.constexpr,
                     HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """Time-marching backward, one pass: a program walks its L rows downwards from three rows above
     them, four rows a step, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in
@@ -279,7 +288,7 @@ def _conv_bwd_march(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr
     across threads. Rows above the program's own only supply dpre (each row's dw, db and dx are
     counted by one program). A step's x and dout rows are all loaded before its first dx row is
     stored, as in the forward."""
-    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, n_t = _march_program(w4_ptr, b_ptr, T, C, L, BC)
+    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, n_t = _march_program(w_ptr, b_ptr, T, C, L, K, BC)
     t0 = pid_t * L
     t_own = tl.minimum(t0 + L, T) - 1  # the last row this program writes
     top = tl.minimum(t0 + L + 2, T - 1)  # the highest row whose dpre its rows need
@@ -324,14 +333,6 @@ def _conv_bwd_march(x_ptr, w4_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr
     tl.store(dw_part_ptr + (part + c) * 4 + 2, dw2, mask=cm)
     tl.store(dw_part_ptr + (part + c) * 4 + 3, dw3, mask=cm)
     tl.store(db_part_ptr + part + c, db, mask=cm)
-
-
-def _taps4(weight):
-    """(C, K ≤ 4) → (C, 4) fp32 with the taps right-aligned: the time-marching kernels always use 4."""
-    c, k = weight.shape
-    w4 = torch.zeros(c, 4, dtype=torch.float32, device=weight.device)
-    w4[:, 4 - k:] = weight.float()
-    return w4
 
 
 def _launch_shape(x: torch.Tensor, bt: int, bc: int):
@@ -393,8 +394,8 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
     if _marching(weight, march, MARCH_FWD):
         rows, channels = rows or MARCH_ROWS, channels or MARCH_FWD_CHANNELS
         _conv_fwd_march[_launch_shape(x, rows, channels)](
-            x, _taps4(weight), bias, idx, out, t, c, rows, HAS_IDX=seq_idx is not None, SILU=silu, BC=channels,
-            STAGES=stages or MARCH_STAGES, num_warps=warps or MARCH_FWD_WARPS)
+            x, weight.contiguous(), bias, idx, out, t, c, rows, K=weight.shape[1], HAS_IDX=seq_idx is not None,
+            SILU=silu, BC=channels, STAGES=stages or MARCH_STAGES, num_warps=warps or MARCH_FWD_WARPS)
         return out
     _conv_fwd[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias.contiguous(), idx, out, t, c,
                                         K=weight.shape[1], HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc)
@@ -418,7 +419,7 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
         grid = _launch_shape(x, rows, channels)
         dw_part = torch.empty(b * triton.cdiv(t, rows), c, 4, dtype=torch.float32, device=x.device)
         db_part = torch.empty(b * triton.cdiv(t, rows), c, dtype=torch.float32, device=x.device)
-        _conv_bwd_march[grid](x, _taps4(weight), bias_in, idx, g, dx, dw_part, db_part, t, c, rows,
+        _conv_bwd_march[grid](x, weight.contiguous(), bias_in, idx, g, dx, dw_part, db_part, t, c, rows, K=k,
                               HAS_IDX=seq_idx is not None, SILU=silu, BC=channels, STAGES=stages or MARCH_STAGES,
                               num_warps=warps or MARCH_WARPS)
         dw = dw_part.sum(0)[:, 4 - k:]

@@ -48,10 +48,12 @@ def _chunk_tile(S, H, G, P, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr)
 
 
 @triton.jit
-def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G, P, N, XT, BT, HAS_SID: tl.constexpr,
-                 TO_ENTRY: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, asum_ptr, S, H, G, P, N, XT, BT,
+                 HAS_SID: tl.constexpr, TO_ENTRY: tl.constexpr, WRITE_ASUM: tl.constexpr, L: tl.constexpr,
+                 BP: tl.constexpr, BN: tl.constexpr):
     """states[b, c, h] (P × N) = Σ_l exp(cum_last − cum_l) · dt_l · x_l ⊗ B_l over the chunk's tokens
-    (with seq_idx: only those of the chunk's last sequence).
+    (with seq_idx: only those of the chunk's last sequence). WRITE_ASUM: also Σ_l dt_l·A, the log of the
+    chunk's decay, to asum[b, c, h] (from the first headdim block's program).
 
     TO_ENTRY (the backward's use, x ← dy and B ← C): Σ_l exp(cum_l) · dy_l ⊗ C_l over the tokens the
     entering state reaches — the gradient of the chunk's outputs with respect to that state."""
@@ -59,6 +61,10 @@ def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, S, H, G
     dt = tl.load(dt_ptr + (bi * S + t) * H + pid_h).to(tl.float32)
     a = dt * tl.load(a_ptr + pid_h).to(tl.float32)
     cum = tl.cumsum(a, axis=0)
+    if WRITE_ASUM:
+        one = tl.arange(0, 1)
+        total = tl.zeros((1,), dtype=tl.float32) + tl.sum(a, axis=0)
+        tl.store(asum_ptr + (bi * n_chunks + ci) * H + pid_h + one, total, mask=one + tl.min(p, axis=0) == 0)
     if TO_ENTRY:
         w = tl.exp(cum)
     else:
@@ -97,15 +103,16 @@ def _passing_start(start_ptr, H, PN, HAS_START: tl.constexpr, BLOCK: tl.constexp
 
 @triton.jit
 def _state_passing(st_ptr, asum_ptr, keep_ptr, init_ptr, enter_ptr, final_ptr, NC, H, PN, HAS_INIT: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr):
     """entering[c] = state before chunk c; entering[c + 1] = states[c] + exp(Σ a over c) · entering[c]."""
     pid_b, pid_h, k, km, e = _passing_start(init_ptr, H, PN, HAS_INIT, BLOCK)
     for c in range(NC):
         base = ((pid_b * NC + c) * H + pid_h) * PN
         tl.store(enter_ptr + base + k, e.to(enter_ptr.dtype.element_ty), mask=km)
         decay = tl.exp(tl.load(asum_ptr + (pid_b * NC + c) * H + pid_h))
-        keep = tl.load(keep_ptr + pid_b * NC + c)  # 0 where a sequence boundary falls before the chunk's end
-        e = tl.load(st_ptr + base + k, mask=km, other=0.0) + decay * e * keep
+        if HAS_KEEP:  # 0 where a sequence boundary falls before the chunk's end
+            decay = decay * tl.load(keep_ptr + pid_b * NC + c)
+        e = tl.load(st_ptr + base + k, mask=km, other=0.0) + decay * e
     tl.store(final_ptr + (pid_b * H + pid_h) * PN + k, e, mask=km)
 
 
@@ -167,7 +174,7 @@ class Packing(NamedTuple):
     C: torch.Tensor
     sid: torch.Tensor | None  # (b, S) int32, padding joined to each row's last sequence
     prev: torch.Tensor | None  # (b, nc): the sequence of the state entering chunk c
-    keep: torch.Tensor  # (b, nc) float: 0 where a boundary falls before chunk c's end
+    keep: torch.Tensor | None  # (b, nc) float: 0 where a boundary falls before chunk c's end (with seq_idx)
     s: int  # unpadded length
     xt: int  # token strides of x, B and C (each token's heads × dim block is contiguous)
     bt: int
@@ -189,8 +196,7 @@ def prepare(x, dt, A, B, C, seq_idx, chunk: int, bp: int) -> Packing:
         x, dt, B, C = (F.pad(t, (0,) * (2 * (t.dim() - 2)) + (0, pad)) for t in (x, dt, B, C))
     S = s + pad
     nc = S // chunk
-    sid = prev = None
-    keep = torch.ones(b, nc, device=x.device)
+    sid = prev = keep = None
     if seq_idx is not None:  # padding joins the last sequence; per chunk: whom the carried state belongs to
         sid = seq_idx.to(torch.int32)
         if pad:
@@ -215,25 +221,21 @@ def token_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def chunk_states(pk: Packing, x, b_or_c, to_entry: bool = False, xt: int | None = None,
-                 bt: int | None = None) -> torch.Tensor:
+                 bt: int | None = None, asum: torch.Tensor | None = None) -> torch.Tensor:
     """(b, nc, h, p, n) fp32: each chunk's own final state — or, with to_entry, Σ exp(cum) dy ⊗ C
-    (token strides default to the packing's x and B)."""
+    (token strides default to the packing's x and B); with `asum` (b, nc, h) fp32, each chunk's
+    Σ dt·A written there too."""
     b, S, h, p, g, n, nc = pk.shape
     out = torch.empty(b, nc, h, p, n, device=x.device, dtype=torch.float32)
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x
     bp = min(STATE_HEADDIM_BLOCK, max(16, triton.next_power_of_2(p)))  # its own: the backward's pk.bp is smaller
-    _chunk_state[(b * nc * h * triton.cdiv(p, bp),)](x, pk.dt, pk.A, b_or_c, sid, prev, out, S, h, g, p, n,
+    _chunk_state[(b * nc * h * triton.cdiv(p, bp),)](x, pk.dt, pk.A, b_or_c, sid, prev, out,
+                                                  asum if asum is not None else out, S, h, g, p, n,
                                                   xt or pk.xt, bt or pk.bt, HAS_SID=pk.sid is not None,
-                                                  TO_ENTRY=to_entry, L=pk.chunk, BP=bp, BN=pk.bn,
-                                                  num_warps=STATE_WARPS)
+                                                  TO_ENTRY=to_entry, WRITE_ASUM=asum is not None, L=pk.chunk,
+                                                  BP=bp, BN=pk.bn, num_warps=STATE_WARPS)
     return out
-
-
-def chunk_decay_sums(pk: Packing) -> torch.Tensor:
-    """(b, nc, h): Σ dt·A over each chunk, the log of its state's decay."""
-    b, S, h, p, g, n, nc = pk.shape
-    return (pk.dt.float() * pk.A).view(b, nc, pk.chunk, h).sum(2).contiguous()
 
 
 PASS_BLOCK = 256  # state elements per program of the (sequential over chunks) state-passing kernels
@@ -254,26 +256,29 @@ FWD_STAGES = 3
 STATE_HEADDIM_BLOCK, STATE_WARPS = 64, 4
 
 
-def entering_states(pk: Packing, initial_state, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """The state entering each chunk (b, nc, h, p, n) in `dtype` and the final state (b, h, p, n),
-    fp32. The passing carries fp32 whatever `dtype` is: the forward rounds only what its output
-    kernel reads (to the inputs' dtype, as mamba_ssm's forward does); the backward keeps fp32."""
+def entering_states(pk: Packing, initial_state, dtype=torch.float32):
+    """The state entering each chunk (b, nc, h, p, n) in `dtype`, the final state (b, h, p, n) fp32,
+    and each chunk's Σ dt·A (b, nc, h) fp32, the log of its decay. The passing carries fp32 whatever
+    `dtype` is: the forward rounds only what its output kernel reads (to the inputs' dtype, as
+    mamba_ssm's forward does); the backward keeps fp32."""
     b, S, h, p, g, n, nc = pk.shape
-    states = chunk_states(pk, pk.x, pk.B)
+    asum = torch.empty(b, nc, h, device=pk.x.device, dtype=torch.float32)
+    states = chunk_states(pk, pk.x, pk.B, asum=asum)
     entering = torch.empty_like(states, dtype=dtype)
     final = torch.empty(b, h, p, n, device=pk.x.device, dtype=torch.float32)
     init = initial_state.float().contiguous() if initial_state is not None else final
-    _state_passing[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](states, chunk_decay_sums(pk), pk.keep, init, entering,
-                                                           final, nc, h, p * n, HAS_INIT=initial_state is not None,
-                                                           BLOCK=PASS_BLOCK)
-    return entering, final
+    _state_passing[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](states, asum, pk.keep if pk.keep is not None else asum,
+                                                           init, entering, final, nc, h, p * n,
+                                                           HAS_INIT=initial_state is not None,
+                                                           HAS_KEEP=pk.keep is not None, BLOCK=PASS_BLOCK)
+    return entering, final, asum
 
 
 def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None,
                 split_target: int | None = None):
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or FWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
-    entering, final = entering_states(pk, initial_state, pk.x.dtype)
+    entering, final, _ = entering_states(pk, initial_state, pk.x.dtype)
     y = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     sid = pk.sid if pk.sid is not None else x
     prev = pk.prev if pk.prev is not None else x

@@ -22,13 +22,12 @@ import triton
 import triton.language as tl
 
 from meshplan.kernels import launch
-from meshplan.kernels.ssd import (PASS_BLOCK, _passing_start, chunk_decay_sums, chunk_states, entering_states, grid_ids,
-                                  prepare)
+from meshplan.kernels.ssd import PASS_BLOCK, _passing_start, chunk_states, entering_states, grid_ids, prepare
 
 
 @triton.jit
 def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr, NC, H, PN, HAS_DFINAL: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr):
     """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (in out_ptr's dtype; G is carried in
     fp32). The gradient of the
     chunk's decay, Σ dS_c · exp(asum_c) · keep_c · E_c, is summed by the chunk kernel."""
@@ -36,7 +35,9 @@ def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr
     for r in range(NC):
         c = NC - 1 - r
         base = ((pid_b * NC + c) * H + pid_h) * PN
-        factor = tl.exp(tl.load(asum_ptr + (pid_b * NC + c) * H + pid_h)) * tl.load(keep_ptr + pid_b * NC + c)
+        factor = tl.exp(tl.load(asum_ptr + (pid_b * NC + c) * H + pid_h))
+        if HAS_KEEP:
+            factor = factor * tl.load(keep_ptr + pid_b * NC + c)
         direct = tl.load(d_ptr + base + k, mask=km, other=0.0)
         tl.store(out_ptr + base + k, gr.to(out_ptr.dtype.element_ty), mask=km)
         gr = direct + factor * gr
@@ -132,7 +133,9 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     q = dm_decay * cb * dt[None, :]  # dm · M, the gradient of log M_ij
     ddt = tl.sum(dm_decay * cb, axis=0) + dw * w_nodt
     dcum = dcum * reach + tl.sum(q, axis=1) - tl.sum(q, axis=0) - dw * w
-    decay_c = tl.exp(tl.sum(dt * a_h, axis=0)) * tl.load(keep_ptr + bi * n_chunks + ci)
+    decay_c = tl.exp(tl.sum(dt * a_h, axis=0))
+    if HAS_SID:  # keep exists with seq_idx: 0 where a boundary falls before the chunk's end
+        decay_c = decay_c * tl.load(keep_ptr + bi * n_chunks + ci)
     dlast = tl.sum(dw * w, axis=0) + decay_c * dse
     # cum_i = Σ_{k ≤ i} a_k and last = Σ_k a_k, so da_k = Σ_{i ≥ k} dcum_i + dlast.
     da = tl.sum(dcum, axis=0) - tl.cumsum(dcum, axis=0) + dcum + dlast
@@ -209,16 +212,17 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or BWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
     io = pk.x.dtype
-    entering, _ = entering_states(pk, initial_state, io)
+    entering, _, asum = entering_states(pk, initial_state, io)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
     d_entering = chunk_states(pk, dy, pk.C, to_entry=True, xt=h * p, bt=pk.ct)  # dE_c, fp32
     d_init = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
     d_states = torch.empty_like(d_entering, dtype=io)  # dS_c
-    _state_passing_bwd[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](d_entering, d_states, chunk_decay_sums(pk), pk.keep,
+    keep = pk.keep if pk.keep is not None else asum
+    _state_passing_bwd[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](d_entering, d_states, asum, keep,
                                                                dfinal.contiguous() if dfinal is not None else d_init,
                                                                d_init, nc, h, p * n, HAS_DFINAL=dfinal is not None,
-                                                               BLOCK=PASS_BLOCK)
+                                                               HAS_KEEP=pk.keep is not None, BLOCK=PASS_BLOCK)
     del d_entering
     dx = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
@@ -231,7 +235,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     # kernel has, made this kernel slower (1.14 against 0.99 ms on an H200 at 16K × 80 heads; the
     # dB/dC kernel below keeps its loop): benchmarks/results/ssd-head-loops-h200.json.
     _chunk_bwd_dx[(b * nc * h,)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, entering, d_states, dy,
-                               sid, prev, pk.keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
+                               sid, prev, keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                HAS_D=D is not None, HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
                                num_warps=warps or BWD_WARPS)
     hpg = h // g
