@@ -44,6 +44,8 @@ DOCS = HERE.parent / "docs"
 SOURCES = [("validation-h200-run30-x2-fewer-launches.json",
             "current executor and kernels (four-rows-a-step conv reading its taps as they are, the scan's decay "
             "sums from its chunk-state kernel, no host syncs), degrees 1-2, profiled, 2 x H200"),
+           ("validation-h200-run31-x2-mamba2-long-current.json",
+            "current executor and kernels, Mamba-2 training 128K-1M tokens, 2 x H200"),
            ("validation-h200-run28-x2-profiled-optimizer-fix.json",
             "the same with 20 more launches a Mamba-2 layer and dense SP's host sync, degrees 1-2, profiled, 2 x H200"),
            ("validation-h200-run20-x4-current.json",
@@ -67,7 +69,8 @@ SOURCES = [("validation-h200-run30-x2-fewer-launches.json",
 # replaced (run9); so did run1, whose SP Mamba-2 also handed the state along a serial chain.
 FAMILIES = {"validation-h200-run3-x2.json": ("dense",),
             "validation-h200-run23-x2-mamba2-bf16-scan.json": ("mamba2",),
-            "validation-h200-run24-x2-mamba2-long-bf16-scan.json": ("mamba2",), "validation-h200-run5-x2-inference.json": ("dense",),
+            "validation-h200-run24-x2-mamba2-long-bf16-scan.json": ("mamba2",),
+            "validation-h200-run31-x2-mamba2-long-current.json": ("mamba2",), "validation-h200-run5-x2-inference.json": ("dense",),
             "validation-h200-run11-x2-mamba2.json": ("mamba2",), "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),
             "validation-h200-run12-x2-mamba2-long.json": ("mamba2",),
             "validation-h200-run13-x2-mamba2-long-expandable.json": ("mamba2",),
