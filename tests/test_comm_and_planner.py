@@ -162,6 +162,22 @@ def test_decode_runner_up_with_fewer_replicas_is_explained_by_its_tokens():
     assert "carries 32 tokens against 64" in result.reason and "ties on time" not in result.reason
 
 
+def test_launch_bound_winner_is_explained_and_the_floor_can_be_left_out():
+    """mamba2-2.7b at 4K tokens: 64 layers × 114 kernels at 53 µs outlast the GPU work, and the reason
+    says what to do about it; without the floor the same plan is compute-bound and faster."""
+    cluster = load_cluster("h200-8")
+    floored = plan(PRESETS["mamba2-2.7b"], cluster, 4096, 1, CostOptions())
+    assert floored.ranked[0].estimate.bound.startswith("launch-bound")
+    assert "--no-launch-floor" in floored.reason and "--batch" in floored.reason
+    gpu_only = plan(PRESETS["mamba2-2.7b"], cluster, 4096, 1, CostOptions(launch_floor=False))
+    assert gpu_only.ranked[0].estimate.bound == "compute-bound" and "--no-launch-floor" not in gpu_only.reason
+    assert gpu_only.ranked[0].estimate.step_time_s < floored.ranked[0].estimate.step_time_s
+    r = runner.invoke(app, ["recommend", "--model", "mamba2-2.7b", "--cluster", "h200-8", "--seq", "4k",
+                            "--no-launch-floor", "--json", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)[0]["step_time_s"] == pytest.approx(gpu_only.ranked[0].estimate.step_time_s)
+
+
 def test_long_context_dense_7b_on_8_h200s_needs_tsp():
     result = plan(PRESETS["dense-7b"], load_cluster("h200-8"), 131072, 1, CostOptions())
     assert str(result.ranked[0].layout) == "tsp=8"

@@ -126,6 +126,10 @@ def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, o
     per = {"train": "step", "prefill": "prefill", "decode": "token"}[opts.mode]
     text = [f"{win.layout} wins on {objective}: {w.tokens_per_s:,.0f} tokens/s, {what} {_ms(w.step_time_s)}, "
             f"{_gib(win.total_bytes)} per GPU ({w.bound}; {win.regime})."]
+    if w.bound.startswith("launch-bound"):
+        text.append("The step is the host launching an eager PyTorch stack's kernels (measured per kernel): a "
+                    "larger --batch carries more tokens per launch, and --no-launch-floor prices the GPU work "
+                    "alone, as a stack that captures its steps in CUDA graphs would run.")
     if len(ranked) > 1:
         r_c = ranked[1]
         r = r_c.estimate
