@@ -77,28 +77,32 @@ DECODE_ATTENTION_HBM_FRACTION = 0.38
 # Zamba2's projection) are assumed to launch what an MLP block does.
 STEP_KERNEL_HOST_S = 53e-6
 DECODE_KERNEL_HOST_S = 46e-6
-DECODE_KERNELS_PER_BLOCK = {"attention": 16, "mlp": 16, "mamba2": 32}
 STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 114.0},
-                          "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0}}
-# What sharding adds per block in training and prefill, from the same runs (degree 2): TP-SSM's
-# collectives and their copies; a sequence split — for Mamba-2 the shard's zero-start summary pass
-# (forward, and again in backward), for a dense layer the K/V exchange —; and TSP's shard-by-shard
-# loops, taken as growing with the degree (each ring step runs one attention call and one weight
-# shard). TP leaves a dense layer within 2% of one GPU's count (82.5 against 83.8). Dense prefill
-# under SP or TSP was not profiled: nothing is added there, so the floor is a lower bound. Decode
-# adds one launch per collective instead (meshplan.costmodel.step._decode_host_s).
+                          "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0},
+                          "decode": {"attention": 16.0, "mlp": 16.0, "mamba2": 32.0}}
+# What sharding adds per block, from the same runs (degree 2): TP-SSM's collectives and their copies;
+# a sequence split — for Mamba-2 the shard's zero-start summary pass (forward, and again in
+# backward), for a dense layer the K/V exchange (decode: each rank's partial attention and their
+# combination) —; and TSP's shard-by-shard loops, taken as growing with the degree (each ring step
+# runs one attention call and one weight shard). TP leaves a dense training layer within 2% of one
+# GPU's count (82.5 against 83.8); in decode it adds one launch a layer. Dense prefill under SP or TSP
+# was not profiled: nothing is added there, so the floor is a lower bound.
 STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 123.5}, "attention": {"sp": 12.3, "tsp2": 117.0},
                                   "mlp": {"sp": 12.3, "tsp2": 117.0}},
-                        "prefill": {"mamba2": {"tpssm": 2.0, "sp": 30.0}}}
+                        "prefill": {"mamba2": {"tpssm": 2.0, "sp": 30.0}},
+                        "decode": {"mamba2": {"tpssm": 1.0}, "attention": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0},
+                                   "mlp": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0}}}
 
 
 def step_kernels_per_block(kind: str, mode: str, layout) -> float:
-    """Kernels the eager executor launches for one invocation of a `kind` block in a training or
-    prefill step under `layout` (STEP_KERNELS_PER_BLOCK and STEP_KERNELS_SHARDED)."""
+    """Kernels the eager executor launches for one invocation of a `kind` block in a training,
+    prefill or decode step under `layout` (STEP_KERNELS_PER_BLOCK and STEP_KERNELS_SHARDED)."""
     base = STEP_KERNELS_PER_BLOCK[mode]
     known = kind if kind in base else "mlp"
     extra = STEP_KERNELS_SHARDED[mode].get(known, {})
     n = base[known]
+    if layout.tp > 1:
+        n += extra.get("tp", 0.0)
     if layout.tpssm > 1:
         n += extra.get("tpssm", 0.0)
     if layout.sp > 1:

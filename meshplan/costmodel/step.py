@@ -173,15 +173,11 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
     step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s
     # The eager executor's kernel launches: a host-side floor under a small step.
-    host = 0.0
+    host = slots * _host_s(schedule, layout, opts.mode) if opts.launch_floor else 0.0
     if decode:
-        if opts.launch_floor:
-            host = slots * _decode_host_s(schedule)
         breakdown["decode_host_s"] = host
         tokens_per_step = layout.dp * batch
     else:
-        if opts.launch_floor:
-            host = slots * _step_host_s(schedule, layout, opts.mode)
         breakdown["host_s"] = host
         tokens_per_step = layout.dp * m * batch * seq
     step = max(step, host)
@@ -213,26 +209,15 @@ def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int
     return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
 
 
-def _decode_host_s(schedule) -> float:
-    """Host time to launch one decode micro-batch: the measured kernels of each block invocation and
-    one launch per collective, each at the measured host cost (compute.DECODE_KERNEL_HOST_S)."""
-    from meshplan.costmodel.compute import DECODE_KERNEL_HOST_S, DECODE_KERNELS_PER_BLOCK
-
-    launches = sum(n * (DECODE_KERNELS_PER_BLOCK.get(kind, DECODE_KERNELS_PER_BLOCK["mlp"])
-                        + len(schedule.per_block[kind]))
-                   for kind, n in schedule.invocations.items())
-    return launches * DECODE_KERNEL_HOST_S
-
-
-def _step_host_s(schedule, layout: Layout, mode: str) -> float:
-    """Host time to launch one training or prefill micro-batch: the measured kernels of each block
-    invocation under this layout (compute.step_kernels_per_block), each at the measured host cost
-    (compute.STEP_KERNEL_HOST_S). The executor's stacks have no embedding or LM head: their few
+def _host_s(schedule, layout: Layout, mode: str) -> float:
+    """Host time to launch one micro-batch: the measured kernels of each block invocation under this
+    layout (compute.step_kernels_per_block), each at the measured host cost (compute.STEP_KERNEL_HOST_S;
+    DECODE_KERNEL_HOST_S for decode). The executor's stacks have no embedding or LM head: their few
     launches are not counted."""
-    from meshplan.costmodel.compute import STEP_KERNEL_HOST_S, step_kernels_per_block
+    from meshplan.costmodel.compute import DECODE_KERNEL_HOST_S, STEP_KERNEL_HOST_S, step_kernels_per_block
 
-    return sum(n * step_kernels_per_block(kind, mode, layout)
-               for kind, n in schedule.invocations.items()) * STEP_KERNEL_HOST_S
+    per_kernel = DECODE_KERNEL_HOST_S if mode == "decode" else STEP_KERNEL_HOST_S
+    return sum(n * step_kernels_per_block(kind, mode, layout) for kind, n in schedule.invocations.items()) * per_kernel
 
 
 def _decode_state_io(comp: BlockCompute, model: ModelSpec, kind: str, batch: int, sh: Sharding, opts: CostOptions,
