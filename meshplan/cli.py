@@ -181,8 +181,9 @@ def recommend(
                                         help="TP-SSM: int8-quantized block all-reduce."),
     microbatches: int = typer.Option(0, "--microbatches", help="Pipeline micro-batches per step (0: 4·pp)."),
     launch_floor: bool = typer.Option(True, "--launch-floor/--no-launch-floor",
-                                      help="Floor each step at an eager PyTorch stack's kernel launches (64 us "
-                                           "each, measured); off for stacks that launch far fewer (CUDA graphs)."),
+                                      help="Floor each step at an eager PyTorch stack's kernel launches (host time "
+                                           "per kernel, measured); off for stacks that launch far fewer (CUDA "
+                                           "graphs)."),
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):

@@ -265,7 +265,7 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
                         kernel_bwd + summary_bwd if training else 0.0)
 
 
-def int8_allreduce_kernels_s(elements: float, group: int, dev: Device) -> float:
+def int8_allreduce_kernels_s(elements: float, ranks: int, dev: Device) -> float:
     """HBM time on one rank of our int8 all-reduce's kernels (meshplan/kernels/quant.py) over a tensor
     of `elements`. Two ranks: quantize (bf16 in, int8 out), dequantize-sum (both int8 copies in, bf16
     out) — 3 + (2 + 2) bytes per element. More: quantize, dequantize-sum-requantize (the group's int8
@@ -273,7 +273,7 @@ def int8_allreduce_kernels_s(elements: float, group: int, dev: Device) -> float:
     fp32 scales (4 B per 128) aside. Their launches and the collectives' latency are not in it: on
     NVLink that fixed cost, not these bytes, is what makes the int8 path slower
     (benchmarks/results/quant-allreduce-h200x4.json)."""
-    per_element = 3 + group + 2 if group == 2 else 7 + 1 / group
+    per_element = 3 + (2 + 2) if ranks == 2 else 3 + (1 + 1 / ranks) + 3
     return elements * per_element / dev.rated_hbm
 
 

@@ -27,8 +27,9 @@ class CostOptions:
     tp_sequence_parallel: bool = False  # Megatron-SP on the TP axis: full-width activations also split by T
     int8_allreduce: bool = False  # TP-SSM: the block's all-reduce in int8 with per-group fp32 scales
     microbatches: int = 0  # pipeline micro-batches per step; 0: 4·pp (GPipe, Huang et al. 2019 §2.3: M ≥ 4K)
-    # Floor every step at the eager executor's kernel launches (measured kernels per block, 64 µs each:
-    # meshplan.costmodel.compute.STEP_KERNEL_HOST_S); off for stacks that launch far fewer (CUDA graphs).
+    # Floor every step at the eager executor's kernel launches (measured kernels per block, each at the
+    # measured host cost: meshplan.costmodel.compute.STEP_KERNEL_HOST_S, DECODE_KERNEL_HOST_S); off for
+    # stacks that launch far fewer (CUDA graphs).
     launch_floor: bool = True
 
     def __post_init__(self) -> None:

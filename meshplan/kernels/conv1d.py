@@ -265,7 +265,7 @@ def _bwd_step(t, lo, hi, xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, 
     m1, m2, m3 = tl.where(ib == ia, 1.0, 0.0), tl.where(ic == ia, 1.0, 0.0), tl.where(idd == ia, 1.0, 0.0)
     g = gout
     if SILU:
-        pre = bias + w3 * xa + w2 * m1 * xb + w1 * m2 * xc + w0 * m3 * xd
+        pre = _fwd_out(xa, xb, xc, xd, ia, ib, ic, idd, w0, w1, w2, w3, bias, False)
         sig = tl.sigmoid(pre)
         g = g * sig * (1 + pre * (1 - sig))
     dx = w3 * g + w2 * tl.where(j1 == ia, g1, 0.0) + w1 * tl.where(j2 == ia, g2, 0.0) \

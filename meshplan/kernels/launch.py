@@ -31,7 +31,8 @@ def state_blocks(d_state: int) -> tuple[int, int]:
     return block, -(-d_state // block)
 
 
-def bwd_splits(chunks: int, heads: int, groups: int, d_state: int) -> int:
+def bwd_splits(chunks: int, heads: int, groups: int, d_state: int, target: int | None = None) -> int:
     """Head splits of the backward's dB/dC kernel over `chunks` chunks (batch included): the number of
-    fp32 dB and dC partial sums it writes per token."""
-    return head_splits(heads // groups, chunks * groups * state_blocks(d_state)[1])
+    fp32 dB and dC partial sums it writes per token (the kernel launches with these; the memory and
+    cost models count with them)."""
+    return head_splits(heads // groups, chunks * groups * state_blocks(d_state)[1], target)

@@ -246,9 +246,7 @@ def unpack_int8_ref(buf: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, 
 def dequant_sum_requant_ref(buf: torch.Tensor, group: int = 128) -> torch.Tensor:
     """(n, chunk bytes) packed copies of one slice from n ranks → their fp32 sum, re-quantized and
     packed as one (chunk bytes,) row."""
-    q, s = unpack_int8_ref(buf, group)
-    total = (q.view(q.shape[0], -1, group).to(torch.float32) * s[:, :, None]).sum(0).reshape(-1)
-    return quantize_int8_packed_ref(total, 1, group)[0]
+    return quantize_int8_packed_ref(dequant_sum_ref(buf, group), 1, group)[0]
 
 
 def dequant_sum_ref(buf: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float32) -> torch.Tensor:

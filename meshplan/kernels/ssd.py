@@ -183,6 +183,11 @@ class Packing(NamedTuple):
     bn: int
     bp: int
 
+    def bookkeeping(self, stand_in: torch.Tensor):
+        """sid, prev and keep as the kernels take them: without seq_idx, `stand_in` takes their place
+        (the kernels do not read it then)."""
+        return tuple(t if t is not None else stand_in for t in (self.sid, self.prev, self.keep))
+
     @property
     def shape(self):  # b, S, h, p, g, n, nc
         b, S, h, p = self.x.shape
@@ -227,8 +232,7 @@ def chunk_states(pk: Packing, x, b_or_c, to_entry: bool = False, xt: int | None 
     Σ dt·A written there too."""
     b, S, h, p, g, n, nc = pk.shape
     out = torch.empty(b, nc, h, p, n, device=x.device, dtype=torch.float32)
-    sid = pk.sid if pk.sid is not None else x
-    prev = pk.prev if pk.prev is not None else x
+    sid, prev, _ = pk.bookkeeping(x)
     bp = min(STATE_HEADDIM_BLOCK, max(16, triton.next_power_of_2(p)))  # its own: the backward's pk.bp is smaller
     _chunk_state[(b * nc * h * triton.cdiv(p, bp),)](x, pk.dt, pk.A, b_or_c, sid, prev, out,
                                                   asum if asum is not None else out, S, h, g, p, n,
@@ -267,7 +271,7 @@ def entering_states(pk: Packing, initial_state, dtype=torch.float32):
     entering = torch.empty_like(states, dtype=dtype)
     final = torch.empty(b, h, p, n, device=pk.x.device, dtype=torch.float32)
     init = initial_state.float().contiguous() if initial_state is not None else final
-    _state_passing[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](states, asum, pk.keep if pk.keep is not None else asum,
+    _state_passing[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](states, asum, pk.bookkeeping(asum)[2],
                                                            init, entering, final, nc, h, p * n,
                                                            HAS_INIT=initial_state is not None,
                                                            HAS_KEEP=pk.keep is not None, BLOCK=PASS_BLOCK)
@@ -280,8 +284,7 @@ def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp:
     b, S, h, p, g, n, nc = pk.shape
     entering, final, _ = entering_states(pk, initial_state, pk.x.dtype)
     y = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
-    sid = pk.sid if pk.sid is not None else x
-    prev = pk.prev if pk.prev is not None else x
+    sid, prev, _ = pk.bookkeeping(x)
     p_blocks = triton.cdiv(p, pk.bp)
     splits = launch.head_splits(h // g, b * nc * g * p_blocks, split_target)
     _chunk_scan[(b * nc, g * splits, p_blocks)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A,

@@ -218,7 +218,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     d_entering = chunk_states(pk, dy, pk.C, to_entry=True, xt=h * p, bt=pk.ct)  # dE_c, fp32
     d_init = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
     d_states = torch.empty_like(d_entering, dtype=io)  # dS_c
-    keep = pk.keep if pk.keep is not None else asum
+    sid, prev, keep = pk.bookkeeping(asum)
     _state_passing_bwd[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](d_entering, d_states, asum, keep,
                                                                dfinal.contiguous() if dfinal is not None else d_init,
                                                                d_init, nc, h, p * n, HAS_DFINAL=dfinal is not None,
@@ -229,8 +229,6 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     dcb = torch.empty(b, nc, h, chunk, chunk, device=x.device, dtype=io)
     da = torch.empty(b, nc, h, device=x.device, dtype=torch.float32)
     dd = torch.empty_like(da) if D is not None else da
-    sid = pk.sid if pk.sid is not None else x
-    prev = pk.prev if pk.prev is not None else x
     # One program per (chunk, head): a loop over a group's heads sharing C·Bᵀ, as the forward's output
     # kernel has, made this kernel slower (1.14 against 0.99 ms on an H200 at 16K × 80 heads; the
     # dB/dC kernel below keeps its loop): benchmarks/results/ssd-head-loops-h200.json.
@@ -240,7 +238,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
                                num_warps=warps or BWD_WARPS)
     hpg = h // g
     bn, n_blocks = launch.state_blocks(n)
-    splits = launch.head_splits(hpg, b * nc * g * n_blocks, split_target)
+    splits = launch.bwd_splits(b * nc, h, g, n, split_target)
     db = torch.empty(b, S, g * splits, n, device=x.device, dtype=torch.float32)
     dc = torch.empty_like(db)
     _chunk_bwd_dbc[(b * nc * g * splits * n_blocks,)](pk.x, pk.dt, pk.A, pk.B, pk.C, entering, d_states, dy, sid, prev,
