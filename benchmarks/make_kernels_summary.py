@@ -23,12 +23,11 @@ def kernel_fraction(ssd: dict, run: dict, direction: str) -> float:
 
 
 def main() -> int:
-    ssd, conv = load("ssd-h200.json"), load("conv1d-march4-h200.json")
-    # Forward and backward at the module's time-marching settings, from the run's sweep (its main row,
-    # timed first, gave the forward 0.621 ms; ten other timings of the same code that day, 0.52-0.59 ms:
-    # conv1d-rows4-ab2/ab3-h200.json, conv1d-prefetch-ab-h200.json).
-    fwd = next(m for m in conv["march"] if (m["rows"], m["channels"], m["warps"], m["stages"]) == (128, 128, 1, 2))
-    march = next(m for m in conv["march"] if (m["rows"], m["channels"], m["warps"], m["stages"]) == (128, 128, 2, 2))
+    ssd, conv = load("ssd-h200.json"), load("conv1d-fast-silu-bench-h200.json")
+    # The committed code in three interleaved rounds against the kernels before it, on another H200.
+    ab = [x for x in load("conv1d-fast-silu-ab3-h200.json")["rounds"] if x["seq_idx"] == "seq_idx"]
+    ab_new = [x for x in ab if x["code"] == "new_defaults"]
+    ab_old = [x for x in ab if x["code"] == "old"]
     pack, q, norm = load("packing-h200.json"), load("quant-allreduce-h200x2.json"), load("gated-norm-h200.json")
     # int8 against bf16 all-reduce at 16 MiB by link: NVLink (2 and 4 GPUs) and host memory (NCCL_P2P_DISABLE=1:
     # what GPUs without NVLink or peer-to-peer do), one call at a time.
@@ -37,7 +36,7 @@ def main() -> int:
              "host_memory_4gpu": load("quant-allreduce-h200x4-host-memory.json")}
     at16 = {k: next(x for x in v["allreduce"] if x["mib_bf16"] == 16) for k, v in links.items()}
     prefill = {k: v["tpssm_prefill"]["speedup"] for k, v in links.items()}
-    r, c1 = ssd["runs"][0], conv["runs"][1]
+    r, c0, c1 = ssd["runs"][0], conv["runs"][0], conv["runs"][1]
     q256 = next(x for x in q["allreduce"] if x["mib_bf16"] == 256)
     dec = next(x for x in conv["decode"] if x["b"] == 8)
     grads = ssd["gradient_rel_err_vs_fp64"]
@@ -60,19 +59,24 @@ def main() -> int:
                       f"(scan_bandwidth_fraction, and per kernel), and over the whole call's time, launch gaps and small "
                       f"torch ops included (scan_call_bandwidth_fractions). Source: ssd-h200.json; launch settings: "
                       f"ssd-fwd-tune-h200.json, ssd-bwd-tune-h200.json, ssd-head-loops-h200.json; grid order: ssd-grid-order-h200.json"),
-        "conv_bandwidth_fraction": fwd["fwd_bandwidth_fraction"],
-        "conv_backward_bandwidth_fraction": march["bwd_bandwidth_fraction"],
+        "conv_bandwidth_fraction": c0["fwd_bandwidth_fraction"],
+        "conv_backward_bandwidth_fraction": c0["bwd_bandwidth_fraction"],
         "conv_note": (f"time-marching kernels, four rows a step, b 4, t 16384, 5376 channels, bf16, packed rows "
-                      f"(seq_idx): forward (128 rows x 128 channels per program, 1 warp, 2 stages) "
-                      f"{fwd['fwd_s'] * 1e3:.3f} ms (0.61-0.65 ms for the tiled forward it replaced); backward (one "
-                      f"pass, 128 x 128, 2 warps, 2 stages) {march['bwd_s'] * 1e3:.2f} ms (4.46 ms at the start of this "
-                      f"work, 2.54 ms two-pass with tuned tiles, 1.21-1.23 ms one row a step). Both stay under the 70% "
-                      f"aim: ncu on an H100 (ncu-kernels-h100.json) shows the marching kernels at 25-50% occupancy, "
-                      f"held there by registers, against 85% for a plain bf16 multiply. At b 1, t 65536 the main rows "
-                      f"give {c1['fwd_bandwidth_fraction']:.0%} / {c1['bwd_bandwidth_fraction']:.0%}. Decode "
-                      f"update at batch 8: Triton {dec['triton_s'] * 1e6:.0f} us against {dec['torch_ops_s'] * 1e6:.0f} us "
-                      f"of torch ops. Source: conv1d-march4-h200.json (copy roofline "
-                      f"{conv['copy_bytes_per_s'] / 1e12:.2f} TB/s on that machine)"),
+                      f"(seq_idx, a new sequence every 1000 tokens): forward (128 rows x 128 channels a program, "
+                      f"1 warp) {c0['fwd_s'] * 1e3:.3f} ms; backward (one pass, 256 x 256, 2 warps, rows loaded a "
+                      f"step ahead) {c0['bwd_s'] * 1e3:.3f} ms (4.46 ms at the start of this work, 2.54 ms two-pass "
+                      f"with tuned tiles, 1.14-1.25 ms before the cheaper sigmoid and the unmasked steps). In three "
+                      f"interleaved rounds on another H200 (conv1d-fast-silu-ab3-h200.json): forward "
+                      f"{min(x['fwd_frac'] for x in ab_new):.0%}-{max(x['fwd_frac'] for x in ab_new):.0%}, backward "
+                      f"{min(x['bwd_frac'] for x in ab_new):.0%}-{max(x['bwd_frac'] for x in ab_new):.0%} of that "
+                      f"machine's copy roofline, against {min(x['fwd_frac'] for x in ab_old):.0%}-"
+                      f"{max(x['fwd_frac'] for x in ab_old):.0%} and {min(x['bwd_frac'] for x in ab_old):.0%}-"
+                      f"{max(x['bwd_frac'] for x in ab_old):.0%} for the kernels before. At b 1, t 65536: "
+                      f"{c1['fwd_bandwidth_fraction']:.0%} / {c1['bwd_bandwidth_fraction']:.0%}. The backward stays "
+                      f"under the 70% aim: 255 registers a thread at 4 channels (sass-counts.json), 8 warps an SM. "
+                      f"Decode update at batch 8: Triton {dec['triton_s'] * 1e6:.0f} us against "
+                      f"{dec['torch_ops_s'] * 1e6:.0f} us of torch ops. Source: conv1d-fast-silu-bench-h200.json "
+                      f"(copy roofline {conv['copy_bytes_per_s'] / 1e12:.2f} TB/s on that machine)"),
         "packed_over_padded_speedup": pack["packed_over_padded_speedup"],
         "packed_note": (f"mamba2-2.7b-shaped, 2 layers, bf16, training one epoch of 96 sequences "
                         f"({pack['real_tokens']:,} real tokens, log-normal lengths, rows of 8192): padded "

@@ -23,7 +23,7 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
 
 
 # The time-marching kernels with 16- and 18-row, 8-channel programs (several per sequence and per row;
-# 18 rows stop in the middle of a four-row step), and the tiled ones: 8-step tiles, 2 steps — several
+# 18 rows stop in the middle of a four-row step; the 18-row backward loads its rows a step ahead), and the tiled ones: 8-step tiles, 2 steps — several
 # backward programs, each walking two tiles (dw summed across both), in the one-pass backward
 # (pre-activation rebuilt at each shift) and the two-pass one.
 @pytest.mark.parametrize("bwd_tiles", [16, 18, (8, 2, False), (8, 2, True)])
@@ -31,6 +31,8 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
 def test_forward_and_backward_match_reference(monkeypatch, bwd_tiles, t, c, k):
     if isinstance(bwd_tiles, int):
         monkeypatch.setattr(conv1d, "MARCH_ROWS", bwd_tiles)
+        monkeypatch.setattr(conv1d, "MARCH_FWD_ROWS", bwd_tiles)
+        monkeypatch.setattr(conv1d, "MARCH_PREFETCH", bwd_tiles == 18)
         monkeypatch.setattr(conv1d, "MARCH_CHANNELS", 8)
         monkeypatch.setattr(conv1d, "MARCH_FWD_CHANNELS", 8)
     else:
@@ -156,17 +158,20 @@ def test_initial_state_continues_a_sequence_shard():
     torch.testing.assert_close(state.grad, xs.grad[:, 14:17].transpose(1, 2), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("k", [4, 3])
-def test_marching_backward_without_seq_idx_across_programs(monkeypatch, k):
+@pytest.mark.parametrize("k, c, prefetch", [(4, 12, False), (3, 16, True)])
+def test_marching_backward_without_seq_idx_across_programs(monkeypatch, k, c, prefetch):
     """No seq_idx, several 16-row programs per row: every program starts three rows above its own (the
-    pre-activation gradients it needs) and counts dw, db only for its own rows."""
+    pre-activation gradients it needs) and counts dw, db only for its own rows (channels a multiple of
+    the program's 8, or not)."""
     monkeypatch.setattr(conv1d, "MARCH_ROWS", 16)
+    monkeypatch.setattr(conv1d, "MARCH_FWD_ROWS", 16)
+    monkeypatch.setattr(conv1d, "MARCH_PREFETCH", prefetch)
     monkeypatch.setattr(conv1d, "MARCH_CHANNELS", 8)
     monkeypatch.setattr(conv1d, "MARCH_FWD_CHANNELS", 8)
-    x, w, bias = _inputs(2, 53, 12, k, seed=k)
+    x, w, bias = _inputs(2, 53, c, k, seed=k)
     xs, ws, bs = (v.clone().requires_grad_(True) for v in (x, w, bias))
     xr, wr, br = (v.clone().requires_grad_(True) for v in (x, w, bias))
-    g = torch.randn(2, 53, 12, generator=torch.Generator().manual_seed(9))
+    g = torch.randn(2, 53, c, generator=torch.Generator().manual_seed(9))
     causal_conv1d(xs, ws, bs).backward(g)
     causal_conv1d_ref(xr, wr, br).backward(g)
     for mine, theirs in ((xs, xr), (ws, wr), (bs, br)):

@@ -214,81 +214,261 @@ def _seq_id(idx_ptr, pid_b, t, T, HAS_IDX: tl.constexpr, outside):
 
 
 @triton.jit
-def _fwd_out(x0, x1, x2, x3, i0, i1, i2, i3, w0, w1, w2, w3, bias, SILU: tl.constexpr):
-    """One output row from its input x0 and the three before it (sequence ids i0..i3), fp32."""
-    acc = bias + w3 * x0 + w2 * tl.where(i1 == i0, x1, 0.0) + w1 * tl.where(i2 == i0, x2, 0.0) \
-        + w0 * tl.where(i3 == i0, x3, 0.0)
+def _sigmoid(x):
+    """1 / (1 + e^−x) as rsqrt((1 + e^−x)²), e^−x by exp2: tl.sigmoid's exp keeps the denormal range
+    and its division the full range, 6 more instructions per element on sm_90 (a SiLU kernel of 4
+    elements a thread: 80 against 56 instructions; `python benchmarks/sass_counts.py`,
+    benchmarks/results/sass-counts.json). (1 + e^−x)² overflows below x ≈ −44, where the result is 0
+    instead of < 1e-19."""
+    e = tl.exp2(x * -1.4426950408889634)  # log2(e)
+    return tl.math.rsqrt((1 + e) * (1 + e))
+
+
+@triton.jit
+def _fwd_out(x0, x1, x2, x3, i0, i1, i2, i3, w0, w1, w2, w3, bias, SILU: tl.constexpr, MASKED: tl.constexpr = True):
+    """One output row from its input x0 and the three before it (sequence ids i0..i3), fp32; without
+    MASKED the caller knows the four rows are one sequence."""
+    if MASKED:
+        acc = bias + w3 * x0 + w2 * tl.where(i1 == i0, x1, 0.0) + w1 * tl.where(i2 == i0, x2, 0.0) \
+            + w0 * tl.where(i3 == i0, x3, 0.0)
+    else:
+        acc = bias + w3 * x0 + w2 * x1 + w1 * x2 + w0 * x3
     if SILU:
-        acc = acc * tl.sigmoid(acc)
+        acc = acc * _sigmoid(acc)
     return acc
 
 
 @triton.jit
+def _one_sequence(i0, i1, i2, i3, i4, i5, i6):
+    """Whether seven rows' sequence ids (shape (1,) each) are all equal: a scalar."""
+    same = (i0 == i1) & (i1 == i2) & (i2 == i3) & (i3 == i4) & (i4 == i5) & (i5 == i6)
+    return tl.min(same.to(tl.int32), axis=0) == 1
+
+
+@triton.jit
+def _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3, bias, SILU: tl.constexpr,
+              MASKED: tl.constexpr):
+    """A forward step's four output rows t..t+3 from inputs t−3..t+3 (xa..xd are rows t..t+3, x1..x3
+    rows t−1..t−3)."""
+    return (_fwd_out(xa, x1, x2, x3, ia, i1, i2, i3, w0, w1, w2, w3, bias, SILU, MASKED),
+            _fwd_out(xb, xa, x1, x2, ib, ia, i1, i2, w0, w1, w2, w3, bias, SILU, MASKED),
+            _fwd_out(xc, xb, xa, x1, ic, ib, ia, i1, w0, w1, w2, w3, bias, SILU, MASKED),
+            _fwd_out(xd, xc, xb, xa, id_, ic, ib, ia, w0, w1, w2, w3, bias, SILU, MASKED))
+
+
+@triton.jit
+def _load_row(ptrs, cm, EVEN_C: tl.constexpr):
+    """A row of BC channels at `ptrs` (fp32), masked to the channels that exist unless all do."""
+    if EVEN_C:
+        return tl.load(ptrs).to(tl.float32)
+    return tl.load(ptrs, mask=cm, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rows(ptrs, ya, yb, yc, yd, C, cm, EVEN_C: tl.constexpr):
+    """Four consecutive rows of BC channels from `ptrs` on, masked to the channels that exist unless
+    all do."""
+    ty = ptrs.dtype.element_ty
+    if EVEN_C:
+        tl.store(ptrs, ya.to(ty))
+        tl.store(ptrs + C, yb.to(ty))
+        tl.store(ptrs + 2 * C, yc.to(ty))
+        tl.store(ptrs + 3 * C, yd.to(ty))
+    else:
+        tl.store(ptrs, ya.to(ty), mask=cm)
+        tl.store(ptrs + C, yb.to(ty), mask=cm)
+        tl.store(ptrs + 2 * C, yc.to(ty), mask=cm)
+        tl.store(ptrs + 3 * C, yd.to(ty), mask=cm)
+
+
+@triton.jit
+def _one_sequence_span(idx_ptr, pid_b, T, lo, n, SPAN: tl.constexpr):
+    """Whether rows lo .. lo + n − 1 (those inside the row's 0..T−1) are all one sequence: a scalar,
+    from one vector load of their ids (SPAN ≥ n, a power of two)."""
+    r = lo + tl.arange(0, SPAN)
+    ok = (r >= 0) & (r < T) & (r < lo + n)
+    ids = tl.load(idx_ptr + pid_b * T + r, mask=ok, other=0)
+    return tl.min(tl.where(ok, ids, 2147483647), axis=0) == tl.max(tl.where(ok, ids, -2147483647), axis=0)
+
+
+@triton.jit
 def _conv_fwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, K: tl.constexpr, HAS_IDX: tl.constexpr,
-                    SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
+                    SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr, EVEN_C: tl.constexpr,
+                    SPAN: tl.constexpr):
+    """Time-marching forward (see _fwd_march_body). With seq_idx, a program whose rows and the three
+    before them are one sequence (most programs) runs the body that reads no ids."""
+    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, _ = _march_program(w_ptr, b_ptr, T, C, L, K, BC)
+    if HAS_IDX:
+        if _one_sequence_span(idx_ptr, pid_b, T, pid_t * L - 3, L + 3, SPAN):
+            _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
+                            False, SILU, STAGES, EVEN_C)
+        else:
+            _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
+                            True, SILU, STAGES, EVEN_C)
+    else:
+        _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
+                        False, SILU, STAGES, EVEN_C)
+
+
+@triton.jit
+def _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
+                    HAS_IDX: tl.constexpr, SILU: tl.constexpr, STAGES: tl.constexpr, EVEN_C: tl.constexpr):
     """Time-marching forward: one program walks L rows of BC channels four rows a step, keeping the
     last three inputs (and their sequence ids) in registers, so each input is read once and each
     output written once. A step's four input rows are loaded before any of its outputs is stored: a
     load after a store waits for it (the compiler cannot tell the buffers apart), and four loads a
     thread in flight, not one, is what the step gains. K ≤ 4 taps, right-aligned (zeros in front when
-    K < 4)."""
-    pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, _ = _march_program(w_ptr, b_ptr, T, C, L, K, BC)
+    K < 4).
+
+    The whole steps inside the program's rows run without time masks, on pointers moved four rows a
+    step, and without sequence masks where no boundary is within reach of the step (the common
+    case); a last partial step (L or T not a multiple of 4) is masked."""
     t0 = pid_t * L
     end = tl.minimum(t0 + L, T)
     x3, x2, x1 = _row(x_ptr, base, t0 - 3, C, c, cm, T), _row(x_ptr, base, t0 - 2, C, c, cm, T), \
         _row(x_ptr, base, t0 - 1, C, c, cm, T)
     i3, i2, i1 = _seq_id(idx_ptr, pid_b, t0 - 3, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t0 - 2, T, HAS_IDX, -1), \
         _seq_id(idx_ptr, pid_b, t0 - 1, T, HAS_IDX, -1)
-    for t in tl.range(t0, end, 4, num_stages=STAGES):
+    full = t0 + (end - t0) // 4 * 4
+    px = x_ptr + _row_offsets(base, t0, C, c)[0]
+    po = out_ptr + _row_offsets(base, t0, C, c)[0]
+    ps = idx_ptr + pid_b * T + t0 + tl.zeros((1,), dtype=tl.int32)
+    for t in tl.range(t0, full, 4, num_stages=STAGES):
+        xa, xb = _load_row(px, cm, EVEN_C), _load_row(px + C, cm, EVEN_C)
+        xc, xd = _load_row(px + 2 * C, cm, EVEN_C), _load_row(px + 3 * C, cm, EVEN_C)
+        if HAS_IDX:
+            ia, ib, ic, id_ = tl.load(ps), tl.load(ps + 1), tl.load(ps + 2), tl.load(ps + 3)
+            if _one_sequence(i3, i2, i1, ia, ib, ic, id_):  # no boundary in reach: no masks
+                ya, yb, yc, yd = _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3,
+                                           bias, SILU, False)
+            else:
+                ya, yb, yc, yd = _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3,
+                                           bias, SILU, True)
+        else:  # one sequence a row: the rows before the row's start were read as zeros
+            ia = tl.zeros((1,), dtype=tl.int32)
+            ib, ic, id_ = ia, ia, ia
+            ya, yb, yc, yd = _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3,
+                                       bias, SILU, False)
+        _store_rows(po, ya, yb, yc, yd, C, cm, EVEN_C)
+        x3, x2, x1 = xb, xc, xd
+        i3, i2, i1 = ib, ic, id_
+        px += 4 * C
+        po += 4 * C
+        ps += 4
+    if full < end:
+        t = full
         xa, xb = _row(x_ptr, base, t, C, c, cm, end), _row(x_ptr, base, t + 1, C, c, cm, end)
         xc, xd = _row(x_ptr, base, t + 2, C, c, cm, end), _row(x_ptr, base, t + 3, C, c, cm, end)
         ia, ib = _seq_id(idx_ptr, pid_b, t, T, HAS_IDX, -2), _seq_id(idx_ptr, pid_b, t + 1, T, HAS_IDX, -2)
         ic, id_ = _seq_id(idx_ptr, pid_b, t + 2, T, HAS_IDX, -2), _seq_id(idx_ptr, pid_b, t + 3, T, HAS_IDX, -2)
-        _store_row(out_ptr, _fwd_out(xa, x1, x2, x3, ia, i1, i2, i3, w0, w1, w2, w3, bias, SILU), base, t, C, c, cm,
-                   0, end)
-        _store_row(out_ptr, _fwd_out(xb, xa, x1, x2, ib, ia, i1, i2, w0, w1, w2, w3, bias, SILU), base, t + 1, C, c,
-                   cm, 0, end)
-        _store_row(out_ptr, _fwd_out(xc, xb, xa, x1, ic, ib, ia, i1, w0, w1, w2, w3, bias, SILU), base, t + 2, C, c,
-                   cm, 0, end)
-        _store_row(out_ptr, _fwd_out(xd, xc, xb, xa, id_, ic, ib, ia, w0, w1, w2, w3, bias, SILU), base, t + 3, C, c,
-                   cm, 0, end)
-        x3, x2, x1 = xb, xc, xd
-        i3, i2, i1 = ib, ic, id_
+        ya, yb, yc, yd = _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3, bias,
+                                   SILU, True)
+        _store_row(out_ptr, ya, base, t, C, c, cm, 0, end)
+        _store_row(out_ptr, yb, base, t + 1, C, c, cm, 0, end)
+        _store_row(out_ptr, yc, base, t + 2, C, c, cm, 0, end)
+        _store_row(out_ptr, yd, base, t + 3, C, c, cm, 0, end)
 
 
 @triton.jit
-def _bwd_step(t, lo, hi, xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
-              w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU: tl.constexpr):
+def _bwd_row(xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3,
+             bias, own, SILU: tl.constexpr, MASKED: tl.constexpr):
     """One row t of the marching backward given its window (x[t..t−3] as xa, xb, xc, xd; dpre[t+1..t+3]
-    as g1..g3, with sequence ids): dpre[t] rebuilt, and dx[t] stored and the dw, db sums taken where
-    lo ≤ t ≤ hi. Returns the window moved one row down, and the sums."""
-    m1, m2, m3 = tl.where(ib == ia, 1.0, 0.0), tl.where(ic == ia, 1.0, 0.0), tl.where(idd == ia, 1.0, 0.0)
+    as g1..g3, with sequence ids): dpre[t] rebuilt, dx[t], and the dw, db sums taken over the channels
+    in `own` (MASKED; without it the caller knows the window is one sequence and the row its own).
+    Returns dx[t], the window moved one row down, and the sums."""
     g = gout
+    pre = _fwd_out(xa, xb, xc, xd, ia, ib, ic, idd, w0, w1, w2, w3, bias, False, MASKED)
     if SILU:
-        pre = _fwd_out(xa, xb, xc, xd, ia, ib, ic, idd, w0, w1, w2, w3, bias, False)
-        sig = tl.sigmoid(pre)
+        sig = _sigmoid(pre)
         g = g * sig * (1 + pre * (1 - sig))
-    dx = w3 * g + w2 * tl.where(j1 == ia, g1, 0.0) + w1 * tl.where(j2 == ia, g2, 0.0) \
-        + w0 * tl.where(j3 == ia, g3, 0.0)
-    offs, tv = _row_offsets(base, t, C, c)
-    own = cm & (tv >= lo) & (tv <= hi)
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=own)
-    go = tl.where(own, g, 0.0)
-    return (xb, xc, xd, ib, ic, idd, g, g1, g2, ia, j1, j2, dw0 + go * m3 * xd, dw1 + go * m2 * xc,
-            dw2 + go * m1 * xb, dw3 + go * xa, db + go)
+    if MASKED:
+        dx = w3 * g + w2 * tl.where(j1 == ia, g1, 0.0) + w1 * tl.where(j2 == ia, g2, 0.0) \
+            + w0 * tl.where(j3 == ia, g3, 0.0)
+        go = tl.where(own, g, 0.0)
+        dw0 += go * tl.where(idd == ia, xd, 0.0)
+        dw1 += go * tl.where(ic == ia, xc, 0.0)
+        dw2 += go * tl.where(ib == ia, xb, 0.0)
+    else:
+        dx = w3 * g + w2 * g1 + w1 * g2 + w0 * g3
+        go = g
+        dw0 += go * xd
+        dw1 += go * xc
+        dw2 += go * xb
+    return dx, xb, xc, xd, ib, ic, idd, g, g1, g2, ia, j1, j2, dw0, dw1, dw2, dw3 + go * xa, db + go
+
+
+@triton.jit
+def _one_window(ia, ib, ic, i3, i4, i5, i6, j1, j2, j3):
+    """Whether a backward step's ten rows' sequence ids are all equal: a scalar."""
+    return _one_sequence(ia, ib, ic, i3, i4, i5, i6) & _one_sequence(j3, j2, j1, ia, ia, ia, ia)
+
+
+@triton.jit
+def _rows4(ptrs, step, mask, LOAD: tl.constexpr):
+    """Rows ptrs, ptrs + step, ptrs + 2·step, ptrs + 3·step as stored (zeros where masked; not read
+    without LOAD)."""
+    if LOAD:
+        return (tl.load(ptrs, mask=mask, other=0.0), tl.load(ptrs + step, mask=mask, other=0.0),
+                tl.load(ptrs + 2 * step, mask=mask, other=0.0), tl.load(ptrs + 3 * step, mask=mask, other=0.0))
+    z = tl.zeros(ptrs.shape, dtype=ptrs.dtype.element_ty)
+    return z, z, z, z
+
+
+@triton.jit
+def _ids4(ps, steps, k, HAS_IDX: tl.constexpr):
+    """Sequence ids of rows ps, ps − 1, ps − 2, ps − 3 for step k of `steps` (shape (1,) each; zeros
+    without HAS_IDX or past the last step)."""
+    if HAS_IDX:
+        m = (tl.zeros((1,), dtype=tl.int32) + steps) > k  # a vector mask: the interpreter takes no scalar
+        return tl.load(ps, mask=m, other=0), tl.load(ps - 1, mask=m, other=0), tl.load(ps - 2, mask=m, other=0), \
+            tl.load(ps - 3, mask=m, other=0)
+    z = tl.zeros((1,), dtype=tl.int32)
+    return z, z, z, z
 
 
 @triton.jit
 def _conv_bwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L, K: tl.constexpr,
-                    HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
-    """Time-marching backward, one pass: a program walks its L rows downwards from three rows above
-    them, four rows a step, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in
-    registers. At each row: pre (rebuilt), dpre = dout · silu'(pre), dx[t] = Σ_j w_j · dpre[t + 3 − j]
-    over the same sequence, and the dw, db sums per channel — no fp32 buffer in memory, no reduction
-    across threads. Rows above the program's own only supply dpre (each row's dw, db and dx are
-    counted by one program). A step's x and dout rows are all loaded before its first dx row is
-    stored, as in the forward."""
+                    HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
+                    EVEN_C: tl.constexpr, PREFETCH: tl.constexpr, SPAN: tl.constexpr):
+    """Time-marching backward (see _bwd_march_body), then this program's dw, db partial sums. With
+    seq_idx, a program whose rows, the three before them and the three after them are one sequence
+    (most programs) runs the body that reads no ids."""
     pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, n_t = _march_program(w_ptr, b_ptr, T, C, L, K, BC)
+    if HAS_IDX:
+        if _one_sequence_span(idx_ptr, pid_b, T, pid_t * L - 3, L + 9, SPAN):
+            dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, pid_b, pid_t, c, cm,
+                                                     base, w0, w1, w2, w3, bias, False, SILU, BC, STAGES, EVEN_C,
+                                                     PREFETCH)
+        else:
+            dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, pid_b, pid_t, c, cm,
+                                                     base, w0, w1, w2, w3, bias, True, SILU, BC, STAGES, EVEN_C,
+                                                     PREFETCH)
+    else:
+        dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, pid_b, pid_t, c, cm,
+                                                 base, w0, w1, w2, w3, bias, False, SILU, BC, STAGES, EVEN_C, PREFETCH)
+    part = (pid_b * n_t + pid_t) * C
+    tl.store(dw_part_ptr + (part + c) * 4, dw0, mask=cm)
+    tl.store(dw_part_ptr + (part + c) * 4 + 1, dw1, mask=cm)
+    tl.store(dw_part_ptr + (part + c) * 4 + 2, dw2, mask=cm)
+    tl.store(dw_part_ptr + (part + c) * 4 + 3, dw3, mask=cm)
+    tl.store(db_part_ptr + part + c, db, mask=cm)
+
+
+@triton.jit
+def _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
+                    HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
+                    EVEN_C: tl.constexpr, PREFETCH: tl.constexpr):
+    """Time-marching backward, one pass: a program walks its L rows downwards from three rows above
+    them, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in registers. At each row:
+    pre (rebuilt), dpre = dout · silu'(pre), dx[t] = Σ_j w_j · dpre[t + 3 − j] over the same sequence,
+    and the dw, db sums per channel — no fp32 buffer in memory, no reduction across threads.
+
+    Three phases: the rows above the program's own, one at a time (they only supply dpre: each row's
+    dw, db and dx are counted by one program); then whole steps of four own rows whose inputs all
+    exist, on pointers moved four rows a step, without time masks and, where no boundary is within
+    reach, without sequence masks; then the rows left at the bottom, one at a time. A step's x and
+    dout rows are all loaded before its first dx row is stored: a load after a store waits for it.
+    Returns the dw (taps 0..3) and db sums over the program's own rows."""
     t0 = pid_t * L
     t_own = tl.minimum(t0 + L, T) - 1  # the last row this program writes
     top = tl.minimum(t0 + L + 2, T - 1)  # the highest row whose dpre its rows need
@@ -307,32 +487,85 @@ def _conv_bwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr,
     dw2 = tl.zeros((BC,), dtype=tl.float32)
     dw3 = tl.zeros((BC,), dtype=tl.float32)
     db = tl.zeros((BC,), dtype=tl.float32)
-    for i in tl.range(0, top - t0 + 1, 4, num_stages=STAGES):
+    no = cm & False
+    for i in range(top - t_own):  # rows above this program's own
         t = top - i
-        xd0, xd1 = _row(x_ptr, base, t - 3, C, c, cm, T), _row(x_ptr, base, t - 4, C, c, cm, T)
-        xd2, xd3 = _row(x_ptr, base, t - 5, C, c, cm, T), _row(x_ptr, base, t - 6, C, c, cm, T)
-        go0, go1 = _row(dout_ptr, base, t, C, c, cm, T), _row(dout_ptr, base, t - 1, C, c, cm, T)
-        go2, go3 = _row(dout_ptr, base, t - 2, C, c, cm, T), _row(dout_ptr, base, t - 3, C, c, cm, T)
-        id0, id1 = _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t - 4, T, HAS_IDX, -1)
-        id2, id3 = _seq_id(idx_ptr, pid_b, t - 5, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t - 6, T, HAS_IDX, -1)
-        xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_step(
-            t, t0, t_own, xd0, id0, go0, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
-            w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU)
-        xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_step(
-            t - 1, t0, t_own, xd1, id1, go1, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
-            w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU)
-        xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_step(
-            t - 2, t0, t_own, xd2, id2, go2, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
-            w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU)
-        xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_step(
-            t - 3, t0, t_own, xd3, id3, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db,
-            w0, w1, w2, w3, bias, dx_ptr, base, C, c, cm, SILU)
-    part = (pid_b * n_t + pid_t) * C
-    tl.store(dw_part_ptr + (part + c) * 4, dw0, mask=cm)
-    tl.store(dw_part_ptr + (part + c) * 4 + 1, dw1, mask=cm)
-    tl.store(dw_part_ptr + (part + c) * 4 + 2, dw2, mask=cm)
-    tl.store(dw_part_ptr + (part + c) * 4 + 3, dw3, mask=cm)
-    tl.store(db_part_ptr + part + c, db, mask=cm)
+        dx, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+            _row(x_ptr, base, t - 3, C, c, cm, T), _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1),
+            _row(dout_ptr, base, t, C, c, cm, T), xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3,
+            db, w0, w1, w2, w3, bias, no, SILU, True)
+    # Whole steps t .. t−3 from t = t_own down, while rows t−3 (own) and t−6 (read) exist.
+    lowest = tl.maximum(t0 + 3, 6)
+    steps = tl.where(t_own >= lowest, (t_own - lowest) // 4 + 1, 0)
+    px = x_ptr + _row_offsets(base, t_own - 3, C, c)[0]
+    pg = dout_ptr + _row_offsets(base, t_own, C, c)[0]
+    pdx = dx_ptr + _row_offsets(base, t_own, C, c)[0]
+    ps = idx_ptr + pid_b * T + t_own - 3 + tl.zeros((1,), dtype=tl.int32)
+    # PREFETCH: each step's rows are loaded one step ahead, before the step's dx stores, so that eight
+    # loads a thread are in flight while a step computes (the loop's own pipelining left these loads
+    # unpipelined).
+    nxt = cm & ((tl.zeros_like(c) + steps) > 0)
+    nx0, nx1, nx2, nx3 = _rows4(px, -C, nxt, PREFETCH)
+    ng0, ng1, ng2, ng3 = _rows4(pg, -C, nxt, PREFETCH)
+    ni0, ni1, ni2, ni3 = _ids4(ps, steps, 0, HAS_IDX and PREFETCH)
+    for k in tl.range(0, steps, num_stages=STAGES):
+        if PREFETCH:
+            xd0, xd1, xd2, xd3 = nx0.to(tl.float32), nx1.to(tl.float32), nx2.to(tl.float32), nx3.to(tl.float32)
+            go0, go1, go2, go3 = ng0.to(tl.float32), ng1.to(tl.float32), ng2.to(tl.float32), ng3.to(tl.float32)
+            id0, id1, id2, id3 = ni0, ni1, ni2, ni3
+            nxt = cm & ((tl.zeros_like(c) + steps) > k + 1)
+            nx0, nx1, nx2, nx3 = _rows4(px - 4 * C, -C, nxt, True)
+            ng0, ng1, ng2, ng3 = _rows4(pg - 4 * C, -C, nxt, True)
+            ni0, ni1, ni2, ni3 = _ids4(ps - 4, steps, k + 1, HAS_IDX)
+        else:
+            xd0, xd1 = _load_row(px, cm, EVEN_C), _load_row(px - C, cm, EVEN_C)
+            xd2, xd3 = _load_row(px - 2 * C, cm, EVEN_C), _load_row(px - 3 * C, cm, EVEN_C)
+            go0, go1 = _load_row(pg, cm, EVEN_C), _load_row(pg - C, cm, EVEN_C)
+            go2, go3 = _load_row(pg - 2 * C, cm, EVEN_C), _load_row(pg - 3 * C, cm, EVEN_C)
+            id0, id1, id2, id3 = _ids4(ps, steps, k, HAS_IDX)
+        if HAS_IDX:
+            masked = not _one_window(ia, ib, ic, id0, id1, id2, id3, j1, j2, j3)
+        else:
+            masked = False
+        if masked:
+            dxa, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+                xd0, id0, go0, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
+                w3, bias, cm, SILU, True)
+            dxb, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+                xd1, id1, go1, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
+                w3, bias, cm, SILU, True)
+            dxc, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+                xd2, id2, go2, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
+                w3, bias, cm, SILU, True)
+            dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+                xd3, id3, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
+                w3, bias, cm, SILU, True)
+        else:
+            dxa, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+                xd0, id0, go0, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
+                w3, bias, cm, SILU, False)
+            dxb, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+                xd1, id1, go1, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
+                w3, bias, cm, SILU, False)
+            dxc, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+                xd2, id2, go2, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
+                w3, bias, cm, SILU, False)
+            dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+                xd3, id3, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
+                w3, bias, cm, SILU, False)
+        _store_rows(pdx, dxa, dxb, dxc, dxd, -C, cm, EVEN_C)
+        px -= 4 * C
+        pg -= 4 * C
+        pdx -= 4 * C
+        ps -= 4
+    for i in range(t_own - 4 * steps - t0 + 1):  # the rows left at the bottom
+        t = t_own - 4 * steps - i
+        dx, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+            _row(x_ptr, base, t - 3, C, c, cm, T), _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1),
+            _row(dout_ptr, base, t, C, c, cm, T), xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3,
+            db, w0, w1, w2, w3, bias, cm, SILU, True)
+        _store_row(dx_ptr, dx, base, t, C, c, cm, 0, T)
+    return dw0, dw1, dw2, dw3, db
 
 
 def _launch_shape(x: torch.Tensor, bt: int, bc: int):
@@ -364,19 +597,20 @@ def _bias_or_zeros(bias, weight):
 
 
 # Time-marching kernels (K ≤ 4), forward and backward: each program walks MARCH_ROWS rows of
-# MARCH_CHANNELS channels with MARCH_WARPS warps, four rows a step, reading every input once. On an
-# H200 at 4 × 16K × 5376 bf16 with seq_idx (benchmarks/results/conv1d-rows4-ab2-h200.json, three
-# interleaved rounds, and conv1d-rows4-ab-h200.json, a sweep of 27 settings):
-# - forward, 128 channels, 1 warp, 2 stages: 0.52 ms (64% of the copy roofline), against 0.60 ms for
-#   one row a step and 0.645 ms for the tiled forward, which had been the default;
-# - backward, 128 channels, 2 warps, 2 stages: 1.14 ms (44%), against 1.23 ms for one row a step
-#   (128 rows × 256 channels, 2 warps, unroll 2, 2 stages: the best of three earlier sweeps,
-#   conv1d-march-h200.json, conv1d-march-unroll-h200.json, conv1d-march-stages-h200.json) and
-#   2.54 ms for the tiled two-pass backward.
+# MARCH_CHANNELS channels with MARCH_WARPS warps, four rows a step, reading every input once. On H200s
+# at 4 × 16K × 5376 bf16 with seq_idx (sweeps of 18, 16 and 5 settings, then three interleaved rounds
+# against the kernels before them: benchmarks/results/conv1d-fast-silu-h200.json, -ab2-, -ab3-, and
+# `python benchmarks/bench_conv1d.py`, conv1d-fast-silu-bench-h200.json):
+# - forward, 128 rows × 128 channels, 1 warp, no pipelining: 0.44-0.52 ms (64-77% of the copy
+#   roofline, by machine and run), against 0.50-0.58 ms for the kernels before (a full-range sigmoid,
+#   masks at every row) on the same machines;
+# - backward, 256 rows × 256 channels, 2 warps, rows loaded a step ahead: 0.84-0.94 ms (54-61%;
+#   0.75-0.80 ms without seq_idx), against 1.14-1.27 ms. Without the prefetch 0.93-1.09 ms.
+# Earlier sweeps: conv1d-rows4-ab-h200.json (27 settings), conv1d-march-h200.json and the files beside it.
 MARCH_FWD, MARCH_BWD = True, True
-MARCH_ROWS, MARCH_STAGES = 128, 2
-MARCH_CHANNELS, MARCH_WARPS = 128, 2  # the backward's
-MARCH_FWD_CHANNELS, MARCH_FWD_WARPS = 128, 1
+MARCH_FWD_ROWS, MARCH_FWD_CHANNELS, MARCH_FWD_WARPS, MARCH_FWD_STAGES = 128, 128, 1, 1
+MARCH_ROWS, MARCH_CHANNELS, MARCH_WARPS, MARCH_STAGES = 256, 256, 2, 1  # the backward's
+MARCH_PREFETCH = True  # the backward loads each step's rows one step ahead
 
 
 def _marching(weight, march, default):
@@ -392,10 +626,11 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
     idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else x
     bias = _bias_or_zeros(bias, weight)
     if _marching(weight, march, MARCH_FWD):
-        rows, channels = rows or MARCH_ROWS, channels or MARCH_FWD_CHANNELS
+        rows, channels = rows or MARCH_FWD_ROWS, channels or MARCH_FWD_CHANNELS
         _conv_fwd_march[_launch_shape(x, rows, channels)](
             x, weight.contiguous(), bias, idx, out, t, c, rows, K=weight.shape[1], HAS_IDX=seq_idx is not None,
-            SILU=silu, BC=channels, STAGES=stages or MARCH_STAGES, num_warps=warps or MARCH_FWD_WARPS)
+            SILU=silu, BC=channels, STAGES=stages or MARCH_FWD_STAGES, EVEN_C=c % channels == 0,
+            SPAN=triton.next_power_of_2(rows + 3), num_warps=warps or MARCH_FWD_WARPS)
         return out
     _conv_fwd[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias.contiguous(), idx, out, t, c,
                                         K=weight.shape[1], HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc)
@@ -403,7 +638,8 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
 
 
 def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=None, bc=None, steps=None,
-                      two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None, stages=None):
+                      two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None, stages=None,
+                      prefetch=None):
     """(dx, dw, db) of causal_conv1d_fwd given the output gradient (settings default to the module's)."""
     bt, bc, steps = bt or BWD_TILE_T, bc or BWD_TILE_C, steps or BWD_STEPS
     two_pass = TWO_PASS if two_pass is None else two_pass
@@ -421,7 +657,8 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
         db_part = torch.empty(b * triton.cdiv(t, rows), c, dtype=torch.float32, device=x.device)
         _conv_bwd_march[grid](x, weight.contiguous(), bias_in, idx, g, dx, dw_part, db_part, t, c, rows, K=k,
                               HAS_IDX=seq_idx is not None, SILU=silu, BC=channels, STAGES=stages or MARCH_STAGES,
-                              num_warps=warps or MARCH_WARPS)
+                              EVEN_C=c % channels == 0, PREFETCH=MARCH_PREFETCH if prefetch is None else prefetch,
+                              SPAN=triton.next_power_of_2(rows + 9), num_warps=warps or MARCH_WARPS)
         dw = dw_part.sum(0)[:, 4 - k:]
     else:
         grid = _launch_shape(x, bt * steps, bc)

@@ -1,0 +1,138 @@
+"""Registers, spills and instruction counts of Triton kernels compiled offline for sm_90 (no GPU needed:
+the ptxas and nvdisasm that ship with Triton). Counts per loop body (a backward branch) are what a
+time-marching kernel issues per step. Prints a table and writes JSON.
+
+    python benchmarks/sass_counts.py --out benchmarks/results/sass-counts.json
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from meshplan.kernels import conv1d, ssd_bwd
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+INSTR = re.compile(r"\s+/\*[0-9a-f]{4}\*/")
+OP = re.compile(r"\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
+
+
+def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
+    """The kernel compiled for sm_90, every pointer and integer argument taken as 16-divisible (as the
+    launches here pass them)."""
+    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(signature.values()) if v != "constexpr"}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
+
+
+def _tool(name: str, cubin: bytes, *args: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([os.path.join(BIN, name), *args, f.name], capture_output=True, text=True).stdout
+
+
+def _ops(lines: list[str]) -> dict:
+    ops = collections.Counter()
+    for line in lines:
+        m = OP.search(line)
+        if m:
+            ops[m.group(2).split(".")[0]] += 1
+    return dict(ops.most_common())
+
+
+def counts(kernel) -> dict:
+    """Registers, stack bytes (spills), instructions, and each loop body's instructions and op mix."""
+    cubin = kernel.asm["cubin"]
+    usage = re.search(r"REG:(\d+).*?STACK:(\d+)", _tool("cuobjdump", cubin, "--dump-resource-usage"))
+    lines = [x for x in _tool("nvdisasm", cubin, "-c").splitlines() if INSTR.match(x) or x.startswith(".L")]
+    label_at = {x.rstrip(":"): i for i, x in enumerate(lines) if x.startswith(".L")}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and label_at.get(m.group(1), i + 1) < i:
+            body = [x for x in lines[label_at[m.group(1)]:i + 1] if INSTR.match(x)]
+            if len(body) > 1:
+                loops.append({"instructions": len(body), "ops": _ops(body)})
+    instrs = [x for x in lines if INSTR.match(x)]
+    return {"registers": int(usage.group(1)), "stack_bytes": int(usage.group(2)), "instructions": len(instrs),
+            "loops": loops}
+
+
+@triton.jit
+def _silu_torch_style(x_ptr, o_ptr):
+    i = tl.program_id(0) * 128 + tl.arange(0, 128)
+    x = tl.load(x_ptr + i).to(tl.float32)
+    tl.store(o_ptr + i, (x * tl.sigmoid(x)).to(tl.bfloat16))
+
+
+@triton.jit
+def _silu_ours(x_ptr, o_ptr):
+    i = tl.program_id(0) * 128 + tl.arange(0, 128)
+    x = tl.load(x_ptr + i).to(tl.float32)
+    tl.store(o_ptr + i, (x * conv1d._sigmoid(x)).to(tl.bfloat16))
+
+
+CONV_ARGS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "idx_ptr": "*i32"}
+
+
+def kernels() -> dict:
+    """Name → (kernel, what it is). Shapes and settings are the committed launch settings at
+    5376 channels and a 64-token chunk of 80 heads × 64, d_state 128."""
+    c = conv1d
+    fwd_sig = {**CONV_ARGS, "out_ptr": "*bf16", "T": "i32", "C": "i32", "L": "i32"} | dict.fromkeys(
+        ("K", "HAS_IDX", "SILU", "BC", "STAGES", "EVEN_C", "SPAN"), "constexpr")
+    bwd_sig = {**CONV_ARGS, "dout_ptr": "*bf16", "dx_ptr": "*bf16", "dw_part_ptr": "*fp32", "db_part_ptr": "*fp32",
+               "T": "i32", "C": "i32", "L": "i32"} | dict.fromkeys(
+        ("K", "HAS_IDX", "SILU", "BC", "STAGES", "EVEN_C", "PREFETCH", "SPAN"), "constexpr")
+    fwd_k = dict(K=4, HAS_IDX=True, SILU=True, BC=c.MARCH_FWD_CHANNELS, STAGES=c.MARCH_FWD_STAGES, EVEN_C=True,
+                 SPAN=triton.next_power_of_2(c.MARCH_FWD_ROWS + 3))
+    bwd_k = dict(K=4, HAS_IDX=True, SILU=True, BC=c.MARCH_CHANNELS, STAGES=c.MARCH_STAGES, EVEN_C=True,
+                 PREFETCH=c.MARCH_PREFETCH, SPAN=triton.next_power_of_2(c.MARCH_ROWS + 9))
+    dx_names = ("x_ptr dt_ptr a_ptr b_ptr c_ptr d_ptr enter_ptr ds_ptr dy_ptr sid_ptr prev_ptr keep_ptr dx_ptr "
+                "ddt_ptr dcb_ptr da_ptr dd_ptr S H G P N XT BT CT").split()
+    dx_types = ("*bf16 *fp32 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *bf16 *i32 *i32 *fp32 *bf16 *fp32 *bf16 *fp32 "
+                "*fp32 i32 i32 i32 i32 i32 i32 i32 i32").split()
+    dx_sig = dict(zip(dx_names, dx_types)) | dict.fromkeys(("HAS_D", "HAS_SID", "L", "BP", "BN"), "constexpr")
+    silu_sig = {"x_ptr": "*bf16", "o_ptr": "*bf16"}
+    return {
+        "silu_tl_sigmoid": (compile_sm90(_silu_torch_style, silu_sig, {}, 1), "x · tl.sigmoid(x), 4 elements a thread"),
+        "silu_ours": (compile_sm90(_silu_ours, silu_sig, {}, 1), "x · conv1d._sigmoid(x), 4 elements a thread"),
+        "conv_fwd_march": (compile_sm90(c._conv_fwd_march, fwd_sig, fwd_k, c.MARCH_FWD_WARPS),
+                           f"{c.MARCH_FWD_CHANNELS} channels, {c.MARCH_FWD_WARPS} warp(s), seq_idx"),
+        "conv_bwd_march": (compile_sm90(c._conv_bwd_march, bwd_sig, bwd_k, c.MARCH_WARPS),
+                           f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx"),
+        "ssd_chunk_bwd_dx": (compile_sm90(ssd_bwd._chunk_bwd_dx, dx_sig,
+                                          dict(HAS_D=True, HAS_SID=False, L=64, BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
+                                          ssd_bwd.BWD_WARPS), "chunk 64, headdim block 32, d_state 128"),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rows = {}
+    for name, (kernel, what) in kernels().items():
+        rows[name] = {"what": what, **counts(kernel)}
+        r = rows[name]
+        loops = "; ".join(str(x["instructions"]) for x in r["loops"]) or "-"
+        print(f"{name:18s} regs {r['registers']:3d}  stack {r['stack_bytes']:4d} B  instructions {r['instructions']:5d}"
+              f"  loop bodies {loops}")
+    json.dump({"command": "python benchmarks/sass_counts.py --out benchmarks/results/sass-counts.json",
+               "triton": triton.__version__, "target": "sm_90 (offline, ptxas from the Triton wheel)",
+               "kernels": rows}, open(args.out, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
