@@ -6,9 +6,11 @@
 #   bash benchmarks/sweeps/h200x4.sh c   # what is live at the memory peak; recalibration; int8 all-reduce over host memory
 #   bash benchmarks/sweeps/h200x4.sh d   # memory curves and the grid again, after the Triton RMSNorm
 #   bash benchmarks/sweeps/h200x4.sh e   # int8 all-reduce and TP-SSM 1/2/4 with GPUs talking through host memory; conv1d
+#   bash benchmarks/sweeps/h200x4.sh f   # current kernels at degree 4: int8 all-reduce (merged dequantize kernels) over
+#                                        # NVLink and host memory, Mamba-2 single / TP-SSM / SP at 16K
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
-part=${1:?a, b, c, d or e}
+part=${1:?a, b, c, d, e or f}
 
 t() { local s=$SECONDS; "$@" 2>&1 | grep -v -e '^W1' -e 'OMP_NUM_THREADS' -e '^\*\*\*'; echo "[$(( SECONDS - s )) s] $*"; }
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
@@ -46,4 +48,11 @@ if [ "$part" = e ]; then  # int8 over host memory (no NVLink: NCCL_P2P_DISABLE=1
         --only "single;tpssm=2;tpssm=4" --modes train,prefill --seqs 16384 $q --out "$OUT/tpssm-host-memory${q:+-int8}.json"
   done
   t python benchmarks/bench_conv1d.py --out "$OUT/conv1d.json"
+fi
+if [ "$part" = f ]; then  # today's kernels at degree 4
+  t torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py --out "$OUT/quant-allreduce-x4.json"
+  t env NCCL_P2P_DISABLE=1 torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py \
+      --out "$OUT/quant-allreduce-x4-host-memory.json"
+  t torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --family mamba2 \
+      --only "single;tpssm=2;tpssm=4;sp=2;sp=4" --modes train,prefill --seqs 16384 --out "$OUT/validation-x4-mamba2.json"
 fi
