@@ -41,12 +41,14 @@ def decode_rows() -> list[dict]:
     return rows
 
 
-# Time-marching settings timed by --march: (rows, channels, warps, pipeline stages), forward and backward
-# at each. The kernels walk four rows a step; a sweep of 27 settings (benchmarks/results/
-# conv1d-rows4-ab-h200.json) put 128 channels, 1 warp first for the forward and 128 channels, 2 warps
-# for the backward.
-MARCH_SWEEP = [(128, 128, 1, st) for st in (1, 2, 3)] + [(128, 128, 2, st) for st in (1, 2, 3)] + \
-    [(128, 256, 2, 1), (128, 256, 2, 2), (64, 128, 2, 2), (256, 128, 2, 2)]
+# Time-marching settings timed by --march: forward (rows, channels, warps, stages) and backward (rows,
+# channels, warps, prefetch, register cap; 0 = uncapped). Sweeps of 18, 16 and 5 settings
+# (benchmarks/results/conv1d-fast-silu-*-h200.json) put 128 × 128, 1 warp, first for the forward and
+# 256 × 256, 2 warps, rows a step ahead for the backward; maxnreg-h200.json the cap at 168.
+MARCH_FWD_SWEEP = [(128, 128, 1, 1), (128, 128, 1, 2), (128, 256, 2, 1), (256, 128, 1, 1)]
+MARCH_BWD_SWEEP = [(256, 256, 2, True, cap) for cap in (0, 144, 168, 192, 208)] + \
+    [(128, 256, 2, True, 168), (256, 128, 1, True, 168), (256, 256, 2, False, 168), (256, 256, 4, True, 168),
+     (512, 256, 2, True, 168)]
 
 
 def conv_inputs(b: int, t: int, c: int):
@@ -110,16 +112,18 @@ def main() -> int:
         g = torch.randn_like(x)
         n = b * t * c
         out["march"] = []
-        for nrows, channels, warps, stages in MARCH_SWEEP:
+        for nrows, channels, warps, stages in MARCH_FWD_SWEEP:
             kw = dict(march=True, rows=nrows, channels=channels, warps=warps, stages=stages)
             f = median_time_s(lambda: causal_conv1d_fwd(x, w, bias, seq_idx, **kw), reps=20, warmup=3)
+            out["march"].append({"kernel": "forward", **kw, "fwd_s": f, "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw})
+            print(f"march forward {nrows} x {channels}, {warps} warps, {stages} stages: {f * 1e3:.3f} ms "
+                  f"({2 * n * 2 / f / copy_bw:.0%})", flush=True)
+        for nrows, channels, warps, prefetch, cap in MARCH_BWD_SWEEP:
+            kw = dict(march=True, rows=nrows, channels=channels, warps=warps, prefetch=prefetch, maxnreg=cap)
             bw = median_time_s(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx, **kw), reps=20, warmup=3)
-            out["march"].append({"rows": nrows, "channels": channels, "warps": warps, "stages": stages,
-                                 "fwd_s": f, "bwd_s": bw, "fwd_bandwidth_fraction": 2 * n * 2 / f / copy_bw,
-                                 "bwd_bandwidth_fraction": 3 * n * 2 / bw / copy_bw})
-            print(f"march {nrows} x {channels}, {warps} warps, {stages} stages: fwd {f * 1e3:.3f} ms "
-                  f"({2 * n * 2 / f / copy_bw:.0%}), bwd {bw * 1e3:.3f} ms ({3 * n * 2 / bw / copy_bw:.0%})",
-                  flush=True)
+            out["march"].append({"kernel": "backward", **kw, "bwd_s": bw, "bwd_bandwidth_fraction": 3 * n * 2 / bw / copy_bw})
+            print(f"march backward {nrows} x {channels}, {warps} warps, prefetch {prefetch}, maxnreg {cap or '-'}: "
+                  f"{bw * 1e3:.3f} ms ({3 * n * 2 / bw / copy_bw:.0%})", flush=True)
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"copy roofline {copy_bw / 1e12:.2f} TB/s")
     for r in rows:

@@ -599,18 +599,28 @@ def _bias_or_zeros(bias, weight):
 # Time-marching kernels (K ≤ 4), forward and backward: each program walks MARCH_ROWS rows of
 # MARCH_CHANNELS channels with MARCH_WARPS warps, four rows a step, reading every input once. On H200s
 # at 4 × 16K × 5376 bf16 with seq_idx (sweeps of 18, 16 and 5 settings, then three interleaved rounds
-# against the kernels before them: benchmarks/results/conv1d-fast-silu-h200.json, -ab2-, -ab3-, and
-# `python benchmarks/bench_conv1d.py`, conv1d-fast-silu-bench-h200.json):
-# - forward, 128 rows × 128 channels, 1 warp, no pipelining: 0.44-0.52 ms (64-77% of the copy
-#   roofline, by machine and run), against 0.50-0.58 ms for the kernels before (a full-range sigmoid,
-#   masks at every row) on the same machines;
-# - backward, 256 rows × 256 channels, 2 warps, rows loaded a step ahead: 0.84-0.94 ms (54-61%;
-#   0.75-0.80 ms without seq_idx), against 1.14-1.27 ms. Without the prefetch 0.93-1.09 ms.
+# against the kernels before them: benchmarks/results/conv1d-fast-silu-h200.json, -ab2-, -ab3-; then
+# `python benchmarks/bench_conv1d.py --march` twice, conv1d-march-cap-h200-r1.json and -r2):
+# - forward, 128 rows × 128 channels, 1 warp, no pipelining: 0.437 ms (77% of the copy roofline; 0.44-
+#   0.52 ms on the machines of the A/B runs), against 0.50-0.58 ms for the kernels before (a full-range
+#   sigmoid, masks at every row) on the same machines;
+# - backward, 256 rows × 256 channels, 2 warps, rows loaded a step ahead, 168 registers a thread: 0.73-
+#   0.75 ms (68-69%), against 1.14-1.27 ms before; uncapped 0.84-0.94 ms, without the prefetch 0.93-1.09.
 # Earlier sweeps: conv1d-rows4-ab-h200.json (27 settings), conv1d-march-h200.json and the files beside it.
 MARCH_FWD, MARCH_BWD = True, True
 MARCH_FWD_ROWS, MARCH_FWD_CHANNELS, MARCH_FWD_WARPS, MARCH_FWD_STAGES = 128, 128, 1, 1
 MARCH_ROWS, MARCH_CHANNELS, MARCH_WARPS, MARCH_STAGES = 256, 256, 2, 1  # the backward's
 MARCH_PREFETCH = True  # the backward loads each step's rows one step ahead
+# The backward's register cap (Triton's maxnreg): uncapped it takes 255 a thread, so an SM holds 4
+# programs of 2 warps; at 168, 6. 0.75-0.82 against 0.85-0.96 ms in two rounds on one H200; 128 and 144
+# spill and run slower, 192 and 208 leave 5 programs (benchmarks/results/maxnreg-h200.json,
+# conv1d-march-cap-h200-r*.json).
+MARCH_MAXNREG = 168
+
+
+def _reg_cap(regs: int) -> dict:
+    """The launch option capping registers a thread (none for 0)."""
+    return {"maxnreg": regs} if regs else {}
 
 
 def _marching(weight, march, default):
@@ -639,7 +649,7 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
 
 def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=None, bc=None, steps=None,
                       two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None, stages=None,
-                      prefetch=None):
+                      prefetch=None, maxnreg=None):
     """(dx, dw, db) of causal_conv1d_fwd given the output gradient (settings default to the module's)."""
     bt, bc, steps = bt or BWD_TILE_T, bc or BWD_TILE_C, steps or BWD_STEPS
     two_pass = TWO_PASS if two_pass is None else two_pass
@@ -658,7 +668,8 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
         _conv_bwd_march[grid](x, weight.contiguous(), bias_in, idx, g, dx, dw_part, db_part, t, c, rows, K=k,
                               HAS_IDX=seq_idx is not None, SILU=silu, BC=channels, STAGES=stages or MARCH_STAGES,
                               EVEN_C=c % channels == 0, PREFETCH=MARCH_PREFETCH if prefetch is None else prefetch,
-                              SPAN=triton.next_power_of_2(rows + 9), num_warps=warps or MARCH_WARPS)
+                              SPAN=triton.next_power_of_2(rows + 9), num_warps=warps or MARCH_WARPS,
+                              **_reg_cap(MARCH_MAXNREG if maxnreg is None else maxnreg))
         dw = dw_part.sum(0)[:, 4 - k:]
     else:
         grid = _launch_shape(x, bt * steps, bc)
