@@ -3,6 +3,9 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run34/run35-x2-{mamba2,dense}-*.json: today's executor and kernels, training at 4K and
+  16K on two 2 × H200 machines, each after a `meshplan calibrate` on the same machine
+  (benchmarks/sweeps/calibrated-host.sh 2; the profiles are benchmarks/results/calibration-run3*.toml).
 - validation-h200-run33-x4-mamba2-current.json: today's kernels, Mamba-2 training at 16K on 4 × H200,
   one GPU, TP-SSM 2 and 4, SP 2 and 4 (benchmarks/sweeps/h200x4.sh f).
 - validation-h200-run20-x4-current.json: the current executor (Triton RMSNorm, time-marching conv1d
@@ -48,6 +51,14 @@ SOURCES = [("validation-h200-run30-x2-fewer-launches.json",
             "sums from its chunk-state kernel, no host syncs), degrees 1-2, profiled, 2 x H200"),
            ("validation-h200-run31-x2-mamba2-long-current.json",
             "current executor and kernels, Mamba-2 training 128K-1M tokens, 2 x H200"),
+           ("validation-h200-run35-x2-mamba2-calibrated-host.json",
+            "current executor and kernels, Mamba-2 training at 4K and 16K, degrees 1-2, 2 x H200"),
+           ("validation-h200-run35-x2-dense-calibrated-host.json",
+            "current executor and kernels, dense training at 4K and 16K, degrees 1-2, 2 x H200"),
+           ("validation-h200-run34-x2-mamba2-host-probe.json",
+            "current executor and kernels, Mamba-2 training at 4K and 16K, degrees 1-2, another 2 x H200"),
+           ("validation-h200-run34-x2-dense-host-probe.json",
+            "current executor and kernels, dense training at 4K and 16K, degrees 1-2, another 2 x H200"),
            ("validation-h200-run33-x4-mamba2-current.json",
             "current executor and kernels (the conv's cheaper sigmoid and unmasked steps), Mamba-2 training at 16K, "
             "degrees 1, 2, 4, 4 x H200"),
@@ -76,7 +87,11 @@ FAMILIES = {"validation-h200-run3-x2.json": ("dense",),
             "validation-h200-run23-x2-mamba2-bf16-scan.json": ("mamba2",),
             "validation-h200-run24-x2-mamba2-long-bf16-scan.json": ("mamba2",),
             "validation-h200-run31-x2-mamba2-long-current.json": ("mamba2",),
-            "validation-h200-run33-x4-mamba2-current.json": ("mamba2",), "validation-h200-run5-x2-inference.json": ("dense",),
+            "validation-h200-run33-x4-mamba2-current.json": ("mamba2",),
+            "validation-h200-run35-x2-mamba2-calibrated-host.json": ("mamba2",),
+            "validation-h200-run35-x2-dense-calibrated-host.json": ("dense",),
+            "validation-h200-run34-x2-mamba2-host-probe.json": ("mamba2",),
+            "validation-h200-run34-x2-dense-host-probe.json": ("dense",), "validation-h200-run5-x2-inference.json": ("dense",),
             "validation-h200-run11-x2-mamba2.json": ("mamba2",), "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),
             "validation-h200-run12-x2-mamba2-long.json": ("mamba2",),
             "validation-h200-run13-x2-mamba2-long-expandable.json": ("mamba2",),

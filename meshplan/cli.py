@@ -396,7 +396,7 @@ def calibrate(
     max_bytes: int = typer.Option(0, "--max-bytes", help="Largest message (default 1 GiB; 256 MiB with --quick)."),
     timeout: float = typer.Option(1800.0, "--timeout"),
 ):
-    """Measure this machine's GEMM, HBM, attention and collectives; write a profile for --cluster."""
+    """Measure this machine's GEMM, HBM, attention, host launch cost and collectives; write a profile for --cluster."""
     import subprocess
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn

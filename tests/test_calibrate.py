@@ -1,5 +1,7 @@
 """Calibration: the α-β fit, the profile round trip, and the cost model using what was measured."""
 
+from dataclasses import replace
+
 import pytest
 from typer.testing import CliRunner
 
@@ -79,3 +81,40 @@ def test_calibrated_hbm_replaces_the_streaming_rate_not_the_rated_one():
     dev, preset = Device.of(load_cluster(str(profile))), Device.of(load_cluster("h200-8"))
     assert dev.hbm_bytes_per_s == pytest.approx(3.8629e12)
     assert dev.rated_hbm == preset.rated_hbm == preset.hbm_bytes_per_s == pytest.approx(4.8e12)
+
+
+def test_calibrated_host_cost_sets_the_launch_floor(tmp_path):
+    """A profile's measured host time per kernel replaces the constants in the launch floor, per block
+    family: a launch-bound step scales with it, by hand: kernels × cost."""
+    from meshplan.costmodel.compute import STEP_KERNEL_HOST_S, step_kernels_per_block
+
+    measured = {"collectives": {}, "host_kernel_s": 30e-6, "decode_host_kernel_s": 25e-6,
+                "mamba2_host_kernel_s": 2 * STEP_KERNEL_HOST_S, "mamba2_decode_host_kernel_s": 20e-6}
+    cluster = load_toml(_profile(tmp_path, measured))
+    cal = cluster.calibration
+    assert cal.mamba2_host_kernel_s == pytest.approx(2 * STEP_KERNEL_HOST_S)
+    assert (cal.host_kernel_s, cal.decode_host_kernel_s) == pytest.approx((30e-6, 25e-6))
+    model = replace(PRESETS["mamba2-2.7b"], layers=2)
+    kernels = 2 * step_kernels_per_block("mamba2", "train", Layout())
+    plain = estimate_step(model, Layout(), 4096, 1, CostOptions(), load_cluster("h200-8"), embeddings=False)
+    slow = estimate_step(model, Layout(), 4096, 1, CostOptions(), cluster, embeddings=False)
+    assert plain.breakdown["host_s"] == pytest.approx(kernels * STEP_KERNEL_HOST_S)
+    assert slow.breakdown["host_s"] == pytest.approx(kernels * 2 * STEP_KERNEL_HOST_S)
+    assert slow.step_time_s == pytest.approx(kernels * 2 * STEP_KERNEL_HOST_S)  # now launch-bound
+    assert slow.bound.startswith("launch-bound")
+    decode = estimate_step(model, Layout(), 4096, 8, CostOptions(mode="decode"), cluster, embeddings=False)
+    assert decode.breakdown["decode_host_s"] == pytest.approx(2 * step_kernels_per_block("mamba2", "decode", Layout())
+                                                              * 20e-6)
+    # A dense stack takes the other blocks' cost: attention and MLP invocations at 30 µs a kernel.
+    dense = replace(PRESETS["dense-7b"], layers=2)
+    est = estimate_step(dense, Layout(), 4096, 1, CostOptions(), cluster, embeddings=False)
+    by_hand = 2 * (step_kernels_per_block("attention", "train", Layout())
+                   + step_kernels_per_block("mlp", "train", Layout())) * 30e-6
+    assert est.breakdown["host_s"] == pytest.approx(by_hand)
+
+
+def test_profile_host_cost_must_be_positive(tmp_path):
+    path = _profile(tmp_path, {"collectives": {}})
+    path.write_text(path.read_text() + "host_kernel_us = 0\n")
+    with pytest.raises(MeshplanError, match=r"\[calibration\] host_kernel_us must be a positive number, got 0"):
+        load_toml(path)

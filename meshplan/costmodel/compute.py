@@ -127,6 +127,22 @@ class Device:
     # The datasheet HBM rate the measured fractions above (eager factors, Mamba-2 kernel rates, decode
     # attention) are relative to; `meshplan calibrate` replaces hbm_bytes_per_s, not this.
     hbm_rated_bytes_per_s: float = 0.0
+    # Host seconds per launched kernel (the launch floor): this workplace's H200 hosts unless
+    # `meshplan calibrate` measured the cluster's own, then per block family (Mamba-2's are mostly
+    # Triton launches, which cost the host more: 42 against 34 µs in its probes, 49 against 40 µs in
+    # run 30, benchmarks/results/validation-h200-run30-x2-fewer-launches.json).
+    host_kernel_s: float = STEP_KERNEL_HOST_S
+    decode_host_kernel_s: float = DECODE_KERNEL_HOST_S
+    mamba2_host_kernel_s: float | None = None  # None: as the other blocks
+    mamba2_decode_host_kernel_s: float | None = None
+
+    def host_kernel_cost(self, kind: str, decode: bool) -> float:
+        """Host seconds per kernel a block of this kind launches."""
+        if kind == "mamba2":
+            own = self.mamba2_decode_host_kernel_s if decode else self.mamba2_host_kernel_s
+            if own:
+                return own
+        return self.decode_host_kernel_s if decode else self.host_kernel_s
 
     @property
     def rated_hbm(self) -> float:
@@ -145,7 +161,11 @@ class Device:
         return replace(dev, hbm_bytes_per_s=cal.hbm_bytes_per_s or dev.hbm_bytes_per_s,
                        gemm_efficiency=cal.gemm_efficiency or dev.gemm_efficiency,
                        attention_causal=cal.attention_causal or dev.attention_causal,
-                       attention_prefix=cal.attention_prefix or dev.attention_prefix)
+                       attention_prefix=cal.attention_prefix or dev.attention_prefix,
+                       host_kernel_s=cal.host_kernel_s or dev.host_kernel_s,
+                       decode_host_kernel_s=cal.decode_host_kernel_s or dev.decode_host_kernel_s,
+                       mamba2_host_kernel_s=cal.mamba2_host_kernel_s,
+                       mamba2_decode_host_kernel_s=cal.mamba2_decode_host_kernel_s)
 
 
 def attention_efficiency(keys: float, prefix: bool, dev: "Device | None" = None) -> float:

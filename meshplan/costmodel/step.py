@@ -173,7 +173,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
     step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s
     # The eager executor's kernel launches: a host-side floor under a small step.
-    host = slots * _host_s(schedule, layout, opts.mode) if opts.launch_floor else 0.0
+    host = slots * _host_s(schedule, layout, opts.mode, dev) if opts.launch_floor else 0.0
     if decode:
         breakdown["decode_host_s"] = host
         tokens_per_step = layout.dp * batch
@@ -209,15 +209,17 @@ def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int
     return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
 
 
-def _host_s(schedule, layout: Layout, mode: str) -> float:
+def _host_s(schedule, layout: Layout, mode: str, dev: Device) -> float:
     """Host time to launch one micro-batch: the measured kernels of each block invocation under this
-    layout (compute.step_kernels_per_block), each at the measured host cost (compute.STEP_KERNEL_HOST_S;
-    DECODE_KERNEL_HOST_S for decode). The executor's stacks have no embedding or LM head: their few
-    launches are not counted."""
-    from meshplan.costmodel.compute import DECODE_KERNEL_HOST_S, STEP_KERNEL_HOST_S, step_kernels_per_block
+    layout (compute.step_kernels_per_block), each at the device's host cost per kernel for that block
+    and mode (Device.host_kernel_cost: compute.STEP_KERNEL_HOST_S and DECODE_KERNEL_HOST_S unless
+    `meshplan calibrate` measured them). The executor's stacks have no embedding or LM head: their
+    few launches are not counted."""
+    from meshplan.costmodel.compute import step_kernels_per_block
 
-    per_kernel = DECODE_KERNEL_HOST_S if mode == "decode" else STEP_KERNEL_HOST_S
-    return sum(n * step_kernels_per_block(kind, mode, layout) for kind, n in schedule.invocations.items()) * per_kernel
+    decode = mode == "decode"
+    return sum(n * step_kernels_per_block(kind, mode, layout) * dev.host_kernel_cost(kind, decode)
+               for kind, n in schedule.invocations.items())
 
 
 def _decode_state_io(comp: BlockCompute, model: ModelSpec, kind: str, batch: int, sh: Sharding, opts: CostOptions,

@@ -87,9 +87,10 @@ def timed(fn, steps: int, cuda: bool) -> list[float]:
 
 def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, steps: int = 5,
             warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True,
-            profile: bool = False, int8_allreduce: bool = False) -> dict:
+            profile: bool = False, int8_allreduce: bool = False, host_samples: int = 3) -> dict:
     """Build, shard and run the stack on this rank; returns this rank's measurements. `int8_allreduce`:
-    TP-SSM's block all-reduce in int8 (forward; meshplan.executor.comm.quantized_all_reduce)."""
+    TP-SSM's block all-reduce in int8 (forward; meshplan.executor.comm.quantized_all_reduce).
+    `host_samples`: times the host's issue time of a step is taken (their median is reported)."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
     torch.manual_seed(1234)  # every rank builds the same reference weights, then keeps its shard
@@ -150,7 +151,8 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
     if cuda:  # the host's share: seconds to issue one step from an idle GPU, not waiting for it
-        result["host_enqueue_s"] = statistics.median(_host_enqueue_s(step) for _ in range(3))
+        result["host_enqueue_samples_s"] = [_host_enqueue_s(step) for _ in range(host_samples)]
+        result["host_enqueue_s"] = statistics.median(result["host_enqueue_samples_s"])
     if cuda and hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
         # cuBLAS / cuBLASLt workspaces come from the caching allocator and count in the peak: measure them.
         held = torch.cuda.memory_allocated()

@@ -3,7 +3,7 @@ under torchrun on every rank).
 
 Measured: bf16 GEMM rate over the shapes the cost model uses, HBM bandwidth (a device-to-device copy),
 SDPA forward + backward rates (fused causal, and the lower-right prefix kernel of sequence shards),
-and every collective the layouts use — all-reduce, all-gather, reduce-scatter, broadcast, send/recv
+the host's time per kernel the executor launches (its launch floor), and every collective the layouts use — all-reduce, all-gather, reduce-scatter, broadcast, send/recv
 ring, all-to-all — over group sizes 2, 4, … N and message sizes 64 KiB – 1 GiB (`--quick`: fewer),
 each result checked for correctness. Per collective and group size, time = α + message / bandwidth
 is fitted (scipy.optimize, non-negative least squares).
@@ -19,6 +19,8 @@ from datetime import date, timedelta
 
 import torch
 import torch.distributed as dist
+
+from meshplan.topologies.cluster import HOST_KEYS
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all")
 
@@ -174,6 +176,43 @@ def measure_compute(device: str, quick: bool) -> dict:
             "attention_causal": attn["causal"], "attention_prefix": attn["prefix"]}
 
 
+# Host cost per launched kernel: training steps and decode steps of 2-layer stacks of both families on
+# one GPU (each probe gives its family's and mode's cost).
+# The fastest of HOST_SAMPLES issues of a step: the host's own cost, not a stall beside it.
+HOST_SAMPLES = 9
+HOST_PROBES = (("dense-7b", "train", 4096, 1), ("mamba2-2.7b", "train", 4096, 1),
+               ("dense-7b", "decode", 4096, 8), ("mamba2-2.7b", "decode", 4096, 8))
+
+
+def measure_host(device: str) -> dict:
+    """The executor's host seconds per launched kernel on this machine, per block family and for
+    steps and decode, as the cost model's constants were made (meshplan.costmodel.compute.
+    STEP_KERNEL_HOST_S): the time to issue one step from an idle GPU (the fastest of HOST_SAMPLES)
+    over the kernels the step launches (profiler count). Runs on this rank alone (a one-GPU layout
+    needs no process group)."""
+    from dataclasses import replace
+
+    from meshplan.executor.comm import build_mesh
+    from meshplan.executor.run import measure
+    from meshplan.layout import Layout
+    from meshplan.models import PRESETS
+
+    mesh = build_mesh(Layout(), members=[dist.get_rank()])
+    out: dict = {"host_probes": []}
+    for name, mode, seq, batch in HOST_PROBES:
+        r = measure(replace(PRESETS[name], layers=2), Layout(), mesh, seq, batch, mode, steps=3, warmup=3,
+                    device=device, exposed=False, profile=2, host_samples=HOST_SAMPLES)
+        kernels = r["phases_s"]["kernels_per_step"]
+        issue_s = min(r["host_enqueue_samples_s"])
+        family = "mamba2_" if name.startswith("mamba2") else ""
+        out[f"{family}{'decode_' if mode == 'decode' else ''}host_kernel_s"] = issue_s / kernels
+        out["host_probes"].append({"model": f"{name}/2L", "mode": mode, "seq": seq, "batch": batch, "kernels": kernels,
+                                   "host_enqueue_s": issue_s, "step_time_s": r["step_time_s"]})
+        del r
+        torch.cuda.empty_cache()
+    return out
+
+
 def profile_toml(base_toml: str, measured: dict, command: str) -> str:
     """The preset's TOML with a [calibration] table appended."""
     lines = [base_toml.rstrip(), "", "[calibration]", f'date = "{date.today().isoformat()}"', f'command = "{command}"']
@@ -182,6 +221,11 @@ def profile_toml(base_toml: str, measured: dict, command: str) -> str:
                   f"hbm_tb_per_s = {measured['hbm_bytes_per_s'] / 1e12:.4f}",
                   "attention_causal = [" + ", ".join(f"[{k}, {e:.4f}]" for k, e in measured["attention_causal"]) + "]",
                   "attention_prefix = [" + ", ".join(f"[{k}, {e:.4f}]" for k, e in measured["attention_prefix"]) + "]"]
+    lines += [f"# {p['model']} {p['mode']} at {p['seq']} tokens, batch {p['batch']}: {p['kernels']:.0f} kernels "
+              f"issued in {p['host_enqueue_s'] * 1e3:.2f} ms (step {p['step_time_s'] * 1e3:.2f} ms)"
+              for p in measured.get("host_probes", [])]
+    lines += [f"{key} = {measured[key.replace('_us', '_s')] * 1e6:.2f}" for key in HOST_KEYS
+              if key.replace("_us", "_s") in measured]
     if measured.get("collectives"):
         lines += ["", "[calibration.collectives]"]
         for key, points in sorted(measured["collectives"].items()):
@@ -215,6 +259,8 @@ def main(argv=None) -> int:
     measured = {"collectives": measure_collectives(sizes, device, reps, say)}
     if cuda and rank == 0:
         measured.update(measure_compute(device, args.quick))
+        say("the host's time per launched kernel")
+        measured.update(measure_host(device))
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(measured["collectives"], gathered, dst=0)
     if rank == 0:

@@ -52,6 +52,12 @@ class Calibration:
     attention_prefix: tuple[tuple[int, float], ...] | None = None
     # "kind/group_size" → (alpha_s, algorithm bandwidth in bytes/s): time = alpha + message / bandwidth
     collectives: tuple[tuple[str, float, float], ...] = ()
+    # Host seconds the eager executor spends per kernel it launches, in attention / MLP blocks and in
+    # Mamba-2 blocks, training and prefill or decode: the cost model's launch floor under a small step.
+    host_kernel_s: float | None = None
+    decode_host_kernel_s: float | None = None
+    mamba2_host_kernel_s: float | None = None
+    mamba2_decode_host_kernel_s: float | None = None
 
     def collective(self, kind: str, n: int) -> tuple[float, float] | None:
         for key, alpha, bw in self.collectives:
@@ -93,18 +99,21 @@ class ClusterSpec:
         return replace(self, nodes=nodes, name=f"{nodes}×{self.name}")
 
 
+# [calibration]'s host cost per launched kernel, in µs: attention / MLP and Mamba-2 blocks, steps and decode.
+HOST_KEYS = ("host_kernel_us", "decode_host_kernel_us", "mamba2_host_kernel_us", "mamba2_decode_host_kernel_us")
 _SCHEMA: dict[str, tuple[str, ...]] = {
     "": ("name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "calibration"),
     "calibration": ("date", "command", "gemm_efficiency", "hbm_tb_per_s", "attention_causal", "attention_prefix",
-                    "collectives"),
+                    "collectives") + HOST_KEYS,
     "gpu": ("name", "memory_bytes", "bf16_tflops", "hbm_tb_per_s"),
     "intra_node": ("fabric", "link_gb_per_s", "latency_us"),
     "inter_node": ("nics_per_node", "nic_gb_per_s", "latency_us"),
 }
 _OPTIONAL = {("", "nodes"), ("", "calibration")} | {("calibration", k) for k in (
-    "date", "command", "gemm_efficiency", "hbm_tb_per_s", "attention_causal", "attention_prefix", "collectives")}
+    "date", "command", "gemm_efficiency", "hbm_tb_per_s", "attention_causal", "attention_prefix", "collectives")
+    + HOST_KEYS}
 _NUMERIC = {"memory_bytes", "bf16_tflops", "hbm_tb_per_s", "link_gb_per_s", "latency_us", "nics_per_node",
-            "nic_gb_per_s", "nodes", "gpus_per_node", "gemm_efficiency"}
+            "nic_gb_per_s", "nodes", "gpus_per_node", "gemm_efficiency", *HOST_KEYS}
 
 
 def _check_table(table: dict[str, Any], section: str, where: str) -> None:
@@ -176,6 +185,7 @@ def _calibration(cal: dict, where: str) -> Calibration:
         attention_causal=_pairs(cal["attention_causal"], "attention_causal", where) if "attention_causal" in cal else None,
         attention_prefix=_pairs(cal["attention_prefix"], "attention_prefix", where) if "attention_prefix" in cal else None,
         collectives=tuple(collectives),
+        **{key.replace("_us", "_s"): cal[key] * 1e-6 for key in HOST_KEYS if key in cal},
     )
 
 
