@@ -44,6 +44,11 @@ def plan(args) -> list[dict]:
     if args.seqs:  # training at these lengths only (e.g. up to past the largest that fits)
         dense_seqs = mamba_seqs = [int(x) for x in args.seqs.split(",")]
         prefill_seqs = []
+    if args.prefill_seqs:  # prefill (and the decode after it) at these lengths
+        prefill_seqs = [int(x) for x in args.prefill_seqs.split(",")]
+    elif args.seqs and {"prefill", "decode"} & set(args.modes.split(",")) and dist.get_rank() == 0:
+        print("gpu_validation: --seqs sets training lengths only; no prefill or decode runs "
+              "(name their lengths with --prefill-seqs)", flush=True)
     runs = []
     for seq in dense_seqs:
         runs += [dict(model=d, layout=x, seq=seq, mode="train") for x in DENSE_LAYOUTS]
@@ -72,7 +77,9 @@ def main() -> int:
                     help="Mamba-2 decode's conv step: one Triton launch or the torch ops")
     ap.add_argument("--family", default="", help="dense or mamba2: run only that model family")
     ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
-    ap.add_argument("--seqs", default="", help="comma list of training lengths replacing the grid's")
+    ap.add_argument("--seqs", default="", help="comma list of training lengths replacing the grid's (and no "
+                    "prefill or decode runs unless --prefill-seqs names their lengths)")
+    ap.add_argument("--prefill-seqs", default="", help="comma list of prefill lengths (decode follows each)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--int8-allreduce", action="store_true", help="TP-SSM's block all-reduce in int8 (forward)")
     ap.add_argument("--no-exposed", action="store_true", help="skip re-timing with the transfers skipped")

@@ -24,4 +24,4 @@ fi
 t torchrun --nproc-per-node "$n" benchmarks/gpu_validation.py --family mamba2 --only "$m2" --modes train \
     --seqs 4096,16384 --out "$OUT/validation-x$n-mamba2.json"
 t torchrun --nproc-per-node "$n" benchmarks/gpu_validation.py --family dense --only "$dense" --modes train,prefill \
-    --seqs 4096,16384 --out "$OUT/validation-x$n-dense.json"
+    --seqs 4096,16384 --prefill-seqs 16384 --out "$OUT/validation-x$n-dense.json"

@@ -54,5 +54,6 @@ if [ "$part" = f ]; then  # today's kernels at degree 4
   t env NCCL_P2P_DISABLE=1 torchrun --nproc-per-node 4 benchmarks/bench_quant_allreduce.py \
       --out "$OUT/quant-allreduce-x4-host-memory.json"
   t torchrun --nproc-per-node 4 benchmarks/gpu_validation.py --family mamba2 \
-      --only "single;tpssm=2;tpssm=4;sp=2;sp=4" --modes train,prefill --seqs 16384 --out "$OUT/validation-x4-mamba2.json"
+      --only "single;tpssm=2;tpssm=4;sp=2;sp=4" --modes train,prefill --seqs 16384 --prefill-seqs 16384 \
+      --out "$OUT/validation-x4-mamba2.json"
 fi
