@@ -26,12 +26,13 @@ INSTR = re.compile(r"\s+/\*[0-9a-f]{4}\*/")
 OP = re.compile(r"\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
 
-def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
+def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg: int = 0):
     """The kernel compiled for sm_90, every pointer and integer argument taken as 16-divisible (as the
-    launches here pass them)."""
+    launches here pass them); `maxnreg` caps the registers a thread as the launch does."""
     attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(signature.values()) if v != "constexpr"}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
+    options = {"num_warps": num_warps, "num_stages": 1} | ({"maxnreg": maxnreg} if maxnreg else {})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def _tool(name: str, cubin: bytes, *args: str) -> str:
@@ -109,8 +110,10 @@ def kernels() -> dict:
         "silu_ours": (compile_sm90(_silu_ours, silu_sig, {}, 1), "x · conv1d._sigmoid(x), 4 elements a thread"),
         "conv_fwd_march": (compile_sm90(c._conv_fwd_march, fwd_sig, fwd_k, c.MARCH_FWD_WARPS),
                            f"{c.MARCH_FWD_CHANNELS} channels, {c.MARCH_FWD_WARPS} warp(s), seq_idx"),
-        "conv_bwd_march": (compile_sm90(c._conv_bwd_march, bwd_sig, bwd_k, c.MARCH_WARPS),
-                           f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx"),
+        "conv_bwd_march_uncapped": (compile_sm90(c._conv_bwd_march, bwd_sig, bwd_k, c.MARCH_WARPS),
+                                    f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx, no register cap"),
+        "conv_bwd_march": (compile_sm90(c._conv_bwd_march, bwd_sig, bwd_k, c.MARCH_WARPS, c.MARCH_MAXNREG),
+                           f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx, maxnreg {c.MARCH_MAXNREG}"),
         "ssd_chunk_bwd_dx": (compile_sm90(ssd_bwd._chunk_bwd_dx, dx_sig,
                                           dict(HAS_D=True, HAS_SID=False, L=64, BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
                                           ssd_bwd.BWD_WARPS), "chunk 64, headdim block 32, d_state 128"),
@@ -126,7 +129,7 @@ def main() -> int:
         rows[name] = {"what": what, **counts(kernel)}
         r = rows[name]
         loops = "; ".join(str(x["instructions"]) for x in r["loops"]) or "-"
-        print(f"{name:18s} regs {r['registers']:3d}  stack {r['stack_bytes']:4d} B  instructions {r['instructions']:5d}"
+        print(f"{name:24s} regs {r['registers']:3d}  stack {r['stack_bytes']:4d} B  instructions {r['instructions']:5d}"
               f"  loop bodies {loops}")
     json.dump({"command": "python benchmarks/sass_counts.py --out benchmarks/results/sass-counts.json",
                "triton": triton.__version__, "target": "sm_90 (offline, ptxas from the Triton wheel)",
