@@ -3,6 +3,8 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run36-x2-dense-sp-zigzag.json: dense SP dealing its tokens in zigzag (the runs
+  before it ran SP contiguous, which the model no longer describes for attention-only stacks).
 - validation-h200-run34/run35-x2-{mamba2,dense}-*.json: today's executor and kernels, training at 4K and
   16K on two 2 × H200 machines, each after a `meshplan calibrate` on the same machine
   (benchmarks/sweeps/calibrated-host.sh 2; the profiles are benchmarks/results/calibration-run3*.toml).
@@ -46,7 +48,9 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run30-x2-fewer-launches.json",
+SOURCES = [("validation-h200-run36-x2-dense-sp-zigzag.json",
+            "current executor and kernels, SP dealing its tokens in zigzag; dense degrees 1-2, 2 x H200"),
+           ("validation-h200-run30-x2-fewer-launches.json",
             "current executor and kernels (four-rows-a-step conv reading its taps as they are, the scan's decay "
             "sums from its chunk-state kernel, no host syncs), degrees 1-2, profiled, 2 x H200"),
            ("validation-h200-run31-x2-mamba2-long-current.json",
@@ -90,6 +94,7 @@ FAMILIES = {"validation-h200-run3-x2.json": ("dense",),
             "validation-h200-run33-x4-mamba2-current.json": ("mamba2",),
             "validation-h200-run35-x2-mamba2-calibrated-host.json": ("mamba2",),
             "validation-h200-run35-x2-dense-calibrated-host.json": ("dense",),
+            "validation-h200-run36-x2-dense-sp-zigzag.json": ("dense",),
             "validation-h200-run34-x2-mamba2-host-probe.json": ("mamba2",),
             "validation-h200-run34-x2-dense-host-probe.json": ("dense",), "validation-h200-run5-x2-inference.json": ("dense",),
             "validation-h200-run11-x2-mamba2.json": ("mamba2",), "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),

@@ -155,3 +155,12 @@ def validate_seq(layout: Layout, seq: int, batch: int) -> None:
         raise MeshplanError(
             f"layout: tsp={layout.tsp} splits the sequence into 2·{layout.tsp} zigzag chunks, which must divide "
             f"--seq ({seq}); use a multiple of {2 * layout.tsp}")
+
+
+def sp_zigzag(layout: Layout, seq: int, attention_only: bool) -> bool:
+    """Whether the sequence axis deals the tokens out in zigzag — 2Σ chunks, rank i taking chunks i
+    and 2Σ−1−i — so that every rank does the same causal attention work (as TSP does, and as
+    Megatron-LM's context parallelism balances it): for stacks of attention layers only, where 2Σ
+    divides the length. Mamba layers keep contiguous shards: their state passes from one shard to
+    the next. The executor and the cost model both ask here."""
+    return layout.sp > 1 and attention_only and seq % (2 * layout.sp) == 0

@@ -132,3 +132,42 @@ def test_cluster_toml_typos_are_named(tmp_path):
     path.write_text("name = [")
     with pytest.raises(MeshplanError, match="not valid TOML"):
         load_cluster(str(path))
+
+
+def test_sequence_axis_deals_zigzag_only_where_attention_alone_and_2_sigma_divides():
+    from meshplan.layout import sp_zigzag
+
+    assert sp_zigzag(Layout(sp=2), 16, attention_only=True)
+    assert not sp_zigzag(Layout(sp=2), 18, attention_only=True)  # 4 chunks do not divide 18
+    assert not sp_zigzag(Layout(sp=2), 16, attention_only=False)  # Mamba state passes shard to shard
+    assert not sp_zigzag(Layout(tp=2), 16, attention_only=True)
+
+
+def test_executor_positions_follow_the_same_rule():
+    """Dense SP ranks hold chunks i and 2Σ−1−i; a Mamba-2 stack's SP ranks hold contiguous shards."""
+    import torch
+
+    from meshplan.executor.blocks import Stack
+    from meshplan.executor.comm import Axis, Mesh
+    from meshplan.executor.parallelize import token_positions
+    from meshplan.models import dense, mamba2
+
+    mesh = Mesh(Layout(sp=2), 1, 2, {"sp": Axis("sp", 2, 1, None, [0, 1])})
+    d = Stack(dense("d", 32, 1, 4, 4, 64, 50), 1)
+    m = Stack(mamba2("m", 32, 1, 50, d_state=8, headdim=8), 1)
+    assert token_positions(mesh, 16, d).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert token_positions(mesh, 16, m).tolist() == list(range(8, 16))
+    assert token_positions(mesh, 18, d).tolist() == list(range(9, 18))
+    assert isinstance(token_positions(mesh, 16), torch.Tensor)
+
+
+def test_zigzag_sp_prices_balanced_attention():
+    """With zigzag shards every SP rank does the average causal work, not the last shard's 3/4 (at
+    Σ = 2): the attention-heavy step is cheaper per token at a length 2Σ divides."""
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.costmodel.step import estimate_step
+
+    model, cluster = PRESETS["dense-7b"], load_cluster("h200-8")
+    zig = estimate_step(model, Layout(sp=2, dp=4), 131072, 1, CostOptions(), cluster)
+    contiguous = estimate_step(model, Layout(sp=2, dp=4), 131070, 1, CostOptions(), cluster)
+    assert zig.compute_s / 131072 < 0.85 * contiguous.compute_s / 131070

@@ -25,7 +25,7 @@ from meshplan.costmodel.layouts.tp import int8_block
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
-from meshplan.layout import Layout
+from meshplan.layout import Layout, sp_zigzag
 from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
 
@@ -117,8 +117,10 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
 
     # Contiguous sequence shards are not balanced under a causal mask: the last shard's queries see
     # nearly every key, and every rank waits for it (measured: benchmarks/results/validation-h200-run2-x2.json).
-    # TSP's zigzag split gives every rank the same causal work.
-    causal = 1 - 1 / (2 * layout.sp) if layout.sp > 1 else 0.5
+    # A zigzag split — TSP's, and SP's for attention-only stacks (meshplan.layout.sp_zigzag) — gives
+    # every rank the same causal work.
+    contiguous = layout.sp > 1 and not sp_zigzag(layout, seq, model.mamba_layers == 0)
+    causal = 1 - 1 / (2 * layout.sp) if contiguous else 0.5
     mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
     breakdown: dict[str, float] = {}
     for kind, comms in schedule.per_block.items():

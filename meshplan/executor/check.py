@@ -33,7 +33,7 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
 
     mesh = build_mesh(layout)
     layers = parallelize(ref, mesh, seq, int8_allreduce)
-    pos = token_positions(mesh, seq)
+    pos = token_positions(mesh, seq, ref)
     x_local = x.detach()[:, pos].clone().requires_grad_(mode == "train")
     result: dict = {"rank": rank}
     if mode == "train":
@@ -86,7 +86,7 @@ def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: 
         y_ref = run_layers(ref.layers, x)
     mesh = build_mesh(layout)
     layers = parallelize(ref, mesh, seq)
-    pos = token_positions(mesh, seq)
+    pos = token_positions(mesh, seq, ref)
     for layer in layers:
         layer.keep_cache = True
     with torch.no_grad():

@@ -12,29 +12,39 @@ from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelDense
 from meshplan.executor.layouts.mamba import ParallelMamba2
 from meshplan.executor.layouts.tsp import TSPDense
+from meshplan.layout import sp_zigzag
 
 
-def token_positions(mesh: Mesh, seq: int) -> torch.Tensor:
+def token_positions(mesh: Mesh, seq: int, stack: Stack | None = None) -> torch.Tensor:
+    """The positions this rank holds: zigzag under TSP, and under SP where the stack (None: any) is
+    attention-only and 2Σ divides seq (meshplan.layout.sp_zigzag); contiguous otherwise."""
     layout = mesh.layout
     if layout.tsp > 1:
         return zigzag_tokens(seq, layout.tsp, mesh.axis("tsp").rank)
     if layout.sp > 1:
+        if stack is not None and sp_zigzag(layout, seq, attention_only(stack)):
+            return zigzag_tokens(seq, layout.sp, mesh.axis("sp").rank)
         return contiguous_tokens(seq, layout.sp, mesh.axis("sp").rank)
     return torch.arange(seq)
+
+
+def attention_only(stack: Stack) -> bool:
+    return all(isinstance(layer, DenseLayer) for layer in stack.layers)
 
 
 def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False) -> nn.ModuleList:
     layout = mesh.layout
     tensor_axis = "tpssm" if layout.tpssm > 1 else "tp" if layout.tp > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
-    positions = token_positions(mesh, seq)
+    positions = token_positions(mesh, seq, stack)
+    zigzag = layout.sp > 1 and sp_zigzag(layout, seq, attention_only(stack))
     out = []
     for layer in stack.layers:
         if isinstance(layer, DenseLayer):
             if layout.tsp > 1:
                 out.append(TSPDense(layer, mesh, seq))
             else:
-                out.append(ParallelDense(layer, mesh, tensor_axis, seq_axis, positions, seq))
+                out.append(ParallelDense(layer, mesh, tensor_axis, seq_axis, positions, seq, zigzag))
         elif isinstance(layer, Mamba2Block):
             if layout.tsp > 1:
                 raise NotImplementedError("the executor runs TSP for dense layers; use tpssm or sp for Mamba-2")

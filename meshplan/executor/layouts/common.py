@@ -49,6 +49,25 @@ def zigzag_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
                       torch.arange((2 * parts - 1 - index) * c, (2 * parts - index) * c)])
 
 
+def zigzag_keys(seq: int, parts: int, index: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    """For rank `index` of a zigzag split: the order that puts all-gathered keys (rank-major, each
+    rank's two chunks) in position order, and the key counts its two query chunks see."""
+    gathered = torch.cat([zigzag_tokens(seq, parts, i) for i in range(parts)])  # positions in all-gather order
+    c = seq // (2 * parts)
+    return torch.argsort(gathered), ((index + 1) * c, (2 * parts - index) * c)
+
+
+def attend_zigzag(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_order: torch.Tensor,
+                  chunk_ends: tuple[int, int]) -> torch.Tensor:
+    """Zigzag causal attention: K/V arrive in all-gather order and are put in position order; the
+    rank's first query chunk sees keys [0, chunk_ends[0]), its second [0, chunk_ends[1])."""
+    k, v = k[:, key_order], v[:, key_order]
+    c = q.shape[1] // 2
+    first = attend_prefix(q[:, :c], k, v, chunk_ends[0])
+    second = attend_prefix(q[:, c:], k, v, chunk_ends[1])
+    return torch.cat([first, second], dim=1)
+
+
 def attend_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int) -> torch.Tensor:
     """Causal attention of `q` (b, t, a, d) — the last t of the first kv_len positions — to the
     first kv_len keys of k, v (b, S, a_kv, d), in position order. A lower-right causal bias keeps

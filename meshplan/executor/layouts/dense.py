@@ -2,9 +2,11 @@
 
 TP: QKV and [gate; up] column-parallel (heads / FFN columns split), W_O and W_down row-parallel;
 the input is "copied" onto the axis (all-reduce of its gradient) and the output all-reduced.
-SP: each rank holds s/Σ contiguous tokens; K/V of the whole sequence are all-gathered for attention
-inside a checkpointed region, so only the local q, k, v are saved and the backward re-gathers K/V
-and reduce-scatters dK/dV. Weight gradients are all-reduced over Σ by the train step.
+SP: each rank holds s/Σ tokens — in zigzag (chunks i and 2Σ−1−i of 2Σ, the same causal work on every
+rank) where the stack is attention-only and 2Σ divides s, else contiguous (meshplan.layout.sp_zigzag);
+K/V of the whole sequence are all-gathered for attention inside a checkpointed region, so only the
+local q, k, v are saved and the backward re-gathers K/V and reduce-scatters dK/dV. Weight gradients
+are all-reduced over Σ by the train step.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import CopyToAxis, GatherFromAxis, Mesh, ReduceFromAxis, all_gather
-from meshplan.executor.layouts.common import (KVCache, Sharded, attend_prefix, combine_partials, partial_attention,
-                                              rows)
+from meshplan.executor.layouts.common import (KVCache, Sharded, attend_prefix, attend_zigzag, combine_partials,
+                                              partial_attention, rows, zigzag_keys)
 
 
 class ParallelDense(Sharded):
     def __init__(self, ref: DenseLayer, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None,
-                 q_positions: torch.Tensor, seq: int):
+                 q_positions: torch.Tensor, seq: int, zigzag: bool = False):
         super().__init__()
         self.mesh, self.tensor_axis, self.seq_axis = mesh, tensor_axis, seq_axis
         t = mesh.axis(tensor_axis).size if tensor_axis else 1
@@ -44,9 +46,13 @@ class ParallelDense(Sharded):
         self.take("w_in", ref, "w_in", 0, in_rows)
         self.take("w_down", ref, "w_down", 1, rows(r * lf, lf))
         self.q_positions = q_positions
-        # The keys this rank's queries see, as a Python int, read once here: q_positions sits on the
+        # The keys this rank's queries see, as Python ints, read once here: q_positions sits on the
         # GPU, and reading it in every attention call made the host wait for the GPU to drain there.
         self.kv_len = int(q_positions[-1]) + 1
+        self.zigzag = zigzag
+        if zigzag:
+            sp = mesh.axis(seq_axis)
+            self.key_order, self.chunk_ends = zigzag_keys(seq, sp.size, sp.rank)
         self.keep_cache, self.kv_cache = False, None
 
     def _enter(self, x):
@@ -59,9 +65,13 @@ class ParallelDense(Sharded):
         """q (b, t, a, d); k, v local (b, t, a_kv, d): gather K/V over the sequence axis, attend causally."""
         b, t, a, d = q.shape
         if self.seq_axis:
-            # Contiguous shards: this rank's queries see every key up to the end of its own shard.
             k = GatherFromAxis.apply(k, self.mesh, self.seq_axis, 1)
             v = GatherFromAxis.apply(v, self.mesh, self.seq_axis, 1)
+            if self.zigzag:
+                if self.key_order.device != k.device:
+                    self.key_order = self.key_order.to(k.device)
+                return attend_zigzag(q, k, v, self.key_order, self.chunk_ends).reshape(b, t, a * d)
+            # Contiguous shards: this rank's queries see every key up to the end of its own shard.
             return attend_prefix(q, k, v, self.kv_len).reshape(b, t, a * d)
         else:
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),

@@ -17,18 +17,13 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
-from meshplan.executor.layouts.common import (KVCache, Sharded, attend_prefix, combine_partials, partial_attention,
-                                              rows, zigzag_tokens)
+from meshplan.executor.layouts.common import (KVCache, Sharded, attend_zigzag, combine_partials, partial_attention,
+                                              rows, zigzag_keys, zigzag_tokens)
 
 
 def _attend(q, k, v, layer):
-    """Zigzag causal attention: K/V arrive in all-gather order and are put in position order; the
-    rank's first chunk (index i) sees keys [0, (i+1)·c), its second (2D−1−i) keys [0, (2D−i)·c)."""
-    k, v = k[:, layer.key_order], v[:, layer.key_order]
-    c = q.shape[1] // 2
-    first = attend_prefix(q[:, :c], k, v, layer.chunk_ends[0])
-    second = attend_prefix(q[:, c:], k, v, layer.chunk_ends[1])
-    return torch.cat([first, second], dim=1)
+    """Zigzag causal attention (common.attend_zigzag) with the layer's key order and chunk ends."""
+    return attend_zigzag(q, k, v, layer.key_order, layer.chunk_ends)
 
 
 def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
@@ -212,10 +207,7 @@ class TSPDense(Sharded):
         self.take("w_in", ref, "w_in", 0, torch.cat([rows(r * self.lf, self.lf), rows(f + r * self.lf, self.lf)]))
         self.take("w_down", ref, "w_down", 1, rows(r * self.lf, self.lf))
         self.q_positions = zigzag_tokens(seq, d, r)
-        gathered = torch.cat([zigzag_tokens(seq, d, i) for i in range(d)])  # positions in all-gather order
-        self.key_order = torch.argsort(gathered)
-        c = seq // (2 * d)
-        self.chunk_ends = ((r + 1) * c, (2 * d - r) * c)
+        self.key_order, self.chunk_ends = zigzag_keys(seq, d, r)
         self.keep_cache, self.kv_cache = False, None
 
     def unpack_attention(self, w):
