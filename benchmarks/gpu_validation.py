@@ -138,6 +138,7 @@ def main() -> int:
                 json.dump({"command": f"torchrun --nproc-per-node {world} benchmarks/gpu_validation.py "
                                       + " ".join(sys.argv[1:]),
                            "environment": environment(), "cluster_for_predictions": cluster.name,
+                           "sp_split": "zigzag",  # dense SP where meshplan.layout.sp_zigzag allows it
                            "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
                            "runs": results}, f,
                           indent=1)

@@ -323,3 +323,31 @@ def test_int8_allreduce_kernels_by_hand(ranks, per_element):
     plain, int8 = (estimate_step(model, Layout(tpssm=ranks), 16384, 1, CostOptions(mode="prefill", int8_allreduce=q),
                                  cluster, embeddings=False) for q in (False, True))
     assert int8.compute_s - plain.compute_s == pytest.approx(64 * 16384 * 2560 * per_element / 4.8e12, rel=1e-9)
+
+
+def test_zigzag_attention_by_hand():
+    """Each zigzag rank runs two prefix attentions over (i+1)·c and (2D−i)·c keys. At one rate for
+    every prefix length that is the balanced FLOPs' time, whatever the rank; with shorter prefixes
+    slower (the measured table), the slowest rank takes longer than the balanced FLOPs say."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.compute import Device, zigzag_attention_s
+
+    flat = Device(1e15, 4e12, attention_prefix=((1, 0.5),))
+    w, seq, parts = 4096, 16384, 2
+    tokens = seq / parts
+    balanced = 4 * w * tokens * seq * 0.5 / (1e15 * 0.5)
+    assert zigzag_attention_s(w, tokens, seq, parts, flat) == pytest.approx(balanced)
+    # By hand at D = 2, c = 4096, q = 4096: rank 0 runs ends 4096 and 16384, rank 1 ends 8192 and 12288;
+    # table 0.25 below 8192 keys rising to 0.5 at 16384 (log-linear): rank 1's 12288 call runs at
+    # 0.25 + 0.25·log2(1.5) and is the slowest rank.
+    sloped = replace(flat, attention_prefix=((8192, 0.25), (16384, 0.5)))
+    import math
+
+    def call(end, eff):
+        return 4 * w * (4096 * end - 4096 ** 2 / 2) / (1e15 * eff)
+
+    rank0 = call(4096, 0.25) + call(16384, 0.5)
+    rank1 = call(8192, 0.25) + call(12288, 0.25 + 0.25 * math.log2(1.5))
+    assert zigzag_attention_s(w, tokens, seq, parts, sloped) == pytest.approx(max(rank0, rank1))
+    assert max(rank0, rank1) > balanced

@@ -249,10 +249,25 @@ def _memory_bound_bytes_per_token(model: ModelSpec, kind: str, head_div: int, e:
     return e * 2 * model.d_model
 
 
+def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, dev: Device) -> float:
+    """Seconds of the slowest rank's attention forward under a zigzag split of `keys` tokens over
+    `parts` ranks: each rank runs two prefix attentions of tokens/2 queries, over (i+1)·c and (2D−i)·c
+    keys (c = keys / 2D), at the prefix kernel's rate for that many keys — shorter prefixes run at a
+    lower rate, so the balanced FLOPs do not take balanced time."""
+    c = keys / (2 * parts)
+    q = tokens / 2
+
+    def call_s(end: float) -> float:  # q queries, the last q of `end` positions, lower-right causal
+        return 4 * q_width * (q * end - q * q / 2) / (dev.peak_flops * attention_efficiency(end, True, dev))
+
+    return max(call_s((i + 1) * c) + call_s((2 * parts - i) * c) for i in range(parts))
+
+
 def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: Sharding, e: int, dev: Device,
-                  recompute: str, training: bool, causal_fraction: float = 0.5) -> BlockCompute:
+                  recompute: str, training: bool, causal_fraction: float = 0.5, zigzag: int = 0) -> BlockCompute:
     """One invocation of `kind` on one rank: `tokens` local queries attending to `keys` keys, of which
-    a query sees `causal_fraction` on average (0.5 for a balanced causal split)."""
+    a query sees `causal_fraction` on average (0.5 for a balanced causal split); `zigzag`: the ranks a
+    zigzag split deals the keys over (zigzag_attention_s), 0 for none."""
     head_div = sh.head_div
     gemm = sum(gemm_time_s(tokens, n, k, e, dev) for n, k in _gemms(model, kind, head_div))
     flops = sum(2 * tokens * n * k for n, k in _gemms(model, kind, head_div))
@@ -261,6 +276,8 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         core_flops = 4 * tokens * keys * model.attention.q_width / head_div * causal_fraction
         if tokens == 1 or keys <= 1:
             attn = 0.0
+        elif zigzag > 1:
+            attn = zigzag_attention_s(model.attention.q_width / head_div, tokens, keys, zigzag, dev)
         else:
             attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
         flops += core_flops

@@ -31,6 +31,10 @@ class CostOptions:
     # measured host cost: meshplan.costmodel.compute.STEP_KERNEL_HOST_S, DECODE_KERNEL_HOST_S); off for
     # stacks that launch far fewer (CUDA graphs).
     launch_floor: bool = True
+    # SP deals its tokens in zigzag where it can (meshplan.layout.sp_zigzag: every rank the same causal
+    # work, as this executor does since run 36); False: contiguous shards, where every rank waits for
+    # the last one's attention.
+    sp_zigzag: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -34,8 +34,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, cluster: ClusterSpec | None,
-            act_dtype: str = "bf16", int8_allreduce: bool = False) -> dict:
-    opts = CostOptions(mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce)
+            act_dtype: str = "bf16", int8_allreduce: bool = False, sp_zigzag: bool = True) -> dict:
+    """`sp_zigzag=False`: as for an executor that split SP contiguously (runs before run 36)."""
+    opts = CostOptions(mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce,
+                       sp_zigzag=sp_zigzag)
     mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=False)
     out = {
         "peak_bytes": mem.total_bytes,
