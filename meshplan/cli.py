@@ -154,12 +154,15 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
 # -- recommend and crossover ------------------------------------------------------------------------
 
 def _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches,
-                  launch_floor=True):
+                  launch_floor=True, sp_split="zigzag"):
     from meshplan.costmodel.options import CostOptions
 
+    if sp_split not in ("zigzag", "contiguous"):
+        raise MeshplanError(f"--sp-split: use zigzag or contiguous, not {sp_split!r}")
     return CostOptions(mode=mode, recompute=recompute, flash_attention=flash, grad_dtype=grad_dtype,
                        optimizer="adam" if mode == "train" else "none", tp_sequence_parallel=tp_sequence_parallel,
-                       int8_allreduce=int8_allreduce, microbatches=microbatches, launch_floor=launch_floor)
+                       int8_allreduce=int8_allreduce, microbatches=microbatches, launch_floor=launch_floor,
+                       sp_zigzag=sp_split == "zigzag")
 
 
 @app.command()
@@ -184,6 +187,10 @@ def recommend(
                                       help="Floor each step at an eager PyTorch stack's kernel launches (host time "
                                            "per kernel, measured); off for stacks that launch far fewer (CUDA "
                                            "graphs)."),
+    sp_split: str = typer.Option("zigzag", "--sp-split",
+                                 help="How SP deals the tokens of attention-only stacks: zigzag (every rank the "
+                                      "same causal work, as meshplan's executor) | contiguous (the last rank's "
+                                      "attention sets the pace)."),
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -199,7 +206,7 @@ def recommend(
     cluster_spec = load_cluster(cluster, nodes)
     tokens = parse_tokens(seq)
     opts = _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches,
-                         launch_floor)
+                         launch_floor, sp_split)
     result = plan(spec, cluster_spec, tokens, batch, opts, objective, estimate_dropped=show_all)
     if as_json:
         rows = result.ranked + (result.dropped if show_all else [])

@@ -60,3 +60,19 @@ def test_listings():
     assert {c["name"] for c in clusters} >= {"h100-sxm-8", "h200-8", "a100-sxm-8", "a6000-pcie-4", "mi300x-8"}
     tree = invoke("cluster", "show", "h100-sxm-8", "--nodes", "2")
     assert tree.exit_code == 0 and "n1/gpu7" in tree.stdout and "network switch" in tree.stdout
+
+
+def test_recommend_sp_split_option():
+    """--sp-split contiguous prices SP as every rank waiting for the last one's attention: SP's step is
+    longer than with the executor's zigzag; a wrong value is one line naming the flag."""
+    import json
+
+    def sp_step(split):
+        r = CliRunner().invoke(app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "32k",
+                                     "--json", "--all", "--sp-split", split])
+        assert r.exit_code == 0, r.output
+        return next(c["step_time_s"] for c in json.loads(r.output) if c["layout"] == "tp=2,sp=4")
+
+    assert sp_step("contiguous") > 1.2 * sp_step("zigzag")
+    r = CliRunner().invoke(app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--sp-split", "ring"])
+    assert r.exit_code != 0 and "--sp-split: use zigzag or contiguous" in r.output
