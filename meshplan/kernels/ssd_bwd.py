@@ -199,6 +199,9 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
 BWD_WARPS = 4
 BWD_HEADDIM_BLOCK = 32
 BWD_DBC_WARPS = 4  # the dB/dC kernel's own warps
+# Pipeline stages of both chunk kernels: 3 (Triton's default, pinned here) ran fastest of 1-5 on an
+# H200 (dx 0.89 ms against 0.96-1.44, dB/dC 0.53 against 0.54-0.87; benchmarks/results/ssd-bwd-stages-h200.json).
+BWD_STAGES = 3
 
 
 def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int | None = None,
@@ -235,7 +238,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     _chunk_bwd_dx[(b * nc * h,)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, entering, d_states, dy,
                                sid, prev, keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                HAS_D=D is not None, HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
-                               num_warps=warps or BWD_WARPS)
+                               num_warps=warps or BWD_WARPS, num_stages=BWD_STAGES)
     hpg = h // g
     bn, n_blocks = launch.state_blocks(n)
     splits = launch.bwd_splits(b * nc, h, g, n, split_target)
@@ -245,7 +248,7 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
                                                    dcb, db, dc, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
                                                    HPP=hpg // splits,
                                                    HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=bn,
-                                                   num_warps=dbc_warps or BWD_DBC_WARPS)
+                                                   num_warps=dbc_warps or BWD_DBC_WARPS, num_stages=BWD_STAGES)
     s = pk.s
     db = db.view(b, S, g, splits, n).sum(3)[:, :s].to(B.dtype)
     dc = dc.view(b, S, g, splits, n).sum(3)[:, :s].to(C.dtype)
