@@ -49,22 +49,47 @@ def zigzag_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
                       torch.arange((2 * parts - 1 - index) * c, (2 * parts - index) * c)])
 
 
-def zigzag_keys(seq: int, parts: int, index: int) -> tuple[torch.Tensor, tuple[int, int]]:
+class ZigzagKeys:
     """For rank `index` of a zigzag split: the order that puts all-gathered keys (rank-major, each
-    rank's two chunks) in position order, and the key counts its two query chunks see."""
-    gathered = torch.cat([zigzag_tokens(seq, parts, i) for i in range(parts)])  # positions in all-gather order
-    c = seq // (2 * parts)
-    return torch.argsort(gathered), ((index + 1) * c, (2 * parts - index) * c)
+    rank's two chunks) in position order, its inverse, and the key counts the rank's two query chunks
+    see. The index tensors follow the keys to their device on first use."""
+
+    def __init__(self, seq: int, parts: int, index: int):
+        gathered = torch.cat([zigzag_tokens(seq, parts, i) for i in range(parts)])  # positions in all-gather order
+        self.order = torch.argsort(gathered)
+        self.inverse = torch.argsort(self.order)
+        c = seq // (2 * parts)
+        self.ends = ((index + 1) * c, (2 * parts - index) * c)
+
+    def on(self, device) -> "ZigzagKeys":
+        if self.order.device != device:
+            self.order, self.inverse = self.order.to(device), self.inverse.to(device)
+        return self
 
 
-def attend_zigzag(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_order: torch.Tensor,
-                  chunk_ends: tuple[int, int]) -> torch.Tensor:
+class _Reorder(torch.autograd.Function):
+    """t.index_select(1, order), whose backward gathers with the inverse order: an index's own backward
+    scatters with accumulation, over the whole sequence's K and V."""
+
+    @staticmethod
+    def forward(ctx, t, order, inverse):
+        ctx.save_for_backward(inverse)
+        return t.index_select(1, order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(1, inverse), None, None
+
+
+def attend_zigzag(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: ZigzagKeys) -> torch.Tensor:
     """Zigzag causal attention: K/V arrive in all-gather order and are put in position order; the
-    rank's first query chunk sees keys [0, chunk_ends[0]), its second [0, chunk_ends[1])."""
-    k, v = k[:, key_order], v[:, key_order]
+    rank's first query chunk sees keys [0, keys.ends[0]), its second [0, keys.ends[1])."""
+    keys = keys.on(k.device)
+    k, v = _Reorder.apply(k, keys.order, keys.inverse), _Reorder.apply(v, keys.order, keys.inverse)
     c = q.shape[1] // 2
-    first = attend_prefix(q[:, :c], k, v, chunk_ends[0])
-    second = attend_prefix(q[:, c:], k, v, chunk_ends[1])
+    first = attend_prefix(q[:, :c], k, v, keys.ends[0])
+    second = attend_prefix(q[:, c:], k, v, keys.ends[1])
     return torch.cat([first, second], dim=1)
 
 

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import CopyToAxis, GatherFromAxis, Mesh, ReduceFromAxis, all_gather
 from meshplan.executor.layouts.common import (KVCache, Sharded, attend_prefix, attend_zigzag, combine_partials,
-                                              partial_attention, rows, zigzag_keys)
+                                              partial_attention, rows, ZigzagKeys)
 
 
 class ParallelDense(Sharded):
@@ -52,7 +52,7 @@ class ParallelDense(Sharded):
         self.zigzag = zigzag
         if zigzag:
             sp = mesh.axis(seq_axis)
-            self.key_order, self.chunk_ends = zigzag_keys(seq, sp.size, sp.rank)
+            self.keys = ZigzagKeys(seq, sp.size, sp.rank)
         self.keep_cache, self.kv_cache = False, None
 
     def _enter(self, x):
@@ -68,9 +68,7 @@ class ParallelDense(Sharded):
             k = GatherFromAxis.apply(k, self.mesh, self.seq_axis, 1)
             v = GatherFromAxis.apply(v, self.mesh, self.seq_axis, 1)
             if self.zigzag:
-                if self.key_order.device != k.device:
-                    self.key_order = self.key_order.to(k.device)
-                return attend_zigzag(q, k, v, self.key_order, self.chunk_ends).reshape(b, t, a * d)
+                return attend_zigzag(q, k, v, self.keys).reshape(b, t, a * d)
             # Contiguous shards: this rank's queries see every key up to the end of its own shard.
             return attend_prefix(q, k, v, self.kv_len).reshape(b, t, a * d)
         else:

@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from meshplan.executor.blocks import DenseLayer, RMSNorm
 from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import (KVCache, Sharded, attend_zigzag, combine_partials, partial_attention,
-                                              rows, zigzag_keys, zigzag_tokens)
+                                              rows, ZigzagKeys, zigzag_tokens)
 
 
 def _attend(q, k, v, layer):
     """Zigzag causal attention (common.attend_zigzag) with the layer's key order and chunk ends."""
-    return attend_zigzag(q, k, v, layer.key_order, layer.chunk_ends)
+    return attend_zigzag(q, k, v, layer.keys)
 
 
 def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
@@ -207,7 +207,7 @@ class TSPDense(Sharded):
         self.take("w_in", ref, "w_in", 0, torch.cat([rows(r * self.lf, self.lf), rows(f + r * self.lf, self.lf)]))
         self.take("w_down", ref, "w_down", 1, rows(r * self.lf, self.lf))
         self.q_positions = zigzag_tokens(seq, d, r)
-        self.key_order, self.chunk_ends = zigzag_keys(seq, d, r)
+        self.keys = ZigzagKeys(seq, d, r)
         self.keep_cache, self.kv_cache = False, None
 
     def unpack_attention(self, w):
@@ -222,8 +222,6 @@ class TSPDense(Sharded):
         return w_in[:lf], w_in[lf:], w[2 * lf * h:].view(h, lf)
 
     def forward(self, x):
-        if self.key_order.device != x.device:
-            self.key_order = self.key_order.to(x.device)
         x = x + _TSPAttention.apply(self.attn_norm(x), self.w_qkv, self.w_o, self)
         return x + _TSPMlp.apply(self.mlp_norm(x), self.w_in, self.w_down, self)
 
