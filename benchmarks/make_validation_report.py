@@ -3,6 +3,8 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run37-x2-current.json: the current executor and kernels, every layout at degree 1
+  and 2, training, prefill and decode, profiled (the first line of benchmarks/sweeps/h200x2-profiled.sh).
 - validation-h200-run36-x2-dense-sp-zigzag.json: dense SP dealing its tokens in zigzag (the runs
   before it ran SP contiguous, which the model no longer describes for attention-only stacks).
 - validation-h200-run34/run35-x2-{mamba2,dense}-*.json: today's executor and kernels, training at 4K and
@@ -48,7 +50,10 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run36-x2-dense-sp-zigzag.json",
+SOURCES = [("validation-h200-run37-x2-current.json",
+            "current executor and kernels (this session's final code), every layout at degree 1 and 2, training, "
+            "prefill, decode, profiled, 2 x H200"),
+           ("validation-h200-run36-x2-dense-sp-zigzag.json",
             "current executor and kernels, SP dealing its tokens in zigzag; dense degrees 1-2, 2 x H200"),
            ("validation-h200-run30-x2-fewer-launches.json",
             "current executor and kernels (four-rows-a-step conv reading its taps as they are, the scan's decay "
