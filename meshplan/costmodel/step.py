@@ -119,9 +119,10 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     # nearly every key, and every rank waits for it (measured: benchmarks/results/validation-h200-run2-x2.json).
     # A zigzag split — TSP's, and SP's for attention-only stacks (meshplan.layout.sp_zigzag) — gives
     # every rank the same causal work.
-    contiguous = layout.sp > 1 and not (opts.sp_zigzag and sp_zigzag(layout, seq, model.mamba_layers == 0))
-    causal = 1 - 1 / (2 * layout.sp) if contiguous else 0.5
-    zigzag = 0 if decode else layout.tsp if layout.tsp > 1 else layout.sp if layout.sp > 1 and not contiguous else 0
+    sp_balanced = opts.sp_zigzag and sp_zigzag(layout, seq, model.mamba_layers == 0)
+    causal = 1 - 1 / (2 * layout.sp) if layout.sp > 1 and not sp_balanced else 0.5
+    zigzag_parts = layout.tsp if layout.tsp > 1 else layout.sp if sp_balanced else 0
+    zigzag = 0 if decode else zigzag_parts
     mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
     breakdown: dict[str, float] = {}
     for kind, comms in schedule.per_block.items():

@@ -37,7 +37,7 @@ def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False
     tensor_axis = "tpssm" if layout.tpssm > 1 else "tp" if layout.tp > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
     positions = token_positions(mesh, seq, stack)
-    zigzag = layout.sp > 1 and sp_zigzag(layout, seq, attention_only(stack))
+    zigzag = sp_zigzag(layout, seq, attention_only(stack))
     out = []
     for layer in stack.layers:
         if isinstance(layer, DenseLayer):

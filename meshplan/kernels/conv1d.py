@@ -398,6 +398,26 @@ def _bwd_row(xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0,
 
 
 @triton.jit
+def _bwd_rows4(xd0, xd1, xd2, xd3, id0, id1, id2, id3, go0, go1, go2, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1,
+               j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias, own, SILU: tl.constexpr, MASKED: tl.constexpr):
+    """A backward step: rows t .. t−3 through _bwd_row (x[t−3..t−6] as xd0..xd3, dout[t..t−3] as
+    go0..go3). Returns the four dx rows, the window moved four rows down, and the sums."""
+    dxa, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+        xd0, id0, go0, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias,
+        own, SILU, MASKED)
+    dxb, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+        xd1, id1, go1, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias,
+        own, SILU, MASKED)
+    dxc, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+        xd2, id2, go2, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias,
+        own, SILU, MASKED)
+    dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
+        xd3, id3, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias,
+        own, SILU, MASKED)
+    return dxa, dxb, dxc, dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db
+
+
+@triton.jit
 def _one_window(ia, ib, ic, i3, i4, i5, i6, j1, j2, j3):
     """Whether a backward step's ten rows' sequence ids are all equal: a scalar."""
     return _one_sequence(ia, ib, ic, i3, i4, i5, i6) & _one_sequence(j3, j2, j1, ia, ia, ia, ia)
@@ -528,31 +548,13 @@ def _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, pid_b, pid_t, c, 
         else:
             masked = False
         if masked:
-            dxa, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-                xd0, id0, go0, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
-                w3, bias, cm, SILU, True)
-            dxb, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-                xd1, id1, go1, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
-                w3, bias, cm, SILU, True)
-            dxc, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-                xd2, id2, go2, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
-                w3, bias, cm, SILU, True)
-            dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-                xd3, id3, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
-                w3, bias, cm, SILU, True)
+            dxa, dxb, dxc, dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_rows4(
+                xd0, xd1, xd2, xd3, id0, id1, id2, id3, go0, go1, go2, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1,
+                j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias, cm, SILU, True)
         else:
-            dxa, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-                xd0, id0, go0, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
-                w3, bias, cm, SILU, False)
-            dxb, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-                xd1, id1, go1, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
-                w3, bias, cm, SILU, False)
-            dxc, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-                xd2, id2, go2, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
-                w3, bias, cm, SILU, False)
-            dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-                xd3, id3, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2,
-                w3, bias, cm, SILU, False)
+            dxa, dxb, dxc, dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_rows4(
+                xd0, xd1, xd2, xd3, id0, id1, id2, id3, go0, go1, go2, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1,
+                j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias, cm, SILU, False)
         _store_rows(pdx, dxa, dxb, dxc, dxd, -C, cm, EVEN_C)
         px -= 4 * C
         pg -= 4 * C

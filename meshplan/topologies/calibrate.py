@@ -3,8 +3,9 @@ under torchrun on every rank).
 
 Measured: bf16 GEMM rate over the shapes the cost model uses, HBM bandwidth (a device-to-device copy),
 SDPA forward + backward rates (fused causal, and the lower-right prefix kernel of sequence shards),
-the host's time per kernel the executor launches (its launch floor), and every collective the layouts use — all-reduce, all-gather, reduce-scatter, broadcast, send/recv
-ring, all-to-all — over group sizes 2, 4, … N and message sizes 64 KiB – 1 GiB (`--quick`: fewer),
+the host's time per kernel the executor launches (its launch floor), and every collective the layouts
+use — all-reduce, all-gather, reduce-scatter, broadcast, send/recv ring, all-to-all — over group
+sizes 2, 4, … N and message sizes 64 KiB – 1 GiB (`--quick`: fewer),
 each result checked for correctness. Per collective and group size, time = α + message / bandwidth
 is fitted (scipy.optimize, non-negative least squares).
 """
