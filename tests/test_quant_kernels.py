@@ -59,3 +59,63 @@ def test_packed_wire_format_matches_reference(parts, groups_per_part):
     torch.testing.assert_close(dequant_sum(copies), dequant_sum_ref(copies), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(dequantize_packed(buf), dequantize_packed_ref(buf))
     torch.testing.assert_close(dequantize_packed(buf), x, rtol=0, atol=float(x.abs().max()) / 127)
+
+
+@pytest.mark.parametrize("world, groups, programs", [(1, 3, None), (2, 5, 2), (3, 2, None), (8, 1, 1)])
+def test_peer_sum_matches_reference(world, groups, programs):
+    """The one-shot sum over separate slots (each rank's packed row where it lies, after the signal
+    words, in a slot larger than the row, as a peer-mapped slot is) equals the reference sum of the
+    stacked rows; the bytes past the row are never read (they hold NaN-making garbage); fewer programs
+    than tiles loop over them."""
+    from meshplan.kernels.quant import PEER_HEADER, dequant_sum_peers, quantize_int8_packed
+    from meshplan.kernels.reference import dequant_sum_ref, packed_chunk_bytes
+
+    gen = torch.Generator().manual_seed(world * 10 + groups)
+    numel = groups * 128
+    nbytes = packed_chunk_bytes(numel)
+    slots = []
+    for _ in range(world):
+        slot = torch.full((PEER_HEADER + nbytes + 300,), 255, dtype=torch.uint8)  # 0xFF past the row: NaN scales
+        quantize_int8_packed(torch.randn(numel, generator=gen) * 5, 1, out=slot[PEER_HEADER:PEER_HEADER + nbytes])
+        slots.append(slot)
+    got = dequant_sum_peers(slots, numel, groups_per_program=2, programs=programs)
+    want = dequant_sum_ref(torch.stack([s[PEER_HEADER:PEER_HEADER + nbytes] for s in slots]))
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_peer_sum_signals_each_peer_and_reads_after_theirs():
+    """With sync, rank 1 of 3 stores the epoch in word 1 of each peer's slot, leaves its own slot's
+    words alone, and (its peers' words already at the epoch, as after their signals) sums."""
+    from meshplan.kernels.quant import PEER_HEADER, dequant_sum_peers, quantize_int8_packed
+
+    numel, epoch = 256, 7
+    slots = []
+    for r in range(3):
+        slot = torch.zeros(PEER_HEADER + 264, dtype=torch.uint8)
+        quantize_int8_packed(torch.full((numel,), float(r + 1)), 1, out=slot[PEER_HEADER:])
+        slots.append(slot)
+    words = [s[:PEER_HEADER].view(torch.int32) for s in slots]
+    words[1][0], words[1][2] = epoch, epoch + 3  # rank 0 and rank 2 have signalled (rank 2 further on)
+    got = dequant_sum_peers(slots, numel, rank=1, epoch=epoch, sync=True, programs=1)
+    torch.testing.assert_close(got, torch.full((numel,), 6.0))
+    assert words[0][1] == epoch and words[2][1] == epoch
+    assert words[1].tolist()[:3] == [epoch, 0, epoch + 3]
+
+
+def test_peer_sum_rejects_bad_input():
+    from meshplan.kernels.quant import dequant_sum_peers
+
+    with pytest.raises(ValueError, match="between 1 and 8"):
+        dequant_sum_peers([torch.zeros(260, dtype=torch.uint8)] * 9, 128)
+    with pytest.raises(ValueError, match="must hold 128 \\+ 132 bytes"):
+        dequant_sum_peers([torch.zeros(200, dtype=torch.uint8)], 128)
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        dequant_sum_peers([torch.zeros(300, dtype=torch.uint8)], 100)
+
+
+def test_quantized_all_reduce_names_its_transports():
+    from meshplan.executor.comm import quantized_all_reduce
+
+    with pytest.raises(ValueError, match="transport 'nvlink'; choose one of auto, nccl, peer"):
+        quantized_all_reduce(None, torch.zeros(128), "tp", transport="nvlink")

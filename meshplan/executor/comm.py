@@ -166,15 +166,24 @@ def all_to_all(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
     return out
 
 
-def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 128) -> torch.Tensor:
+INT8_TRANSPORTS = ("auto", "nccl", "peer")
+
+
+def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 128,
+                         transport: str = "auto") -> torch.Tensor:
     """Sum of x over the axis through int8 (meshplan/kernels/quant.py), per group of `group` elements
     (values, then fp32 scales, packed in one byte row per destination). Two ranks: quantize, all-gather
     the packed tensors, dequantize and sum (each rank sends its tensor once: as many bytes as the path
     below, with one collective and one kernel fewer and no second rounding). More ranks: quantize into
     one row per rank, all-to-all the rows, dequantize-sum-requantize this rank's slice, all-gather the
-    packed slices, dequantize. Triton kernels on the GPU, the torch references on the CPU."""
+    packed slices, dequantize. Triton kernels on the GPU, the torch references on the CPU.
+
+    transport "peer": the two-rank path's bytes read straight from the peer's mapped memory
+    (meshplan.executor.peer), no NCCL call; "auto" takes it where peer.wanted says so."""
     from meshplan.kernels import quant, reference
 
+    if transport not in INT8_TRANSPORTS:
+        raise ValueError(f"quantized_all_reduce: transport {transport!r}; choose one of {', '.join(INT8_TRANSPORTS)}")
     ax = mesh.axis(axis)
     if ax.size == 1:
         return x
@@ -184,6 +193,14 @@ def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 12
     pad = (-flat.numel()) % (n * group)
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
+    if on_gpu and mesh.enabled and mesh.nccl and transport != "nccl":
+        from meshplan.executor import peer
+
+        if transport == "peer" or peer.wanted(ax.group, n):
+            out = peer.quantized_all_reduce_peer(flat, ax.group, group, x.dtype)
+            if out is not None:
+                mesh.record("all_gather", axis, reference.packed_chunk_bytes(flat.numel(), group) * n)
+                return out[:x.numel()].view_as(x)
     if n == 2:
         packed = quant.quantize_int8_packed(flat, 1, group) if on_gpu else reference.quantize_int8_packed_ref(flat, 1, group)
         rows = all_gather(mesh, packed, axis, 0)
