@@ -177,7 +177,7 @@ def end_to_end(mesh, world: int) -> dict:
         out["int8_s" if int8 else "bf16_s"] = _prefill_s(model, mesh, int8)
         torch.cuda.empty_cache()
     out["speedup"] = out["bf16_s"] / out["int8_s"]
-    out["int8_transport"] = "peer" if peer.wanted(mesh.axis("tp").group, world) else "nccl"
+    out["int8_transport"] = "peer" if peer.wanted(mesh.axis("tp").group, mesh.axis("tp").ranks) else "nccl"
     return out
 
 

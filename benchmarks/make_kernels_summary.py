@@ -37,6 +37,11 @@ def main() -> int:
              "host_memory_4gpu": load("quant-allreduce-h200x4-host-memory.json")}
     at16 = {k: next(x for x in v["allreduce"] if x["mib_bf16"] == 16) for k, v in links.items()}
     prefill = {k: v["tpssm_prefill"]["speedup"] for k, v in links.items()}
+    # Two ranks over NVLink take the peer-mapped path (meshplan/executor/peer.py): two runs of one code on
+    # one machine; the key holds the lower.
+    peer_runs = [load(f) for f in ("quant-allreduce-peer-h200x2.json", "quant-allreduce-peer-h200x2-r2.json")]
+    peer16 = [next(x for x in v["allreduce"] if x["mib_bf16"] == 16) for v in peer_runs]
+    peer_key = min(peer16, key=lambda x: x["speedup_int8_peer"])
     r, c0, c1 = ssd["runs"][0], conv["runs"][0], conv["runs"][1]
     q256 = next(x for x in q["allreduce"] if x["mib_bf16"] == 256)
     dec = next(x for x in conv["decode"] if x["b"] == 8)
@@ -86,8 +91,24 @@ def main() -> int:
                         f"{pack['padded_epoch_s']:.2f} s vs packed {pack['packed_epoch_s']:.2f} s; padding inflates tokens "
                         f"{pack['padding_overhead']:.2f}x. Triton conv and scan, forward and backward, with seq_idx. "
                         f"Source: packing-h200.json"),
-        "int8_allreduce_speedup_16mib": {k: r["speedup"] for k, r in at16.items()},
-        "int8_note": ("bf16 / int8 time at 16 MiB of bf16 per link and GPU count: "
+        "int8_allreduce_speedup_16mib": {**{k: r["speedup"] for k, r in at16.items()},
+                                         "nvlink_2gpu": peer_key["speedup_int8_peer"],
+                                         "nvlink_2gpu_nccl_path": at16["nvlink_2gpu"]["speedup"]},
+        "int8_peer_note": ("2 GPUs over NVLink, the peer-mapped path (the executor's choice there): bf16 NCCL / int8 "
+                           "at 16 MiB, one call at a time and back to back, two runs: "
+                           + "; ".join(f"{r['bf16_s'] * 1e3:.3f} / {r['int8_peer_s'] * 1e3:.3f} ms "
+                                       f"({r['speedup_int8_peer']:.2f}x), back to back {r['speedup_int8_peer_back_to_back']:.2f}x, "
+                                       f"host {r['int8_peer_host_s'] * 1e6:.0f} us a call" for r in peer16)
+                           + ". Other sizes, run by run: " + "; ".join(", ".join(
+                               f"{x['mib_bf16']} MiB {x['speedup_int8_peer']:.2f}x" for x in v["allreduce"]
+                               if x["mib_bf16"] != 16) for v in peer_runs)
+                           + " (at 1-4 MiB the host's 33-50 us a call sets the time, against NCCL's 35-90 us). "
+                           "Bit-equal to the NCCL int8 path (same rounding, same order of the sum). TP-SSM prefill "
+                           "(mamba2-2.7b, 4 layers, batch 4 x 16K): "
+                           + ", ".join(f"{v['tpssm_prefill']['speedup']:.2f}x" for v in peer_runs)
+                           + ". Sources: quant-allreduce-peer-h200x2.json (with --peer-tiles), "
+                           "quant-allreduce-peer-h200x2-r2.json; the host's launch costs: peer-probe-h200x2.json"),
+        "int8_note": ("bf16 / int8 time at 16 MiB of bf16 per link and GPU count, the NCCL int8 path: "
                       + "; ".join(f"{k} {r['bf16_s'] * 1e3:.3f} / {r['int8_s'] * 1e3:.3f} ms" for k, r in at16.items())
                       + f". 256 MiB over NVLink on 2: {q256['speedup']:.2f}x. NVLink moves 16 MiB faster than the "
                       "int8 path's fixed cost (on 2 ranks one all-gather and 2 kernels, on more 2 collectives and 3 kernels, "

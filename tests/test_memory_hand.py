@@ -214,3 +214,18 @@ def test_blas_workspace_one_handle_inference_two_training():
         "blas_workspace"] == 32 * 2 ** 20
     training = memory_per_gpu(model, Layout(tp=8), 4096, 1, MemoryOptions())
     assert training.per_gpu_bytes["blas_workspace"] == 64 * 2 ** 20
+
+
+def test_int8_peer_buffer_two_slots_of_the_block_output():
+    """TP-SSM 2 with the int8 all-reduce holds two slots of 128 signal bytes and one packed row (1 byte
+    an element, 4 per 128) of the block output, each rounded up to 2 MiB: mamba2-2.7b prefill of
+    4 × 16K tokens, 65,536 × 2,560 = 167,772,160 elements → 128 + 167,772,160 + 5,242,880 =
+    173,015,168 bytes → 83 × 2 MiB = 174,063,616 a slot. Degree 4 and bf16 hold none."""
+    model = PRESETS["mamba2-2.7b"]
+    int8 = MemoryOptions(mode="prefill", int8_allreduce=True)
+    r = memory_per_gpu(model, Layout(tpssm=2), 16384, 4, int8)
+    assert r.per_gpu_bytes["int8_peer_buffer"] == 2 * 174_063_616
+    without = memory_per_gpu(model, Layout(tpssm=2), 16384, 4, MemoryOptions(mode="prefill"))
+    assert r.total_bytes - without.total_bytes == 2 * 174_063_616
+    assert memory_per_gpu(model, Layout(tpssm=4), 16384, 4, int8).per_gpu_bytes["int8_peer_buffer"] == 0
+    assert without.per_gpu_bytes["int8_peer_buffer"] == 0

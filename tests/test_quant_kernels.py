@@ -119,3 +119,15 @@ def test_quantized_all_reduce_names_its_transports():
 
     with pytest.raises(ValueError, match="transport 'nvlink'; choose one of auto, nccl, peer"):
         quantized_all_reduce(None, torch.zeros(128), "tp", transport="nvlink")
+
+
+def test_auto_transport_takes_the_peer_path_for_two_ranks_of_one_host(monkeypatch):
+    from meshplan.executor import peer
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)
+    assert peer.wanted(object(), [0, 1]) and peer.wanted(object(), [8, 12])
+    assert not peer.wanted(object(), [7, 8])  # two hosts
+    assert not peer.wanted(object(), [0, 1, 2, 3])  # four ranks: NCCL's path (the peer one is unmeasured there)
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")  # a host without peer access
+    assert not peer.wanted(object(), [0, 1])

@@ -306,9 +306,11 @@ def int8_allreduce_kernels_s(elements: float, ranks: int, dev: Device) -> float:
     of `elements`. Two ranks: quantize (bf16 in, int8 out), dequantize-sum (both int8 copies in, bf16
     out) — 3 + (2 + 2) bytes per element. More: quantize, dequantize-sum-requantize (the group's int8
     copies of this rank's 1/n in, 1/n out), dequantize (int8 in, bf16 out) — 3 + (1 + 1/n) + 3. The
-    fp32 scales (4 B per 128) aside. Their launches and the collectives' latency are not in it: on
-    NVLink that fixed cost, not these bytes, is what makes the int8 path slower
-    (benchmarks/results/quant-allreduce-h200x4.json)."""
+    fp32 scales (4 B per 128) aside. Two ranks over peer-mapped memory (meshplan/executor/peer.py) read
+    and write the same bytes. Launches and the collectives' latency are not in it: on NVLink over
+    NCCL that fixed cost, not these bytes, made the int8 path slower on 4 ranks
+    (benchmarks/results/quant-allreduce-h200x4.json); the 2-rank peer path issues in 33 us
+    (quant-allreduce-peer-h200x2.json)."""
     per_element = 3 + (2 + 2) if ranks == 2 else 3 + (1 + 1 / ranks) + 3
     return elements * per_element / dev.rated_hbm
 

@@ -24,7 +24,7 @@ from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import ModelSpec
-from meshplan.kernels.launch import bwd_splits
+from meshplan.kernels.launch import bwd_splits, peer_slot_bytes
 
 ADAM_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m + v (ZeRO, Rajbhandari et al. 2020 §3)
 ADAM_STATE_BYTES_FP32_PARAMS = 8  # m + v only: fp32 weights are their own master copy
@@ -38,7 +38,7 @@ BLAS_WORKSPACE_BYTES = 32 * 2 ** 20
 COMPONENTS = (
     "parameters", "gradients", "optimizer_state", "activations", "kv_cache", "ssm_state_cache",
     "transient_working", "transient_kv_gather", "transient_weight_shards", "transient_comm_buffers",
-    "transient_logits", "blas_workspace",
+    "transient_logits", "blas_workspace", "int8_peer_buffer",
 )
 
 
@@ -345,6 +345,18 @@ def block_params(model: ModelSpec, kind: str) -> int:
     return model.hybrid_proj_params()
 
 
+def int8_peer_buffer_bytes(model: ModelSpec, layout: Layout, opts: MemoryOptions, tokens: float) -> float:
+    """The int8 all-reduce's double buffer over peer-mapped memory (meshplan/executor/peer.py), which
+    the executor takes for TP-SSM on two ranks: two slots sized for a block output of `tokens` ×
+    d_model (meshplan.kernels.launch.peer_slot_bytes). It stays allocated once made. More ranks, or
+    bf16, take NCCL's path and hold none. A host without peer access (NCCL_P2P_DISABLE=1) does not
+    take this path either: there this over-counts by these bytes."""
+    if not (opts.int8_allreduce and layout.tpssm == 2 and model.mamba_layers and not opts.tp_sequence_parallel):
+        return 0.0
+    elements = -(-tokens * model.d_model // 256) * 256  # padded to the 2 ranks × 128-element groups
+    return 2.0 * peer_slot_bytes(elements)
+
+
 def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
                    opts: MemoryOptions = MemoryOptions(), num_gpus: int | None = None,
                    embeddings: bool = True) -> MemoryBreakdown:
@@ -424,6 +436,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
 
     workspace = BLAS_WORKSPACE_BYTES * (2 if train else 1)
+    peer_buffer = int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div)
     results = []
     stages = ("only",) if layout.pp == 1 else ("first", "last")
     for stage in stages:
@@ -444,9 +457,9 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
             "kv_cache": kv_cache, "ssm_state_cache": ssm_cache, "transient_working": working,
             "transient_kv_gather": kv_gather, "transient_weight_shards": weight_shards,
             "transient_comm_buffers": comm_buffers, "transient_logits": logits if has_logits else 0.0,
-            "blas_workspace": workspace,
+            "blas_workspace": workspace, "int8_peer_buffer": peer_buffer,
         }
-        kept = param_b + opt_b + kv_cache + ssm_cache + workspace
+        kept = param_b + opt_b + kv_cache + ssm_cache + workspace + peer_buffer
         streaming = weight_shards + comm_buffers
         layer_phase = working + streaming
         # Without gradient accumulation the gradients are set to None after each step and built up

@@ -196,7 +196,7 @@ def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 12
     if on_gpu and mesh.enabled and mesh.nccl and transport != "nccl":
         from meshplan.executor import peer
 
-        if transport == "peer" or peer.wanted(ax.group, n):
+        if transport == "peer" or peer.wanted(ax.group, ax.ranks):
             out = peer.quantized_all_reduce_peer(flat, ax.group, group, x.dtype)
             if out is not None:
                 mesh.record("all_gather", axis, reference.packed_chunk_bytes(flat.numel(), group) * n)

@@ -30,6 +30,7 @@ class PeerBuffer:
         from meshplan.kernels.quant import PEER_HEADER
 
         self.capacity = capacity  # bytes of a slot: the signal words, then the packed row
+        self.group = group
         self.local = symm_mem.empty(2 * capacity, dtype=torch.uint8, device=device)
         self.handle = symm_mem.rendezvous(self.local, group)
         self.rank = dist.get_rank(group)
@@ -50,7 +51,6 @@ class PeerBuffer:
 
 _BUFFERS: dict[int, PeerBuffer] = {}
 _UNAVAILABLE: dict[int, str] = {}
-MIN_CAPACITY = 1 << 20  # bytes; buffers grow by doubling from here
 # The one-shot sum's tile: groups of 128 a program and warps (bench_quant_allreduce.py --peer-tiles).
 PEER_GROUPS_PER_PROGRAM = 16
 PEER_WARPS = 4
@@ -68,21 +68,23 @@ def configure(groups_per_program: int, warps: int) -> None:
         pb.plans.clear()
 
 
-def wanted(group, world: int) -> bool:
-    """Whether the auto transport takes the peer path for this group: two ranks (the only size
-    measured, benchmarks/results/quant-allreduce-peer-h200x2.json), peer access not switched off
+def wanted(group, ranks: list[int]) -> bool:
+    """Whether the auto transport takes the peer path for this group (global `ranks`): two ranks (the
+    only size measured, benchmarks/results/quant-allreduce-peer-h200x2.json) on one host (torchrun's
+    ranks fill a host before the next: LOCAL_WORLD_SIZE of them), peer access not switched off
     (NCCL_P2P_DISABLE stands for a host without NVLink), and symmetric memory working here."""
-    return (world == 2 and os.environ.get("NCCL_P2P_DISABLE", "0") in ("", "0")
-            and id(group) not in _UNAVAILABLE)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or torch.cuda.device_count() or 1
+    return (len(ranks) == 2 and len({r // local for r in ranks}) == 1
+            and os.environ.get("NCCL_P2P_DISABLE", "0") in ("", "0") and id(group) not in _UNAVAILABLE)
 
 
-def _buffer(group, nbytes: int, device: torch.device) -> PeerBuffer:
+def _buffer(group, elements: int, group_size: int, device: torch.device) -> PeerBuffer:
+    from meshplan.kernels.launch import peer_slot_bytes
+
     pb = _BUFFERS.get(id(group))
-    if pb is not None and pb.capacity >= nbytes:
+    capacity = peer_slot_bytes(elements, group_size)
+    if pb is not None and pb.capacity >= capacity:
         return pb
-    capacity = max(MIN_CAPACITY, pb.capacity if pb else 0)
-    while capacity < nbytes:
-        capacity *= 2
     # A peer may still be reading the old buffer: every rank drains its GPU before the rendezvous (a
     # collective), so after it no kernel of the old buffer runs anywhere and it can be dropped.
     torch.cuda.synchronize(device)
@@ -121,7 +123,7 @@ def _plan(flat: torch.Tensor, group, group_size: int, dtype: torch.dtype, key: t
     from meshplan.kernels.reference import packed_chunk_bytes
 
     nbytes = packed_chunk_bytes(flat.numel(), group_size)
-    pb = _buffer(group, quant.PEER_HEADER + nbytes, flat.device)
+    pb = _buffer(group, flat.numel(), group_size, flat.device)
     plan = [(quant.quantize_packed_launcher(flat, pb.row(s, nbytes), group_size),
              quant.peer_sum_launcher(pb.slots[s], flat.numel(), group_size, dtype, PEER_GROUPS_PER_PROGRAM,
                                      PEER_WARPS, rank=pb.rank, sync=True, programs=_PROGRAMS))
@@ -130,9 +132,20 @@ def _plan(flat: torch.Tensor, group, group_size: int, dtype: torch.dtype, key: t
     return plan
 
 
-def release() -> None:
-    """Drop every peer buffer (after a synchronize and a barrier, so no peer still reads them)."""
-    if _BUFFERS:
-        torch.cuda.synchronize()
-        dist.barrier()
-    _BUFFERS.clear()
+def buffer_bytes() -> int:
+    """Device bytes this process holds in peer buffers (outside torch's caching allocator, so not in
+    torch.cuda.max_memory_allocated; the executor adds them to its measured peak)."""
+    return sum(pb.local.numel() for pb in _BUFFERS.values())
+
+
+def release(groups: list | None = None) -> None:
+    """Drop the peer buffers of these process groups (all of them by default) once every rank of each
+    has drained its GPU and met the others at a barrier, so no peer still reads them. Every rank of a
+    named group must call this."""
+    for group in list(_BUFFERS) if groups is None else [id(g) for g in groups]:
+        pb = _BUFFERS.get(group)
+        if pb is None:
+            continue
+        torch.cuda.synchronize(pb.local.device)
+        dist.barrier(group=pb.group)
+        del _BUFFERS[group]

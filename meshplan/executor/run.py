@@ -152,6 +152,12 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         "comm_bytes": {k: v / steps for k, v in mesh.counts.items()},
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
+    if cuda:
+        from meshplan.executor import peer
+
+        # The int8 all-reduce's peer buffer is device memory outside torch's caching allocator.
+        result["peer_buffer_bytes"] = peer.buffer_bytes()
+        result["peak_bytes"] += result["peer_buffer_bytes"]
     if cuda:  # the host's share: seconds to issue one step from an idle GPU, not waiting for it
         result["host_enqueue_samples_s"] = [_host_enqueue_s(step) for _ in range(host_samples)]
         result["host_enqueue_s"] = statistics.median(result["host_enqueue_samples_s"])
@@ -180,6 +186,10 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         finally:
             mesh.enabled = True
         result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
+    if cuda:  # the next run, perhaps on other groups, starts without this one's peer buffers
+        from meshplan.executor import peer
+
+        peer.release([ax.group for ax in mesh.axes.values() if ax is not None and ax.group is not None])
     return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
 
 

@@ -1,9 +1,10 @@
 """Launch a Triton kernel through its compiled form, skipping the JIT's per-call work.
 
 `kernel[grid](...)` binds every argument, derives the specialization key and looks the compiled kernel
-up on each call. On the H200 hosts with Triton 3.6 a 4-argument launch costs the host 12 us that way
-and 7.4 us through the compiled kernel's runner (benchmarks/results/peer-probe-h200x2.json), beside
-a GPU time of 9 us for a 16 MiB quantize: on a path of two short kernels the host sets the pace.
+up on each call. On the H200 hosts with Triton 3.6 a 4-argument launch costs the host 12.2 us that way
+and 7.7 us through the compiled kernel's runner (launch_jit_us, launch_bound_us in
+benchmarks/results/peer-probe-h200x2.json), beside a GPU time of 8.6 us for a 16 MiB quantize: on a
+path of two short kernels the host sets the pace.
 
 `bind` compiles for one specialization without launching and returns a launcher of the same
 arguments; `FastLaunch(...)(grid, ...)` keeps one such launcher per specialization key (each tensor's

@@ -36,3 +36,17 @@ def bwd_splits(chunks: int, heads: int, groups: int, d_state: int, target: int |
     fp32 dB and dC partial sums it writes per token (the kernel launches with these; the memory and
     cost models count with them)."""
     return head_splits(heads // groups, chunks * groups * state_blocks(d_state)[1], target)
+
+
+# The int8 all-reduce over peer-mapped memory (meshplan/executor/peer.py): each slot of its double
+# buffer holds PEER_HEADER bytes of signal words (one int32 per rank, up to 8), then one packed int8 row
+# — 1 byte an element and a 4-byte fp32 scale per 128 — and is rounded up to PEER_SLOT_ALIGN (the
+# buffer grows only when a larger tensor arrives). The memory model counts both slots.
+PEER_HEADER = 128
+PEER_SLOT_ALIGN = 2 * 2 ** 20
+
+
+def peer_slot_bytes(elements: float, group: int = 128) -> int:
+    """Bytes of one slot for an all-reduce of `elements` values (a multiple of `group`)."""
+    need = PEER_HEADER + int(elements) + 4 * (int(elements) // group)
+    return -(-need // PEER_SLOT_ALIGN) * PEER_SLOT_ALIGN

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from meshplan.kernels.fastlaunch import FastLaunch
+from meshplan.kernels.launch import PEER_HEADER
 
 GROUP = 128  # elements per fp32 scale (the cost model's INT8_GROUP)
 
@@ -192,7 +193,8 @@ def dequantize_packed(buf: torch.Tensor, group: int = GROUP, dtype=torch.float32
 
 
 MAX_PEERS = 8  # slots the one-shot sum takes (one GPU host's ranks)
-PEER_HEADER = 128  # bytes before a slot's packed row: MAX_PEERS int32 signal words, padded to 128
+# PEER_HEADER: bytes before a slot's packed row, MAX_PEERS int32 signal words padded to 128
+# (meshplan.kernels.launch, where the memory model reads it).
 
 
 @triton.jit

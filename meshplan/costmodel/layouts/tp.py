@@ -51,7 +51,8 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
                Comm("reduce_scatter", axis, bwd_bytes, t, phase="bwd", block=kind, what="reduce-scatter input grad")]
     elif int8_forward and t == 2:
         # meshplan.executor.comm.quantized_all_reduce on two ranks: the int8 tensors (and their scales)
-        # all-gathered, dequantized and summed on each rank.
+        # all-gathered, dequantized and summed on each rank — or, over peer-mapped memory
+        # (meshplan/executor/peer.py), each rank's tensor read by the other: the same bytes each way.
         out = [Comm("all_gather", axis, t * fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-gather"),
                Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad")]
     elif int8_forward:
