@@ -12,6 +12,12 @@ dtype, device and 16-byte alignment, each integer's value, the grid and the comp
 An integer that changes every call (a counter) is named in `unkeyed` and must be in the kernel's
 do_not_specialize. Under TRITON_INTERPRET there is nothing compiled and every launch goes through the
 JIT (the interpreter).
+
+Only the peer all-reduce's two kernels launch this way. Keyed launches of every Triton kernel in a
+Mamba-2 training step (mamba2-2.7b/2L, 4K and 16K tokens, one H200) left the host's time a step where
+the JIT's launches put it (7.1-8.4 against 7.1-8.3 ms, and 8.4-9.4 against 8.3-10.1 ms, three
+interleaved rounds; benchmarks/results/fastlaunch-ab-h200.json): Triton 3.6 binds arguments in native
+code, and a Python key over a kernel's 20-odd arguments costs about what it saves.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ import os
 from typing import Callable
 
 import torch
-
 
 def _spec(arg):
     if isinstance(arg, torch.Tensor):
@@ -48,8 +53,10 @@ class FastLaunch:
             kernel = self.kernel
             return lambda *a: kernel[grid](*a, **meta)
         runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]
-        # The runner takes every argument in declaration order, compile-time ones included.
-        tail = tuple(meta[name] for name in self.names[len(args):])
+        # The runner takes every argument in declaration order, compile-time ones included (their
+        # defaults where not given).
+        defaults = {p.name: p.default for p in getattr(self.kernel, "params", ())}
+        tail = tuple(meta[name] if name in meta else defaults[name] for name in self.names[len(args):])
         return lambda *a: runner(*a, *tail)
 
     def __call__(self, grid: tuple[int, ...], *args, **meta) -> None:
