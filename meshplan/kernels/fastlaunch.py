@@ -15,8 +15,8 @@ JIT (the interpreter).
 
 Only the peer all-reduce's two kernels launch this way. Keyed launches of every Triton kernel in a
 Mamba-2 training step (mamba2-2.7b/2L, 4K and 16K tokens, one H200) left the host's time a step where
-the JIT's launches put it (7.1-8.4 against 7.1-8.3 ms, and 8.4-9.4 against 8.3-10.1 ms, three
-interleaved rounds; benchmarks/results/fastlaunch-ab-h200.json): Triton 3.6 binds arguments in native
+the JIT's launches put it (4K: 7.1-8.3 ms keyed against 7.2-8.4 through the JIT; 16K: 8.3-10.1
+against 8.4-9.4; three interleaved rounds, benchmarks/results/fastlaunch-ab-h200.json): Triton 3.6 binds arguments in native
 code, and a Python key over a kernel's 20-odd arguments costs about what it saves.
 """
 
