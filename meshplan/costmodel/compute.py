@@ -284,10 +284,12 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
     eager = EAGER_ELEMENTWISE_FACTOR_MAMBA2 if kind == "mamba2" else EAGER_ELEMENTWISE_FACTOR
     mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * eager / dev.rated_hbm
     kernel_fwd, kernel_bwd = mamba2_kernel_s(model, tokens, head_div, e, dev) if kind == "mamba2" else (0.0, 0.0)
-    # A sequence shard first runs conv and scan once more for its zero-start summary (its final state),
-    # recomputed and differentiated in backward (meshplan/executor/layouts/mamba.py).
-    summary_fwd, summary_bwd = (kernel_fwd, kernel_bwd) if sh.token_div > 1 else (0.0, 0.0)
-    recompute_s = summary_fwd if training else 0.0
+    if kind == "mamba2" and sh.token_div > 1:
+        # A sequence shard corrects its zero-start scan for the state entering it, in forward and in the
+        # recomputed forward, and differentiates the correction (meshplan/executor/layouts/mamba.py).
+        corr_fwd, corr_bwd = sp_correction_s(model, tokens, head_div, e, dev)
+        kernel_fwd, kernel_bwd = kernel_fwd + corr_fwd, kernel_bwd + corr_bwd
+    recompute_s = 0.0
     if training:
         if recompute == "full":
             recompute_s += gemm + attn + mem + kernel_fwd
@@ -297,8 +299,21 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         elif kind in ("mamba2", "mamba1"):
             # The mixer core (conv, scan, gated norm, out_proj) is recomputed in backward.
             recompute_s += mem + kernel_fwd + gemm_time_s(tokens, *_gemms(model, kind, head_div)[-1], e, dev)
-    return BlockCompute(gemm, attn, mem, recompute_s, flops, kernel_fwd + summary_fwd,
-                        kernel_bwd + summary_bwd if training else 0.0)
+    return BlockCompute(gemm, attn, mem, recompute_s, flops, kernel_fwd, kernel_bwd if training else 0.0)
+
+
+def sp_correction_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device) -> tuple[float, float]:
+    """Seconds, forward and backward, of a Mamba-2 sequence shard's correction for the state E entering
+    it (meshplan/executor/layouts/mamba.py, _finish_shard) over `tokens` tokens: C·E as a GEMM (tokens
+    × d_state → the local d_inner) and one addcmul y0 + C·E·exp(cum) — C·E written, then y0 and C·E
+    read and y written: 4 passes of e bytes over tokens × local d_inner. Backward: the two GEMMs of
+    dC and dE, dy·exp(cum) (read, write) and dy·C·E summed over the head dimension (two reads, one
+    write, one read of the product): 6 passes."""
+    m = model.mamba2
+    di = m.d_inner / head_div
+    gemm = gemm_time_s(tokens, di, m.d_state, e, dev)
+    passes = e * tokens * di / dev.rated_hbm
+    return gemm + 4 * passes, 2 * gemm + 6 * passes
 
 
 def int8_allreduce_kernels_s(elements: float, ranks: int, dev: Device) -> float:

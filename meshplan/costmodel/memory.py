@@ -287,11 +287,9 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
                                                 2 * narrow + dcb + t * (di * e + nh * 4 + partials))
     conv_phase = common + dz + t * (di + bc) * (2 * e + 4)
     if sh.token_div > 1:
-        # SP: the shard summary's backward (its own scan backward) runs after the core's, while the
-        # core's gradient of the in_proj output waits to be summed with the summary's
-        # (meshplan/executor/layouts/mamba.py; 7% of the peak short without it at 128K-1M tokens,
-        # benchmarks/results/validation-h200-run12-x2-mamba2-long.json).
-        scan_phase += t * m.in_proj_width / sh.head_div * e
+        # SP: the correction for the entering state (meshplan/executor/layouts/mamba.py,
+        # _finish_shard) keeps C·E and the corrected output beside the zero-start scan's output.
+        norm_phase += 2 * t * di * e
     return max(norm_phase, scan_phase, conv_phase)
 
 

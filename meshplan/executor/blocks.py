@@ -149,15 +149,6 @@ def _scan(x, dt, A, B, C, D=None, initial_state=None, seq_idx=None):
     return ssd_chunked_ref(x, dt, A, B, C, D, initial_state=initial_state, seq_idx=seq_idx)
 
 
-def mamba2_shard_summary(zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, dims):
-    """What a sequence shard passes on, from a zero entering state: its final SSM state (b, h, p, n)
-    fp32 and the log of its total decay Σ_t dt_t·A (b, h). By linearity, the state leaving the shard
-    from an entering state E is final + exp(log decay) · E."""
-    (x, dt, A, B, C), _ = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, conv_state=conv_state)
-    _, final = _scan(x, dt, A, B, C)
-    return final, (dt * A).sum(1)
-
-
 def gated_norm(y, z, weight, group_size: int):
     """The gated RMSNorm: the Triton kernels on the GPU (nothing fp32 of the row's width kept), the
     torch reference on the CPU."""

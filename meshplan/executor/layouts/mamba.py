@@ -6,9 +6,10 @@ B/C groups are split when T divides ngroups; with one group (the mamba2-* preset
 B and C, their gradients are all-reduced, and the gated RMSNorm, whose group then spans the ranks,
 all-reduces its sum of squares.
 SP: each rank holds s/Σ contiguous tokens; the conv's last d_conv − 1 inputs go to the next rank.
-The SSM state entering each shard is rebuilt from all shards' zero-start summaries (final state and
-total decay), shared by one all-gather, so no shard waits for another's scan (the recurrence is
-linear in its entering state); backward reduce-scatters the summaries' gradients.
+Each shard scans once from a zero state; one all-gather shares every shard's final state and total
+decay, from which each builds the state entering it and corrects its outputs (the recurrence is
+linear in its entering state), so no shard waits for another's scan and none scans twice
+(Mamba2SeqShardFn); backward reduce-scatters the summaries' gradients.
 Twin of meshplan/costmodel/layouts/tpssm.py and sp.py.
 """
 
@@ -18,11 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from torch.utils.checkpoint import checkpoint
-
-from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm, mamba2_shard_summary
-from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, GatherFromAxis, Mesh, QuantizedReduceFromAxis,
-                                   ReduceFromAxis, all_reduce, broadcast)
+from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm, _conv_scan_inputs, _scan, gated_norm
+from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis,
+                                   all_gather, all_reduce, broadcast, reduce_scatter)
 from meshplan.executor.layouts.common import Sharded, rows
 from meshplan.kernels.reference import acc
 
@@ -92,6 +91,94 @@ class _SpanningGatedNorm:
         return (h * torch.rsqrt(ss / self.group_size + self.eps) * acc(weight)).to(y.dtype)
 
 
+def _entering(gathered: torch.Tensor, rank: int, state_shape, decay_shape) -> torch.Tensor:
+    """The SSM state entering shard `rank` from every shard's zero-start summary — row q of `gathered`
+    holds shard q's final state then its log decay Σ_t dt_t·A: E_r = Σ_{q<r} exp(Σ_{q<k<r} log decay_k)
+    · final_q. Every row enters (weight 0 from `rank` on), so the gradient reaches every row."""
+    n = gathered.shape[0]
+    numel = torch.Size(state_shape).numel()
+    finals = gathered[:, :numel].view(n, *state_shape)
+    total = torch.cumsum(gathered[:, numel:].view(n, *decay_shape), 0)  # (Σ, b, h)
+    before = (torch.arange(n, device=total.device) < rank).view(-1, 1, 1)
+    log_w = torch.where(before, total[max(rank - 1, 0)] - total, torch.full_like(total, -float("inf")))
+    return torch.einsum("qbh,qbhpn->bhpn", torch.exp(log_w), finals)
+
+
+def _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm):
+    """A sequence shard's output from its zero-start scan y0 and the state E entering it: the scan is
+    linear in its entering state, so y_t = y0_t + exp(cum_t) · C_t·E (cum_t = Σ_{k≤t} dt_k·A, per head)
+    and the state leaving it is final0 + exp(cum_last)·E. C·E takes C's dtype — bf16 on the GPU, as the
+    Triton scan's entering states are stored — and y y0's. Then the gated norm and out_proj."""
+    d_inner, ngroups, d_state, nheads, headdim = dims
+    b, s = y0.shape[:2]
+    cum = torch.cumsum(dt * A, dim=1)  # (b, s, h), fp32
+    ce = torch.einsum("bsgn,bgqpn->bsgqp", C, E.to(C.dtype).view(b, ngroups, nheads // ngroups, headdim, d_state))
+    # One pass over y: y0 + C·E · exp(cum), the factor rounded to C·E's dtype (exact in fp32 / fp64).
+    y = torch.addcmul(y0, ce.reshape(b, s, nheads, headdim), torch.exp(cum).to(ce.dtype)[..., None])
+    final = final0 + torch.exp(cum[:, -1])[..., None, None] * E
+    y = y.reshape(b, s, d_inner)
+    y = norm(y, z, norm_w) if norm is not None else gated_norm(y, z, norm_w, d_inner // ngroups)
+    return F.linear(y, out_w), final
+
+
+class Mamba2SeqShardFn(torch.autograd.Function):
+    """The mixer core of one sequence shard with one scan, not two. Forward: conv and the scan from a
+    zero state (y0, final0, total decay); one all-gather of every shard's final state and decay; the
+    entering state E (_entering); then y corrected for E (_finish_shard), gated norm, out_proj. Saves
+    zxbcdt, the conv tail, E and the gathered summaries. Backward: the scan is recomputed once; the
+    gradient of E, through _entering, gives every shard's final state and decay a gradient, which one
+    reduce-scatter sums onto its owner; then one scan backward takes both its outputs' gradient and
+    its final state's. Returns (out, the state leaving this shard)."""
+
+    @staticmethod
+    def forward(ctx, zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, norm, mesh,
+                axis):
+        ax = mesh.axis(axis)
+        with torch.no_grad():
+            (x, dt, A, B, C), z = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, conv_state=conv_state)
+            y0, final0 = _scan(x, dt, A, B, C, d_skip)
+            flat = torch.cat([final0.flatten(), (dt * A).sum(1).flatten()]).unsqueeze(0)
+            gathered = all_gather(mesh, flat, axis, 0)  # (Σ, state + decay)
+            E = _entering(gathered, ax.rank, final0.shape, (dt.shape[0], dt.shape[2]))
+            out, final = _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm)
+        ctx.dims, ctx.norm, ctx.mesh, ctx.axis = dims, norm, mesh, axis
+        ctx.save_for_backward(zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, E, gathered)
+        return out, final
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_final):
+        zx, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, E, gathered = ctx.saved_tensors
+        ax = ctx.mesh.axis(ctx.axis)
+        inputs = [t.detach().requires_grad_(True) for t in (zx, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip)]
+        with torch.enable_grad():
+            (x, dt, A, B, C), z = _conv_scan_inputs(inputs[0], *inputs[2:6], ctx.dims, conv_state=inputs[1])
+            y0, final0 = _scan(x, dt, A, B, C, inputs[6])
+            decay = (dt * A).sum(1)
+            # The correction, norm and out_proj first, on leaves: their gradients of E and of the scan's
+            # outputs are needed before the one scan backward.
+            mid = [t.detach().requires_grad_(True) for t in (y0, C, dt, A, z, final0)]
+            e_leaf = E.detach().requires_grad_(True)
+            w = [t.detach().requires_grad_(True) for t in (norm_w, out_w)]
+            out, final = _finish_shard(*mid[:5], e_leaf, mid[5], *w, ctx.dims, ctx.norm)
+            outs, grads = [out], [grad_out]
+            if grad_final is not None:
+                outs.append(final)
+                grads.append(grad_final)
+            d_mid = torch.autograd.grad(outs, mid + [e_leaf] + w, grads, allow_unused=True)
+            # E's gradient onto every shard's summary, summed on its owner.
+            g_leaf = gathered.detach().requires_grad_(True)
+            (d_gathered,) = torch.autograd.grad(_entering(g_leaf, ax.rank, E.shape, decay.shape), g_leaf, d_mid[6])
+            d_mine = reduce_scatter(ctx.mesh, d_gathered.contiguous(), ctx.axis, 0)[0]
+            d_final0 = d_mine[:final0.numel()].view_as(final0)
+            d_decay = d_mine[final0.numel():].view_as(decay)
+            if d_mid[5] is not None:
+                d_final0 = d_final0 + d_mid[5]
+            pairs = [(o, g) for o, g in zip([y0, C, dt, A, z, final0, decay], [*d_mid[:5], d_final0, d_decay])
+                     if g is not None]
+            d_in = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+        return (*d_in[:6], d_in[6], d_mid[7], d_mid[8], None, None, None, None)
+
+
 class ParallelMamba2(Sharded):
     def __init__(self, ref: Mamba2Block, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None,
                  int8_allreduce: bool = False):
@@ -144,39 +231,20 @@ class ParallelMamba2(Sharded):
             xn = CopyToAxis.apply(xn, self.mesh, self.tensor_axis)
         zxbcdt = F.linear(xn, self.in_proj)
         di_l, ng_l, ds, nh_l, hd = self.dims
-        conv_state = init_state = None
         if self.seq_axis:
             xbc = zxbcdt[..., di_l:2 * di_l + 2 * ng_l * ds]
             tail = _ShiftTail.apply(xbc[:, -(self.d_conv - 1):, :], self.mesh, self.seq_axis)
-            conv_state = tail.transpose(1, 2)
-            init_state = self._entering_state(zxbcdt, conv_state)
-        out, state = Mamba2CoreFn.apply(zxbcdt, conv_state, init_state, self.conv_w, self.conv_b, self.dt_bias,
-                                        self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn)
+            out, state = Mamba2SeqShardFn.apply(zxbcdt, tail.transpose(1, 2), self.conv_w, self.conv_b, self.dt_bias,
+                                                self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims,
+                                                self.norm_fn, self.mesh, self.seq_axis)
+        else:
+            out, state = Mamba2CoreFn.apply(zxbcdt, None, None, self.conv_w, self.conv_b, self.dt_bias, self.a_log,
+                                            self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn)
         if self.keep_cache:  # prefill: the conv tail and SSM state decode continues from
             self.ssm_cache = (state, zxbcdt[:, -(self.d_conv - 1):, di_l:2 * di_l + 2 * ng_l * ds].clone())
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
         return x + out
-
-    def _entering_state(self, zxbcdt, conv_state):
-        """The SSM state entering this sequence shard, with every shard working at once: each computes
-        its own summary from a zero state (final state, log decay), one all-gather shares them, and
-        E_r = Σ_{q<r} exp(Σ_{q<k<r} log decay_k) · final_q follows in order. Backward: the gathered
-        summaries' gradients are reduce-scattered back to their shards. The summary is recomputed in
-        backward rather than saved."""
-        final, log_decay = checkpoint(mamba2_shard_summary, zxbcdt, conv_state, self.conv_w, self.conv_b,
-                                      self.dt_bias, self.a_log, self.dims, use_reentrant=False)
-        ax = self.mesh.axis(self.seq_axis)
-        flat = torch.cat([final.flatten(), log_decay.flatten()]).unsqueeze(0)
-        gathered = GatherFromAxis.apply(flat, self.mesh, self.seq_axis, 0)  # (Σ, state + decay)
-        finals = gathered[:, :final.numel()].view(ax.size, *final.shape)
-        total = torch.cumsum(gathered[:, final.numel():].view(ax.size, *log_decay.shape), 0)  # (Σ, b, h)
-        # Shard q < r reaches shard r decayed by the shards between: exp(total[r − 1] − total[q]).
-        # Every rank combines every summary (weight 0 from itself on), so every rank's backward
-        # reaches the gather and joins its reduce-scatter.
-        before = (torch.arange(ax.size, device=total.device) < ax.rank).view(-1, 1, 1)
-        log_w = torch.where(before, total[max(ax.rank - 1, 0)] - total, torch.full_like(total, -float("inf")))
-        return torch.einsum("qbh,qbhpn->bhpn", torch.exp(log_w), finals)
 
     def share_final_state(self) -> None:
         """After an SP prefill only the last sequence shard holds the true state: give it to all."""
