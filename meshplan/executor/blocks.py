@@ -141,12 +141,29 @@ def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None
             C.reshape(b, s, ngroups, d_state)), z
 
 
+SSD_CHUNK = 64  # tokens per chunk of the scan (meshplan.kernels.ssd and the reference; the cost model's too)
+
+
 def _scan(x, dt, A, B, C, D=None, initial_state=None, seq_idx=None):
     if x.is_cuda:  # the Triton scan (forward and backward); CPU keeps the reference
         from meshplan.kernels.ssd import ssd_chunked
 
-        return ssd_chunked(x, dt, A, B, C, D, initial_state=initial_state, seq_idx=seq_idx)
-    return ssd_chunked_ref(x, dt, A, B, C, D, initial_state=initial_state, seq_idx=seq_idx)
+        return ssd_chunked(x, dt, A, B, C, D, initial_state=initial_state, chunk=SSD_CHUNK, seq_idx=seq_idx)
+    return ssd_chunked_ref(x, dt, A, B, C, D, initial_state=initial_state, chunk=SSD_CHUNK, seq_idx=seq_idx)
+
+
+def _scan_grads(x, dt, A, B, C, D, dy, dfinal):
+    """Gradients of the zero-start scan's (x, dt, A, B, C, D) from its output's and final state's
+    gradients, with nothing of its forward kept: the Triton backward on the GPU (which recomputes what
+    it needs from the inputs), autograd through the reference on the CPU."""
+    if x.is_cuda:
+        from meshplan.kernels.ssd_bwd import ssd_backward
+
+        return ssd_backward(dy, dfinal, x, dt, A, B, C, D, None, None, SSD_CHUNK)[:6]
+    leaves = [t.detach().requires_grad_(True) for t in (x, dt, A, B, C, D)]
+    with torch.enable_grad():
+        y, final = ssd_chunked_ref(*leaves, chunk=SSD_CHUNK)
+        return torch.autograd.grad([y, final], leaves, [dy, dfinal])
 
 
 def gated_norm(y, z, weight, group_size: int):

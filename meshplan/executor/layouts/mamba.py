@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import Mamba2Block, Mamba2CoreFn, RMSNorm, _conv_scan_inputs, _scan, gated_norm
+from meshplan.executor.blocks import (Mamba2Block, Mamba2CoreFn, RMSNorm, _conv_scan_inputs, _scan, _scan_grads,
+                                      gated_norm)
 from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis,
                                    all_gather, all_reduce, broadcast, reduce_scatter)
 from meshplan.executor.layouts.common import Sharded, rows
@@ -111,7 +112,10 @@ def _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm):
     Triton scan's entering states are stored — and y y0's. Then the gated norm and out_proj."""
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s = y0.shape[:2]
-    cum = torch.cumsum(dt * A, dim=1)  # (b, s, h), fp32
+    # (b, s, h), fp32, summed along the tokens with them innermost: torch's cumsum over a middle
+    # dimension took 1.4 ms for 8K tokens × 80 heads on an H200, more than the scan it replaces
+    # (benchmarks/results/validation-h200-run39-x2-mamba2-sp-one-scan.json, `tensor_kernel_scan_outer_dim`).
+    cum = torch.cumsum((dt * A).transpose(1, 2).contiguous(), dim=-1).transpose(1, 2)
     ce = torch.einsum("bsgn,bgqpn->bsgqp", C, E.to(C.dtype).view(b, ngroups, nheads // ngroups, headdim, d_state))
     # One pass over y: y0 + C·E · exp(cum), the factor rounded to C·E's dtype (exact in fp32 / fp64).
     y = torch.addcmul(y0, ce.reshape(b, s, nheads, headdim), torch.exp(cum).to(ce.dtype)[..., None])
@@ -125,10 +129,10 @@ class Mamba2SeqShardFn(torch.autograd.Function):
     """The mixer core of one sequence shard with one scan, not two. Forward: conv and the scan from a
     zero state (y0, final0, total decay); one all-gather of every shard's final state and decay; the
     entering state E (_entering); then y corrected for E (_finish_shard), gated norm, out_proj. Saves
-    zxbcdt, the conv tail, E and the gathered summaries. Backward: the scan is recomputed once; the
-    gradient of E, through _entering, gives every shard's final state and decay a gradient, which one
-    reduce-scatter sums onto its owner; then one scan backward takes both its outputs' gradient and
-    its final state's. Returns (out, the state leaving this shard)."""
+    zxbcdt, the conv tail, E and the gathered summaries. Backward: the scan forward once more (its
+    output as data only); the gradient of E, through _entering, gives every shard's final state and
+    decay a gradient, which one reduce-scatter sums onto its owner; then one scan backward takes both
+    its output's gradient and its final state's. Returns (out, the state leaving this shard)."""
 
     @staticmethod
     def forward(ctx, zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, norm, mesh,
@@ -149,34 +153,41 @@ class Mamba2SeqShardFn(torch.autograd.Function):
     def backward(ctx, grad_out, grad_final):
         zx, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, E, gathered = ctx.saved_tensors
         ax = ctx.mesh.axis(ctx.axis)
-        inputs = [t.detach().requires_grad_(True) for t in (zx, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip)]
+        inputs = [t.detach().requires_grad_(True) for t in (zx, conv_state, conv_w, conv_b, dt_bias, a_log)]
         with torch.enable_grad():
-            (x, dt, A, B, C), z = _conv_scan_inputs(inputs[0], *inputs[2:6], ctx.dims, conv_state=inputs[1])
-            y0, final0 = _scan(x, dt, A, B, C, inputs[6])
+            (x, dt, A, B, C), z = _conv_scan_inputs(inputs[0], *inputs[2:], ctx.dims, conv_state=inputs[1])
             decay = (dt * A).sum(1)
-            # The correction, norm and out_proj first, on leaves: their gradients of E and of the scan's
-            # outputs are needed before the one scan backward.
-            mid = [t.detach().requires_grad_(True) for t in (y0, C, dt, A, z, final0)]
-            e_leaf = E.detach().requires_grad_(True)
-            w = [t.detach().requires_grad_(True) for t in (norm_w, out_w)]
+        # The scan once more, outside autograd: its output y0 is only data for the correction (dropped
+        # before the scan's backward, which recomputes from the inputs what it needs).
+        with torch.no_grad():
+            y0, final0 = _scan(x, dt, A, B, C, d_skip)
+        # The correction, norm and out_proj first, on leaves: their gradients of E and of the scan's
+        # outputs come before the scan's backward.
+        mid = [t.detach().requires_grad_(True) for t in (y0, C, dt, A, z, final0)]
+        e_leaf = E.detach().requires_grad_(True)
+        w = [t.detach().requires_grad_(True) for t in (norm_w, out_w)]
+        with torch.enable_grad():
             out, final = _finish_shard(*mid[:5], e_leaf, mid[5], *w, ctx.dims, ctx.norm)
-            outs, grads = [out], [grad_out]
-            if grad_final is not None:
-                outs.append(final)
-                grads.append(grad_final)
+            outs, grads = ([out, final], [grad_out, grad_final]) if grad_final is not None else ([out], [grad_out])
             d_mid = torch.autograd.grad(outs, mid + [e_leaf] + w, grads, allow_unused=True)
-            # E's gradient onto every shard's summary, summed on its owner.
-            g_leaf = gathered.detach().requires_grad_(True)
-            (d_gathered,) = torch.autograd.grad(_entering(g_leaf, ax.rank, E.shape, decay.shape), g_leaf, d_mid[6])
-            d_mine = reduce_scatter(ctx.mesh, d_gathered.contiguous(), ctx.axis, 0)[0]
-            d_final0 = d_mine[:final0.numel()].view_as(final0)
-            d_decay = d_mine[final0.numel():].view_as(decay)
-            if d_mid[5] is not None:
-                d_final0 = d_final0 + d_mid[5]
-            pairs = [(o, g) for o, g in zip([y0, C, dt, A, z, final0, decay], [*d_mid[:5], d_final0, d_decay])
-                     if g is not None]
+        del out, final, outs, mid, y0
+        dy0, dC, ddt, dA, dz, d_final_out, dE, d_norm_w, d_out_w = d_mid
+        # E's gradient onto every shard's summary, summed on its owner.
+        g_leaf = gathered.detach().requires_grad_(True)
+        with torch.enable_grad():
+            (d_gathered,) = torch.autograd.grad(_entering(g_leaf, ax.rank, E.shape, decay.shape), g_leaf, dE)
+        d_mine = reduce_scatter(ctx.mesh, d_gathered.contiguous(), ctx.axis, 0)[0]
+        d_final0 = d_mine[:final0.numel()].view_as(final0)
+        if d_final_out is not None:
+            d_final0 = d_final0 + d_final_out
+        sx, sdt, sA, sB, sC, sD = _scan_grads(x.detach(), dt.detach(), A.detach(), B.detach(), C.detach(), d_skip,
+                                              dy0, d_final0)
+        pairs = [(x, sx), (B, sB), (C, sC + dC if dC is not None else sC), (dt, sdt + ddt if ddt is not None else sdt),
+                 (A, sA + dA if dA is not None else sA), (z, dz), (decay, d_mine[final0.numel():].view_as(decay))]
+        pairs = [(o, g) for o, g in pairs if g is not None]
+        with torch.enable_grad():
             d_in = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
-        return (*d_in[:6], d_in[6], d_mid[7], d_mid[8], None, None, None, None)
+        return (*d_in, sD, d_norm_w, d_out_w, None, None, None, None)
 
 
 class ParallelMamba2(Sharded):
