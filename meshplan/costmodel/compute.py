@@ -80,13 +80,15 @@ STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 11
                           "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0},
                           "decode": {"attention": 16.0, "mlp": 16.0, "mamba2": 32.0}}
 # What sharding adds per block, from the same runs (degree 2): TP-SSM's collectives and their copies;
-# a sequence split — for Mamba-2 the shard's zero-start summary pass (forward, and again in
-# backward), for a dense layer the K/V exchange (decode: each rank's partial attention and their
-# combination) —; and TSP's shard-by-shard loops, taken as growing with the degree (each ring step
-# runs one attention call and one weight shard). TP leaves a dense training layer within 2% of one
-# GPU's count (82.5 against 83.8); in decode it adds one launch a layer. Dense prefill under SP or TSP
-# was not profiled: nothing is added there, so the floor is a lower bound.
-STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 123.5}, "attention": {"sp": 12.3, "tsp2": 117.0},
+# a sequence split — for Mamba-2 the shard's correction for its entering state (forward, recomputed
+# forward, and their two-stage backward: 129 in training, the median of runs 40 and 41's five 2-GPU
+# runs at 4K-32K, 128-132; 30 in prefill; benchmarks/results/validation-h200-run4{0,1}-x2-mamba2-sp-one-scan.json),
+# for a dense layer the K/V exchange (decode: each rank's partial attention and their combination) —;
+# and TSP's shard-by-shard loops, taken as growing with the degree (each ring step runs one attention
+# call and one weight shard). TP leaves a dense training layer within 2% of one GPU's count (82.5
+# against 83.8); in decode it adds one launch a layer. Dense prefill under SP or TSP was not profiled:
+# nothing is added there, so the floor is a lower bound.
+STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 129.0}, "attention": {"sp": 12.3, "tsp2": 117.0},
                                   "mlp": {"sp": 12.3, "tsp2": 117.0}},
                         "prefill": {"mamba2": {"tpssm": 2.0, "sp": 30.0}},
                         "decode": {"mamba2": {"tpssm": 1.0}, "attention": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0},
