@@ -124,8 +124,10 @@ def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
     return (hg.view(shape) * acc(weight)).to(y.dtype)
 
 
-def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None, conv_state=None):
-    """in_proj output → (x, dt, A, B, C) as the scan takes them (conv1d applied, dt softplus'd), and z."""
+def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None, conv_state=None,
+                      conv_out: bool = False):
+    """in_proj output → (x, dt, A, B, C) as the scan takes them (conv1d applied, dt softplus'd), and z;
+    with `conv_out`, also the conv's output (b, s, channels), of which x, B and C are views."""
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s, _ = zxbcdt.shape
     z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * ngroups * d_state, nheads], dim=-1)
@@ -137,8 +139,9 @@ def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None
         xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
     x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
     dt = F.softplus(acc(dt) + acc(dt_bias))
-    return (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
-            C.reshape(b, s, ngroups, d_state)), z
+    scan_in = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
+               C.reshape(b, s, ngroups, d_state))
+    return (scan_in, z, xbc) if conv_out else (scan_in, z)
 
 
 SSD_CHUNK = 64  # tokens per chunk of the scan (meshplan.kernels.ssd and the reference; the cost model's too)

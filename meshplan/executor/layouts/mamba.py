@@ -155,7 +155,8 @@ class Mamba2SeqShardFn(torch.autograd.Function):
         ax = ctx.mesh.axis(ctx.axis)
         inputs = [t.detach().requires_grad_(True) for t in (zx, conv_state, conv_w, conv_b, dt_bias, a_log)]
         with torch.enable_grad():
-            (x, dt, A, B, C), z = _conv_scan_inputs(inputs[0], *inputs[2:], ctx.dims, conv_state=inputs[1])
+            (x, dt, A, B, C), z, xbc = _conv_scan_inputs(inputs[0], *inputs[2:], ctx.dims, conv_state=inputs[1],
+                                                         conv_out=True)
             decay = (dt * A).sum(1)
         # The scan once more, outside autograd: its output y0 is only data for the correction (dropped
         # before the scan's backward, which recomputes from the inputs what it needs).
@@ -182,8 +183,15 @@ class Mamba2SeqShardFn(torch.autograd.Function):
             d_final0 = d_final0 + d_final_out
         sx, sdt, sA, sB, sC, sD = _scan_grads(x.detach(), dt.detach(), A.detach(), B.detach(), C.detach(), d_skip,
                                               dy0, d_final0)
-        pairs = [(x, sx), (B, sB), (C, sC + dC if dC is not None else sC), (dt, sdt + ddt if ddt is not None else sdt),
-                 (A, sA + dA if dA is not None else sA), (z, dz), (decay, d_mine[final0.numel():].view_as(decay))]
+        del dy0, d_mid
+        if dC is not None:
+            sC = sC + dC
+        # The conv output's gradient in one tensor, its parts dropped before the conv's backward.
+        b, s = xbc.shape[:2]
+        d_xbc = torch.cat([g.reshape(b, s, -1) for g in (sx, sB, sC)], dim=-1)
+        del sx, sB, sC
+        pairs = [(xbc, d_xbc), (dt, sdt + ddt if ddt is not None else sdt), (A, sA + dA if dA is not None else sA),
+                 (z, dz), (decay, d_mine[final0.numel():].view_as(decay))]
         pairs = [(o, g) for o, g in pairs if g is not None]
         with torch.enable_grad():
             d_in = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
