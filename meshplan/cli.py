@@ -62,6 +62,7 @@ COMPONENT_LABELS = {
     "kv_cache": "KV$", "ssm_state_cache": "SSM$", "transient_working": "work",
     "transient_kv_gather": "KVgath", "transient_weight_shards": "shards",
     "transient_comm_buffers": "Z3gath", "transient_logits": "logits", "blas_workspace": "BLAS",
+    "int8_peer_buffer": "int8buf",
 }
 
 
@@ -84,6 +85,8 @@ def memory(
     logits_dtype: str = typer.Option("fp32", "--logits-dtype"),
     tp_sequence_parallel: bool = typer.Option(False, "--tp-sequence-parallel/--no-tp-sequence-parallel",
                                               help="Megatron-SP on the TP axis."),
+    int8_allreduce: bool = typer.Option(False, "--int8-allreduce/--no-int8-allreduce",
+                                        help="TP-SSM: int8-quantized block all-reduce (2 ranks: its peer buffer)."),
     sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write memory vs sequence length to this PNG."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -100,7 +103,7 @@ def memory(
     seqs = parse_token_list(sweep_seq) if sweep_seq else [parse_tokens(seq)]
     opts = MemoryOptions(mode=mode, recompute=recompute, flash_attention=flash, dropout=dropout,
                          act_dtype=act_dtype, grad_dtype=grad_dtype, optimizer=optimizer, logits_dtype=logits_dtype,
-                         tp_sequence_parallel=tp_sequence_parallel)
+                         tp_sequence_parallel=tp_sequence_parallel, int8_allreduce=int8_allreduce)
     cluster_spec = load_cluster(cluster, nodes) if cluster else None
     records = memory_records(spec, layouts, seqs, batch, opts, cluster_spec)
     if plot:
@@ -126,9 +129,10 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
     shown = [k for k in COMPONENT_LABELS if any(r["per_gpu_bytes"][k] for r in records)]
     gib = 2 ** 30
     title = f"{spec.name} · {opts.mode} · batch {records[0]['batch']} · per-GPU memory (GiB)"
-    table = Table(title=title, caption="total = params + optim + caches + BLAS + the largest phase: a layer (acts, "
+    table = Table(title=title, caption="total = params + optim + caches + BLAS (+ int8buf) + the largest phase: a layer (acts, "
                                        "the grads built so far, its transients; in training the MLP's work and the "
-                                       "attention's KVgath peak apart), the logits or the optimizer step; $ = cache",
+                                       "attention's KVgath peak apart), the logits or the optimizer step; $ = cache; "
+                                       "int8buf = the int8 all-reduce's peer buffer",
                   pad_edge=False)
     table.add_column("layout")
     table.add_column("seq", justify="right")
@@ -148,7 +152,8 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
     console.print(
         f"assumptions: recompute={a['recompute']}, flash_attention={a['flash_attention']}, dropout={a['dropout']}, "
         f"activations {a['act_dtype']}, grads {a['grad_dtype']}, optimizer {a['optimizer']}, "
-        f"logits {a['logits_dtype']}, tp_sequence_parallel={a['tp_sequence_parallel']}", highlight=False)
+        f"logits {a['logits_dtype']}, tp_sequence_parallel={a['tp_sequence_parallel']}"
+        + (", int8 all-reduce" if a.get("int8_allreduce") else ""), highlight=False)
 
 
 # -- recommend and crossover ------------------------------------------------------------------------

@@ -76,3 +76,18 @@ def test_recommend_sp_split_option():
     assert sp_step("contiguous") > 1.2 * sp_step("zigzag")
     r = CliRunner().invoke(app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--sp-split", "ring"])
     assert r.exit_code != 0 and "--sp-split: use zigzag or contiguous" in r.output
+
+
+def test_memory_shows_the_int8_peer_buffer():
+    """TP-SSM 2 with --int8-allreduce: the peer buffer has its own column, and the total includes it."""
+    from meshplan.cli import app
+
+    args = ["memory", "--model", "mamba2-2.7b", "--layout", "tpssm=2", "--seq", "16k", "--batch", "4", "--mode",
+            "prefill", "--json"]
+    plain = json.loads(runner.invoke(app, args).stdout)
+    int8 = json.loads(runner.invoke(app, args + ["--int8-allreduce"]).stdout)
+    buf = int8["per_gpu_bytes"]["int8_peer_buffer"]
+    assert buf == 2 * 174_063_616 and plain["per_gpu_bytes"]["int8_peer_buffer"] == 0
+    assert int8["total_bytes"] - plain["total_bytes"] == buf
+    table = runner.invoke(app, args[:-1] + ["--int8-allreduce"]).stdout
+    assert "int8buf" in table and "int8 all-reduce" in table
