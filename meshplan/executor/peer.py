@@ -27,7 +27,7 @@ class PeerBuffer:
     def __init__(self, group, capacity: int, device: torch.device):
         import torch.distributed._symmetric_memory as symm_mem
 
-        from meshplan.kernels.quant import PEER_HEADER
+        from meshplan.kernels.launch import PEER_HEADER
 
         self.capacity = capacity  # bytes of a slot: the signal words, then the packed row
         self.group = group
@@ -51,7 +51,9 @@ class PeerBuffer:
 
 _BUFFERS: dict[int, PeerBuffer] = {}
 _UNAVAILABLE: dict[int, str] = {}
-# The one-shot sum's tile: groups of 128 a program and warps (bench_quant_allreduce.py --peer-tiles).
+# The one-shot sum's tile: groups of 128 a program and warps. 16 and 4 ran fastest of 12 at 16 MiB on
+# 2 × H200, back to back (45.5 us against 45.7-61.5; the host's 33 us a call is close to that, so the
+# spread is mostly noise: benchmarks/results/quant-allreduce-peer-h200x2.json, `--peer-tiles`).
 PEER_GROUPS_PER_PROGRAM = 16
 PEER_WARPS = 4
 # Programs of the sum per SM: all of them fit on the GPU at once (4 warps each, few registers), so the
