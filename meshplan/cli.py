@@ -224,8 +224,11 @@ def recommend(
         table.add_column(col, justify="right" if col not in ("layout", "regime") else "left")
     for i, c in enumerate(result.ranked[:top], 1):
         e = c.estimate
-        table.add_row(str(i), str(c.layout), fmt_bytes(c.total_bytes), _fmt_s(e.step_time_s), f"{e.tokens_per_s:,.0f}",
+        name = f"{c.layout}{'*' if c.not_executed else ''}"
+        table.add_row(str(i), name, fmt_bytes(c.total_bytes), _fmt_s(e.step_time_s), f"{e.tokens_per_s:,.0f}",
                       _fmt_s(e.exposed_comm_s), fmt_bytes(e.comm_bytes_per_step), f"{e.mfu:.0%}", c.regime)
+    if any(c.not_executed for c in result.ranked[:top]):
+        table.caption = "* priced by the cost model; meshplan execute does not run it"
     console.print(table)
     console.print(result.reason, highlight=False)
 
@@ -327,6 +330,10 @@ def execute(
         raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
     validate_layout(lay, spec, nproc * nnodes)
     validate_seq(lay, tokens, batch)
+    from meshplan.executor.support import unsupported
+
+    if (reason := unsupported(lay, spec)) is not None:
+        raise MeshplanError(reason)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
     if nnodes > 1:
         if not rdzv_endpoint:

@@ -18,10 +18,10 @@ MAMBA_ONE_GROUP = mamba2("tiny-m2", 32, 2, 100, d_state=8, headdim=8, ngroups=1)
 MAMBA_FOUR_GROUPS = mamba2("tiny-m2-g4", 32, 2, 100, d_state=8, headdim=8, ngroups=4)
 
 CASES = {
-    ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2"]),
-    ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2"]),
-    ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2"]),
-    ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tpssm=2,sp=2"]),
+    ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2"]),
+    ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2", "dp=2,tp=2"]),
+    ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "dp=2"]),
+    ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tpssm=2,sp=2", "dp=2,sp=2"]),
     ("mamba2-groups", 4): (MAMBA_FOUR_GROUPS, ["tpssm=4", "tpssm=2"]),
 }
 

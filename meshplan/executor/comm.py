@@ -7,6 +7,7 @@ send/recv hop's tensor. Small autograd functions name the collective of each dir
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -74,8 +75,6 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
         mine = None
         # Enumerate every group of this axis: fix the other coordinates, vary this one.
         others = [n for n in AXIS_ORDER if n != name]
-        import itertools
-
         for combo in itertools.product(*(range(sizes[n]) for n in others)):
             base = sum(c * strides[n] for n, c in zip(others, combo))
             ranks = [members[base + i * stride] for i in range(size)]
@@ -83,6 +82,17 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
             if me in ranks:
                 mine = Axis(name, size, coords[name], group, ranks)
         axes[name] = mine
+    if sizes["sp"] > 1 and sizes["dp"] > 1:
+        # The merged gradient group of weights SP replicates: every (dp, sp) pair of one tensor and
+        # pipeline coordinate (the cost model's "dp+sp", meshplan/costmodel/schedule.py).
+        mine = None
+        for t, p in itertools.product(range(sizes["tensor"]), range(sizes["pp"])):
+            ranks = [members[t * strides["tensor"] + s * strides["sp"] + d * strides["dp"] + p * strides["pp"]]
+                     for d in range(sizes["dp"]) for s in range(sizes["sp"])]
+            group = dist.new_group(ranks)
+            if me in ranks:
+                mine = Axis("dp+sp", len(ranks), ranks.index(me), group, ranks)
+        axes["dp+sp"] = mine
     if rank < 0:
         return None
     axes[tensor_name] = axes["tensor"]

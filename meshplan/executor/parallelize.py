@@ -56,23 +56,30 @@ def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False
 
 def sync_gradients(layers: nn.ModuleList, mesh: Mesh) -> None:
     """After backward: B/C gradients of TP-SSM's replicated groups, then the weight gradients of
-    weights replicated along the sequence axis (SP), all-reduced once in one flat buffer."""
+    weights replicated along the sequence axis (SP), all-reduced once in one flat buffer; with data
+    parallelism (ZeRO stage 0) every gradient is all-reduced over dp — together with SP's over their
+    merged group — and divided by the replicas (their mean, as DDP takes)."""
     for layer in layers:
         if isinstance(layer, ParallelMamba2):
             layer.sync_replicated_grads()
-    if mesh.layout.sp > 1:
-        _all_reduce_grads([p for p in layers.parameters()], mesh, "sp")
-    if mesh.layout.tsp > 1:  # TSP keeps the norm scales on every rank
+    layout = mesh.layout
+    if layout.sp > 1:  # with dp, one all-reduce over the merged group (the sum over sp, the mean over dp)
+        _all_reduce_grads(list(layers.parameters()), mesh, "dp+sp" if layout.dp > 1 else "sp", 1.0 / layout.dp)
+    if layout.tsp > 1:  # TSP keeps the norm scales on every rank
         _all_reduce_grads([p for layer in layers for n, p in layer.named_parameters() if n.endswith("norm.weight")],
                           mesh, "tsp")
+    if layout.dp > 1 and layout.sp == 1:
+        _all_reduce_grads(list(layers.parameters()), mesh, "dp", 1.0 / layout.dp)
 
 
-def _all_reduce_grads(params: list, mesh: Mesh, axis: str) -> None:
-    """One all-reduce of the listed gradients, flattened into one buffer."""
+def _all_reduce_grads(params: list, mesh: Mesh, axis: str, scale: float = 1.0) -> None:
+    """One all-reduce of the listed gradients, flattened into one buffer (the sum times `scale`)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return
     flat = all_reduce(mesh, torch.cat([g.flatten() for g in grads]), axis)
+    if scale != 1.0:
+        flat.mul_(scale)
     offset = 0
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))

@@ -13,7 +13,14 @@ import torch
 import torch.distributed as dist
 
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.run import combine_ranks, environment, measure, predict, use_expandable_segments
+from meshplan.executor.run import (
+    combine_ranks,
+    environment,
+    measure,
+    predict,
+    use_expandable_segments,
+)
+from meshplan.executor.support import unsupported
 from meshplan.layout import parse_layout, validate_layout, validate_seq
 from meshplan.models import load_model
 from meshplan.topologies.cluster import load_cluster
@@ -49,6 +56,8 @@ def main(argv=None) -> int:
     layout = parse_layout(args.layout)
     validate_layout(layout, model, int(os.environ.get("WORLD_SIZE", "1")))
     validate_seq(layout, args.seq, args.batch)
+    if (reason := unsupported(layout, model)) is not None:
+        raise SystemExit(f"error: {reason}")
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", timeout=timedelta(seconds=args.timeout))

@@ -10,6 +10,7 @@ from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.step import StepEstimate, estimate_step
 from meshplan.errors import MeshplanError
+from meshplan.executor.support import unsupported
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
@@ -24,6 +25,7 @@ class Candidate:
     fits: bool
     estimate: StepEstimate | None
     regime: str
+    not_executed: str | None = None  # why `meshplan execute` cannot run it (meshplan.executor.support)
 
     def as_dict(self) -> dict:
         e = self.estimate
@@ -33,6 +35,7 @@ class Candidate:
             "comm_bytes_per_step": e.comm_bytes_per_step if e else None,
             "exposed_comm_s": e.exposed_comm_s if e else None, "compute_s": e.compute_s if e else None,
             "mfu": e.mfu if e else None, "bound": e.bound if e else None, "regime": self.regime,
+            "executable": self.not_executed is None, "not_executed": self.not_executed,
         }
 
 
@@ -97,7 +100,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, seq: int, batch: int, opts: Cos
         fits = mem.total_bytes <= cluster.gpu.memory_bytes
         est = estimate_step(model, layout, seq, batch, opts, cluster) if fits or estimate_dropped else None
         new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
-        cand = Candidate(layout, mem.total_bytes, fits, est, regime(model, layout, new_tokens, opts))
+        cand = Candidate(layout, mem.total_bytes, fits, est, regime(model, layout, new_tokens, opts),
+                         unsupported(layout, model))
         (fitting if fits else dropped).append(cand)
     fitting.sort(key=_sort_key(objective, opts.mode))
     dropped.sort(key=lambda c: c.total_bytes)
@@ -165,5 +169,11 @@ def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, o
             best = max(streamed, key=lambda c: c.estimate.tokens_per_s)
             text.append(f"TSP layouts stream every weight shard for every token: the fastest, {best.layout}, "
                         f"reaches {best.estimate.tokens_per_s:,.0f} tokens/s ({best.estimate.bound}).")
+    if win.not_executed:
+        runnable = next((c for c in ranked if c.not_executed is None), None)
+        then = (f" The fastest it runs is {runnable.layout} ({runnable.estimate.tokens_per_s:,.0f} tokens/s, "
+                f"{1 - runnable.estimate.tokens_per_s / w.tokens_per_s:.1%} behind)." if runnable else
+                " It runs none of the meshes that fit.")
+        text.append(f"meshplan execute cannot check {win.layout} on GPUs ({win.not_executed}).{then}")
     text.append(f"{len(ranked)} of {len(ranked) + len(dropped)} valid meshes fit.")
     return " ".join(text)

@@ -1,0 +1,33 @@
+"""What the executor runs, checked before anything launches (torch-free: the CLI and the planner ask).
+
+The cost model scores more than the executor runs: pipeline stages, ZeRO's sharded optimizer states,
+gradients and parameters, TSP over Mamba blocks, and models other than dense and Mamba-2 stacks are
+priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
+them.
+"""
+
+from __future__ import annotations
+
+from meshplan.layout import Layout
+from meshplan.models import ModelSpec
+
+
+def unsupported(layout: Layout, model: ModelSpec) -> str | None:
+    """Why the executor cannot run `layout` on `model`, in one line naming the field and what it can
+    run instead; None when it can."""
+    if model.family not in ("dense", "mamba2"):
+        return f"model: the executor builds dense and Mamba-2 stacks, not {model.family} ({model.name})"
+    if layout.pp > 1:
+        return f"layout: the executor runs no pipeline stages (pp={layout.pp}); execute pp=1, the model scores pp"
+    if layout.dp > 1 and layout.zero > 0:
+        return (f"layout: the executor runs data parallelism with a plain gradient all-reduce (zero=0), "
+                f"not zero={layout.zero}; drop zero to execute it")
+    if layout.tsp > 1 and model.family == "mamba2":
+        return f"layout: the executor runs TSP for attention and MLP blocks, not Mamba-2's; use tpssm or sp for {model.name}"
+    if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:
+        return f"layout: the executor's TSP ring is written for gated MLPs; {model.name}'s is not gated"
+    t = layout.tpssm if layout.tpssm > 1 else layout.tp
+    if model.family == "mamba2" and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
+        return (f"layout: the executor splits Mamba-2's {model.mamba2.ngroups} B/C groups over the tensor axis "
+                f"or replicates one group; {t} does not divide {model.mamba2.ngroups}")
+    return None

@@ -1,0 +1,50 @@
+"""What the executor runs (meshplan.executor.support): `execute` refuses the rest in one line before
+launching anything, and `recommend` marks it and names the fastest mesh it can run."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from meshplan.cli import app
+from meshplan.executor.support import unsupported
+from meshplan.layout import parse_layout
+from meshplan.models import PRESETS
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("model, layout, needle", [
+    ("mamba2-2.7b", "tsp=4", "TSP for attention and MLP blocks"),
+    ("llama3-8b", "pp=2,tp=4", "no pipeline stages"),
+    ("llama3-8b", "dp=2,tp=4,zero=1", "zero=0"),
+    ("zamba2-7b", "tpssm=2", "dense and Mamba-2 stacks"),
+])
+def test_unsupported_names_the_field_and_the_way_out(model, layout, needle):
+    reason = unsupported(parse_layout(layout), PRESETS[model])
+    assert reason is not None and needle in reason and reason.split(":")[0] in ("layout", "model")
+    assert "\n" not in reason
+
+
+@pytest.mark.parametrize("model, layout", [("llama3-8b", "tsp=8"), ("llama3-8b", "dp=2,tp=4"), ("mamba2-2.7b", "sp=8"),
+                                           ("mamba2-2.7b", "dp=2,tpssm=2,sp=2")])
+def test_what_the_executor_runs(model, layout):
+    assert unsupported(parse_layout(layout), PRESETS[model]) is None
+
+
+def test_execute_refuses_before_launching():
+    r = runner.invoke(app, ["execute", "--model", "mamba2-2.7b", "--layout", "tsp=2", "--seq", "64", "--nproc", "2",
+                            "--device", "cpu"])
+    assert r.exit_code == 2 and r.output.startswith("error: layout: the executor runs TSP")
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_recommend_marks_what_execute_cannot_run():
+    args = ["recommend", "--model", "mamba2-2.7b", "--cluster", "h200-8", "--seq", "128k"]
+    rows = json.loads(runner.invoke(app, args + ["--json", "--top", "65"]).stdout)
+    assert any(not r["executable"] for r in rows) and any(r["executable"] for r in rows)
+    assert all(r["executable"] == (r["not_executed"] is None) for r in rows)
+    text = " ".join(runner.invoke(app, args).stdout.split())  # rich wraps the paragraph
+    if not rows[0]["executable"]:
+        best = next(r for r in rows if r["executable"])
+        assert "meshplan execute cannot check" in text and f"The fastest it runs is {best['layout']}" in text
