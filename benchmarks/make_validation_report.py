@@ -54,6 +54,9 @@ DOCS = HERE.parent / "docs"
 SOURCES = [("validation-h200-run43-x2-mamba2-sp-one-scan.json",
             "current executor and kernels (SP Mamba-2 scans once a shard; this session's final code), Mamba-2 "
             "training 4K-16K and prefill 16K, one GPU and SP 2, 2 x H200"),
+           ("validation-h200-run45-x2-dp.json",
+            "current executor and kernels, data parallelism (dp=2, ZeRO 0: one all-reduce of every gradient after "
+            "backward), dense and Mamba-2 training at 4K and 16K, 2 x H200"),
            ("validation-h200-run43-x2-mamba2-long-sp-one-scan.json",
             "current executor and kernels, SP 2 Mamba-2 training 128K-1M tokens, 2 x H200"),
            ("validation-h200-run41-x2-mamba2-sp-one-scan.json",
