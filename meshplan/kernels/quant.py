@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from meshplan.kernels.fastlaunch import FastLaunch
+from meshplan.kernels.fastlaunch import bind
 from meshplan.kernels.launch import PEER_HEADER
 
 GROUP = 128  # elements per fp32 scale (the cost model's INT8_GROUP)
@@ -139,9 +139,6 @@ def _dequantize_packed_kernel(buf_ptr, out_ptr, n_groups_row, chunk_bytes, GROUP
     tl.store(out_ptr + flat, _load_packed(buf_ptr, vals, scales, ok).to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
-_QUANTIZE_PACKED = FastLaunch(_quantize_packed_kernel)  # the peer all-reduce calls it once a block
-
-
 def quantize_int8_packed(x: torch.Tensor, parts: int, group: int = GROUP, groups_per_program: int = 16,
                          out: torch.Tensor | None = None):
     """Same contract as reference.quantize_int8_packed_ref: (parts, chunk bytes) uint8, written into
@@ -155,7 +152,7 @@ def quantize_int8_packed(x: torch.Tensor, parts: int, group: int = GROUP, groups
     nbytes = packed_chunk_bytes(chunk, group)
     buf = torch.empty(parts, nbytes, dtype=torch.uint8, device=x.device) if out is None else out.view(parts, nbytes)
     grid = (triton.cdiv(chunk // group, groups_per_program), parts)
-    _QUANTIZE_PACKED(grid, x, buf, chunk // group, nbytes, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program)
+    _quantize_packed_kernel[grid](x, buf, chunk // group, nbytes, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program)
     return buf
 
 
@@ -248,9 +245,6 @@ def _dequant_sum_peers_kernel(b0, b1, b2, b3, b4, b5, b6, b7, out_ptr, n_groups,
         tl.store(out_ptr + flat, total.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
-_PEER_SUM = FastLaunch(_dequant_sum_peers_kernel, unkeyed=("epoch",))
-
-
 def peer_sum_launcher(slots: list[torch.Tensor], numel: int, group: int = GROUP, dtype=torch.float32,
                       groups_per_program: int = 16, num_warps: int = 4, rank: int = 0, sync: bool = False,
                       programs: int | None = None):
@@ -274,9 +268,9 @@ def peer_sum_launcher(slots: list[torch.Tensor], numel: int, group: int = GROUP,
     tiles = triton.cdiv(n_groups, groups_per_program)
     grid = (min(tiles, programs) if programs else tiles,)
     example = torch.empty(numel, dtype=dtype, device=slots[0].device)
-    launch = _PEER_SUM.bind(grid, *padded, example, n_groups, nbytes, tiles, 2, GROUP=group,
-                            GROUPS_PER_PROGRAM=groups_per_program, WORLD=len(slots), RANK=rank, SYNC=sync,
-                            HEADER=PEER_HEADER, num_warps=num_warps)
+    launch = bind(_dequant_sum_peers_kernel, grid, *padded, example, n_groups, nbytes, tiles, 2, GROUP=group,
+                  GROUPS_PER_PROGRAM=groups_per_program, WORLD=len(slots), RANK=rank, SYNC=sync, HEADER=PEER_HEADER,
+                  num_warps=num_warps)
 
     def run(out: torch.Tensor, epoch: int) -> torch.Tensor:
         launch(*padded, out, n_groups, nbytes, tiles, epoch)
@@ -305,5 +299,6 @@ def quantize_packed_launcher(x: torch.Tensor, out: torch.Tensor, group: int = GR
     if out.numel() != nbytes:
         raise ValueError(f"quantize_packed_launcher: out holds {out.numel()} bytes; the row takes {nbytes}")
     grid = (triton.cdiv(n_groups, groups_per_program), 1)
-    launch = _QUANTIZE_PACKED.bind(grid, x, out, n_groups, nbytes, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program)
+    launch = bind(_quantize_packed_kernel, grid, x, out, n_groups, nbytes, GROUP=group,
+                  GROUPS_PER_PROGRAM=groups_per_program)
     return lambda t: launch(t, out, n_groups, nbytes)
