@@ -59,7 +59,6 @@ PEER_WARPS = 4
 # Programs of the sum per SM: all of them fit on the GPU at once (4 warps each, few registers), so the
 # ones waiting for the peers never keep the signalling program 0 off the GPU.
 PEER_PROGRAMS_PER_SM = 4
-_PROGRAMS: int | None = None
 
 
 def configure(groups_per_program: int, warps: int) -> None:
@@ -91,9 +90,6 @@ def _buffer(group, elements: int, group_size: int, device: torch.device) -> Peer
     # collective), so after it no kernel of the old buffer runs anywhere and it can be dropped.
     torch.cuda.synchronize(device)
     _BUFFERS[id(group)] = PeerBuffer(group, capacity, device)
-    global _PROGRAMS
-    if _PROGRAMS is None:
-        _PROGRAMS = PEER_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
     return _BUFFERS[id(group)]
 
 
@@ -126,9 +122,10 @@ def _plan(flat: torch.Tensor, group, group_size: int, dtype: torch.dtype, key: t
 
     nbytes = packed_chunk_bytes(flat.numel(), group_size)
     pb = _buffer(group, flat.numel(), group_size, flat.device)
+    programs = PEER_PROGRAMS_PER_SM * torch.cuda.get_device_properties(flat.device).multi_processor_count
     plan = [(quant.quantize_packed_launcher(flat, pb.row(s, nbytes), group_size),
              quant.peer_sum_launcher(pb.slots[s], flat.numel(), group_size, dtype, PEER_GROUPS_PER_PROGRAM,
-                                     PEER_WARPS, rank=pb.rank, sync=True, programs=_PROGRAMS))
+                                     PEER_WARPS, rank=pb.rank, sync=True, programs=programs))
             for s in (0, 1)]
     pb.plans[key] = plan
     return plan
