@@ -363,7 +363,8 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
     """HBM bytes of the Mamba-2 kernels on one rank, counted as their benchmarks count them: the scan's
     kernels by `ssd_kernel_bytes` (benchmarks/bench_ssd.py); the conv reads x and writes its output
     forward, reads x and dy and writes dx backward (benchmarks/bench_conv1d.py)."""
-    from meshplan.costmodel.memory import SSD_CHUNK, local_bc_channels
+    from meshplan.costmodel.memory import local_bc_channels
+    from meshplan.kernels.launch import SSD_CHUNK
 
     m = model.mamba2
     h = m.nheads / head_div

@@ -24,7 +24,7 @@ from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import ModelSpec
-from meshplan.kernels.launch import bwd_splits, peer_slot_bytes
+from meshplan.kernels.launch import SSD_CHUNK, bwd_splits, peer_slot_bytes
 
 ADAM_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m + v (ZeRO, Rajbhandari et al. 2020 §3)
 ADAM_STATE_BYTES_FP32_PARAMS = 8  # m + v only: fp32 weights are their own master copy
@@ -210,7 +210,6 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
     return live
 
 
-SSD_CHUNK = 64  # tokens per chunk of meshplan.kernels.ssd (and the torch chunked reference)
 
 
 def scan_state_bytes(m, local_tokens: float, head_div: int, nbytes: int = 4) -> float:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from meshplan.kernels.launch import SSD_CHUNK
 from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref
 from meshplan.models import ModelSpec
 
@@ -142,9 +143,6 @@ def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None
     scan_in = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
                C.reshape(b, s, ngroups, d_state))
     return (scan_in, z, xbc) if conv_out else (scan_in, z)
-
-
-SSD_CHUNK = 64  # tokens per chunk of the scan (meshplan.kernels.ssd and the reference; the cost model's too)
 
 
 def _scan(x, dt, A, B, C, D=None, initial_state=None, seq_idx=None):

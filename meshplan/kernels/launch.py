@@ -3,6 +3,8 @@ the backward writes), kept free of Triton so that the cost model can import them
 
 from __future__ import annotations
 
+SSD_CHUNK = 64  # tokens per chunk of the scan the executor runs (meshplan.kernels.ssd, and the reference)
+
 # Programs to aim for in the chunk kernels that loop over a group's heads: a few waves over an H200's
 # 132 SMs.
 SPLIT_TARGET = 1024
