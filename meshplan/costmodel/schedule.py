@@ -45,8 +45,9 @@ class StepSchedule:
         return dict(out)
 
 
-def _grad_group(layout: Layout) -> tuple[str, int]:
-    """Ranks holding the same weight shard: DP, and the Σ axis when SP replicates weights."""
+def grad_group(layout: Layout) -> tuple[str, int]:
+    """Ranks holding the same weight shard: DP, and the Σ axis when SP replicates weights (the
+    executor's gradient all-reduce group too, meshplan.executor.parallelize.sync_gradients)."""
     if layout.sp > 1:
         return ("dp+sp" if layout.dp > 1 else "sp"), layout.dp * layout.sp
     return "dp", layout.dp
@@ -100,7 +101,7 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
             per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="bwd", block="model",
                                what="activation grads to previous stage"))
     per_step: list[Comm] = []
-    axis, group = _grad_group(layout)
+    axis, group = grad_group(layout)
     if training and layout.tsp > 1:
         # TSP keeps the norm scales on every rank; each rank's gradient comes from its own tokens.
         norms = model.norm_params(embeddings) / layout.pp * ctx.grad_bytes

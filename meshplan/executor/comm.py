@@ -68,31 +68,27 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
     for name in AXIS_ORDER:
         strides[name] = acc
         acc *= sizes[name]
-    coords = {name: (rank // strides[name]) % sizes[name] for name in AXIS_ORDER}
-    axes: dict[str, Axis] = {}
-    for name in AXIS_ORDER:
-        size, stride = sizes[name], strides[name]
+
+    def groups(varying: tuple[str, ...], name: str) -> Axis | None:
+        """Every group of the ranks that differ only in the `varying` axes (innermost first), created
+        here; this process's, as an Axis."""
+        others = [n for n in AXIS_ORDER if n not in varying]
+        outer = list(reversed(varying))
         mine = None
-        # Enumerate every group of this axis: fix the other coordinates, vary this one.
-        others = [n for n in AXIS_ORDER if n != name]
         for combo in itertools.product(*(range(sizes[n]) for n in others)):
             base = sum(c * strides[n] for n, c in zip(others, combo))
-            ranks = [members[base + i * stride] for i in range(size)]
-            group = dist.new_group(ranks) if size > 1 else None
+            ranks = [members[base + sum(c * strides[n] for n, c in zip(outer, inner))]
+                     for inner in itertools.product(*(range(sizes[n]) for n in outer))]
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
             if me in ranks:
-                mine = Axis(name, size, coords[name], group, ranks)
-        axes[name] = mine
+                mine = Axis(name, len(ranks), ranks.index(me), group, ranks)
+        return mine
+
+    axes: dict[str, Axis] = {name: groups((name,), name) for name in AXIS_ORDER}
     if sizes["sp"] > 1 and sizes["dp"] > 1:
-        # The merged gradient group of weights SP replicates: every (dp, sp) pair of one tensor and
-        # pipeline coordinate (the cost model's "dp+sp", meshplan/costmodel/schedule.py).
-        mine = None
-        for t, p in itertools.product(range(sizes["tensor"]), range(sizes["pp"])):
-            ranks = [members[t * strides["tensor"] + s * strides["sp"] + d * strides["dp"] + p * strides["pp"]]
-                     for d in range(sizes["dp"]) for s in range(sizes["sp"])]
-            group = dist.new_group(ranks)
-            if me in ranks:
-                mine = Axis("dp+sp", len(ranks), ranks.index(me), group, ranks)
-        axes["dp+sp"] = mine
+        # The merged gradient group of weights SP replicates (the cost model's "dp+sp",
+        # meshplan.costmodel.schedule.grad_group).
+        axes["dp+sp"] = groups(("sp", "dp"), "dp+sp")
     if rank < 0:
         return None
     axes[tensor_name] = axes["tensor"]

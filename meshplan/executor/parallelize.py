@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from meshplan.costmodel.schedule import grad_group
 from meshplan.executor.blocks import DenseLayer, Mamba2Block, Stack
 from meshplan.executor.comm import Mesh, all_reduce
 from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
@@ -56,20 +57,20 @@ def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False
 
 def sync_gradients(layers: nn.ModuleList, mesh: Mesh) -> None:
     """After backward: B/C gradients of TP-SSM's replicated groups, then the weight gradients of
-    weights replicated along the sequence axis (SP), all-reduced once in one flat buffer; with data
-    parallelism (ZeRO stage 0) every gradient is all-reduced over dp — together with SP's over their
-    merged group — and divided by the replicas (their mean, as DDP takes)."""
+    weights replicated along the sequence axis (SP) or the data axis (ZeRO stage 0), all-reduced once
+    in one flat buffer over the cost model's gradient group (dp, sp or the two merged:
+    costmodel.schedule.grad_group) and divided by the dp replicas (their mean, as DDP takes); then
+    TSP's norm scales."""
     for layer in layers:
         if isinstance(layer, ParallelMamba2):
             layer.sync_replicated_grads()
     layout = mesh.layout
-    if layout.sp > 1:  # with dp, one all-reduce over the merged group (the sum over sp, the mean over dp)
-        _all_reduce_grads(list(layers.parameters()), mesh, "dp+sp" if layout.dp > 1 else "sp", 1.0 / layout.dp)
+    axis, size = grad_group(layout)
+    if size > 1:  # the sum over sp, the mean over dp
+        _all_reduce_grads(list(layers.parameters()), mesh, axis, 1.0 / layout.dp)
     if layout.tsp > 1:  # TSP keeps the norm scales on every rank
         _all_reduce_grads([p for layer in layers for n, p in layer.named_parameters() if n.endswith("norm.weight")],
                           mesh, "tsp")
-    if layout.dp > 1 and layout.sp == 1:
-        _all_reduce_grads(list(layers.parameters()), mesh, "dp", 1.0 / layout.dp)
 
 
 def _all_reduce_grads(params: list, mesh: Mesh, axis: str, scale: float = 1.0) -> None:
