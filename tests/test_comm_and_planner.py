@@ -351,3 +351,23 @@ def test_zigzag_attention_by_hand():
     rank1 = call(8192, 0.25) + call(12288, 0.25 + 0.25 * math.log2(1.5))
     assert zigzag_attention_s(w, tokens, seq, parts, sloped) == pytest.approx(max(rank0, rank1))
     assert max(rank0, rank1) > balanced
+
+
+def test_sp_correction_by_hand():
+    """mamba2-2.7b, a shard of 8192 tokens, bf16, on a device of 1e15 FLOP/s at GEMM efficiency 0.5 and
+    4e12 B/s: C·E is a GEMM of 8192 × 128 → 5120 (2·8192·128·5120 FLOPs = 10.7 GFLOP, 21.5 µs; its
+    bytes, (8192·128 + 128·5120 + 8192·5120)·2 = 87.3 MB, take 21.8 µs, so the bytes bound it), and
+    each pass over the shard's y is 8192·5120·2 bytes = 83.9 MB, 21.0 µs: forward the GEMM and 4
+    passes, backward two GEMMs and 6 passes."""
+    from meshplan.costmodel.compute import Device, sp_correction_s
+
+    dev = Device(1e15, 4e12, gemm_efficiency=0.5, hbm_rated_bytes_per_s=4e12)
+    gemm = (8192 * 128 + 128 * 5120 + 8192 * 5120) * 2 / 4e12
+    assert gemm > 2 * 8192 * 128 * 5120 / (1e15 * 0.5)
+    one_pass = 8192 * 5120 * 2 / 4e12
+    fwd, bwd = sp_correction_s(PRESETS["mamba2-2.7b"], 8192, 1, 2, dev)
+    assert fwd == pytest.approx(gemm + 4 * one_pass)
+    assert bwd == pytest.approx(2 * gemm + 6 * one_pass)
+    # TP-SSM × SP: the local d_inner halves every term.
+    half = sp_correction_s(PRESETS["mamba2-2.7b"], 8192, 2, 2, dev)
+    assert half[0] < fwd and half[1] < bwd
