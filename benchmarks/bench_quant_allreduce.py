@@ -45,7 +45,7 @@ def main() -> int:
     world = dist.get_world_size()
     mesh = build_mesh(Layout(tp=world))
     rows = []
-    peer_ok = os.environ.get("NCCL_P2P_DISABLE", "0") in ("", "0")
+    peer_ok = peer.peer_access_allowed()
     tiles = peer_tiles(mesh) if args.peer_tiles and peer_ok else []
     for mib in (1, 4, 16, 64, 256):
         n = mib * 2 ** 20 // 2

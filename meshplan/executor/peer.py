@@ -69,14 +69,19 @@ def configure(groups_per_program: int, warps: int) -> None:
         pb.plans.clear()
 
 
+def peer_access_allowed() -> bool:
+    """False where NCCL_P2P_DISABLE is set: it stands for a host without NVLink or peer access."""
+    return os.environ.get("NCCL_P2P_DISABLE", "0") in ("", "0")
+
+
 def wanted(group, ranks: list[int]) -> bool:
     """Whether the auto transport takes the peer path for this group (global `ranks`): two ranks (the
     only size measured, benchmarks/results/quant-allreduce-peer-h200x2.json) on one host (torchrun's
     ranks fill a host before the next: LOCAL_WORLD_SIZE of them), peer access not switched off
     (NCCL_P2P_DISABLE stands for a host without NVLink), and symmetric memory working here."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or torch.cuda.device_count() or 1
-    return (len(ranks) == 2 and len({r // local for r in ranks}) == 1
-            and os.environ.get("NCCL_P2P_DISABLE", "0") in ("", "0") and id(group) not in _UNAVAILABLE)
+    return (len(ranks) == 2 and len({r // local for r in ranks}) == 1 and peer_access_allowed()
+            and id(group) not in _UNAVAILABLE)
 
 
 def _buffer(group, elements: int, group_size: int, device: torch.device) -> PeerBuffer:
