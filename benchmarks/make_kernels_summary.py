@@ -57,7 +57,7 @@ def main() -> int:
                       f"backward {r['backward_s'] * 1e3:.2f} ms; forward+backward {r['train_speedup_over_reference']:.1f}x "
                       f"autograd through the reference (1.69 and 5.86 ms with fp32 operands, one program per head: "
                       f"ssd-h200.json at commit 0fd0ed8; steps between: ssd-bf16-forward-h200.json, "
-                      f"ssd-bf16-operands-h200.json, ssd-head-loops-h200.json). Relative "
+                      f"ssd-bf16-operands-h200.json, ssd-head-loops-h200.json, ssd-bwd-dbc-ab-h200.json; the dx kernel: ssd-dx-ablation-h200.json). Relative "
                       f"error against float64: output {r['rel_err_vs_fp64']:.1e}, gradients "
                       f"{max(grads['plain'].values()):.1e} at most (packed rows {max(grads['packed_every_700'].values()):.1e}). "
                       f"Fractions of the measured copy roofline ({ssd['copy_bytes_per_s'] / 1e12:.2f} TB/s): the scan's "

@@ -37,14 +37,14 @@ ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forwa
 # Mamba-2's own kernels (meshplan/kernels), as achieved fractions of the device's HBM rate (the
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks: the
 # chunked SSD scan at 16K tokens × 80 heads of 64, d_state 128 — its kernels' profiled times against
-# `ssd_kernel_bytes`: forward 3.13e12 B/s, backward 2.45e12 B/s (0.75 and 0.59 of the 4.16 TB/s copy
+# `ssd_kernel_bytes`: forward 3.09e12 B/s, backward 2.61e12 B/s (0.75 and 0.63 of the 4.14 TB/s copy
 # rate; benchmarks/results/ssd-h200.json, `python benchmarks/bench_ssd.py`) — and the causal conv1d at
 # 4 × 16K × 5376 channels with its time-marching kernels: forward 3.22e12 B/s (0.437 ms), backward
 # 2.82e12 B/s (0.750 ms) (benchmarks/results/conv1d-march-cap-h200-r1.json, `python
 # benchmarks/bench_conv1d.py --march`, its main row; the run after it on the same machine, -r2: 0.437
 # and 0.734 ms; across other H200s the forward took 0.44-0.52 ms, conv1d-fast-silu-*-h200.json).
-SCAN_FWD_HBM_FRACTION = 0.653
-SCAN_BWD_HBM_FRACTION = 0.511
+SCAN_FWD_HBM_FRACTION = 0.644
+SCAN_BWD_HBM_FRACTION = 0.544
 CONV_FWD_HBM_FRACTION = 0.671
 CONV_BWD_HBM_FRACTION = 0.587
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,

@@ -170,8 +170,9 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
         dt, a_h, cum, reach, w_nodt = _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, bi, ci, h, n_chunks, S, H,
                                                      t, HAS_SID)
         dcb = tl.load(dcb_ptr + (pid_bc * H + h) * L * L + i[:, None] * L + i[None, :])
-        dyE = tl.zeros((L, BN), dtype=tl.float32)
-        xdS = tl.zeros((L, BN), dtype=tl.float32)
+        dc = tl.dot(dcb.to(bv.dtype), bv, dc)
+        db = tl.dot(tl.trans(dcb).to(cv.dtype), cv, db)
+        w = w_nodt * dt
         st_base = ((bi * n_chunks + ci) * H + h) * P
         for p0 in range(0, P, BP):
             p = p0 + tl.arange(0, BP)
@@ -180,10 +181,13 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
             dy = tl.load(dy_ptr + ((bi * S + t[:, None]) * H + h) * P + p[None, :], mask=pm[None, :], other=0.0)
             st_offs = (st_base + p[:, None]) * N + n[None, :]
             st_mask = pm[:, None] & nm[None, :]
-            dyE += tl.dot(dy, tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0).to(dy.dtype))
-            xdS += tl.dot(x, tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0).to(x.dtype))
-        dc += tl.dot(dcb.to(bv.dtype), bv) + reach[:, None] * dyE
-        db += tl.dot(tl.trans(dcb).to(cv.dtype), cv) + (w_nodt * dt)[:, None] * xdS
+            # The per-token weights go onto the token operand (rounded to its dtype, as the forward's
+            # chunk-state kernel puts them onto B), so that each product adds straight into dC or dB:
+            # no (L, BN) fp32 partial a head beside the two accumulators.
+            e = tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0).to(dy.dtype)
+            dc = tl.dot((reach[:, None] * dy).to(dy.dtype), e, dc)
+            ds = tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0).to(x.dtype)
+            db = tl.dot((w[:, None] * x).to(x.dtype), ds, db)
     out_offs = ((bi * S + t[:, None]) * (G * splits) + pid_gs) * N + n[None, :]
     tl.store(db_ptr + out_offs, db, mask=nm[None, :])
     tl.store(dc_ptr + out_offs, dc, mask=nm[None, :])
