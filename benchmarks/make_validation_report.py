@@ -3,6 +3,9 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run47-x2-dp-sp-overlap.json: the current executor, whose gradient all-reduces (dp, and
+  SP's replicated weights) start from hooks as each gradient is ready, behind the backward; one GPU,
+  dp=2 and sp=2, dense and Mamba-2 training at 4K and 16K.
 - validation-h200-run37-x2-current.json: the current executor and kernels, every layout at degree 1
   and 2, training, prefill and decode, profiled (the first line of benchmarks/sweeps/h200x2-profiled.sh).
 - validation-h200-run36-x2-dense-sp-zigzag.json: dense SP dealing its tokens in zigzag (the runs
@@ -51,12 +54,15 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run43-x2-mamba2-sp-one-scan.json",
+SOURCES = [("validation-h200-run47-x2-dp-sp-overlap.json",
+            "current executor and kernels (gradient all-reduces started from hooks as each weight's gradient is "
+            "ready, behind the backward), one GPU, dp=2 and sp=2, dense and Mamba-2 training at 4K and 16K, 2 x H200"),
+           ("validation-h200-run43-x2-mamba2-sp-one-scan.json",
             "current executor and kernels (SP Mamba-2 scans once a shard; this session's final code), Mamba-2 "
             "training 4K-16K and prefill 16K, one GPU and SP 2, 2 x H200"),
            ("validation-h200-run45-x2-dp.json",
-            "current executor and kernels, data parallelism (dp=2, ZeRO 0: one all-reduce of every gradient after "
-            "backward), dense and Mamba-2 training at 4K and 16K, 2 x H200"),
+            "data parallelism (dp=2, ZeRO 0) with one all-reduce of every gradient after the backward (before "
+            "GradientSync), dense and Mamba-2 training at 4K and 16K, 2 x H200"),
            ("validation-h200-run43-x2-mamba2-long-sp-one-scan.json",
             "current executor and kernels, SP 2 Mamba-2 training 128K-1M tokens, 2 x H200"),
            ("validation-h200-run41-x2-mamba2-sp-one-scan.json",

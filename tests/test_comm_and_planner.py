@@ -81,6 +81,29 @@ def test_dp_gradient_all_reduce_and_zero():
     assert z1["reduce_scatter/dp"] + z1["all_gather/dp"] == pytest.approx(2 * 7 / 8 * p * 2)
 
 
+def test_dp_gradient_reduction_leaves_the_last_ready_weights_exposed():
+    model = PRESETS["mamba2-370m"]
+    layer = model.layer_params() / model.layers
+    for embeddings, last in ((True, layer + model.vocab * model.d_model), (False, layer)):
+        sched = step_schedule(model, Layout(dp=8), 2048, 1, CostOptions(), embeddings=embeddings)
+        body, tail = sched.per_step
+        # bf16 gradients; dp replicates every weight. The first layer's (and the input embedding's)
+        # reduction starts when the backward ends: on the critical path.
+        assert (tail.kind, tail.overlap, body.overlap) == ("all_reduce", "none", "backward")
+        assert tail.message_bytes == pytest.approx(2 * last)
+        total = model.param_count() if embeddings else model.layer_params()
+        assert body.message_bytes + tail.message_bytes == pytest.approx(2 * total)
+    z2 = step_schedule(model, Layout(dp=8, zero=2), 2048, 1, CostOptions(), embeddings=False).per_step
+    assert [(c.kind, c.overlap) for c in z2] == [("reduce_scatter", "backward"), ("reduce_scatter", "none"),
+                                                 ("all_gather", "none")]
+    assert z2[1].message_bytes == pytest.approx(2 * layer)
+    # A dense layer's MLP gradients are ready before its attention's: the first attention block is
+    # what is left (4 · 4096² weights and its 4096-wide norm in dense-7b), split by TP.
+    dense7 = PRESETS["dense-7b"]
+    _, tail = step_schedule(dense7, Layout(dp=2, tp=2), 4096, 1, CostOptions(), embeddings=False).per_step
+    assert tail.message_bytes == pytest.approx(2 * (4 * 4096 ** 2 + 4096) / 2)
+
+
 def test_crossover_is_8h_for_mha_and_gated_f4():
     assert volume_crossover_tokens(PRESETS["dense-7b"], 8) == pytest.approx(8 * H)
 

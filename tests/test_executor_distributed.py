@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import pytest
 
+from meshplan.costmodel.schedule import grad_group
 from meshplan.executor.check import check_layout
 from meshplan.executor.distributed import run_distributed
 from meshplan.layout import parse_layout
@@ -50,6 +51,11 @@ def test_layouts_match_single_process_and_the_cost_model(family, world):
                 assert r["max_grad_x_err"] < 1e-10, (text, r)
                 assert r["max_weight_grad_rel_err"] < 1e-9, (text, r)
                 assert abs(r["saved_bytes"] - r["predicted_saved_bytes"]) <= 0.05 * r["predicted_saved_bytes"], (text, r)
+                # Gradient all-reduces (dp, sp) start inside the backward: every later layer's has begun
+                # by the time the backward reaches the stack's input.
+                later = r["grad_reductions_of_later_layers"]
+                assert (later > 0) == (grad_group(parse_layout(text))[1] > 1), (text, r)
+                assert r["grad_reductions_before_input_grad"] >= later, (text, r)
         counted = defaultdict(float)
         for r in results:
             for key, value in r["counts"].items():
@@ -106,3 +112,61 @@ def test_quantized_all_reduce_error_against_exact_and_bf16(world):
         # (max|x| / 254); against the summed magnitude that stays under a few percent.
         assert r["int8_err"] < 0.03, r
         assert r["bf16_err"] < 0.01, r
+
+
+def _two_steps(rank, world, model, layout_text):
+    import torch
+
+    from meshplan.executor.blocks import Stack
+    from meshplan.executor.comm import build_mesh
+    from meshplan.executor.parallelize import GradientSync, parallelize, run_layers
+
+    torch.manual_seed(0)
+    ref = Stack(model, model.layers).double()
+    mesh = build_mesh(parse_layout(layout_text))
+    layers = parallelize(ref, mesh, 16)
+    names = {id(p): f"{i}.{n}" for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
+    sync = GradientSync(layers, mesh)
+    fired = []
+    for p in layers.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: fired.append(names[id(p)]))
+    x = torch.randn(2, 16, model.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    grads = []
+    for _ in range(2):
+        run_layers(layers, x).sum().backward()
+        sync.finish()
+        grads.append([p.grad.clone() for p in layers.parameters()])
+        for p in layers.parameters():
+            p.grad = None
+    return {"first_step_ready": fired[:len(fired) // 2], "adopted": [names[id(p)] for p in sync.order],
+            "same_grads": all(torch.equal(a, b) for a, b in zip(*grads))}
+
+
+def test_gradient_sync_adopts_the_first_steps_ready_order():
+    per_rank = run_distributed(_two_steps, 2, DENSE, "dp=2", timeout_s=120)
+    for r in per_rank:
+        # From the second step the all-reduces go in the order the gradients became ready (here the
+        # MLP's before the attention's, the second layer's before the first's), the same on both ranks,
+        # and the reduced gradients do not change with it.
+        assert r["adopted"] == per_rank[0]["first_step_ready"]
+        assert r["adopted"].index("1.w_down") < r["adopted"].index("1.w_qkv") < r["adopted"].index("0.w_down")
+        assert r["same_grads"]
+
+
+def test_gradient_sync_does_not_keep_the_layers_alive():
+    import gc
+    import weakref
+
+    from torch import nn
+
+    from meshplan.executor.comm import Mesh
+    from meshplan.executor.parallelize import GradientSync
+    from meshplan.layout import Layout
+
+    layers = nn.ModuleList([nn.Linear(4, 4)])
+    sync = GradientSync(layers, Mesh(Layout(dp=2), 0, 2, {}))
+    assert sync.order  # hooks are registered on every weight
+    weight = weakref.ref(layers[0].weight)
+    del layers, sync
+    gc.collect()
+    assert weight() is None

@@ -8,8 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from meshplan.costmodel.collectives import Comm
-from meshplan.costmodel.layouts import ScheduleContext, block_comms, sharding_for
-from meshplan.costmodel.memory import local_params
+from meshplan.costmodel.layouts import ScheduleContext, Sharding, block_comms, sharding_for
+from meshplan.costmodel.memory import block_params, local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -47,10 +47,20 @@ class StepSchedule:
 
 def grad_group(layout: Layout) -> tuple[str, int]:
     """Ranks holding the same weight shard: DP, and the Σ axis when SP replicates weights (the
-    executor's gradient all-reduce group too, meshplan.executor.parallelize.sync_gradients)."""
+    executor's gradient all-reduce group too, meshplan.executor.parallelize.GradientSync)."""
     if layout.sp > 1:
         return ("dp+sp" if layout.dp > 1 else "sp"), layout.dp * layout.sp
     return "dp", layout.dp
+
+
+def last_ready_params(model: ModelSpec, sh: Sharding, embeddings: bool) -> float:
+    """This rank's parameters whose gradients the backward completes last: the first block's (a dense
+    layer's attention, an SSM layer's mixer) and, with embeddings, the input embedding's. Their
+    reduction starts as the backward ends, with nothing left to hide behind (the executor starts each
+    weight's as its gradient is ready, in the order they became ready:
+    meshplan.executor.parallelize.GradientSync; DDP's last bucket likewise)."""
+    first = model.block_invocations()[0][0]
+    return (block_params(model, first) + (model.vocab * model.d_model if embeddings else 0)) / sh.weight_div
 
 
 def _embedding_comms(ctx: ScheduleContext, training: bool) -> list[Comm]:
@@ -118,14 +128,17 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
                                 what="ZeRO-3 re-gather params"),
                            Comm("reduce_scatter", axis, g_bytes, group, phase="bwd", block="model",
                                 what="ZeRO-3 grad reduce-scatter", overlap="backward")]
-        elif zero >= 1:
-            per_step += [Comm("reduce_scatter", axis, g_bytes, group, phase="step", block="model",
-                              what="grad reduce-scatter", overlap="backward"),
-                         Comm("all_gather", axis, p_bytes, group, phase="step", block="model",
-                              what="updated params all-gather")]
         else:
-            per_step.append(Comm("all_reduce", axis, g_bytes, group, phase="step", block="model",
-                                 what="grad all-reduce", overlap="backward"))
+            tail = min(g_bytes, last_ready_params(model, sh, embeddings) * ctx.grad_bytes)
+            kind = "reduce_scatter" if zero >= 1 else "all_reduce"
+            what = "grad reduce-scatter" if zero >= 1 else "grad all-reduce"
+            per_step += [Comm(kind, axis, g_bytes - tail, group, phase="step", block="model", what=what,
+                              overlap="backward"),
+                         Comm(kind, axis, tail, group, phase="step", block="model",
+                              what=what + " of the last-ready weights")]
+            if zero >= 1:
+                per_step.append(Comm("all_gather", axis, p_bytes, group, phase="step", block="model",
+                                     what="updated params all-gather"))
     microbatches = opts.microbatches_for(layout.pp) if training else 1
     return StepSchedule(per_block, invocations, tuple(per_mb), tuple(per_step), microbatches)
 

@@ -7,7 +7,8 @@ What hides and what does not:
 - TSP's weight shards stream behind the GEMM of the shard in hand: a ring of D − 1 hops costs
   (D − 1)·max(0, transfer − GEMM) exposed (the first shard is the rank's own); the broadcast stream
   also waits for its first transfer.
-- DP gradient all-reduces overlap the backward; what is left sticks out. TSP's weight-gradient
+- DP gradient all-reduces overlap the backward, but for the last-ready weights' (the first layer's,
+  and the input embedding's), which start as it ends; what is left sticks out. TSP's weight-gradient
   reduce-scatter is exposed (the executor waits on it at the end of each block's backward).
 - Everything else (SP Mamba conv tails and shard summaries, pipeline sends, the loss statistics) is exposed.
 Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token per sequence.

@@ -11,7 +11,7 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.parallelize import parallelize, run_layers, sync_gradients, token_positions
+from meshplan.executor.parallelize import GradientSync, parallelize, run_layers, token_positions
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -38,10 +38,16 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
     result: dict = {"rank": rank}
     if mode == "train":
         params = list(layers.parameters())
+        sync = GradientSync(layers, mesh)
+        started = []  # gradient all-reduces begun when the backward reaches the input
+        x_local.register_hook(lambda g: started.append(sync.started))
         with count_saved_bytes(params) as saved:
             y = run_layers(layers, x_local)
         (y * weight[:, pos]).sum().backward()
-        sync_gradients(layers, mesh)
+        result["grad_reductions_before_input_grad"] = started[0]
+        result["grad_reductions_of_later_layers"] = sum(1 for p in sync.order if all(p is not q for q in
+                                                                                  layers[0].parameters()))
+        sync.finish()
         result["saved_bytes"] = saved["bytes"]
         result["max_grad_x_err"] = (x_local.grad - x.grad[:, pos]).abs().max().item()
         errs = []

@@ -99,13 +99,24 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
 # -- raw collectives (counted) ------------------------------------------------------------------------
 
 def all_reduce(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
+    return all_reduce_start(mesh, t, axis)()
+
+
+def all_reduce_start(mesh: Mesh, t: torch.Tensor, axis: str):
+    """Begin summing `t` over the axis, in place; returns a function that waits for the sum and returns
+    `t` (so the caller can compute meanwhile)."""
     ax = mesh.axis(axis)
     if ax.size == 1:
-        return t
+        return lambda: t
     mesh.record("all_reduce", axis, t.numel() * t.element_size())
-    if mesh.enabled:
-        dist.all_reduce(t, group=ax.group)
-    return t
+    work = dist.all_reduce(t, group=ax.group, async_op=True) if mesh.enabled else None
+
+    def finish() -> torch.Tensor:
+        if work is not None:
+            work.wait()
+        return t
+
+    return finish
 
 
 def all_gather(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Tensor:

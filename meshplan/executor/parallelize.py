@@ -3,12 +3,15 @@ which tokens each rank holds."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from meshplan.costmodel.schedule import grad_group
 from meshplan.executor.blocks import DenseLayer, Mamba2Block, Stack
-from meshplan.executor.comm import Mesh, all_reduce
+from meshplan.executor.comm import Mesh, all_reduce, all_reduce_start
 from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelDense
 from meshplan.executor.layouts.mamba import ParallelMamba2
@@ -55,32 +58,87 @@ def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False
     return nn.ModuleList(out)
 
 
-def sync_gradients(layers: nn.ModuleList, mesh: Mesh) -> None:
-    """After backward: B/C gradients of TP-SSM's replicated groups, then the weight gradients of
-    weights replicated along the sequence axis (SP) or the data axis (ZeRO stage 0), all-reduced once
-    in one flat buffer over the cost model's gradient group (dp, sp or the two merged:
-    costmodel.schedule.grad_group) and divided by the dp replicas (their mean, as DDP takes); then
-    TSP's norm scales."""
-    for layer in layers:
-        if isinstance(layer, ParallelMamba2):
-            layer.sync_replicated_grads()
-    layout = mesh.layout
-    axis, size = grad_group(layout)
-    if size > 1:  # the sum over sp, the mean over dp
-        _all_reduce_grads(list(layers.parameters()), mesh, axis, 1.0 / layout.dp)
-    if layout.tsp > 1:  # TSP keeps the norm scales on every rank
-        _all_reduce_grads([p for layer in layers for n, p in layer.named_parameters() if n.endswith("norm.weight")],
-                          mesh, "tsp")
+class GradientSync:
+    """The gradient reductions of a training step, as DDP overlaps them with the backward.
+
+    Weights replicated along the cost model's gradient group (costmodel.schedule.grad_group: dp, sp,
+    or the two merged) have their gradients summed in place, one all-reduce a weight, started as soon
+    as autograd has accumulated the gradient (a post-accumulate-grad hook): they run behind the rest
+    of the backward. The ranks of a group must issue their collectives in one order, so each
+    all-reduce starts once its gradient and those of every weight before it in a fixed order are
+    ready. That order is the layers' weights in reverse for the first step; after it, the order in
+    which the first step's gradients became ready on the group's first rank, broadcast once (as DDP
+    rebuilds its buckets after its first step), so that a layer's late weights — its input norm and
+    attention — do not hold back the weights ready before them. `finish()`, after the backward,
+    starts any left, waits for all, and divides by the dp replicas (their mean, as DDP takes); then it
+    sums TP-SSM's replicated B/C gradients over the tensor axis and TSP's norm scales over tsp."""
+
+    def __init__(self, layers: nn.ModuleList, mesh: Mesh):
+        self.layers, self.mesh = layers, mesh
+        self.axis, size = grad_group(mesh.layout)
+        self.order = [p for layer in reversed(layers) for p in layer.parameters()] if size > 1 else []
+        self.seen: list[torch.Tensor] | None = []  # the first step's ready order; None once adopted
+        self.ready: set[int] = set()
+        self.started = 0  # the all-reduces begun this step: a prefix of self.order
+        self.pending: list = []
+        # The hooks hold this object weakly: a parameter's hooks live in C++, out of the garbage
+        # collector's sight, so a strong reference would keep the layers and their gradients alive
+        # after the run (measured: each later run's peak rose by the earlier runs' gradients).
+        ref = weakref.ref(self)
+        for p in self.order:
+            p.register_post_accumulate_grad_hook(lambda p: (s := ref()) is not None and s._ready(p))
+
+    def _ready(self, p: torch.Tensor) -> None:
+        self.ready.add(id(p))
+        if self.seen is not None:
+            self.seen.append(p)
+        while self.started < len(self.order) and id(self.order[self.started]) in self.ready:
+            self._start(self.order[self.started])
+
+    def _start(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self.pending.append(all_reduce_start(self.mesh, p.grad, self.axis))
+        self.started += 1
+
+    def finish(self) -> None:
+        while self.started < len(self.order):
+            self._start(self.order[self.started])
+        for wait in self.pending:
+            wait()
+        dp = self.mesh.layout.dp
+        grads = [p.grad for p in self.order if p.grad is not None]
+        if dp > 1 and grads:
+            torch._foreach_mul_(grads, 1.0 / dp)
+        if self.seen and self.mesh.enabled:
+            self._adopt_ready_order()
+        self.ready.clear()
+        self.started, self.pending = 0, []
+        for layer in self.layers:
+            if isinstance(layer, ParallelMamba2):
+                layer.sync_replicated_grads()
+        if self.mesh.layout.tsp > 1:  # TSP keeps the norm scales on every rank
+            _all_reduce_grads([p for layer in self.layers for n, p in layer.named_parameters()
+                               if n.endswith("norm.weight")], self.mesh, "tsp")
+
+    def _adopt_ready_order(self) -> None:
+        """The first step's ready order (weights never ready last), the group's first rank's for all:
+        a one-off broadcast of the weights' indices, not counted with the step's traffic."""
+        index = {id(p): i for i, p in enumerate(self.order)}
+        first = list(dict.fromkeys(index[id(p)] for p in self.seen))
+        rest = sorted(set(range(len(self.order))) - set(first))
+        ax = self.mesh.axis(self.axis)
+        order = torch.tensor(first + rest, dtype=torch.int64, device=self.order[0].device)
+        dist.broadcast(order, src=ax.ranks[0], group=ax.group)
+        self.order = [self.order[i] for i in order.tolist()]
+        self.seen = None
 
 
-def _all_reduce_grads(params: list, mesh: Mesh, axis: str, scale: float = 1.0) -> None:
-    """One all-reduce of the listed gradients, flattened into one buffer (the sum times `scale`)."""
+def _all_reduce_grads(params: list, mesh: Mesh, axis: str) -> None:
+    """One all-reduce of the listed gradients, flattened into one buffer."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return
     flat = all_reduce(mesh, torch.cat([g.flatten() for g in grads]), axis)
-    if scale != 1.0:
-        flat.mul_(scale)
     offset = 0
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))

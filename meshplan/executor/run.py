@@ -24,7 +24,7 @@ from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import Mesh
 from meshplan.executor.optim import MixedAdam
-from meshplan.executor.parallelize import parallelize, run_layers, sync_gradients, token_positions
+from meshplan.executor.parallelize import GradientSync, parallelize, run_layers, token_positions
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -110,6 +110,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     dy = torch.randn(x.shape, dtype=x.dtype, device=device, generator=gen) if train else None
     x.requires_grad_(train)
     opt = MixedAdam(layers.parameters()) if train else None
+    sync = GradientSync(layers, mesh) if train else None
     for layer in layers:
         layer.keep_cache = not train
     decode = mode == "decode"
@@ -129,7 +130,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
                 h = layer.decode(h)
         elif train:
             run_layers(layers, x).backward(dy)
-            sync_gradients(layers, mesh)
+            sync.finish()
             opt.step()
             opt.zero_grad()
             x.grad = None
@@ -174,6 +175,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         with count_saved_bytes(list(layers.parameters())) as saved:
             y = run_layers(layers, x)
         y.backward(dy)
+        sync.finish()  # the reductions its hooks started
         opt.zero_grad()
         x.grad = None
         result["saved_bytes"] = saved["bytes"]
