@@ -3,6 +3,8 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run48-x2-zero.json: the current executor with ZeRO 1 and 2 (optim.ZeroAdam), beside
+  ZeRO 0 and one GPU, dense and Mamba-2 training at 4K and 16K.
 - validation-h200-run47-x2-dp-sp-overlap.json: the current executor, whose gradient all-reduces (dp, and
   SP's replicated weights) start from hooks as each gradient is ready, behind the backward; one GPU,
   dp=2 and sp=2, dense and Mamba-2 training at 4K and 16K.
@@ -54,7 +56,10 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run47-x2-dp-sp-overlap.json",
+SOURCES = [("validation-h200-run48-x2-zero.json",
+            "current executor and kernels, ZeRO 1 and 2 (sharded Adam, gradients reduce-scattered behind the "
+            "backward) against ZeRO 0 and one GPU, dense and Mamba-2 training at 4K and 16K, 2 x H200"),
+           ("validation-h200-run47-x2-dp-sp-overlap.json",
             "current executor and kernels (gradient all-reduces started from hooks as each weight's gradient is "
             "ready, behind the backward), one GPU, dp=2 and sp=2, dense and Mamba-2 training at 4K and 16K, 2 x H200"),
            ("validation-h200-run43-x2-mamba2-sp-one-scan.json",

@@ -11,10 +11,40 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import build_mesh
+from meshplan.executor.optim import MixedAdam, make_optimizer
 from meshplan.executor.parallelize import GradientSync, parallelize, run_layers, token_positions
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
+
+
+def _mine(sync: GradientSync, p, whole):
+    """What this rank holds of p's summed gradient: all of it, or under ZeRO its shard (and the same
+    slice of `whole`)."""
+    if not sync.zero:
+        return whole
+    shard = sync.shard(p)
+    if whole is p.grad:  # ZeRO 2 has dropped it: None
+        return shard
+    flat = torch.nn.functional.pad(whole.reshape(-1), (0, shard.numel() * sync.mesh.axis(sync.axis).size - whole.numel()))
+    rank = sync.mesh.axis(sync.axis).rank
+    return flat[rank * shard.numel():(rank + 1) * shard.numel()]
+
+
+def _max_rel_err(layers, ref, pick) -> float:
+    """Largest relative difference between each local weight's quantity and the reference's:
+    `pick(local weight, the reference's matching slice, that slice's gradient) -> (got, want)`."""
+    errs = []
+    for layer, ref_layer in zip(layers, ref.layers):
+        ref_params = dict(ref_layer.named_parameters())
+        for name, p in layer.named_parameters():
+            ref_name, dim, idx = layer.index[name]
+            full = ref_params[ref_name]
+            want = full.detach() if dim is None else full.detach().index_select(dim, idx)
+            grad = full.grad if dim is None or full.grad is None else full.grad.index_select(dim, idx)
+            got, want = pick(p, want, grad)
+            errs.append((got - want).abs().max().item() / (want.abs().max().item() + 1e-30))
+    return max(errs)
 
 
 def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: int, batch: int,
@@ -50,15 +80,13 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
         sync.finish()
         result["saved_bytes"] = saved["bytes"]
         result["max_grad_x_err"] = (x_local.grad - x.grad[:, pos]).abs().max().item()
-        errs = []
-        for layer, ref_layer in zip(layers, ref.layers):
-            ref_params = dict(ref_layer.named_parameters())
-            for name, p in layer.named_parameters():
-                ref_name, dim, idx = layer.index[name]
-                expect = ref_params[ref_name].grad
-                expect = expect if dim is None else expect.index_select(dim, idx)
-                errs.append((p.grad - expect).abs().max().item() / (expect.abs().max().item() + 1e-30))
-        result["max_weight_grad_rel_err"] = max(errs)
+        result["max_weight_grad_rel_err"] = _max_rel_err(layers, ref, lambda p, want, grad: (_mine(sync, p, p.grad),
+                                                                                               _mine(sync, p, grad)))
+        if sync.zero:  # the sharded step against MixedAdam's on the reference's whole gradients
+            opt = make_optimizer(layers.parameters(), sync)
+            opt.step()
+            MixedAdam(ref.parameters()).step()
+            result["max_weight_after_step_rel_err"] = _max_rel_err(layers, ref, lambda p, want, grad: (p, want))
     else:
         with torch.no_grad():
             y = run_layers(layers, x_local)

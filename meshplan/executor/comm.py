@@ -169,6 +169,53 @@ def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Te
     return t.chunk(ax.size, dim=dim)[ax.rank].contiguous()
 
 
+def reduce_scatter_start(mesh: Mesh, flat: torch.Tensor, axis: str, in_place: bool):
+    """Begin summing the 1-D `flat` over the axis, keeping this rank's 1/n of it (`flat` zero-padded to
+    a multiple of n); returns (the slice, a function that waits for it). `in_place`: the slice is a
+    view of `flat` (NCCL's in-place form: no second buffer) where no padding is needed; otherwise it
+    is a buffer of its own, and the caller may drop `flat` at once (the collective keeps it alive)."""
+    ax = mesh.axis(axis)
+    n = ax.size
+    pad = -flat.numel() % n
+    if pad:
+        flat, in_place = torch.nn.functional.pad(flat, (0, pad)), False
+    s = flat.numel() // n
+    mine = flat[ax.rank * s:(ax.rank + 1) * s]
+    mesh.record("reduce_scatter", axis, flat.numel() * flat.element_size())
+    out = mine if in_place else torch.empty_like(mine)
+    if not mesh.enabled:
+        if not in_place:
+            out.copy_(mine)
+        return out, lambda: out
+    if mesh.nccl:
+        work = dist.reduce_scatter_tensor(out, flat, group=ax.group, async_op=True)
+    else:  # gloo has no reduce-scatter: all-reduce, then this rank's slice (counted as what it stands for)
+        work = dist.all_reduce(flat, group=ax.group, async_op=True)
+
+    def finish() -> torch.Tensor:
+        work.wait()
+        if not mesh.nccl and not in_place:
+            out.copy_(mine)
+        return out
+
+    return out, finish
+
+
+def all_gather_into_start(mesh: Mesh, out: torch.Tensor, shard: torch.Tensor, axis: str):
+    """Begin gathering every rank's 1-D `shard` (rank order) into the 1-D `out` of n times its length;
+    returns a function that waits for it."""
+    ax = mesh.axis(axis)
+    mesh.record("all_gather", axis, shard.numel() * shard.element_size() * ax.size)
+    if not mesh.enabled:
+        out[ax.rank * shard.numel():(ax.rank + 1) * shard.numel()].copy_(shard)
+        return lambda: out
+    if mesh.nccl:
+        work = dist.all_gather_into_tensor(out, shard, group=ax.group, async_op=True)
+    else:
+        work = dist.all_gather(list(out.chunk(ax.size)), shard, group=ax.group, async_op=True)
+    return work.wait
+
+
 def all_to_all(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
     """t (n, ...): row j goes to rank j; returns the rows every rank sent to this one, in rank order."""
     ax = mesh.axis(axis)

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import torch
 
+from meshplan.executor.comm import all_gather_into_start
+
 
 class MixedAdam:
     def __init__(self, params, lr: float = 1e-5, betas=(0.9, 0.95), eps: float = 1e-8):
         self.params = [p for p in params if p.requires_grad]
-        self.master = [p.detach().float().clone() for p in self.params]
+        self.master = [self._master(p) for p in self.params]
         self.m = [torch.zeros_like(w) for w in self.master]
         self.v = [torch.zeros_like(w) for w in self.master]
         self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
+
+    def _master(self, p: torch.Tensor) -> torch.Tensor:
+        return p.detach().float().clone()
+
+    def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
+        return p.grad
+
+    def _write(self, p: torch.Tensor, w: torch.Tensor) -> None:
+        p.copy_(w)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -25,9 +36,10 @@ class MixedAdam:
         # copies from pageable host memory, which waits for the GPU to drain, once per parameter.
         steps: dict = {}
         for p, w, m, v in zip(self.params, self.master, self.m, self.v):
-            if p.grad is None:
+            grad = self._grad(p)
+            if grad is None:
                 continue
-            g = p.grad.float()
+            g = grad.float()
             if fused is not None and w.is_cuda:
                 if w.device not in steps:
                     steps[w.device] = torch.full((), float(self.t), device=w.device)
@@ -38,8 +50,61 @@ class MixedAdam:
                 m.mul_(b1).add_(g, alpha=1 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
                 w.addcdiv_(m, v.sqrt().div_(c2 ** 0.5).add_(self.eps), value=-self.lr / c1)
-            p.copy_(w)
+            self._write(p, w)
+        self._written()
+
+    def _written(self) -> None:
+        pass
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+
+
+class ZeroAdam(MixedAdam):
+    """ZeRO stages 1 and 2 (Rajbhandari et al. 2020, §5.1-5.2): each rank of the gradient group keeps
+    the fp32 master, m and v of its 1/n of every weight (the weight flattened, zero-padded to a multiple
+    of n), updates them from its shard of the summed gradient (parallelize.GradientSync, which
+    reduce-scattered it), and all-gathers the updated bf16 slices into every rank's whole weight."""
+
+    def __init__(self, params, sync, **kw):
+        self.sync = sync
+        ax = sync.mesh.axis(sync.axis)
+        self.n, self.rank = ax.size, ax.rank
+        self.waits: list = []
+        super().__init__(params, **kw)
+
+    def _slice(self, p: torch.Tensor) -> int:
+        return -(-p.numel() // self.n)
+
+    def _master(self, p: torch.Tensor) -> torch.Tensor:
+        s = self._slice(p)
+        flat = torch.nn.functional.pad(p.detach().reshape(-1), (0, s * self.n - p.numel()))
+        return flat[self.rank * s:(self.rank + 1) * s].float().clone()
+
+    def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
+        return self.sync.shard(p)
+
+    def _write(self, p: torch.Tensor, w: torch.Tensor) -> None:
+        s = self._slice(p)
+        whole = p.data.view(-1) if s * self.n == p.numel() else torch.empty(s * self.n, dtype=p.dtype, device=p.device)
+        self.waits.append((all_gather_into_start(self.sync.mesh, whole, w.to(p.dtype), self.sync.axis), p, whole))
+        if len(self.waits) > 2:  # two gathers in flight: their bf16 slices are the step's only transients
+            self._land(*self.waits.pop(0))
+
+    @staticmethod
+    def _land(wait, p: torch.Tensor, whole: torch.Tensor) -> None:
+        wait()
+        if whole.data_ptr() != p.data_ptr():
+            p.data.view(-1).copy_(whole[:p.numel()])
+
+    def _written(self) -> None:
+        for item in self.waits:
+            self._land(*item)
+        self.waits = []
+        self.sync.clear()
+
+
+def make_optimizer(params, sync):
+    """The optimizer the layout's ZeRO stage calls for: ZeroAdam for stages 1 and 2, else MixedAdam."""
+    return ZeroAdam(params, sync) if sync.zero else MixedAdam(params)

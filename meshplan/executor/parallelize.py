@@ -11,7 +11,7 @@ from torch import nn
 
 from meshplan.costmodel.schedule import grad_group
 from meshplan.executor.blocks import DenseLayer, Mamba2Block, Stack
-from meshplan.executor.comm import Mesh, all_reduce, all_reduce_start
+from meshplan.executor.comm import Mesh, all_reduce, all_reduce_start, reduce_scatter_start
 from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelDense
 from meshplan.executor.layouts.mamba import ParallelMamba2
@@ -62,24 +62,37 @@ class GradientSync:
     """The gradient reductions of a training step, as DDP overlaps them with the backward.
 
     Weights replicated along the cost model's gradient group (costmodel.schedule.grad_group: dp, sp,
-    or the two merged) have their gradients summed in place, one all-reduce a weight, started as soon
+    or the two merged) have their gradients summed over it, one collective a weight, started as soon
     as autograd has accumulated the gradient (a post-accumulate-grad hook): they run behind the rest
-    of the backward. The ranks of a group must issue their collectives in one order, so each
-    all-reduce starts once its gradient and those of every weight before it in a fixed order are
-    ready. That order is the layers' weights in reverse for the first step; after it, the order in
-    which the first step's gradients became ready on the group's first rank, broadcast once (as DDP
-    rebuilds its buckets after its first step), so that a layer's late weights — its input norm and
-    attention — do not hold back the weights ready before them. `finish()`, after the backward,
-    starts any left, waits for all, and divides by the dp replicas (their mean, as DDP takes); then it
-    sums TP-SSM's replicated B/C gradients over the tensor axis and TSP's norm scales over tsp."""
+    of the backward. ZeRO 0 all-reduces each gradient in place. ZeRO 1 and 2 reduce-scatter it, so
+    that each rank gets the sum of its 1/n of the weight (`shard`), which its optimizer updates
+    (optim.ZeroAdam): ZeRO 1 in place, keeping the whole gradient as the memory model does; ZeRO 2
+    into a buffer of its own, dropping the whole gradient at once.
+
+    The ranks of a group must issue their collectives in one order, so each starts once its gradient
+    and those of every weight before it in a fixed order are ready. That order is the layers' weights
+    in reverse for the first step; after it, the order in which the first step's gradients became ready
+    on the group's first rank, broadcast once (as DDP rebuilds its buckets after its first step), so
+    that a layer's late weights — its input norm and attention — do not hold back those ready before.
+
+    `finish()`, after the backward, starts any left and waits for all, then divides by the dp replicas
+    (their mean, as DDP takes). It sums TP-SSM's replicated B/C gradients over the tensor axis and TSP's
+    norm scales over tsp; under ZeRO those weights' reductions over the group wait for these sums (a
+    shard of a partial sum cannot be completed afterwards)."""
 
     def __init__(self, layers: nn.ModuleList, mesh: Mesh):
         self.layers, self.mesh = layers, mesh
-        self.axis, size = grad_group(mesh.layout)
-        self.order = [p for layer in reversed(layers) for p in layer.parameters()] if size > 1 else []
+        layout = mesh.layout
+        self.axis, size = grad_group(layout)
+        self.zero = layout.zero if layout.dp > 1 else 0
+        weights = [p for layer in reversed(layers) for p in layer.parameters()] if size > 1 else []
+        held = {id(p) for p in self._summed_first()} if self.zero else set()
+        self.order = [p for p in weights if id(p) not in held]
+        self.held = [p for p in weights if id(p) in held]
+        self.shards: dict[int, torch.Tensor] = {}  # ZeRO: this rank's slice of each summed gradient
         self.seen: list[torch.Tensor] | None = []  # the first step's ready order; None once adopted
         self.ready: set[int] = set()
-        self.started = 0  # the all-reduces begun this step: a prefix of self.order
+        self.started = 0  # the reductions begun this step: a prefix of self.order
         self.pending: list = []
         # The hooks hold this object weakly: a parameter's hooks live in C++, out of the garbage
         # collector's sight, so a strong reference would keep the layers and their gradients alive
@@ -87,6 +100,14 @@ class GradientSync:
         ref = weakref.ref(self)
         for p in self.order:
             p.register_post_accumulate_grad_hook(lambda p: (s := ref()) is not None and s._ready(p))
+
+    def _summed_first(self) -> list:
+        """Weights whose gradients are partial sums until finish(): TSP's norm scales, TP-SSM's
+        replicated B/C projections."""
+        out = [p for layer in self.layers if isinstance(layer, ParallelMamba2) for p in layer.replicated_grad_params()]
+        if self.mesh.layout.tsp > 1:
+            out += [p for layer in self.layers for n, p in layer.named_parameters() if n.endswith("norm.weight")]
+        return out
 
     def _ready(self, p: torch.Tensor) -> None:
         self.ready.add(id(p))
@@ -96,29 +117,54 @@ class GradientSync:
             self._start(self.order[self.started])
 
     def _start(self, p: torch.Tensor) -> None:
-        if p.grad is not None:
-            self.pending.append(all_reduce_start(self.mesh, p.grad, self.axis))
         self.started += 1
+        self._reduce(p)
+
+    def _reduce(self, p: torch.Tensor) -> None:
+        if p.grad is None:
+            return
+        if not self.zero:
+            self.pending.append(all_reduce_start(self.mesh, p.grad, self.axis))
+            return
+        shard, wait = reduce_scatter_start(self.mesh, p.grad.view(-1), self.axis, in_place=self.zero == 1)
+        self.shards[id(p)] = shard
+        self.pending.append(wait)
+        if self.zero >= 2:
+            p.grad = None  # the collective holds it until done
+
+    def shard(self, p: torch.Tensor) -> torch.Tensor | None:
+        """ZeRO: this rank's slice of p's summed gradient (p flattened, zero-padded to a multiple of
+        the group), after finish()."""
+        return self.shards.get(id(p))
 
     def finish(self) -> None:
         while self.started < len(self.order):
             self._start(self.order[self.started])
         for wait in self.pending:
             wait()
-        dp = self.mesh.layout.dp
-        grads = [p.grad for p in self.order if p.grad is not None]
-        if dp > 1 and grads:
-            torch._foreach_mul_(grads, 1.0 / dp)
-        if self.seen and self.mesh.enabled:
-            self._adopt_ready_order()
-        self.ready.clear()
-        self.started, self.pending = 0, []
+        self.pending = []
         for layer in self.layers:
             if isinstance(layer, ParallelMamba2):
                 layer.sync_replicated_grads()
         if self.mesh.layout.tsp > 1:  # TSP keeps the norm scales on every rank
             _all_reduce_grads([p for layer in self.layers for n, p in layer.named_parameters()
                                if n.endswith("norm.weight")], self.mesh, "tsp")
+        for p in self.held:
+            self._reduce(p)
+        for wait in self.pending:
+            wait()
+        dp = self.mesh.layout.dp
+        summed = list(self.shards.values()) if self.zero else [p.grad for p in self.order if p.grad is not None]
+        if dp > 1 and summed:
+            torch._foreach_mul_(summed, 1.0 / dp)
+        if self.seen and self.mesh.enabled:
+            self._adopt_ready_order()
+        self.ready.clear()
+        self.started, self.pending = 0, []
+
+    def clear(self) -> None:
+        """Drop the step's gradient shards (the optimizer has used them)."""
+        self.shards.clear()
 
     def _adopt_ready_order(self) -> None:
         """The first step's ready order (weights never ready last), the group's first rank's for all:

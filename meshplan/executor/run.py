@@ -23,7 +23,7 @@ from meshplan.costmodel.schedule import step_schedule
 from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import Mesh
-from meshplan.executor.optim import MixedAdam
+from meshplan.executor.optim import make_optimizer
 from meshplan.executor.parallelize import GradientSync, parallelize, run_layers, token_positions
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
@@ -109,8 +109,8 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     x = torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
     dy = torch.randn(x.shape, dtype=x.dtype, device=device, generator=gen) if train else None
     x.requires_grad_(train)
-    opt = MixedAdam(layers.parameters()) if train else None
     sync = GradientSync(layers, mesh) if train else None
+    opt = make_optimizer(layers.parameters(), sync) if train else None
     for layer in layers:
         layer.keep_cache = not train
     decode = mode == "decode"
@@ -176,6 +176,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
             y = run_layers(layers, x)
         y.backward(dy)
         sync.finish()  # the reductions its hooks started
+        sync.clear()
         opt.zero_grad()
         x.grad = None
         result["saved_bytes"] = saved["bytes"]

@@ -1,8 +1,8 @@
 """What the executor runs, checked before anything launches (torch-free: the CLI and the planner ask).
 
-The cost model scores more than the executor runs: pipeline stages, ZeRO's sharded optimizer states,
-gradients and parameters, TSP over Mamba blocks, and models other than dense and Mamba-2 stacks are
-priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
+The cost model scores more than the executor runs: pipeline stages, ZeRO 3's sharded parameters,
+ZeRO over a gradient group that spans the sequence axis, TSP over Mamba blocks, and models other than
+dense and Mamba-2 stacks are priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
 them.
 """
 
@@ -19,9 +19,14 @@ def unsupported(layout: Layout, model: ModelSpec) -> str | None:
         return f"model: the executor builds dense and Mamba-2 stacks, not {model.family} ({model.name})"
     if layout.pp > 1:
         return f"layout: the executor runs no pipeline stages (pp={layout.pp}); execute pp=1, the model scores pp"
-    if layout.dp > 1 and layout.zero > 0:
-        return (f"layout: the executor runs data parallelism with a plain gradient all-reduce (zero=0), "
-                f"not zero={layout.zero}; drop zero to execute it")
+    if layout.dp > 1 and layout.zero >= 3:
+        return (f"layout: the executor shards optimizer state and gradients (zero=1, 2), not parameters "
+                f"(zero={layout.zero}); execute zero=2 or below")
+    if layout.dp > 1 and layout.zero and layout.sp > 1:
+        # The cost model reduce-scatters over dp·sp (costmodel.schedule.grad_group) but counts the
+        # optimizer state sharded over dp alone (costmodel.memory): the executor would match only one.
+        return (f"layout: the executor runs ZeRO (zero={layout.zero}) with sp=1 only; with sp={layout.sp} "
+                f"drop zero or sp to execute it")
     if layout.tsp > 1 and model.family == "mamba2":
         return f"layout: the executor runs TSP for attention and MLP blocks, not Mamba-2's; use tpssm or sp for {model.name}"
     if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:

@@ -234,12 +234,18 @@ class ParallelMamba2(Sharded):
         self.norm_fn = _SpanningGatedNorm(mesh, tensor_axis, di) if (t > 1 and self.replicated_groups) else None
         self.keep_cache, self.ssm_cache = False, None
 
+    def replicated_grad_params(self) -> list:
+        """The weights whose B/C rows every tensor rank holds (ngroups < T): their gradients are partial
+        sums until sync_replicated_grads."""
+        if not (self.tensor_axis and self.replicated_groups and self.mesh.axis(self.tensor_axis).size > 1):
+            return []
+        return [self.in_proj, self.conv_w, self.conv_b]
+
     def sync_replicated_grads(self) -> None:
         """All-reduce the partial gradients of the B/C weights every tensor rank holds (ngroups < T)."""
-        if not (self.tensor_axis and self.replicated_groups and self.mesh.axis(self.tensor_axis).size > 1):
-            return
-        for param, sl in ((self.in_proj, self.bc_in_rows), (self.conv_w, self.bc_conv_rows),
-                          (self.conv_b, self.bc_conv_rows)):
+        rows = {id(self.in_proj): self.bc_in_rows, id(self.conv_w): self.bc_conv_rows, id(self.conv_b): self.bc_conv_rows}
+        for param in self.replicated_grad_params():
+            sl = rows[id(param)]
             if param.grad is not None:
                 part = param.grad[sl].contiguous()
                 param.grad[sl] = all_reduce(self.mesh, part, self.tensor_axis)
