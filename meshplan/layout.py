@@ -85,6 +85,15 @@ class Layout:
         return ",".join(parts) or "single"
 
 
+def grad_group(layout: Layout) -> tuple[str, int]:
+    """Ranks holding the same weight shard: DP, and the Σ axis when SP replicates weights — the group
+    over which gradients are summed and ZeRO shards (the cost model's schedule and memory, and the
+    executor's meshplan.executor.parallelize.GradientSync)."""
+    if layout.sp > 1:
+        return ("dp+sp" if layout.dp > 1 else "sp"), layout.dp * layout.sp
+    return "dp", layout.dp
+
+
 def parse_layout(text: str) -> Layout:
     text = text.strip()
     if text in ("", "single", "none"):

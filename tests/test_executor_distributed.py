@@ -8,10 +8,9 @@ from collections import defaultdict
 
 import pytest
 
-from meshplan.costmodel.schedule import grad_group
 from meshplan.executor.check import check_layout
 from meshplan.executor.distributed import run_distributed
-from meshplan.layout import parse_layout
+from meshplan.layout import grad_group, parse_layout
 from meshplan.models import dense, mamba2
 
 DENSE = dense("tiny-gqa", 64, 2, 8, 4, 128, 100)
@@ -20,7 +19,7 @@ MAMBA_FOUR_GROUPS = mamba2("tiny-m2-g4", 32, 2, 100, d_state=8, headdim=8, ngrou
 
 CASES = {
     ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2"]),
-    ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2", "dp=2,tp=2", "dp=2,tsp=2,zero=1"]),
+    ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2", "dp=2,tp=2", "dp=2,tsp=2,zero=1", "dp=2,sp=2,zero=2"]),
     ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "dp=2", "dp=2,zero=2"]),
     ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tpssm=2,sp=2", "dp=2,sp=2", "dp=2,tpssm=2,zero=2"]),
     ("mamba2-groups", 4): (MAMBA_FOUR_GROUPS, ["tpssm=4", "tpssm=2"]),

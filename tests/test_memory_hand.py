@@ -230,3 +230,15 @@ def test_int8_peer_buffer_two_slots_of_the_block_output():
     assert r.total_bytes - without.total_bytes == 2 * 174_063_616
     assert memory_per_gpu(model, Layout(tpssm=4), 16384, 4, int8).per_gpu_bytes["int8_peer_buffer"] == 0
     assert without.per_gpu_bytes["int8_peer_buffer"] == 0
+
+
+@pytest.mark.parametrize("zero, div", [(1, (1, 1, 8)), (2, (1, 8, 8)), (3, (8, 8, 8))])
+def test_zero_shards_over_dp_and_sp_together(zero, div):
+    # SP replicates the weights along Σ as DP does: ZeRO shards over the dp·sp ranks its reduce-scatter
+    # spans (the schedule's gradient group), here 4 · 2.
+    model = PRESETS["llama3-8b"]
+    p = model.param_count()
+    r = memory_per_gpu(model, Layout(dp=4, sp=2, zero=zero), 1024, 1)
+    assert r.per_gpu_bytes["parameters"] == round(p * 2 / div[0])
+    assert r.per_gpu_bytes["gradients"] == round(p * 2 / div[1])
+    assert r.per_gpu_bytes["optimizer_state"] == round(p * 12 / div[2])

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from meshplan.costmodel.activations import block_saved, checkpoint_units, head_saved, Saved
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
-from meshplan.layout import Layout, validate_layout, validate_seq
+from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
 from meshplan.models import ModelSpec
 from meshplan.kernels.launch import SSD_CHUNK, bwd_splits, peer_slot_bytes
 
@@ -365,8 +365,11 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     sh = sharding_for(layout, opts)
     train = opts.training
     p_bytes = model.param_bytes_per_element
-    dp = layout.dp
-    zero = layout.zero if dp > 1 else 0
+    zero = layout.zero if layout.dp > 1 else 0
+    # ZeRO shards over the gradient group: dp, times sp where SP replicates the weights too, as the
+    # schedule reduce-scatters (Megatron-LM builds its distributed optimizer over the data-parallel
+    # group with context parallel: get_megatron_optimizer, megatron/core/optimizer/__init__.py).
+    shards = grad_group(layout)[1] if zero else 1
 
     saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / layout.pp)
     head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train and embeddings else 0.0
@@ -438,12 +441,12 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     stages = ("only",) if layout.pp == 1 else ("first", "last")
     for stage in stages:
         params = local_params(model, sh, layout.pp, stage, embeddings)
-        param_b = params * p_bytes / (dp if zero >= 3 else 1)
-        grad_b = params * opts.nbytes("grad_dtype") / (dp if zero >= 2 else 1) if train else 0.0
+        param_b = params * p_bytes / (shards if zero >= 3 else 1)
+        grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
         opt_bytes = 0
         if train and opts.optimizer == "adam":
             opt_bytes = ADAM_STATE_BYTES_PER_PARAM if p_bytes < 4 else ADAM_STATE_BYTES_FP32_PARAMS
-        opt_b = params * opt_bytes / (dp if zero >= 1 else 1)
+        opt_b = params * opt_bytes / shards
         acts = 0.0
         if train:
             in_flight = layout.pp if stage == "first" else 1
@@ -469,7 +472,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
             "logits": acts + grads_at_peak + parts["transient_logits"],
         }
         if train:
-            phases["optimizer"] = grad_b + 2 * largest_matrix(model, sh) * 4 / (dp if zero >= 1 else 1)
+            phases["optimizer"] = grad_b + 2 * largest_matrix(model, sh) * 4 / shards
             if attention_phase:
                 phases["attention"] = acts + grads_at_peak + attention_phase + streaming
         phase = max(phases, key=phases.get)

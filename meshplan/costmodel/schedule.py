@@ -11,7 +11,7 @@ from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.layouts import ScheduleContext, Sharding, block_comms, sharding_for
 from meshplan.costmodel.memory import block_params, local_params
 from meshplan.costmodel.options import CostOptions
-from meshplan.layout import Layout
+from meshplan.layout import Layout, grad_group
 from meshplan.models import ModelSpec
 
 
@@ -43,14 +43,6 @@ class StepSchedule:
         for c, n in self.all_comms():
             out[f"{c.kind}/{c.axis}"] += (c.message_bytes_per_rank if message else c.bytes_per_rank) * n
         return dict(out)
-
-
-def grad_group(layout: Layout) -> tuple[str, int]:
-    """Ranks holding the same weight shard: DP, and the Σ axis when SP replicates weights (the
-    executor's gradient all-reduce group too, meshplan.executor.parallelize.GradientSync)."""
-    if layout.sp > 1:
-        return ("dp+sp" if layout.dp > 1 else "sp"), layout.dp * layout.sp
-    return "dp", layout.dp
 
 
 def last_ready_params(model: ModelSpec, sh: Sharding, embeddings: bool) -> float:

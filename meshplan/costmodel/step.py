@@ -26,7 +26,7 @@ from meshplan.costmodel.layouts.tp import int8_block
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
-from meshplan.layout import Layout, sp_zigzag
+from meshplan.layout import Layout, grad_group, sp_zigzag
 from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
 
@@ -173,7 +173,8 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, bwd_total * m, 0.0, 0.0)  # gradient sync behind the backward
     held = local_params(model, sh, pp, "only", embeddings)
-    opt_s = optimizer_time_s(held / (layout.dp if layout.zero >= 1 else 1), dev) if training else 0.0
+    opt_s = optimizer_time_s(held / (grad_group(layout)[1] if layout.zero >= 1 and layout.dp > 1 else 1), dev) \
+        if training else 0.0
 
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
     step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s

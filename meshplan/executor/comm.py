@@ -87,7 +87,7 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
     axes: dict[str, Axis] = {name: groups((name,), name) for name in AXIS_ORDER}
     if sizes["sp"] > 1 and sizes["dp"] > 1:
         # The merged gradient group of weights SP replicates (the cost model's "dp+sp",
-        # meshplan.costmodel.schedule.grad_group).
+        # meshplan.layout.grad_group).
         axes["dp+sp"] = groups(("sp", "dp"), "dp+sp")
     if rank < 0:
         return None

@@ -9,14 +9,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshplan.costmodel.schedule import grad_group
 from meshplan.executor.blocks import DenseLayer, Mamba2Block, Stack
 from meshplan.executor.comm import Mesh, all_reduce, all_reduce_start, reduce_scatter_start
 from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelDense
 from meshplan.executor.layouts.mamba import ParallelMamba2
 from meshplan.executor.layouts.tsp import TSPDense
-from meshplan.layout import sp_zigzag
+from meshplan.layout import grad_group, sp_zigzag
 
 
 def token_positions(mesh: Mesh, seq: int, stack: Stack | None = None) -> torch.Tensor:
@@ -61,7 +60,7 @@ def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False
 class GradientSync:
     """The gradient reductions of a training step, as DDP overlaps them with the backward.
 
-    Weights replicated along the cost model's gradient group (costmodel.schedule.grad_group: dp, sp,
+    Weights replicated along the cost model's gradient group (meshplan.layout.grad_group: dp, sp,
     or the two merged) have their gradients summed over it, one collective a weight, started as soon
     as autograd has accumulated the gradient (a post-accumulate-grad hook): they run behind the rest
     of the backward. ZeRO 0 all-reduces each gradient in place. ZeRO 1 and 2 reduce-scatter it, so

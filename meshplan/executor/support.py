@@ -1,8 +1,7 @@
 """What the executor runs, checked before anything launches (torch-free: the CLI and the planner ask).
 
-The cost model scores more than the executor runs: pipeline stages, ZeRO 3's sharded parameters,
-ZeRO over a gradient group that spans the sequence axis, TSP over Mamba blocks, and models other than
-dense and Mamba-2 stacks are priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
+The cost model scores more than the executor runs: pipeline stages, ZeRO 3's sharded parameters, TSP
+over Mamba blocks, and models other than dense and Mamba-2 stacks are priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
 them.
 """
 
@@ -22,11 +21,6 @@ def unsupported(layout: Layout, model: ModelSpec) -> str | None:
     if layout.dp > 1 and layout.zero >= 3:
         return (f"layout: the executor shards optimizer state and gradients (zero=1, 2), not parameters "
                 f"(zero={layout.zero}); execute zero=2 or below")
-    if layout.dp > 1 and layout.zero and layout.sp > 1:
-        # The cost model reduce-scatters over dp·sp (costmodel.schedule.grad_group) but counts the
-        # optimizer state sharded over dp alone (costmodel.memory): the executor would match only one.
-        return (f"layout: the executor runs ZeRO (zero={layout.zero}) with sp=1 only; with sp={layout.sp} "
-                f"drop zero or sp to execute it")
     if layout.tsp > 1 and model.family == "mamba2":
         return f"layout: the executor runs TSP for attention and MLP blocks, not Mamba-2's; use tpssm or sp for {model.name}"
     if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:
