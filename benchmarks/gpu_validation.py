@@ -29,9 +29,10 @@ from meshplan.layout import parse_layout
 from meshplan.models import PRESETS, dense, mamba2
 from meshplan.topologies import load_cluster
 
-DENSE_LAYOUTS = ["single", "tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "tp=4", "sp=4", "tsp=4",
-                 "tp=2,sp=2"]
-MAMBA_LAYOUTS = ["single", "tpssm=2", "sp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "tpssm=4", "sp=4", "tpssm=2,sp=2"]
+DENSE_LAYOUTS = ["single", "tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "tp=4", "sp=4",
+                 "tsp=4", "tp=2,sp=2"]
+MAMBA_LAYOUTS = ["single", "tpssm=2", "sp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "tpssm=4", "sp=4",
+                 "tpssm=2,sp=2"]
 
 
 def plan(args) -> list[dict]:

@@ -3,6 +3,9 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run50-x2-zero3.json: the current executor with ZeRO 3 (meshplan/executor/zero3.py)
+  beside ZeRO 2 and one GPU. (Run 49, `…-zero3-leak.json`, is the same before its hooks held the
+  layers weakly.)
 - validation-h200-run48-x2-zero.json: the current executor with ZeRO 1 and 2 (optim.ZeroAdam), beside
   ZeRO 0 and one GPU, dense and Mamba-2 training at 4K and 16K.
 - validation-h200-run47-x2-dp-sp-overlap.json: the current executor, whose gradient all-reduces (dp, and
@@ -56,7 +59,11 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run48-x2-zero.json",
+SOURCES = [("validation-h200-run50-x2-zero3.json",
+            "current executor and kernels, ZeRO 3 (weights gathered around each layer's forward and backward) "
+            "beside ZeRO 2 and one GPU, dense and Mamba-2 training at 4K and 16K, prefill and decode on one GPU, "
+            "2 x H200"),
+           ("validation-h200-run48-x2-zero.json",
             "current executor and kernels, ZeRO 1 and 2 (sharded Adam, gradients reduce-scattered behind the "
             "backward) against ZeRO 0 and one GPU, dense and Mamba-2 training at 4K and 16K, 2 x H200"),
            ("validation-h200-run47-x2-dp-sp-overlap.json",

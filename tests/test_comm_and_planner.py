@@ -104,6 +104,15 @@ def test_dp_gradient_reduction_leaves_the_last_ready_weights_exposed():
     assert tail.message_bytes == pytest.approx(2 * (4 * 4096 ** 2 + 4096) / 2)
 
 
+def test_zero3_decode_gathers_every_weight_for_every_token():
+    model = PRESETS["mamba2-370m"]
+    counts = step_schedule(model, Layout(dp=4, zero=3), 4096, 8, CostOptions(mode="decode"),
+                           embeddings=False).bytes_by_kind_and_axis(message=True)
+    assert counts == {"all_gather/dp": pytest.approx(model.layer_params() * 2)}  # bf16 weights, whole
+    plain = step_schedule(model, Layout(dp=4, zero=2), 4096, 8, CostOptions(mode="decode"), embeddings=False)
+    assert plain.bytes_by_kind_and_axis() == {}
+
+
 def test_crossover_is_8h_for_mha_and_gated_f4():
     assert volume_crossover_tokens(PRESETS["dense-7b"], 8) == pytest.approx(8 * H)
 

@@ -18,9 +18,9 @@ MAMBA_ONE_GROUP = mamba2("tiny-m2", 32, 2, 100, d_state=8, headdim=8, ngroups=1)
 MAMBA_FOUR_GROUPS = mamba2("tiny-m2-g4", 32, 2, 100, d_state=8, headdim=8, ngroups=4)
 
 CASES = {
-    ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2"]),
+    ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3"]),
     ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2", "dp=2,tp=2", "dp=2,tsp=2,zero=1", "dp=2,sp=2,zero=2"]),
-    ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "dp=2", "dp=2,zero=2"]),
+    ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "dp=2", "dp=2,zero=2", "dp=2,zero=3"]),
     ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tpssm=2,sp=2", "dp=2,sp=2", "dp=2,tpssm=2,zero=2"]),
     ("mamba2-groups", 4): (MAMBA_FOUR_GROUPS, ["tpssm=4", "tpssm=2"]),
 }
@@ -171,3 +171,28 @@ def test_gradient_sync_does_not_keep_the_layers_alive():
     del layers, sync
     gc.collect()
     assert weight() is None
+
+
+def test_zero3_weights_do_not_keep_the_layers_alive():
+    import gc
+    import weakref
+
+    from torch import nn
+
+    from meshplan.executor.comm import Mesh
+    from meshplan.executor.zero3 import ShardedWeights
+    from meshplan.layout import Layout
+
+    layers = nn.ModuleList([nn.Linear(4, 4)])
+    ShardedWeights(layers, Mesh(Layout(dp=2, zero=3), 0, 2, {"dp": _Axis1()}))
+    assert layers[0].weight.untyped_storage().nbytes() == 0  # given back until a forward gathers it
+    weight = weakref.ref(layers[0].weight)
+    del layers
+    gc.collect()
+    alive = weight() is not None  # (a weight with no storage is not printed)
+    assert not alive
+
+
+class _Axis1:
+    """A dp axis of two ranks, this one the first, with no process group (nothing is sent here)."""
+    size, rank, ranks, group = 2, 0, [0, 1], None

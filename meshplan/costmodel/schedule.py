@@ -162,4 +162,8 @@ def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int,
     if layout.pp > 1:
         per_mb.append(Comm("send_recv", "pp", batch * model.d_model * ctx.act_bytes, layout.pp, block="model",
                            what="activations to next stage"))
+    axis, group = grad_group(layout)
+    if layout.zero == 3 and layout.dp > 1 and group > 1:  # every weight gathered for every token
+        p_bytes = local_params(model, sh, layout.pp, "only", embeddings) * ctx.param_bytes
+        per_mb.append(Comm("all_gather", axis, p_bytes, group, block="model", what="ZeRO-3 gather params"))
     return StepSchedule(per_block, invocations, tuple(per_mb), (), 1)

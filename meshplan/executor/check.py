@@ -12,7 +12,7 @@ from meshplan.costmodel.schedule import step_schedule
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import build_mesh
 from meshplan.executor.optim import MixedAdam, make_optimizer
-from meshplan.executor.parallelize import GradientSync, parallelize, run_layers, token_positions
+from meshplan.executor.parallelize import GradientSync, parallelize, run_layers, shard_weights, token_positions
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -24,11 +24,16 @@ def _mine(sync: GradientSync, p, whole):
     if not sync.zero:
         return whole
     shard = sync.shard(p)
-    if whole is p.grad:  # ZeRO 2 has dropped it: None
+    if whole is p.grad:  # ZeRO 2 and 3 have dropped it: None
         return shard
-    flat = torch.nn.functional.pad(whole.reshape(-1), (0, shard.numel() * sync.mesh.axis(sync.axis).size - whole.numel()))
-    rank = sync.mesh.axis(sync.axis).rank
-    return flat[rank * shard.numel():(rank + 1) * shard.numel()]
+    return _slice_of(sync, whole, shard)
+
+
+def _slice_of(sync: GradientSync, whole, shard):
+    """This rank's slice of `whole` flattened and zero-padded as `shard` was cut."""
+    ax = sync.mesh.axis(sync.axis)
+    flat = torch.nn.functional.pad(whole.reshape(-1), (0, shard.numel() * ax.size - whole.numel()))
+    return flat[ax.rank * shard.numel():(ax.rank + 1) * shard.numel()]
 
 
 def _max_rel_err(layers, ref, pick) -> float:
@@ -68,7 +73,8 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
     result: dict = {"rank": rank}
     if mode == "train":
         params = list(layers.parameters())
-        sync = GradientSync(layers, mesh)
+        weights = shard_weights(layers, mesh)
+        sync = GradientSync(layers, mesh, weights)
         started = []  # gradient all-reduces begun when the backward reaches the input
         x_local.register_hook(lambda g: started.append(sync.started))
         with count_saved_bytes(params) as saved:
@@ -86,8 +92,10 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
             opt = make_optimizer(layers.parameters(), sync)
             opt.step()
             MixedAdam(ref.parameters()).step()
-            result["max_weight_after_step_rel_err"] = _max_rel_err(layers, ref, lambda p, want, grad: (p, want))
+            result["max_weight_after_step_rel_err"] = _max_rel_err(layers, ref, lambda p, want, grad: (
+                (weights.shard(p), _slice_of(sync, want, weights.shard(p))) if weights else (p, want)))
     else:
+        shard_weights(layers, mesh)
         with torch.no_grad():
             y = run_layers(layers, x_local)
     result["max_out_err"] = (y.detach() - y_ref.detach()[:, pos]).abs().max().item()
@@ -120,6 +128,7 @@ def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: 
         y_ref = run_layers(ref.layers, x)
     mesh = build_mesh(layout)
     layers = parallelize(ref, mesh, seq)
+    shard_weights(layers, mesh)  # ZeRO 3: its hooks gather the weights around each use
     pos = token_positions(mesh, seq, ref)
     for layer in layers:
         layer.keep_cache = True

@@ -62,13 +62,14 @@ class MixedAdam:
 
 
 class ZeroAdam(MixedAdam):
-    """ZeRO stages 1 and 2 (Rajbhandari et al. 2020, §5.1-5.2): each rank of the gradient group keeps
-    the fp32 master, m and v of its 1/n of every weight (the weight flattened, zero-padded to a multiple
-    of n), updates them from its shard of the summed gradient (parallelize.GradientSync, which
-    reduce-scattered it), and all-gathers the updated bf16 slices into every rank's whole weight."""
+    """ZeRO stages 1-3 (Rajbhandari et al. 2020, §5): each rank of the gradient group keeps the fp32
+    master, m and v of its 1/n of every weight (the weight flattened, zero-padded to a multiple of n),
+    updates them from its shard of the summed gradient (parallelize.GradientSync, which
+    reduce-scattered it), and all-gathers the updated bf16 slices into every rank's whole weight —
+    or, under ZeRO 3, writes them into the weight's shard, which the next forward gathers."""
 
     def __init__(self, params, sync, **kw):
-        self.sync = sync
+        self.sync, self.weights = sync, sync.weights  # weights: ZeRO 3's shards, updated in place
         ax = sync.mesh.axis(sync.axis)
         self.n, self.rank = ax.size, ax.rank
         self.waits: list = []
@@ -78,6 +79,8 @@ class ZeroAdam(MixedAdam):
         return -(-p.numel() // self.n)
 
     def _master(self, p: torch.Tensor) -> torch.Tensor:
+        if self.weights is not None:
+            return self.weights.shard(p).float().clone()
         s = self._slice(p)
         flat = torch.nn.functional.pad(p.detach().reshape(-1), (0, s * self.n - p.numel()))
         return flat[self.rank * s:(self.rank + 1) * s].float().clone()
@@ -86,6 +89,9 @@ class ZeroAdam(MixedAdam):
         return self.sync.shard(p)
 
     def _write(self, p: torch.Tensor, w: torch.Tensor) -> None:
+        if self.weights is not None:
+            self.weights.shard(p).copy_(w)
+            return
         s = self._slice(p)
         whole = p.data.view(-1) if s * self.n == p.numel() else torch.empty(s * self.n, dtype=p.dtype, device=p.device)
         self.waits.append((all_gather_into_start(self.sync.mesh, whole, w.to(p.dtype), self.sync.axis), p, whole))

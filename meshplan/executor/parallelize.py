@@ -15,6 +15,7 @@ from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelDense
 from meshplan.executor.layouts.mamba import ParallelMamba2
 from meshplan.executor.layouts.tsp import TSPDense
+from meshplan.executor.zero3 import ShardedWeights
 from meshplan.layout import grad_group, sp_zigzag
 
 
@@ -66,7 +67,8 @@ class GradientSync:
     of the backward. ZeRO 0 all-reduces each gradient in place. ZeRO 1 and 2 reduce-scatter it, so
     that each rank gets the sum of its 1/n of the weight (`shard`), which its optimizer updates
     (optim.ZeroAdam): ZeRO 1 in place, keeping the whole gradient as the memory model does; ZeRO 2
-    into a buffer of its own, dropping the whole gradient at once.
+    and 3 into a buffer of their own, dropping the whole gradient at once (ZeRO 3's weights:
+    `weights`, meshplan.executor.zero3).
 
     The ranks of a group must issue their collectives in one order, so each starts once its gradient
     and those of every weight before it in a fixed order are ready. That order is the layers' weights
@@ -79,8 +81,8 @@ class GradientSync:
     norm scales over tsp; under ZeRO those weights' reductions over the group wait for these sums (a
     shard of a partial sum cannot be completed afterwards)."""
 
-    def __init__(self, layers: nn.ModuleList, mesh: Mesh):
-        self.layers, self.mesh = layers, mesh
+    def __init__(self, layers: nn.ModuleList, mesh: Mesh, weights: ShardedWeights | None = None):
+        self.layers, self.mesh, self.weights = layers, mesh, weights
         layout = mesh.layout
         self.axis, size = grad_group(layout)
         self.zero = layout.zero if layout.dp > 1 else 0
@@ -156,6 +158,8 @@ class GradientSync:
         summed = list(self.shards.values()) if self.zero else [p.grad for p in self.order if p.grad is not None]
         if dp > 1 and summed:
             torch._foreach_mul_(summed, 1.0 / dp)
+        if self.weights is not None:
+            self.weights.free_all()
         if self.seen and self.mesh.enabled:
             self._adopt_ready_order()
         self.ready.clear()
@@ -176,6 +180,12 @@ class GradientSync:
         dist.broadcast(order, src=ax.ranks[0], group=ax.group)
         self.order = [self.order[i] for i in order.tolist()]
         self.seen = None
+
+
+def shard_weights(layers: nn.ModuleList, mesh: Mesh) -> ShardedWeights | None:
+    """ZeRO 3's sharded weights (meshplan.executor.zero3) where the layout asks for them."""
+    layout = mesh.layout
+    return ShardedWeights(layers, mesh) if layout.dp > 1 and layout.zero >= 3 else None
 
 
 def _all_reduce_grads(params: list, mesh: Mesh, axis: str) -> None:

@@ -1,7 +1,7 @@
 """What the executor runs, checked before anything launches (torch-free: the CLI and the planner ask).
 
-The cost model scores more than the executor runs: pipeline stages, ZeRO 3's sharded parameters, TSP
-over Mamba blocks, and models other than dense and Mamba-2 stacks are priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
+The cost model scores more than the executor runs: pipeline stages, ZeRO 3 under TSP, TSP over Mamba
+blocks, and models other than dense and Mamba-2 stacks are priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
 them.
 """
 
@@ -18,9 +18,9 @@ def unsupported(layout: Layout, model: ModelSpec) -> str | None:
         return f"model: the executor builds dense and Mamba-2 stacks, not {model.family} ({model.name})"
     if layout.pp > 1:
         return f"layout: the executor runs no pipeline stages (pp={layout.pp}); execute pp=1, the model scores pp"
-    if layout.dp > 1 and layout.zero >= 3:
-        return (f"layout: the executor shards optimizer state and gradients (zero=1, 2), not parameters "
-                f"(zero={layout.zero}); execute zero=2 or below")
+    if layout.dp > 1 and layout.zero >= 3 and layout.tsp > 1:
+        return (f"layout: the executor's TSP streams its own weight shards and does not also shard them "
+                f"for ZeRO 3; with tsp={layout.tsp} execute zero=2 or below")
     if layout.tsp > 1 and model.family == "mamba2":
         return f"layout: the executor runs TSP for attention and MLP blocks, not Mamba-2's; use tpssm or sp for {model.name}"
     if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:
