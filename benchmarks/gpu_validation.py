@@ -29,10 +29,10 @@ from meshplan.layout import parse_layout
 from meshplan.models import PRESETS, dense, mamba2
 from meshplan.topologies import load_cluster
 
-DENSE_LAYOUTS = ["single", "tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "tp=4", "sp=4",
-                 "tsp=4", "tp=2,sp=2"]
-MAMBA_LAYOUTS = ["single", "tpssm=2", "sp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "tpssm=4", "sp=4",
-                 "tpssm=2,sp=2"]
+DENSE_LAYOUTS = ["single", "tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2", "tp=4",
+                 "sp=4", "tsp=4", "tp=2,sp=2"]
+MAMBA_LAYOUTS = ["single", "tpssm=2", "sp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2", "tpssm=4",
+                 "sp=4", "tpssm=2,sp=2"]
 
 
 def plan(args) -> list[dict]:
@@ -57,12 +57,13 @@ def plan(args) -> list[dict]:
     for seq in mamba_seqs:
         runs += [dict(model=m, layout=x, seq=seq, mode="train") for x in MAMBA_LAYOUTS]
     for seq in prefill_seqs:
-        runs += [dict(model=d, layout=x, seq=seq, mode="prefill") for x in ("single", "tp=4", "tsp=4", "sp=4")]
-        runs += [dict(model=m, layout=x, seq=seq, mode="prefill") for x in ("single", "tpssm=2", "sp=2", "tpssm=4")]
+        runs += [dict(model=d, layout=x, seq=seq, mode="prefill") for x in ("single", "pp=2", "tp=4", "tsp=4", "sp=4")]
+        runs += [dict(model=m, layout=x, seq=seq, mode="prefill") for x in ("single", "tpssm=2", "sp=2", "pp=2", "tpssm=4")]
         # Decode: one token per sequence after a prefill of `seq`, batch 8.
         runs += [dict(model=d, layout=x, seq=seq, mode="decode", batch=8)
-                 for x in ("single", "tp=2", "sp=2", "tsp=2", "tp=4", "tsp=4")]
-        runs += [dict(model=m, layout=x, seq=seq, mode="decode", batch=8) for x in ("single", "tpssm=2", "sp=2", "tpssm=4")]
+                 for x in ("single", "tp=2", "sp=2", "tsp=2", "pp=2", "tp=4", "tsp=4")]
+        runs += [dict(model=m, layout=x, seq=seq, mode="decode", batch=8)
+                 for x in ("single", "tpssm=2", "sp=2", "pp=2", "tpssm=4")]
     return runs
 
 

@@ -3,6 +3,9 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run52-x2-pp.json: the current executor with pipeline stages (pp=2) beside one GPU,
+  training, prefill and decode. (Run 51, `…-pp-first.json`, is the same before inference steps waited
+  for the last stage and before the memory model counted the stages' boundary tensors.)
 - validation-h200-run50-x2-zero3.json: the current executor with ZeRO 3 (meshplan/executor/zero3.py)
   beside ZeRO 2 and one GPU. (Run 49, `…-zero3-leak.json`, is the same before its hooks held the
   layers weakly.)
@@ -59,7 +62,10 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run50-x2-zero3.json",
+SOURCES = [("validation-h200-run52-x2-pp.json",
+            "current executor and kernels, pipeline stages (pp=2, 1F1B over 8 micro-batches) beside one GPU, dense "
+            "and Mamba-2 training at 4K and 16K, prefill and decode at 16K, 2 x H200"),
+           ("validation-h200-run50-x2-zero3.json",
             "current executor and kernels, ZeRO 3 (weights gathered around each layer's forward and backward) "
             "beside ZeRO 2 and one GPU, dense and Mamba-2 training at 4K and 16K, prefill and decode on one GPU, "
             "2 x H200"),

@@ -332,6 +332,10 @@ def execute(
     validate_seq(lay, tokens, batch)
     from meshplan.executor.support import unsupported
 
+    if layers:
+        from dataclasses import replace
+
+        spec = replace(spec, layers=layers, name=f"{spec.name}/{layers}L")  # what the workers build
     if (reason := unsupported(lay, spec)) is not None:
         raise MeshplanError(reason)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]

@@ -18,10 +18,12 @@ MAMBA_ONE_GROUP = mamba2("tiny-m2", 32, 2, 100, d_state=8, headdim=8, ngroups=1)
 MAMBA_FOUR_GROUPS = mamba2("tiny-m2-g4", 32, 2, 100, d_state=8, headdim=8, ngroups=4)
 
 CASES = {
-    ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3"]),
-    ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2", "dp=2,tp=2", "dp=2,tsp=2,zero=1", "dp=2,sp=2,zero=2"]),
-    ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "dp=2", "dp=2,zero=2", "dp=2,zero=3"]),
-    ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tpssm=2,sp=2", "dp=2,sp=2", "dp=2,tpssm=2,zero=2"]),
+    ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2"]),
+    ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2", "dp=2,tp=2", "dp=2,tsp=2,zero=1", "dp=2,sp=2,zero=2",
+                           "pp=2,tp=2", "dp=2,pp=2,zero=1", "pp=2,sp=2"]),
+    ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "dp=2", "dp=2,zero=2", "dp=2,zero=3", "pp=2"]),
+    ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tpssm=2,sp=2", "dp=2,sp=2", "dp=2,tpssm=2,zero=2",
+                                      "pp=2,tpssm=2"]),
     ("mamba2-groups", 4): (MAMBA_FOUR_GROUPS, ["tpssm=4", "tpssm=2"]),
 }
 
@@ -52,11 +54,13 @@ def test_layouts_match_single_process_and_the_cost_model(family, world):
                 if "zero" in text:  # ZeRO's sharded Adam step lands where one process's lands
                     assert r["max_weight_after_step_rel_err"] < 1e-12, (text, r)
                 assert abs(r["saved_bytes"] - r["predicted_saved_bytes"]) <= 0.05 * r["predicted_saved_bytes"], (text, r)
-                # Gradient all-reduces (dp, sp) start inside the backward: every later layer's has begun
-                # by the time the backward reaches the stack's input.
-                later = r["grad_reductions_of_later_layers"]
-                assert (later > 0) == (grad_group(parse_layout(text))[1] > 1), (text, r)
-                assert r["grad_reductions_before_input_grad"] >= later, (text, r)
+                if parse_layout(text).pp == 1:
+                    # Gradient all-reduces (dp, sp) start inside the backward: every later layer's has
+                    # begun by the time the backward reaches the stack's input. (Under pipeline stages
+                    # they wait for the last micro-batch.)
+                    later = r["grad_reductions_of_later_layers"]
+                    assert (later > 0) == (grad_group(parse_layout(text))[1] > 1), (text, r)
+                    assert r["grad_reductions_before_input_grad"] >= later, (text, r)
         counted = defaultdict(float)
         for r in results:
             for key, value in r["counts"].items():

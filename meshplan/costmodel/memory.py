@@ -451,6 +451,13 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         if train:
             in_flight = layout.pp if stage == "first" else 1
             acts = saved_all * in_flight + (head_items if stage in ("only", "last") else 0.0)
+            if layout.pp > 1:
+                # A stage keeps each in-flight micro-batch's output until its gradient comes back, and
+                # the gradient received (first stage); the last keeps its output and its input's
+                # gradient going back (meshplan/executor/pipeline.py). Without them a pp=2 stage was
+                # under-predicted by 0.63 GiB at 16K tokens (benchmarks/results/validation-h200-run51-x2-pp.json).
+                boundary = batch * seq / sh.token_div * model.d_model * opts.nbytes("act_dtype")
+                acts += boundary * (layout.pp + 1 if stage == "first" else 2)
         has_logits = stage in ("only", "last")
         parts = {
             "parameters": param_b, "gradients": grad_b, "optimizer_state": opt_b, "activations": acts,

@@ -95,14 +95,20 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     keep = (lambda c: True) if training else (lambda c: c.phase == "fwd")
     per_block = {kind: tuple(c for c in block_comms(ctx, kind) if keep(c)) for kind, _ in model.block_invocations()}
     invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}
+    # A block's once-a-step comms (gradients summed over the micro-batches first): one per block held.
+    once = [replace(c, count=c.count * invocations[kind]) for kind, cs in per_block.items() for c in cs
+            if c.phase == "step"]
+    per_block = {kind: tuple(c for c in cs if c.phase != "step") for kind, cs in per_block.items()}
     per_mb = [c for c in _embedding_comms(ctx, training) if keep(c)] if embeddings else []
     if layout.pp > 1:
         act = ctx.tokens * model.d_model * ctx.act_bytes / (sh.hidden_div if opts.tp_sequence_parallel else 1)
-        per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="fwd", block="model", what="activations to next stage"))
+        # Along a line of stages: the last sends nothing forward, the first nothing backward.
+        per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="fwd", block="model", what="activations to next stage",
+                           line=True))
         if training:
             per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="bwd", block="model",
-                               what="activation grads to previous stage"))
-    per_step: list[Comm] = []
+                               what="activation grads to previous stage", line=True))
+    per_step: list[Comm] = once
     axis, group = grad_group(layout)
     if training and layout.tsp > 1:
         # TSP keeps the norm scales on every rank; each rank's gradient comes from its own tokens.
@@ -161,7 +167,7 @@ def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int,
     per_mb = list(_embedding_comms(ctx, False)) if embeddings else []
     if layout.pp > 1:
         per_mb.append(Comm("send_recv", "pp", batch * model.d_model * ctx.act_bytes, layout.pp, block="model",
-                           what="activations to next stage"))
+                           what="activations to next stage", line=True))
     axis, group = grad_group(layout)
     if layout.zero == 3 and layout.dp > 1 and group > 1:  # every weight gathered for every token
         p_bytes = local_params(model, sh, layout.pp, "only", embeddings) * ctx.param_bytes

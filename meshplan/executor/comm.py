@@ -169,6 +169,28 @@ def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Te
     return t.chunk(ax.size, dim=dim)[ax.rank].contiguous()
 
 
+def exchange(mesh: Mesh, axis: str, send: torch.Tensor | None, dst: int | None, recv_like: torch.Tensor | None,
+             src: int | None, tag: int) -> torch.Tensor | None:
+    """Send to `dst` and/or receive from `src` (indices along the axis; None: not that way), counted,
+    both in one batch so that neighbours doing the mirror image never deadlock. Returns what was
+    received (zeros when the transfers are skipped)."""
+    ax = mesh.axis(axis)
+    ops, received = [], None
+    if send is not None and dst is not None:
+        send = send.contiguous()
+        mesh.record("send_recv", axis, send.numel() * send.element_size())
+        ops.append(dist.P2POp(dist.isend, send, ax.ranks[dst], group=ax.group, tag=tag))
+    if recv_like is not None and src is not None:
+        received = torch.empty_like(recv_like)
+        ops.append(dist.P2POp(dist.irecv, received, ax.ranks[src], group=ax.group, tag=tag))
+    if ops and mesh.enabled:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    elif received is not None:
+        received.zero_()
+    return received
+
+
 def reduce_scatter_start(mesh: Mesh, flat: torch.Tensor, axis: str, in_place: bool):
     """Begin summing the 1-D `flat` over the axis, keeping this rank's 1/n of it (`flat` zero-padded to
     a multiple of n); returns (the slice, a function that waits for it). `in_place`: the slice is a

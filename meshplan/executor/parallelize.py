@@ -15,6 +15,7 @@ from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelDense
 from meshplan.executor.layouts.mamba import ParallelMamba2
 from meshplan.executor.layouts.tsp import TSPDense
+from meshplan.executor.pipeline import stage_slice
 from meshplan.executor.zero3 import ShardedWeights
 from meshplan.layout import grad_group, sp_zigzag
 
@@ -95,6 +96,9 @@ class GradientSync:
         self.ready: set[int] = set()
         self.started = 0  # the reductions begun this step: a prefix of self.order
         self.pending: list = []
+        # False while a pipeline's earlier micro-batches accumulate gradients: the group's reductions
+        # start in the last one's backward (meshplan.executor.pipeline).
+        self.armed = True
         # The hooks hold this object weakly: a parameter's hooks live in C++, out of the garbage
         # collector's sight, so a strong reference would keep the layers and their gradients alive
         # after the run (measured: each later run's peak rose by the earlier runs' gradients).
@@ -111,6 +115,8 @@ class GradientSync:
         return out
 
     def _ready(self, p: torch.Tensor) -> None:
+        if not self.armed:
+            return
         self.ready.add(id(p))
         if self.seen is not None:
             self.seen.append(p)
@@ -158,6 +164,7 @@ class GradientSync:
         summed = list(self.shards.values()) if self.zero else [p.grad for p in self.order if p.grad is not None]
         if dp > 1 and summed:
             torch._foreach_mul_(summed, 1.0 / dp)
+        self.armed = True
         if self.weights is not None:
             self.weights.free_all()
         if self.seen and self.mesh.enabled:
@@ -180,6 +187,14 @@ class GradientSync:
         dist.broadcast(order, src=ax.ranks[0], group=ax.group)
         self.order = [self.order[i] for i in order.tolist()]
         self.seen = None
+
+
+def stage_of(stack: Stack, mesh: Mesh) -> Stack:
+    """The stack cut down to this rank's pipeline stage (all of it without pp)."""
+    pp = mesh.layout.pp
+    if pp > 1:
+        stack.layers = nn.ModuleList(list(stack.layers)[stage_slice(len(stack.layers), pp, mesh.axis("pp").rank)])
+    return stack
 
 
 def shard_weights(layers: nn.ModuleList, mesh: Mesh) -> ShardedWeights | None:

@@ -24,7 +24,9 @@ from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import Mesh
 from meshplan.executor.optim import make_optimizer
-from meshplan.executor.parallelize import GradientSync, parallelize, run_layers, shard_weights, token_positions
+from meshplan.executor.parallelize import (GradientSync, parallelize, run_layers, shard_weights, stage_of,
+                                           token_positions)
+from meshplan.executor.pipeline import Pipeline
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -44,7 +46,9 @@ def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, c
         "memory_breakdown": mem.per_gpu_bytes,
         "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=False).bytes_by_kind_and_axis(
             message=True),
-        "saved_bytes": saved_activation_bytes(model, layout, seq, batch, opts)[0] if mode == "train" else 0.0,
+        # One micro-batch through this rank's layers (a pipeline stage's share).
+        "saved_bytes": saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0] if mode == "train"
+        else 0.0,
     }
     if cluster is not None:
         est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=False)
@@ -97,7 +101,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     model = replace(model, param_dtype=dtype)
     torch.manual_seed(1234)  # every rank builds the same reference weights, then keeps its shard
     with torch.device(device):
-        stack = Stack(model, model.layers).to(DTYPES[dtype])
+        stack = stage_of(Stack(model, model.layers).to(DTYPES[dtype]), mesh)
         layers = parallelize(stack, mesh, seq, int8_allreduce)
     del stack
     gc.collect()
@@ -112,12 +116,23 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     weights = shard_weights(layers, mesh)  # ZeRO 3
     sync = GradientSync(layers, mesh, weights) if train else None
     opt = make_optimizer(layers.parameters(), sync) if train else None
+    # Pipeline stages: the cost model's micro-batches a training step, the same one each (timing only).
+    pipe = Pipeline(layers, mesh, run_layers) if layout.pp > 1 else None
+    micro = CostOptions().microbatches_for(layout.pp) if train else 1
     for layer in layers:
         layer.keep_cache = not train
     decode = mode == "decode"
+
+    def forward(h, call=None):
+        if pipe is not None:
+            return pipe.forward(h, call)
+        for layer in layers:
+            h = call(layer, h) if call is not None else layer(h)
+        return h
+
     if decode:  # prefill once (not timed); the timed steps decode one token per sequence each
         with torch.no_grad():
-            run_layers(layers, x)
+            forward(x)
         for layer in layers:
             layer.keep_cache = False
             if hasattr(layer, "share_final_state"):
@@ -126,11 +141,12 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
 
     def step():
         if decode:
-            h = x
-            for layer in layers:
-                h = layer.decode(h)
+            forward(x, lambda layer, h: layer.decode(h))
         elif train:
-            run_layers(layers, x).backward(dy)
+            if pipe is not None:
+                pipe.train([x] * micro, [dy] * micro, sync)
+            else:
+                run_layers(layers, x).backward(dy)
             sync.finish()
             opt.step()
             opt.zero_grad()
@@ -139,7 +155,12 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
             for layer in layers:  # drop the previous prefill's cache before making the next
                 layer.kv_cache = layer.ssm_cache = None
             with torch.no_grad():
-                run_layers(layers, x)
+                forward(x)
+        if pipe is not None and not train:
+            # One request's time through every stage, as the model prices it: without this the first
+            # stage would start the next request while the last finishes this one, and the steps
+            # would time the pipeline's throughput (half the latency at pp=2: run 51).
+            torch.distributed.barrier(group=mesh.axis("pp").group)
 
     for _ in range(warmup):
         step()
@@ -182,8 +203,9 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         x.grad = None
         result["saved_bytes"] = saved["bytes"]
     # With the transfers skipped, ZeRO 3 would compute on weights it never gathered (run 49 read 22 ms
-    # "exposed" at 16K that way): its exposed communication is not measured.
-    if exposed and mesh.world > 1 and weights is None:
+    # "exposed" at 16K that way), and pipeline stages would stop waiting for each other (their bubbles
+    # gone: run 51 read 134 ms at 16K): neither's exposed communication is measured.
+    if exposed and mesh.world > 1 and weights is None and pipe is None:
         mesh.enabled = False
         try:
             for _ in range(warmup):

@@ -67,7 +67,8 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
     if kind == "mamba2" and math.gcd(t, ctx.model.mamba2.ngroups) < t:
         # B/C groups fewer than ranks: the gated RMSNorm's group spans ranks (sum of squares, fp32,
         # all-reduced forward, again in the recomputed forward, and in its backward), and the B/C
-        # weights every rank holds get partial gradients, all-reduced once per micro-batch.
+        # weights every rank holds get partial gradients, all-reduced once a step, after the
+        # micro-batches have summed them (phase "step": the schedule counts it per step).
         m = ctx.model.mamba2
         share = t // math.gcd(t, m.ngroups)
         stats = ctx.tokens * 4 * max(1, m.ngroups * share // t)
@@ -75,7 +76,7 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
         out += [Comm("all_reduce", axis, stats, share, phase="fwd", block=kind, what="gated-norm sum of squares"),
                 Comm("all_reduce", axis, stats, share, phase="bwd", block=kind, what="gated-norm (recompute)"),
                 Comm("all_reduce", axis, stats, share, phase="bwd", block=kind, what="gated-norm grad"),
-                Comm("all_reduce", axis, replicated, share, phase="bwd", block=kind, what="replicated B/C grads",
+                Comm("all_reduce", axis, replicated, share, phase="step", block=kind, what="replicated B/C grads",
                      overlap="backward")]
     if kind == "mamba1":
         x_dbl = ctx.tokens * ctx.model.mamba1.x_proj_width * e

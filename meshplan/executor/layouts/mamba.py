@@ -16,13 +16,12 @@ Twin of meshplan/costmodel/layouts/tpssm.py and sp.py.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from meshplan.executor.blocks import (Mamba2Block, Mamba2CoreFn, RMSNorm, _conv_scan_inputs, _scan, _scan_grads,
                                       gated_norm)
 from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis,
-                                   all_gather, all_reduce, broadcast, reduce_scatter)
+                                   all_gather, all_reduce, broadcast, exchange, reduce_scatter)
 from meshplan.executor.layouts.common import Sharded, rows
 from meshplan.kernels.reference import acc
 
@@ -30,26 +29,6 @@ TAG_TAIL = 2
 # Decode's conv step as one Triton launch with the window shifted in place (3.7× faster than the
 # torch ops on the GPU at batch 8: benchmarks/results/conv1d-h200.json "decode"), or the torch ops.
 TRITON_DECODE_CONV = True
-
-
-def _p2p(mesh: Mesh, axis: str, send: torch.Tensor | None, dst: int | None, recv_like: torch.Tensor | None,
-         src: int | None, tag: int) -> torch.Tensor | None:
-    """Send to `dst` and/or receive from `src` (indices along the axis), counted, without deadlock."""
-    ax = mesh.axis(axis)
-    ops, received = [], None
-    if send is not None and dst is not None:
-        send = send.contiguous()
-        mesh.record("send_recv", axis, send.numel() * send.element_size())
-        ops.append(dist.P2POp(dist.isend, send, ax.ranks[dst], group=ax.group, tag=tag))
-    if recv_like is not None and src is not None:
-        received = torch.empty_like(recv_like)
-        ops.append(dist.P2POp(dist.irecv, received, ax.ranks[src], group=ax.group, tag=tag))
-    if ops and mesh.enabled:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-    elif received is not None:
-        received.zero_()
-    return received
 
 
 class _ShiftTail(torch.autograd.Function):
@@ -62,7 +41,7 @@ class _ShiftTail(torch.autograd.Function):
         ctx.mesh, ctx.axis = mesh, axis
         nxt = ax.rank + 1 if ax.rank + 1 < ax.size else None
         prv = ax.rank - 1 if ax.rank > 0 else None
-        got = _p2p(mesh, axis, tail, nxt, tail, prv, TAG_TAIL)
+        got = exchange(mesh, axis, tail, nxt, tail, prv, TAG_TAIL)
         return torch.zeros_like(tail) if got is None else got
 
     @staticmethod
@@ -71,7 +50,7 @@ class _ShiftTail(torch.autograd.Function):
         ax = mesh.axis(axis)
         prv = ax.rank - 1 if ax.rank > 0 else None
         nxt = ax.rank + 1 if ax.rank + 1 < ax.size else None
-        got = _p2p(mesh, axis, grad, prv, grad, nxt, TAG_TAIL)
+        got = exchange(mesh, axis, grad, prv, grad, nxt, TAG_TAIL)
         return (torch.zeros_like(grad) if got is None else got), None, None
 
 

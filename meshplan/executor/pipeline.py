@@ -1,0 +1,102 @@
+"""Pipeline stages: each rank of the pp axis runs a contiguous 1/pp of the layers. Training runs the
+one-forward-one-backward schedule of PipeDream-flush (Narayanan et al. 2021, §2.2, as Megatron-LM's
+non-interleaved schedule does): stage s first runs pp − s − 1 forwards, then alternates one forward
+and one backward, then finishes the backwards it owes, so that it holds at most pp − s micro-batches'
+activations. A send and the receive that follows it go to the neighbours in one batch
+(comm.exchange), so that adjacent stages, each doing the other's mirror image, never deadlock.
+Gradients accumulate over the micro-batches; the gradient group's reductions run in the last one's
+backward (parallelize.GradientSync.armed). Inference passes one request through the stages in turn.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from meshplan.executor.comm import Mesh, exchange
+
+TAG_PIPELINE = 3
+
+
+def stage_slice(n_layers: int, pp: int, stage: int) -> slice:
+    """The layers stage `stage` of `pp` runs (pp divides the layers: executor.support checks)."""
+    per = n_layers // pp
+    return slice(stage * per, (stage + 1) * per)
+
+
+class Pipeline:
+    def __init__(self, layers: nn.ModuleList, mesh: Mesh, run):
+        ax = mesh.axis("pp")
+        self.layers, self.mesh, self.run = layers, mesh, run  # run(layers, x) -> y: the stage's forward
+        self.stage, self.stages = ax.rank, ax.size
+        self.first, self.last = self.stage == 0, self.stage == self.stages - 1
+        self.prev = None if self.first else self.stage - 1
+        self.next = None if self.last else self.stage + 1
+
+    def _swap(self, send: torch.Tensor | None, to: int | None, like: torch.Tensor | None, frm: int | None):
+        if send is None and like is None:
+            return None
+        return exchange(self.mesh, "pp", send, to, like, frm, TAG_PIPELINE)
+
+    def forward(self, x: torch.Tensor, step=None) -> torch.Tensor | None:
+        """One request through every stage (prefill, or with `step` a decode step's per-layer call):
+        the last stage's output there, None elsewhere. `x` is the first stage's input and every
+        stage's input shape."""
+        h = x if self.first else self._swap(None, None, x, self.prev)
+        for layer in self.layers:
+            h = step(layer, h) if step is not None else layer(h)
+        if not self.last:
+            self._swap(h, self.next, None, None)
+            return None
+        return h
+
+    def train(self, xs: list[torch.Tensor], dys: list[torch.Tensor], sync):
+        """One training step over the micro-batches: `xs` the first stage's inputs (and every stage's
+        shapes), `dys` the last stage's output gradients. Returns the first stage's input gradients
+        and the last stage's outputs (each empty on the other stages)."""
+        m = len(xs)
+        warmup = min(self.stages - self.stage - 1, m)
+        held: list[tuple[torch.Tensor, torch.Tensor]] = []
+        grads: list[torch.Tensor] = []
+        outs: list[torch.Tensor] = []
+        done = 0  # backwards run
+
+        def forward(i: int, inp: torch.Tensor) -> torch.Tensor:
+            out = self.run(self.layers, inp)
+            held.append((inp, out))
+            if self.last:
+                outs.append(out.detach())
+            return out
+
+        def backward(grad_out: torch.Tensor) -> torch.Tensor | None:
+            nonlocal done
+            inp, out = held.pop(0)
+            sync.armed = done == m - 1  # the group's reductions wait for the last micro-batch
+            out.backward(grad_out)
+            done += 1
+            if self.first:
+                grads.append(inp.grad)
+            return None if self.first else inp.grad
+
+        def take(i: int, received: torch.Tensor | None) -> torch.Tensor:
+            inp = xs[i] if self.first else received
+            return inp if self.first else inp.requires_grad_(True)
+
+        for i in range(warmup):
+            out = forward(i, take(i, self._swap(None, None, xs[i], self.prev)))
+            self._swap(out.detach(), self.next, None, None)
+        inp = take(warmup, self._swap(None, None, xs[warmup], self.prev)) if warmup < m else None
+        for k in range(m - warmup):
+            i = warmup + k
+            out = forward(i, inp)
+            got = self._swap(out.detach(), self.next, out, self.next)
+            grad_in = backward(dys[done] if self.last else got)
+            if k == m - warmup - 1:
+                self._swap(grad_in, self.prev, None, None)
+            else:
+                inp = take(i + 1, self._swap(grad_in, self.prev, xs[i + 1], self.prev))
+        for _ in range(warmup):
+            like = held[0][1]
+            grad_in = backward(dys[done] if self.last else self._swap(None, None, like, self.next))
+            self._swap(grad_in, self.prev, None, None)
+        return grads, outs
