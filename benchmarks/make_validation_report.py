@@ -3,6 +3,8 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run53-x2-current.json: the current executor and kernels, every layout that fits 2
+  GPUs (ZeRO 0-3 and PP included), training at 4K and 16K, prefill and decode at 16K.
 - validation-h200-run52-x2-pp.json: the current executor with pipeline stages (pp=2) beside one GPU,
   training, prefill and decode. (Run 51, `…-pp-first.json`, is the same before inference steps waited
   for the last stage and before the memory model counted the stages' boundary tensors.)
@@ -62,7 +64,10 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run52-x2-pp.json",
+SOURCES = [("validation-h200-run53-x2-current.json",
+            "current executor and kernels (this session's final code), every layout of 2 GPUs — TP, SP, TSP, TP-SSM, "
+            "DP with ZeRO 0-3, PP — beside one GPU, training at 4K and 16K, prefill and decode at 16K, 2 x H200"),
+           ("validation-h200-run52-x2-pp.json",
             "current executor and kernels, pipeline stages (pp=2, 1F1B over 8 micro-batches) beside one GPU, dense "
             "and Mamba-2 training at 4K and 16K, prefill and decode at 16K, 2 x H200"),
            ("validation-h200-run50-x2-zero3.json",
