@@ -104,6 +104,19 @@ def test_dp_gradient_reduction_leaves_the_last_ready_weights_exposed():
     assert tail.message_bytes == pytest.approx(2 * (4 * 4096 ** 2 + 4096) / 2)
 
 
+def test_zero2_under_pipeline_stages_reduce_scatters_every_micro_batch():
+    # Sharded gradients cannot wait for the micro-batches to accumulate: each of the 8 (4 · pp)
+    # reduce-scatters its own, as ZeRO 3 always does; the updated weights are gathered once a step.
+    model = PRESETS["mamba2-370m"]
+    stage = model.layer_params() / 2 * 2  # bf16, this stage's half of the layers
+    for zero in (2, 3):
+        counts = step_schedule(model, Layout(dp=2, pp=2, zero=zero), 2048, 1, CostOptions(),
+                               embeddings=False).bytes_by_kind_and_axis(message=True)
+        assert counts["reduce_scatter/dp"] == pytest.approx(8 * stage)
+    z1 = step_schedule(model, Layout(dp=2, pp=2, zero=1), 2048, 1, CostOptions(), embeddings=False)
+    assert z1.bytes_by_kind_and_axis(message=True)["reduce_scatter/dp"] == pytest.approx(stage)
+
+
 def test_zero3_decode_gathers_every_weight_for_every_token():
     model = PRESETS["mamba2-370m"]
     counts = step_schedule(model, Layout(dp=4, zero=3), 4096, 8, CostOptions(mode="decode"),

@@ -16,7 +16,7 @@ runner = CliRunner()
 
 @pytest.mark.parametrize("model, layout, needle", [
     ("mamba2-2.7b", "tsp=4", "TSP for attention and MLP blocks"),
-    ("llama3-8b", "dp=2,pp=2,tp=2,zero=2", "zero=1 or below"),
+    ("llama3-8b", "dp=2,pp=2,tsp=2,zero=2", "without tsp or tpssm"),
     ("dense-7b", "pp=3", "does not divide"),
     ("llama3-8b", "dp=2,tsp=4,zero=3", "zero=2 or below"),
     ("zamba2-7b", "tpssm=2", "dense and Mamba-2 stacks"),
@@ -31,7 +31,8 @@ def test_unsupported_names_the_field_and_the_way_out(model, layout, needle):
                                            ("mamba2-2.7b", "dp=2,tpssm=2,sp=2"), ("llama3-8b", "dp=4,tsp=2,zero=2"),
                                            ("mamba2-2.7b", "dp=2,tpssm=2,zero=1"), ("llama3-8b", "dp=2,sp=2,zero=2"),
                                            ("llama3-8b", "dp=2,tp=4,zero=3"), ("llama3-8b", "pp=2,tp=4"),
-                                           ("mamba2-2.7b", "dp=2,pp=2,tpssm=2,zero=1")])
+                                           ("mamba2-2.7b", "dp=2,pp=2,tpssm=2,zero=1"),
+                                           ("llama3-8b", "dp=2,pp=2,tp=2,zero=2")])
 def test_what_the_executor_runs(model, layout):
     assert unsupported(parse_layout(layout), PRESETS[model]) is None
 

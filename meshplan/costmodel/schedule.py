@@ -119,13 +119,20 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         local = local_params(model, sh, layout.pp, "only", embeddings)
         p_bytes, g_bytes = local * ctx.param_bytes, local * ctx.grad_bytes
         zero = layout.zero if layout.dp > 1 else 0
+        # Under pipeline stages the micro-batches' gradients stay sharded only if each micro-batch
+        # reduce-scatters its own (ZeRO 2 as ZeRO 3 always does): once per micro-batch there.
+        per_mb_grads = zero == 3 or (zero == 2 and layout.pp > 1)
+        if per_mb_grads and training:
+            per_mb.append(Comm("reduce_scatter", axis, g_bytes, group, phase="bwd", block="model",
+                               what=f"ZeRO-{zero} grad reduce-scatter", overlap="backward"))
         if zero == 3:
             per_mb.append(Comm("all_gather", axis, p_bytes, group, phase="fwd", block="model", what="ZeRO-3 gather params"))
             if training:
-                per_mb += [Comm("all_gather", axis, p_bytes, group, phase="bwd", block="model",
-                                what="ZeRO-3 re-gather params"),
-                           Comm("reduce_scatter", axis, g_bytes, group, phase="bwd", block="model",
-                                what="ZeRO-3 grad reduce-scatter", overlap="backward")]
+                per_mb.append(Comm("all_gather", axis, p_bytes, group, phase="bwd", block="model",
+                                   what="ZeRO-3 re-gather params"))
+        elif per_mb_grads:  # ZeRO 2 under pp: its gradients went per micro-batch
+            per_step.append(Comm("all_gather", axis, p_bytes, group, phase="step", block="model",
+                                 what="updated params all-gather"))
         else:
             tail = min(g_bytes, last_ready_params(model, sh, embeddings) * ctx.grad_bytes)
             kind = "reduce_scatter" if zero >= 1 else "all_reduce"

@@ -134,10 +134,26 @@ class GradientSync:
             self.pending.append(all_reduce_start(self.mesh, p.grad, self.axis))
             return
         shard, wait = reduce_scatter_start(self.mesh, p.grad.view(-1), self.axis, in_place=self.zero == 1)
-        self.shards[id(p)] = shard
-        self.pending.append(wait)
+        total = self.shards.get(id(p))
+        if total is None:
+            self.shards[id(p)] = shard
+            self.pending.append(wait)
+        else:  # a later micro-batch's (ZeRO 2, 3 under pp): summed into the step's shard
+            self.pending.append(lambda: total.add_(wait()))
         if self.zero >= 2:
             p.grad = None  # the collective holds it until done
+
+    def fold(self) -> None:
+        """Between the micro-batches of a pipeline step, under ZeRO 2 and 3 (whose gradients stay
+        sharded): start what is left of this backward's reductions, wait for them, and add their
+        shards into the step's, before the next micro-batch's backward."""
+        while self.started < len(self.order):
+            self._start(self.order[self.started])
+        for wait in self.pending:
+            wait()
+        self.pending = []
+        self.ready.clear()
+        self.started = 0
 
     def shard(self, p: torch.Tensor) -> torch.Tensor | None:
         """ZeRO: this rank's slice of p's summed gradient (p flattened, zero-padded to a multiple of

@@ -5,7 +5,8 @@ and one backward, then finishes the backwards it owes, so that it holds at most 
 activations. A send and the receive that follows it go to the neighbours in one batch
 (comm.exchange), so that adjacent stages, each doing the other's mirror image, never deadlock.
 Gradients accumulate over the micro-batches; the gradient group's reductions run in the last one's
-backward (parallelize.GradientSync.armed). Inference passes one request through the stages in turn.
+backward (parallelize.GradientSync.armed) — under ZeRO 2 and 3, whose gradients stay sharded, in each
+micro-batch's, their shards summed (GradientSync.fold). Inference passes one request through the stages in turn.
 """
 
 from __future__ import annotations
@@ -68,12 +69,16 @@ class Pipeline:
                 outs.append(out.detach())
             return out
 
+        every = sync.zero >= 2  # sharded gradients: each micro-batch reduce-scatters its own
+
         def backward(grad_out: torch.Tensor) -> torch.Tensor | None:
             nonlocal done
             inp, out = held.pop(0)
-            sync.armed = done == m - 1  # the group's reductions wait for the last micro-batch
+            sync.armed = every or done == m - 1  # else the group's reductions wait for the last one
             out.backward(grad_out)
             done += 1
+            if every and done < m:
+                sync.fold()
             if self.first:
                 grads.append(inp.grad)
             return None if self.first else inp.grad

@@ -1,7 +1,8 @@
 """What the executor runs, checked before anything launches (torch-free: the CLI and the planner ask).
 
-The cost model scores more than the executor runs: ZeRO 2 and 3 under pipeline stages, ZeRO 3 under TSP,
-TSP over Mamba blocks, and models other than dense and Mamba-2 stacks are priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
+The cost model scores more than the executor runs: ZeRO 2 and 3 under pipeline stages with a tsp or
+tpssm axis, ZeRO 3 under TSP, TSP over Mamba blocks, and models other than dense and Mamba-2 stacks are
+priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
 them.
 """
 
@@ -19,11 +20,11 @@ def unsupported(layout: Layout, model: ModelSpec) -> str | None:
     if layout.pp > 1 and model.layers % layout.pp:
         return (f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its "
                 f"divisors")
-    if layout.pp > 1 and layout.dp > 1 and layout.zero >= 2:
-        # ZeRO 2 and 3 keep sharded gradients, which the micro-batches would have to reduce-scatter
-        # one by one; the executor accumulates whole gradients over them and reduces once.
-        return (f"layout: the executor pipelines with ZeRO 0 or 1, not zero={layout.zero}; with pp={layout.pp} "
-                f"execute zero=1 or below")
+    if layout.pp > 1 and layout.dp > 1 and layout.zero >= 2 and (layout.tsp > 1 or layout.tpssm > 1):
+        # Their norm scales or replicated B/C weights are summed over the tensor axis once a step,
+        # while ZeRO 2-3 under pp reduce-scatter every micro-batch's gradients.
+        return (f"layout: the executor pipelines ZeRO {layout.zero} without tsp or tpssm; execute zero=1 or "
+                f"drop the tensor axis")
     if layout.dp > 1 and layout.zero >= 3 and layout.tsp > 1:
         return (f"layout: the executor's TSP streams its own weight shards and does not also shard them "
                 f"for ZeRO 3; with tsp={layout.tsp} execute zero=2 or below")
