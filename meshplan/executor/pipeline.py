@@ -62,7 +62,7 @@ class Pipeline:
         outs: list[torch.Tensor] = []
         done = 0  # backwards run
 
-        def forward(i: int, inp: torch.Tensor) -> torch.Tensor:
+        def forward(inp: torch.Tensor) -> torch.Tensor:
             out = self.run(self.layers, inp)
             held.append((inp, out))
             if self.last:
@@ -84,16 +84,16 @@ class Pipeline:
             return None if self.first else inp.grad
 
         def take(i: int, received: torch.Tensor | None) -> torch.Tensor:
-            inp = xs[i] if self.first else received
-            return inp if self.first else inp.requires_grad_(True)
+            """Micro-batch i's input: the first stage's own, or what the previous stage sent."""
+            return xs[i] if self.first else received.requires_grad_(True)
 
         for i in range(warmup):
-            out = forward(i, take(i, self._swap(None, None, xs[i], self.prev)))
+            out = forward(take(i, self._swap(None, None, xs[i], self.prev)))
             self._swap(out.detach(), self.next, None, None)
         inp = take(warmup, self._swap(None, None, xs[warmup], self.prev)) if warmup < m else None
         for k in range(m - warmup):
             i = warmup + k
-            out = forward(i, inp)
+            out = forward(inp)
             got = self._swap(out.detach(), self.next, out, self.next)
             grad_in = backward(dys[done] if self.last else got)
             if k == m - warmup - 1:
