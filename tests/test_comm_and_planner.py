@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from typer.testing import CliRunner
 
 from meshplan.cli import app
-from meshplan.costmodel.collectives import GroupPlacement, collective_time_s, place_axis
+from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
 from meshplan.costmodel.crossover import layer_volume_bytes, volume_crossover_tokens
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
@@ -102,6 +102,18 @@ def test_dp_gradient_reduction_leaves_the_last_ready_weights_exposed():
     dense7 = PRESETS["dense-7b"]
     _, tail = step_schedule(dense7, Layout(dp=2, tp=2), 4096, 1, CostOptions(), embeddings=False).per_step
     assert tail.message_bytes == pytest.approx(2 * (4 * 4096 ** 2 + 4096) / 2)
+
+
+def test_hidden_gradient_reductions_slow_the_backward_they_hide_behind():
+    from meshplan.costmodel.step import GRAD_OVERLAP_CONTENTION, _phase_exposed
+
+    grads = Comm("all_reduce", "dp", 1.0, 2, phase="step", overlap="backward")
+    tail = Comm("all_reduce", "dp", 1.0, 2, phase="step")
+    # 2 ms of reduction behind a 10 ms backward costs 0.75 of its time; the exposed tail all of its.
+    assert _phase_exposed([(grads, 2e-3), (tail, 1e-3)], 10e-3, 0.0, 0.0) == pytest.approx(
+        GRAD_OVERLAP_CONTENTION * 2e-3 + 1e-3)
+    # Longer than the backward: the stream's own time sets the phase.
+    assert _phase_exposed([(grads, 20e-3)], 10e-3, 0.0, 0.0) == pytest.approx(10e-3)
 
 
 def test_zero2_under_pipeline_stages_reduce_scatters_every_micro_batch():

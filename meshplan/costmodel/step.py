@@ -7,8 +7,9 @@ What hides and what does not:
 - TSP's weight shards stream behind the GEMM of the shard in hand: a ring of D − 1 hops costs
   (D − 1)·max(0, transfer − GEMM) exposed (the first shard is the rank's own); the broadcast stream
   also waits for its first transfer.
-- DP gradient all-reduces overlap the backward, but for the last-ready weights' (the first layer's,
-  and the input embedding's), which start as it ends; what is left sticks out. TSP's weight-gradient
+- DP gradient all-reduces overlap the backward, but for the last-ready weights' (the first block's,
+  and the input embedding's), which start as it ends; what is left sticks out, and the hidden part
+  slows the backward by GRAD_OVERLAP_CONTENTION of its time (measured). TSP's weight-gradient
   reduce-scatter is exposed (the executor waits on it at the end of each block's backward).
 - Everything else (SP Mamba conv tails and shard summaries, pipeline sends, the loss statistics) is exposed.
 Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token per sequence.
@@ -85,13 +86,22 @@ def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:
     return c.count * hidden_wait  # a ring starts on the rank's own shard
 
 
+# Gradient reductions hidden behind the backward are not free: their NCCL kernels share the GPU with
+# the backward's, which run slower beside them. Measured on 2 × H200 (dense-7b/2L, dp=2, the
+# all-reduces started from the hooks against the same step with the transfers skipped, less the
+# exposed last layer's): the hidden reductions cost 0.57 (4K tokens) and 0.93 (16K) of their own time
+# alone; this is the mean (benchmarks/results/dp-overlap-probe-h200x2.json, three interleaved rounds).
+GRAD_OVERLAP_CONTENTION = 0.75
+
+
 def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: float, attn_s: float) -> float:
     """Exposed communication of one phase of one block. One communication stream: whatever overlaps
-    shares it, so the phase takes at least as long as that stream is busy.
+    shares it, so the phase takes at least as long as that stream is busy. Gradient reductions hidden
+    behind the backward slow it by GRAD_OVERLAP_CONTENTION of the time they run.
 
-        phase = serial + max(compute + stream waits + K/V waits, busy time of the overlapping stream)
+        phase = serial + max(compute + stream waits + K/V waits + contention, busy time of the stream)
     """
-    serial = waits = busy = 0.0
+    serial = waits = busy = grads = 0.0
     for c, t in comms:
         if c.overlap == "none":
             serial += t
@@ -101,7 +111,10 @@ def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: fl
             waits += _stream_wait(c, t, gemm_s)
         elif c.overlap == "attention":
             waits += max(0.0, t - attn_s)
-    return serial + max(compute_s + waits, busy) - compute_s
+        elif c.overlap == "backward":
+            grads += t
+    contention = GRAD_OVERLAP_CONTENTION * min(grads, compute_s)
+    return serial + max(compute_s + waits + contention, busy) - compute_s
 
 
 def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
