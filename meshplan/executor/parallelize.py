@@ -87,10 +87,10 @@ class GradientSync:
         layout = mesh.layout
         self.axis, size = grad_group(layout)
         self.zero = layout.zero if layout.dp > 1 else 0
-        weights = [p for layer in reversed(layers) for p in layer.parameters()] if size > 1 else []
+        params = [p for layer in reversed(layers) for p in layer.parameters()] if size > 1 else []
         held = {id(p) for p in self._summed_first()} if self.zero else set()
-        self.order = [p for p in weights if id(p) not in held]
-        self.held = [p for p in weights if id(p) in held]
+        self.order = [p for p in params if id(p) not in held]
+        self.held = [p for p in params if id(p) in held]
         self.shards: dict[int, torch.Tensor] = {}  # ZeRO: this rank's slice of each summed gradient
         self.seen: list[torch.Tensor] | None = []  # the first step's ready order; None once adopted
         self.ready: set[int] = set()
