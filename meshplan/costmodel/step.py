@@ -87,11 +87,12 @@ def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:
 
 
 # Gradient reductions hidden behind the backward are not free: their NCCL kernels share the GPU with
-# the backward's, which run slower beside them. Measured on 2 × H200 (dense-7b/2L, dp=2, the
-# all-reduces started from the hooks against the same step with the transfers skipped, less the
-# exposed last layer's): the hidden reductions cost 0.57 (4K tokens) and 0.93 (16K) of their own time
-# alone; this is the mean (benchmarks/results/dp-overlap-probe-h200x2.json, three interleaved rounds).
-GRAD_OVERLAP_CONTENTION = 0.75
+# the backward's, which run slower beside them. Measured on two 2 × H200 machines (dense-7b/2L, dp=2,
+# the all-reduces started from the hooks against the same step with the transfers skipped, less the
+# exposed last layer's, three interleaved rounds each): the hidden reductions cost 0.56 and 0.39 (4K
+# tokens), 0.93 and 0.87 (16K) of their own time alone; this is the mean of the four
+# (benchmarks/results/dp-overlap-probe-h200x2.json, "contention").
+GRAD_OVERLAP_CONTENTION = 0.69
 
 
 def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: float, attn_s: float) -> float:
