@@ -10,11 +10,11 @@ from meshplan.costmodel.memory import saved_activation_bytes
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.executor.blocks import Stack
-from meshplan.executor.comm import build_mesh
+from meshplan.executor.comm import build_mesh, shard_of
 from meshplan.executor.optim import MixedAdam, make_optimizer
 from meshplan.executor.parallelize import (GradientSync, parallelize, run_layers, shard_weights, stage_of,
                                            token_positions)
-from meshplan.executor.pipeline import Pipeline, stage_slice
+from meshplan.executor.pipeline import Pipeline, stage_slice, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -28,14 +28,13 @@ def _mine(sync: GradientSync, p, whole):
     shard = sync.shard(p)
     if whole is p.grad:  # ZeRO 2 and 3 have dropped it: None
         return shard
-    return _slice_of(sync, whole, shard)
+    return _slice_of(sync, whole)
 
 
-def _slice_of(sync: GradientSync, whole, shard):
-    """This rank's slice of `whole` flattened and zero-padded as `shard` was cut."""
+def _slice_of(sync: GradientSync, whole):
+    """This rank's ZeRO slice of `whole`."""
     ax = sync.mesh.axis(sync.axis)
-    flat = torch.nn.functional.pad(whole.reshape(-1), (0, shard.numel() * ax.size - whole.numel()))
-    return flat[ax.rank * shard.numel():(ax.rank + 1) * shard.numel()]
+    return shard_of(whole, ax.size, ax.rank)
 
 
 def _max_rel_err(layers, ref_layers, pick) -> float:
@@ -109,11 +108,11 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
             opt.step()
             MixedAdam(ref.parameters()).step()
             result["max_weight_after_step_rel_err"] = _max_rel_err(layers, ref_layers, lambda p, want, grad: (
-                (weights.shard(p), _slice_of(sync, want, weights.shard(p))) if weights else (p, want)))
+                (weights.shard(p), _slice_of(sync, want)) if weights else (p, want)))
     else:
         shard_weights(layers, mesh)
         with torch.no_grad():
-            y = _through(layers, pipe, xs[0])
+            y = through(layers, pipe, xs[0])
         outs = [] if y is None else [y]
     errs = [(y.detach() - y_ref.detach()[s][:, pos]).abs().max().item() for y, s in zip(outs, mb)]
     result["max_out_err"] = max(errs, default=0.0)
@@ -141,15 +140,6 @@ def _stage(model: ModelSpec, mesh, seq: int, ref: Stack, int8_allreduce: bool = 
     return layers, list(ref.layers)[cut], Pipeline(layers, mesh, run_layers) if mesh.layout.pp > 1 else None
 
 
-def _through(layers, pipe, h, call=None):
-    """h through this rank's layers (and the other stages'): the output, None on all but the last stage."""
-    if pipe is not None:
-        return pipe.forward(h, call)
-    for layer in layers:
-        h = call(layer, h) if call is not None else layer(h)
-    return h
-
-
 DECODE_STEPS = 3
 
 
@@ -169,7 +159,7 @@ def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: 
     for layer in layers:
         layer.keep_cache = True
     with torch.no_grad():
-        _through(layers, pipe, x[:, :seq][:, pos])
+        through(layers, pipe, x[:, :seq][:, pos])
     for layer in layers:
         layer.keep_cache = False
         if hasattr(layer, "share_final_state"):
@@ -177,7 +167,7 @@ def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: 
     mesh.reset_counts()
     errs = []
     for i in range(DECODE_STEPS):
-        h = _through(layers, pipe, x[:, seq + i:seq + i + 1], lambda layer, h: layer.decode(h))
+        h = through(layers, pipe, x[:, seq + i:seq + i + 1], lambda layer, h: layer.decode(h))
         if h is not None:
             errs.append((h - y_ref[:, seq + i:seq + i + 1]).abs().max().item())
     opts = CostOptions(mode="decode", act_dtype="fp32", grad_dtype="fp32")

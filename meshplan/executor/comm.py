@@ -191,6 +191,20 @@ def exchange(mesh: Mesh, axis: str, send: torch.Tensor | None, dst: int | None, 
     return received
 
 
+def shard_len(numel: int, n: int) -> int:
+    """Elements in each of n equal shards of `numel` elements zero-padded to a multiple of n."""
+    return -(-numel // n)
+
+
+def shard_of(t: torch.Tensor, n: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s 1/n of `t` flattened and zero-padded to a multiple of n (a view where no padding
+    is needed): how ZeRO cuts a weight or its gradient (reduce_scatter_start, optim.ZeroAdam, zero3)."""
+    flat, s = t.reshape(-1), shard_len(t.numel(), n)
+    if s * n != flat.numel():
+        flat = torch.nn.functional.pad(flat, (0, s * n - flat.numel()))
+    return flat[rank * s:(rank + 1) * s]
+
+
 def reduce_scatter_start(mesh: Mesh, flat: torch.Tensor, axis: str, in_place: bool):
     """Begin summing the 1-D `flat` over the axis, keeping this rank's 1/n of it (`flat` zero-padded to
     a multiple of n); returns (the slice, a function that waits for it). `in_place`: the slice is a

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from meshplan.executor.comm import all_gather_into_start
+from meshplan.executor.comm import all_gather_into_start, shard_len, shard_of
 
 
 class MixedAdam:
@@ -75,15 +75,9 @@ class ZeroAdam(MixedAdam):
         self.waits: list = []
         super().__init__(params, **kw)
 
-    def _slice(self, p: torch.Tensor) -> int:
-        return -(-p.numel() // self.n)
-
     def _master(self, p: torch.Tensor) -> torch.Tensor:
-        if self.weights is not None:
-            return self.weights.shard(p).float().clone()
-        s = self._slice(p)
-        flat = torch.nn.functional.pad(p.detach().reshape(-1), (0, s * self.n - p.numel()))
-        return flat[self.rank * s:(self.rank + 1) * s].float().clone()
+        mine = self.weights.shard(p) if self.weights is not None else shard_of(p.detach(), self.n, self.rank)
+        return mine.float().clone()
 
     def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
         return self.sync.shard(p)
@@ -92,7 +86,7 @@ class ZeroAdam(MixedAdam):
         if self.weights is not None:
             self.weights.shard(p).copy_(w)
             return
-        s = self._slice(p)
+        s = shard_len(p.numel(), self.n)
         whole = p.data.view(-1) if s * self.n == p.numel() else torch.empty(s * self.n, dtype=p.dtype, device=p.device)
         self.waits.append((all_gather_into_start(self.sync.mesh, whole, w.to(p.dtype), self.sync.axis), p, whole))
         if len(self.waits) > 2:  # two gathers in flight: their bf16 slices are the step's only transients
@@ -112,5 +106,5 @@ class ZeroAdam(MixedAdam):
 
 
 def make_optimizer(params, sync):
-    """The optimizer the layout's ZeRO stage calls for: ZeroAdam for stages 1 and 2, else MixedAdam."""
+    """The optimizer the layout's ZeRO stage calls for: ZeroAdam for stages 1-3, else MixedAdam."""
     return ZeroAdam(params, sync) if sync.zero else MixedAdam(params)

@@ -144,16 +144,19 @@ class GradientSync:
             p.grad = None  # the collective holds it until done
 
     def fold(self) -> None:
-        """Between the micro-batches of a pipeline step, under ZeRO 2 and 3 (whose gradients stay
-        sharded): start what is left of this backward's reductions, wait for them, and add their
-        shards into the step's, before the next micro-batch's backward."""
+        """Start what is left of this backward's reductions and wait for them: between the
+        micro-batches of a pipeline step under ZeRO 2 and 3 (whose gradients stay sharded), so that
+        their shards are summed into the step's before the next backward; and first in finish()."""
         while self.started < len(self.order):
             self._start(self.order[self.started])
+        self._wait()
+        self.ready.clear()
+        self.started = 0
+
+    def _wait(self) -> None:
         for wait in self.pending:
             wait()
         self.pending = []
-        self.ready.clear()
-        self.started = 0
 
     def shard(self, p: torch.Tensor) -> torch.Tensor | None:
         """ZeRO: this rank's slice of p's summed gradient (p flattened, zero-padded to a multiple of
@@ -161,11 +164,7 @@ class GradientSync:
         return self.shards.get(id(p))
 
     def finish(self) -> None:
-        while self.started < len(self.order):
-            self._start(self.order[self.started])
-        for wait in self.pending:
-            wait()
-        self.pending = []
+        self.fold()
         for layer in self.layers:
             if isinstance(layer, ParallelMamba2):
                 layer.sync_replicated_grads()
@@ -174,8 +173,7 @@ class GradientSync:
                                if n.endswith("norm.weight")], self.mesh, "tsp")
         for p in self.held:
             self._reduce(p)
-        for wait in self.pending:
-            wait()
+        self._wait()
         dp = self.mesh.layout.dp
         summed = list(self.shards.values()) if self.zero else [p.grad for p in self.order if p.grad is not None]
         if dp > 1 and summed:
@@ -185,8 +183,6 @@ class GradientSync:
             self.weights.free_all()
         if self.seen and self.mesh.enabled:
             self._adopt_ready_order()
-        self.ready.clear()
-        self.started, self.pending = 0, []
 
     def clear(self) -> None:
         """Drop the step's gradient shards (the optimizer has used them)."""

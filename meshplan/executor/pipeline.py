@@ -25,6 +25,16 @@ def stage_slice(n_layers: int, pp: int, stage: int) -> slice:
     return slice(stage * per, (stage + 1) * per)
 
 
+def through(layers: nn.ModuleList, pipe: Pipeline | None, h: torch.Tensor, call=None) -> torch.Tensor | None:
+    """h through this rank's layers (`call(layer, h)` for each, or its forward) and, under pipeline
+    stages, the other stages': the output, None on all but the last stage."""
+    if pipe is not None:
+        return pipe.forward(h, call)
+    for layer in layers:
+        h = call(layer, h) if call is not None else layer(h)
+    return h
+
+
 class Pipeline:
     def __init__(self, layers: nn.ModuleList, mesh: Mesh, run):
         ax = mesh.axis("pp")

@@ -26,7 +26,7 @@ from meshplan.executor.comm import Mesh
 from meshplan.executor.optim import make_optimizer
 from meshplan.executor.parallelize import (GradientSync, parallelize, run_layers, shard_weights, stage_of,
                                            token_positions)
-from meshplan.executor.pipeline import Pipeline
+from meshplan.executor.pipeline import Pipeline, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -122,17 +122,9 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     for layer in layers:
         layer.keep_cache = not train
     decode = mode == "decode"
-
-    def forward(h, call=None):
-        if pipe is not None:
-            return pipe.forward(h, call)
-        for layer in layers:
-            h = call(layer, h) if call is not None else layer(h)
-        return h
-
     if decode:  # prefill once (not timed); the timed steps decode one token per sequence each
         with torch.no_grad():
-            forward(x)
+            through(layers, pipe, x)
         for layer in layers:
             layer.keep_cache = False
             if hasattr(layer, "share_final_state"):
@@ -141,7 +133,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
 
     def step():
         if decode:
-            forward(x, lambda layer, h: layer.decode(h))
+            through(layers, pipe, x, lambda layer, h: layer.decode(h))
         elif train:
             if pipe is not None:
                 pipe.train([x] * micro, [dy] * micro, sync)
@@ -155,7 +147,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
             for layer in layers:  # drop the previous prefill's cache before making the next
                 layer.kv_cache = layer.ssm_cache = None
             with torch.no_grad():
-                forward(x)
+                through(layers, pipe, x)
         if pipe is not None and not train:
             # One request's time through every stage, as the model prices it: without this the first
             # stage would start the next request while the last finishes this one, and the steps

@@ -16,7 +16,7 @@ import weakref
 import torch
 from torch import nn
 
-from meshplan.executor.comm import Mesh, all_gather_into_start
+from meshplan.executor.comm import Mesh, all_gather_into_start, shard_len, shard_of
 from meshplan.layout import grad_group
 
 
@@ -34,9 +34,7 @@ class ShardedWeights:
         ref = weakref.ref(self)
         for layer in self.layers:
             for p in layer.parameters():
-                s = self._slice(p)
-                flat = torch.nn.functional.pad(p.detach().reshape(-1), (0, s * self.n - p.numel()))
-                self.shards[id(p)] = flat[self.rank * s:(self.rank + 1) * s].clone()
+                self.shards[id(p)] = shard_of(p.detach(), self.n, self.rank).clone()
                 p.register_post_accumulate_grad_hook(
                     lambda p, at=weakref.ref(layer): (w := ref()) and w._grad_done(at()))
             self._free(layer)
@@ -48,9 +46,6 @@ class ShardedWeights:
             if hasattr(layer, "decode"):  # decode steps bypass forward: gather around them too
                 layer.decode = self._around(layer, layer.decode)
 
-    def _slice(self, p: torch.Tensor) -> int:
-        return -(-p.numel() // self.n)
-
     def shard(self, p: torch.Tensor) -> torch.Tensor:
         """This rank's 1/n of p (flattened, zero-padded): what it keeps between uses."""
         return self.shards[id(p)]
@@ -58,7 +53,7 @@ class ShardedWeights:
     def _gather(self, layer: nn.Module) -> None:
         waits = []
         for p in layer.parameters():
-            s = self._slice(p)
+            s = shard_len(p.numel(), self.n)
             storage = p.data.untyped_storage()
             storage.resize_(s * self.n * p.element_size())
             whole = torch.empty(0, dtype=p.dtype, device=p.device).set_(storage, 0, (s * self.n,))
