@@ -78,7 +78,10 @@ def _check_backward(b, s, h, p, g, n, chunk, with_init, with_d, seed, seq_idx=No
     for name, w, o in zip(["x", "dt", "A", "B", "C", "D", "initial_state"], want, got):
         assert (w is None) == (o is None), name
         if w is not None:
-            torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()), msg=name)
+            # The floor: where the exact gradient is 0 (dA of a one-token sequence) the kernel's fp32 sums
+            # of terms of order 10 leave ~1e-8.
+            torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=max(1e-4 * float(w.abs().max()), 1e-6),
+                                       msg=name)
 
 
 # One program per group (all heads), d_state in blocks of 16; and one per head.
