@@ -4,7 +4,10 @@
 
 Bytes counted as the least the kernel must move: forward reads x and writes out (bf16); backward
 reads x and dy and writes dx (bf16) — it rebuilds the pre-activation in registers. Roofline: a large
-device-to-device copy measured in the same run. The main rows run the module's settings (the
+device-to-device copy measured in the same run. Two times per call: the whole call's (CUDA events
+around it: its launches and the small torch ops around the kernel — the seq_idx cast, the dw and db
+partial sums — included), and the kernel's own (torch.profiler), over which the backward's bytes also
+count the fp32 dw, db partial sums it writes — as benchmarks/bench_ssd.py counts the scan's. The main rows run the module's settings (the
 time-marching kernels for d_conv ≤ 4); --tiles also times the tiled kernels' tiles, --march the
 marching kernels' settings.
 """
@@ -16,7 +19,8 @@ import json
 
 import torch
 
-from meshplan.executor.run import median_time_s
+from meshplan.executor.run import kernel_times, median_time_s
+from meshplan.kernels import conv1d
 from meshplan.kernels.conv1d import causal_conv1d, causal_conv1d_bwd, causal_conv1d_fwd, causal_conv1d_update
 from meshplan.kernels.reference import causal_conv1d_ref, causal_conv1d_update_ref
 
@@ -78,9 +82,16 @@ def main() -> int:
         n = b * t * c
         fwd_bytes = 2 * n * 2
         bwd_bytes = 3 * n * 2  # x, dy read; dx written
+        k_fwd = kernel_times(lambda: causal_conv1d_fwd(x, w, bias, seq_idx), ("_conv_fwd_march",))
+        k_bwd = kernel_times(lambda: causal_conv1d_bwd(g, x, w, bias, seq_idx), ("_conv_bwd_march",))
+        partials = b * -(-t // conv1d.MARCH_ROWS) * c * 5 * 4  # fp32 dw (4 taps) and db per program's rows
         rows.append({"b": b, "t": t, "c": c, "max_abs_err_vs_ref": err, "fwd_s": fwd, "bwd_s": bwd,
                      "fwd_bandwidth_fraction": fwd_bytes / fwd / copy_bw,
-                     "bwd_bandwidth_fraction": bwd_bytes / bwd / copy_bw})
+                     "bwd_bandwidth_fraction": bwd_bytes / bwd / copy_bw,
+                     "kernels_s": {"forward": k_fwd, "backward": k_bwd},
+                     "fwd_kernel_bandwidth_fraction": fwd_bytes / k_fwd["_conv_fwd_march"] / copy_bw,
+                     "bwd_kernel_bytes": bwd_bytes + partials,
+                     "bwd_kernel_bandwidth_fraction": (bwd_bytes + partials) / k_bwd["_conv_bwd_march"] / copy_bw})
     flags = "".join(f" --{k}" for k in ("tiles", "march") if getattr(args, k))
     out = {"command": f"python benchmarks/bench_conv1d.py{flags} --out $OUT/conv1d.json",
            "gpu": torch.cuda.get_device_name(0),
@@ -127,8 +138,11 @@ def main() -> int:
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"copy roofline {copy_bw / 1e12:.2f} TB/s")
     for r in rows:
-        print(f"b {r['b']} t {r['t']} c {r['c']}: fwd {r['fwd_s'] * 1e3:.3f} ms ({r['fwd_bandwidth_fraction']:.0%} of roofline), "
-              f"bwd {r['bwd_s'] * 1e3:.3f} ms ({r['bwd_bandwidth_fraction']:.0%}), max |err| {r['max_abs_err_vs_ref']:.2e}")
+        kf, kb = r["kernels_s"]["forward"]["_conv_fwd_march"], r["kernels_s"]["backward"]["_conv_bwd_march"]
+        print(f"b {r['b']} t {r['t']} c {r['c']}: fwd {r['fwd_s'] * 1e3:.3f} ms ({r['fwd_bandwidth_fraction']:.0%} of roofline; "
+              f"kernel {kf * 1e3:.3f} ms, {r['fwd_kernel_bandwidth_fraction']:.0%}), bwd {r['bwd_s'] * 1e3:.3f} ms "
+              f"({r['bwd_bandwidth_fraction']:.0%}; kernel {kb * 1e3:.3f} ms, {r['bwd_kernel_bandwidth_fraction']:.0%}), "
+              f"max |err| {r['max_abs_err_vs_ref']:.2e}")
     return 0
 
 

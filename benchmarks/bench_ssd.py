@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.costmodel.compute import ssd_kernel_bytes
-from meshplan.executor.run import median_time_s
+from meshplan.executor.run import kernel_times, median_time_s
 from meshplan.kernels import launch
 from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
@@ -52,24 +52,6 @@ def kernel_traffic(b, s, h, p, g, n, chunk, e=2) -> dict:
     nc = -(-s // chunk)
     traffic = ssd_kernel_bytes(b * nc * chunk, h, p, g, n, e, chunk)
     return {d: {"_" + k: v for k, v in ks.items()} for d, ks in traffic.items()}
-
-
-def kernel_times(fn, names, reps: int = 5) -> dict:
-    """Mean CUDA seconds per call of fn spent in each named kernel (torch.profiler)."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    out = dict.fromkeys(names, 0.0)
-    out["other"] = 0.0  # torch's own kernels around them (padding, the dB/dC partial sums, ...)
-    for ev in prof.key_averages():
-        t = ev.device_time_total / 1e6 / reps
-        if t > 0:
-            out[ev.key if ev.key in names else "other"] += t
-    return out
 
 
 def gradients(fn, ins, dy, seq_idx=None, chunk=64):

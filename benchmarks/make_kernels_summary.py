@@ -22,9 +22,14 @@ def kernel_fraction(ssd: dict, run: dict, direction: str) -> float:
     return sum(v["bytes"] for v in ks) / sum(v["s"] for v in ks) / ssd["copy_bytes_per_s"]
 
 
+def kt(run: dict, direction: str) -> float:
+    """A conv run's kernel time (torch.profiler) in one direction."""
+    return run["kernels_s"][direction]["_conv_fwd_march" if direction == "forward" else "_conv_bwd_march"]
+
+
 def main() -> int:
-    ssd, conv = load("ssd-h200.json"), load("conv1d-march-cap-h200-r1.json")
-    conv_r2 = load("conv1d-march-cap-h200-r2.json")["runs"][0]
+    ssd, conv = load("ssd-h200.json"), load("conv1d-kernels-h200-r1.json")
+    conv_r2 = load("conv1d-kernels-h200-r2.json")["runs"][0]
     # The committed code in three interleaved rounds against the kernels before it, on another H200.
     ab = [x for x in load("conv1d-fast-silu-ab3-h200.json")["rounds"] if x["seq_idx"] == "seq_idx"]
     ab_new = [x for x in ab if x["code"] == "new_defaults"]
@@ -57,7 +62,8 @@ def main() -> int:
                       f"backward {r['backward_s'] * 1e3:.2f} ms; forward+backward {r['train_speedup_over_reference']:.1f}x "
                       f"autograd through the reference (1.69 and 5.86 ms with fp32 operands, one program per head: "
                       f"ssd-h200.json at commit 0fd0ed8; steps between: ssd-bf16-forward-h200.json, "
-                      f"ssd-bf16-operands-h200.json, ssd-head-loops-h200.json, ssd-bwd-dbc-ab-h200.json; the dx kernel: ssd-dx-ablation-h200.json). Relative "
+                      f"ssd-bf16-operands-h200.json, ssd-head-loops-h200.json, ssd-bwd-dbc-ab-h200.json; the dx kernel: ssd-dx-ablation-h200.json, ssd-bwd-rowsums2-ab-h200.json, and variants not kept: "
+                      f"ssd-dx-strips-ab-h200.json, ssd-bwd-split-ddt-ab-h200.json, ssd-bwd-rowsums-ab-h200.json). Relative "
                       f"error against float64: output {r['rel_err_vs_fp64']:.1e}, gradients "
                       f"{max(grads['plain'].values()):.1e} at most (packed rows {max(grads['packed_every_700'].values()):.1e}). "
                       f"Fractions of the measured copy roofline ({ssd['copy_bytes_per_s'] / 1e12:.2f} TB/s): the scan's "
@@ -65,26 +71,34 @@ def main() -> int:
                       f"(scan_bandwidth_fraction, and per kernel), and over the whole call's time, launch gaps and small "
                       f"torch ops included (scan_call_bandwidth_fractions). Source: ssd-h200.json; launch settings: "
                       f"ssd-fwd-tune-h200.json, ssd-bwd-tune-h200.json, ssd-head-loops-h200.json; grid order: ssd-grid-order-h200.json"),
-        "conv_bandwidth_fraction": c0["fwd_bandwidth_fraction"],
-        "conv_backward_bandwidth_fraction": c0["bwd_bandwidth_fraction"],
+        "conv_bandwidth_fraction": c0["fwd_kernel_bandwidth_fraction"],
+        "conv_backward_bandwidth_fraction": c0["bwd_kernel_bandwidth_fraction"],
+        "conv_call_bandwidth_fractions": {"forward": c0["fwd_bandwidth_fraction"],
+                                          "backward": c0["bwd_bandwidth_fraction"]},
         "conv_note": (f"time-marching kernels, four rows a step, b 4, t 16384, 5376 channels, bf16, packed rows "
                       f"(seq_idx, a new sequence every 1000 tokens): forward (128 rows x 128 channels a program, "
-                      f"1 warp) {c0['fwd_s'] * 1e3:.3f} ms; backward (one pass, 256 x 256, 2 warps, rows loaded a "
-                      f"step ahead, 168 registers a thread) {c0['bwd_s'] * 1e3:.3f} ms; the run after it on the same "
-                      f"machine {conv_r2['fwd_s'] * 1e3:.3f} / {conv_r2['bwd_s'] * 1e3:.3f} ms "
-                      f"({conv_r2['fwd_bandwidth_fraction']:.0%} / {conv_r2['bwd_bandwidth_fraction']:.0%}). The "
-                      f"backward was 4.46 ms at the start of this work, 2.54 ms two-pass with tuned tiles, 1.14-1.25 "
-                      f"ms before the cheaper sigmoid and the unmasked steps. Against the kernels before those, in "
-                      f"three interleaved rounds on another H200 (conv1d-fast-silu-ab3-h200.json, before the register "
-                      f"cap): forward {min(x['fwd_frac'] for x in ab_new):.0%}-{max(x['fwd_frac'] for x in ab_new):.0%}, "
-                      f"backward {min(x['bwd_frac'] for x in ab_new):.0%}-{max(x['bwd_frac'] for x in ab_new):.0%} of "
-                      f"that machine's copy roofline, against {min(x['fwd_frac'] for x in ab_old):.0%}-"
+                      f"1 warp) kernel {kt(c0, 'forward') * 1e3:.3f} ms; backward (one pass, 256 x 256, 2 warps, rows "
+                      f"loaded a step ahead, 168 registers a thread) kernel {kt(c0, 'backward') * 1e3:.3f} ms, its "
+                      f"fp32 dw, db partial sums counted with its bytes; the run after it on the same machine "
+                      f"{kt(conv_r2, 'forward') * 1e3:.3f} / {kt(conv_r2, 'backward') * 1e3:.3f} ms "
+                      f"({conv_r2['fwd_kernel_bandwidth_fraction']:.0%} / {conv_r2['bwd_kernel_bandwidth_fraction']:.0%}). "
+                      f"As the scan's, these fractions are of the kernels' profiled times. A whole call timed alone "
+                      f"(CUDA events around it) took {c0['fwd_s'] * 1e3:.3f} / {c0['bwd_s'] * 1e3:.3f} ms "
+                      f"(conv_call_bandwidth_fractions; {conv_r2['fwd_s'] * 1e3:.3f} / {conv_r2['bwd_s'] * 1e3:.3f} ms "
+                      f"in the second run): the GPU waits for the host's launch, and the backward's torch ops (the "
+                      f"seq_idx cast, the dw and db partial sums) take {c0['kernels_s']['backward']['other'] * 1e3:.3f} ms. "
+                      f"The backward was 4.46 ms at the start of this work, 2.54 ms two-pass with tuned tiles, 1.14-1.25 "
+                      f"ms a call before the cheaper sigmoid and the unmasked steps (conv1d-fast-silu-ab3-h200.json, "
+                      f"three interleaved rounds on another H200, calls: forward "
+                      f"{min(x['fwd_frac'] for x in ab_new):.0%}-{max(x['fwd_frac'] for x in ab_new):.0%}, backward "
+                      f"{min(x['bwd_frac'] for x in ab_new):.0%}-{max(x['bwd_frac'] for x in ab_new):.0%} of that "
+                      f"machine's copy roofline, against {min(x['fwd_frac'] for x in ab_old):.0%}-"
                       f"{max(x['fwd_frac'] for x in ab_old):.0%} and {min(x['bwd_frac'] for x in ab_old):.0%}-"
-                      f"{max(x['bwd_frac'] for x in ab_old):.0%}. At b 1, t 65536: "
-                      f"{c1['fwd_bandwidth_fraction']:.0%} / {c1['bwd_bandwidth_fraction']:.0%}. Decode update at "
-                      f"batch 8: Triton {dec['triton_s'] * 1e6:.0f} us against {dec['torch_ops_s'] * 1e6:.0f} us of "
-                      f"torch ops. Source: conv1d-march-cap-h200-r1.json (copy roofline "
-                      f"{conv['copy_bytes_per_s'] / 1e12:.2f} TB/s on that machine)"),
+                      f"{max(x['bwd_frac'] for x in ab_old):.0%} before). At b 1, t 65536, kernels: "
+                      f"{c1['fwd_kernel_bandwidth_fraction']:.0%} / {c1['bwd_kernel_bandwidth_fraction']:.0%}. Decode "
+                      f"update at batch 8: Triton {dec['triton_s'] * 1e6:.0f} us against {dec['torch_ops_s'] * 1e6:.0f} us "
+                      f"of torch ops. Source: conv1d-kernels-h200-r1.json (copy roofline "
+                      f"{conv['copy_bytes_per_s'] / 1e12:.2f} TB/s on that machine), -r2"),
         "packed_over_padded_speedup": pack["packed_over_padded_speedup"],
         "packed_note": (f"mamba2-2.7b-shaped, 2 layers, bf16, training one epoch of 96 sequences "
                         f"({pack['real_tokens']:,} real tokens, log-normal lengths, rows of 8192): padded "

@@ -73,6 +73,25 @@ def median_time_s(fn, reps: int = 10, warmup: int = 3) -> float:
     return statistics.median(timed(fn, reps, cuda=True))
 
 
+def kernel_times(fn, names, reps: int = 5) -> dict:
+    """Mean CUDA seconds per call of fn spent in each named kernel (torch.profiler), and in all the
+    others together under "other" (torch's small ops around them)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = dict.fromkeys(names, 0.0)
+    out["other"] = 0.0
+    for ev in prof.key_averages():
+        t = ev.device_time_total / 1e6 / reps
+        if t > 0:
+            out[ev.key if ev.key in names else "other"] += t
+    return out
+
+
 def timed(fn, steps: int, cuda: bool) -> list[float]:
     """Seconds per call of fn, with CUDA events on the GPU (after the caller's warm-up)."""
     times = []
