@@ -88,7 +88,9 @@ def _check_backward(b, s, h, p, g, n, chunk, with_init, with_d, seed, seq_idx=No
 @pytest.mark.parametrize("split_target, state_block", [(1, 16), (1024, 64)])
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init, with_d", [(64, 2, 16, 1, 16, 32, False, True),
                                                                     (50, 4, 16, 2, 16, 16, True, True),
-                                                                    (96, 4, 32, 1, 32, 32, True, False)])
+                                                                    (96, 4, 32, 1, 32, 32, True, False),
+                                                                    # headdim and d_state off the blocks: masked tiles
+                                                                    (40, 2, 24, 1, 20, 16, True, True)])
 def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, state_block, s, h, p, g, n,
                                                                chunk, with_init, with_d):
     monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)

@@ -45,29 +45,31 @@ def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr
 
 
 @triton.jit
-def _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, bi, ci, h, n_chunks, S, H, t, HAS_SID: tl.constexpr):
-    """One head's per-token quantities in a chunk: dt, A, cum (inclusive cumsum of dt·A), reach
-    (exp(cum) where the entering state reaches) and w without its dt factor (exp(cum_last − cum) on the
-    chunk's last sequence)."""
+def _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, row0, chunk, h, H, L: tl.constexpr, HAS_SID: tl.constexpr):
+    """One head's per-token quantities in a chunk whose first token is row `row0` of the batch's rows
+    (chunk `chunk` of the batch's chunks): dt, A, cum (inclusive cumsum of dt·A), reach (exp(cum) where
+    the entering state reaches) and w without its dt factor (exp(cum_last − cum) on the chunk's last
+    sequence). The int64 part of each address is in the scalar base; the per-token offsets are int32."""
+    i = tl.arange(0, L)
     a_h = tl.load(a_ptr + h).to(tl.float32)
-    dt = tl.load(dt_ptr + (bi * S + t) * H + h).to(tl.float32)
+    dt = tl.load(dt_ptr + row0 * H + h + i * H).to(tl.float32)
     cum = tl.cumsum(dt * a_h, axis=0)
     reach = tl.exp(cum)
     w_nodt = tl.exp(tl.sum(dt * a_h, axis=0) - cum)
     if HAS_SID:
-        sid = tl.load(sid_ptr + bi * S + t)
-        reach = tl.where(sid == tl.load(prev_ptr + bi * n_chunks + ci), reach, 0.0)
+        sid = tl.load(sid_ptr + row0 + i)
+        reach = tl.where(sid == tl.load(prev_ptr + chunk), reach, 0.0)
         w_nodt = tl.where(sid == tl.max(sid, axis=0), w_nodt, 0.0)
     return dt, a_h, cum, reach, w_nodt
 
 
 @triton.jit
-def _decay(sid_ptr, bi, S, t, cum, L: tl.constexpr, HAS_SID: tl.constexpr):
+def _decay(sid_ptr, row0, cum, L: tl.constexpr, HAS_SID: tl.constexpr):
     """exp(cum_i − cum_j) for the pairs that interact (j ≤ i, one sequence), 0 elsewhere (L × L)."""
     i = tl.arange(0, L)
     pair = i[:, None] >= i[None, :]
     if HAS_SID:
-        sid = tl.load(sid_ptr + bi * S + t)
+        sid = tl.load(sid_ptr + row0 + i)
         pair = pair & (sid[:, None] == sid[None, :])
     return tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
 
@@ -81,54 +83,60 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     + D x_i and S = Σ_j w_j x_j ⊗ B_j. Writes dx, ddt, the gradient of C_i·B_j (for dB, dC) and
     this chunk's share of dA and dD."""
     pid_bc, h, _ = grid_ids(H, 1)
-    pid_bc = pid_bc.to(tl.int64)  # offsets pass 2^31 at long context
+    # Addresses: the int64 part (past 2^31 at long context) in scalar bases — the chunk's first row
+    # across the batch, its state block — and int32 offsets within the chunk's tiles, so that no tile
+    # of 64-bit offsets takes registers: 0.84 → 0.80 ms on an H200 at 16K × 80 heads, 18 → 10
+    # registers spilled (benchmarks/results/ssd-bwd-offsets-masks-ab-h200.json, dxonly). The dB/dC
+    # kernel built the same way ran slower (0.395 → 0.413 ms, ssd-bwd-int32-offsets-ab-h200.json) and
+    # keeps its int64 offsets; unmasked tiles where every block is whole slowed dx (0.833 ms).
+    pid_bc = pid_bc.to(tl.int64)
     n_chunks = S // L
-    bi, ci = pid_bc // n_chunks, pid_bc % n_chunks
+    row0 = (pid_bc // n_chunks) * S + (pid_bc % n_chunks) * L
     g = h // (H // G)
-    t = ci * L + tl.arange(0, L)
+    i = tl.arange(0, L)
     n = tl.arange(0, BN)
     nm = n < N
-    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=nm[None, :], other=0.0)
-    cv = tl.load(c_ptr + (bi * S + t[:, None]) * CT + g * N + n[None, :], mask=nm[None, :], other=0.0)
-    dt, a_h, cum, reach, w_nodt = _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, bi, ci, h, n_chunks, S, H, t,
-                                                 HAS_SID)
+    bv = tl.load(b_ptr + row0 * BT + g * N + (i[:, None] * BT + n[None, :]), mask=nm[None, :], other=0.0)
+    cv = tl.load(c_ptr + row0 * CT + g * N + (i[:, None] * CT + n[None, :]), mask=nm[None, :], other=0.0)
+    dt, a_h, cum, reach, w_nodt = _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, row0, pid_bc, h, H, L, HAS_SID)
     w = w_nodt * dt
     # Only the transposed, rounded M is live through the headdim loop; C·Bᵀ and the decay are formed
     # again after it: 0.945 → 0.918 ms on an H200 at 16K × 80 heads (the kernel stays at 255 registers
     # a thread; benchmarks/results/ssd-dx-registers-h200.json).
-    m_t = tl.trans(tl.dot(cv, tl.trans(bv)) * _decay(sid_ptr, bi, S, t, cum, L, HAS_SID) * dt[None, :])
+    m_t = tl.trans(tl.dot(cv, tl.trans(bv)) * _decay(sid_ptr, row0, cum, L, HAS_SID) * dt[None, :])
     m_t = m_t.to(dy_ptr.dtype.element_ty)
     dm = tl.zeros((L, L), dtype=tl.float32)  # dy_i · x_j
     dw = tl.zeros((L,), dtype=tl.float32)
     dcum = tl.zeros((L,), dtype=tl.float32)
     dd = 0.0
     dse = 0.0  # Σ dS · E, for the gradient of the chunk's decay
-    st_base = ((bi * n_chunks + ci) * H + h) * P
+    x_base = x_ptr + row0 * XT + h * P
+    tok = (row0 * H + h) * P  # dy, dx: contiguous, H · P a token
+    st = (pid_bc * H + h) * P * N  # this chunk and head's (P, N) state
     for p0 in range(0, P, BP):
         p = p0 + tl.arange(0, BP)
         pm = p < P
-        tok_offs = ((bi * S + t[:, None]) * H + h) * P + p[None, :]  # dy, dx: contiguous
-        x_in = tl.load(x_ptr + (bi * S + t[:, None]) * XT + h * P + p[None, :], mask=pm[None, :], other=0.0)
-        dy_in = tl.load(dy_ptr + tok_offs, mask=pm[None, :], other=0.0)
+        tok_offs = i[:, None] * (H * P) + p[None, :]
+        x_in = tl.load(x_base + (i[:, None] * XT + p[None, :]), mask=pm[None, :], other=0.0)
+        dy_in = tl.load(dy_ptr + tok + tok_offs, mask=pm[None, :], other=0.0)
         x, dy = x_in.to(tl.float32), dy_in.to(tl.float32)
-        st_offs = (st_base + p[:, None]) * N + n[None, :]
+        st_offs = p[:, None] * N + n[None, :]
         st_mask = pm[:, None] & nm[None, :]
-        ds = tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0)
-        e = tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0)
+        ds = tl.load(ds_ptr + st + st_offs, mask=st_mask, other=0.0)
+        e = tl.load(enter_ptr + st + st_offs, mask=st_mask, other=0.0)
         dse += tl.sum(tl.sum(ds.to(tl.float32) * e.to(tl.float32), axis=1), axis=0)
         bds = tl.dot(bv, tl.trans(ds.to(bv.dtype)))  # (L, BP)
         dx = tl.dot(m_t, dy_in) + w[:, None] * bds
         if HAS_D:
             dx += tl.load(d_ptr + h).to(tl.float32) * dy
             dd += tl.sum(tl.sum(dy * x, axis=1), axis=0)
-        tl.store(dx_ptr + tok_offs, dx.to(dx_ptr.dtype.element_ty), mask=pm[None, :])
+        tl.store(dx_ptr + tok + tok_offs, dx.to(dx_ptr.dtype.element_ty), mask=pm[None, :])
         dm += tl.dot(dy_in, tl.trans(x_in))  # in the inputs' dtype: exact products, fp32 sums
         dw += tl.sum(x * bds, axis=1)
         dcum += tl.sum(dy * tl.dot(cv, tl.trans(e.to(cv.dtype))), axis=1)  # C_i · E[p]
-    dm_decay = dm * _decay(sid_ptr, bi, S, t, cum, L, HAS_SID)
+    dm_decay = dm * _decay(sid_ptr, row0, cum, L, HAS_SID)
     cb = tl.dot(cv, tl.trans(bv))
-    i = tl.arange(0, L)
-    tl.store(dcb_ptr + (pid_bc * H + h) * L * L + i[:, None] * L + i[None, :],
+    tl.store(dcb_ptr + (pid_bc * H + h) * L * L + (i[:, None] * L + i[None, :]),
              (dm_decay * dt[None, :]).to(dcb_ptr.dtype.element_ty))
     # q = dm ∘ M is the gradient of log M_ij, and dcum_i = Σ_j q_ij − Σ_j q_ji − dw_i w_i (+ the entering
     # state's share). Σ_j q_ji + dw_i w_i = dt_i ddt_i, so two L × L reductions do where three did: the
@@ -139,14 +147,14 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
     dcum = dcum * reach + tl.sum(dmc * dt[None, :], axis=1) - dt * ddt
     decay_c = tl.exp(tl.sum(dt * a_h, axis=0))
     if HAS_SID:  # keep exists with seq_idx: 0 where a boundary falls before the chunk's end
-        decay_c = decay_c * tl.load(keep_ptr + bi * n_chunks + ci)
+        decay_c = decay_c * tl.load(keep_ptr + pid_bc)
     dlast = tl.sum(dw * w, axis=0) + decay_c * dse
     # cum_i = Σ_{k ≤ i} a_k and last = Σ_k a_k, so da_k = Σ_{i ≥ k} dcum_i + dlast.
     da = tl.sum(dcum, axis=0) - tl.cumsum(dcum, axis=0) + dcum + dlast
-    tl.store(ddt_ptr + (bi * S + t) * H + h, ddt + da * a_h)
-    tl.store(da_ptr + (bi * n_chunks + ci) * H + h, tl.sum(da * dt, axis=0))
+    tl.store(ddt_ptr + row0 * H + h + i * H, ddt + da * a_h)
+    tl.store(da_ptr + pid_bc * H + h, tl.sum(da * dt, axis=0))
     if HAS_D:
-        tl.store(dd_ptr + (bi * n_chunks + ci) * H + h, dd)
+        tl.store(dd_ptr + pid_bc * H + h, dd)
 
 
 @triton.jit
@@ -171,8 +179,8 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
     dc = tl.zeros((L, BN), dtype=tl.float32)
     for k in range(HPP):
         h = g * (H // G) + (pid_gs % splits) * HPP + k
-        dt, a_h, cum, reach, w_nodt = _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, bi, ci, h, n_chunks, S, H,
-                                                     t, HAS_SID)
+        dt, a_h, cum, reach, w_nodt = _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, bi * S + ci * L, pid_bc, h, H,
+                                                     L, HAS_SID)
         dcb = tl.load(dcb_ptr + (pid_bc * H + h) * L * L + i[:, None] * L + i[None, :])
         dc = tl.dot(dcb.to(bv.dtype), bv, dc)
         db = tl.dot(tl.trans(dcb).to(cv.dtype), cv, db)
