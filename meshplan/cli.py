@@ -24,6 +24,11 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
+def _at_least(flag: str, value: int, low: int) -> None:
+    """A numeric option below its least sensible value: one line naming it and the bound."""
+    if value < low:
+        raise MeshplanError(f"{flag} must be >= {low}, got {value}")
+
 def user_errors(fn):
     """A MeshplanError becomes one line on stderr and exit status 2, never a traceback."""
 
@@ -205,8 +210,8 @@ def recommend(
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
-    if top < 1:
-        raise MeshplanError(f"--top must be >= 1, got {top}")
+    _at_least("--top", top, 1)
+    _at_least("--batch", batch, 1)
     spec = load_model(model)
     cluster_spec = load_cluster(cluster, nodes)
     tokens = parse_tokens(seq)
@@ -321,6 +326,9 @@ def execute(
     from meshplan.models import load_model
     from meshplan.reports import parse_tokens
 
+    for flag, value, low in (("--nproc", nproc, 1), ("--nnodes", nnodes, 1), ("--steps", steps, 1),
+                             ("--layers", layers, 0), ("--batch", batch, 1)):
+        _at_least(flag, value, low)
     spec = load_model(model)
     lay = parse_layout(layout)
     tokens = parse_tokens(seq)

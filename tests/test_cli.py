@@ -53,6 +53,23 @@ def test_user_errors_are_one_line_exit_2():
         assert r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1, r.output
 
 
+
+def test_numeric_options_below_their_bound_are_one_line():
+    """A count below its least sensible value names the flag and the bound — before any work starts
+    (execute's torchrun workers never launch)."""
+    cases = [(["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "4k", "--batch", "-1"],
+              "--batch must be >= 1, got -1"),
+             (["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "2", "--steps", "0"],
+              "--steps must be >= 1, got 0"),
+             (["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "0"],
+              "--nproc must be >= 1, got 0"),
+             (["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "2", "--layers", "-1"],
+              "--layers must be >= 0, got -1")]
+    for args, message in cases:
+        r = invoke(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.strip() == f"error: {message}", r.output
+
 def test_listings():
     models = json.loads(invoke("models", "--json").stdout)
     assert {m["name"] for m in models} >= {"dense-7b", "llama3-8b", "mamba2-130m", "falcon-mamba-7b", "zamba2-7b"}
