@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from meshplan.errors import MeshplanError
+from meshplan.errors import MeshplanError, read_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan, predict and run parallel layouts for transformer and Mamba models.")
@@ -393,12 +393,7 @@ def compare(
 def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
     from meshplan.executor.compare import compare_run
 
-    try:
-        run = json.loads(open(path).read())
-    except OSError as exc:
-        raise MeshplanError(f"{path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise MeshplanError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    run = read_json(path)
     rows, ok = compare_run(run, tolerance)
     if as_json:
         _print_json({"run": path, "tolerance": tolerance, "ok": ok, "rows": rows})
@@ -434,6 +429,7 @@ def calibrate(
 
     from meshplan.topologies.cluster import preset_names
 
+    _at_least("--nproc", nproc, 1)
     if cluster not in preset_names():
         raise MeshplanError(f"--cluster: {cluster!r} is not a preset ({', '.join(preset_names())})")
     if device not in ("cpu", "cuda"):

@@ -7,12 +7,11 @@ is a MeshplanError naming it.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from meshplan.errors import MeshplanError
+from meshplan.errors import MeshplanError, read_json
 from meshplan.models import AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, dense
 
 
@@ -100,12 +99,7 @@ _READERS = {
 
 def model_from_hf_config(path: Path) -> ModelSpec:
     where = str(path)
-    try:
-        raw = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise MeshplanError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except OSError as exc:
-        raise MeshplanError(f"{where}: cannot read ({exc.strerror})") from None
+    raw = read_json(path)
     if not isinstance(raw, dict):
         raise MeshplanError(f"{where}: expected a JSON object at the top level")
     model_type = raw.get("model_type")

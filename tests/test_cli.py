@@ -64,7 +64,8 @@ def test_numeric_options_below_their_bound_are_one_line():
              (["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "0"],
               "--nproc must be >= 1, got 0"),
              (["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "2", "--layers", "-1"],
-              "--layers must be >= 0, got -1")]
+              "--layers must be >= 0, got -1"),
+             (["calibrate", "--nproc", "0"], "--nproc must be >= 1, got 0")]
     for args, message in cases:
         r = invoke(*args)
         assert r.exit_code == 2, (args, r.output)
@@ -108,3 +109,13 @@ def test_memory_shows_the_int8_peer_buffer():
     assert int8["total_bytes"] - plain["total_bytes"] == buf
     table = runner.invoke(app, args[:-1] + ["--int8-allreduce"]).stdout
     assert "int8buf" in table and "int8 all-reduce" in table
+
+
+def test_malformed_json_names_the_file_and_the_place(tmp_path):
+    bad = tmp_path / "run.json"
+    bad.write_text('{"layout": "tp=2\n')
+    for args in (["compare", str(bad)], ["memory", "--model", str(bad), "--layout", "tp=2", "--seq", "4k"]):
+        r = invoke(*args)
+        assert r.exit_code == 2, r.output
+        assert r.output.strip().startswith(f"error: {bad}: not valid JSON (") and " at," not in r.output, r.output
+        assert "line 1 column" in r.output and len(r.output.strip().splitlines()) == 1, r.output
