@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from meshplan.errors import MeshplanError, read_json
@@ -37,7 +38,8 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except MeshplanError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            # The message is printed as written: a "[gpu]" in it is a TOML table, not Rich markup.
+            err_console.print(Text.assemble(("error:", "bold red"), f" {exc}"), highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper

@@ -132,6 +132,17 @@ def test_cluster_toml_typos_are_named(tmp_path):
     path.write_text("name = [")
     with pytest.raises(MeshplanError, match="not valid TOML"):
         load_cluster(str(path))
+    path.write_text(good.replace("nics_per_node = 8", "nics_per_node = 7.5"))
+    with pytest.raises(MeshplanError, match=r"\[inter_node\] nics_per_node must be a whole number, got 7.5"):
+        load_cluster(str(path))
+    # On the command line the section survives as written (Rich would take "[gpu]" for markup).
+    from typer.testing import CliRunner
+
+    from meshplan.cli import app
+
+    path.write_text(good.replace("bf16_tflops = 989.4", "bf16_tflops = -1"))
+    r = CliRunner().invoke(app, ["recommend", "--model", "dense-7b", "--cluster", str(path), "--seq", "4k"])
+    assert r.exit_code == 2 and r.output.strip() == f"error: {path}: [gpu] bf16_tflops must be a positive number, got -1"
 
 
 def test_sequence_axis_deals_zigzag_only_where_attention_alone_and_2_sigma_divides():

@@ -114,6 +114,7 @@ _OPTIONAL = {("", "nodes"), ("", "calibration")} | {("calibration", k) for k in 
     + HOST_KEYS}
 _NUMERIC = {"memory_bytes", "bf16_tflops", "hbm_tb_per_s", "link_gb_per_s", "latency_us", "nics_per_node",
             "nic_gb_per_s", "nodes", "gpus_per_node", "gemm_efficiency", *HOST_KEYS}
+_WHOLE = {"memory_bytes", "nics_per_node", "nodes", "gpus_per_node"}  # counts: 1.5 nodes is a typo, not a cluster
 
 
 def _check_table(table: dict[str, Any], section: str, where: str) -> None:
@@ -126,6 +127,8 @@ def _check_table(table: dict[str, Any], section: str, where: str) -> None:
             raise MeshplanError(f"{where}: unknown key {prefix}{key!r}; {fix}")
         if key in _NUMERIC and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
             raise MeshplanError(f"{where}: {prefix}{key} must be a positive number, got {value!r}")
+        if key in _WHOLE and value != int(value):
+            raise MeshplanError(f"{where}: {prefix}{key} must be a whole number, got {value!r}")
     for key in allowed:
         if key not in table and (section, key) not in _OPTIONAL:
             raise MeshplanError(f"{where}: missing key {prefix}{key!r}")
