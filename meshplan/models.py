@@ -281,10 +281,12 @@ class ModelSpec:
 # -- presets ----------------------------------------------------------------------------------
 
 def dense(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int,
-          gated: bool = True, tied: bool = False, source: str = "") -> ModelSpec:
-    head_dim = hidden // heads
-    if head_dim * heads != hidden:
-        raise MeshplanError(f"model {name}: heads ({heads}) must divide hidden ({hidden})")
+          gated: bool = True, tied: bool = False, source: str = "", head_dim: int | None = None) -> ModelSpec:
+    """A pre-norm decoder stack; the heads split `hidden` evenly unless `head_dim` is given."""
+    if head_dim is None:
+        head_dim = hidden // heads
+        if head_dim * heads != hidden:
+            raise MeshplanError(f"model {name}: heads ({heads}) must divide hidden ({hidden}); or give head_dim")
     return ModelSpec(
         name=name, family="dense", d_model=hidden, layers=layers, vocab=vocab, tied_embeddings=tied,
         attention=AttentionSpec(hidden, heads, kv_heads, head_dim, hidden),

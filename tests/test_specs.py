@@ -34,6 +34,17 @@ def test_hf_llama_config_round_trips_to_the_preset(tmp_path):
     assert model.attention.kv_heads == 8
 
 
+def test_hf_config_with_its_own_head_dim(tmp_path):
+    """Mistral-Nemo's config.json: 32 heads of 128 over a 5120-wide stream (attention 4096 wide), 12.2B
+    parameters by its model card; the head width is the config's, not hidden / heads (160)."""
+    cfg = {"model_type": "mistral", "hidden_size": 5120, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "head_dim": 128, "intermediate_size": 14336, "num_hidden_layers": 40, "vocab_size": 131072,
+           "tie_word_embeddings": False}
+    model = load_model(write(tmp_path, cfg))
+    assert model.attention.head_dim == 128 and model.attention.q_width == 4096
+    assert model.param_count() / 1e9 == pytest.approx(12.2, rel=0.01)
+
+
 def test_hf_mamba2_and_falcon_mamba_configs(tmp_path):
     m2 = load_model(write(tmp_path, {"model_type": "mamba2", "hidden_size": 768, "num_hidden_layers": 24,
                                      "vocab_size": 50288, "state_size": 128, "head_dim": 64, "n_groups": 1,
@@ -60,6 +71,13 @@ def test_hf_zamba2_config(tmp_path):
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
     ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 5,
       "intermediate_size": 128, "vocab_size": 10}, "heads (5) must divide hidden (64)"),
+    # A count that is not a whole number is a malformed config, not a value to round.
+    ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4.5,
+      "intermediate_size": 128, "vocab_size": 10}, "num_attention_heads must be a whole number, got 4.5"),
+    ({"model_type": "llama", "hidden_size": "64", "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 10}, "hidden_size must be a whole number, got '64'"),
+    ({"model_type": "mamba2", "hidden_size": 768, "num_hidden_layers": 24, "vocab_size": 50288, "head_dim": 64,
+      "expand": 2, "num_heads": 25}, "num_heads (25) disagrees with expand · hidden_size / head_dim (2 · 768 / 64 = 24)"),
 ])
 def test_hf_config_errors_name_the_field(tmp_path, data, message):
     with pytest.raises(MeshplanError, match=message.replace("(", r"\(").replace(")", r"\)")):
