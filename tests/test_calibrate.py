@@ -113,19 +113,6 @@ def test_calibrated_host_cost_sets_the_launch_floor(tmp_path):
     assert est.breakdown["host_s"] == pytest.approx(by_hand)
 
 
-
-def test_a_profile_without_mamba2s_decode_cost_uses_its_own_or_the_presets(tmp_path):
-    """Mamba-2 decode's host cost per kernel: a profile's own where it measured it apart; its pooled
-    decode cost where it measured only that; the presets' (compute.MAMBA2_DECODE_KERNEL_HOST_S) where it
-    measured no host cost at all."""
-    from meshplan.costmodel.compute import MAMBA2_DECODE_KERNEL_HOST_S, Device
-
-    pooled = Device.of(load_toml(_profile(tmp_path, {"collectives": {}, "decode_host_kernel_s": 25e-6})))
-    assert pooled.host_kernel_cost("mamba2", decode=True) == pytest.approx(25e-6)
-    assert pooled.host_kernel_cost("attention", decode=True) == pytest.approx(25e-6)
-    none = Device.of(load_toml(_profile(tmp_path, {"collectives": {}})))
-    assert none.host_kernel_cost("mamba2", decode=True) == pytest.approx(MAMBA2_DECODE_KERNEL_HOST_S)
-
 def test_profile_host_cost_must_be_positive(tmp_path):
     path = _profile(tmp_path, {"collectives": {}})
     path.write_text(path.read_text() + "host_kernel_us = 0\n")

@@ -326,22 +326,21 @@ def test_mamba2_kernel_bytes_by_hand():
 
 
 def test_decode_host_floor_by_hand():
-    """A 2-layer Mamba-2 decode step on one GPU is launch-bound: 32 kernels per block, 2 blocks, 37.3 µs
-    each (a Mamba-2 decode kernel's host cost); TP-SSM adds one launch per block, as profiled; a dense
-    TSP layer at degree 4 launches twice the 33 a block measured at degree 2 on top of its 16, at a dense
-    decode kernel's 60.5 µs."""
+    """A 2-layer Mamba-2 decode step on one GPU is launch-bound: 32 kernels per block, 2 blocks, 46 µs
+    each; TP-SSM adds one launch per block, as profiled; a dense TSP layer at degree 4 launches twice
+    the 33 a block measured at degree 2 on top of its 16."""
     from dataclasses import replace as _replace
 
     model = _replace(PRESETS["mamba2-2.7b"], layers=2)
     cluster = load_cluster("h200-8")
     one = estimate_step(model, Layout(), 16384, 8, CostOptions(mode="decode"), cluster, embeddings=False)
-    assert one.breakdown["decode_host_s"] == pytest.approx(2 * 32 * 37.3e-6)
-    assert one.step_time_s == pytest.approx(2 * 32 * 37.3e-6) and one.bound.startswith("launch-bound")
+    assert one.breakdown["decode_host_s"] == pytest.approx(2 * 32 * 46e-6)
+    assert one.step_time_s == pytest.approx(2 * 32 * 46e-6) and one.bound.startswith("launch-bound")
     tp = estimate_step(model, Layout(tpssm=2), 16384, 8, CostOptions(mode="decode"), cluster, embeddings=False)
-    assert tp.breakdown["decode_host_s"] == pytest.approx(2 * (32 + 1) * 37.3e-6)
+    assert tp.breakdown["decode_host_s"] == pytest.approx(2 * (32 + 1) * 46e-6)
     dense = _replace(PRESETS["dense-7b"], layers=2)
     tsp = estimate_step(dense, Layout(tsp=4), 16384, 8, CostOptions(mode="decode"), cluster, embeddings=False)
-    assert tsp.breakdown["decode_host_s"] == pytest.approx(2 * 2 * (16 + 2 * 33) * 60.5e-6)
+    assert tsp.breakdown["decode_host_s"] == pytest.approx(2 * 2 * (16 + 2 * 33) * 46e-6)
 
 
 def test_training_host_floor_by_hand():

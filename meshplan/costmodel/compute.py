@@ -70,20 +70,20 @@ DECODE_ATTENTION_HBM_FRACTION = 0.38
 # benchmarks/sweeps/h200x2-profiled.sh`: `phases_s.kernels_per_step`, divided by the layers). The
 # host's time per kernel: median 53 µs over the 30 training and prefill runs, on two 2-GPU machines,
 # whose host did not wait on the GPU (issuing a step took under 0.9 of the step; `host_enqueue_s` over
-# the kernels): 48-72 µs on one (run 28), 29-69 µs on the other (run 30). Decode steps, by family,
-# over every profiled 2-GPU decode run (runs 27, 28, 30 and 37: each `host_enqueue_s` over its
-# `kernels_per_step`): a dense step's kernels median 60.5 µs (16 runs, 30-106 µs), a Mamba-2 step's
-# 37.3 µs (12 runs, 24-55 µs) — on each machine 0.40-0.80 of the dense's (its state update and conv
-# are few small torch ops and Triton launches; the dense step runs SDPA and cuBLAS over the KV cache).
-# One pooled median (46 µs) had put Mamba-2 decode at 0.48-0.86 of its measured time in those runs
-# and run 53; per family, 21 of their 35 decode rows (pp aside) come within 15% against 10. Host time
-# depends on the host's CPU (a single-GPU machine issued the Mamba-2 decode step's kernels at 23 µs
-# each, decode-profile-h200.json); `meshplan calibrate` measures it. A dense layer's count is split evenly
+# the kernels): 48-72 µs on one (run 28), 29-69 µs on the other (run 30). A decode step's kernels
+# (no autograd, small tensors) cost less: median 46 µs over the 14 decode runs of runs 28 and 30
+# (24-106 µs). Not split by family: the profiled runs' dense decode steps are GPU-bound and their host
+# time includes waiting (medians by family 60.5 against 37.3 µs), while on runs 54 and 55, whose host
+# never waited on a dense decode step, it issued its kernels at 22 µs each against Mamba-2's 20, and
+# `meshplan calibrate`'s probes on five machines put the two 0.95-1.37 of each other
+# (benchmarks/results/calibration-*.toml). What the pooled cost hides there is the dense decode's GPU
+# time, which the model puts 1.22x low (2.58 against 3.14-3.17 ms measured, runs 54-55). Host time
+# depends on the host's CPU: a single-GPU machine issued the Mamba-2 decode step's kernels at 23 µs each
+# (decode-profile-h200.json). A dense layer's count is split evenly
 # between its two blocks (only the sum is measured); blocks the executor does not run (Mamba-1,
 # Zamba2's projection) are assumed to launch what an MLP block does.
 STEP_KERNEL_HOST_S = 53e-6
-DECODE_KERNEL_HOST_S = 60.5e-6
-MAMBA2_DECODE_KERNEL_HOST_S = 37.3e-6
+DECODE_KERNEL_HOST_S = 46e-6
 STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 114.0},
                           "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0},
                           "decode": {"attention": 16.0, "mlp": 16.0, "mamba2": 32.0}}
@@ -144,7 +144,7 @@ class Device:
     host_kernel_s: float = STEP_KERNEL_HOST_S
     decode_host_kernel_s: float = DECODE_KERNEL_HOST_S
     mamba2_host_kernel_s: float | None = None  # None: as the other blocks
-    mamba2_decode_host_kernel_s: float | None = MAMBA2_DECODE_KERNEL_HOST_S
+    mamba2_decode_host_kernel_s: float | None = None
 
     def host_kernel_cost(self, kind: str, decode: bool) -> float:
         """Host seconds per kernel a block of this kind launches."""
@@ -168,10 +168,6 @@ class Device:
             return dev
         from dataclasses import replace
 
-        # A profile that measured the host's decode cost speaks for both families unless it measured
-        # Mamba-2's apart; one that measured none keeps the presets' costs.
-        mamba2_decode = cal.mamba2_decode_host_kernel_s or (None if cal.decode_host_kernel_s
-                                                            else dev.mamba2_decode_host_kernel_s)
         return replace(dev, hbm_bytes_per_s=cal.hbm_bytes_per_s or dev.hbm_bytes_per_s,
                        gemm_efficiency=cal.gemm_efficiency or dev.gemm_efficiency,
                        attention_causal=cal.attention_causal or dev.attention_causal,
@@ -179,7 +175,7 @@ class Device:
                        host_kernel_s=cal.host_kernel_s or dev.host_kernel_s,
                        decode_host_kernel_s=cal.decode_host_kernel_s or dev.decode_host_kernel_s,
                        mamba2_host_kernel_s=cal.mamba2_host_kernel_s,
-                       mamba2_decode_host_kernel_s=mamba2_decode)
+                       mamba2_decode_host_kernel_s=cal.mamba2_decode_host_kernel_s)
 
 
 def attention_efficiency(keys: float, prefix: bool, dev: "Device | None" = None) -> float:
