@@ -37,16 +37,16 @@ ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forwa
 # Mamba-2's own kernels (meshplan/kernels), as achieved fractions of the device's HBM rate (the
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks, over the
 # kernels' own profiled times (the host's launches are the step's launch floor, below): the chunked SSD
-# scan at 16K tokens × 80 heads of 64, d_state 128, against `ssd_kernel_bytes` — forward 3.08e12 B/s,
-# backward 2.70e12 B/s (0.73 and 0.64 of the 4.20 TB/s copy rate; benchmarks/results/ssd-h200.json,
+# scan at 16K tokens × 80 heads of 64, d_state 128, against `ssd_kernel_bytes` — forward 3.28e12 B/s,
+# backward 2.76e12 B/s (0.79 and 0.66 of the 4.17 TB/s copy rate; benchmarks/results/ssd-h200.json,
 # `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels with its
 # time-marching kernels, against x read and the output written (forward), x and dy read and dx written
 # (backward): forward 3.64e12 B/s (0.388 ms), backward 3.39e12 B/s (0.623 ms)
 # (benchmarks/results/conv1d-kernels-h200-r1.json, `python benchmarks/bench_conv1d.py`, its main row;
 # -r2, the run after it: 0.388 and 0.624 ms). A conv call timed alone takes 0.43-0.45 and 0.72-0.73 ms:
 # the host's launch before the kernel, and in the backward 0.03 ms of torch's dw, db partial sums.
-SCAN_FWD_HBM_FRACTION = 0.643
-SCAN_BWD_HBM_FRACTION = 0.563
+SCAN_FWD_HBM_FRACTION = 0.684
+SCAN_BWD_HBM_FRACTION = 0.574
 CONV_FWD_HBM_FRACTION = 0.758
 CONV_BWD_HBM_FRACTION = 0.706
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
