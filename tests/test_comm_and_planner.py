@@ -343,6 +343,24 @@ def test_decode_host_floor_by_hand():
     assert tsp.breakdown["decode_host_s"] == pytest.approx(2 * 2 * (16 + 2 * 33) * 46e-6)
 
 
+
+def test_decode_kernels_cost_the_gpu_too():
+    """Without the launch floor, a decode step is its GPU work plus 6.4 µs a launched kernel
+    (compute.DECODE_KERNEL_GPU_S): a 2-layer dense stack launches 2 · (16 + 16), by hand."""
+    from dataclasses import replace as _replace
+
+    from meshplan.costmodel.compute import DECODE_KERNEL_GPU_S
+
+    dense = _replace(PRESETS["dense-7b"], layers=2)
+    est = estimate_step(dense, Layout(), 16384, 8, CostOptions(mode="decode", launch_floor=False),
+                        load_cluster("h200-8"), embeddings=False)
+    assert est.breakdown["decode_kernel_gpu_s"] == pytest.approx(2 * 32 * DECODE_KERNEL_GPU_S)
+    work = est.breakdown["attention_compute_s"] + est.breakdown["mlp_compute_s"]
+    assert est.step_time_s == pytest.approx(work + 2 * 32 * DECODE_KERNEL_GPU_S)
+    train = estimate_step(dense, Layout(), 4096, 1, CostOptions(launch_floor=False), load_cluster("h200-8"),
+                          embeddings=False)
+    assert "decode_kernel_gpu_s" not in train.breakdown
+
 def test_training_host_floor_by_hand():
     """A 2-layer Mamba-2 training step at 4K on one GPU is launch-bound: 114 kernels per block, 2
     blocks, 53 µs each. SP adds its correction's 129 a block; a dense TSP layer at degree 4

@@ -63,6 +63,14 @@ EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 5.9
 # --only single --profile 3 --steps 20`): torch's attention over the KV cache runs as two cuBLAS gemv
 # kernels (q·Kᵀ, then ·V) reading 4.29 GB in 2.34 ms, 1.84e12 B/s — 0.38 of the datasheet HBM rate.
 DECODE_ATTENTION_HBM_FRACTION = 0.38
+# A decode step's kernels are tiny, and the GPU spends time on each beyond its bytes: idle between one
+# dependent kernel and the next, and a small kernel's floor. In the same profile the step took 3.163 ms
+# for 92 kernels: 2.340 ms in the attention gemvs (priced above), 0.283 ms in the other GEMMs and 0.255
+# ms in elementwise kernels, where the model puts 0.224 and 0.002 ms, and 0.285 ms idle — 0.595 ms more
+# than the model's work, 6.4 µs a kernel. Charged per launched kernel of a decode step (the launch
+# floor's count), on top of the GPU work; checked on runs 53-55 (benchmarks/results/validation-h200-
+# run5{3,4,5}-*.json), which were not used to set it: dense decode at one GPU 3.14-3.31 ms measured.
+DECODE_KERNEL_GPU_S = 6.4e-6
 # The eager executor's kernel launches, a host-side floor under every step. Kernels per block
 # invocation counted by torch.profiler on 2 × H200 over 2-layer stacks (training and prefill at
 # 4K-32K tokens, decode at batch 8 after 16K), the optimizer's per-parameter kernels included

@@ -168,6 +168,12 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         breakdown[f"{kind}_compute_s"] = n * (fwd + bwd)
         breakdown[f"{kind}_exposed_comm_s"] = n * exposed
 
+    if decode:  # the GPU's own cost of each tiny decode kernel (compute.DECODE_KERNEL_GPU_S)
+        from meshplan.costmodel.compute import DECODE_KERNEL_GPU_S
+
+        kernel_gpu = _kernels(schedule, layout, opts.mode) * DECODE_KERNEL_GPU_S
+        mb_compute += kernel_gpu
+        breakdown["decode_kernel_gpu_s"] = kernel_gpu
     logits = logits_compute(model, batch if decode or not training else tokens, sh, e, dev)
     if not embeddings:
         logits = BlockCompute(0.0, 0.0, 0.0, 0.0, 0.0)
@@ -227,6 +233,13 @@ def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int
     t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY),
             kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION))
     return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
+
+
+def _kernels(schedule, layout: Layout, mode: str) -> float:
+    """Kernels the eager executor launches for one micro-batch (compute.step_kernels_per_block)."""
+    from meshplan.costmodel.compute import step_kernels_per_block
+
+    return sum(n * step_kernels_per_block(kind, mode, layout) for kind, n in schedule.invocations.items())
 
 
 def _host_s(schedule, layout: Layout, mode: str, dev: Device) -> float:
