@@ -90,10 +90,10 @@ def kernels() -> dict:
     """Name → (kernel, what it is). Shapes and settings are the committed launch settings at
     5376 channels and a 64-token chunk of 80 heads × 64, d_state 128."""
     c = conv1d
-    fwd_sig = {**CONV_ARGS, "out_ptr": "*bf16", "T": "i32", "C": "i32", "L": "i32"} | dict.fromkeys(
+    fwd_sig = {**CONV_ARGS, "out_ptr": "*bf16", "T": "i32", "C": "i32", "L": "i32", "XT": "i32"} | dict.fromkeys(
         ("K", "HAS_IDX", "SILU", "BC", "STAGES", "EVEN_C", "SPAN"), "constexpr")
     bwd_sig = {**CONV_ARGS, "dout_ptr": "*bf16", "dx_ptr": "*bf16", "dw_part_ptr": "*fp32", "db_part_ptr": "*fp32",
-               "T": "i32", "C": "i32", "L": "i32"} | dict.fromkeys(
+               "T": "i32", "C": "i32", "L": "i32", "XT": "i32"} | dict.fromkeys(
         ("K", "HAS_IDX", "SILU", "BC", "STAGES", "EVEN_C", "PREFETCH", "SPAN"), "constexpr")
     fwd_k = dict(K=4, HAS_IDX=True, SILU=True, BC=c.MARCH_FWD_CHANNELS, STAGES=c.MARCH_FWD_STAGES, EVEN_C=True,
                  SPAN=triton.next_power_of_2(c.MARCH_FWD_ROWS + 3))

@@ -176,3 +176,30 @@ def test_marching_backward_without_seq_idx_across_programs(monkeypatch, k, c, pr
     causal_conv1d_ref(xr, wr, br).backward(g)
     for mine, theirs in ((xs, xr), (ws, wr), (bs, br)):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("with_seq_idx", [False, True])
+def test_marching_kernels_read_a_column_slice_in_place(monkeypatch, with_seq_idx):
+    """x a column slice of a wider tensor (Mamba-2's xBC of the in_proj output): the marching kernels
+    read its rows where they lie (rows XT apart, not C) — forward, and backward into the wide tensor's
+    gradient, zero outside the slice — as the reference does on a contiguous copy."""
+    monkeypatch.setattr(conv1d, "MARCH_ROWS", 16)
+    monkeypatch.setattr(conv1d, "MARCH_FWD_ROWS", 16)
+    monkeypatch.setattr(conv1d, "MARCH_CHANNELS", 8)
+    monkeypatch.setattr(conv1d, "MARCH_FWD_CHANNELS", 8)
+    t, c, k = 45, 12, 4
+    gen = torch.Generator().manual_seed(5)
+    wide = torch.randn(2, t, c + 9, generator=gen)
+    w, bias = torch.randn(c, k, generator=gen), torch.randn(c, generator=gen)
+    seq_idx = torch.tensor([[0] * 20 + [1] * (t - 20), [0] * t]) if with_seq_idx else None
+    ws, wr = wide.clone().requires_grad_(True), wide.clone().requires_grad_(True)
+    x = ws[:, :, 5:5 + c]
+    assert x.stride(1) == c + 9 and conv1d._token_rows(x, True)[0] is x  # read in place, no copy
+    out = causal_conv1d(x, w, bias, seq_idx)
+    ref = causal_conv1d_ref(wr[:, :, 5:5 + c].contiguous(), w, bias, seq_idx=seq_idx)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn(out.shape, generator=gen)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(ws.grad, wr.grad, rtol=1e-4, atol=1e-4)
+    assert ws.grad[:, :, :5].abs().max() == 0 and ws.grad[:, :, 5 + c:].abs().max() == 0
