@@ -3,8 +3,8 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
-- validation-h200-run56-x2-conv-in-place.json: the same grid with the final code of that session (the
-  conv reading Mamba-2's xBC in place).
+- validation-h200-run56-x2-conv-in-place.json: the same grid with the conv reading Mamba-2's xBC in
+  place (and the model's Mamba-2 eager factor measured again).
 - validation-h200-run54-x2-current.json, validation-h200-run55-x2-calibrated.json: the same grid as run
   53 with a later session's code (its faster SSD dx kernel) on two other 2 × H200 machines, the second
   right after `meshplan calibrate` (benchmarks/results/calibration-run55-h200-2gpu.toml).
@@ -70,13 +70,13 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
 SOURCES = [("validation-h200-run56-x2-conv-in-place.json",
-            "this session's final code (the conv reading xBC in place, the model's Mamba-2 eager factor "
-            "re-measured), every layout of 2 GPUs (as run 53), 2 x H200"),
+            "the conv reading Mamba-2's xBC in place and the model's Mamba-2 eager factor re-measured, every "
+            "layout of 2 GPUs (as run 53), 2 x H200"),
            ("validation-h200-run55-x2-calibrated.json",
-            "this session's final code, every layout of 2 GPUs (as run 53), on a machine calibrated just before "
+            "the code between runs 53 and 56, every layout of 2 GPUs (as run 53), on a machine calibrated just before "
             "(benchmarks/results/calibration-run55-h200-2gpu.toml; predicted here with the preset), 2 x H200"),
            ("validation-h200-run54-x2-current.json",
-            "this session's final code, every layout of 2 GPUs (as run 53), on another 2 x H200"),
+            "the code between runs 53 and 56, every layout of 2 GPUs (as run 53), on another 2 x H200"),
            ("validation-h200-run53-x2-current.json",
             "current executor and kernels (this session's final code), every layout of 2 GPUs — TP, SP, TSP, TP-SSM, "
             "DP with ZeRO 0-3, PP — beside one GPU, training at 4K and 16K, prefill and decode at 16K, 2 x H200"),
