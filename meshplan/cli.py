@@ -30,6 +30,7 @@ def _at_least(flag: str, value: int, low: int) -> None:
     if value < low:
         raise MeshplanError(f"{flag} must be >= {low}, got {value}")
 
+
 def user_errors(fn):
     """A MeshplanError becomes one line on stderr and exit status 2, never a traceback."""
 

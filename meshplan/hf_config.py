@@ -30,80 +30,81 @@ class _Fields:
         value = self.raw.get(name)
         return default if value is None else value
 
-    def whole(self, name: str, value: Any) -> int:
+    def as_whole(self, name: str, value: Any) -> int:
         """`value` of field `name` as an int: a JSON integer (or a float with nothing after the point);
         anything else — 32.5, "4096", true — is a malformed config, not a number to round."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
             raise MeshplanError(f"{self.where}: {name} must be a whole number, got {value!r}")
         return int(value)
 
-    def int(self, *names: str, default: Any = None) -> int:
+    def whole(self, *names: str, default: Any = None) -> int:
         """The first of `names` present, as a whole number; `default` where none is (required when None)."""
         for name in names:
             if self.raw.get(name) is not None:
-                return self.whole(name, self.raw[name])
+                return self.as_whole(name, self.raw[name])
         if default is None:
-            return self.whole(names[0], self.need(*names))
+            return self.as_whole(names[0], self.need(*names))
         return default
 
 
 def _llama(f: _Fields, name: str) -> ModelSpec:
-    heads = f.int("num_attention_heads")
+    heads = f.whole("num_attention_heads")
     # An explicit head_dim (Mistral-Nemo: hidden 5120, 32 heads of 128) sets the attention's width.
-    head_dim = f.int("head_dim", default=0) or None
+    head_dim = f.whole("head_dim", default=0) or None
     return dense(
-        name, f.int("hidden_size"), f.int("num_hidden_layers"), heads, f.int("num_key_value_heads", default=heads),
-        f.int("intermediate_size"), f.int("vocab_size"), gated=True,
+        name, f.whole("hidden_size"), f.whole("num_hidden_layers"), heads, f.whole("num_key_value_heads", default=heads),
+        f.whole("intermediate_size"), f.whole("vocab_size"), gated=True,
         tied=bool(f.get("tie_word_embeddings", False)), source=f.where, head_dim=head_dim,
     )
 
 
 def _mamba1(f: _Fields, name: str) -> ModelSpec:
-    hidden = f.int("hidden_size")
-    expand = f.int("expand", default=2)
+    hidden = f.whole("hidden_size")
+    expand = f.whole("expand", default=2)
     rank = f.get("time_step_rank", "auto")
-    dt_rank = math.ceil(hidden / 16) if rank == "auto" else f.whole("time_step_rank", rank)
-    spec = Mamba1Spec(hidden, d_state=f.int("state_size", default=16), expand=expand, dt_rank=dt_rank,
-                      d_conv=f.int("conv_kernel", default=4))
-    return ModelSpec(name=name, family="mamba1", d_model=hidden, layers=f.int("num_hidden_layers"),
-                     vocab=f.int("vocab_size"), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+    dt_rank = math.ceil(hidden / 16) if rank == "auto" else f.as_whole("time_step_rank", rank)
+    spec = Mamba1Spec(hidden, d_state=f.whole("state_size", default=16), expand=expand, dt_rank=dt_rank,
+                      d_conv=f.whole("conv_kernel", default=4))
+    return ModelSpec(name=name, family="mamba1", d_model=hidden, layers=f.whole("num_hidden_layers"),
+                     vocab=f.whole("vocab_size"), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
                      mamba1=spec, source=f.where)
 
 
 def _mamba2(f: _Fields, name: str) -> ModelSpec:
-    hidden = f.int("hidden_size")
-    spec = Mamba2Spec(hidden, d_state=f.int("state_size", default=128), expand=f.int("expand", default=2),
-                      headdim=f.int("head_dim", default=64), ngroups=f.int("n_groups", default=1),
-                      d_conv=f.int("conv_kernel", default=4), chunk_size=f.int("chunk_size", default=256))
-    if f.get("num_heads", None) is not None and f.int("num_heads") != spec.nheads:
-        raise MeshplanError(f"{f.where}: num_heads ({f.int('num_heads')}) disagrees with expand · hidden_size / head_dim "
+    hidden = f.whole("hidden_size")
+    spec = Mamba2Spec(hidden, d_state=f.whole("state_size", default=128), expand=f.whole("expand", default=2),
+                      headdim=f.whole("head_dim", default=64), ngroups=f.whole("n_groups", default=1),
+                      d_conv=f.whole("conv_kernel", default=4), chunk_size=f.whole("chunk_size", default=256))
+    nheads = f.whole("num_heads", default=spec.nheads)
+    if nheads != spec.nheads:
+        raise MeshplanError(f"{f.where}: num_heads ({nheads}) disagrees with expand · hidden_size / head_dim "
                             f"({spec.expand} · {hidden} / {spec.headdim} = {spec.nheads}); fix one of them")
-    return ModelSpec(name=name, family="mamba2", d_model=hidden, layers=f.int("num_hidden_layers"),
-                     vocab=f.int("vocab_size"), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+    return ModelSpec(name=name, family="mamba2", d_model=hidden, layers=f.whole("num_hidden_layers"),
+                     vocab=f.whole("vocab_size"), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
                      mamba2=spec, source=f.where)
 
 
 def _zamba2(f: _Fields, name: str) -> ModelSpec:
-    hidden = f.int("hidden_size")
-    layers = f.int("num_hidden_layers")
-    expand = f.int("mamba_expand", default=2)
-    n_mamba_heads = f.int("n_mamba_heads")
+    hidden = f.whole("hidden_size")
+    layers = f.whole("num_hidden_layers")
+    expand = f.whole("mamba_expand", default=2)
+    n_mamba_heads = f.whole("n_mamba_heads")
     block_types = f.need("layers_block_type")
     if len(block_types) != layers:
         raise MeshplanError(f"{f.where}: layers_block_type has {len(block_types)} entries but num_hidden_layers is {layers}")
-    heads = f.int("num_attention_heads")
+    heads = f.whole("num_attention_heads")
     attn_hidden = 2 * hidden  # Zamba2Config: attention_hidden_size = 2 · hidden_size
-    mamba = Mamba2Spec(hidden, d_state=f.int("mamba_d_state", default=64), expand=expand,
-                       headdim=expand * hidden // n_mamba_heads, ngroups=f.int("mamba_ngroups", default=1),
-                       d_conv=f.int("mamba_d_conv", default=4), chunk_size=f.int("chunk_size", default=256))
+    mamba = Mamba2Spec(hidden, d_state=f.whole("mamba_d_state", default=64), expand=expand,
+                       headdim=expand * hidden // n_mamba_heads, ngroups=f.whole("mamba_ngroups", default=1),
+                       d_conv=f.whole("mamba_d_conv", default=4), chunk_size=f.whole("chunk_size", default=256))
     return ModelSpec(
-        name=name, family="hybrid", d_model=hidden, layers=layers, vocab=f.int("vocab_size"),
+        name=name, family="hybrid", d_model=hidden, layers=layers, vocab=f.whole("vocab_size"),
         tied_embeddings=bool(f.get("tie_word_embeddings", True)), mamba2=mamba,
-        attention=AttentionSpec(attn_hidden, heads, f.int("num_key_value_heads", default=heads),
+        attention=AttentionSpec(attn_hidden, heads, f.whole("num_key_value_heads", default=heads),
                                 attn_hidden // heads, attn_hidden),
-        mlp=MlpSpec(attn_hidden, f.int("intermediate_size", default=4 * hidden), gated=True),
+        mlp=MlpSpec(attn_hidden, f.whole("intermediate_size", default=4 * hidden), gated=True),
         hybrid_layers=sum(1 for t in block_types if t == "hybrid"),
-        shared_blocks=f.int("num_mem_blocks", default=1), source=f.where,
+        shared_blocks=f.whole("num_mem_blocks", default=1), source=f.where,
     )
 
 

@@ -194,7 +194,7 @@ def test_marching_kernels_read_a_column_slice_in_place(monkeypatch, with_seq_idx
     seq_idx = torch.tensor([[0] * 20 + [1] * (t - 20), [0] * t]) if with_seq_idx else None
     ws, wr = wide.clone().requires_grad_(True), wide.clone().requires_grad_(True)
     x = ws[:, :, 5:5 + c]
-    assert x.stride(1) == c + 9 and conv1d._token_rows(x, True)[0] is x  # read in place, no copy
+    assert x.stride(1) == c + 9 and conv1d._rows_as_read(x, True)[0] is x  # read in place, no copy
     out = causal_conv1d(x, w, bias, seq_idx)
     ref = causal_conv1d_ref(wr[:, :, 5:5 + c].contiguous(), w, bias, seq_idx=seq_idx)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from meshplan.kernels import launch
+
 
 @triton.jit
 def _tile_ids(T, ROWS):
@@ -301,14 +303,14 @@ def _conv_fwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, XT, K: tl.co
     xbase = pid_b * T * XT  # x's rows lie XT apart (a column slice of a wider tensor), the output's C
     if HAS_IDX:
         if _one_sequence_span(idx_ptr, pid_b, T, pid_t * L - 3, L + 3, SPAN):
-            _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, XT, xbase,
-                            False, SILU, STAGES, EVEN_C)
+            _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
+                            XT, xbase, False, SILU, STAGES, EVEN_C)
         else:
-            _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, XT, xbase,
-                            True, SILU, STAGES, EVEN_C)
+            _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
+                            XT, xbase, True, SILU, STAGES, EVEN_C)
     else:
-        _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, XT, xbase,
-                        False, SILU, STAGES, EVEN_C)
+        _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
+                        XT, xbase, False, SILU, STAGES, EVEN_C)
 
 
 @triton.jit
@@ -449,8 +451,7 @@ def _ids4(ps, steps, k, HAS_IDX: tl.constexpr):
 
 @triton.jit
 def _conv_bwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L, XT,
-                    K: tl.constexpr,
-                    HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
+                    K: tl.constexpr, HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
                     EVEN_C: tl.constexpr, PREFETCH: tl.constexpr, SPAN: tl.constexpr):
     """Time-marching backward (see _bwd_march_body), then this program's dw, db partial sums. With
     seq_idx, a program whose rows, the three before them and the three after them are one sequence
@@ -459,16 +460,17 @@ def _conv_bwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr,
     xbase = pid_b * T * XT  # x's rows lie XT apart; dout's and dx's C
     if HAS_IDX:
         if _one_sequence_span(idx_ptr, pid_b, T, pid_t * L - 3, L + 9, SPAN):
-            dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b, pid_t, c, cm,
-                                                     base, w0, w1, w2, w3, bias, False, SILU, BC, STAGES, EVEN_C,
-                                                     PREFETCH)
+            dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b,
+                                                     pid_t, c, cm, base, w0, w1, w2, w3, bias, False, SILU, BC,
+                                                     STAGES, EVEN_C, PREFETCH)
         else:
-            dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b, pid_t, c, cm,
-                                                     base, w0, w1, w2, w3, bias, True, SILU, BC, STAGES, EVEN_C,
-                                                     PREFETCH)
+            dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b,
+                                                     pid_t, c, cm, base, w0, w1, w2, w3, bias, True, SILU, BC,
+                                                     STAGES, EVEN_C, PREFETCH)
     else:
-        dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b, pid_t, c, cm,
-                                                 base, w0, w1, w2, w3, bias, False, SILU, BC, STAGES, EVEN_C, PREFETCH)
+        dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b, pid_t,
+                                                 c, cm, base, w0, w1, w2, w3, bias, False, SILU, BC, STAGES, EVEN_C,
+                                                 PREFETCH)
     part = (pid_b * n_t + pid_t) * C
     tl.store(dw_part_ptr + (part + c) * 4, dw0, mask=cm)
     tl.store(dw_part_ptr + (part + c) * 4 + 1, dw1, mask=cm)
@@ -594,18 +596,13 @@ BWD_TILE_T, BWD_TILE_C, BWD_STEPS = 8, 128, 64
 TWO_PASS = True
 
 
-def _token_rows(x: torch.Tensor, marching: bool) -> tuple[torch.Tensor, int]:
-    """(x, the distance between its rows) as the kernels read it: the marching kernels read x in place
-    where each row's channels are contiguous and the rows evenly spaced — a column slice of a wider
-    tensor, as Mamba-2's xBC is of the in_proj output — saving a copy of x in the forward, the
-    backward's recompute and the backward (the tiled kernels take a contiguous x). Two mamba2-2.7b
-    layers training at 16K on an H200: 26.6-26.7 → 25.5-25.6 ms, gradients bit-equal
-    (benchmarks/results/conv-in-place-ab-h200.json)."""
-    b, t, c = x.shape
-    if marching and x.stride(2) == 1 and (b == 1 or x.stride(0) == t * x.stride(1)):
-        return x, x.stride(1)
-    x = x.contiguous()
-    return x, c
+def _rows_as_read(x: torch.Tensor, marching: bool) -> tuple[torch.Tensor, int]:
+    """(x, the distance between its rows) as the kernels take it: the marching kernels read x where it
+    lies (launch.token_rows) — Mamba-2's xBC, a column slice of the in_proj output, is then not copied
+    in the forward, the backward's recompute and the backward: two mamba2-2.7b layers training at 16K
+    on an H200 26.6-26.7 → 25.5-25.6 ms, gradients bit-equal (benchmarks/results/conv-in-place-ab-
+    h200.json). The tiled kernels take a contiguous x."""
+    return launch.token_rows(x) if marching else (x.contiguous(), x.shape[2])
 
 
 def _bias_or_zeros(bias, weight):
@@ -650,7 +647,7 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
                       channels=None, warps=None, stages=None):
     """out = act(conv(x)) (settings default to the module's)."""
     marching = _marching(weight, march, MARCH_FWD)
-    x, xt = _token_rows(x, marching)
+    x, xt = _rows_as_read(x, marching)
     b, t, c = x.shape
     out = torch.empty(b, t, c, dtype=x.dtype, device=x.device)
     idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else x
@@ -674,7 +671,7 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
     bt, bc, steps = bt or BWD_TILE_T, bc or BWD_TILE_C, steps or BWD_STEPS
     two_pass = TWO_PASS if two_pass is None else two_pass
     marching = _marching(weight, march, MARCH_BWD)
-    x, xt = _token_rows(x, marching)
+    x, xt = _rows_as_read(x, marching)
     b, t, c = x.shape
     k = weight.shape[1]
     dx = torch.empty(b, t, c, dtype=x.dtype, device=x.device)

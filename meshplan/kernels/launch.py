@@ -1,7 +1,10 @@
 """Launch shapes of the SSD scan kernels that the cost model also needs (how many dB/dC partial sums
-the backward writes), kept free of Triton so that the cost model can import them."""
+the backward writes), kept free of Triton so that the cost model can import them; and how the scan
+and conv kernels take a tensor whose tokens lie apart in memory (token_rows)."""
 
 from __future__ import annotations
+
+import math
 
 SSD_CHUNK = 64  # tokens per chunk of the scan the executor runs (meshplan.kernels.ssd, and the reference)
 
@@ -52,3 +55,17 @@ def peer_slot_bytes(elements: float, group: int = 128) -> int:
     """Bytes of one slot for an all-reduce of `elements` values (a multiple of `group`)."""
     need = PEER_HEADER + int(elements) + 4 * (int(elements) // group)
     return -(-need // PEER_SLOT_ALIGN) * PEER_SLOT_ALIGN
+
+
+def token_rows(t):
+    """(t, its token stride) when t (batch, tokens, …) keeps each token's trailing block contiguous and
+    its tokens evenly spaced — as column slices of a wider tensor are: the scan's x, B and C of the conv
+    output, the conv's xBC of the in_proj output — so that a kernel reads it where it lies; else a
+    contiguous copy and its stride."""
+    b, s, *inner = t.shape
+    # The token's block is contiguous: each of its dimensions (but those of size 1) spans the ones after it.
+    block = all(stride == math.prod(inner[i + 1:]) for i, stride in enumerate(t.stride()[2:]) if inner[i] != 1)
+    if block and (b == 1 or t.stride(0) == s * t.stride(1)):
+        return t, t.stride(1)
+    t = t.contiguous()
+    return t, t.stride(1)

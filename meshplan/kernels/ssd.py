@@ -216,18 +216,9 @@ def prepare(x, dt, A, B, C, seq_idx, chunk: int, bp: int) -> Packing:
         prev = torch.cat([sid[:, :1], ends[:, :-1]], dim=1).contiguous()
         keep = (ends == prev).float().contiguous()
     n = B.shape[3]
-    (x, xt), (B, bt), (C, ct) = (token_rows(t) for t in (x, B, C))
+    (x, xt), (B, bt), (C, ct) = (launch.token_rows(t) for t in (x, B, C))
     return Packing(x, dt.contiguous(), A.float().contiguous(), B, C, sid, prev, keep, s, xt, bt, ct, chunk,
                    max(16, triton.next_power_of_2(n)), min(bp, max(16, triton.next_power_of_2(p))))
-
-
-def token_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(t, its token stride) when t (b, S, k, d) keeps each token's k × d block contiguous at an even
-    spacing — as x, B and C are, being column slices of the conv output — else a contiguous copy."""
-    b, S, k, d = t.shape
-    if t.stride(3) == 1 and t.stride(2) == d and (b == 1 or t.stride(0) == S * t.stride(1)):
-        return t, t.stride(1)
-    return t.contiguous(), k * d
 
 
 def chunk_states(pk: Packing, x, b_or_c, to_entry: bool = False, xt: int | None = None,
