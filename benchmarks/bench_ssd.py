@@ -24,8 +24,8 @@ from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
 from meshplan.kernels.ssd import ssd_chunked
 
-FWD_KERNELS = ("_chunk_state", "_state_passing", "_chunk_scan")
-BWD_KERNELS = ("_chunk_state", "_state_passing", "_state_passing_bwd", "_chunk_bwd_dx", "_chunk_bwd_dbc")
+FWD_KERNELS = ("_state_passing", "_chunk_scan")
+BWD_KERNELS = ("_state_passing", "_state_passing_bwd", "_chunk_bwd_dx", "_chunk_bwd_dbc")
 
 SHAPES = ((1, 16384, 80, 64, 1, 128), (4, 4096, 80, 64, 1, 128), (1, 16384, 40, 64, 1, 128))
 
@@ -100,7 +100,7 @@ def profile(args) -> int:
 
 
 def tune_forward(args) -> int:
-    """The forward's headdim block and the warps of its output and chunk-state kernels, on the first shape."""
+    """The forward's headdim block and the warps of its output kernel, on the first shape."""
     import meshplan.kernels.ssd as ssd
 
     b, s, h, p, g, n = SHAPES[0]
@@ -108,14 +108,43 @@ def tune_forward(args) -> int:
     rows = []
     for bp in (32, 64):
         for warps in (4, 8):
-            for state_warps in (2, 4, 8):
-                ssd.FWD_WARPS, ssd.STATE_WARPS = warps, state_warps
-                with torch.no_grad():
-                    t = median_time_s(lambda: ssd.ssd_forward(*ins, chunk=args.chunk, bp=bp), reps=10, warmup=2)
-                rows.append({"bp": bp, "warps": warps, "state_warps": state_warps, "forward_s": t})
-                print(f"forward bp {bp} warps {warps} state warps {state_warps}: {t * 1e3:.3f} ms", flush=True)
+            ssd.FWD_WARPS = warps
+            with torch.no_grad():
+                t = median_time_s(lambda: ssd.ssd_forward(*ins, chunk=args.chunk, bp=bp), reps=10, warmup=2)
+            rows.append({"bp": bp, "warps": warps, "forward_s": t})
+            print(f"forward bp {bp} warps {warps}: {t * 1e3:.3f} ms", flush=True)
     json.dump({"command": f"python benchmarks/bench_ssd.py --tune-forward --chunk {args.chunk} --out $OUT/tune-fwd.json",
                "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
+    return 0
+
+
+def tune_passing(args) -> int:
+    """The state passings' tile (headdim × d_state), warps and pipeline stages, forward and backward
+    direction, on the first two shapes: each kernel's profiled time."""
+    import meshplan.kernels.ssd as ssd
+
+    rows = []
+    for b, s, h, p, g, n in SHAPES[:2]:
+        x, dt, A, B, C, D = inputs(b, s, h, p, g, n)
+        dy = torch.randn_like(x)
+        pk = ssd.prepare(x, dt, A, B, C, None, args.chunk, 64)
+        for bp, bn in ((16, 64), (32, 32), (32, 64), (32, 128), (64, 32), (64, 64)):
+            for warps in (2, 4, 8):
+                for stages in (2, 3, 4):
+                    ssd.PASS_HEADDIM_BLOCK, ssd.PASS_STATE_BLOCK, ssd.PASS_WARPS, ssd.PASS_STAGES = bp, bn, warps, stages
+
+                    def both():
+                        ssd.pass_states(pk, pk.x, pk.B, None, x.dtype)
+                        ssd.pass_states(pk, dy, pk.C, None, x.dtype, reverse=True, xt=h * p, bt=pk.ct)
+
+                    with torch.no_grad():
+                        k = kernel_times(both, ("_state_passing", "_state_passing_bwd"))
+                    rows.append({"shape": [b, s, h, p, g, n], "bp": bp, "bn": bn, "warps": warps, "stages": stages,
+                                 "forward_s": k["_state_passing"], "backward_s": k["_state_passing_bwd"]})
+                    print(f"{b}x{s} bp {bp} bn {bn} warps {warps} stages {stages}: "
+                          f"{k['_state_passing'] * 1e3:.3f} / {k['_state_passing_bwd'] * 1e3:.3f} ms", flush=True)
+    json.dump({"command": f"python benchmarks/bench_ssd.py --tune-passing --chunk {args.chunk} --out $OUT/tune-pass.json",
+               "gpu": torch.cuda.get_device_name(0), "runs": rows}, open(args.out, "w"), indent=1)
     return 0
 
 
@@ -155,6 +184,7 @@ def main() -> int:
     ap.add_argument("--tune", action="store_true", help="time the backward's launch settings and stop")
     ap.add_argument("--profile", action="store_true", help="print the forward's and backward's kernels and stop")
     ap.add_argument("--tune-forward", action="store_true", help="time the forward's launch settings and stop")
+    ap.add_argument("--tune-passing", action="store_true", help="time the state passings' launch settings and stop")
     args = ap.parse_args()
     chunk = args.chunk
     if args.tune:
@@ -163,6 +193,8 @@ def main() -> int:
         return profile(args)
     if args.tune_forward:
         return tune_forward(args)
+    if args.tune_passing:
+        return tune_passing(args)
     big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
     copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
     rows = []

@@ -22,6 +22,37 @@ def kernel_fraction(ssd: dict, run: dict, direction: str) -> float:
     return sum(v["bytes"] for v in ks) / sum(v["s"] for v in ks) / ssd["copy_bytes_per_s"]
 
 
+# The H200 preset's rated HBM rate (meshplan/topologies presets: the datasheet's 4.8 TB/s), the unit the
+# cost model's fractions are in.
+H200_RATED_HBM = 4.8e12
+
+
+def scan_model(ssd: dict) -> dict:
+    """The cost model's scan constants (meshplan/costmodel/compute.py) from the benchmark's three
+    shapes. A state passing takes bytes / (fraction · rated HBM) + steps · step_s, where steps is the
+    chunks of one row, which a program takes in turn: fitted to the first two shapes (256 and 64
+    chunks a row, 80 heads), checked on the third (256 chunks, 40 heads). Each shape's passing time
+    is the mean of its three passings (forward, the backward's recompute, the backward's own). The
+    chunk kernels: bytes over profiled time on the first shape."""
+    pts = []
+    for run in ssd["runs"]:
+        fwd, bwd = run["kernels"]["forward"], run["kernels"]["backward"]
+        t = (fwd["_state_passing"]["s"] + bwd["_state_passing"]["s"] + bwd["_state_passing_bwd"]["s"]) / 3
+        pts.append((-(-run["s"] // run["chunk"]), fwd["_state_passing"]["bytes"], t))
+    (n0, b0, t0), (n1, b1, t1), (n2, b2, t2) = pts
+    # Both fitted shapes move the same bytes (b · s · heads is equal), so the step time is the difference.
+    assert b0 == b1
+    step = (t0 - t1) / (n0 - n1)
+    fraction = b1 / (t1 - n1 * step) / H200_RATED_HBM
+    r = ssd["runs"][0]
+    fwd, bwd = r["kernels"]["forward"], r["kernels"]["backward"]
+    chunks = [bwd["_chunk_bwd_dx"], bwd["_chunk_bwd_dbc"]]
+    return {"SCAN_PASS_STEP_S": step, "SCAN_PASS_HBM_FRACTION": fraction,
+            "check_third_shape_s": {"predicted": b2 / (fraction * H200_RATED_HBM) + n2 * step, "measured": t2},
+            "SCAN_FWD_HBM_FRACTION": fwd["_chunk_scan"]["bytes"] / fwd["_chunk_scan"]["s"] / H200_RATED_HBM,
+            "SCAN_BWD_HBM_FRACTION": sum(k["bytes"] for k in chunks) / sum(k["s"] for k in chunks) / H200_RATED_HBM}
+
+
 def kt(run: dict, direction: str) -> float:
     """A conv run's kernel time (torch.profiler) in one direction."""
     return run["kernels_s"][direction]["_conv_fwd_march" if direction == "forward" else "_conv_bwd_march"]
@@ -57,6 +88,7 @@ def main() -> int:
         "scan_call_bandwidth_fractions": {"forward": r["bandwidth_fraction"], "backward": r["backward_bandwidth_fraction"]},
         "scan_kernel_bandwidth_fractions": {d: {k.strip("_"): v["bandwidth_fraction"] for k, v in ks.items()
                                                 if "bandwidth_fraction" in v} for d, ks in r["kernels"].items()},
+        "scan_cost_model_constants": scan_model(ssd),
         "scan_note": (f"Triton chunked SSD, b 1, s 16384, 80 heads of 64, d_state 128, bf16, chunk 64: forward "
                       f"{r['forward_s'] * 1e3:.2f} ms ({r['speedup_over_reference']:.1f}x the torch chunked reference), "
                       f"backward {r['backward_s'] * 1e3:.2f} ms; forward+backward {r['train_speedup_over_reference']:.1f}x "
@@ -69,7 +101,13 @@ def main() -> int:
                       f"Fractions of the measured copy roofline ({ssd['copy_bytes_per_s'] / 1e12:.2f} TB/s): the scan's "
                       f"kernels' HBM traffic (meshplan.costmodel.compute.ssd_kernel_bytes) over their profiled time "
                       f"(scan_bandwidth_fraction, and per kernel), and over the whole call's time, launch gaps and small "
-                      f"torch ops included (scan_call_bandwidth_fractions). Source: ssd-h200.json; launch settings: "
+                      f"torch ops included (scan_call_bandwidth_fractions). The chunk states are formed inside the "
+                      f"sequential state passing, which stores only the bf16 states the chunk kernels read: at the "
+                      f"commit before (38428aa) a chunk-state kernel wrote fp32 states and the passing read them back, "
+                      f"and the kernels ran at 79% / 66% of the copy roofline moving 2.1x / 1.7x these bytes, in "
+                      f"0.77 / 2.30 ms of kernel time (ssd-fused-passing-ab-h200.json). The passing is bound by its "
+                      f"sequential steps (about 1.3 us a chunk), not by HBM, so the fractions fell while the time did "
+                      f"too. Source: ssd-h200.json; launch settings: ssd-pass-tune-h200.json, "
                       f"ssd-fwd-tune-h200.json, ssd-bwd-tune-h200.json, ssd-head-loops-h200.json; grid order: ssd-grid-order-h200.json"),
         "conv_bandwidth_fraction": c0["fwd_kernel_bandwidth_fraction"],
         "conv_backward_bandwidth_fraction": c0["bwd_kernel_bandwidth_fraction"],

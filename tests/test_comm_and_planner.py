@@ -299,30 +299,32 @@ def test_time_crossover_exists_when_communication_dominates():
 
 def test_mamba2_kernel_bytes_by_hand():
     """mamba2-2.7b (80 heads of 64, d_state 128, one group) at 16384 tokens in bf16: 256 chunks of 64,
-    each state buffer 256 · 80 · 64 · 128 elements; conv channels 5120 + 2 · 128. Forward: the chunk
-    states (x, dt, B in; fp32 states out), the passing (fp32 in, bf16 out), the outputs (x, dt, B, C,
-    bf16 entering states in; y out). Backward: the chunk-state kernel twice, both passings, the dx
-    kernel (x, dy, dt, B, C, bf16 E and dS in; dx, ddt and the bf16 C·B gradient out) and the dB/dC
-    kernel (x, dy, dt, B, C, E, dS and the C·B gradient in; fp32 dB and dC for 4 head splits out:
-    256 programs need 4 to reach 1024)."""
+    each state buffer 256 · 80 · 64 · 128 elements; conv channels 5120 + 2 · 128. Forward: the passing
+    (x, dt, B in; bf16 entering states out), the outputs (x, dt, B, C, bf16 entering states in; y out).
+    Backward: the passing again, the backward passing (dy, dt, C in; bf16 dS out: as many bytes as the
+    forward's), the dx kernel (x, dy, dt, B, C, bf16 E and dS in; dx, ddt and the bf16 C·B gradient
+    out) and the dB/dC kernel (x, dy, dt, B, C, E, dS and the C·B gradient in; fp32 dB and dC for 4
+    head splits out: 256 programs need 4 to reach 1024)."""
     from meshplan.costmodel.compute import mamba2_kernel_bytes
 
     def expected(t, heads):
         x, bc, dt, E = t * heads * 64 * 2, t * 128 * 2, 4 * t * heads, 256 * heads * 64 * 128
         dcb, partials = 2 * 256 * heads * 64 * 64, 2 * 4 * t * 128 * 4
-        fwd = (x + dt + bc + 4 * E) + (4 * E + 2 * E) + (2 * x + dt + 2 * bc + 2 * E)
-        bwd = (2 * (x + dt + bc + 4 * E) + 2 * (4 * E + 2 * E) + (3 * x + 2 * dt + 2 * bc + 4 * E + dcb)
-               + (2 * x + dt + 2 * bc + 4 * E + dcb + partials))
-        return fwd, bwd
+        passing, out = x + dt + bc + 2 * E, 2 * x + dt + 2 * bc + 2 * E
+        bwd = (3 * x + 2 * dt + 2 * bc + 4 * E + dcb) + (2 * x + dt + 2 * bc + 4 * E + dcb + partials)
+        return passing, out, bwd
+
+    def scan(got):
+        return got["scan_pass"], got["scan_fwd_chunks"], got["scan_bwd_chunks"]
 
     t = 16384
     got = mamba2_kernel_bytes(PRESETS["mamba2-2.7b"], t, 1, 2)
-    assert (got["scan_fwd"], got["scan_bwd"]) == expected(t, 80)
+    assert scan(got) == expected(t, 80)
     assert got["conv_fwd"] == 2 * t * 5376 * 2 and got["conv_bwd"] == 3 * t * 5376 * 2
     # TP-SSM 2: heads halve, the single B/C group stays whole on each rank.
     half = mamba2_kernel_bytes(PRESETS["mamba2-2.7b"], t, 2, 2)
     assert half["conv_fwd"] == 2 * t * (2560 + 256) * 2
-    assert (half["scan_fwd"], half["scan_bwd"]) == expected(t, 40)
+    assert scan(half) == expected(t, 40)
 
 
 def test_decode_host_floor_by_hand():
@@ -446,3 +448,34 @@ def test_sp_correction_by_hand():
     # TP-SSM × SP: the local d_inner halves every term.
     half = sp_correction_s(PRESETS["mamba2-2.7b"], 8192, 2, 2, dev)
     assert half[0] < fwd and half[1] < bwd
+
+
+def test_scan_passing_pays_its_steps_per_row():
+    """The state passings take a row's chunks in turn: the same 16384 tokens as one row of 256 chunks
+    or four rows of 64 move the same bytes, and differ by 192 steps in the forward's one passing and the
+    backward's two."""
+    from meshplan.costmodel import compute
+
+    dev = compute.Device.of(load_cluster("h200-8"))
+    model = PRESETS["mamba2-2.7b"]
+    one_row = compute.mamba2_kernel_s(model, 16384, 1, 2, dev, row_tokens=16384)
+    four_rows = compute.mamba2_kernel_s(model, 16384, 1, 2, dev, row_tokens=4096)
+    step = compute.SCAN_PASS_STEP_S
+    assert one_row[0] - four_rows[0] == pytest.approx(192 * step)
+    assert one_row[1] - four_rows[1] == pytest.approx(2 * 192 * step)
+    # Without row_tokens, the tokens form one row.
+    assert compute.mamba2_kernel_s(model, 16384, 1, 2, dev) == one_row
+
+
+def test_scan_constants_are_the_committed_fit():
+    """compute.py's scan constants are kernels-h200.json's, which make_kernels_summary.py fits from the
+    committed ssd-h200.json."""
+    import json
+    from pathlib import Path
+
+    from meshplan.costmodel import compute
+
+    fit = json.loads((Path(__file__).parents[1] / "benchmarks/results/kernels-h200.json").read_text())
+    for name, value in fit["scan_cost_model_constants"].items():
+        if name.startswith("SCAN_"):
+            assert getattr(compute, name) == pytest.approx(value, rel=2e-3), name

@@ -157,16 +157,17 @@ def saved_head_bytes(model, seq):
     # d_inner 5120, 80 heads of 64, d_state 128, 1 group, 16384 tokens, bf16: the scan phase wins.
     # Single GPU: 16384 · ((5120 + 256) · 2 + 80 · 4)   conv output, dt
     #           + 16384 · 5120 · 2 · 2                  the scan's dy, and dz waiting for the in_proj gradient
-    #           + (256 chunks · 80 · 64 · 128) · (4 + 2 + 2)  the passing moment: dE (fp32), entering states
-    #             and dS (bf16); more than E and dS + the C·B gradient (256 · 80 · 64² · 2) + dx, ddt and
-    #             fp32 dB/dC for 4 head splits (16384 · (10240 + 320 + 4096))
-    ("single", 16384 * (11072 + 2 * 10240) + 256 * 80 * 64 * 128 * 8),
-    # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks.
-    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2 * 2560 * 2) + 256 * 40 * 64 * 128 * 8),
-    # SP 2: 8192 tokens per shard, the single GPU's phases at half the tokens (one scan backward a
-    # shard: its correction's C·E and corrected output live in the gated-norm phase, which stays
-    # smaller, 8192 · (11072 + 7 · 10240)).
-    ("sp=2", 8192 * (11072 + 2 * 10240) + 128 * 80 * 64 * 128 * 8),
+    #           + (256 chunks · 80 · 64 · 128) · (2 + 2)  the entering states and dS (bf16)
+    #           + 256 · 80 · 64² · 2                    the C·B gradient (bf16)
+    #           + 16384 · (5120 · 2 + 80 · 4 + 2 · 128 · 4 · 4)  dx, ddt, fp32 dB/dC for 4 head splits
+    ("single", 16384 * (11072 + 2 * 10240 + 14656) + 256 * 80 * 64 * 128 * 4 + 256 * 80 * 64 ** 2 * 2),
+    # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks (40 heads: 4 splits).
+    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2 * 2560 * 2 + (2560 * 2 + 160 + 4096))
+     + 256 * 40 * 64 * 128 * 4 + 256 * 40 * 64 ** 2 * 2),
+    # SP 2: 8192 tokens per shard, the single GPU's phases at half the tokens, but 8 head splits (128
+    # chunks need 8 to reach 1024 programs); one scan backward a shard: its correction's C·E and
+    # corrected output live in the gated-norm phase, which stays smaller, 8192 · (11072 + 7 · 10240).
+    ("sp=2", 8192 * (11072 + 2 * 10240 + (10240 + 320 + 8192)) + 128 * 80 * 64 * 128 * 4 + 128 * 80 * 64 ** 2 * 2),
 ])
 def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
     from meshplan.costmodel.layouts import sharding_for
@@ -178,14 +179,25 @@ def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
 
 def test_mamba2_prefill_transient_is_the_scan_phase():
     """mamba2-2.7b, 16384 tokens, bf16, one GPU: conv output (5120 + 256) and dt (80 fp32) per token,
-    plus two state buffers of 256 chunks · 80 · 64 · 128 — the chunks' own (fp32) and the entering
-    states (bf16); the scan output (5120 per token) comes after the chunks' own states are freed
-    (memory-peak-mamba2-prefill-h200.json)."""
+    the entering states (256 chunks · 80 · 64 · 128, bf16) and the scan output (5120 per token)."""
     from meshplan.costmodel.layouts import sharding_for
     from meshplan.costmodel.memory import _mixer_forward_bytes
 
     sh = sharding_for(parse_layout("single"), MemoryOptions())
-    want = 16384 * ((5120 + 256) * 2 + 80 * 4) + 256 * 80 * 64 * 128 * (4 + 2)
+    want = 16384 * ((5120 + 256) * 2 + 80 * 4 + 5120 * 2) + 256 * 80 * 64 * 128 * 2
+    assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
+
+
+def test_mamba2_prefill_transient_under_sp_is_the_norm_phase():
+    """SP 2, 8192 tokens a shard: at the gated norm, the conv output and dt, the shard's zero-start
+    scan output y0, C·E, the corrected output, z's contiguous copy and the norm's output — five of
+    8192 · 5120 bf16 — outgrow the scan phase (y0 and 128 chunks' entering states)
+    (memory-peak-mamba2-prefill-sp2-h200.json)."""
+    from meshplan.costmodel.layouts import sharding_for
+    from meshplan.costmodel.memory import _mixer_forward_bytes
+
+    sh = sharding_for(parse_layout("sp=2"), MemoryOptions())
+    want = 8192 * ((5120 + 256) * 2 + 80 * 4) + 5 * 8192 * 5120 * 2
     assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
 
 

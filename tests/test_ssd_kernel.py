@@ -7,18 +7,23 @@ import torch
 from meshplan.kernels import launch
 from meshplan.kernels.reference import ssd_chunked_ref, ssd_scan_ref
 from meshplan.kernels.launch import token_rows
+from meshplan.kernels import ssd
 from meshplan.kernels.ssd import ssd_chunked
 
 # Outputs come from torch.empty poisoned with NaN: an element a kernel leaves unwritten fails.
 pytestmark = pytest.mark.usefixtures("poison_empty")
 
 
-# The output kernel with one head per program, and with all of a group's heads in one program's loop.
+# The output kernel with one head per program, and with all of a group's heads in one program's loop
+# (the state passing then in 16 × 16 tiles: four a state at headdim and d_state 32).
 @pytest.mark.parametrize("split_target", [1024, 1])
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 32, False), (50, 4, 16, 2, 16, 16, True),
                                                               (96, 4, 32, 2, 32, 32, True)])
 def test_triton_ssd_matches_the_recurrence(monkeypatch, split_target, s, h, p, g, n, chunk, with_init):
     monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
+    if split_target == 1:
+        monkeypatch.setattr(ssd, "PASS_HEADDIM_BLOCK", 16)
+        monkeypatch.setattr(ssd, "PASS_STATE_BLOCK", 16)
     gen = torch.Generator().manual_seed(s + h)
     x = torch.randn(2, s, h, p, generator=gen)
     dt = torch.rand(2, s, h, generator=gen) * 0.2
@@ -85,17 +90,21 @@ def _check_backward(b, s, h, p, g, n, chunk, with_init, with_d, seed, seq_idx=No
                                        msg=name)
 
 
-# One program per group (all heads), d_state in blocks of 16; and one per head.
-@pytest.mark.parametrize("split_target, state_block", [(1, 16), (1024, 64)])
+# One program per group (all heads), d_state in blocks of 16, the state passings in 16 × 16 tiles (several
+# a state, masked where headdim or d_state is off the block); and one per head with the launch defaults.
+@pytest.mark.parametrize("split_target, state_block, pass_block", [(1, 16, 16), (1024, 64, None)])
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init, with_d", [(64, 2, 16, 1, 16, 32, False, True),
                                                                     (50, 4, 16, 2, 16, 16, True, True),
                                                                     (96, 4, 32, 1, 32, 32, True, False),
                                                                     # headdim and d_state off the blocks: masked tiles
                                                                     (40, 2, 24, 1, 20, 16, True, True)])
-def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, state_block, s, h, p, g, n,
-                                                               chunk, with_init, with_d):
+def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, state_block, pass_block, s, h,
+                                                               p, g, n, chunk, with_init, with_d):
     monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
     monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
+    if pass_block:
+        monkeypatch.setattr(ssd, "PASS_HEADDIM_BLOCK", pass_block)
+        monkeypatch.setattr(ssd, "PASS_STATE_BLOCK", pass_block)
     _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + h)
 
 

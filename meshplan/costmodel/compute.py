@@ -36,17 +36,23 @@ ATTENTION_EFFICIENCY = 0.35  # decode and anything off the tables' shapes
 ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forward's 2
 # Mamba-2's own kernels (meshplan/kernels), as achieved fractions of the device's HBM rate (the
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks, over the
-# kernels' own profiled times (the host's launches are the step's launch floor, below): the chunked SSD
-# scan at 16K tokens × 80 heads of 64, d_state 128, against `ssd_kernel_bytes` — forward 3.28e12 B/s,
-# backward 2.76e12 B/s (0.79 and 0.66 of the 4.17 TB/s copy rate; benchmarks/results/ssd-h200.json,
-# `python benchmarks/bench_ssd.py`) — and the causal conv1d at 4 × 16K × 5376 channels with its
-# time-marching kernels, against x read and the output written (forward), x and dy read and dx written
-# (backward): forward 3.64e12 B/s (0.388 ms), backward 3.39e12 B/s (0.623 ms)
-# (benchmarks/results/conv1d-kernels-h200-r1.json, `python benchmarks/bench_conv1d.py`, its main row;
-# -r2, the run after it: 0.388 and 0.624 ms). A conv call timed alone takes 0.43-0.45 and 0.72-0.73 ms:
-# the host's launch before the kernel, and in the backward 0.03 ms of torch's dw, db partial sums.
-SCAN_FWD_HBM_FRACTION = 0.684
-SCAN_BWD_HBM_FRACTION = 0.574
+# kernels' own profiled times (the host's launches are the step's launch floor, below). The chunked SSD
+# scan, against `ssd_kernel_bytes`: its chunk kernels at 16K tokens × 80 heads of 64, d_state 128 — the
+# forward's output kernel, and the backward's dx and dB/dC kernels together; its state passings, which
+# take a row's chunks in turn, as bytes at SCAN_PASS_HBM_FRACTION plus SCAN_PASS_STEP_S a chunk of a
+# row, fitted to 16K × 80 heads (256 chunks a row) and 4 × 4K (64 a row), and within 4% of 16K × 40
+# heads (benchmarks/results/kernels-h200.json "scan_cost_model_constants", computed by
+# benchmarks/make_kernels_summary.py from ssd-h200.json, `python benchmarks/bench_ssd.py`). The causal
+# conv1d at 4 × 16K × 5376 channels with its time-marching kernels, against x read and the output
+# written (forward), x and dy read and dx written (backward): forward 3.64e12 B/s (0.388 ms), backward
+# 3.39e12 B/s (0.623 ms) (benchmarks/results/conv1d-kernels-h200-r1.json, `python
+# benchmarks/bench_conv1d.py`, its main row; -r2, the run after it: 0.388 and 0.624 ms). A conv call timed
+# alone takes 0.43-0.45 and 0.72-0.73 ms: the host's launch before the kernel, and in the backward 0.03
+# ms of torch's dw, db partial sums.
+SCAN_FWD_HBM_FRACTION = 0.664
+SCAN_BWD_HBM_FRACTION = 0.458
+SCAN_PASS_HBM_FRACTION = 0.685
+SCAN_PASS_STEP_S = 0.642e-6
 CONV_FWD_HBM_FRACTION = 0.758
 CONV_BWD_HBM_FRACTION = 0.706
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
@@ -283,10 +289,12 @@ def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, d
 
 
 def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: Sharding, e: int, dev: Device,
-                  recompute: str, training: bool, causal_fraction: float = 0.5, zigzag: int = 0) -> BlockCompute:
+                  recompute: str, training: bool, causal_fraction: float = 0.5, zigzag: int = 0,
+                  row_tokens: float | None = None) -> BlockCompute:
     """One invocation of `kind` on one rank: `tokens` local queries attending to `keys` keys, of which
     a query sees `causal_fraction` on average (0.5 for a balanced causal split); `zigzag`: the ranks a
-    zigzag split deals the keys over (zigzag_attention_s), 0 for none."""
+    zigzag split deals the keys over (zigzag_attention_s), 0 for none; `row_tokens`: the local tokens
+    of one sequence row (the scan passes over a row's chunks in turn; `tokens` when not given)."""
     head_div = sh.head_div
     gemm = sum(gemm_time_s(tokens, n, k, e, dev) for n, k in _gemms(model, kind, head_div))
     flops = sum(2 * tokens * n * k for n, k in _gemms(model, kind, head_div))
@@ -302,7 +310,8 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         flops += core_flops
     eager = EAGER_ELEMENTWISE_FACTOR_MAMBA2 if kind == "mamba2" else EAGER_ELEMENTWISE_FACTOR
     mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * eager / dev.rated_hbm
-    kernel_fwd, kernel_bwd = mamba2_kernel_s(model, tokens, head_div, e, dev) if kind == "mamba2" else (0.0, 0.0)
+    kernel_fwd, kernel_bwd = (mamba2_kernel_s(model, tokens, head_div, e, dev, row_tokens) if kind == "mamba2"
+                              else (0.0, 0.0))
     if kind == "mamba2" and sh.token_div > 1:
         # A sequence shard corrects its zero-start scan for the state entering it, in forward and in the
         # recomputed forward, and differentiates the correction (meshplan/executor/layouts/mamba.py).
@@ -354,11 +363,11 @@ def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d
     """HBM bytes of each SSD scan kernel (meshplan/kernels/ssd.py, ssd_bwd.py) over `tokens` tokens of
     `heads` heads whose B and C come in `groups` groups, `e` bytes per input element: the token inputs and
     outputs once (B and C, shared by a group's heads, stay in L2), and each per-chunk state buffer at its
-    stored width — fp32 chunk states and dE, the entering states and dS in the inputs' dtype — plus the
-    backward's C·B gradient (chunk² per head and chunk, inputs' dtype) and fp32 dB/dC partial sums.
-    Forward: chunk states, state passing, outputs. Backward: the chunk states twice (recomputed, and dE),
-    the passing (recomputed), the backward passing, the dx and dB/dC kernels. benchmarks/bench_ssd.py
-    divides each by its kernel's measured time."""
+    stored width — the entering states and dS in the inputs' dtype (the state passings form each
+    chunk's own state, or dE, in registers and store only what they pass on) — plus the backward's C·B
+    gradient (chunk² per head and chunk, inputs' dtype) and fp32 dB/dC partial sums.
+    Forward: the state passing, the outputs. Backward: the passing (recomputed), the backward passing,
+    the dx and dB/dC kernels. benchmarks/bench_ssd.py divides each by its kernel's measured time."""
     from meshplan.kernels.launch import bwd_splits
 
     chunks = math.ceil(tokens / chunk)
@@ -367,19 +376,19 @@ def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d
     state = chunks * heads * headdim * d_state  # elements of one per-chunk state buffer
     dcb = e * chunks * heads * chunk * chunk
     partials = 2 * 4 * tokens * groups * d_state * bwd_splits(chunks, int(heads), int(groups), d_state)
-    states = x + dt + bc + 4 * state  # x (or dy), dt, B (or C) in; fp32 chunk states (or dE) out
-    passing = 4 * state + e * state  # fp32 in, the inputs' dtype out
-    return {"forward": {"chunk_state": states, "state_passing": passing,
-                        "chunk_scan": 2 * x + dt + 2 * bc + e * state},
-            "backward": {"chunk_state": 2 * states, "state_passing": passing, "state_passing_bwd": passing,
+    passing = x + dt + bc + e * state  # x (or dy), dt, B (or C) in; the entering states (or dS) out
+    return {"forward": {"state_passing": passing, "chunk_scan": 2 * x + dt + 2 * bc + e * state},
+            "backward": {"state_passing": passing, "state_passing_bwd": passing,
                          "chunk_bwd_dx": 3 * x + 2 * dt + 2 * bc + 2 * e * state + dcb,
                          "chunk_bwd_dbc": 2 * x + dt + 2 * bc + 2 * e * state + dcb + partials}}
 
 
 def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) -> dict[str, float]:
     """HBM bytes of the Mamba-2 kernels on one rank, counted as their benchmarks count them: the scan's
-    kernels by `ssd_kernel_bytes` (benchmarks/bench_ssd.py); the conv reads x and writes its output
-    forward, reads x and dy and writes dx backward (benchmarks/bench_conv1d.py)."""
+    kernels by `ssd_kernel_bytes` (benchmarks/bench_ssd.py) — one state passing (the forward's, its
+    recompute in the backward, and the backward's each move as much), the forward's output kernel and
+    the backward's two chunk kernels; the conv reads x and writes its output forward, reads x and dy and
+    writes dx backward (benchmarks/bench_conv1d.py)."""
     from meshplan.costmodel.memory import local_bc_channels
     from meshplan.kernels.launch import SSD_CHUNK
 
@@ -388,18 +397,28 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
     gn = local_bc_channels(m, head_div) / 2  # B (or C) channels this rank uses
     scan = ssd_kernel_bytes(tokens, h, m.headdim, gn / m.d_state, m.d_state, e, SSD_CHUNK)
     conv = tokens * (h * m.headdim + 2 * gn) * e
-    return {"scan_fwd": sum(scan["forward"].values()), "scan_bwd": sum(scan["backward"].values()),
-            "conv_fwd": 2 * conv, "conv_bwd": 3 * conv}
+    bwd = scan["backward"]
+    return {"scan_pass": scan["forward"]["state_passing"], "scan_fwd_chunks": scan["forward"]["chunk_scan"],
+            "scan_bwd_chunks": bwd["chunk_bwd_dx"] + bwd["chunk_bwd_dbc"], "conv_fwd": 2 * conv, "conv_bwd": 3 * conv}
 
 
-def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device) -> tuple[float, float]:
-    """(forward, backward) seconds of the scan and conv kernels at their measured HBM fractions."""
+def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device,
+                    row_tokens: float | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of the scan and conv kernels: the chunk kernels and the conv at their
+    measured HBM fractions; each state passing at its own fraction plus SCAN_PASS_STEP_S for each
+    chunk of a row (`row_tokens` tokens a sequence row on this rank; `tokens` when not given), which it
+    takes in turn. The backward runs the passing twice (the forward's again, and its own)."""
     if tokens <= 1:  # decode: the state update, costed by the step's decode state I/O
         return 0.0, 0.0
+    from meshplan.kernels.launch import SSD_CHUNK
+
     b = mamba2_kernel_bytes(model, tokens, head_div, e)
     hbm = dev.rated_hbm
-    return (b["scan_fwd"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
-            b["scan_bwd"] / (hbm * SCAN_BWD_HBM_FRACTION) + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION))
+    passing = (b["scan_pass"] / (hbm * SCAN_PASS_HBM_FRACTION)
+               + math.ceil((row_tokens or tokens) / SSD_CHUNK) * SCAN_PASS_STEP_S)
+    return (passing + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
+            2 * passing + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION)
+            + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION))
 
 
 def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: Device) -> BlockCompute:

@@ -212,14 +212,14 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
 
 
 
-def scan_state_bytes(m, local_tokens: float, head_div: int, nbytes: int = 4) -> float:
+def scan_state_bytes(m, local_tokens: float, head_div: int, nbytes: int) -> float:
     """One buffer of per-chunk SSM states (b, chunks, heads, headdim, d_state) on one rank holding
     `local_tokens` tokens and 1/head_div of the heads, `nbytes` per element (meshplan/kernels/ssd.py:
-    fp32 chunk states and their gradient dE; entering states and dS in the activations' dtype)."""
+    the entering states and their gradient dS, in the activations' dtype)."""
     return math.ceil(local_tokens / SSD_CHUNK) * m.nheads / head_div * m.headdim * m.d_state * nbytes
 
 
-def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding, nbytes: int = 4) -> float:
+def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding, nbytes: int) -> float:
     return scan_state_bytes(model.mamba2, tokens / sh.token_div, sh.head_div, nbytes)
 
 
@@ -227,13 +227,12 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
                          decode: bool = False) -> float:
     """Forward without grad (prefill), Mamba-2: the mixer's transients on top of the in_proj output,
     as the larger of three phases (meshplan/executor/blocks.py mamba2_mixer). Scan: the conv output
-    (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32) and two state buffers
-    (each chunk's own state, fp32, and the state entering it, in the activations' dtype:
-    meshplan/kernels/ssd.py; most of a 16K prefill's transient). Outputs: the scan output beside the
-    entering states only — the peak of a 16K prefill is at the state passing, before the output
-    exists (benchmarks/results/memory-peak-mamba2-prefill-h200.json).
-    Gated norm (Triton, meshplan/kernels/gated_norm.py): conv output, dt, scan output and the norm's
-    output. Decode (`tokens` = the batch): no chunked scan; the state update's
+    (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32), the states entering
+    each chunk (in the activations' dtype: meshplan/kernels/ssd.py; the passing keeps each chunk's own
+    state in registers) and the scan output beside them.
+    Gated norm (Triton, meshplan/kernels/gated_norm.py): conv output, dt, scan output, the contiguous
+    copy of z (a column slice of the in_proj output) the norm takes, and the norm's output; under SP
+    also the shard's zero-start scan output and its C·E correction. Decode (`tokens` = the batch): no chunked scan; the state update's
     torch ops hold three state-sized fp32 temporaries (decayed state, the dt·x ⊗ B update, the new
     state) next to the cached one (meshplan/executor/layouts/mamba.py decode)."""
     if kind != "mamba2":
@@ -245,9 +244,13 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
     bc = local_bc_channels(m, sh.head_div)
     scan_in = t * ((di + bc) * e + nh * 4)  # conv output (x, B, C) and dt
-    y = t * di * e  # the scan's output; allocated once the chunk states have passed (freed by then)
-    state, entering = _scan_state_bytes(model, tokens, sh), _scan_state_bytes(model, tokens, sh, e)
-    return max(scan_in + state + entering, scan_in + y + entering, scan_in + y + t * di * e)
+    y = t * di * e  # the scan's output
+    norm = scan_in + 3 * y  # the scan's output, z's contiguous copy and the norm's output
+    if sh.token_div > 1:
+        # A sequence shard's zero-start output and C·E live through the norm too (_finish_shard):
+        # benchmarks/results/memory-peak-mamba2-prefill-sp2-h200.json (0.95 GiB at sp=2, 16K).
+        norm += 2 * y
+    return max(scan_in + y + _scan_state_bytes(model, tokens, sh, e), norm)
 
 
 def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int) -> float:
@@ -262,11 +265,10 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     z part, the norm's dz, waits (in the scan and conv phases): at 128K tokens on one GPU the full-width
     gradient the model once added here over-predicted the peak by 5%
     (benchmarks/results/memory-peak-mamba2-train-128k-h200.json).
-    Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's output gradient dy and dz, then
-    the larger of two moments — the backward state passing (three state buffers: the recomputed
-    entering states and dS in the activations' dtype, dE in fp32) and the chunk kernels (entering
-    states and dS; the C·B gradient, chunk² per head and chunk in the activations' dtype; dx, ddt,
-    and fp32 dB/dC partial sums, one pair per head split: meshplan.kernels.launch.bwd_splits). Conv
+    Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's output gradient dy and dz, the
+    recomputed entering states and dS in the activations' dtype, and what the chunk kernels write: the
+    C·B gradient (chunk² per head and chunk in the activations' dtype), dx, ddt, and fp32 dB/dC partial
+    sums, one pair per head split (meshplan.kernels.launch.bwd_splits). Conv
     phase (meshplan/kernels/conv1d.py, two-pass backward): the conv output's gradient, the fp32
     pre-activation gradient, and dx."""
     if kind != "mamba2":
@@ -277,13 +279,12 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     bc = local_bc_channels(m, sh.head_div)
     common = t * ((di + bc) * e + nh * 4)
     norm_phase = common + t * di * 5 * e
-    state, narrow = _scan_state_bytes(model, tokens, sh), _scan_state_bytes(model, tokens, sh, e)
+    narrow = _scan_state_bytes(model, tokens, sh, e)
     chunks = math.ceil(t / SSD_CHUNK)
     dcb = chunks * nh * SSD_CHUNK ** 2 * e
     partials = bc * 4 * bwd_splits(chunks, int(nh), int(bc / 2 / m.d_state), m.d_state)  # fp32 dB and dC per split
     dz = t * di * e
-    scan_phase = common + t * di * e + dz + max(state + 2 * narrow,
-                                                2 * narrow + dcb + t * (di * e + nh * 4 + partials))
+    scan_phase = common + t * di * e + dz + 2 * narrow + dcb + t * (di * e + nh * 4 + partials)
     conv_phase = common + dz + t * (di + bc) * (2 * e + 4)
     if sh.token_div > 1:
         # SP: the correction for the entering state (meshplan/executor/layouts/mamba.py,

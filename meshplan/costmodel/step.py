@@ -141,7 +141,8 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
     breakdown: dict[str, float] = {}
     for kind, comms in schedule.per_block.items():
-        comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training, causal, zigzag)
+        comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training, causal, zigzag,
+                             row_tokens=1 if decode else seq / sh.token_div)
         if decode and kind == "attention":
             comp = _decode_attention(comp, model, batch, seq, sh, opts, dev)
         if decode and kind in ("mamba2", "mamba1"):

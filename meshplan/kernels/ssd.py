@@ -1,6 +1,7 @@
-"""Mamba-2 chunked SSD scan, forward (Triton): the decomposition of Dao & Gu 2024 (§6) in three
-kernels — each chunk's own final state, the recurrence of states across chunks, and each chunk's
-outputs (the attention-like intra-chunk term plus what the entering state contributes).
+"""Mamba-2 chunked SSD scan, forward (Triton): the decomposition of Dao & Gu 2024 (§6) in two
+kernels — each chunk's own final state and the recurrence of states across chunks in one sequential
+pass, then each chunk's outputs (the attention-like intra-chunk term plus what the entering state
+contributes).
 
 Same contract as meshplan.kernels.reference.ssd_chunked_ref, seq_idx included (no state crosses a
 packed-sequence boundary): x (b, s, h, p), dt (b, s, h) after softplus, A (h,), B, C (b, s, g, n), D (h,).
@@ -35,90 +36,95 @@ def grid_ids(n1, n2):
 
 
 @triton.jit
-def _chunk_tile(S, H, G, P, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
-    """Grid (batch · chunk · head · headdim block,) → batch, chunk, head, its B/C group, chunk count,
-    and the token, headdim and state index vectors of this program's tile."""
-    pid_bc, pid_h, pid_p = grid_ids(H, tl.cdiv(P, BP))
-    n_chunks = S // L
-    t = (pid_bc % n_chunks) * L + tl.arange(0, L)
-    # The batch index is int64 so that every offset built on it is: at long context (s · conv channels,
-    # or chunks · heads · state) they pass 2^31.
-    return ((pid_bc // n_chunks).to(tl.int64), pid_bc % n_chunks, pid_h, pid_h // (H // G), n_chunks, t,
-            pid_p * BP + tl.arange(0, BP), tl.arange(0, BN))
-
-
-@triton.jit
-def _chunk_state(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, st_ptr, asum_ptr, S, H, G, P, N, XT, BT,
-                 HAS_SID: tl.constexpr, TO_ENTRY: tl.constexpr, WRITE_ASUM: tl.constexpr, L: tl.constexpr,
-                 BP: tl.constexpr, BN: tl.constexpr):
-    """states[b, c, h] (P × N) = Σ_l exp(cum_last − cum_l) · dt_l · x_l ⊗ B_l over the chunk's tokens
-    (with seq_idx: only those of the chunk's last sequence). WRITE_ASUM: also Σ_l dt_l·A, the log of the
-    chunk's decay, to asum[b, c, h] (from the first headdim block's program).
-
-    TO_ENTRY (the backward's use, x ← dy and B ← C): Σ_l exp(cum_l) · dy_l ⊗ C_l over the tokens the
-    entering state reaches — the gradient of the chunk's outputs with respect to that state."""
-    bi, ci, pid_h, g, n_chunks, t, p, n = _chunk_tile(S, H, G, P, L, BP, BN)
-    dt = tl.load(dt_ptr + (bi * S + t) * H + pid_h).to(tl.float32)
-    a = dt * tl.load(a_ptr + pid_h).to(tl.float32)
+def _own_state(x_ptr, dt_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, pid_b, c, NC, h, g, a_h, S, H, P, N, XT, BT, p, n,
+               HAS_SID: tl.constexpr, REVERSE: tl.constexpr, L: tl.constexpr):
+    """Chunk c's own state (BP, BN), fp32 — Σ_l w_l x_l ⊗ B_l — and its decay (see _pass_chunks)."""
+    i = tl.arange(0, L)
+    row0 = pid_b * S + c * L
+    dt = tl.load(dt_ptr + row0 * H + h + i * H).to(tl.float32)
+    a = dt * a_h
     cum = tl.cumsum(a, axis=0)
-    if WRITE_ASUM:
-        one = tl.arange(0, 1)
-        total = tl.zeros((1,), dtype=tl.float32) + tl.sum(a, axis=0)
-        tl.store(asum_ptr + (bi * n_chunks + ci) * H + pid_h + one, total, mask=one + tl.min(p, axis=0) == 0)
-    if TO_ENTRY:
+    total = tl.sum(a, axis=0)
+    if REVERSE:
         w = tl.exp(cum)
     else:
-        w = tl.exp(tl.sum(a, axis=0) - cum) * dt  # (L,)
+        w = tl.exp(total - cum) * dt
+    decay = tl.exp(total)
     if HAS_SID:
-        sid = tl.load(sid_ptr + bi * S + t)
-        if TO_ENTRY:
-            w = tl.where(sid == tl.load(prev_ptr + bi * n_chunks + ci), w, 0.0)
+        sid = tl.load(sid_ptr + row0 + i)
+        if REVERSE:
+            w = tl.where(sid == tl.load(prev_ptr + pid_b * NC + c), w, 0.0)
         else:
             w = tl.where(sid == tl.max(sid, axis=0), w, 0.0)  # seq_idx rises along a row: the max is the last
-    x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + pid_h * P + p[None, :], mask=p[None, :] < P, other=0.0)
-    bv = tl.load(b_ptr + (bi * S + t[:, None]) * BT + g * N + n[None, :], mask=n[None, :] < N, other=0.0)
+        decay = decay * tl.load(keep_ptr + pid_b * NC + c)
+    x = tl.load(x_ptr + row0 * XT + h * P + (i[:, None] * XT + p[None, :]), mask=p[None, :] < P, other=0.0)
+    bv = tl.load(b_ptr + row0 * BT + g * N + (i[:, None] * BT + n[None, :]), mask=n[None, :] < N, other=0.0)
     # The weights go onto B, rounded to x's dtype, so that the product runs on the inputs' dtype
     # (bf16 tensor cores, fp32 sums) — as mamba_ssm's chunk-state kernel does.
-    bw = (bv.to(tl.float32) * w[:, None]).to(x.dtype)
-    st = tl.dot(tl.trans(x), bw)  # (BP, BN)
-    offs = (((bi * n_chunks + ci) * H + pid_h) * P + p[:, None]) * N + n[None, :]
-    tl.store(st_ptr + offs, st, mask=(p[:, None] < P) & (n[None, :] < N))
+    return tl.dot(tl.trans(x), (bv.to(tl.float32) * w[:, None]).to(x.dtype)), decay
 
 
 @triton.jit
-def _passing_start(start_ptr, H, PN, HAS_START: tl.constexpr, BLOCK: tl.constexpr):
-    """Grid (batch · head · state block,) of the sequential state passings, forward and backward: batch
-    (int64, for offsets past 2^31), head, this program's state elements and their mask, and the
-    carried vector it starts from (the given one at start_ptr, or zeros)."""
-    pid_b, pid_h, pid_k = grid_ids(H, tl.cdiv(PN, BLOCK))
-    pid_b = pid_b.to(tl.int64)
-    k = pid_k * BLOCK + tl.arange(0, BLOCK)
-    km = k < PN
+def _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N,
+                 XT, BT, HAS_START: tl.constexpr, HAS_SID: tl.constexpr, REVERSE: tl.constexpr, L: tl.constexpr,
+                 BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
+    """The chunk states and their recurrence in one loop over a row's chunks, for one (BP, BN) tile of
+    one head's state; the carried state stays in registers (fp32) and only what the chunk kernels read
+    is stored. Forward (REVERSE False): out[c] = E_c, the state entering chunk c, and
+    E_{c+1} = Σ_l exp(cum_last − cum_l) dt_l x_l ⊗ B_l + decay_c E_c (tokens of the chunk's last
+    sequence only). Backward (REVERSE True, x ← dy, B ← C, chunks in reverse): out[c] = dS_c = G_{c+1}
+    and G_c = Σ_l exp(cum_l) dy_l ⊗ C_l + decay_c G_{c+1} (tokens the entering state reaches).
+    decay_c = exp(Σ dt·A over c), times keep_c with seq_idx. `start` (E_0, or the final state's
+    gradient) is read when given; the carried state after the last chunk goes to `end` (fp32).
+
+    Each step waits on the one before only through the carried state, but a program runs its steps in
+    turn: on an H200 the loop takes about 1.3 µs a chunk whatever the tile, so a row of 256 chunks
+    takes 0.32 ms at 16K × 80 heads (0.24 at 40 heads), against 0.55 ms for the chunk-state kernel
+    and the passing it replaces (fp32 states written and read back). Two chunks a step, both
+    products formed before the recurrence takes them, ran no faster (0.32-0.46 ms);
+    benchmarks/results/ssd-fused-passing-ab-h200.json, ssd-pass-pairs-ab-h200.json."""
+    n_blocks = tl.cdiv(N, BN)
+    pid_b, h, pid_t = grid_ids(H, tl.cdiv(P, BP) * n_blocks)
+    pid_b = pid_b.to(tl.int64)  # offsets pass 2^31 at long context
+    p = (pid_t // n_blocks) * BP + tl.arange(0, BP)
+    n = (pid_t % n_blocks) * BN + tl.arange(0, BN)
+    g = h // (H // G)
+    NC = S // L
+    a_h = tl.load(a_ptr + h).to(tl.float32)
+    st_offs = p[:, None] * N + n[None, :]
+    st_mask = (p[:, None] < P) & (n[None, :] < N)
+    out_base = out_ptr + (pid_b * NC * H + h) * P * N + st_offs  # chunk c's state at + c · H · P · N
     if HAS_START:
-        carried = tl.load(start_ptr + (pid_b * H + pid_h) * PN + k, mask=km, other=0.0).to(tl.float32)
+        carried = tl.load(start_ptr + (pid_b * H + h) * P * N + st_offs, mask=st_mask, other=0.0).to(tl.float32)
     else:
-        carried = tl.zeros((BLOCK,), dtype=tl.float32)
-    return pid_b, pid_h, k, km, carried
+        carried = tl.zeros((BP, BN), dtype=tl.float32)
+    for r in tl.range(0, NC, num_stages=STAGES):
+        if REVERSE:
+            c = NC - 1 - r
+        else:
+            c = r
+        own, decay = _own_state(x_ptr, dt_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, pid_b, c, NC, h, g, a_h, S, H, P,
+                                N, XT, BT, p, n, HAS_SID, REVERSE, L)
+        tl.store(out_base + c * H * P * N, carried.to(out_ptr.dtype.element_ty), mask=st_mask)
+        carried = own + decay * carried
+    tl.store(end_ptr + (pid_b * H + h) * P * N + st_offs, carried, mask=st_mask)
+
+
+# The two directions as kernels of their own names, so that the profiler tells them apart.
+@triton.jit
+def _state_passing(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P,
+                   N, XT, BT, HAS_START: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
+                   BN: tl.constexpr, STAGES: tl.constexpr):
+    _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N,
+                 XT, BT, HAS_START, HAS_SID, False, L, BP, BN, STAGES)
 
 
 @triton.jit
-def _state_passing(st_ptr, asum_ptr, keep_ptr, init_ptr, enter_ptr, final_ptr, NC, H, PN, HAS_INIT: tl.constexpr,
-                   HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr):
-    """entering[c] = state before chunk c; entering[c + 1] = states[c] + exp(Σ a over c) · entering[c]."""
-    pid_b, pid_h, k, km, e = _passing_start(init_ptr, H, PN, HAS_INIT, BLOCK)
-    for c in range(NC):
-        base = ((pid_b * NC + c) * H + pid_h) * PN
-        # The chunk's loads come before the store: a load after a store waits for it (the pointers
-        # might alias), and then each step's load latency would be paid in turn. 0.334 → 0.279 ms on an
-        # H200 at 16K × 80 heads, bit-equal; loading the next chunk a step ahead as well was slower
-        # (benchmarks/results/ssd-passing-order-ab-h200.json).
-        own = tl.load(st_ptr + base + k, mask=km, other=0.0)
-        decay = tl.exp(tl.load(asum_ptr + (pid_b * NC + c) * H + pid_h))
-        if HAS_KEEP:  # 0 where a sequence boundary falls before the chunk's end
-            decay = decay * tl.load(keep_ptr + pid_b * NC + c)
-        tl.store(enter_ptr + base + k, e.to(enter_ptr.dtype.element_ty), mask=km)
-        e = own + decay * e
-    tl.store(final_ptr + (pid_b * H + pid_h) * PN + k, e, mask=km)
+def _state_passing_bwd(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G,
+                       P, N, XT, BT, HAS_START: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
+                       BN: tl.constexpr, STAGES: tl.constexpr):
+    _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N,
+                 XT, BT, HAS_START, HAS_SID, True, L, BP, BN, STAGES)
 
 
 @triton.jit
@@ -221,24 +227,35 @@ def prepare(x, dt, A, B, C, seq_idx, chunk: int, bp: int) -> Packing:
                    max(16, triton.next_power_of_2(n)), min(bp, max(16, triton.next_power_of_2(p))))
 
 
-def chunk_states(pk: Packing, x, b_or_c, to_entry: bool = False, xt: int | None = None,
-                 bt: int | None = None, asum: torch.Tensor | None = None) -> torch.Tensor:
-    """(b, nc, h, p, n) fp32: each chunk's own final state — or, with to_entry, Σ exp(cum) dy ⊗ C
-    (token strides default to the packing's x and B); with `asum` (b, nc, h) fp32, each chunk's
-    Σ dt·A written there too."""
+# Tile (headdim × d_state), warps and pipeline stages of the state passings (_pass_chunks): of 54 settings
+# on an H200, 64 × 64 with 4 warps and 4 stages was among the fastest at 16K × 80 heads (0.33 / 0.34 ms
+# forward / backward, against 0.42-1.05 ms for tiles of 16 or 32 headdim rows) and the fastest at
+# 4 × 4K (0.22 ms): benchmarks/results/ssd-pass-tune-h200.json, `python benchmarks/bench_ssd.py
+# --tune-passing`; d_state blocks of 16-128 again in ssd-pass-acc-ab-h200.json.
+PASS_HEADDIM_BLOCK, PASS_STATE_BLOCK, PASS_WARPS, PASS_STAGES = 64, 64, 4, 4
+
+
+def pass_states(pk: Packing, x, b_or_c, start, out_dtype, reverse: bool = False, xt: int | None = None,
+                bt: int | None = None):
+    """(out, end): the chunks' states passed along each row (meshplan.kernels.ssd._pass_chunks) —
+    forward, the state entering each chunk (b, nc, h, p, n) in `out_dtype` and the final state (b, h, p,
+    n) fp32 from x and B; reverse (x ← dy, B ← C), each chunk's dS and the initial state's gradient.
+    `start`: the initial state, or the final state's gradient (None: zeros). Token strides default to
+    the packing's x and B."""
     b, S, h, p, g, n, nc = pk.shape
-    out = torch.empty(b, nc, h, p, n, device=x.device, dtype=torch.float32)
-    sid, prev, _ = pk.bookkeeping(x)
-    bp = min(STATE_HEADDIM_BLOCK, max(16, triton.next_power_of_2(p)))  # its own: the backward's pk.bp is smaller
-    _chunk_state[(b * nc * h * triton.cdiv(p, bp),)](x, pk.dt, pk.A, b_or_c, sid, prev, out,
-                                                  asum if asum is not None else out, S, h, g, p, n,
-                                                  xt or pk.xt, bt or pk.bt, HAS_SID=pk.sid is not None,
-                                                  TO_ENTRY=to_entry, WRITE_ASUM=asum is not None, L=pk.chunk,
-                                                  BP=bp, BN=pk.bn, num_warps=STATE_WARPS)
-    return out
+    out = torch.empty(b, nc, h, p, n, device=x.device, dtype=out_dtype)
+    end = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
+    sid, prev, keep = pk.bookkeeping(x)
+    bp = min(PASS_HEADDIM_BLOCK, max(16, triton.next_power_of_2(p)))
+    bn = min(PASS_STATE_BLOCK, pk.bn)
+    kernel = _state_passing_bwd if reverse else _state_passing
+    kernel[(b * h * triton.cdiv(p, bp) * triton.cdiv(n, bn),)](
+        x, pk.dt, pk.A, b_or_c, sid, prev, keep, start.float().contiguous() if start is not None else end, out, end,
+        S, h, g, p, n, xt or pk.xt, bt or pk.bt, HAS_START=start is not None, HAS_SID=pk.sid is not None, L=pk.chunk,
+        BP=bp, BN=bn, STAGES=PASS_STAGES, num_warps=PASS_WARPS)
+    return out, end
 
 
-PASS_BLOCK = 256  # state elements per program of the (sequential over chunks) state-passing kernels
 # Forward launch settings — headdim block and warps of the output kernel — the fastest of 12 on an H200
 # at 16K × 80 heads of 64, swept when the kernel took one head per program (1.09 ms; 1.33 ms at a
 # block of 32, 1.53 ms with 8 warps):
@@ -249,36 +266,15 @@ FWD_HEADDIM_BLOCK, FWD_WARPS = 64, 4
 # took the forward from 0.97 to 0.91 ms (targets of 132 to 4096 programs within 6% of each other):
 # benchmarks/results/ssd-head-loops-h200.json.
 FWD_STAGES = 3
-# The chunk-state kernel's headdim block and warps, forward and backward (the backward ran it with its
-# own headdim block of 16 at first: 0.50 ms per call against 0.28 ms at 64, on an H200 at the shape
-# above: ssd-bf16-forward-h200.json against ssd-bf16-operands-h200.json in benchmarks/results; its
-# warps: ssd-fwd-tune-h200.json, 2 to 8 within 3%).
-STATE_HEADDIM_BLOCK, STATE_WARPS = 64, 4
-
-
-def entering_states(pk: Packing, initial_state, dtype=torch.float32):
-    """The state entering each chunk (b, nc, h, p, n) in `dtype`, the final state (b, h, p, n) fp32,
-    and each chunk's Σ dt·A (b, nc, h) fp32, the log of its decay. The passing carries fp32 whatever
-    `dtype` is: the forward rounds only what its output kernel reads (to the inputs' dtype, as
-    mamba_ssm's forward does); the backward keeps fp32."""
-    b, S, h, p, g, n, nc = pk.shape
-    asum = torch.empty(b, nc, h, device=pk.x.device, dtype=torch.float32)
-    states = chunk_states(pk, pk.x, pk.B, asum=asum)
-    entering = torch.empty_like(states, dtype=dtype)
-    final = torch.empty(b, h, p, n, device=pk.x.device, dtype=torch.float32)
-    init = initial_state.float().contiguous() if initial_state is not None else final
-    _state_passing[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](states, asum, pk.bookkeeping(asum)[2],
-                                                           init, entering, final, nc, h, p * n,
-                                                           HAS_INIT=initial_state is not None,
-                                                           HAS_KEEP=pk.keep is not None, BLOCK=PASS_BLOCK)
-    return entering, final, asum
 
 
 def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None,
                 split_target: int | None = None):
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or FWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
-    entering, final, _ = entering_states(pk, initial_state, pk.x.dtype)
+    # The output kernel reads the entering states in the inputs' dtype, as mamba_ssm's does; the
+    # passing carries fp32.
+    entering, final = pass_states(pk, pk.x, pk.B, initial_state, pk.x.dtype)
     y = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     sid, prev, _ = pk.bookkeeping(x)
     p_blocks = triton.cdiv(p, pk.bp)

@@ -1,18 +1,18 @@
-"""Mamba-2 chunked SSD scan, backward (Triton). Three steps, mirroring the forward:
+"""Mamba-2 chunked SSD scan, backward (Triton). Two steps, mirroring the forward:
 
-1. the gradient each chunk's outputs send to the state entering it, dE_c = Σ_i exp(cum_i) dy_i ⊗ C_i
-   (the forward's chunk-state kernel, run on dy and C);
-2. the state recurrence run backwards: with G_c the total gradient of E_c (G_nc = d final),
-   dS_c = G_{c+1} and G_c = dE_c + exp(Σ a over c) · keep_c · G_{c+1}; G_0 is the initial state's gradient
-   (one read and one write per state; the decay's gradient, a reduction over each state, is left to
-   the chunk kernel, which reads E and dS anyway — inside this sequential loop it made the passing
-   the backward's slowest kernel, `python benchmarks/bench_ssd.py --profile`);
-3. one program per (chunk, head) for dx, ddt, the per-chunk shares of dA and dD, and the gradient of
+1. the state recurrence run backwards, in one sequential pass over the chunks that also forms each
+   chunk's dE_c = Σ_i exp(cum_i) dy_i ⊗ C_i, the gradient its outputs send to the state entering it
+   (meshplan.kernels.ssd._pass_chunks, reversed): with G_c the total gradient of E_c (G_nc = d final),
+   dS_c = G_{c+1} and G_c = dE_c + exp(Σ a over c) · keep_c · G_{c+1}; G_0 is the initial state's
+   gradient. The decay's gradient, a reduction over each state, is left to the chunk kernel, which
+   reads E and dS anyway;
+2. one program per (chunk, head) for dx, ddt, the per-chunk shares of dA and dD, and the gradient of
    the chunk's C_i·B_j matrix; then one per (chunk, group of heads, d_state block) for dB and dC, which
    sum over the heads that share a group.
 
-The chunk states are recomputed here, not saved by the forward. Reference for every gradient:
-autograd through meshplan.kernels.reference.ssd_chunked_ref (tests/test_ssd_kernel.py).
+The entering states are recomputed here (the forward's pass again), not saved by the forward.
+Reference for every gradient: autograd through meshplan.kernels.reference.ssd_chunked_ref
+(tests/test_ssd_kernel.py).
 """
 
 from __future__ import annotations
@@ -22,26 +22,7 @@ import triton
 import triton.language as tl
 
 from meshplan.kernels import launch
-from meshplan.kernels.ssd import PASS_BLOCK, _passing_start, chunk_states, entering_states, grid_ids, prepare
-
-
-@triton.jit
-def _state_passing_bwd(d_ptr, out_ptr, asum_ptr, keep_ptr, dfinal_ptr, dinit_ptr, NC, H, PN, HAS_DFINAL: tl.constexpr,
-                       HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr):
-    """Reads dE_c from d_ptr, writes dS_c = G_{c+1} to out_ptr (in out_ptr's dtype; G is carried in
-    fp32). The gradient of the
-    chunk's decay, Σ dS_c · exp(asum_c) · keep_c · E_c, is summed by the chunk kernel."""
-    pid_b, pid_h, k, km, gr = _passing_start(dfinal_ptr, H, PN, HAS_DFINAL, BLOCK)
-    for r in range(NC):
-        c = NC - 1 - r
-        base = ((pid_b * NC + c) * H + pid_h) * PN
-        factor = tl.exp(tl.load(asum_ptr + (pid_b * NC + c) * H + pid_h))
-        if HAS_KEEP:
-            factor = factor * tl.load(keep_ptr + pid_b * NC + c)
-        direct = tl.load(d_ptr + base + k, mask=km, other=0.0)
-        tl.store(out_ptr + base + k, gr.to(out_ptr.dtype.element_ty), mask=km)
-        gr = direct + factor * gr
-    tl.store(dinit_ptr + (pid_b * H + pid_h) * PN + k, gr, mask=km)
+from meshplan.kernels.ssd import grid_ids, pass_states, prepare
 
 
 @triton.jit
@@ -227,22 +208,15 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     The per-chunk buffers the chunk kernels read — the recomputed entering states, dS and the C·B
     gradient — are stored in the inputs' dtype, as mamba_ssm's backward stores its states and dstates:
     those kernels use them only as operands of products in that dtype. Every recurrence (both state
-    passings) and every sum runs in fp32, and dE, a sum over the chunk's tokens, is kept in fp32."""
+    passings) and every sum runs in fp32; dE, a sum over the chunk's tokens, stays in fp32 registers."""
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or BWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
     io = pk.x.dtype
-    entering, _, asum = entering_states(pk, initial_state, io)
+    entering, _ = pass_states(pk, pk.x, pk.B, initial_state, io)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
-    d_entering = chunk_states(pk, dy, pk.C, to_entry=True, xt=h * p, bt=pk.ct)  # dE_c, fp32
-    d_init = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
-    d_states = torch.empty_like(d_entering, dtype=io)  # dS_c
-    sid, prev, keep = pk.bookkeeping(asum)
-    _state_passing_bwd[(b * h * triton.cdiv(p * n, PASS_BLOCK),)](d_entering, d_states, asum, keep,
-                                                               dfinal.contiguous() if dfinal is not None else d_init,
-                                                               d_init, nc, h, p * n, HAS_DFINAL=dfinal is not None,
-                                                               HAS_KEEP=pk.keep is not None, BLOCK=PASS_BLOCK)
-    del d_entering
+    d_states, d_init = pass_states(pk, dy, pk.C, dfinal, io, reverse=True, xt=h * p, bt=pk.ct)  # dS_c
+    sid, prev, keep = pk.bookkeeping(dy)
     dx = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
     dcb = torch.empty(b, nc, h, chunk, chunk, device=x.device, dtype=io)
