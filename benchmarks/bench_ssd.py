@@ -24,8 +24,8 @@ from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
 from meshplan.kernels.ssd import ssd_chunked
 
-FWD_KERNELS = ("_state_passing", "_chunk_scan")
-BWD_KERNELS = ("_state_passing", "_state_passing_bwd", "_chunk_bwd_dx", "_chunk_bwd_dbc")
+FWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_chunk_scan")
+BWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_state_passing_bwd", "_chunk_bwd_dx", "_chunk_bwd_dbc")
 
 SHAPES = ((1, 16384, 80, 64, 1, 128), (4, 4096, 80, 64, 1, 128), (1, 16384, 40, 64, 1, 128))
 
@@ -131,7 +131,8 @@ def tune_passing(args) -> int:
         for bp, bn in ((16, 64), (32, 32), (32, 64), (32, 128), (64, 32), (64, 64)):
             for warps in (2, 4, 8):
                 for stages in (2, 3, 4):
-                    ssd.PASS_HEADDIM_BLOCK, ssd.PASS_STATE_BLOCK, ssd.PASS_WARPS, ssd.PASS_STAGES = bp, bn, warps, stages
+                    launch.PASS_HEADDIM_BLOCK, launch.PASS_STATE_BLOCK = bp, bn
+                    ssd.PASS_WARPS, ssd.PASS_STAGES = warps, stages
 
                     def both():
                         ssd.pass_states(pk, pk.x, pk.B, None, x.dtype)

@@ -7,6 +7,7 @@ kernel benchmarks, each of which names the command that made it.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -23,32 +24,39 @@ def kernel_fraction(ssd: dict, run: dict, direction: str) -> float:
 
 
 # The H200 preset's rated HBM rate (meshplan/topologies presets: the datasheet's 4.8 TB/s), the unit the
-# cost model's fractions are in.
+# cost model's fractions are in, and its multiprocessors (meshplan.costmodel.compute.SCAN_PASS_SMS).
 H200_RATED_HBM = 4.8e12
+H200_SMS = 132
 
 
 def scan_model(ssd: dict) -> dict:
     """The cost model's scan constants (meshplan/costmodel/compute.py) from the benchmark's three
-    shapes. A state passing takes bytes / (fraction · rated HBM) + steps · step_s, where steps is the
-    chunks of one row, which a program takes in turn: fitted to the first two shapes (256 and 64
-    chunks a row, 80 heads), checked on the third (256 chunks, 40 heads). Each shape's passing time
-    is the mean of its three passings (forward, the backward's recompute, the backward's own). The
-    chunk kernels: bytes over profiled time on the first shape."""
+    shapes. A state passing is bound by its programs' issue, not by HBM: each program (a row, head and
+    state tile: meshplan.kernels.launch.pass_programs) takes its row's chunks in turn, so a passing takes
+    steps · max(latency, ⌈programs / SMs⌉ · issue) — one program alone on an SM pays the step's
+    latency; several share its issue slots. The latency comes from the 40-head shape (80 programs, one
+    an SM), the issue time from 16K × 80 heads (160 programs, two on some SMs), and 4 × 4K (640, five)
+    is the check. Each shape's time is the mean of its three passings (forward, the backward's
+    recompute, the backward's own), each with the kernel that forms its weights. The chunk kernels:
+    bytes over profiled time on the first shape."""
+    from meshplan.kernels.launch import pass_programs
+
     pts = []
     for run in ssd["runs"]:
         fwd, bwd = run["kernels"]["forward"], run["kernels"]["backward"]
-        t = (fwd["_state_passing"]["s"] + bwd["_state_passing"]["s"] + bwd["_state_passing_bwd"]["s"]) / 3
-        pts.append((-(-run["s"] // run["chunk"]), fwd["_state_passing"]["bytes"], t))
-    (n0, b0, t0), (n1, b1, t1), (n2, b2, t2) = pts
-    # Both fitted shapes move the same bytes (b · s · heads is equal), so the step time is the difference.
-    assert b0 == b1
-    step = (t0 - t1) / (n0 - n1)
-    fraction = b1 / (t1 - n1 * step) / H200_RATED_HBM
+        w = "_chunk_weights_kernel"  # each passing's weights, formed before it (the backward's two together)
+        t = (fwd[w]["s"] + fwd["_state_passing"]["s"] + bwd[w]["s"] + bwd["_state_passing"]["s"]
+             + bwd["_state_passing_bwd"]["s"]) / 3
+        per_sm = math.ceil(pass_programs(run["b"], run["heads"], run["headdim"], run["d_state"]) / H200_SMS)
+        pts.append((-(-run["s"] // run["chunk"]), per_sm, t))
+    (n0, k0, t0), (n1, k1, t1), (n2, k2, t2) = pts
+    assert (k0, k1, k2) == (2, 5, 1)
+    latency, issue = t2 / n2, t0 / (n0 * k0)
     r = ssd["runs"][0]
     fwd, bwd = r["kernels"]["forward"], r["kernels"]["backward"]
     chunks = [bwd["_chunk_bwd_dx"], bwd["_chunk_bwd_dbc"]]
-    return {"SCAN_PASS_STEP_S": step, "SCAN_PASS_HBM_FRACTION": fraction,
-            "check_third_shape_s": {"predicted": b2 / (fraction * H200_RATED_HBM) + n2 * step, "measured": t2},
+    return {"SCAN_PASS_STEP_LATENCY_S": latency, "SCAN_PASS_STEP_ISSUE_S": issue,
+            "check_4x4k_s": {"predicted": n1 * max(latency, k1 * issue), "measured": t1},
             "SCAN_FWD_HBM_FRACTION": fwd["_chunk_scan"]["bytes"] / fwd["_chunk_scan"]["s"] / H200_RATED_HBM,
             "SCAN_BWD_HBM_FRACTION": sum(k["bytes"] for k in chunks) / sum(k["s"] for k in chunks) / H200_RATED_HBM}
 

@@ -299,8 +299,8 @@ def test_time_crossover_exists_when_communication_dominates():
 
 def test_mamba2_kernel_bytes_by_hand():
     """mamba2-2.7b (80 heads of 64, d_state 128, one group) at 16384 tokens in bf16: 256 chunks of 64,
-    each state buffer 256 · 80 · 64 · 128 elements; conv channels 5120 + 2 · 128. Forward: the passing
-    (x, dt, B in; bf16 entering states out), the outputs (x, dt, B, C, bf16 entering states in; y out).
+    each state buffer 256 · 80 · 64 · 128 elements; conv channels 5120 + 2 · 128. Forward: the passing's
+    weights (dt in, fp32 weights out), the passing (x, weights, B in; bf16 entering states out), the outputs (x, dt, B, C, bf16 entering states in; y out).
     Backward: the passing again, the backward passing (dy, dt, C in; bf16 dS out: as many bytes as the
     forward's), the dx kernel (x, dy, dt, B, C, bf16 E and dS in; dx, ddt and the bf16 C·B gradient
     out) and the dB/dC kernel (x, dy, dt, B, C, E, dS and the C·B gradient in; fp32 dB and dC for 4
@@ -310,7 +310,7 @@ def test_mamba2_kernel_bytes_by_hand():
     def expected(t, heads):
         x, bc, dt, E = t * heads * 64 * 2, t * 128 * 2, 4 * t * heads, 256 * heads * 64 * 128
         dcb, partials = 2 * 256 * heads * 64 * 64, 2 * 4 * t * 128 * 4
-        passing, out = x + dt + bc + 2 * E, 2 * x + dt + 2 * bc + 2 * E
+        passing, out = 2 * dt + (x + dt + bc + 2 * E), 2 * x + dt + 2 * bc + 2 * E
         bwd = (3 * x + 2 * dt + 2 * bc + 4 * E + dcb) + (2 * x + dt + 2 * bc + 4 * E + dcb + partials)
         return passing, out, bwd
 
@@ -451,20 +451,25 @@ def test_sp_correction_by_hand():
 
 
 def test_scan_passing_pays_its_steps_per_row():
-    """The state passings take a row's chunks in turn: the same 16384 tokens as one row of 256 chunks
-    or four rows of 64 move the same bytes, and differ by 192 steps in the forward's one passing and the
-    backward's two."""
+    """mamba2-2.7b, 16384 tokens on one H200: one row of 256 chunks runs 80 heads × 2 state tiles = 160
+    programs (two on some of the 132 SMs), four rows of 64 chunks run 640 (five an SM). The forward
+    has one passing, the backward two; the rest of the kernels move the same bytes either way."""
     from meshplan.costmodel import compute
 
     dev = compute.Device.of(load_cluster("h200-8"))
     model = PRESETS["mamba2-2.7b"]
+    lat, issue = compute.SCAN_PASS_STEP_LATENCY_S, compute.SCAN_PASS_STEP_ISSUE_S
+    one, four = 256 * max(lat, 2 * issue), 64 * max(lat, 5 * issue)
+    assert compute.scan_pass_s(1, 16384, 80, 64, 128) == pytest.approx(one)
+    assert compute.scan_pass_s(4, 4096, 80, 64, 128) == pytest.approx(four)
     one_row = compute.mamba2_kernel_s(model, 16384, 1, 2, dev, row_tokens=16384)
     four_rows = compute.mamba2_kernel_s(model, 16384, 1, 2, dev, row_tokens=4096)
-    step = compute.SCAN_PASS_STEP_S
-    assert one_row[0] - four_rows[0] == pytest.approx(192 * step)
-    assert one_row[1] - four_rows[1] == pytest.approx(2 * 192 * step)
+    assert one_row[0] - four_rows[0] == pytest.approx(one - four)
+    assert one_row[1] - four_rows[1] == pytest.approx(2 * (one - four))
     # Without row_tokens, the tokens form one row.
     assert compute.mamba2_kernel_s(model, 16384, 1, 2, dev) == one_row
+    # One program alone on an SM pays the step's latency: 40 heads × 2 tiles = 80 programs.
+    assert compute.scan_pass_s(1, 16384, 40, 64, 128) == pytest.approx(256 * lat)
 
 
 def test_scan_constants_are_the_committed_fit():

@@ -15,15 +15,17 @@ pytestmark = pytest.mark.usefixtures("poison_empty")
 
 
 # The output kernel with one head per program, and with all of a group's heads in one program's loop
-# (the state passing then in 16 × 16 tiles: four a state at headdim and d_state 32).
+# (the state passing then in 16 × 16 tiles: four a state at headdim and d_state 32; its weights two
+# heads a program).
 @pytest.mark.parametrize("split_target", [1024, 1])
 @pytest.mark.parametrize("s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 32, False), (50, 4, 16, 2, 16, 16, True),
                                                               (96, 4, 32, 2, 32, 32, True)])
 def test_triton_ssd_matches_the_recurrence(monkeypatch, split_target, s, h, p, g, n, chunk, with_init):
     monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
     if split_target == 1:
-        monkeypatch.setattr(ssd, "PASS_HEADDIM_BLOCK", 16)
-        monkeypatch.setattr(ssd, "PASS_STATE_BLOCK", 16)
+        monkeypatch.setattr(launch, "PASS_HEADDIM_BLOCK", 16)
+        monkeypatch.setattr(launch, "PASS_STATE_BLOCK", 16)
+        monkeypatch.setattr(ssd, "WEIGHTS_HEAD_BLOCK", 2)
     gen = torch.Generator().manual_seed(s + h)
     x = torch.randn(2, s, h, p, generator=gen)
     dt = torch.rand(2, s, h, generator=gen) * 0.2
@@ -59,6 +61,7 @@ def test_triton_ssd_respects_packed_boundaries(lengths, with_init, seed):
                                  initial_state=h0.double() if with_init else None, seq_idx=seq_idx)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(launch, "SPLIT_TARGET", 1)  # both heads in one program's loop
+        mp.setattr(ssd, "WEIGHTS_HEAD_BLOCK", 1)  # the passing's weights one head a program
         y, st_ = ssd_chunked(x, dt, A, B, C, initial_state=h0, chunk=16, seq_idx=seq_idx)
     torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(st_.double(), st_ref, rtol=2e-3, atol=2e-3)
@@ -103,8 +106,9 @@ def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, spli
     monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
     monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
     if pass_block:
-        monkeypatch.setattr(ssd, "PASS_HEADDIM_BLOCK", pass_block)
-        monkeypatch.setattr(ssd, "PASS_STATE_BLOCK", pass_block)
+        monkeypatch.setattr(launch, "PASS_HEADDIM_BLOCK", pass_block)
+        monkeypatch.setattr(launch, "PASS_STATE_BLOCK", pass_block)
+        monkeypatch.setattr(ssd, "WEIGHTS_HEAD_BLOCK", 2)
     _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + h)
 
 

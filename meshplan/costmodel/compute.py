@@ -38,21 +38,24 @@ ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forwa
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks, over the
 # kernels' own profiled times (the host's launches are the step's launch floor, below). The chunked SSD
 # scan, against `ssd_kernel_bytes`: its chunk kernels at 16K tokens × 80 heads of 64, d_state 128 — the
-# forward's output kernel, and the backward's dx and dB/dC kernels together; its state passings, which
-# take a row's chunks in turn, as bytes at SCAN_PASS_HBM_FRACTION plus SCAN_PASS_STEP_S a chunk of a
-# row, fitted to 16K × 80 heads (256 chunks a row) and 4 × 4K (64 a row), and within 4% of 16K × 40
-# heads (benchmarks/results/kernels-h200.json "scan_cost_model_constants", computed by
-# benchmarks/make_kernels_summary.py from ssd-h200.json, `python benchmarks/bench_ssd.py`). The causal
+# forward's output kernel, and the backward's dx and dB/dC kernels together. Its state passings are bound
+# by their programs' issue, not by HBM (ncu: benchmarks/results/ncu-state-passing-h200.txt): a program (a
+# row, head and state tile) takes its row's chunks in turn, so a passing takes steps · max(latency,
+# ⌈programs / SMs⌉ · issue); the latency from 16K × 40 heads (one program an SM), the issue time from
+# 16K × 80 (two), and 4 × 4K × 80 (five) predicted within 1% (benchmarks/results/kernels-h200.json
+# "scan_cost_model_constants", computed by benchmarks/make_kernels_summary.py from ssd-h200.json,
+# `python benchmarks/bench_ssd.py`). Other GPUs get the H200's step times and SM count. The causal
 # conv1d at 4 × 16K × 5376 channels with its time-marching kernels, against x read and the output
 # written (forward), x and dy read and dx written (backward): forward 3.64e12 B/s (0.388 ms), backward
 # 3.39e12 B/s (0.623 ms) (benchmarks/results/conv1d-kernels-h200-r1.json, `python
 # benchmarks/bench_conv1d.py`, its main row; -r2, the run after it: 0.388 and 0.624 ms). A conv call timed
 # alone takes 0.43-0.45 and 0.72-0.73 ms: the host's launch before the kernel, and in the backward 0.03
 # ms of torch's dw, db partial sums.
-SCAN_FWD_HBM_FRACTION = 0.664
+SCAN_FWD_HBM_FRACTION = 0.661
 SCAN_BWD_HBM_FRACTION = 0.458
-SCAN_PASS_HBM_FRACTION = 0.685
-SCAN_PASS_STEP_S = 0.642e-6
+SCAN_PASS_STEP_LATENCY_S = 0.677e-6
+SCAN_PASS_STEP_ISSUE_S = 0.550e-6
+SCAN_PASS_SMS = 132  # an H200's multiprocessors (torch.cuda.get_device_properties on the lent H200s)
 CONV_FWD_HBM_FRACTION = 0.758
 CONV_BWD_HBM_FRACTION = 0.706
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
@@ -366,8 +369,9 @@ def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d
     stored width — the entering states and dS in the inputs' dtype (the state passings form each
     chunk's own state, or dE, in registers and store only what they pass on) — plus the backward's C·B
     gradient (chunk² per head and chunk, inputs' dtype) and fp32 dB/dC partial sums.
-    Forward: the state passing, the outputs. Backward: the passing (recomputed), the backward passing,
-    the dx and dB/dC kernels. benchmarks/bench_ssd.py divides each by its kernel's measured time."""
+    Forward: the passing's weights, the state passing, the outputs. Backward: the weights of both
+    passings, the passing (recomputed), the backward passing, the dx and dB/dC kernels.
+    benchmarks/bench_ssd.py divides each by its kernel's measured time."""
     from meshplan.kernels.launch import bwd_splits
 
     chunks = math.ceil(tokens / chunk)
@@ -376,17 +380,20 @@ def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d
     state = chunks * heads * headdim * d_state  # elements of one per-chunk state buffer
     dcb = e * chunks * heads * chunk * chunk
     partials = 2 * 4 * tokens * groups * d_state * bwd_splits(chunks, int(heads), int(groups), d_state)
-    passing = x + dt + bc + e * state  # x (or dy), dt, B (or C) in; the entering states (or dS) out
-    return {"forward": {"state_passing": passing, "chunk_scan": 2 * x + dt + 2 * bc + e * state},
-            "backward": {"state_passing": passing, "state_passing_bwd": passing,
+    passing = x + dt + bc + e * state  # x (or dy), its weights, B (or C) in; the entering states (or dS) out
+    weights = 2 * dt  # dt in, one passing's weights out (fp32, like dt; the decays are a chunk's)
+    return {"forward": {"chunk_weights_kernel": weights, "state_passing": passing,
+                        "chunk_scan": 2 * x + dt + 2 * bc + e * state},
+            "backward": {"chunk_weights_kernel": 2 * weights, "state_passing": passing, "state_passing_bwd": passing,
                          "chunk_bwd_dx": 3 * x + 2 * dt + 2 * bc + 2 * e * state + dcb,
                          "chunk_bwd_dbc": 2 * x + dt + 2 * bc + 2 * e * state + dcb + partials}}
 
 
 def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) -> dict[str, float]:
     """HBM bytes of the Mamba-2 kernels on one rank, counted as their benchmarks count them: the scan's
-    kernels by `ssd_kernel_bytes` (benchmarks/bench_ssd.py) — one state passing (the forward's, its
-    recompute in the backward, and the backward's each move as much), the forward's output kernel and
+    kernels by `ssd_kernel_bytes` (benchmarks/bench_ssd.py) — one state passing with its weights kernel
+    (the forward's, its recompute in the backward, and the backward's each move as much), the forward's
+    output kernel and
     the backward's two chunk kernels; the conv reads x and writes its output forward, reads x and dy and
     writes dx backward (benchmarks/bench_conv1d.py)."""
     from meshplan.costmodel.memory import local_bc_channels
@@ -398,24 +405,34 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
     scan = ssd_kernel_bytes(tokens, h, m.headdim, gn / m.d_state, m.d_state, e, SSD_CHUNK)
     conv = tokens * (h * m.headdim + 2 * gn) * e
     bwd = scan["backward"]
-    return {"scan_pass": scan["forward"]["state_passing"], "scan_fwd_chunks": scan["forward"]["chunk_scan"],
+    fwd = scan["forward"]
+    return {"scan_pass": fwd["chunk_weights_kernel"] + fwd["state_passing"], "scan_fwd_chunks": fwd["chunk_scan"],
             "scan_bwd_chunks": bwd["chunk_bwd_dx"] + bwd["chunk_bwd_dbc"], "conv_fwd": 2 * conv, "conv_bwd": 3 * conv}
+
+
+def scan_pass_s(rows: float, row_tokens: float, heads: float, headdim: int, d_state: int) -> float:
+    """Seconds of one SSD state passing (meshplan/kernels/ssd.py, with the kernel forming its weights)
+    over `rows` sequence rows of `row_tokens` tokens and `heads` heads: each program takes its row's
+    chunks in turn, and the SM's programs share its issue slots (see SCAN_PASS_STEP_ISSUE_S)."""
+    from meshplan.kernels.launch import SSD_CHUNK, pass_programs
+
+    per_sm = math.ceil(pass_programs(math.ceil(rows), heads, headdim, d_state) / SCAN_PASS_SMS)
+    return math.ceil(row_tokens / SSD_CHUNK) * max(SCAN_PASS_STEP_LATENCY_S, per_sm * SCAN_PASS_STEP_ISSUE_S)
 
 
 def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device,
                     row_tokens: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of the scan and conv kernels: the chunk kernels and the conv at their
-    measured HBM fractions; each state passing at its own fraction plus SCAN_PASS_STEP_S for each
-    chunk of a row (`row_tokens` tokens a sequence row on this rank; `tokens` when not given), which it
-    takes in turn. The backward runs the passing twice (the forward's again, and its own)."""
+    measured HBM fractions, each state passing by `scan_pass_s` (`row_tokens` tokens a sequence row on
+    this rank; `tokens` when not given). The backward runs the passing twice (the forward's again, and
+    its own)."""
     if tokens <= 1:  # decode: the state update, costed by the step's decode state I/O
         return 0.0, 0.0
-    from meshplan.kernels.launch import SSD_CHUNK
-
+    m = model.mamba2
+    row_tokens = row_tokens or tokens
     b = mamba2_kernel_bytes(model, tokens, head_div, e)
     hbm = dev.rated_hbm
-    passing = (b["scan_pass"] / (hbm * SCAN_PASS_HBM_FRACTION)
-               + math.ceil((row_tokens or tokens) / SSD_CHUNK) * SCAN_PASS_STEP_S)
+    passing = scan_pass_s(tokens / row_tokens, row_tokens, m.nheads / head_div, m.headdim, m.d_state)
     return (passing + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
             2 * passing + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION)
             + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION))

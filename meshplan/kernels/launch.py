@@ -16,6 +16,30 @@ SPLIT_TARGET = 1024
 BWD_STATE_BLOCK = 128
 
 
+# Tile (headdim × d_state) of the state passings (meshplan/kernels/ssd.py _pass_chunks): of 54 settings on
+# an H200, 64 × 64 (with 4 warps and 4 stages, ssd.PASS_WARPS, ssd.PASS_STAGES) was among the fastest at
+# 16K × 80 heads (0.33 / 0.34 ms forward / backward, against 0.42-1.05 ms for tiles of 16 or 32 headdim
+# rows) and the fastest at 4 × 4K (0.22 ms): benchmarks/results/ssd-pass-tune-h200.json, `python
+# benchmarks/bench_ssd.py --tune-passing` (weights still formed in the loop then); d_state blocks of
+# 16-128 again in ssd-pass-acc-ab-h200.json.
+PASS_HEADDIM_BLOCK, PASS_STATE_BLOCK = 64, 64
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def pass_tile(headdim: int, d_state: int) -> tuple[int, int]:
+    """The state passings' (headdim, d_state) block for these sizes (at least 16, Triton's dot minimum)."""
+    return min(PASS_HEADDIM_BLOCK, max(16, _pow2(headdim))), min(PASS_STATE_BLOCK, max(16, _pow2(d_state)))
+
+
+def pass_programs(rows: float, heads: float, headdim: int, d_state: int) -> float:
+    """Programs of one state passing: one per row, head and state tile (each takes its row's chunks in turn)."""
+    bp, bn = pass_tile(headdim, d_state)
+    return rows * heads * -(-headdim // bp) * -(-d_state // bn)
+
+
 def head_splits(heads_per_group: int, programs: int, target: int | None = None) -> int:
     """How many programs share one group's heads: the fewest that give `target` programs in all
     (enough to fill the GPU), each split a whole number of heads (all of them when none does)."""

@@ -36,53 +36,60 @@ def grid_ids(n1, n2):
 
 
 @triton.jit
-def _own_state(x_ptr, dt_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, pid_b, c, NC, h, g, a_h, S, H, P, N, XT, BT, p, n,
-               HAS_SID: tl.constexpr, REVERSE: tl.constexpr, L: tl.constexpr):
-    """Chunk c's own state (BP, BN), fp32 — Σ_l w_l x_l ⊗ B_l — and its decay (see _pass_chunks)."""
+def _chunk_weights_kernel(dt_ptr, a_ptr, sid_ptr, prev_ptr, keep_ptr, w_ptr, decay_ptr, S, H,
+                          HAS_SID: tl.constexpr, REVERSE: tl.constexpr, L: tl.constexpr, BH: tl.constexpr):
+    """Grid (batch · chunk, head block): the per-token weights and per-chunk decay a state passing
+    takes (see _pass_chunks), for BH heads of one chunk — w (b, S, h) fp32 and decay (b, nc, h) fp32."""
+    pid_bc, pid_h = tl.program_id(0), tl.program_id(1)
+    NC = S // L
+    bi, c = (pid_bc // NC).to(tl.int64), pid_bc % NC
     i = tl.arange(0, L)
-    row0 = pid_b * S + c * L
-    dt = tl.load(dt_ptr + row0 * H + h + i * H).to(tl.float32)
-    a = dt * a_h
+    hh = pid_h * BH + tl.arange(0, BH)
+    hm = hh < H
+    row0 = bi * S + c * L
+    offs = i[:, None] * H + hh[None, :]
+    dt = tl.load(dt_ptr + row0 * H + offs, mask=hm[None, :], other=0.0).to(tl.float32)
+    a = dt * tl.load(a_ptr + hh, mask=hm, other=0.0)[None, :]
     cum = tl.cumsum(a, axis=0)
     total = tl.sum(a, axis=0)
     if REVERSE:
         w = tl.exp(cum)
     else:
-        w = tl.exp(total - cum) * dt
+        w = tl.exp(total[None, :] - cum) * dt
     decay = tl.exp(total)
     if HAS_SID:
         sid = tl.load(sid_ptr + row0 + i)
-        if REVERSE:
-            w = tl.where(sid == tl.load(prev_ptr + pid_b * NC + c), w, 0.0)
-        else:
-            w = tl.where(sid == tl.max(sid, axis=0), w, 0.0)  # seq_idx rises along a row: the max is the last
-        decay = decay * tl.load(keep_ptr + pid_b * NC + c)
-    x = tl.load(x_ptr + row0 * XT + h * P + (i[:, None] * XT + p[None, :]), mask=p[None, :] < P, other=0.0)
-    bv = tl.load(b_ptr + row0 * BT + g * N + (i[:, None] * BT + n[None, :]), mask=n[None, :] < N, other=0.0)
-    # The weights go onto B, rounded to x's dtype, so that the product runs on the inputs' dtype
-    # (bf16 tensor cores, fp32 sums) — as mamba_ssm's chunk-state kernel does.
-    return tl.dot(tl.trans(x), (bv.to(tl.float32) * w[:, None]).to(x.dtype)), decay
+        if REVERSE:  # the tokens the entering state reaches
+            w = tl.where((sid == tl.load(prev_ptr + bi * NC + c))[:, None], w, 0.0)
+        else:  # the chunk's last sequence (seq_idx rises along a row: the max is the last)
+            w = tl.where((sid == tl.max(sid, axis=0))[:, None], w, 0.0)
+        decay = decay * tl.load(keep_ptr + bi * NC + c)
+    tl.store(w_ptr + row0 * H + offs, w, mask=hm[None, :])
+    tl.store(decay_ptr + (bi * NC + c) * H + hh, decay, mask=hm)
 
 
 @triton.jit
-def _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N,
-                 XT, BT, HAS_START: tl.constexpr, HAS_SID: tl.constexpr, REVERSE: tl.constexpr, L: tl.constexpr,
-                 BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
+def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT,
+                 HAS_START: tl.constexpr, REVERSE: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+                 STAGES: tl.constexpr):
     """The chunk states and their recurrence in one loop over a row's chunks, for one (BP, BN) tile of
     one head's state; the carried state stays in registers (fp32) and only what the chunk kernels read
     is stored. Forward (REVERSE False): out[c] = E_c, the state entering chunk c, and
-    E_{c+1} = Σ_l exp(cum_last − cum_l) dt_l x_l ⊗ B_l + decay_c E_c (tokens of the chunk's last
-    sequence only). Backward (REVERSE True, x ← dy, B ← C, chunks in reverse): out[c] = dS_c = G_{c+1}
-    and G_c = Σ_l exp(cum_l) dy_l ⊗ C_l + decay_c G_{c+1} (tokens the entering state reaches).
-    decay_c = exp(Σ dt·A over c), times keep_c with seq_idx. `start` (E_0, or the final state's
-    gradient) is read when given; the carried state after the last chunk goes to `end` (fp32).
+    E_{c+1} = Σ_l w_l x_l ⊗ B_l + decay_c E_c with w_l = exp(cum_last − cum_l) dt_l on the chunk's last
+    sequence (0 elsewhere). Backward (REVERSE True, x ← dy, B ← C, chunks in reverse): out[c] = dS_c =
+    G_{c+1} and G_c = Σ_l w_l dy_l ⊗ C_l + decay_c G_{c+1} with w_l = exp(cum_l) on the tokens the
+    entering state reaches. decay_c = exp(Σ dt·A over c), times keep_c with seq_idx. The weights and
+    decays come from _chunk_weights_kernel. `start` (E_0, or the final state's gradient) is read when
+    given; the carried state after the last chunk goes to `end` (fp32).
 
     Each step waits on the one before only through the carried state, but a program runs its steps in
-    turn: on an H200 the loop takes about 1.3 µs a chunk whatever the tile, so a row of 256 chunks
-    takes 0.32 ms at 16K × 80 heads (0.24 at 40 heads), against 0.55 ms for the chunk-state kernel
-    and the passing it replaces (fp32 states written and read back). Two chunks a step, both
-    products formed before the recurrence takes them, ran no faster (0.32-0.46 ms);
-    benchmarks/results/ssd-fused-passing-ab-h200.json, ssd-pass-pairs-ab-h200.json."""
+    turn, and its warps issue an instruction every 4.9 cycles (ncu on an H200: ncu-state-passing-h200.txt):
+    a row of 256 chunks takes 0.32 ms at 16K × 80 heads with the weights formed in the loop, against
+    0.55 ms for the chunk-state kernel and the passing this replaces (fp32 states written and read
+    back). Forming the weights beforehand takes the cumsum and exponentials out of the loop. Two chunks
+    a step, both products formed before the recurrence takes them, ran no faster (0.32-0.46 ms);
+    benchmarks/results/ssd-fused-passing-ab-h200.json, ssd-pass-pairs-ab-h200.json,
+    ssd-pass-wpre-probe-h200.json."""
     n_blocks = tl.cdiv(N, BN)
     pid_b, h, pid_t = grid_ids(H, tl.cdiv(P, BP) * n_blocks)
     pid_b = pid_b.to(tl.int64)  # offsets pass 2^31 at long context
@@ -90,7 +97,7 @@ def _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start
     n = (pid_t % n_blocks) * BN + tl.arange(0, BN)
     g = h // (H // G)
     NC = S // L
-    a_h = tl.load(a_ptr + h).to(tl.float32)
+    i = tl.arange(0, L)
     st_offs = p[:, None] * N + n[None, :]
     st_mask = (p[:, None] < P) & (n[None, :] < N)
     out_base = out_ptr + (pid_b * NC * H + h) * P * N + st_offs  # chunk c's state at + c · H · P · N
@@ -103,8 +110,14 @@ def _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start
             c = NC - 1 - r
         else:
             c = r
-        own, decay = _own_state(x_ptr, dt_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, pid_b, c, NC, h, g, a_h, S, H, P,
-                                N, XT, BT, p, n, HAS_SID, REVERSE, L)
+        row0 = pid_b * S + c * L
+        w = tl.load(w_ptr + row0 * H + h + i * H)
+        decay = tl.load(decay_ptr + (pid_b * NC + c) * H + h)
+        x = tl.load(x_ptr + row0 * XT + h * P + (i[:, None] * XT + p[None, :]), mask=p[None, :] < P, other=0.0)
+        bv = tl.load(b_ptr + row0 * BT + g * N + (i[:, None] * BT + n[None, :]), mask=n[None, :] < N, other=0.0)
+        # The weights go onto B, rounded to x's dtype, so that the product runs on the inputs' dtype
+        # (bf16 tensor cores, fp32 sums) — as mamba_ssm's chunk-state kernel does.
+        own = tl.dot(tl.trans(x), (bv.to(tl.float32) * w[:, None]).to(x.dtype))  # (BP, BN)
         tl.store(out_base + c * H * P * N, carried.to(out_ptr.dtype.element_ty), mask=st_mask)
         carried = own + decay * carried
     tl.store(end_ptr + (pid_b * H + h) * P * N + st_offs, carried, mask=st_mask)
@@ -112,19 +125,18 @@ def _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start
 
 # The two directions as kernels of their own names, so that the profiler tells them apart.
 @triton.jit
-def _state_passing(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P,
-                   N, XT, BT, HAS_START: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
-                   BN: tl.constexpr, STAGES: tl.constexpr):
-    _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N,
-                 XT, BT, HAS_START, HAS_SID, False, L, BP, BN, STAGES)
+def _state_passing(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT,
+                   HAS_START: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
+    _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT, HAS_START, False,
+                 L, BP, BN, STAGES)
 
 
 @triton.jit
-def _state_passing_bwd(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G,
-                       P, N, XT, BT, HAS_START: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
-                       BN: tl.constexpr, STAGES: tl.constexpr):
-    _pass_chunks(x_ptr, dt_ptr, a_ptr, b_ptr, sid_ptr, prev_ptr, keep_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N,
-                 XT, BT, HAS_START, HAS_SID, True, L, BP, BN, STAGES)
+def _state_passing_bwd(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT,
+                       HAS_START: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+                       STAGES: tl.constexpr):
+    _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT, HAS_START, True,
+                 L, BP, BN, STAGES)
 
 
 @triton.jit
@@ -227,12 +239,10 @@ def prepare(x, dt, A, B, C, seq_idx, chunk: int, bp: int) -> Packing:
                    max(16, triton.next_power_of_2(n)), min(bp, max(16, triton.next_power_of_2(p))))
 
 
-# Tile (headdim × d_state), warps and pipeline stages of the state passings (_pass_chunks): of 54 settings
-# on an H200, 64 × 64 with 4 warps and 4 stages was among the fastest at 16K × 80 heads (0.33 / 0.34 ms
-# forward / backward, against 0.42-1.05 ms for tiles of 16 or 32 headdim rows) and the fastest at
-# 4 × 4K (0.22 ms): benchmarks/results/ssd-pass-tune-h200.json, `python benchmarks/bench_ssd.py
-# --tune-passing`; d_state blocks of 16-128 again in ssd-pass-acc-ab-h200.json.
-PASS_HEADDIM_BLOCK, PASS_STATE_BLOCK, PASS_WARPS, PASS_STAGES = 64, 64, 4, 4
+# Warps and pipeline stages of the state passings (_pass_chunks); their tile: meshplan.kernels.launch.pass_tile
+# (the sweep behind all three: benchmarks/results/ssd-pass-tune-h200.json).
+PASS_WARPS, PASS_STAGES = 4, 4
+WEIGHTS_HEAD_BLOCK = 32  # heads per program of the weights kernel (a chunk's dt rows read across heads)
 
 
 def pass_states(pk: Packing, x, b_or_c, start, out_dtype, reverse: bool = False, xt: int | None = None,
@@ -245,14 +255,18 @@ def pass_states(pk: Packing, x, b_or_c, start, out_dtype, reverse: bool = False,
     b, S, h, p, g, n, nc = pk.shape
     out = torch.empty(b, nc, h, p, n, device=x.device, dtype=out_dtype)
     end = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
+    w = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
+    decay = torch.empty(b, nc, h, device=x.device, dtype=torch.float32)
     sid, prev, keep = pk.bookkeeping(x)
-    bp = min(PASS_HEADDIM_BLOCK, max(16, triton.next_power_of_2(p)))
-    bn = min(PASS_STATE_BLOCK, pk.bn)
+    bh = min(WEIGHTS_HEAD_BLOCK, triton.next_power_of_2(h))
+    _chunk_weights_kernel[(b * nc, triton.cdiv(h, bh))](pk.dt, pk.A, sid, prev, keep, w, decay, S, h,
+                                                        HAS_SID=pk.sid is not None, REVERSE=reverse, L=pk.chunk, BH=bh)
+    bp, bn = launch.pass_tile(p, n)
     kernel = _state_passing_bwd if reverse else _state_passing
     kernel[(b * h * triton.cdiv(p, bp) * triton.cdiv(n, bn),)](
-        x, pk.dt, pk.A, b_or_c, sid, prev, keep, start.float().contiguous() if start is not None else end, out, end,
-        S, h, g, p, n, xt or pk.xt, bt or pk.bt, HAS_START=start is not None, HAS_SID=pk.sid is not None, L=pk.chunk,
-        BP=bp, BN=bn, STAGES=PASS_STAGES, num_warps=PASS_WARPS)
+        x, w, decay, b_or_c, start.float().contiguous() if start is not None else end, out, end, S, h, g, p, n,
+        xt or pk.xt, bt or pk.bt, HAS_START=start is not None, L=pk.chunk, BP=bp, BN=bn, STAGES=PASS_STAGES,
+        num_warps=PASS_WARPS)
     return out, end
 
 
