@@ -113,9 +113,11 @@ def main() -> int:
                       f"sequential state passing, which stores only the bf16 states the chunk kernels read: at the "
                       f"commit before (38428aa) a chunk-state kernel wrote fp32 states and the passing read them back, "
                       f"and the kernels ran at 79% / 66% of the copy roofline moving 2.1x / 1.7x these bytes, in "
-                      f"0.77 / 2.30 ms of kernel time (ssd-fused-passing-ab-h200.json). The passing is bound by its "
-                      f"sequential steps (about 1.3 us a chunk), not by HBM, so the fractions fell while the time did "
-                      f"too. Source: ssd-h200.json; launch settings: ssd-pass-tune-h200.json, "
+                      f"0.77 / 2.30 ms of kernel time (ssd-fused-passing-ab-h200.json); a small kernel forms each "
+                      f"passing's weights before it (ssd-pass-weights-ab-h200.json). The passing is bound by its "
+                      f"programs' instruction issue in its sequential steps (ncu-state-passing-h200.txt), not by HBM, "
+                      f"so the fractions fell while the time did too. Source: ssd-h200.json; launch settings: "
+                      f"ssd-pass-tune-h200.json, "
                       f"ssd-fwd-tune-h200.json, ssd-bwd-tune-h200.json, ssd-head-loops-h200.json; grid order: ssd-grid-order-h200.json"),
         "conv_bandwidth_fraction": c0["fwd_kernel_bandwidth_fraction"],
         "conv_backward_bandwidth_fraction": c0["bwd_kernel_bandwidth_fraction"],
