@@ -61,13 +61,15 @@ CONV_BWD_HBM_FRACTION = 0.706
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
 # partial-sum reductions; the gated RMSNorm runs as Triton kernels, meshplan/kernels/gated_norm.py)
 # against the one pass per tensor counted below, over the four passes a training step makes
-# (forward, the core's recompute, backward at twice forward): 4.5× at 16K and 4.2× at 32K tokens in a
+# (forward, the core's recompute, backward at twice forward): 2.89× at 16K and 2.64× at 32K tokens in a
 # 2-layer mamba2-2.7b training step on an H200 (kernels other than GEMM, scan, conv and the optimizer;
-# benchmarks/results/profile-step-mamba2-h200-conv-in-place.json, `python benchmarks/profile_step.py
-# --model mamba2-2.7b`), once the conv read xBC in place of a copy. Before that, and before the
-# executor's later launch cuts, 6.1× and 5.8× (profile-step-mamba2-h200-triton-norm.json); with the
-# torch RMSNorm 6.7×, with the torch gated norm too 13.2×. (At 4K the step's small kernels set it: 7.0×.)
-EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 4.36
+# benchmarks/results/profile-step-mamba2-h200-norm-one-pass.json, `python benchmarks/profile_step.py
+# --model mamba2-2.7b`: each measured time over the model's at 4.36, times 4.36), once the gated norm ran
+# one pass a direction. Before that, with the conv reading xBC in place, 4.5× and 4.2×
+# (profile-step-mamba2-h200-conv-in-place.json); before that, and before the executor's later launch
+# cuts, 6.1× and 5.8× (profile-step-mamba2-h200-triton-norm.json); with the torch RMSNorm 6.7×, with the
+# torch gated norm too 13.2×. (At 4K the step's small kernels set it: 4.8×.)
+EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 2.77
 # Decode, measured on an H200 at batch 8 after a 16K prefill (2 layers, one GPU; benchmarks/results/
 # decode-profile-h200.json, `torchrun --nproc-per-node 1 benchmarks/gpu_validation.py --modes decode
 # --only single --profile 3 --steps 20`): torch's attention over the KV cache runs as two cuBLAS gemv

@@ -230,9 +230,9 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32), the states entering
     each chunk (in the activations' dtype: meshplan/kernels/ssd.py; the passing keeps each chunk's own
     state in registers) and the scan output beside them.
-    Gated norm (Triton, meshplan/kernels/gated_norm.py): conv output, dt, scan output, the contiguous
-    copy of z (a column slice of the in_proj output) the norm takes, and the norm's output; under SP
-    also the shard's zero-start scan output and its C·E correction. Decode (`tokens` = the batch): no chunked scan; the state update's
+    Gated norm (Triton, meshplan/kernels/gated_norm.py, which reads z where it lies in the in_proj
+    output): conv output, dt, scan output and the norm's output; under SP also the shard's zero-start
+    scan output and its C·E correction. Decode (`tokens` = the batch): no chunked scan; the state update's
     torch ops hold three state-sized fp32 temporaries (decayed state, the dt·x ⊗ B update, the new
     state) next to the cached one (meshplan/executor/layouts/mamba.py decode)."""
     if kind != "mamba2":
@@ -245,10 +245,11 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     bc = local_bc_channels(m, sh.head_div)
     scan_in = t * ((di + bc) * e + nh * 4)  # conv output (x, B, C) and dt
     y = t * di * e  # the scan's output
-    norm = scan_in + 3 * y  # the scan's output, z's contiguous copy and the norm's output
+    norm = scan_in + 2 * y  # the scan's output and the norm's (which reads z where it lies)
     if sh.token_div > 1:
         # A sequence shard's zero-start output and C·E live through the norm too (_finish_shard):
-        # benchmarks/results/memory-peak-mamba2-prefill-sp2-h200.json (0.95 GiB at sp=2, 16K).
+        # benchmarks/results/memory-peak-mamba2-prefill-sp2-h200.json (0.95 GiB at sp=2, 16K, when the
+        # norm still copied z: five such tensors).
         norm += 2 * y
     return max(scan_in + y + _scan_state_bytes(model, tokens, sh, e), norm)
 
