@@ -3,11 +3,14 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run60-x2-norm-one-pass.json: every layout of 2 GPUs (the grid of run 53) with the
+  one-pass gated RMSNorm and the fused SSD state passing; validation-h200-run61-x2-mamba2-long-norm-one-pass.json:
+  that code at 128K-1M tokens.
 - validation-h200-run58-x2-pass-weights.json, validation-h200-run57-x2-fused-passing.json: every Mamba-2
   layout of 2 GPUs with the SSD scan's chunk states formed inside its state passing (run 58: the
   passing's weights from a kernel of their own); validation-h200-run59-x2-mamba2-long-fused-passing.json:
-  run 58's code at 128K-1M tokens. Mamba-2 rows of earlier runs (but decode) ran the scan before it and
-  are left out (era_ok).
+  run 58's code at 128K-1M tokens (before the one-pass norm). Mamba-2 rows of earlier runs (but decode)
+  ran the scan before it and are left out (era_ok).
 - validation-h200-run56-x2-conv-in-place.json: the same grid with the conv reading Mamba-2's xBC in
   place (and the model's Mamba-2 eager factor measured again).
 - validation-h200-run54-x2-current.json, validation-h200-run55-x2-calibrated.json: the same grid as run
@@ -74,7 +77,12 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run59-x2-mamba2-long-fused-passing.json",
+SOURCES = [("validation-h200-run61-x2-mamba2-long-norm-one-pass.json",
+            "the code of run 60 at 128K-1M tokens: one GPU, TP-SSM and SP, 2 x H200"),
+           ("validation-h200-run60-x2-norm-one-pass.json",
+            "the final code of the session that added runs 57-60 (the SSD scan's fused state passing, the "
+            "one-pass gated RMSNorm): every layout of 2 GPUs (as run 53), 2 x H200"),
+           ("validation-h200-run59-x2-mamba2-long-fused-passing.json",
             "the SSD scan of run 58 at 128K-1M tokens: one GPU, TP-SSM and SP, 2 x H200"),
            ("validation-h200-run58-x2-pass-weights.json",
             "the SSD scan's chunk states formed inside its state passing, each passing's weights by a kernel "
@@ -183,16 +191,17 @@ def era_ok(name: str, row: dict) -> bool:
     """Whether a source's row ran code the current model describes. Before run 40 a Mamba-2 sequence
     shard scanned twice (its zero-start summary, then its outputs from the entering state); since, it
     scans once and corrects its outputs. Before run 57 the SSD scan wrote fp32 chunk states that its
-    state passing read back (up to a tenth of a long-context step's peak); since, the passing forms them
-    in registers. Mamba-2 rows that ran the older scan (every mode but decode, which does not use it) are
-    left out of the report; docs/validation.md keeps what they showed."""
+    state passing read back (up to a tenth of a long-context step's peak); before run 60 the gated
+    RMSNorm took two passes a direction and copied z (the model's Mamba-2 eager factor and norm phase
+    are run 60's). Mamba-2 rows that ran older code (every mode but decode, which uses neither) are left
+    out of the report; docs/validation.md keeps what they showed."""
     m = re.search(r"run(\d+)", name)
     run = int(m.group(1)) if m is not None else None
     if run is None or not row["model"].startswith("mamba2"):
         return True
     two_scans = run < 40 and "sp=" in row["layout"]
-    unfused_scan = run < 57 and row["mode"] != "decode"
-    return not (two_scans or unfused_scan)
+    older_kernels = run < 60 and row["mode"] != "decode"
+    return not (two_scans or older_kernels)
 
 
 def main() -> int:
