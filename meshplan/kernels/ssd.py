@@ -25,11 +25,11 @@ from meshplan.kernels import launch
 @triton.jit
 def grid_ids(n1, n2):
     """A program's (outer, middle, inner) indices on a one-axis grid of outer · n1 · n2 programs, the
-    inner varying fastest. The chunk-state, passing and backward chunk kernels put the chunk (or
-    batch) outermost, so that the programs resident at one time work on the same tokens' heads
-    (neighbouring addresses) rather than on one head's strips of many chunks far apart: on an H200
-    the chunk-state kernel went from 71% to 75% of the copy roofline, the dB/dC kernel from 56% to
-    57%, and the backward from 2.80 to 2.76 ms at 16K × 80 heads
+    inner varying fastest. The passings and the backward chunk kernels put the batch (or chunk)
+    outermost, so that the programs resident at one time work on the same tokens' heads (neighbouring
+    addresses) rather than on one head's strips of many chunks far apart: on an H200 the chunk-state
+    kernel the passing later absorbed went from 71% to 75% of the copy roofline, the dB/dC kernel from
+    56% to 57%, and the backward from 2.80 to 2.76 ms at 16K × 80 heads
     (benchmarks/results/ssd-grid-order-h200.json). One axis also has room for 2^31 programs."""
     pid = tl.program_id(0)
     return pid // (n1 * n2), (pid // n2) % n1, pid % n2
@@ -83,13 +83,13 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S,
     given; the carried state after the last chunk goes to `end` (fp32).
 
     Each step waits on the one before only through the carried state, but a program runs its steps in
-    turn, and its warps issue an instruction every 4.9 cycles (ncu on an H200: ncu-state-passing-h200.txt):
-    a row of 256 chunks takes 0.32 ms at 16K × 80 heads with the weights formed in the loop, against
-    0.55 ms for the chunk-state kernel and the passing this replaces (fp32 states written and read
-    back). Forming the weights beforehand takes the cumsum and exponentials out of the loop. Two chunks
-    a step, both products formed before the recurrence takes them, ran no faster (0.32-0.46 ms);
-    benchmarks/results/ssd-fused-passing-ab-h200.json, ssd-pass-pairs-ab-h200.json,
-    ssd-pass-wpre-probe-h200.json."""
+    turn, and its warps are busy issuing (with the weights formed in the loop, an instruction every 4.9
+    cycles, DRAM at 36%: ncu on an H200, ncu-state-passing-h200.txt). A row of 256 chunks took 0.32 ms
+    at 16K × 80 heads with the weights formed in the loop, against 0.55 ms for the chunk-state kernel
+    and the passing this replaces (fp32 states written and read back); with the weights formed
+    beforehand, 0.28 ms (0.24 → 0.17 at 40 heads). Two chunks a step, both products formed before the
+    recurrence takes them, ran no faster (0.32-0.46 ms); benchmarks/results/ssd-fused-passing-ab-h200.json,
+    ssd-pass-pairs-ab-h200.json, ssd-pass-weights-ab-h200.json."""
     n_blocks = tl.cdiv(N, BN)
     pid_b, h, pid_t = grid_ids(H, tl.cdiv(P, BP) * n_blocks)
     pid_b = pid_b.to(tl.int64)  # offsets pass 2^31 at long context
