@@ -138,24 +138,30 @@ def test_conv_update_continues_the_full_conv(c, k):
         torch.testing.assert_close(out, full[:, t], rtol=1e-5, atol=1e-5)
 
 
-def test_initial_state_continues_a_sequence_shard():
-    """Two shards, the second starting from the first's last K − 1 inputs, equal the whole sequence,
-    and the state's gradient equals the gradient of those inputs in the whole run."""
-    x, w, bias = _inputs(2, 30, 12, 4, seed=5)
-    whole = x.clone().requires_grad_(True)
-    ref = causal_conv1d_ref(whole, w, bias)
-    g = torch.randn_like(ref)
+@pytest.mark.parametrize("k, start, rest, activation", [(4, 17, 13, "silu"), (3, 14, 16, "silu"), (2, 9, 21, None),
+                                                       (4, 27, 2, "silu"), (4, 29, 1, None)])
+def test_initial_state_continues_a_sequence_shard(k, start, rest, activation):
+    """A shard starting from the previous one's last K − 1 inputs (its conv tail, passed as the executor
+    passes it: a transposed view of (b, K − 1, c)) equals that part of the whole sequence — shards
+    shorter than the three rows the head kernels redo included — and so do its gradients: x's, the
+    state's (the share of the earlier inputs that flows through this shard's outputs), the weight's and
+    the bias's. x is a column slice of a wider tensor."""
+    x, w, bias = _inputs(2, start + rest, 12, k, seed=start)
+    wide = torch.cat([x, torch.randn(2, start + rest, 5)], dim=-1)
+    g = torch.randn(2, rest, 12, generator=torch.Generator().manual_seed(rest))
+    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, bias))
+    ref = causal_conv1d_ref(xs, ws, bs, activation=activation)[:, start:]
     ref.backward(g)
-    second = x[:, 17:].clone().requires_grad_(True)
-    state = x[:, 14:17].transpose(1, 2).clone().requires_grad_(True)  # (b, c, K − 1)
-    out = causal_conv1d(second, w, bias, initial_state=state)
-    torch.testing.assert_close(out, ref[:, 17:], rtol=1e-5, atol=1e-5)
-    out.backward(g[:, 17:])
-    torch.testing.assert_close(second.grad, whole.grad[:, 17:], rtol=1e-4, atol=1e-4)
-    # The state's gradient is the share of inputs 14..16 that flows through the second shard's outputs.
-    xs = x.clone().requires_grad_(True)
-    causal_conv1d_ref(xs, w, bias)[:, 17:].backward(g[:, 17:])
-    torch.testing.assert_close(state.grad, xs.grad[:, 14:17].transpose(1, 2), rtol=1e-4, atol=1e-4)
+    second = wide[:, start:].clone().requires_grad_(True)
+    tail = x[:, start - (k - 1):start].clone().requires_grad_(True)  # (b, K − 1, c)
+    wk, bk = w.clone().requires_grad_(True), bias.clone().requires_grad_(True)
+    out = causal_conv1d(second[..., :12], wk, bk, initial_state=tail.transpose(1, 2), activation=activation)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-5)
+    out.backward(g)
+    torch.testing.assert_close(second.grad[..., :12], xs.grad[:, start:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tail.grad, xs.grad[:, start - (k - 1):start], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wk.grad, ws.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bk.grad, bs.grad, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("k, c, prefetch", [(4, 12, False), (3, 16, True)])

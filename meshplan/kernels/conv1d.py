@@ -718,17 +718,172 @@ class CausalConv1dFn(torch.autograd.Function):
         return (*causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx, ctx.silu), None, None)
 
 
+@triton.jit
+def _in_rows(c, cm, j, T):
+    """The channel mask where row j exists (0 ≤ j < T)."""
+    return cm & ((tl.zeros_like(c) + j) < T)
+
+
+@triton.jit
+def _state_row(sbase, c, cm, m: tl.constexpr, SK, K: tl.constexpr):
+    """Row −m of the history from the initial state (its last of K − 1 rows is row −1), zeros where
+    K − 1 < m, fp32."""
+    if K - 1 >= m:
+        return tl.load(sbase + (K - 1 - m) * SK, mask=cm, other=0.0).to(tl.float32)
+    return tl.zeros((c.shape[0],), dtype=tl.float32)
+
+
+@triton.jit
+def _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XT, SB, SC, SK, K: tl.constexpr):
+    """A sequence shard's first three input rows (zeros past T) and the three before them from its
+    initial state (b, c, K − 1) at strides SB, SC, SK (zeros where K − 1 < 3), fp32."""
+    xbase = x_ptr + pid_b * T * XT + c
+    x0 = tl.load(xbase, mask=_in_rows(c, cm, 0, T), other=0.0).to(tl.float32)
+    x1 = tl.load(xbase + XT, mask=_in_rows(c, cm, 1, T), other=0.0).to(tl.float32)
+    x2 = tl.load(xbase + 2 * XT, mask=_in_rows(c, cm, 2, T), other=0.0).to(tl.float32)
+    sbase = st_ptr + pid_b * SB + c * SC
+    return (x0, x1, x2, _state_row(sbase, c, cm, 1, SK, K), _state_row(sbase, c, cm, 2, SK, K),
+            _state_row(sbase, c, cm, 3, SK, K))
+
+
+@triton.jit
+def _pre(xt, xm1, xm2, xm3, w0, w1, w2, w3, bias):
+    return bias + w3 * xt + w2 * xm1 + w1 * xm2 + w0 * xm3
+
+
+@triton.jit
+def _dpre(g, pre, SILU: tl.constexpr):
+    if SILU:
+        sig = _sigmoid(pre)
+        return g * sig * (1 + pre * (1 - sig))
+    return g
+
+
+@triton.jit
+def _conv_head_fwd(x_ptr, st_ptr, w_ptr, b_ptr, out_ptr, T, C, XT, SB, SC, SK, K: tl.constexpr, SILU: tl.constexpr,
+                   BC: tl.constexpr):
+    """Grid (batch, channel blocks): output rows 0..2 of a conv whose input continues an earlier
+    shard's, from that shard's last K − 1 inputs (the initial state), over the zero-history rows the
+    main kernel wrote."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    cm = c < C
+    x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XT, SB, SC, SK, K)
+    w0, w1, w2, w3 = _tap(w_ptr, c, cm, 0, K), _tap(w_ptr, c, cm, 1, K), _tap(w_ptr, c, cm, 2, K), _tap(w_ptr, c, cm, 3, K)
+    bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    base = pid_b * T * C + c
+    for t in tl.static_range(3):
+        if t == 0:
+            pre = _pre(x0, s1, s2, s3, w0, w1, w2, w3, bias)
+        elif t == 1:
+            pre = _pre(x1, x0, s1, s2, w0, w1, w2, w3, bias)
+        else:
+            pre = _pre(x2, x1, x0, s1, w0, w1, w2, w3, bias)
+        if SILU:
+            pre = pre * _sigmoid(pre)
+        tl.store(out_ptr + base + t * C, pre.to(out_ptr.dtype.element_ty), mask=_in_rows(c, cm, t, T))
+
+
+@triton.jit
+def _conv_head_bwd(x_ptr, st_ptr, w_ptr, b_ptr, dout_ptr, dx_ptr, dst_ptr, dw_ptr, db_ptr, T, C, XT, SB, SC, SK,
+                   K: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr):
+    """Grid (batch, channel blocks): the backward of _conv_head_fwd over the main kernel's
+    zero-history backward. Output rows 0..2's pre-activation gradients with the true history (dT) and
+    with zeros before row 0 (dZ, what the main backward used) give dx rows 0..2 the difference, the
+    initial state its gradient (b, c, K − 1, fp32), and dw, db their difference per batch row ((b, c,
+    4) right-aligned taps and (b, c), fp32, for the caller to sum)."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    cm = c < C
+    x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XT, SB, SC, SK, K)
+    w0, w1, w2, w3 = _tap(w_ptr, c, cm, 0, K), _tap(w_ptr, c, cm, 1, K), _tap(w_ptr, c, cm, 2, K), _tap(w_ptr, c, cm, 3, K)
+    bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    base = pid_b * T * C + c
+    g0 = tl.load(dout_ptr + base, mask=_in_rows(c, cm, 0, T), other=0.0).to(tl.float32)
+    g1 = tl.load(dout_ptr + base + C, mask=_in_rows(c, cm, 1, T), other=0.0).to(tl.float32)
+    g2 = tl.load(dout_ptr + base + 2 * C, mask=_in_rows(c, cm, 2, T), other=0.0).to(tl.float32)
+    t0 = _dpre(g0, _pre(x0, s1, s2, s3, w0, w1, w2, w3, bias), SILU)
+    t1 = _dpre(g1, _pre(x1, x0, s1, s2, w0, w1, w2, w3, bias), SILU)
+    t2 = _dpre(g2, _pre(x2, x1, x0, s1, w0, w1, w2, w3, bias), SILU)
+    z0 = _dpre(g0, _pre(x0, 0.0, 0.0, 0.0, w0, w1, w2, w3, bias), SILU)
+    z1 = _dpre(g1, _pre(x1, x0, 0.0, 0.0, w0, w1, w2, w3, bias), SILU)
+    z2 = _dpre(g2, _pre(x2, x1, x0, 0.0, w0, w1, w2, w3, bias), SILU)
+    e0, e1, e2 = t0 - z0, t1 - z1, t2 - z2
+    for s in tl.static_range(3):
+        if s == 0:
+            fix = e0 * w3 + e1 * w2 + e2 * w1
+        elif s == 1:
+            fix = e1 * w3 + e2 * w2
+        else:
+            fix = e2 * w3
+        m = _in_rows(c, cm, s, T)
+        cur = tl.load(dx_ptr + base + s * C, mask=m, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + base + s * C, (cur + fix).to(dx_ptr.dtype.element_ty), mask=m)
+    sbase = dst_ptr + (pid_b * C + c) * (K - 1)
+    if K >= 2:
+        tl.store(sbase + (K - 2), t0 * w2 + t1 * w1 + t2 * w0, mask=cm)  # row −1
+    if K >= 3:
+        tl.store(sbase + (K - 3), t0 * w1 + t1 * w0, mask=cm)  # row −2
+    if K >= 4:
+        tl.store(sbase + (K - 4), t0 * w0, mask=cm)  # row −3
+    wbase = dw_ptr + (pid_b * C + c) * 4
+    tl.store(wbase + 3, e0 * x0 + e1 * x1 + e2 * x2, mask=cm)
+    tl.store(wbase + 2, t0 * s1 + e1 * x0 + e2 * x1, mask=cm)
+    tl.store(wbase + 1, t0 * s2 + t1 * s1 + e2 * x0, mask=cm)
+    tl.store(wbase + 0, t0 * s3 + t1 * s2 + t2 * s1, mask=cm)
+    tl.store(db_ptr + pid_b * C + c, e0 + e1 + e2, mask=cm)
+
+
+HEAD_CHANNELS = 256  # channels per program of the shard-head kernels
+
+
+class CausalConv1dHistoryFn(torch.autograd.Function):
+    """The conv of a sequence shard that continues an earlier one: the main kernels run it as a
+    sequence of its own (no copy of x with the history in front), and the head kernels redo output rows
+    0..2 — and their share of the backward — with the initial state as the rows before."""
+
+    @staticmethod
+    def forward(ctx, x, state, weight, bias, silu):
+        out = causal_conv1d_fwd(x, weight, bias, None, silu)
+        xr, xt = _rows_as_read(x, True)
+        b, t, c = xr.shape
+        k = weight.shape[1]
+        bias_in = _bias_or_zeros(bias, weight)
+        _conv_head_fwd[(b, triton.cdiv(c, HEAD_CHANNELS))](xr, state, weight.contiguous(), bias_in, out, t, c, xt,
+                                                           *state.stride(), K=k, SILU=silu, BC=HEAD_CHANNELS)
+        ctx.save_for_backward(x, state, weight, bias)
+        ctx.silu = silu
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, state, weight, bias = ctx.saved_tensors
+        dx, dw, db = causal_conv1d_bwd(grad_out, x, weight, bias, None, ctx.silu)
+        xr, xt = _rows_as_read(x, True)
+        b, t, c = xr.shape
+        k = weight.shape[1]
+        d_state = torch.empty(b, c, k - 1, dtype=torch.float32, device=x.device)
+        dw_fix = torch.empty(b, c, 4, dtype=torch.float32, device=x.device)
+        db_fix = torch.empty(b, c, dtype=torch.float32, device=x.device)
+        _conv_head_bwd[(b, triton.cdiv(c, HEAD_CHANNELS))](xr, state, weight.contiguous(), _bias_or_zeros(bias, weight),
+                                                           grad_out.contiguous(), dx, d_state, dw_fix, db_fix, t, c,
+                                                           xt, *state.stride(), K=k, SILU=ctx.silu, BC=HEAD_CHANNELS)
+        dw = (dw.float() + dw_fix.sum(0)[:, 4 - k:]).to(weight.dtype)
+        db = (db.float() + db_fix.sum(0)).to(bias.dtype) if bias is not None else None
+        return dx, d_state.to(state.dtype), dw, db, None
+
+
 def causal_conv1d(x, weight, bias=None, seq_idx=None, activation: str | None = "silu", initial_state=None):
     """x (b, t, c), weight (c, K), bias (c,), seq_idx (b, t) int: the packed-aware causal conv.
 
-    `initial_state` (b, c, K − 1): the window a previous sequence shard ended with (not with seq_idx);
-    it is prepended and its outputs dropped, so its gradient comes out of autograd."""
+    `initial_state` (b, c, K − 1): the window a previous sequence shard ended with (not with seq_idx;
+    K ≤ 4): CausalConv1dHistoryFn, its gradient among the outputs."""
     if initial_state is not None:
         if seq_idx is not None:
             raise ValueError("causal_conv1d: initial_state with seq_idx is not supported; pass one or the other")
-        k = weight.shape[1]
-        x = torch.cat([initial_state.transpose(1, 2).to(x.dtype), x], 1)
-        return CausalConv1dFn.apply(x, weight, bias, None, activation == "silu")[:, k - 1:]
+        if weight.shape[1] > 4:
+            raise ValueError(f"causal_conv1d: initial_state needs a kernel of at most 4 taps, not {weight.shape[1]}")
+        return CausalConv1dHistoryFn.apply(x, initial_state, weight, bias, activation == "silu")
     return CausalConv1dFn.apply(x, weight, bias, seq_idx, activation == "silu")
 
 

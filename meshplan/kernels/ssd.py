@@ -100,7 +100,6 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S,
     i = tl.arange(0, L)
     st_offs = p[:, None] * N + n[None, :]
     st_mask = (p[:, None] < P) & (n[None, :] < N)
-    out_base = out_ptr + (pid_b * NC * H + h) * P * N + st_offs  # chunk c's state at + c · H · P · N
     if HAS_START:
         carried = tl.load(start_ptr + (pid_b * H + h) * P * N + st_offs, mask=st_mask, other=0.0).to(tl.float32)
     else:
@@ -118,7 +117,10 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S,
         # The weights go onto B, rounded to x's dtype, so that the product runs on the inputs' dtype
         # (bf16 tensor cores, fp32 sums) — as mamba_ssm's chunk-state kernel does.
         own = tl.dot(tl.trans(x), (bv.to(tl.float32) * w[:, None]).to(x.dtype))  # (BP, BN)
-        tl.store(out_base + c * H * P * N, carried.to(out_ptr.dtype.element_ty), mask=st_mask)
+        # The state's offset in int64 (pid_b is): chunks · heads · P · N passes 2^31 from 512K tokens at 80
+        # heads, and an int32 c · H · P · N wrapped there.
+        tl.store(out_ptr + ((pid_b * NC + c) * H + h) * P * N + st_offs, carried.to(out_ptr.dtype.element_ty),
+                 mask=st_mask)
         carried = own + decay * carried
     tl.store(end_ptr + (pid_b * H + h) * P * N + st_offs, carried, mask=st_mask)
 
