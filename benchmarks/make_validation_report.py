@@ -4,8 +4,9 @@
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
 - validation-h200-run60-x2-norm-one-pass.json: every layout of 2 GPUs (the grid of run 53) with the
-  one-pass gated RMSNorm and the fused SSD state passing; validation-h200-run61-x2-mamba2-long-norm-one-pass.json:
-  that code at 128K-1M tokens.
+  one-pass gated RMSNorm and the fused SSD state passing; validation-h200-run62-x2-mamba2-long-conv-head.json:
+  the final code at 128K-1M tokens (runs 59 and 61, the same grid before, ran a state passing whose
+  offsets wrapped from 512K tokens: not in the report).
 - validation-h200-run58-x2-pass-weights.json, validation-h200-run57-x2-fused-passing.json: every Mamba-2
   layout of 2 GPUs with the SSD scan's chunk states formed inside its state passing (run 58: the
   passing's weights from a kernel of their own); validation-h200-run59-x2-mamba2-long-fused-passing.json:
@@ -77,8 +78,9 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run61-x2-mamba2-long-norm-one-pass.json",
-            "the code of run 60 at 128K-1M tokens: one GPU, TP-SSM and SP, 2 x H200"),
+SOURCES = [("validation-h200-run62-x2-mamba2-long-conv-head.json",
+            "the final code at 128K-1M tokens (the state passing's offsets in int64, the sequence shard's conv "
+            "without a copy): one GPU, TP-SSM and SP, 2 x H200"),
            ("validation-h200-run60-x2-norm-one-pass.json",
             "the final code of the session that added runs 57-60 (the SSD scan's fused state passing, the "
             "one-pass gated RMSNorm): every layout of 2 GPUs (as run 53), 2 x H200"),
