@@ -220,7 +220,7 @@ def test_decode_runner_up_with_fewer_replicas_is_explained_by_its_tokens():
 
 
 def test_launch_bound_winner_is_explained_and_the_floor_can_be_left_out():
-    """mamba2-2.7b at 4K tokens: 64 layers × 114 kernels at 53 µs outlast the GPU work, and the reason
+    """mamba2-2.7b at 4K tokens: 64 layers × 106.5 kernels at 53 µs outlast the GPU work, and the reason
     says what to do about it; without the floor the same plan is compute-bound and faster."""
     cluster = load_cluster("h200-8")
     floored = plan(PRESETS["mamba2-2.7b"], cluster, 4096, 1, CostOptions())
@@ -364,8 +364,8 @@ def test_decode_kernels_cost_the_gpu_too():
     assert "decode_kernel_gpu_s" not in train.breakdown
 
 def test_training_host_floor_by_hand():
-    """A 2-layer Mamba-2 training step at 4K on one GPU is launch-bound: 114 kernels per block, 2
-    blocks, 53 µs each. SP adds its correction's 129 a block; a dense TSP layer at degree 4
+    """A 2-layer Mamba-2 training step at 4K on one GPU is launch-bound: 106.5 kernels per block, 2
+    blocks, 53 µs each. SP adds its correction's 142 a block; a dense TSP layer at degree 4
     launches its two blocks' 41.9 plus twice the 117 measured at degree 2. At 32K tokens the dense
     step is GPU-bound and the floor stays under it."""
     from dataclasses import replace as _replace
@@ -373,10 +373,10 @@ def test_training_host_floor_by_hand():
     cluster = load_cluster("h200-8")
     m2 = _replace(PRESETS["mamba2-2.7b"], layers=2)
     one = estimate_step(m2, Layout(), 4096, 1, CostOptions(), cluster, embeddings=False)
-    assert one.breakdown["host_s"] == pytest.approx(2 * 114 * 53e-6)
-    assert one.step_time_s == pytest.approx(2 * 114 * 53e-6) and one.bound.startswith("launch-bound")
+    assert one.breakdown["host_s"] == pytest.approx(2 * 106.5 * 53e-6)
+    assert one.step_time_s == pytest.approx(2 * 106.5 * 53e-6) and one.bound.startswith("launch-bound")
     sp = estimate_step(m2, Layout(sp=2), 4096, 1, CostOptions(), cluster, embeddings=False)
-    assert sp.breakdown["host_s"] == pytest.approx(2 * (114 + 129) * 53e-6)
+    assert sp.breakdown["host_s"] == pytest.approx(2 * (106.5 + 142) * 53e-6)
     prefill = estimate_step(m2, Layout(tpssm=2), 16384, 1, CostOptions(mode="prefill"), cluster, embeddings=False)
     assert prefill.breakdown["host_s"] == pytest.approx(2 * (23 + 2) * 53e-6)
     dense = _replace(PRESETS["dense-7b"], layers=2)

@@ -101,22 +101,29 @@ DECODE_KERNEL_GPU_S = 6.4e-6
 # depends on the host's CPU: a single-GPU machine issued the Mamba-2 decode step's kernels at 23 µs each
 # (decode-profile-h200.json). A dense layer's count is split evenly
 # between its two blocks (only the sum is measured); blocks the executor does not run (Mamba-1,
-# Zamba2's projection) are assumed to launch what an MLP block does.
+# Zamba2's projection) are assumed to launch what an MLP block does. Mamba-2 training counted again
+# once the gated norm took one pass a direction: 213 a 2-layer step at 16K and 32K (was 227), 106.5 a
+# block (benchmarks/results/profile-step-mamba2-h200-norm-one-pass.json, `kernels_per_step`); its
+# prefill and decode counts were not profiled again (the norm's forward launches one kernel where it
+# launched two, and no copy of z: they are 1-3 high).
 STEP_KERNEL_HOST_S = 53e-6
 DECODE_KERNEL_HOST_S = 46e-6
-STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 114.0},
+STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 106.5},
                           "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0},
                           "decode": {"attention": 16.0, "mlp": 16.0, "mamba2": 32.0}}
 # What sharding adds per block, from the same runs (degree 2): TP-SSM's collectives and their copies;
 # a sequence split — for Mamba-2 the shard's correction for its entering state (forward, recomputed
-# forward, and their two-stage backward: 129 in training, the median of runs 40 and 41's five 2-GPU
-# runs at 4K-32K, 128-132; 30 in prefill; benchmarks/results/validation-h200-run4{0,1}-x2-mamba2-sp-one-scan.json),
+# forward, and their two-stage backward: 142 in training, from 497 kernels a 2-layer SP step at 128K
+# (benchmarks/results/profile-sp-mamba2-128k-conv-head-h200x2.json) less one GPU's 213, a block — it
+# was 129, the median of runs 40 and 41's five 2-GPU runs at 4K-32K, before the shard's conv ran without
+# a copy (two head kernels and their partial sums) and the norm took one pass; 30 in prefill;
+# benchmarks/results/validation-h200-run4{0,1}-x2-mamba2-sp-one-scan.json),
 # for a dense layer the K/V exchange (decode: each rank's partial attention and their combination) —;
 # and TSP's shard-by-shard loops, taken as growing with the degree (each ring step runs one attention
 # call and one weight shard). TP leaves a dense training layer within 2% of one GPU's count (82.5
 # against 83.8); in decode it adds one launch a layer. Dense prefill under SP or TSP was not profiled:
 # nothing is added there, so the floor is a lower bound.
-STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 129.0}, "attention": {"sp": 12.3, "tsp2": 117.0},
+STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 142.0}, "attention": {"sp": 12.3, "tsp2": 117.0},
                                   "mlp": {"sp": 12.3, "tsp2": 117.0}},
                         "prefill": {"mamba2": {"tpssm": 2.0, "sp": 30.0}},
                         "decode": {"mamba2": {"tpssm": 1.0}, "attention": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0},
