@@ -734,10 +734,11 @@ def _state_row(sbase, c, cm, m: tl.constexpr, SK, K: tl.constexpr):
 
 
 @triton.jit
-def _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XT, SB, SC, SK, K: tl.constexpr):
-    """A sequence shard's first three input rows (zeros past T) and the three before them from its
-    initial state (b, c, K − 1) at strides SB, SC, SK (zeros where K − 1 < 3), fp32."""
-    xbase = x_ptr + pid_b * T * XT + c
+def _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K: tl.constexpr):
+    """A sequence shard's first three input rows (x at batch and row strides XB, XT; zeros past T) and
+    the three before them from its initial state (b, c, K − 1) at strides SB, SC, SK (zeros where
+    K − 1 < 3), fp32."""
+    xbase = x_ptr + pid_b * XB + c
     x0 = tl.load(xbase, mask=_in_rows(c, cm, 0, T), other=0.0).to(tl.float32)
     x1 = tl.load(xbase + XT, mask=_in_rows(c, cm, 1, T), other=0.0).to(tl.float32)
     x2 = tl.load(xbase + 2 * XT, mask=_in_rows(c, cm, 2, T), other=0.0).to(tl.float32)
@@ -760,15 +761,15 @@ def _dpre(g, pre, SILU: tl.constexpr):
 
 
 @triton.jit
-def _conv_head_fwd(x_ptr, st_ptr, w_ptr, b_ptr, out_ptr, T, C, XT, SB, SC, SK, K: tl.constexpr, SILU: tl.constexpr,
-                   BC: tl.constexpr):
+def _conv_head_fwd(x_ptr, st_ptr, w_ptr, b_ptr, out_ptr, T, C, XB, XT, SB, SC, SK, K: tl.constexpr,
+                   SILU: tl.constexpr, BC: tl.constexpr):
     """Grid (batch, channel blocks): output rows 0..2 of a conv whose input continues an earlier
     shard's, from that shard's last K − 1 inputs (the initial state), over the zero-history rows the
     main kernel wrote."""
     pid_b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = c < C
-    x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XT, SB, SC, SK, K)
+    x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K)
     w0, w1, w2, w3 = _tap(w_ptr, c, cm, 0, K), _tap(w_ptr, c, cm, 1, K), _tap(w_ptr, c, cm, 2, K), _tap(w_ptr, c, cm, 3, K)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
     base = pid_b * T * C + c
@@ -785,8 +786,8 @@ def _conv_head_fwd(x_ptr, st_ptr, w_ptr, b_ptr, out_ptr, T, C, XT, SB, SC, SK, K
 
 
 @triton.jit
-def _conv_head_bwd(x_ptr, st_ptr, w_ptr, b_ptr, dout_ptr, dx_ptr, dst_ptr, dw_ptr, db_ptr, T, C, XT, SB, SC, SK,
-                   K: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr):
+def _conv_head_bwd(x_ptr, st_ptr, w_ptr, b_ptr, dout_ptr, dx_ptr, dst_ptr, dw_ptr, db_ptr, T, C, XB, XT, SB, SC,
+                   SK, K: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr):
     """Grid (batch, channel blocks): the backward of _conv_head_fwd over the main kernel's
     zero-history backward. Output rows 0..2's pre-activation gradients with the true history (dT) and
     with zeros before row 0 (dZ, what the main backward used) give dx rows 0..2 the difference, the
@@ -795,7 +796,7 @@ def _conv_head_bwd(x_ptr, st_ptr, w_ptr, b_ptr, dout_ptr, dx_ptr, dst_ptr, dw_pt
     pid_b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = c < C
-    x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XT, SB, SC, SK, K)
+    x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K)
     w0, w1, w2, w3 = _tap(w_ptr, c, cm, 0, K), _tap(w_ptr, c, cm, 1, K), _tap(w_ptr, c, cm, 2, K), _tap(w_ptr, c, cm, 3, K)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
     base = pid_b * T * C + c
@@ -837,6 +838,12 @@ def _conv_head_bwd(x_ptr, st_ptr, w_ptr, b_ptr, dout_ptr, dx_ptr, dst_ptr, dw_pt
 HEAD_CHANNELS = 256  # channels per program of the shard-head kernels
 
 
+def _channels_last(x):
+    """x itself where its channels are contiguous (the head kernels read its first rows at its own batch
+    and row strides), else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 class CausalConv1dHistoryFn(torch.autograd.Function):
     """The conv of a sequence shard that continues an earlier one: the main kernels run it as a
     sequence of its own (no copy of x with the history in front), and the head kernels redo output rows
@@ -845,12 +852,11 @@ class CausalConv1dHistoryFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, state, weight, bias, silu):
         out = causal_conv1d_fwd(x, weight, bias, None, silu)
-        xr, xt = _rows_as_read(x, True)
-        b, t, c = xr.shape
-        k = weight.shape[1]
-        bias_in = _bias_or_zeros(bias, weight)
-        _conv_head_fwd[(b, triton.cdiv(c, HEAD_CHANNELS))](xr, state, weight.contiguous(), bias_in, out, t, c, xt,
-                                                           *state.stride(), K=k, SILU=silu, BC=HEAD_CHANNELS)
+        xh = _channels_last(x)
+        b, t, c = xh.shape
+        _conv_head_fwd[(b, triton.cdiv(c, HEAD_CHANNELS))](xh, state, weight.contiguous(), _bias_or_zeros(bias, weight),
+                                                           out, t, c, xh.stride(0), xh.stride(1), *state.stride(),
+                                                           K=weight.shape[1], SILU=silu, BC=HEAD_CHANNELS)
         ctx.save_for_backward(x, state, weight, bias)
         ctx.silu = silu
         return out
@@ -859,15 +865,16 @@ class CausalConv1dHistoryFn(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, state, weight, bias = ctx.saved_tensors
         dx, dw, db = causal_conv1d_bwd(grad_out, x, weight, bias, None, ctx.silu)
-        xr, xt = _rows_as_read(x, True)
-        b, t, c = xr.shape
+        xh = _channels_last(x)
+        b, t, c = xh.shape
         k = weight.shape[1]
         d_state = torch.empty(b, c, k - 1, dtype=torch.float32, device=x.device)
         dw_fix = torch.empty(b, c, 4, dtype=torch.float32, device=x.device)
         db_fix = torch.empty(b, c, dtype=torch.float32, device=x.device)
-        _conv_head_bwd[(b, triton.cdiv(c, HEAD_CHANNELS))](xr, state, weight.contiguous(), _bias_or_zeros(bias, weight),
+        _conv_head_bwd[(b, triton.cdiv(c, HEAD_CHANNELS))](xh, state, weight.contiguous(), _bias_or_zeros(bias, weight),
                                                            grad_out.contiguous(), dx, d_state, dw_fix, db_fix, t, c,
-                                                           xt, *state.stride(), K=k, SILU=ctx.silu, BC=HEAD_CHANNELS)
+                                                           xh.stride(0), xh.stride(1), *state.stride(), K=k,
+                                                           SILU=ctx.silu, BC=HEAD_CHANNELS)
         dw = (dw.float() + dw_fix.sum(0)[:, 4 - k:]).to(weight.dtype)
         db = (db.float() + db_fix.sum(0)).to(bias.dtype) if bias is not None else None
         return dx, d_state.to(state.dtype), dw, db, None
