@@ -42,7 +42,7 @@ ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forwa
 # by their programs' issue, not by HBM (ncu: benchmarks/results/ncu-state-passing-h200.txt): a program (a
 # row, head and state tile) takes its row's chunks in turn, so a passing takes steps · max(latency,
 # ⌈programs / SMs⌉ · issue); the latency from 16K × 40 heads (one program an SM), the issue time from
-# 16K × 80 (two), and 4 × 4K × 80 (five) predicted within 1% (benchmarks/results/kernels-h200.json
+# 16K × 80 (two), and 4 × 4K × 80 (five) predicted within 1.3% (benchmarks/results/kernels-h200.json
 # "scan_cost_model_constants", computed by benchmarks/make_kernels_summary.py from ssd-h200.json,
 # `python benchmarks/bench_ssd.py`). Other GPUs get the H200's step times and SM count. The causal
 # conv1d at 4 × 16K × 5376 channels with its time-marching kernels, against x read and the output
