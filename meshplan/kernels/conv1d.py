@@ -761,18 +761,26 @@ def _dpre(g, pre, SILU: tl.constexpr):
 
 
 @triton.jit
-def _conv_head_fwd(x_ptr, st_ptr, w_ptr, b_ptr, out_ptr, T, C, XB, XT, SB, SC, SK, K: tl.constexpr,
-                   SILU: tl.constexpr, BC: tl.constexpr):
-    """Grid (batch, channel blocks): output rows 0..2 of a conv whose input continues an earlier
-    shard's, from that shard's last K − 1 inputs (the initial state), over the zero-history rows the
-    main kernel wrote."""
+def _head_program(x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT, SB, SC, SK, K: tl.constexpr, BC: tl.constexpr):
+    """A head program's channels, their mask, its rows' base offset in a contiguous (b, T, C) output,
+    its six input rows (_head_rows), the four right-aligned taps and the bias (fp32)."""
     pid_b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = c < C
     x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K)
     w0, w1, w2, w3 = _tap(w_ptr, c, cm, 0, K), _tap(w_ptr, c, cm, 1, K), _tap(w_ptr, c, cm, 2, K), _tap(w_ptr, c, cm, 3, K)
     bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
-    base = pid_b * T * C + c
+    return c, cm, pid_b * T * C + c, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias
+
+
+@triton.jit
+def _conv_head_fwd(x_ptr, st_ptr, w_ptr, b_ptr, out_ptr, T, C, XB, XT, SB, SC, SK, K: tl.constexpr,
+                   SILU: tl.constexpr, BC: tl.constexpr):
+    """Grid (batch, channel blocks): output rows 0..2 of a conv whose input continues an earlier
+    shard's, from that shard's last K − 1 inputs (the initial state), over the zero-history rows the
+    main kernel wrote."""
+    c, cm, base, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias = _head_program(x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT,
+                                                                              SB, SC, SK, K, BC)
     for t in tl.static_range(3):
         if t == 0:
             pre = _pre(x0, s1, s2, s3, w0, w1, w2, w3, bias)
@@ -793,13 +801,9 @@ def _conv_head_bwd(x_ptr, st_ptr, w_ptr, b_ptr, dout_ptr, dx_ptr, dst_ptr, dw_pt
     with zeros before row 0 (dZ, what the main backward used) give dx rows 0..2 the difference, the
     initial state its gradient (b, c, K − 1, fp32), and dw, db their difference per batch row ((b, c,
     4) right-aligned taps and (b, c), fp32, for the caller to sum)."""
-    pid_b = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BC + tl.arange(0, BC)
-    cm = c < C
-    x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K)
-    w0, w1, w2, w3 = _tap(w_ptr, c, cm, 0, K), _tap(w_ptr, c, cm, 1, K), _tap(w_ptr, c, cm, 2, K), _tap(w_ptr, c, cm, 3, K)
-    bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
-    base = pid_b * T * C + c
+    c, cm, base, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias = _head_program(x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT,
+                                                                              SB, SC, SK, K, BC)
+    bc = tl.program_id(0).to(tl.int64) * C + c  # this batch row's channels in the (b, c, …) outputs
     g0 = tl.load(dout_ptr + base, mask=_in_rows(c, cm, 0, T), other=0.0).to(tl.float32)
     g1 = tl.load(dout_ptr + base + C, mask=_in_rows(c, cm, 1, T), other=0.0).to(tl.float32)
     g2 = tl.load(dout_ptr + base + 2 * C, mask=_in_rows(c, cm, 2, T), other=0.0).to(tl.float32)
@@ -820,19 +824,19 @@ def _conv_head_bwd(x_ptr, st_ptr, w_ptr, b_ptr, dout_ptr, dx_ptr, dst_ptr, dw_pt
         m = _in_rows(c, cm, s, T)
         cur = tl.load(dx_ptr + base + s * C, mask=m, other=0.0).to(tl.float32)
         tl.store(dx_ptr + base + s * C, (cur + fix).to(dx_ptr.dtype.element_ty), mask=m)
-    sbase = dst_ptr + (pid_b * C + c) * (K - 1)
+    sbase = dst_ptr + bc * (K - 1)
     if K >= 2:
         tl.store(sbase + (K - 2), t0 * w2 + t1 * w1 + t2 * w0, mask=cm)  # row −1
     if K >= 3:
         tl.store(sbase + (K - 3), t0 * w1 + t1 * w0, mask=cm)  # row −2
     if K >= 4:
         tl.store(sbase + (K - 4), t0 * w0, mask=cm)  # row −3
-    wbase = dw_ptr + (pid_b * C + c) * 4
+    wbase = dw_ptr + bc * 4
     tl.store(wbase + 3, e0 * x0 + e1 * x1 + e2 * x2, mask=cm)
     tl.store(wbase + 2, t0 * s1 + e1 * x0 + e2 * x1, mask=cm)
     tl.store(wbase + 1, t0 * s2 + t1 * s1 + e2 * x0, mask=cm)
     tl.store(wbase + 0, t0 * s3 + t1 * s2 + t2 * s1, mask=cm)
-    tl.store(db_ptr + pid_b * C + c, e0 + e1 + e2, mask=cm)
+    tl.store(db_ptr + bc, e0 + e1 + e2, mask=cm)
 
 
 HEAD_CHANNELS = 256  # channels per program of the shard-head kernels

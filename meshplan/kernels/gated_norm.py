@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from meshplan.kernels import launch
+
 
 @triton.jit
 def _tile(R, C, BR: tl.constexpr, BC: tl.constexpr):
@@ -189,16 +191,10 @@ def _fused_launch(local: int) -> tuple[int, int, int]:
 
 
 def _rows(t, C):
-    """t as (rows, C) with C contiguous and rows evenly spaced (a column slice of a wider tensor reads
-    in place), and its row stride; else a contiguous copy."""
-    t2 = t.reshape(-1, C) if t.is_contiguous() else None
-    if t2 is None:
-        lead = t.shape[:-1]
-        if t.stride(-1) == 1 and all(t.stride(i) == t.stride(i + 1) * t.shape[i + 1] for i in range(len(lead) - 1)):
-            t2 = t.as_strided((t.numel() // C, C), (t.stride(-2) if t.dim() > 1 else C, 1))
-        else:
-            t2 = t.reshape(-1, C).contiguous()
-    return t2, t2.stride(0)
+    """t as (rows, C), read where it lies when its rows are evenly spaced with C contiguous (a column
+    slice of a wider tensor: launch.token_rows), else a contiguous copy; and its row stride."""
+    t3, stride = launch.token_rows(t.unsqueeze(0) if t.dim() == 2 else t.reshape(-1, t.shape[-2], C))
+    return t3.as_strided((t3.shape[0] * t3.shape[1], C), (stride, 1)), stride
 
 
 class GatedRMSNormFn(torch.autograd.Function):

@@ -55,7 +55,7 @@ def head_splits(heads_per_group: int, programs: int, target: int | None = None) 
 
 def state_blocks(d_state: int) -> tuple[int, int]:
     """(block, blocks): the backward dB/dC kernel's d_state block and how many cover d_state."""
-    padded = max(16, 1 << (d_state - 1).bit_length())
+    padded = max(16, _pow2(d_state))
     block = min(padded, BWD_STATE_BLOCK)
     return block, -(-d_state // block)
 
