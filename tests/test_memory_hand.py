@@ -188,16 +188,17 @@ def test_mamba2_prefill_transient_is_the_scan_phase():
     assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
 
 
-def test_mamba2_prefill_transient_under_sp_is_the_norm_phase():
+def test_mamba2_prefill_transient_under_sp():
     """SP 2, 8192 tokens a shard: at the gated norm, the conv output and dt, the shard's zero-start
-    scan output y0, C·E, the corrected output and the norm's output — four of 8192 · 5120 bf16 —
-    outgrow the scan phase (y0 and 128 chunks' entering states, three)
-    (memory-peak-mamba2-prefill-sp2-h200.json, before the norm read z in place: five)."""
+    scan output y0, the corrected output (the Triton correction writes nothing else of that width) and
+    the norm's output — three of 8192 · 5120 bf16 — as many as the scan phase holds (y0 and 128 chunks'
+    entering states, 2 · 8192 · 5120 bytes). With C·E a torch tensor and z copied, the norm phase held
+    five (memory-peak-mamba2-prefill-sp2-h200.json)."""
     from meshplan.costmodel.layouts import sharding_for
     from meshplan.costmodel.memory import _mixer_forward_bytes
 
     sh = sharding_for(parse_layout("sp=2"), MemoryOptions())
-    want = 8192 * ((5120 + 256) * 2 + 80 * 4) + 4 * 8192 * 5120 * 2
+    want = 8192 * ((5120 + 256) * 2 + 80 * 4) + 3 * 8192 * 5120 * 2
     assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
 
 

@@ -232,7 +232,7 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     state in registers) and the scan output beside them.
     Gated norm (Triton, meshplan/kernels/gated_norm.py, which reads z where it lies in the in_proj
     output): conv output, dt, scan output and the norm's output; under SP also the shard's zero-start
-    scan output and its C·E correction. Decode (`tokens` = the batch): no chunked scan; the state update's
+    scan output. Decode (`tokens` = the batch): no chunked scan; the state update's
     torch ops hold three state-sized fp32 temporaries (decayed state, the dt·x ⊗ B update, the new
     state) next to the cached one (meshplan/executor/layouts/mamba.py decode)."""
     if kind != "mamba2":
@@ -247,10 +247,11 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
     y = t * di * e  # the scan's output
     norm = scan_in + 2 * y  # the scan's output and the norm's (which reads z where it lies)
     if sh.token_div > 1:
-        # A sequence shard's zero-start output and C·E live through the norm too (_finish_shard):
-        # benchmarks/results/memory-peak-mamba2-prefill-sp2-h200.json (0.95 GiB at sp=2, 16K, when the
-        # norm still copied z: five such tensors).
-        norm += 2 * y
+        # A sequence shard's zero-start output lives through the norm too (_finish_shard; the Triton
+        # correction, meshplan/kernels/shard_state.py, writes the corrected output and nothing else of
+        # its width). With C·E as a torch tensor beside it: benchmarks/results/memory-peak-mamba2-prefill-sp2-h200.json
+        # (0.95 GiB at sp=2, 16K, when the norm still copied z: five such tensors).
+        norm += y
     return max(scan_in + y + _scan_state_bytes(model, tokens, sh, e), norm)
 
 
@@ -288,9 +289,11 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     scan_phase = common + t * di * e + dz + 2 * narrow + dcb + t * (di * e + nh * 4 + partials)
     conv_phase = common + dz + t * (di + bc) * (2 * e + 4)
     if sh.token_div > 1:
-        # SP: the correction for the entering state (meshplan/executor/layouts/mamba.py,
-        # _finish_shard) keeps C·E and the corrected output beside the zero-start scan's output.
-        norm_phase += 2 * t * di * e
+        # SP: the correction for the entering state (meshplan/executor/layouts/mamba.py, _finish_shard)
+        # keeps the corrected output beside the zero-start scan's output; its Triton backward
+        # (meshplan/kernels/shard_state.py) passes dy on as the zero-start output's gradient and writes
+        # nothing else of the shard's width.
+        norm_phase += t * di * e
     return max(norm_phase, scan_phase, conv_phase)
 
 

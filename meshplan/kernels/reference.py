@@ -135,6 +135,18 @@ def ssd_chunked_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
     return y.to(x.dtype), final
 
 
+def entering_state_ref(y0: torch.Tensor, C: torch.Tensor, cum: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
+    """A sequence shard's zero-start scan output y0 (b, s, h, p) corrected for the state E (b, h, p, n)
+    entering it: y0 + exp(cum) · C_t · E_h per head, with C (b, s, g, n) shared by a group's heads and
+    cum (b, s, h) = Σ_{k ≤ t} dt_k · A_h. C · E takes C's dtype (bf16 on the GPU, as the Triton scan's
+    entering states are stored) and the sum y0's."""
+    b, s, h, p = y0.shape
+    g, n = C.shape[2], C.shape[3]
+    ce = torch.einsum("bsgn,bgqpn->bsgqp", C, E.to(C.dtype).view(b, g, h // g, p, n)).reshape(b, s, h, p)
+    # One pass over y: y0 + C·E · exp(cum), the factor rounded to C·E's dtype (exact in fp32 / fp64).
+    return torch.addcmul(y0, ce, torch.exp(cum).to(ce.dtype)[..., None])
+
+
 def quantize_int8_ref(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per group of `group` consecutive elements: scale = max|x| / 127 (1 where a
     group is all zeros), q = round(x / scale). x.numel() must be a multiple of `group`."""

@@ -23,7 +23,7 @@ from meshplan.executor.blocks import (Mamba2Block, Mamba2CoreFn, RMSNorm, _conv_
 from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis,
                                    all_gather, all_reduce, broadcast, exchange, reduce_scatter)
 from meshplan.executor.layouts.common import Sharded, rows
-from meshplan.kernels.reference import acc
+from meshplan.kernels.reference import acc, entering_state_ref
 
 TAG_TAIL = 2
 # Decode's conv step as one Triton launch with the window shifted in place (3.7× faster than the
@@ -94,10 +94,14 @@ def _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm):
     # (b, s, h), fp32, summed along the tokens with them innermost: torch's cumsum over a middle
     # dimension took 1.4 ms for 8K tokens × 80 heads on an H200, more than the scan it replaces
     # (benchmarks/results/validation-h200-run39-x2-mamba2-sp-one-scan.json, `tensor_kernel_scan_outer_dim`).
-    cum = torch.cumsum((dt * A).transpose(1, 2).contiguous(), dim=-1).transpose(1, 2)
-    ce = torch.einsum("bsgn,bgqpn->bsgqp", C, E.to(C.dtype).view(b, ngroups, nheads // ngroups, headdim, d_state))
-    # One pass over y: y0 + C·E · exp(cum), the factor rounded to C·E's dtype (exact in fp32 / fp64).
-    y = torch.addcmul(y0, ce.reshape(b, s, nheads, headdim), torch.exp(cum).to(ce.dtype)[..., None])
+    cum_hs = torch.cumsum((dt * A).transpose(1, 2).contiguous(), dim=-1)
+    cum = cum_hs.transpose(1, 2)
+    if y0.is_cuda:  # Triton: y0 read and y written once (meshplan/kernels/shard_state.py)
+        from meshplan.kernels.shard_state import EnteringStateFn
+
+        y = EnteringStateFn.apply(y0, C, cum_hs, E)
+    else:
+        y = entering_state_ref(y0, C, cum, E)
     final = final0 + torch.exp(cum[:, -1])[..., None, None] * E
     y = y.reshape(b, s, d_inner)
     y = norm(y, z, norm_w) if norm is not None else gated_norm(y, z, norm_w, d_inner // ngroups)

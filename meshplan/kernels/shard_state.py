@@ -1,0 +1,168 @@
+"""A sequence shard's correction for the SSM state entering it (Triton), forward and backward.
+
+A Mamba-2 sequence shard scans from a zero state and then adds what the state E entering it
+contributes (meshplan/executor/layouts/mamba.py): the scan is linear in its initial state, so
+
+    y_t = y0_t + exp(cum_t) · C_t · E_h        per head h, with cum_t = Σ_{k ≤ t} dt_k · A_h
+
+over the shard's tokens. Backward, with g_t = exp(cum_t) · dy_t:
+
+    dy0 = dy,   dC_t = Σ_h g_t · E_h,   dE_h = Σ_t g_tᵀ C_t,   dcum_t = exp(cum_t) Σ_p dy_t · (C_t · E_h).
+
+As torch ops this took a GEMM output of the shard's width (C · E), a broadcast multiply-add over it, and
+in backward a reduction over the head dimension and three more passes; at 256K tokens a rank those
+ops grew faster than the tokens (a strided elementwise kernel 7.97 → 48.6 ms and a bf16 reduction
+2.48 → 19.9 ms from 64K to 256K tokens a rank, mamba2-2.7b/2L on 2 H200s:
+benchmarks/results/sp-long-profile-512k-h200x2.json). Here the forward reads y0 and writes y once;
+the backward reads dy twice (once for dC and dcum, a token block and a B/C group's heads a program,
+once for dE, a head and a span of tokens a program, whose fp32 partial sums torch adds).
+Reference: the torch ops in meshplan.executor.layouts.mamba (entering_correction_ref).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from meshplan.kernels import launch
+
+TOKEN_BLOCK = 64  # tokens a program takes at once (the C · Eᵀ product's rows)
+# Programs to aim for in the dE kernel, which splits each head's tokens into spans: a few per SM of an H200.
+DE_PROGRAMS = 528
+
+
+@triton.jit
+def _tokens(pid, S, L: tl.constexpr):
+    """(batch row, token indices, their mask) of token block `pid` of a batch of rows of S tokens."""
+    blocks = tl.cdiv(S, L)
+    bi = (pid // blocks).to(tl.int64)  # tokens × heads × headdim passes 2^31 at long context
+    t = (pid % blocks) * L + tl.arange(0, L)
+    return bi, t, t < S
+
+
+@triton.jit
+def _entering_fwd(y0_ptr, c_ptr, cum_ptr, e_ptr, y_ptr, S, H, G, P, N, CT,
+                  L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    """Grid (batch · token blocks, groups): y = y0 + exp(cum) · C · E_h for each head h of the group,
+    C's block loaded once for them all."""
+    bi, t, tm = _tokens(tl.program_id(0), S, L)
+    g = tl.program_id(1)
+    p, n = tl.arange(0, BP), tl.arange(0, BN)
+    pm, nm = p < P, n < N
+    rows = bi * S + t
+    cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
+    hpg = H // G
+    for k in tl.range(0, hpg, num_stages=2):
+        h = g * hpg + k
+        # E_hᵀ (BN × BP), rounded to C's dtype as the torch path's C · E was: bf16 products, fp32 sums.
+        e = tl.load(e_ptr + ((bi * H + h) * P + p[None, :]) * N + n[:, None], mask=nm[:, None] & pm[None, :], other=0.0)
+        ce = tl.dot(cv, e.to(cv.dtype))  # (L, BP)
+        ex = tl.exp(tl.load(cum_ptr + (bi * H + h) * S + t, mask=tm, other=0.0))
+        offs = (rows[:, None] * H + h) * P + p[None, :]
+        mask = tm[:, None] & pm[None, :]
+        y = tl.load(y0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + ce * ex[:, None]
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _entering_bwd_dc(dy_ptr, c_ptr, cum_ptr, e_ptr, dc_ptr, dcum_ptr, S, H, G, P, N, CT,
+                     L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    """Grid (batch · token blocks, groups): dC over the group's heads and dcum of each."""
+    bi, t, tm = _tokens(tl.program_id(0), S, L)
+    g = tl.program_id(1)
+    p, n = tl.arange(0, BP), tl.arange(0, BN)
+    pm, nm = p < P, n < N
+    rows = bi * S + t
+    cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
+    dc = tl.zeros((L, BN), dtype=tl.float32)
+    hpg = H // G
+    for k in tl.range(0, hpg, num_stages=2):
+        h = g * hpg + k
+        e = tl.load(e_ptr + ((bi * H + h) * P + p[:, None]) * N + n[None, :], mask=pm[:, None] & nm[None, :],
+                    other=0.0).to(cv.dtype)  # (BP, BN)
+        ce = tl.dot(cv, tl.trans(e))  # (L, BP)
+        ex = tl.exp(tl.load(cum_ptr + (bi * H + h) * S + t, mask=tm, other=0.0))
+        dy = tl.load(dy_ptr + (rows[:, None] * H + h) * P + p[None, :], mask=tm[:, None] & pm[None, :],
+                     other=0.0).to(tl.float32)
+        tl.store(dcum_ptr + (bi * H + h) * S + t, ex * tl.sum(dy * ce, axis=1), mask=tm)
+        dc += tl.dot((dy * ex[:, None]).to(cv.dtype), e)
+    tl.store(dc_ptr + (rows[:, None] * G + g) * N + n[None, :], dc.to(dc_ptr.dtype.element_ty),
+             mask=tm[:, None] & nm[None, :])
+
+
+@triton.jit
+def _entering_bwd_de(dy_ptr, c_ptr, cum_ptr, part_ptr, S, H, G, P, N, CT, SPAN,
+                     L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    """Grid (batch · heads, spans): Σ over the span's tokens of exp(cum) · dyᵀ C for one head, fp32, into
+    part[span, batch, head] (P × N)."""
+    pid, span = tl.program_id(0), tl.program_id(1)
+    bi, h = (pid // H).to(tl.int64), pid % H
+    g = h // (H // G)
+    p, n = tl.arange(0, BP), tl.arange(0, BN)
+    pm, nm = p < P, n < N
+    acc = tl.zeros((BP, BN), dtype=tl.float32)
+    for t0 in range(span * SPAN, tl.minimum(span * SPAN + SPAN, S), L):
+        t = t0 + tl.arange(0, L)
+        tm = t < S
+        rows = bi * S + t
+        cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
+        ex = tl.exp(tl.load(cum_ptr + (bi * H + h) * S + t, mask=tm, other=0.0))
+        dy = tl.load(dy_ptr + (rows[:, None] * H + h) * P + p[None, :], mask=tm[:, None] & pm[None, :], other=0.0)
+        acc += tl.dot(tl.trans((dy.to(tl.float32) * ex[:, None]).to(cv.dtype)), cv)
+    tl.store(part_ptr + (((span * (tl.num_programs(0) // H) + bi) * H + h) * P + p[:, None]) * N + n[None, :], acc,
+             mask=pm[:, None] & nm[None, :])
+
+
+def _blocks(p: int, n: int) -> tuple[int, int]:
+    return max(16, triton.next_power_of_2(p)), max(16, triton.next_power_of_2(n))
+
+
+def add_entering(y0: torch.Tensor, C: torch.Tensor, cum: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
+    """y0 (b, s, h, p) + exp(cum) · C (b, s, g, n) · E (b, h, p, n), per head, in y0's dtype; cum (b, h, s)
+    fp32, each head's tokens contiguous (as torch's cumsum over the innermost dimension leaves them)."""
+    b, s, h, p = y0.shape
+    g, n = C.shape[2], C.shape[3]
+    y0, cum, E = y0.contiguous(), cum.float().contiguous(), E.float().contiguous()
+    C, ct = launch.token_rows(C)
+    y = torch.empty_like(y0)
+    bp, bn = _blocks(p, n)
+    _entering_fwd[(b * triton.cdiv(s, TOKEN_BLOCK), g)](y0, C, cum, E, y, s, h, g, p, n, ct, L=TOKEN_BLOCK, BP=bp,
+                                                         BN=bn, num_warps=4)
+    return y
+
+
+def entering_backward(dy: torch.Tensor, C: torch.Tensor, cum: torch.Tensor, E: torch.Tensor):
+    """(dC in C's dtype, dcum (b, h, s) fp32, dE fp32) of add_entering from y's gradient dy."""
+    b, s, h, p = dy.shape
+    g, n = C.shape[2], C.shape[3]
+    dy, cum, E = dy.contiguous(), cum.float().contiguous(), E.float().contiguous()
+    C, ct = launch.token_rows(C)
+    bp, bn = _blocks(p, n)
+    dc = torch.empty(b, s, g, n, device=dy.device, dtype=C.dtype)
+    dcum = torch.empty(b, h, s, device=dy.device, dtype=torch.float32)
+    _entering_bwd_dc[(b * triton.cdiv(s, TOKEN_BLOCK), g)](dy, C, cum, E, dc, dcum, s, h, g, p, n, ct, L=TOKEN_BLOCK,
+                                                            BP=bp, BN=bn, num_warps=4)
+    blocks = triton.cdiv(s, TOKEN_BLOCK)
+    spans = max(1, min(blocks, DE_PROGRAMS // (b * h)))
+    span = triton.cdiv(blocks, spans) * TOKEN_BLOCK
+    spans = triton.cdiv(s, span)
+    part = torch.empty(spans, b, h, p, n, device=dy.device, dtype=torch.float32)
+    _entering_bwd_de[(b * h, spans)](dy, C, cum, part, s, h, g, p, n, ct, span, L=TOKEN_BLOCK, BP=bp, BN=bn,
+                                     num_warps=4)
+    return dc, dcum, part.sum(0)
+
+
+class EnteringStateFn(torch.autograd.Function):
+    """add_entering, differentiable in y0, C, cum (b, h, s) and E (the backward's kernels recompute C · E)."""
+
+    @staticmethod
+    def forward(ctx, y0, C, cum, E):
+        ctx.save_for_backward(C, cum, E)
+        return add_entering(y0, C, cum, E)
+
+    @staticmethod
+    def backward(ctx, dy):
+        C, cum, E = ctx.saved_tensors
+        dc, dcum, de = entering_backward(dy, C, cum, E)
+        return dy, dc, dcum.to(cum.dtype), de.to(E.dtype)
