@@ -49,3 +49,4 @@ def test_zero_entering_state_leaves_the_scan_output():
     out.backward(dy)
     assert torch.equal(leaves[0].grad, dy)
     assert not leaves[1].grad.any() and not leaves[2].grad.any()
+

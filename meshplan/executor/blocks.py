@@ -125,20 +125,62 @@ def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
     return (hg.view(shape) * acc(weight)).to(y.dtype)
 
 
+# The most elements one torch.cat in cat_last writes (the limit of torch's batched CUDA cat kernel).
+CAT_BLOCK_ELEMENTS = 2 ** 31 - 1
+
+
+def cat_last(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(parts, -1) for tensors that agree in every dimension but the last, a block of rows at
+    a time: past 2^31 elements torch's CUDA cat leaves its batched kernel for one strided copy per part
+    (the in_proj output's gradient of mamba2-2.7b/2L at 512K tokens on one H200: 40.3 ms a step, against
+    4.4 ms at 128K; benchmarks/results/sp-long-profile-512k-h200x2.json). Blocks of rows under 2^31
+    elements keep every copy on the batched kernel."""
+    lead = parts[0].shape[:-1]
+    flat = [p.reshape(-1, p.shape[-1]) for p in parts]
+    width = sum(p.shape[-1] for p in parts)
+    out = torch.empty(flat[0].shape[0], width, device=parts[0].device, dtype=parts[0].dtype)
+    step = max(1, CAT_BLOCK_ELEMENTS // width)
+    for r0 in range(0, out.shape[0], step):
+        torch.cat([p[r0:r0 + step] for p in flat], dim=-1, out=out[r0:r0 + step])
+    return out.view(*lead, width)
+
+
+class _SplitLast(torch.autograd.Function):
+    """t.split(sizes, -1) whose backward joins the parts' gradients with cat_last (absent ones as zeros)."""
+
+    @staticmethod
+    def forward(ctx, t, sizes):
+        ctx.sizes = sizes
+        return t.split(sizes, dim=-1)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ref = next(g for g in grads if g is not None)
+        parts = [g if g is not None else ref.new_zeros(*ref.shape[:-1], n) for g, n in zip(grads, ctx.sizes)]
+        return cat_last([g.to(ref.dtype) for g in parts]), None
+
+
+def split_last(t: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+    """t.split(sizes, -1); under autograd, the parts' gradients joined by cat_last."""
+    if not (torch.is_grad_enabled() and t.requires_grad):
+        return t.split(sizes, dim=-1)
+    return _SplitLast.apply(t, sizes)
+
+
 def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None, conv_state=None,
                       conv_out: bool = False):
     """in_proj output → (x, dt, A, B, C) as the scan takes them (conv1d applied, dt softplus'd), and z;
     with `conv_out`, also the conv's output (b, s, channels), of which x, B and C are views."""
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s, _ = zxbcdt.shape
-    z, xbc, dt = zxbcdt.split([d_inner, d_inner + 2 * ngroups * d_state, nheads], dim=-1)
+    z, xbc, dt = split_last(zxbcdt, [d_inner, d_inner + 2 * ngroups * d_state, nheads])
     if xbc.is_cuda and (conv_state is None or seq_idx is None):  # the Triton kernel; CPU keeps the reference
         from meshplan.kernels.conv1d import causal_conv1d
 
         xbc = causal_conv1d(xbc, conv_w, conv_b, seq_idx, initial_state=conv_state)
     else:
         xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
-    x, B, C = xbc.split([d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    x, B, C = split_last(xbc, [d_inner, ngroups * d_state, ngroups * d_state])
     dt = F.softplus(acc(dt) + acc(dt_bias))
     scan_in = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
                C.reshape(b, s, ngroups, d_state))

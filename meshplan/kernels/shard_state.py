@@ -28,6 +28,8 @@ import triton.language as tl
 from meshplan.kernels import launch
 
 TOKEN_BLOCK = 64  # tokens a program takes at once (the C · Eᵀ product's rows)
+HEADS_A_STEP = 2  # heads a step takes together: their (P, N) states are adjacent rows of E, their dy columns too
+WARPS = 8
 # Programs to aim for in the dE kernel, which splits each head's tokens into spans: a few per SM of an H200.
 DE_PROGRAMS = 528
 
@@ -42,80 +44,109 @@ def _tokens(pid, S, L: tl.constexpr):
 
 
 @triton.jit
+def _heads(h0, h_end, P, HB: tl.constexpr, BP: tl.constexpr):
+    """The columns of HB heads side by side from head h0 (none past h_end): each column's head, headdim
+    index and mask."""
+    j = tl.arange(0, HB * BP)
+    hh = h0 + j // BP
+    p = j % BP
+    return hh, p, (p < P) & (hh < h_end)
+
+
+@triton.jit
 def _entering_fwd(y0_ptr, c_ptr, cum_ptr, e_ptr, y_ptr, S, H, G, P, N, CT,
-                  L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
-    """Grid (batch · token blocks, groups): y = y0 + exp(cum) · C · E_h for each head h of the group,
-    C's block loaded once for them all."""
+                  L: tl.constexpr, HB: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    """Grid (batch · token blocks, groups): y = y0 + exp(cum) · C · E_h for each head h of the group, HB
+    heads a step, C's block loaded once for them all."""
     bi, t, tm = _tokens(tl.program_id(0), S, L)
     g = tl.program_id(1)
-    p, n = tl.arange(0, BP), tl.arange(0, BN)
-    pm, nm = p < P, n < N
+    n = tl.arange(0, BN)
+    nm = n < N
     rows = bi * S + t
     cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
     hpg = H // G
-    for k in tl.range(0, hpg, num_stages=2):
-        h = g * hpg + k
-        # E_hᵀ (BN × BP), rounded to C's dtype as the torch path's C · E was: bf16 products, fp32 sums.
-        e = tl.load(e_ptr + ((bi * H + h) * P + p[None, :]) * N + n[:, None], mask=nm[:, None] & pm[None, :], other=0.0)
-        ce = tl.dot(cv, e.to(cv.dtype))  # (L, BP)
-        ex = tl.exp(tl.load(cum_ptr + (bi * H + h) * S + t, mask=tm, other=0.0))
-        offs = (rows[:, None] * H + h) * P + p[None, :]
-        mask = tm[:, None] & pm[None, :]
-        y = tl.load(y0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + ce * ex[:, None]
+    for k in tl.range(0, hpg, HB, num_stages=2):
+        hh, p, cm = _heads(g * hpg + k, (g + 1) * hpg, P, HB, BP)
+        # E's rows of these heads, transposed (BN × HB·BP), in C's dtype: bf16 products, fp32 sums.
+        e = tl.load(e_ptr + ((bi * H + hh[None, :]) * P + p[None, :]) * N + n[:, None], mask=nm[:, None] & cm[None, :],
+                    other=0.0)
+        ce = tl.dot(cv, e)  # (L, HB·BP)
+        mask = tm[:, None] & cm[None, :]
+        ex = tl.exp(tl.load(cum_ptr + (bi * H + hh[None, :]) * S + t[:, None], mask=mask, other=0.0))
+        offs = (rows[:, None] * H + hh[None, :]) * P + p[None, :]
+        y = tl.load(y0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + ce * ex
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _entering_bwd_dc(dy_ptr, c_ptr, cum_ptr, e_ptr, dc_ptr, dcum_ptr, S, H, G, P, N, CT,
-                     L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
-    """Grid (batch · token blocks, groups): dC over the group's heads and dcum of each."""
+                     L: tl.constexpr, HB: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    """Grid (batch · token blocks, groups): dC over the group's heads and dcum of each, HB heads a step."""
     bi, t, tm = _tokens(tl.program_id(0), S, L)
     g = tl.program_id(1)
-    p, n = tl.arange(0, BP), tl.arange(0, BN)
-    pm, nm = p < P, n < N
+    n = tl.arange(0, BN)
+    nm = n < N
     rows = bi * S + t
     cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
     dc = tl.zeros((L, BN), dtype=tl.float32)
     hpg = H // G
-    for k in tl.range(0, hpg, num_stages=2):
-        h = g * hpg + k
-        e = tl.load(e_ptr + ((bi * H + h) * P + p[:, None]) * N + n[None, :], mask=pm[:, None] & nm[None, :],
-                    other=0.0).to(cv.dtype)  # (BP, BN)
-        ce = tl.dot(cv, tl.trans(e))  # (L, BP)
-        ex = tl.exp(tl.load(cum_ptr + (bi * H + h) * S + t, mask=tm, other=0.0))
-        dy = tl.load(dy_ptr + (rows[:, None] * H + h) * P + p[None, :], mask=tm[:, None] & pm[None, :],
-                     other=0.0).to(tl.float32)
-        tl.store(dcum_ptr + (bi * H + h) * S + t, ex * tl.sum(dy * ce, axis=1), mask=tm)
-        dc += tl.dot((dy * ex[:, None]).to(cv.dtype), e)
+    for k in tl.range(0, hpg, HB, num_stages=2):
+        h0 = g * hpg + k
+        hh, p, cm = _heads(h0, (g + 1) * hpg, P, HB, BP)
+        e = tl.load(e_ptr + ((bi * H + hh[:, None]) * P + p[:, None]) * N + n[None, :], mask=cm[:, None] & nm[None, :],
+                    other=0.0)  # (HB·BP, BN)
+        ce = tl.dot(cv, tl.trans(e))  # (L, HB·BP)
+        mask = tm[:, None] & cm[None, :]
+        ex = tl.exp(tl.load(cum_ptr + (bi * H + hh[None, :]) * S + t[:, None], mask=mask, other=0.0))
+        dy = tl.load(dy_ptr + (rows[:, None] * H + hh[None, :]) * P + p[None, :], mask=mask, other=0.0).to(tl.float32)
+        g_t = dy * ex
+        # dcum: Σ over each head's headdim columns, (L, HB, BP) summed on its last axis.
+        dcum = tl.sum(tl.reshape(g_t * ce, (L, HB, BP)), axis=2)
+        hb = tl.arange(0, HB)
+        tl.store(dcum_ptr + (bi * H + h0 + hb[None, :]) * S + t[:, None], dcum,
+                 mask=tm[:, None] & (k + hb < hpg)[None, :])
+        dc += tl.dot(g_t.to(cv.dtype), e)
     tl.store(dc_ptr + (rows[:, None] * G + g) * N + n[None, :], dc.to(dc_ptr.dtype.element_ty),
              mask=tm[:, None] & nm[None, :])
 
 
 @triton.jit
 def _entering_bwd_de(dy_ptr, c_ptr, cum_ptr, part_ptr, S, H, G, P, N, CT, SPAN,
-                     L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
-    """Grid (batch · heads, spans): Σ over the span's tokens of exp(cum) · dyᵀ C for one head, fp32, into
-    part[span, batch, head] (P × N)."""
+                     L: tl.constexpr, HB: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    """Grid (batch · head steps, spans): Σ over the span's tokens of exp(cum) · dyᵀ C for HB heads of a
+    group, fp32, into part[span, batch, head] (P × N)."""
     pid, span = tl.program_id(0), tl.program_id(1)
-    bi, h = (pid // H).to(tl.int64), pid % H
-    g = h // (H // G)
-    p, n = tl.arange(0, BP), tl.arange(0, BN)
-    pm, nm = p < P, n < N
-    acc = tl.zeros((BP, BN), dtype=tl.float32)
+    hpg = H // G
+    steps = tl.cdiv(hpg, HB)  # head steps a group
+    bi = (pid // (G * steps)).to(tl.int64)
+    g = (pid // steps) % G
+    h0 = g * hpg + (pid % steps) * HB
+    hh, p, cm = _heads(h0, (g + 1) * hpg, P, HB, BP)
+    n = tl.arange(0, BN)
+    nm = n < N
+    acc = tl.zeros((HB * BP, BN), dtype=tl.float32)
     for t0 in range(span * SPAN, tl.minimum(span * SPAN + SPAN, S), L):
         t = t0 + tl.arange(0, L)
         tm = t < S
         rows = bi * S + t
         cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
-        ex = tl.exp(tl.load(cum_ptr + (bi * H + h) * S + t, mask=tm, other=0.0))
-        dy = tl.load(dy_ptr + (rows[:, None] * H + h) * P + p[None, :], mask=tm[:, None] & pm[None, :], other=0.0)
-        acc += tl.dot(tl.trans((dy.to(tl.float32) * ex[:, None]).to(cv.dtype)), cv)
-    tl.store(part_ptr + (((span * (tl.num_programs(0) // H) + bi) * H + h) * P + p[:, None]) * N + n[None, :], acc,
-             mask=pm[:, None] & nm[None, :])
+        mask = tm[:, None] & cm[None, :]
+        ex = tl.exp(tl.load(cum_ptr + (bi * H + hh[None, :]) * S + t[:, None], mask=mask, other=0.0))
+        dy = tl.load(dy_ptr + (rows[:, None] * H + hh[None, :]) * P + p[None, :], mask=mask, other=0.0)
+        acc += tl.dot(tl.trans((dy.to(tl.float32) * ex).to(cv.dtype)), cv)
+    nb = tl.num_programs(0) // (G * steps)
+    tl.store(part_ptr + (((span * nb + bi) * H + hh[:, None]) * P + p[:, None]) * N + n[None, :], acc,
+             mask=cm[:, None] & nm[None, :])
 
 
 def _blocks(p: int, n: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(p)), max(16, triton.next_power_of_2(n))
+
+
+def _operands(C, cum, E):
+    """C as the kernels read it (token stride), cum fp32 and E in C's dtype, contiguous."""
+    C, ct = launch.token_rows(C)
+    return C, ct, cum.float().contiguous(), E.to(C.dtype).contiguous()
 
 
 def add_entering(y0: torch.Tensor, C: torch.Tensor, cum: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
@@ -123,12 +154,12 @@ def add_entering(y0: torch.Tensor, C: torch.Tensor, cum: torch.Tensor, E: torch.
     fp32, each head's tokens contiguous (as torch's cumsum over the innermost dimension leaves them)."""
     b, s, h, p = y0.shape
     g, n = C.shape[2], C.shape[3]
-    y0, cum, E = y0.contiguous(), cum.float().contiguous(), E.float().contiguous()
-    C, ct = launch.token_rows(C)
+    C, ct, cum, E = _operands(C, cum, E)
+    y0 = y0.contiguous()
     y = torch.empty_like(y0)
     bp, bn = _blocks(p, n)
-    _entering_fwd[(b * triton.cdiv(s, TOKEN_BLOCK), g)](y0, C, cum, E, y, s, h, g, p, n, ct, L=TOKEN_BLOCK, BP=bp,
-                                                         BN=bn, num_warps=4)
+    _entering_fwd[(b * triton.cdiv(s, TOKEN_BLOCK), g)](y0, C, cum, E, y, s, h, g, p, n, ct, L=TOKEN_BLOCK,
+                                                         HB=HEADS_A_STEP, BP=bp, BN=bn, num_warps=WARPS)
     return y
 
 
@@ -136,20 +167,22 @@ def entering_backward(dy: torch.Tensor, C: torch.Tensor, cum: torch.Tensor, E: t
     """(dC in C's dtype, dcum (b, h, s) fp32, dE fp32) of add_entering from y's gradient dy."""
     b, s, h, p = dy.shape
     g, n = C.shape[2], C.shape[3]
-    dy, cum, E = dy.contiguous(), cum.float().contiguous(), E.float().contiguous()
-    C, ct = launch.token_rows(C)
+    C, ct, cum, E = _operands(C, cum, E)
+    dy = dy.contiguous()
     bp, bn = _blocks(p, n)
+    hb = HEADS_A_STEP
     dc = torch.empty(b, s, g, n, device=dy.device, dtype=C.dtype)
     dcum = torch.empty(b, h, s, device=dy.device, dtype=torch.float32)
     _entering_bwd_dc[(b * triton.cdiv(s, TOKEN_BLOCK), g)](dy, C, cum, E, dc, dcum, s, h, g, p, n, ct, L=TOKEN_BLOCK,
-                                                            BP=bp, BN=bn, num_warps=4)
+                                                            HB=hb, BP=bp, BN=bn, num_warps=WARPS)
     blocks = triton.cdiv(s, TOKEN_BLOCK)
-    spans = max(1, min(blocks, DE_PROGRAMS // (b * h)))
+    head_programs = b * g * triton.cdiv(h // g, hb)
+    spans = max(1, min(blocks, DE_PROGRAMS // head_programs))
     span = triton.cdiv(blocks, spans) * TOKEN_BLOCK
     spans = triton.cdiv(s, span)
     part = torch.empty(spans, b, h, p, n, device=dy.device, dtype=torch.float32)
-    _entering_bwd_de[(b * h, spans)](dy, C, cum, part, s, h, g, p, n, ct, span, L=TOKEN_BLOCK, BP=bp, BN=bn,
-                                     num_warps=4)
+    _entering_bwd_de[(head_programs, spans)](dy, C, cum, part, s, h, g, p, n, ct, span, L=TOKEN_BLOCK, HB=hb, BP=bp,
+                                             BN=bn, num_warps=WARPS)
     return dc, dcum, part.sum(0)
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.executor.blocks import (Mamba2Block, Mamba2CoreFn, RMSNorm, _conv_scan_inputs, _scan, _scan_grads,
-                                      gated_norm)
+                                      cat_last, gated_norm)
 from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis,
                                    all_gather, all_reduce, broadcast, exchange, reduce_scatter)
 from meshplan.executor.layouts.common import Sharded, rows
@@ -171,7 +171,7 @@ class Mamba2SeqShardFn(torch.autograd.Function):
             sC = sC + dC
         # The conv output's gradient in one tensor, its parts dropped before the conv's backward.
         b, s = xbc.shape[:2]
-        d_xbc = torch.cat([g.reshape(b, s, -1) for g in (sx, sB, sC)], dim=-1)
+        d_xbc = cat_last([g.reshape(b, s, -1) for g in (sx, sB, sC)])
         del sx, sB, sC
         pairs = [(xbc, d_xbc), (dt, sdt + ddt if ddt is not None else sdt), (A, sA + dA if dA is not None else sA),
                  (z, dz), (decay, d_mine[final0.numel():].view_as(decay))]
