@@ -27,9 +27,12 @@ import triton.language as tl
 
 from meshplan.kernels import launch
 
-TOKEN_BLOCK = 64  # tokens a program takes at once (the C · Eᵀ product's rows)
-HEADS_A_STEP = 2  # heads a step takes together: their (P, N) states are adjacent rows of E, their dy columns too
-WARPS = 8
+# Tokens a program takes at once (the C · Eᵀ product's rows), heads a step takes together (their (P, N)
+# states are adjacent rows of E, their y and dy columns too) and warps: of 6 settings on an H200 at a
+# shard of 256K tokens × 80 heads of 64 (d_state 128), 64 tokens, 2 heads and 4 warps ran the three
+# kernels in 2.05 / 1.96 / 1.29 ms, against 2.55 / 4.82 / 2.20 ms one head a step with E read in fp32
+# and 1.98 / 3.15 / 2.11 ms with 8 warps (benchmarks/results/entering-settings-ab-h200.json).
+TOKEN_BLOCK, HEADS_A_STEP, WARPS = 64, 2, 4
 # Programs to aim for in the dE kernel, which splits each head's tokens into spans: a few per SM of an H200.
 DE_PROGRAMS = 528
 
@@ -54,6 +57,16 @@ def _heads(h0, h_end, P, HB: tl.constexpr, BP: tl.constexpr):
 
 
 @triton.jit
+def _decay(cum_ptr, bi, h0, k, hpg, t, tm, S, H, HB: tl.constexpr, BP: tl.constexpr):
+    """exp(cum) of HB heads from h0 (k of the group's hpg heads before them) at tokens t, one value a
+    token and head read, spread over each head's BP columns: (L, HB·BP)."""
+    hb = tl.arange(0, HB)
+    cum = tl.load(cum_ptr + (bi * H + h0 + hb[None, :]) * S + t[:, None], mask=tm[:, None] & (k + hb < hpg)[None, :],
+                  other=0.0)
+    return tl.reshape(tl.broadcast_to(tl.exp(cum)[:, :, None], (t.shape[0], HB, BP)), (t.shape[0], HB * BP))
+
+
+@triton.jit
 def _entering_fwd(y0_ptr, c_ptr, cum_ptr, e_ptr, y_ptr, S, H, G, P, N, CT,
                   L: tl.constexpr, HB: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """Grid (batch · token blocks, groups): y = y0 + exp(cum) · C · E_h for each head h of the group, HB
@@ -66,13 +79,14 @@ def _entering_fwd(y0_ptr, c_ptr, cum_ptr, e_ptr, y_ptr, S, H, G, P, N, CT,
     cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
     hpg = H // G
     for k in tl.range(0, hpg, HB, num_stages=2):
-        hh, p, cm = _heads(g * hpg + k, (g + 1) * hpg, P, HB, BP)
+        h0 = g * hpg + k
+        hh, p, cm = _heads(h0, (g + 1) * hpg, P, HB, BP)
         # E's rows of these heads, transposed (BN × HB·BP), in C's dtype: bf16 products, fp32 sums.
         e = tl.load(e_ptr + ((bi * H + hh[None, :]) * P + p[None, :]) * N + n[:, None], mask=nm[:, None] & cm[None, :],
                     other=0.0)
         ce = tl.dot(cv, e)  # (L, HB·BP)
         mask = tm[:, None] & cm[None, :]
-        ex = tl.exp(tl.load(cum_ptr + (bi * H + hh[None, :]) * S + t[:, None], mask=mask, other=0.0))
+        ex = _decay(cum_ptr, bi, h0, k, hpg, t, tm, S, H, HB, BP)
         offs = (rows[:, None] * H + hh[None, :]) * P + p[None, :]
         y = tl.load(y0_ptr + offs, mask=mask, other=0.0).to(tl.float32) + ce * ex
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -97,7 +111,7 @@ def _entering_bwd_dc(dy_ptr, c_ptr, cum_ptr, e_ptr, dc_ptr, dcum_ptr, S, H, G, P
                     other=0.0)  # (HB·BP, BN)
         ce = tl.dot(cv, tl.trans(e))  # (L, HB·BP)
         mask = tm[:, None] & cm[None, :]
-        ex = tl.exp(tl.load(cum_ptr + (bi * H + hh[None, :]) * S + t[:, None], mask=mask, other=0.0))
+        ex = _decay(cum_ptr, bi, h0, k, hpg, t, tm, S, H, HB, BP)
         dy = tl.load(dy_ptr + (rows[:, None] * H + hh[None, :]) * P + p[None, :], mask=mask, other=0.0).to(tl.float32)
         g_t = dy * ex
         # dcum: Σ over each head's headdim columns, (L, HB, BP) summed on its last axis.
@@ -131,7 +145,7 @@ def _entering_bwd_de(dy_ptr, c_ptr, cum_ptr, part_ptr, S, H, G, P, N, CT, SPAN,
         rows = bi * S + t
         cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
         mask = tm[:, None] & cm[None, :]
-        ex = tl.exp(tl.load(cum_ptr + (bi * H + hh[None, :]) * S + t[:, None], mask=mask, other=0.0))
+        ex = _decay(cum_ptr, bi, h0, h0 - g * hpg, hpg, t, tm, S, H, HB, BP)
         dy = tl.load(dy_ptr + (rows[:, None] * H + hh[None, :]) * P + p[None, :], mask=mask, other=0.0)
         acc += tl.dot(tl.trans((dy.to(tl.float32) * ex).to(cv.dtype)), cv)
     nb = tl.num_programs(0) // (G * steps)
