@@ -16,6 +16,7 @@ import json
 
 import torch
 
+from meshplan.costmodel.compute import sp_correction_bytes
 from meshplan.executor.run import kernel_times, median_time_s
 from meshplan.kernels.reference import entering_state_ref
 from meshplan.kernels.shard_state import EnteringStateFn
@@ -35,10 +36,8 @@ def inputs(b, s, h, p, g, n, seed=0):
 
 
 def traffic(b, s, h, p, g, n, e=2) -> dict:
-    """HBM bytes of each kernel: y0 in and y out; dy in, dC and dcum out; dy in — each with C and cum
-    (E and the fp32 partial sums are small)."""
-    x, c, cum = b * s * h * p * e, b * s * g * n * e, 4 * b * s * h
-    return {"_entering_fwd": 2 * x + c + cum, "_entering_bwd_dc": x + 2 * c + 2 * cum, "_entering_bwd_de": x + c + cum}
+    """HBM bytes of each kernel, as the cost model counts them (meshplan.costmodel.compute.sp_correction_bytes)."""
+    return {"_" + k: v for k, v in sp_correction_bytes(b * s, h, p, g, n, e).items()}
 
 
 def rel(a, b) -> float:

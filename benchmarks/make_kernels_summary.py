@@ -61,6 +61,27 @@ def scan_model(ssd: dict) -> dict:
             "SCAN_BWD_HBM_FRACTION": sum(k["bytes"] for k in chunks) / sum(k["s"] for k in chunks) / H200_RATED_HBM}
 
 
+def sp_correction(bench: dict) -> dict:
+    """The SP correction kernels (meshplan/kernels/shard_state.py) on the 256K-token shard: each kernel's
+    fraction of the rated HBM rate (the cost model's constants), and against the torch ops they replace."""
+    r = max(bench["runs"], key=lambda x: x["shape"][1])
+    names = {"_entering_fwd": "SP_CORRECTION_FWD_HBM_FRACTION", "_entering_bwd_dc": "SP_CORRECTION_DC_HBM_FRACTION",
+             "_entering_bwd_de": "SP_CORRECTION_DE_HBM_FRACTION"}
+    consts = {c: r["kernels"][k]["bytes"] / r["kernels"][k]["s"] / H200_RATED_HBM for k, c in names.items()}
+    err = bench["rel_err_vs_fp64"]
+    return {"sp_correction_cost_model_constants": consts,
+            "sp_correction_speedup_over_torch": {"forward": r["forward_speedup"], "forward_backward": r["train_speedup"]},
+            "sp_correction_note": (
+                f"a Mamba-2 sequence shard's correction for its entering state, {r['shape'][1]} tokens x 80 heads of "
+                f"64, d_state 128, bf16: forward {r['forward_s'] * 1e3:.2f} ms against {r['torch_forward_s'] * 1e3:.2f} "
+                f"ms of torch ops, forward + backward {r['train_s'] * 1e3:.2f} against {r['torch_train_s'] * 1e3:.2f} "
+                f"ms; kernels at " + ", ".join(f"{k.strip('_')} {v['bandwidth_fraction']:.0%}"
+                                               for k, v in r["kernels"].items() if "bytes" in v)
+                + f" of the copy roofline ({bench['copy_bytes_per_s'] / 1e12:.2f} TB/s). Relative error against "
+                f"float64 at most {max(err.values()):.1e}. Source: shard-state-h200.json; settings: "
+                f"entering-settings-ab-h200.json")}
+
+
 def kt(run: dict, direction: str) -> float:
     """A conv run's kernel time (torch.profiler) in one direction."""
     return run["kernels_s"][direction]["_conv_fwd_march" if direction == "forward" else "_conv_bwd_march"]
@@ -183,6 +204,7 @@ def main() -> int:
         "gated_norm_note": (f"forward + backward, 16384 x 5120, one group: Triton "
                             f"{norm['runs'][0]['triton_fwd_bwd_s'] * 1e3:.2f} ms against "
                             f"{norm['runs'][0]['torch_fwd_bwd_s'] * 1e3:.2f} ms of torch ops. Source: gated-norm-h200.json"),
+        **sp_correction(load("shard-state-h200.json")),
         "command": "python benchmarks/make_kernels_summary.py (from the raw files named in each note; each names its command)",
     }
     (RESULTS / "kernels-h200.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -78,7 +78,13 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run62-x2-mamba2-long-conv-head.json",
+SOURCES = [("validation-h200-run64-x2-mamba2-sp-correction-cat.json",
+            "a Mamba-2 sequence shard's correction for its entering state as Triton kernels, and the in_proj "
+            "output's gradient joined a block of rows at a time (cat_last): SP training at 16K-1M tokens and "
+            "prefill at 16K and 128K, 2 x H200"),
+           ("validation-h200-run65-x2-mamba2-long-cat.json",
+            "the code of run 64: one GPU and TP-SSM training at 128K and 512K tokens, 2 x H200"),
+           ("validation-h200-run62-x2-mamba2-long-conv-head.json",
             "the final code at 128K-1M tokens (the state passing's offsets in int64, the sequence shard's conv "
             "without a copy): one GPU, TP-SSM and SP, 2 x H200"),
            ("validation-h200-run60-x2-norm-one-pass.json",
@@ -203,7 +209,25 @@ def era_ok(name: str, row: dict) -> bool:
         return True
     two_scans = run < 40 and "sp=" in row["layout"]
     older_kernels = run < 60 and row["mode"] != "decode"
-    return not (two_scans or older_kernels)
+    # Since run 64 a sequence shard's correction runs as Triton kernels (the model's sp_correction_s and
+    # norm phase describe them), and the in_proj output's gradient is joined in blocks of rows: past 2^31
+    # elements torch's one cat had fallen to a strided copy per part.
+    torch_correction = run < 64 and "sp=" in row["layout"] and row["mode"] != "decode"
+    one_cat = run < 64 and row["mode"] == "train" and _in_proj_grad_elements(row) >= 2 ** 31
+    return not (two_scans or older_kernels or torch_correction or one_cat)
+
+
+def _in_proj_grad_elements(row: dict) -> float:
+    """Elements of one rank's Mamba-2 in_proj output (its gradient is what the backward joins)."""
+    from meshplan.layout import parse_layout
+    from meshplan.models import PRESETS
+
+    m = PRESETS[row["model"].split("/")[0]].mamba2
+    lay = parse_layout(row["layout"])
+    t = lay.tpssm
+    groups = m.ngroups // t if m.ngroups % t == 0 else m.ngroups
+    width = 2 * m.d_inner / t + 2 * groups * m.d_state + m.nheads / t
+    return row["seq"] * row.get("batch", 1) / max(lay.sp, 1) * width
 
 
 def main() -> int:

@@ -365,7 +365,7 @@ def test_decode_kernels_cost_the_gpu_too():
 
 def test_training_host_floor_by_hand():
     """A 2-layer Mamba-2 training step at 4K on one GPU is launch-bound: 106.5 kernels per block, 2
-    blocks, 53 µs each. SP adds its correction's 142 a block; a dense TSP layer at degree 4
+    blocks, 53 µs each. SP adds its correction's 126 a block; a dense TSP layer at degree 4
     launches its two blocks' 41.9 plus twice the 117 measured at degree 2. At 32K tokens the dense
     step is GPU-bound and the floor stays under it."""
     from dataclasses import replace as _replace
@@ -376,7 +376,7 @@ def test_training_host_floor_by_hand():
     assert one.breakdown["host_s"] == pytest.approx(2 * 106.5 * 53e-6)
     assert one.step_time_s == pytest.approx(2 * 106.5 * 53e-6) and one.bound.startswith("launch-bound")
     sp = estimate_step(m2, Layout(sp=2), 4096, 1, CostOptions(), cluster, embeddings=False)
-    assert sp.breakdown["host_s"] == pytest.approx(2 * (106.5 + 142) * 53e-6)
+    assert sp.breakdown["host_s"] == pytest.approx(2 * (106.5 + 126) * 53e-6)
     prefill = estimate_step(m2, Layout(tpssm=2), 16384, 1, CostOptions(mode="prefill"), cluster, embeddings=False)
     assert prefill.breakdown["host_s"] == pytest.approx(2 * (23 + 2) * 53e-6)
     dense = _replace(PRESETS["dense-7b"], layers=2)
@@ -431,23 +431,20 @@ def test_zigzag_attention_by_hand():
 
 
 def test_sp_correction_by_hand():
-    """mamba2-2.7b, a shard of 8192 tokens, bf16, on a device of 1e15 FLOP/s at GEMM efficiency 0.5 and
-    4e12 B/s: C·E is a GEMM of 8192 × 128 → 5120 (2·8192·128·5120 FLOPs = 10.7 GFLOP, 21.5 µs; its
-    bytes, (8192·128 + 128·5120 + 8192·5120)·2 = 87.3 MB, take 21.8 µs, so the bytes bound it), and
-    each pass over the shard's y is 8192·5120·2 bytes = 83.9 MB, 21.0 µs: forward the GEMM and 4
-    passes, backward two GEMMs and 6 passes."""
+    """mamba2-2.7b, a shard of 8192 tokens, bf16, on a device of 4e12 B/s: a pass over the shard's y is
+    8192 · 5120 · 2 bytes, C 8192 · 128 · 2 and cum 8192 · 80 · 4. Forward (the Triton kernel): y0 read,
+    y written, C and cum read, at 0.561 of the rate; backward: dy, C twice (dC written) and cum twice
+    (dcum written) at 0.316, and dy, C and cum at 0.458."""
     from meshplan.costmodel.compute import Device, sp_correction_s
 
     dev = Device(1e15, 4e12, gemm_efficiency=0.5, hbm_rated_bytes_per_s=4e12)
-    gemm = (8192 * 128 + 128 * 5120 + 8192 * 5120) * 2 / 4e12
-    assert gemm > 2 * 8192 * 128 * 5120 / (1e15 * 0.5)
-    one_pass = 8192 * 5120 * 2 / 4e12
+    y, c, cum = 8192 * 5120 * 2, 8192 * 128 * 2, 8192 * 80 * 4
     fwd, bwd = sp_correction_s(PRESETS["mamba2-2.7b"], 8192, 1, 2, dev)
-    assert fwd == pytest.approx(gemm + 4 * one_pass)
-    assert bwd == pytest.approx(2 * gemm + 6 * one_pass)
-    # TP-SSM × SP: the local d_inner halves every term.
+    assert fwd == pytest.approx((2 * y + c + cum) / (4e12 * 0.561))
+    assert bwd == pytest.approx((y + 2 * c + 2 * cum) / (4e12 * 0.316) + (y + c + cum) / (4e12 * 0.458))
+    # TP-SSM × SP: the local heads halve y's and cum's bytes; C (one group, every rank's) stays.
     half = sp_correction_s(PRESETS["mamba2-2.7b"], 8192, 2, 2, dev)
-    assert half[0] < fwd and half[1] < bwd
+    assert half[0] == pytest.approx((y + c + cum / 2) / (4e12 * 0.561))
 
 
 def test_scan_passing_pays_its_steps_per_row():
@@ -473,8 +470,8 @@ def test_scan_passing_pays_its_steps_per_row():
 
 
 def test_scan_constants_are_the_committed_fit():
-    """compute.py's scan constants are kernels-h200.json's, which make_kernels_summary.py fits from the
-    committed ssd-h200.json."""
+    """compute.py's scan and SP-correction constants are kernels-h200.json's, which make_kernels_summary.py
+    fits from the committed ssd-h200.json and shard-state-h200.json."""
     import json
     from pathlib import Path
 
@@ -484,3 +481,5 @@ def test_scan_constants_are_the_committed_fit():
     for name, value in fit["scan_cost_model_constants"].items():
         if name.startswith("SCAN_"):
             assert getattr(compute, name) == pytest.approx(value, rel=2e-3), name
+    for name, value in fit["sp_correction_cost_model_constants"].items():
+        assert getattr(compute, name) == pytest.approx(value, rel=2e-3), name

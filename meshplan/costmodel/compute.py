@@ -58,6 +58,14 @@ SCAN_PASS_STEP_ISSUE_S = 0.550e-6
 SCAN_PASS_SMS = 132  # an H200's multiprocessors (torch.cuda.get_device_properties on the lent H200s)
 CONV_FWD_HBM_FRACTION = 0.758
 CONV_BWD_HBM_FRACTION = 0.706
+# A sequence shard's correction for its entering state (meshplan/kernels/shard_state.py), against
+# `sp_correction_bytes`, on an H200 at a shard of 256K tokens × 80 heads of 64, d_state 128: forward
+# 2.05 ms, backward's dC/dcum kernel 1.97 ms and dE kernel 1.29 ms (at 64K tokens: 0.549 / 0.315 / 0.443 of
+# the rated rate, against 0.561 / 0.316 / 0.458) (benchmarks/results/shard-state-h200.json, `python
+# benchmarks/bench_shard_state.py`; fitted by benchmarks/make_kernels_summary.py into kernels-h200.json).
+SP_CORRECTION_FWD_HBM_FRACTION = 0.561
+SP_CORRECTION_DC_HBM_FRACTION = 0.316
+SP_CORRECTION_DE_HBM_FRACTION = 0.458
 # Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
 # partial-sum reductions; the gated RMSNorm runs as Triton kernels, meshplan/kernels/gated_norm.py)
 # against the one pass per tensor counted below, over the four passes a training step makes
@@ -112,20 +120,20 @@ STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 10
                           "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0},
                           "decode": {"attention": 16.0, "mlp": 16.0, "mamba2": 32.0}}
 # What sharding adds per block, from the same runs (degree 2): TP-SSM's collectives and their copies;
-# a sequence split — for Mamba-2 the shard's correction for its entering state (forward, recomputed
-# forward, and their two-stage backward: 142 in training, from 497 kernels a 2-layer SP step at 128K
-# (benchmarks/results/profile-sp-mamba2-128k-conv-head-h200x2.json) less one GPU's 213, a block — it
-# was 129, the median of runs 40 and 41's five 2-GPU runs at 4K-32K, before the shard's conv ran without
-# a copy (two head kernels and their partial sums) and the norm took one pass; 30 in prefill;
-# benchmarks/results/validation-h200-run4{0,1}-x2-mamba2-sp-one-scan.json),
+# a sequence split — for Mamba-2 the shard's conv tail, the all-gather of the shards' summaries and the
+# correction for the entering state (forward, recomputed forward, their backward): 126 in training,
+# from 465 kernels a 2-layer SP step at 16K and 128K (benchmarks/results/validation-h200-run64-x2-mamba2-
+# sp-correction-cat.json, `kernels_per_step`) less one GPU's 213, a block; 23 in prefill (92 a 2-layer
+# step, less twice the 23 above). With the correction as torch ops it was 142 and 30
+# (profile-sp-mamba2-128k-conv-head-h200x2.json; validation-h200-run4{0,1}-x2-mamba2-sp-one-scan.json),
 # for a dense layer the K/V exchange (decode: each rank's partial attention and their combination) —;
 # and TSP's shard-by-shard loops, taken as growing with the degree (each ring step runs one attention
 # call and one weight shard). TP leaves a dense training layer within 2% of one GPU's count (82.5
 # against 83.8); in decode it adds one launch a layer. Dense prefill under SP or TSP was not profiled:
 # nothing is added there, so the floor is a lower bound.
-STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 142.0}, "attention": {"sp": 12.3, "tsp2": 117.0},
+STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 126.0}, "attention": {"sp": 12.3, "tsp2": 117.0},
                                   "mlp": {"sp": 12.3, "tsp2": 117.0}},
-                        "prefill": {"mamba2": {"tpssm": 2.0, "sp": 30.0}},
+                        "prefill": {"mamba2": {"tpssm": 2.0, "sp": 23.0}},
                         "decode": {"mamba2": {"tpssm": 1.0}, "attention": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0},
                                    "mlp": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0}}}
 
@@ -342,18 +350,28 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
     return BlockCompute(gemm, attn, mem, recompute_s, flops, kernel_fwd, kernel_bwd if training else 0.0)
 
 
+def sp_correction_bytes(tokens: float, heads: float, headdim: int, groups: float, d_state: int,
+                        e: int) -> dict[str, float]:
+    """HBM bytes of each kernel of a Mamba-2 sequence shard's correction for the state E entering it
+    (meshplan/kernels/shard_state.py) over `tokens` tokens: forward, y0 read and y written; backward, dy
+    read twice (once for dC and dcum, once for dE) — each with C (d_state a group and token, written
+    again as dC) and the fp32 cum (dcum written). E and the dE partial sums are a few MB.
+    benchmarks/bench_shard_state.py divides each by its kernel's measured time."""
+    x, c, cum = tokens * heads * headdim * e, tokens * groups * d_state * e, 4 * tokens * heads
+    return {"entering_fwd": 2 * x + c + cum, "entering_bwd_dc": x + 2 * c + 2 * cum, "entering_bwd_de": x + c + cum}
+
+
 def sp_correction_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device) -> tuple[float, float]:
     """Seconds, forward and backward, of a Mamba-2 sequence shard's correction for the state E entering
-    it (meshplan/executor/layouts/mamba.py, _finish_shard) over `tokens` tokens: C·E as a GEMM (tokens
-    × d_state → the local d_inner) and one addcmul y0 + C·E·exp(cum) — C·E written, then y0 and C·E
-    read and y written: 4 passes of e bytes over tokens × local d_inner. Backward: the two GEMMs of
-    dC and dE, dy·exp(cum) (read, write) and dy·C·E summed over the head dimension (two reads, one
-    write, one read of the product): 6 passes."""
+    it (meshplan/executor/layouts/mamba.py, _finish_shard; Triton kernels, meshplan/kernels/shard_state.py)
+    over `tokens` tokens: each kernel's bytes (sp_correction_bytes) at its measured HBM fraction."""
     m = model.mamba2
-    di = m.d_inner / head_div
-    gemm = gemm_time_s(tokens, di, m.d_state, e, dev)
-    passes = e * tokens * di / dev.rated_hbm
-    return gemm + 4 * passes, 2 * gemm + 6 * passes
+    b = sp_correction_bytes(tokens, m.nheads / head_div, m.headdim, m.ngroups / head_div if m.ngroups >= head_div
+                            else 1, m.d_state, e)
+    hbm = dev.rated_hbm
+    return (b["entering_fwd"] / (hbm * SP_CORRECTION_FWD_HBM_FRACTION),
+            b["entering_bwd_dc"] / (hbm * SP_CORRECTION_DC_HBM_FRACTION)
+            + b["entering_bwd_de"] / (hbm * SP_CORRECTION_DE_HBM_FRACTION))
 
 
 def int8_allreduce_kernels_s(elements: float, ranks: int, dev: Device) -> float:
