@@ -84,6 +84,8 @@ SOURCES = [("validation-h200-run64-x2-mamba2-sp-correction-cat.json",
             "prefill at 16K and 128K, 2 x H200"),
            ("validation-h200-run65-x2-mamba2-long-cat.json",
             "the code of run 64: one GPU and TP-SSM training at 128K and 512K tokens, 2 x H200"),
+           ("validation-h200-run66-x2-mamba2-tpssm-1m-cat.json",
+            "the code of run 64: TP-SSM training at 1M tokens, 2 x H200"),
            ("validation-h200-run62-x2-mamba2-long-conv-head.json",
             "the final code at 128K-1M tokens (the state passing's offsets in int64, the sequence shard's conv "
             "without a copy): one GPU, TP-SSM and SP, 2 x H200"),
