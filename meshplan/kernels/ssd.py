@@ -112,11 +112,18 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S,
         row0 = pid_b * S + c * L
         w = tl.load(w_ptr + row0 * H + h + i * H)
         decay = tl.load(decay_ptr + (pid_b * NC + c) * H + h)
-        x = tl.load(x_ptr + row0 * XT + h * P + (i[:, None] * XT + p[None, :]), mask=p[None, :] < P, other=0.0)
         bv = tl.load(b_ptr + row0 * BT + g * N + (i[:, None] * BT + n[None, :]), mask=n[None, :] < N, other=0.0)
-        # The weights go onto B, rounded to x's dtype, so that the product runs on the inputs' dtype
-        # (bf16 tensor cores, fp32 sums) — as mamba_ssm's chunk-state kernel does.
-        own = tl.dot(tl.trans(x), (bv.to(tl.float32) * w[:, None]).to(x.dtype))  # (BP, BN)
+        # The product runs on the inputs' dtype (bf16 tensor cores, fp32 sums), the weights rounded with
+        # one operand — as mamba_ssm's chunk-state kernel does.
+        if REVERSE:
+            # dy read transposed and weighted in registers, the product's A operand; C goes to it from
+            # shared memory as loaded: 0.279 → 0.240 ms at 16K × 80 heads, 2.15 → 1.91 ms at 128K on an
+            # H200, where the forward gained nothing (benchmarks/results/ssd-pass-v2-ab-h200.json).
+            xt = tl.load(x_ptr + row0 * XT + h * P + (i[None, :] * XT + p[:, None]), mask=p[:, None] < P, other=0.0)
+            own = tl.dot((xt.to(tl.float32) * w[None, :]).to(xt.dtype), bv)  # (BP, BN)
+        else:
+            x = tl.load(x_ptr + row0 * XT + h * P + (i[:, None] * XT + p[None, :]), mask=p[None, :] < P, other=0.0)
+            own = tl.dot(tl.trans(x), (bv.to(tl.float32) * w[:, None]).to(x.dtype))  # (BP, BN)
         # The state's offset in int64 (pid_b is): chunks · heads · P · N passes 2^31 from 512K tokens at 80
         # heads, and an int32 c · H · P · N wrapped there.
         tl.store(out_ptr + ((pid_b * NC + c) * H + h) * P * N + st_offs, carried.to(out_ptr.dtype.element_ty),
