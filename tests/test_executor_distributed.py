@@ -21,8 +21,8 @@ CASES = {
     ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2"]),
     ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2", "dp=2,tp=2", "dp=2,tsp=2,zero=1", "dp=2,sp=2,zero=2",
                            "pp=2,tp=2", "dp=2,pp=2,zero=1", "pp=2,sp=2", "dp=2,pp=2,zero=2", "dp=2,pp=2,zero=3"]),
-    ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "dp=2", "dp=2,zero=2", "dp=2,zero=3", "pp=2"]),
-    ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tpssm=2,sp=2", "dp=2,sp=2", "dp=2,tpssm=2,zero=2",
+    ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=2", "dp=2,zero=3", "pp=2"]),
+    ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tsp=4", "tpssm=2,sp=2", "dp=2,sp=2", "dp=2,tpssm=2,zero=2",
                                       "pp=2,tpssm=2"]),
     ("mamba2-groups", 4): (MAMBA_FOUR_GROUPS, ["tpssm=4", "tpssm=2"]),
 }

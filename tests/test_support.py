@@ -15,7 +15,7 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("model, layout, needle", [
-    ("mamba2-2.7b", "tsp=4", "TSP for attention and MLP blocks"),
+    ("mamba2-2.7b", "tsp=3", "tsp=3 must divide"),
     ("llama3-8b", "dp=2,pp=2,tsp=2,zero=2", "without tsp or tpssm"),
     ("dense-7b", "pp=3", "does not divide"),
     ("llama3-8b", "dp=2,tsp=4,zero=3", "zero=2 or below"),
@@ -28,6 +28,7 @@ def test_unsupported_names_the_field_and_the_way_out(model, layout, needle):
 
 
 @pytest.mark.parametrize("model, layout", [("llama3-8b", "tsp=8"), ("llama3-8b", "dp=2,tp=4"), ("mamba2-2.7b", "sp=8"),
+                                           ("mamba2-2.7b", "tsp=8"), ("mamba2-2.7b", "dp=2,tsp=4"),
                                            ("mamba2-2.7b", "dp=2,tpssm=2,sp=2"), ("llama3-8b", "dp=4,tsp=2,zero=2"),
                                            ("mamba2-2.7b", "dp=2,tpssm=2,zero=1"), ("llama3-8b", "dp=2,sp=2,zero=2"),
                                            ("llama3-8b", "dp=2,tp=4,zero=3"), ("llama3-8b", "pp=2,tp=4"),
@@ -38,9 +39,9 @@ def test_what_the_executor_runs(model, layout):
 
 
 def test_execute_refuses_before_launching():
-    r = runner.invoke(app, ["execute", "--model", "mamba2-2.7b", "--layout", "tsp=2", "--seq", "64", "--nproc", "2",
+    r = runner.invoke(app, ["execute", "--model", "mamba2-2.7b", "--layout", "tsp=3", "--seq", "64", "--nproc", "3",
                             "--device", "cpu"])
-    assert r.exit_code == 2 and r.output.startswith("error: layout: the executor runs TSP")
+    assert r.exit_code == 2 and r.output.startswith("error: layout: tsp=3 does not divide mamba2-2.7b's Mamba-2 heads")
     assert len(r.output.strip().splitlines()) == 1
 
 

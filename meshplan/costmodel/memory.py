@@ -418,7 +418,11 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     largest_block = max(block_params(model, k) for k in block_kinds)
     largest_streamed = max(streamed_block_params(model, k) for k in block_kinds)
     weight_shards = 0.0
-    if sh.streams_weights:
+    if sh.streams_weights and model.mamba_layers:
+        # A Mamba-2 block gathers every shard of its weights before its mixer runs, in forward and again
+        # in backward, beside the rank's own shard packed for the ring (meshplan/executor/layouts/tsp_mamba.py).
+        weight_shards = largest_streamed * p_bytes * (1 + 1 / layout.tsp)
+    elif sh.streams_weights:
         shard = largest_streamed / layout.tsp
         # The rank's own shard packed for sending, the shard in use and the one arriving.
         weight_shards = 3 * shard * p_bytes

@@ -160,9 +160,10 @@ def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int,
     sigma = layout.sp * layout.tsp
     per_block = {}
     for kind, _ in model.block_invocations():
-        # Decode needs neither the K/V gather nor SP Mamba's tails and summaries (its state is whole).
+        # Decode needs neither the K/V gather nor SP Mamba's tails and summaries (its state is whole);
+        # TSP's Mamba block still gathers its weight shards along the ring.
         comms = [c for c in block_comms(ctx, kind) if c.phase == "fwd" and c.kind != "all_gather"
-                 and not (c.kind == "send_recv" and kind in ("mamba2", "mamba1"))]
+                 and not (c.kind == "send_recv" and c.line and kind in ("mamba2", "mamba1"))]
         if kind == "attention" and sigma > 1:
             # Every shard's partial output and log-sum-exp (fp32), gathered and combined on each rank.
             attn = model.attention

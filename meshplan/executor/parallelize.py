@@ -15,17 +15,22 @@ from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelDense
 from meshplan.executor.layouts.mamba import ParallelMamba2
 from meshplan.executor.layouts.tsp import TSPDense
+from meshplan.executor.layouts.tsp_mamba import TSPMamba2
 from meshplan.executor.pipeline import stage_slice
 from meshplan.executor.zero3 import ShardedWeights
 from meshplan.layout import grad_group, sp_zigzag
 
 
 def token_positions(mesh: Mesh, seq: int, stack: Stack | None = None) -> torch.Tensor:
-    """The positions this rank holds: zigzag under TSP, and under SP where the stack (None: any) is
-    attention-only and 2Σ divides seq (meshplan.layout.sp_zigzag); contiguous otherwise."""
+    """The positions this rank holds: zigzag under TSP for attention-only stacks (None: any), and under
+    SP where the stack is attention-only and 2Σ divides seq (meshplan.layout.sp_zigzag); contiguous
+    otherwise."""
     layout = mesh.layout
     if layout.tsp > 1:
-        return zigzag_tokens(seq, layout.tsp, mesh.axis("tsp").rank)
+        if stack is None or attention_only(stack):
+            return zigzag_tokens(seq, layout.tsp, mesh.axis("tsp").rank)
+        # A Mamba block's recurrence runs along the ranks in order (TSPMamba2, as SP's shards).
+        return contiguous_tokens(seq, layout.tsp, mesh.axis("tsp").rank)
     if layout.sp > 1:
         if stack is not None and sp_zigzag(layout, seq, attention_only(stack)):
             return zigzag_tokens(seq, layout.sp, mesh.axis("sp").rank)
@@ -52,8 +57,9 @@ def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False
                 out.append(ParallelDense(layer, mesh, tensor_axis, seq_axis, positions, seq, zigzag))
         elif isinstance(layer, Mamba2Block):
             if layout.tsp > 1:
-                raise NotImplementedError("the executor runs TSP for dense layers; use tpssm or sp for Mamba-2")
-            out.append(ParallelMamba2(layer, mesh, tensor_axis, seq_axis, int8_allreduce))
+                out.append(TSPMamba2(layer, mesh))
+            else:
+                out.append(ParallelMamba2(layer, mesh, tensor_axis, seq_axis, int8_allreduce))
         else:
             raise TypeError(f"cannot parallelize {type(layer).__name__}")
     return nn.ModuleList(out)

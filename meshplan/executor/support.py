@@ -1,8 +1,8 @@
 """What the executor runs, checked before anything launches (torch-free: the CLI and the planner ask).
 
 The cost model scores more than the executor runs: ZeRO 2 and 3 under pipeline stages with a tsp or
-tpssm axis, ZeRO 3 under TSP, TSP over Mamba blocks, and models other than dense and Mamba-2 stacks are
-priced but not executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
+tpssm axis, ZeRO 3 under TSP, and models other than dense and Mamba-2 stacks are priced but not
+executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
 them.
 """
 
@@ -29,7 +29,12 @@ def unsupported(layout: Layout, model: ModelSpec) -> str | None:
         return (f"layout: the executor's TSP streams its own weight shards and does not also shard them "
                 f"for ZeRO 3; with tsp={layout.tsp} execute zero=2 or below")
     if layout.tsp > 1 and model.family == "mamba2":
-        return f"layout: the executor runs TSP for attention and MLP blocks, not Mamba-2's; use tpssm or sp for {model.name}"
+        m = model.mamba2
+        sizes = {"in_proj rows": m.in_proj_width, "conv channels": m.conv_dim, "heads": m.nheads, "d_inner": m.d_inner}
+        bad = [f"{k} {v}" for k, v in sizes.items() if v % layout.tsp]
+        if bad:
+            return (f"layout: tsp={layout.tsp} must divide {model.name}'s Mamba-2 weights ({', '.join(bad)}); "
+                    f"pick a tsp that divides them")
     if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:
         return f"layout: the executor's TSP ring is written for gated MLPs; {model.name}'s is not gated"
     t = layout.tpssm if layout.tpssm > 1 else layout.tp

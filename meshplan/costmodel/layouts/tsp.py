@@ -21,7 +21,8 @@ def sharding(layout: Layout, options: MemoryOptions):
 
 def block_comms(ctx, kind: str):
     """Attention: D broadcasts of the packed W_Q,W_K,W_V,W_O shards (one per owner) and the zigzag
-    K/V all-gather. Gated MLP (and Mamba blocks): D − 1 ring hops of the weight shard. Backward
+    K/V all-gather. Gated MLP (and Mamba blocks): D − 1 ring hops of the weight shard (hidden behind the
+    MLP's GEMMs; a Mamba block waits for all of them). Backward
     re-streams the shards the same way, re-gathers K/V, reduce-scatters dK/dV, and reduce-scatters
     the weight gradients (every rank holds partial gradients of every shard from its own tokens).
     Mamba blocks also hand the chunk-final state along the sequence, as SP does."""
@@ -37,6 +38,11 @@ def block_comms(ctx, kind: str):
     if kind == "attention":
         stream = [Comm("broadcast", "tsp", shard, d, count=d, phase=phase, block=kind,
                        what="attention weight shards", overlap="gemm") for phase in ("fwd", "bwd")]
+    elif kind in ("mamba2", "mamba1"):
+        # The executor's Mamba-2 block gathers every shard along the ring before its mixer runs, in
+        # forward and again in backward (meshplan/executor/layouts/tsp_mamba.py): nothing hides it.
+        stream = [Comm("send_recv", "tsp", shard, d, count=d - 1, phase=phase, block=kind,
+                       what="weight shard ring (gathered)") for phase in ("fwd", "bwd")]
     else:
         stream = [Comm("send_recv", "tsp", shard, d, count=d - 1, phase=phase, block=kind,
                        what="weight shard ring", overlap="gemm") for phase in ("fwd", "bwd")]
