@@ -42,19 +42,21 @@ ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forwa
 # by their programs' issue, not by HBM (ncu: benchmarks/results/ncu-state-passing-h200.txt): a program (a
 # row, head and state tile) takes its row's chunks in turn, so a passing takes steps · max(latency,
 # ⌈programs / SMs⌉ · issue); the latency from 16K × 40 heads (one program an SM), the issue time from
-# 16K × 80 (two), and 4 × 4K × 80 (five) predicted within 1.3% (benchmarks/results/kernels-h200.json
+# 16K × 80 (two); 4 × 4K × 80 (five) comes out 10% under (benchmarks/results/kernels-h200.json
 # "scan_cost_model_constants", computed by benchmarks/make_kernels_summary.py from ssd-h200.json,
-# `python benchmarks/bench_ssd.py`). Other GPUs get the H200's step times and SM count. The causal
+# `python benchmarks/bench_ssd.py`; the same passings ran 0.24 ms on this H200 against 0.28 on the one
+# before, whose fit was 0.677 / 0.550 µs and within 1.3% of 4 × 4K). Other GPUs get the H200's step
+# times and SM count. The causal
 # conv1d at 4 × 16K × 5376 channels with its time-marching kernels, against x read and the output
 # written (forward), x and dy read and dx written (backward): forward 3.64e12 B/s (0.388 ms), backward
 # 3.39e12 B/s (0.623 ms) (benchmarks/results/conv1d-kernels-h200-r1.json, `python
 # benchmarks/bench_conv1d.py`, its main row; -r2, the run after it: 0.388 and 0.624 ms). A conv call timed
 # alone takes 0.43-0.45 and 0.72-0.73 ms: the host's launch before the kernel, and in the backward 0.03
 # ms of torch's dw, db partial sums.
-SCAN_FWD_HBM_FRACTION = 0.661
+SCAN_FWD_HBM_FRACTION = 0.670
 SCAN_BWD_HBM_FRACTION = 0.458
-SCAN_PASS_STEP_LATENCY_S = 0.677e-6
-SCAN_PASS_STEP_ISSUE_S = 0.550e-6
+SCAN_PASS_STEP_LATENCY_S = 0.638e-6
+SCAN_PASS_STEP_ISSUE_S = 0.478e-6
 SCAN_PASS_SMS = 132  # an H200's multiprocessors (torch.cuda.get_device_properties on the lent H200s)
 CONV_FWD_HBM_FRACTION = 0.758
 CONV_BWD_HBM_FRACTION = 0.706
