@@ -31,8 +31,8 @@ from meshplan.topologies import load_cluster
 
 DENSE_LAYOUTS = ["single", "tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2", "tp=4",
                  "sp=4", "tsp=4", "tp=2,sp=2"]
-MAMBA_LAYOUTS = ["single", "tpssm=2", "sp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2", "tpssm=4",
-                 "sp=4", "tpssm=2,sp=2"]
+MAMBA_LAYOUTS = ["single", "tpssm=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2",
+                 "tpssm=4", "sp=4", "tsp=4", "tpssm=2,sp=2"]
 
 
 def plan(args) -> list[dict]:
@@ -58,12 +58,13 @@ def plan(args) -> list[dict]:
         runs += [dict(model=m, layout=x, seq=seq, mode="train") for x in MAMBA_LAYOUTS]
     for seq in prefill_seqs:
         runs += [dict(model=d, layout=x, seq=seq, mode="prefill") for x in ("single", "pp=2", "tp=4", "tsp=4", "sp=4")]
-        runs += [dict(model=m, layout=x, seq=seq, mode="prefill") for x in ("single", "tpssm=2", "sp=2", "pp=2", "tpssm=4")]
+        runs += [dict(model=m, layout=x, seq=seq, mode="prefill")
+                 for x in ("single", "tpssm=2", "sp=2", "tsp=2", "pp=2", "tpssm=4", "tsp=4")]
         # Decode: one token per sequence after a prefill of `seq`, batch 8.
         runs += [dict(model=d, layout=x, seq=seq, mode="decode", batch=8)
                  for x in ("single", "tp=2", "sp=2", "tsp=2", "pp=2", "tp=4", "tsp=4")]
         runs += [dict(model=m, layout=x, seq=seq, mode="decode", batch=8)
-                 for x in ("single", "tpssm=2", "sp=2", "pp=2", "tpssm=4")]
+                 for x in ("single", "tpssm=2", "sp=2", "tsp=2", "pp=2", "tpssm=4", "tsp=4")]
     return runs
 
 

@@ -78,7 +78,12 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run64-x2-mamba2-sp-correction-cat.json",
+SOURCES = [("validation-h200-run67-x2-mamba2-tsp.json",
+            "TSP over Mamba-2 blocks (meshplan/executor/layouts/tsp_mamba.py), tsp=2: training at 4K and 16K, "
+            "prefill and decode at 16K, 2 x H200"),
+           ("validation-h200-run68-x2-mamba2-tsp-long.json",
+            "the code of run 67: TSP 2 Mamba-2 training at 128K and 512K tokens, 2 x H200"),
+           ("validation-h200-run64-x2-mamba2-sp-correction-cat.json",
             "a Mamba-2 sequence shard's correction for its entering state as Triton kernels, and the in_proj "
             "output's gradient joined a block of rows at a time (cat_last): SP training at 16K-1M tokens and "
             "prefill at 16K and 128K, 2 x H200"),

@@ -219,6 +219,17 @@ def test_decode_runner_up_with_fewer_replicas_is_explained_by_its_tokens():
     assert "carries 32 tokens against 64" in result.reason and "ties on time" not in result.reason
 
 
+def test_a_runner_up_that_ties_in_less_memory_is_not_said_to_lose_on_memory():
+    """mamba2-2.7b at 256K on 8 H200s: sp=8 and tsp=8 tie on time (tsp=8 0.03% slower) and tsp=8 needs
+    less memory: the explanation gives the hair it lost by, not its memory."""
+    result = plan(PRESETS["mamba2-2.7b"], load_cluster("h200-8"), 262144, 1, CostOptions(), "throughput")
+    first, second = result.ranked[0], result.ranked[1]
+    assert second.estimate.step_time_s == pytest.approx(first.estimate.step_time_s, rel=1e-3)
+    assert second.total_bytes < first.total_bytes
+    assert "a tie inside the cost model's error, though it needs less memory" in result.reason
+    assert "ties on time and it needs" not in result.reason
+
+
 def test_launch_bound_winner_is_explained_and_the_floor_can_be_left_out():
     """mamba2-2.7b at 4K tokens: 64 layers × 106.5 kernels at 53 µs outlast the GPU work, and the reason
     says what to do about it; without the floor the same plan is compute-bound and faster."""

@@ -146,9 +146,13 @@ def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, o
         if objective != "memory" and same_time and abs(r.tokens_per_s / w.tokens_per_s - 1) > 1e-3:
             lost = (f"its step takes as long but carries {r.tokens_per_step:,.0f} tokens against "
                     f"{w.tokens_per_step:,.0f}")
-        elif objective == "memory" or same_time:
+        elif objective == "memory" or (same_time and r_c.total_bytes >= win.total_bytes):
             tie = "" if objective == "memory" else "it ties on time and "
             lost = f"{tie}it needs {_gib(r_c.total_bytes)} per GPU against {_gib(win.total_bytes)}"
+        elif same_time:  # a tie the winner takes by a hair, though the runner-up needs less memory
+            lost = (f"it is {r.step_time_s / w.step_time_s - 1:.2%} slower per {per}, a tie inside the cost "
+                    f"model's error, though it needs less memory ({_gib(r_c.total_bytes)} per GPU against "
+                    f"{_gib(win.total_bytes)})")
         elif diffs[main] > 0:
             lost = (f"its {main} costs {_ms(diffs[main])} more per {per} "
                     f"({_ms(getattr(r, 'compute_s' if main == 'compute' else 'exposed_comm_s'))} against "
