@@ -420,8 +420,13 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     weight_shards = 0.0
     if sh.streams_weights and model.mamba_layers:
         # A Mamba-2 block gathers every shard of its weights before its mixer runs, in forward and again
-        # in backward, beside the rank's own shard packed for the ring (meshplan/executor/layouts/tsp_mamba.py).
-        weight_shards = largest_streamed * p_bytes * (1 + 1 / layout.tsp)
+        # in backward (meshplan/executor/layouts/tsp_mamba.py): the whole block's weights stand beside
+        # the mixer's transients (the ring's rows and the packed shard are freed by then: the replayed
+        # training peak, memory-peak-mamba2-train-tsp2-h200.json). A decode step's peak is the
+        # unpacking, where the ring's rows and the whole weights stand together before the step's own
+        # tensors exist (0.30 GiB measured at tsp=2: validation-h200-run67-x2-mamba2-tsp.json).
+        block = largest_streamed * p_bytes
+        weight_shards = max(2 * block - working, block) if opts.mode == "decode" else block
     elif sh.streams_weights:
         shard = largest_streamed / layout.tsp
         # The rank's own shard packed for sending, the shard in use and the one arriving.
