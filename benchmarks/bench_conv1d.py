@@ -19,7 +19,7 @@ import json
 
 import torch
 
-from meshplan.executor.run import kernel_times, median_time_s
+from meshplan.executor.run import copy_roofline_bytes_per_s, kernel_times, median_time_s
 from meshplan.kernels import conv1d
 from meshplan.kernels.conv1d import causal_conv1d, causal_conv1d_bwd, causal_conv1d_fwd, causal_conv1d_update
 from meshplan.kernels.reference import causal_conv1d_ref, causal_conv1d_update_ref
@@ -69,9 +69,7 @@ def main() -> int:
     ap.add_argument("--tiles", action="store_true", help="also time the forward over tile shapes")
     ap.add_argument("--march", action="store_true", help="also time the time-marching kernels' settings")
     args = ap.parse_args()
-    big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    copy_s = median_time_s(lambda: big.clone(), reps=20, warmup=3)
-    copy_bw = 2 * big.numel() / copy_s  # read + write
+    copy_bw = copy_roofline_bytes_per_s(reps=20, warmup=3)
     rows = []
     for b, t, c in ((4, 16384, 5376), (1, 65536, 5376), (8, 4096, 3328)):
         x, w, bias, seq_idx = conv_inputs(b, t, c)

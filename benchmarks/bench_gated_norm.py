@@ -16,7 +16,7 @@ import json
 import torch
 
 from meshplan.executor.blocks import gated_rmsnorm
-from meshplan.executor.run import median_time_s
+from meshplan.executor.run import copy_roofline_bytes_per_s, median_time_s
 from meshplan.kernels.gated_norm import gated_rmsnorm_triton
 
 
@@ -24,8 +24,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
+    copy_bw = copy_roofline_bytes_per_s()
     rows = []
     for tokens, channels, group in ((16384, 5120, 5120), (16384, 5120, 640), (65536, 2560, 2560)):
         y, g = (torch.randn(1, tokens, channels, device="cuda", dtype=torch.bfloat16) for _ in range(2))

@@ -17,7 +17,7 @@ import json
 import torch
 
 from meshplan.costmodel.compute import sp_correction_bytes
-from meshplan.executor.run import kernel_times, median_time_s
+from meshplan.executor.run import copy_roofline_bytes_per_s, kernel_times, median_time_s
 from meshplan.kernels.reference import entering_state_ref
 from meshplan.kernels.shard_state import EnteringStateFn
 
@@ -57,8 +57,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
+    copy_bw = copy_roofline_bytes_per_s()
     rows = []
     for shape in SHAPES:
         ins, dy = inputs(*shape)

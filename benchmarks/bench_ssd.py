@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.costmodel.compute import ssd_kernel_bytes
-from meshplan.executor.run import kernel_times, median_time_s
+from meshplan.executor.run import copy_roofline_bytes_per_s, kernel_times, median_time_s
 from meshplan.kernels import launch
 from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
@@ -196,8 +196,7 @@ def main() -> int:
         return tune_forward(args)
     if args.tune_passing:
         return tune_passing(args)
-    big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    copy_bw = 2 * big.numel() / median_time_s(lambda: big.clone(), reps=10, warmup=2)
+    copy_bw = copy_roofline_bytes_per_s()
     rows = []
     for b, s, h, p, g, n in SHAPES:
         x, dt, A, B, C, D = ins = inputs(b, s, h, p, g, n)

@@ -66,6 +66,13 @@ def use_expandable_segments() -> None:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
+def copy_roofline_bytes_per_s(reps: int = 10, warmup: int = 2) -> float:
+    """Bytes a second a device-to-device copy of 1 GiB moves (read and write): the roofline the kernel
+    benchmarks divide their traffic by."""
+    big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
+    return 2 * big.numel() / median_time_s(lambda: big.clone(), reps=reps, warmup=warmup)
+
+
 def median_time_s(fn, reps: int = 10, warmup: int = 3) -> float:
     """Median seconds of fn on the GPU after `warmup` untimed calls (CUDA events)."""
     for _ in range(warmup):

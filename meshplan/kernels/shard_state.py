@@ -47,6 +47,12 @@ def _tokens(pid, S, L: tl.constexpr):
 
 
 @triton.jit
+def _load_c(c_ptr, rows, tm, g, n, N, CT):
+    """Group g's C at the given token rows (C's tokens CT apart), d_state columns n: (L, BN)."""
+    return tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & (n < N)[None, :], other=0.0)
+
+
+@triton.jit
 def _heads(h0, h_end, P, HB: tl.constexpr, BP: tl.constexpr):
     """The columns of HB heads side by side from head h0 (none past h_end): each column's head, headdim
     index and mask."""
@@ -72,11 +78,9 @@ def _entering_fwd(y0_ptr, c_ptr, cum_ptr, e_ptr, y_ptr, S, H, G, P, N, CT,
     """Grid (batch · token blocks, groups): y = y0 + exp(cum) · C · E_h for each head h of the group, HB
     heads a step, C's block loaded once for them all."""
     bi, t, tm = _tokens(tl.program_id(0), S, L)
-    g = tl.program_id(1)
-    n = tl.arange(0, BN)
-    nm = n < N
-    rows = bi * S + t
-    cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
+    g, n = tl.program_id(1), tl.arange(0, BN)
+    nm, rows = n < N, bi * S + t
+    cv = _load_c(c_ptr, rows, tm, g, n, N, CT)
     hpg = H // G
     for k in tl.range(0, hpg, HB, num_stages=2):
         h0 = g * hpg + k
@@ -97,11 +101,9 @@ def _entering_bwd_dc(dy_ptr, c_ptr, cum_ptr, e_ptr, dc_ptr, dcum_ptr, S, H, G, P
                      L: tl.constexpr, HB: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """Grid (batch · token blocks, groups): dC over the group's heads and dcum of each, HB heads a step."""
     bi, t, tm = _tokens(tl.program_id(0), S, L)
-    g = tl.program_id(1)
-    n = tl.arange(0, BN)
-    nm = n < N
-    rows = bi * S + t
-    cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
+    g, n = tl.program_id(1), tl.arange(0, BN)
+    nm, rows = n < N, bi * S + t
+    cv = _load_c(c_ptr, rows, tm, g, n, N, CT)
     dc = tl.zeros((L, BN), dtype=tl.float32)
     hpg = H // G
     for k in tl.range(0, hpg, HB, num_stages=2):
@@ -143,7 +145,7 @@ def _entering_bwd_de(dy_ptr, c_ptr, cum_ptr, part_ptr, S, H, G, P, N, CT, SPAN,
         t = t0 + tl.arange(0, L)
         tm = t < S
         rows = bi * S + t
-        cv = tl.load(c_ptr + rows[:, None] * CT + g * N + n[None, :], mask=tm[:, None] & nm[None, :], other=0.0)
+        cv = _load_c(c_ptr, rows, tm, g, n, N, CT)
         mask = tm[:, None] & cm[None, :]
         ex = _decay(cum_ptr, bi, h0, h0 - g * hpg, hpg, t, tm, S, H, HB, BP)
         dy = tl.load(dy_ptr + (rows[:, None] * H + hh[None, :]) * P + p[None, :], mask=mask, other=0.0)

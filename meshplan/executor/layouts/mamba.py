@@ -89,7 +89,7 @@ def _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm):
     linear in its entering state, so y_t = y0_t + exp(cum_t) · C_t·E (cum_t = Σ_{k≤t} dt_k·A, per head)
     and the state leaving it is final0 + exp(cum_last)·E. C·E takes C's dtype — bf16 on the GPU, as the
     Triton scan's entering states are stored — and y y0's. Then the gated norm and out_proj."""
-    d_inner, ngroups, d_state, nheads, headdim = dims
+    d_inner, ngroups = dims[:2]
     b, s = y0.shape[:2]
     # (b, s, h), fp32, summed along the tokens with them innermost: torch's cumsum over a middle
     # dimension took 1.4 ms for 8K tokens × 80 heads on an H200, more than the scan it replaces
