@@ -24,8 +24,9 @@ from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
 from meshplan.kernels.ssd import ssd_chunked
 
-FWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_chunk_scan")
-BWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_state_passing_bwd", "_chunk_bwd_dx", "_chunk_bwd_dbc")
+FWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_join_segments", "_chunk_scan")
+BWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_state_passing_bwd", "_join_segments", "_chunk_bwd_dx",
+               "_chunk_bwd_dbc")
 
 SHAPES = ((1, 16384, 80, 64, 1, 128), (4, 4096, 80, 64, 1, 128), (1, 16384, 40, 64, 1, 128))
 
@@ -149,6 +150,73 @@ def tune_passing(args) -> int:
     return 0
 
 
+# Shapes of the segmented-passing sweep: the main rows, and long rows of one sequence (a context shard).
+SEGMENT_SHAPES = SHAPES + ((2, 8192, 80, 64, 1, 128), (1, 131072, 80, 64, 1, 128), (1, 65536, 40, 64, 1, 128))
+
+
+def segments(args) -> int:
+    """Segmented state passings (meshplan.kernels.launch.pass_segments) against whole rows: for each
+    shape, unsegmented, then each program target with the forward's passing alone segmented and with
+    the backward's too (ssd_bwd.SEGMENT_BACKWARD), in two interleaved rounds — the whole calls' median
+    times, each kernel's profiled time, the kernel bandwidth fractions (as the main table counts them:
+    the join's bytes are not counted), and the outputs and gradients against the unsegmented run's."""
+    copy_bw = copy_roofline_bytes_per_s()
+    variants = [("whole", 0, False)] + [(f"{w}-{t}", t, w == "both") for t in (256, 512, 1024, 2048)
+                                        for w in ("forward", "both")]
+    rows = []
+    for shape in SEGMENT_SHAPES:
+        rows += _segment_rows(shape, variants, args.chunk, copy_bw)
+        torch.cuda.empty_cache()
+    json.dump({"command": f"python benchmarks/bench_ssd.py --segments --chunk {args.chunk} --out $OUT/ssd-segments.json",
+               "gpu": torch.cuda.get_device_name(0), "copy_bytes_per_s": copy_bw, "runs": rows},
+              open(args.out, "w"), indent=1)
+    return 0
+
+
+def _segment_rows(shape, variants, chunk: int, copy_bw: float) -> list[dict]:
+    import meshplan.kernels.ssd as ssd
+
+    b, s, h, p, g, n = shape
+    x, dt, A, B, C, D = ins = inputs(b, s, h, p, g, n)
+    dy = torch.randn_like(x)
+    traffic = kernel_traffic(b, s, h, p, g, n, chunk)
+
+    def fwd():
+        return ssd.ssd_forward(*ins, chunk=chunk)
+
+    def bwd():
+        return ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk)
+
+    base, rows = None, []
+    for rnd in range(2):
+        for name, target, backward_too in variants:
+            launch.PASS_PROGRAM_TARGET, ssd_bwd.SEGMENT_BACKWARD = target, backward_too
+            with torch.no_grad():
+                y, final = fwd()
+                grads = bwd()[:6]
+                base = base or (y, final, grads)
+                diff = {"y": rel(y, base[0]), "final": rel(final, base[1]),
+                        **{k: rel(o, w) for k, o, w in zip(("x", "dt", "A", "B", "C", "D"), grads, base[2])}}
+                del y, final, grads
+                t_fwd, t_bwd = median_time_s(fwd, reps=10, warmup=2), median_time_s(bwd, reps=10, warmup=2)
+                k_fwd, k_bwd = kernel_times(fwd, FWD_KERNELS), kernel_times(bwd, BWD_KERNELS)
+            kf = sum(v for k, v in k_fwd.items() if k != "other")
+            kb = sum(v for k, v in k_bwd.items() if k != "other")
+            row = {"round": rnd, "shape": list(shape), "variant": name,
+                   "segments": launch.pass_segments(b, h, p, n, -(-s // chunk)),
+                   "forward_s": t_fwd, "backward_s": t_bwd, "kernels_forward_s": k_fwd, "kernels_backward_s": k_bwd,
+                   "forward_kernel_fraction": sum(traffic["forward"].values()) / kf / copy_bw,
+                   "backward_kernel_fraction": sum(traffic["backward"].values()) / kb / copy_bw,
+                   "rel_diff_vs_whole_rows": diff}
+            rows.append(row)
+            print(f"r{rnd} {b}x{s}x{h} {name:13s} seg {row['segments'][0]:2d}: fwd {t_fwd * 1e3:.3f} ms "
+                  f"(kernels {kf * 1e3:.3f}, {row['forward_kernel_fraction']:.0%}), bwd {t_bwd * 1e3:.3f} ms "
+                  f"(kernels {kb * 1e3:.3f}, {row['backward_kernel_fraction']:.0%}); "
+                  + ", ".join(f"{k.strip('_')} {v * 1e3:.3f}" for k, v in k_bwd.items())
+                  + f"; max diff {max(diff.values()):.1e}", flush=True)
+    return rows
+
+
 def tune(args) -> int:
     """The backward's settings — headdim block, the dx and the dB/dC kernels' warps, the d_state
     block — on the first shape: the whole call's time and each kernel's profiled time."""
@@ -186,6 +254,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="print the forward's and backward's kernels and stop")
     ap.add_argument("--tune-forward", action="store_true", help="time the forward's launch settings and stop")
     ap.add_argument("--tune-passing", action="store_true", help="time the state passings' launch settings and stop")
+    ap.add_argument("--segments", action="store_true", help="time segmented state passings against whole rows and stop")
     args = ap.parse_args()
     chunk = args.chunk
     if args.tune:
@@ -196,6 +265,8 @@ def main() -> int:
         return tune_forward(args)
     if args.tune_passing:
         return tune_passing(args)
+    if args.segments:
+        return segments(args)
     copy_bw = copy_roofline_bytes_per_s()
     rows = []
     for b, s, h, p, g, n in SHAPES:

@@ -19,7 +19,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from meshplan.kernels import conv1d, ssd_bwd
+from meshplan.kernels import conv1d, launch, ssd_bwd
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 INSTR = re.compile(r"\s+/\*[0-9a-f]{4}\*/")
@@ -99,11 +99,19 @@ def kernels() -> dict:
                  SPAN=triton.next_power_of_2(c.MARCH_FWD_ROWS + 3))
     bwd_k = dict(K=4, HAS_IDX=True, SILU=True, BC=c.MARCH_CHANNELS, STAGES=c.MARCH_STAGES, EVEN_C=True,
                  PREFETCH=c.MARCH_PREFETCH, SPAN=triton.next_power_of_2(c.MARCH_ROWS + 9))
-    dx_names = ("x_ptr dt_ptr a_ptr b_ptr c_ptr d_ptr enter_ptr ds_ptr dy_ptr sid_ptr prev_ptr keep_ptr dx_ptr "
-                "ddt_ptr dcb_ptr da_ptr dd_ptr S H G P N XT BT CT").split()
-    dx_types = ("*bf16 *fp32 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *bf16 *i32 *i32 *fp32 *bf16 *fp32 *bf16 *fp32 "
-                "*fp32 i32 i32 i32 i32 i32 i32 i32 i32").split()
-    dx_sig = dict(zip(dx_names, dx_types)) | dict.fromkeys(("HAS_D", "HAS_SID", "L", "BP", "BN"), "constexpr")
+    dx_names = ("x_ptr dt_ptr a_ptr b_ptr c_ptr d_ptr enter_ptr e_starts_ptr e_delta_ptr ds_ptr ds_starts_ptr "
+                "ds_delta_ptr dy_ptr sid_ptr prev_ptr keep_ptr dx_ptr ddt_ptr dcb_ptr da_ptr dd_ptr S H G P N XT BT CT K "
+                "NSEG").split()
+    dx_types = ("*bf16 *fp32 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *i32 *i32 *fp32 *bf16 "
+                "*fp32 *bf16 *fp32 *fp32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32").split()
+    dx_sig = dict(zip(dx_names, dx_types)) | dict.fromkeys(("HAS_D", "HAS_SID", "SEGMENTED", "L", "BP", "BN"),
+                                                           "constexpr")
+    dbc_names = ("x_ptr dt_ptr a_ptr b_ptr c_ptr enter_ptr e_starts_ptr e_delta_ptr ds_ptr ds_starts_ptr ds_delta_ptr "
+                 "dy_ptr sid_ptr prev_ptr dcb_ptr db_ptr dc_ptr S H G P N XT BT CT K NSEG").split()
+    dbc_types = ("*bf16 *fp32 *fp32 *bf16 *bf16 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *i32 *i32 *bf16 *fp32 *fp32 "
+                 "i32 i32 i32 i32 i32 i32 i32 i32 i32 i32").split()
+    dbc_sig = dict(zip(dbc_names, dbc_types)) | dict.fromkeys(("HPP", "HAS_SID", "SEGMENTED", "L", "BP", "BN"),
+                                                              "constexpr")
     silu_sig = {"x_ptr": "*bf16", "o_ptr": "*bf16"}
     return {
         "silu_tl_sigmoid": (compile_sm90(_silu_torch_style, silu_sig, {}, 1), "x · tl.sigmoid(x), 4 elements a thread"),
@@ -115,8 +123,24 @@ def kernels() -> dict:
         "conv_bwd_march": (compile_sm90(c._conv_bwd_march, bwd_sig, bwd_k, c.MARCH_WARPS, c.MARCH_MAXNREG),
                            f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx, maxnreg {c.MARCH_MAXNREG}"),
         "ssd_chunk_bwd_dx": (compile_sm90(ssd_bwd._chunk_bwd_dx, dx_sig,
-                                          dict(HAS_D=True, HAS_SID=False, L=64, BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
+                                          dict(HAS_D=True, HAS_SID=False, SEGMENTED=False, L=64,
+                                               BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
                                           ssd_bwd.BWD_WARPS), "chunk 64, headdim block 32, d_state 128"),
+        "ssd_chunk_bwd_dx_segmented": (compile_sm90(ssd_bwd._chunk_bwd_dx, dx_sig,
+                                                    dict(HAS_D=True, HAS_SID=False, SEGMENTED=True, L=64,
+                                                         BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
+                                                    ssd_bwd.BWD_WARPS),
+                                       "the same, its states from segmented passings"),
+        # mamba2-2.7b's 80 heads in one group: 10 a program (launch.bwd_splits at 16K tokens)
+        "ssd_chunk_bwd_dbc": (compile_sm90(ssd_bwd._chunk_bwd_dbc, dbc_sig,
+                                           dict(HPP=10, HAS_SID=False, SEGMENTED=False, L=64,
+                                                BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=launch.BWD_STATE_BLOCK),
+                                           ssd_bwd.BWD_DBC_WARPS), "chunk 64, 10 heads, headdim block 32, d_state 128"),
+        "ssd_chunk_bwd_dbc_segmented": (compile_sm90(ssd_bwd._chunk_bwd_dbc, dbc_sig,
+                                                     dict(HPP=10, HAS_SID=False, SEGMENTED=True, L=64,
+                                                          BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=launch.BWD_STATE_BLOCK),
+                                                     ssd_bwd.BWD_DBC_WARPS),
+                                        "the same, its states from segmented passings"),
     }
 
 

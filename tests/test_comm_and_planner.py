@@ -480,6 +480,21 @@ def test_scan_passing_pays_its_steps_per_row():
     assert compute.scan_pass_s(1, 16384, 40, 64, 128) == pytest.approx(256 * lat)
 
 
+def test_segmented_scan_passing_pays_a_segment_and_the_join(monkeypatch):
+    """With the passings cut into segments (meshplan.kernels.launch.pass_segments, a target of 512
+    programs): one row of 256 chunks × 80 heads × 2 tiles becomes 4 segments of 64 chunks, 640
+    programs (five an SM), as four rows of 4096 tokens, plus the join's 4 steps; 40 heads, 7 segments
+    of 37 chunks, 560 programs (five an SM)."""
+    from meshplan.costmodel import compute
+    from meshplan.kernels import launch
+
+    monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
+    lat, issue = compute.SCAN_PASS_STEP_LATENCY_S, compute.SCAN_PASS_STEP_ISSUE_S
+    assert compute.scan_pass_s(1, 16384, 80, 64, 128) == pytest.approx(64 * max(lat, 5 * issue) + 4 * lat)
+    assert compute.scan_pass_s(1, 16384, 40, 64, 128) == pytest.approx(37 * max(lat, 5 * issue) + 7 * lat)
+    assert compute.scan_pass_s(4, 4096, 80, 64, 128) == pytest.approx(64 * max(lat, 5 * issue))  # enough already
+
+
 def test_scan_constants_are_the_committed_fit():
     """compute.py's scan and SP-correction constants are kernels-h200.json's, which make_kernels_summary.py
     fits from the committed ssd-h200.json and shard-state-h200.json."""

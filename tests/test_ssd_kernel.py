@@ -144,3 +144,71 @@ def test_triton_ssd_reads_column_slices_in_place():
 
     for got, want in zip(run(False), run(True)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _segmented(mp, per_segment: int):
+    """Passings cut into as many segments as leave each `per_segment` chunks or more, whatever the
+    programs (segments of ⌈chunks / segments⌉, the last shorter where that does not divide)."""
+    mp.setattr(launch, "PASS_PROGRAM_TARGET", 10 ** 6)
+    mp.setattr(launch, "PASS_MIN_SEGMENT_CHUNKS", per_segment)
+
+
+def test_pass_segments_fill_the_target_in_whole_chunks(monkeypatch):
+    monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
+    monkeypatch.setattr(launch, "PASS_MIN_SEGMENT_CHUNKS", 8)
+    assert launch.pass_segments(4, 80, 64, 128, 64) == (1, 64)  # 640 programs: no cut
+    assert launch.pass_segments(1, 80, 64, 128, 256) == (4, 64)  # 160 programs → 640
+    assert launch.pass_segments(1, 40, 64, 128, 256) == (7, 37)  # 80 → 560; 7 segments of 37, the last 34
+    assert launch.pass_segments(1, 2, 64, 128, 20) == (2, 10)  # at least 8 chunks a segment
+    assert launch.pass_segments(1, 2, 64, 128, 9) == (1, 9)
+
+
+# 8 chunks in 8, 4 or 2 segments; 7 in 7, 3 (of 3, 3, 1) or 2 (4, 3); with and without an initial
+# state; the output kernel one head a program and a group's heads in its loop.
+@pytest.mark.parametrize("per_segment, split_target", [(1, 1024), (2, 1), (3, 1024)])
+@pytest.mark.parametrize("s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 8, False), (100, 4, 16, 2, 16, 16, True)])
+def test_segmented_passing_matches_the_recurrence(monkeypatch, per_segment, split_target, s, h, p, g, n, chunk,
+                                                   with_init):
+    _segmented(monkeypatch, per_segment)
+    monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
+    assert launch.pass_segments(2, h, p, n, -(-s // chunk))[0] > 1
+    gen = torch.Generator().manual_seed(s + per_segment)
+    x = torch.randn(2, s, h, p, generator=gen)
+    dt = torch.rand(2, s, h, generator=gen) * 0.2
+    A = -torch.rand(h, generator=gen) * 3
+    B, C = torch.randn(2, s, g, n, generator=gen), torch.randn(2, s, g, n, generator=gen)
+    h0 = torch.randn(2, h, p, n, generator=gen) if with_init else None
+    y_ref, st_ref = ssd_scan_ref(x.double(), dt.double(), A.double(), B.double(), C.double(),
+                                 initial_state=h0.double() if with_init else None)
+    y, st_ = ssd_chunked(x, dt, A, B, C, initial_state=h0, chunk=chunk)
+    torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(st_.double(), st_ref, rtol=2e-3, atol=2e-3)
+
+
+# 4 chunks in 4 or 2 segments, 7 in 7 or 3 (3, 3, 1), 5 in 5 or 2 (3, 2); and the forward's passing
+# alone segmented.
+@pytest.mark.parametrize("per_segment, state_block, backward_too", [(1, 16, True), (2, 64, True), (2, 64, False)])
+@pytest.mark.parametrize("s, h, p, g, n, chunk, with_init, with_d", [(64, 2, 16, 1, 16, 16, True, True),
+                                                                    (100, 4, 16, 2, 16, 16, False, True),
+                                                                    (40, 2, 24, 1, 20, 8, True, False)])
+def test_segmented_backward_matches_autograd_of_the_reference(monkeypatch, per_segment, state_block, backward_too, s, h,
+                                                              p, g, n, chunk, with_init, with_d):
+    from meshplan.kernels import ssd_bwd
+
+    _segmented(monkeypatch, per_segment)
+    monkeypatch.setattr(ssd_bwd, "SEGMENT_BACKWARD", backward_too)
+    monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
+    assert launch.pass_segments(2, h, p, n, -(-s // chunk))[0] > 1
+    _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + per_segment)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=5),
+       st.integers(1, 3), st.booleans(), st.integers(0, 2 ** 31 - 1))
+def test_segmented_passing_respects_packed_boundaries(lengths, per_segment, with_init, seed):
+    """A segment's start or a boundary inside it: no state crosses a packed sequence's boundary,
+    forward or backward."""
+    seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
+    with pytest.MonkeyPatch.context() as mp:
+        _segmented(mp, per_segment)
+        _check_backward(1, sum(lengths), 2, 16, 1, 16, 8, with_init, True, seed % 10_000, seq_idx=seq_idx)

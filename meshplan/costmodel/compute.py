@@ -453,11 +453,16 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
 def scan_pass_s(rows: float, row_tokens: float, heads: float, headdim: int, d_state: int) -> float:
     """Seconds of one SSD state passing (meshplan/kernels/ssd.py, with the kernel forming its weights)
     over `rows` sequence rows of `row_tokens` tokens and `heads` heads: each program takes its row's
-    chunks in turn, and the SM's programs share its issue slots (see SCAN_PASS_STEP_ISSUE_S)."""
-    from meshplan.kernels.launch import SSD_CHUNK, pass_programs
+    chunks (or its segment's, meshplan.kernels.launch.pass_segments) in turn, and the SM's programs
+    share its issue slots (see SCAN_PASS_STEP_ISSUE_S)."""
+    from meshplan.kernels.launch import SSD_CHUNK, pass_programs, pass_segments
 
-    per_sm = math.ceil(pass_programs(math.ceil(rows), heads, headdim, d_state) / SCAN_PASS_SMS)
-    return math.ceil(row_tokens / SSD_CHUNK) * max(SCAN_PASS_STEP_LATENCY_S, per_sm * SCAN_PASS_STEP_ISSUE_S)
+    chunks = math.ceil(row_tokens / SSD_CHUNK)
+    segments, steps = pass_segments(math.ceil(rows), heads, headdim, d_state, chunks)
+    per_sm = math.ceil(segments * pass_programs(math.ceil(rows), heads, headdim, d_state) / SCAN_PASS_SMS)
+    # A segmented passing's join takes one step a segment (as a passing's step, unmeasured apart).
+    join = segments * SCAN_PASS_STEP_LATENCY_S if segments > 1 else 0.0
+    return steps * max(SCAN_PASS_STEP_LATENCY_S, per_sm * SCAN_PASS_STEP_ISSUE_S) + join
 
 
 def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device,

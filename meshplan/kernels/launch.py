@@ -40,6 +40,32 @@ def pass_programs(rows: float, heads: float, headdim: int, d_state: int) -> floa
     return rows * heads * -(-headdim // bp) * -(-d_state // bn)
 
 
+# Programs the state passings aim for. A program takes its chunks in turn, so a long row with few heads
+# leaves SMs idle: at 16K × 80 heads (160 programs) the passing ran at 51% of the copy roofline where
+# 4 × 4K (640 programs) ran at 74% (benchmarks/results/ssd-h200.json). Short of the target, each row's
+# chunks are cut into segments that pass at once from a zero state, and the chunk kernels add each
+# segment's true entering state, carried across the segments by a short pass of its own
+# (meshplan/kernels/ssd.py pass_states). A segment keeps at least PASS_MIN_SEGMENT_CHUNKS chunks.
+# Off (0) until timed on a GPU — no GPU was lent the session that wrote it; the sweep that will set the
+# target, and whether the backward's passings segment too (ssd_bwd.SEGMENT_BACKWARD), is
+# `python benchmarks/bench_ssd.py --segments --out $OUT/ssd-segments.json`. Turned on, the memory model
+# has yet to count the join's buffers, (4 + the inputs' width) bytes · segments · heads · headdim ·
+# d_state a row, and the cost model prices the passing by its segments (compute.scan_pass_s) with the
+# chunk kernels at their unsegmented rates.
+PASS_PROGRAM_TARGET = 0
+PASS_MIN_SEGMENT_CHUNKS = 8
+
+
+def pass_segments(rows: int, heads: int, headdim: int, d_state: int, chunks: int) -> tuple[int, int]:
+    """(segments, chunks a segment) of each row in the state passings: the fewest segments that give
+    PASS_PROGRAM_TARGET programs, each of whole chunks (the last may be shorter); (1, chunks) when the
+    rows, heads and tiles give enough programs alone."""
+    programs = pass_programs(rows, heads, headdim, d_state)
+    want = min(-(-PASS_PROGRAM_TARGET // max(int(programs), 1)), max(chunks // PASS_MIN_SEGMENT_CHUNKS, 1))
+    per = -(-chunks // max(want, 1))
+    return -(-chunks // per), per
+
+
 def head_splits(heads_per_group: int, programs: int, target: int | None = None) -> int:
     """How many programs share one group's heads: the fewest that give `target` programs in all
     (enough to fill the GPU), each split a whole number of heads (all of them when none does)."""

@@ -69,9 +69,9 @@ def _chunk_weights_kernel(dt_ptr, a_ptr, sid_ptr, prev_ptr, keep_ptr, w_ptr, dec
 
 
 @triton.jit
-def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT,
-                 HAS_START: tl.constexpr, REVERSE: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
-                 STAGES: tl.constexpr):
+def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P, N, XT,
+                 BT, K, NSEG, HAS_START: tl.constexpr, REVERSE: tl.constexpr, SEGMENTED: tl.constexpr, L: tl.constexpr,
+                 BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
     """The chunk states and their recurrence in one loop over a row's chunks, for one (BP, BN) tile of
     one head's state; the carried state stays in registers (fp32) and only what the chunk kernels read
     is stored. Forward (REVERSE False): out[c] = E_c, the state entering chunk c, and
@@ -89,7 +89,15 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S,
     and the passing this replaces (fp32 states written and read back); with the weights formed
     beforehand, 0.28 ms (0.24 → 0.17 at 40 heads). Two chunks a step, both products formed before the
     recurrence takes them, ran no faster (0.32-0.46 ms); benchmarks/results/ssd-fused-passing-ab-h200.json,
-    ssd-pass-pairs-ab-h200.json, ssd-pass-weights-ab-h200.json."""
+    ssd-pass-pairs-ab-h200.json, ssd-pass-weights-ab-h200.json.
+
+    SEGMENTED: the row's chunks, in marching order, are cut into NSEG segments of K (the grid's outer
+    index is row · NSEG + segment), each passed from a zero state. Then `out` holds each chunk's state
+    from its segment's own tokens, `end` each segment's last carried state (b, NSEG, h, p, n) fp32,
+    `delta` (b, nc, h) the decay from the segment's start to each chunk (the product of the decays
+    the carried state took before it was stored) and `span` (b, NSEG, h) the whole segment's decay:
+    the true state is out[c] + delta[c] · (the state entering c's segment), which _join_segments and
+    the chunk kernels' state_tile put together. `start` is then the join's to read."""
     n_blocks = tl.cdiv(N, BN)
     pid_b, h, pid_t = grid_ids(H, tl.cdiv(P, BP) * n_blocks)
     pid_b = pid_b.to(tl.int64)  # offsets pass 2^31 at long context
@@ -97,14 +105,21 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S,
     n = (pid_t % n_blocks) * BN + tl.arange(0, BN)
     g = h // (H // G)
     NC = S // L
+    lo, hi = 0, NC
+    if SEGMENTED:
+        seg = pid_b % NSEG
+        pid_b = pid_b // NSEG
+        lo = seg * K
+        hi = tl.minimum(lo + K, NC)
     i = tl.arange(0, L)
     st_offs = p[:, None] * N + n[None, :]
     st_mask = (p[:, None] < P) & (n[None, :] < N)
-    if HAS_START:
+    if HAS_START and not SEGMENTED:
         carried = tl.load(start_ptr + (pid_b * H + h) * P * N + st_offs, mask=st_mask, other=0.0).to(tl.float32)
     else:
         carried = tl.zeros((BP, BN), dtype=tl.float32)
-    for r in tl.range(0, NC, num_stages=STAGES):
+    run = 1.0  # the decays since the segment's start
+    for r in tl.range(lo, hi, num_stages=STAGES):
         if REVERSE:
             c = NC - 1 - r
         else:
@@ -129,29 +144,76 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S,
         tl.store(out_ptr + ((pid_b * NC + c) * H + h) * P * N + st_offs, carried.to(out_ptr.dtype.element_ty),
                  mask=st_mask)
         carried = own + decay * carried
-    tl.store(end_ptr + (pid_b * H + h) * P * N + st_offs, carried, mask=st_mask)
+        if SEGMENTED:
+            tl.store(delta_ptr + (pid_b * NC + c) * H + h, run, mask=pid_t == 0)
+            run = run * decay
+    if SEGMENTED:
+        tl.store(end_ptr + ((pid_b * NSEG + seg) * H + h) * P * N + st_offs, carried, mask=st_mask)
+        tl.store(span_ptr + (pid_b * NSEG + seg) * H + h, run, mask=pid_t == 0)
+    else:
+        tl.store(end_ptr + (pid_b * H + h) * P * N + st_offs, carried, mask=st_mask)
+
+
+@triton.jit
+def _join_segments(end_ptr, span_ptr, start_ptr, starts_ptr, final_ptr, H, PN, NSEG, HAS_START: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """Grid (batch · head, state block): the state entering each segment of a segmented passing
+    (see _pass_chunks), S_0 = start (or 0) and S_{k+1} = end_k + span_k · S_k, stored in `starts` (b,
+    NSEG, h, p, n) in its dtype; the last, S_NSEG, is the passing's end (fp32)."""
+    bh, pid = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    b, h = bh // H, bh % H
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < PN
+    if HAS_START:
+        carried = tl.load(start_ptr + bh * PN + offs, mask=m, other=0.0).to(tl.float32)
+    else:
+        carried = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in range(NSEG):
+        at = ((b * NSEG + k) * H + h) * PN
+        tl.store(starts_ptr + at + offs, carried.to(starts_ptr.dtype.element_ty), mask=m)
+        carried = tl.load(end_ptr + at + offs, mask=m, other=0.0) + tl.load(span_ptr + (b * NSEG + k) * H + h) * carried
+    tl.store(final_ptr + bh * PN + offs, carried, mask=m)
+
+
+@triton.jit
+def state_tile(ptrs, mask, starts_ptr, delta_ptr, bc, h, offs, H, PN, NC, K, NSEG, REVERSE: tl.constexpr,
+               SEGMENTED: tl.constexpr):
+    """A tile of the state a passing left for chunk `bc` (row · chunks + chunk, int64) and head h, at
+    `ptrs` (the caller's addresses into the passing's output; `offs`, the same tile's offsets within
+    one (p, n) state): as stored, or — from a segmented passing — its segment's part plus the decayed
+    state entering the segment (see _pass_chunks), in the stored dtype."""
+    t = tl.load(ptrs, mask=mask, other=0.0)
+    if SEGMENTED:
+        c = bc % NC
+        if REVERSE:
+            c = NC - 1 - c
+        at = ((bc // NC * NSEG + c // K) * H + h) * PN
+        s = tl.load(starts_ptr + at + offs, mask=mask, other=0.0)
+        t = t + tl.load(delta_ptr + bc * H + h).to(s.dtype) * s
+    return t
 
 
 # The two directions as kernels of their own names, so that the profiler tells them apart.
 @triton.jit
-def _state_passing(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT,
-                   HAS_START: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
-    _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT, HAS_START, False,
-                 L, BP, BN, STAGES)
+def _state_passing(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P, N,
+                   XT, BT, K, NSEG, HAS_START: tl.constexpr, SEGMENTED: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
+                   BN: tl.constexpr, STAGES: tl.constexpr):
+    _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P, N, XT, BT,
+                 K, NSEG, HAS_START, False, SEGMENTED, L, BP, BN, STAGES)
 
 
 @triton.jit
-def _state_passing_bwd(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT,
-                       HAS_START: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
-                       STAGES: tl.constexpr):
-    _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, S, H, G, P, N, XT, BT, HAS_START, True,
-                 L, BP, BN, STAGES)
+def _state_passing_bwd(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P,
+                       N, XT, BT, K, NSEG, HAS_START: tl.constexpr, SEGMENTED: tl.constexpr, L: tl.constexpr,
+                       BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
+    _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P, N, XT, BT,
+                 K, NSEG, HAS_START, True, SEGMENTED, L, BP, BN, STAGES)
 
 
 @triton.jit
-def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, prev_ptr, y_ptr, S, H, G, P, N, XT, BT, CT,
-                HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
-                BN: tl.constexpr, STAGES: tl.constexpr):
+def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, starts_ptr, delta_ptr, sid_ptr, prev_ptr, y_ptr, S,
+                H, G, P, N, XT, BT, CT, K, NSEG, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_SID: tl.constexpr,
+                SEGMENTED: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
     """y_i = Σ_{j ≤ i} (C_i · B_j) exp(cum_i − cum_j) dt_j x_j + exp(cum_i) C_i · entering + D x_i.
 
     Grid (batch · chunk, group · split, headdim block): each program takes HPP heads of one B/C group
@@ -182,7 +244,8 @@ def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, sid_ptr, p
         cum = tl.cumsum(dt * tl.load(a_ptr + h).to(tl.float32), axis=0)
         x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + h * P + p[None, :], mask=pm[None, :], other=0.0)
         e_offs = (((bi * n_chunks + ci) * H + h) * P + p[None, :]) * N + n[:, None]  # (BN, BP): entering^T
-        e = tl.load(enter_ptr + e_offs, mask=nm[:, None] & pm[None, :], other=0.0)
+        e = state_tile(enter_ptr + e_offs, nm[:, None] & pm[None, :], starts_ptr, delta_ptr, bi * n_chunks + ci, h,
+                       p[None, :] * N + n[:, None], H, P * N, n_chunks, K, NSEG, False, SEGMENTED)
         scores = cb * tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf"))) * dt[None, :]
         reach = tl.exp(cum)
         if HAS_SID:
@@ -254,13 +317,39 @@ PASS_WARPS, PASS_STAGES = 4, 4
 WEIGHTS_HEAD_BLOCK = 32  # heads per program of the weights kernel (a chunk's dt rows read across heads)
 
 
+class Passed(NamedTuple):
+    """What a state passing leaves for the chunk kernels (see _pass_chunks): each chunk's state as
+    stored, and — from a segmented passing (segments > 1) — the state entering each segment and each
+    chunk's decay since its segment's start, which state_tile adds. Unsegmented, `starts` and `delta`
+    are stand-ins the kernels do not read."""
+    out: torch.Tensor
+    starts: torch.Tensor
+    delta: torch.Tensor
+    per: int  # chunks a segment
+    segments: int
+
+    def args(self):
+        return self.out, self.starts, self.delta
+
+    @property
+    def segmented(self) -> bool:
+        return self.segments > 1
+
+
+# Elements of a state each program of _join_segments takes.
+JOIN_BLOCK = 1024
+
+
 def pass_states(pk: Packing, x, b_or_c, start, out_dtype, reverse: bool = False, xt: int | None = None,
-                bt: int | None = None):
-    """(out, end): the chunks' states passed along each row (meshplan.kernels.ssd._pass_chunks) —
+                bt: int | None = None, segment: bool = True):
+    """(passed, end): the chunks' states passed along each row (meshplan.kernels.ssd._pass_chunks) —
     forward, the state entering each chunk (b, nc, h, p, n) in `out_dtype` and the final state (b, h, p,
     n) fp32 from x and B; reverse (x ← dy, B ← C), each chunk's dS and the initial state's gradient.
     `start`: the initial state, or the final state's gradient (None: zeros). Token strides default to
-    the packing's x and B."""
+    the packing's x and B. Where the rows, heads and state tiles give too few programs, each row passes
+    in segments (meshplan.kernels.launch.pass_segments) and a short join carries the state across them:
+    `passed` then leaves the last step to the chunk kernels (Passed, state_tile); `segment` False keeps
+    each row whole."""
     b, S, h, p, g, n, nc = pk.shape
     out = torch.empty(b, nc, h, p, n, device=x.device, dtype=out_dtype)
     end = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
@@ -271,12 +360,26 @@ def pass_states(pk: Packing, x, b_or_c, start, out_dtype, reverse: bool = False,
     _chunk_weights_kernel[(b * nc, triton.cdiv(h, bh))](pk.dt, pk.A, sid, prev, keep, w, decay, S, h,
                                                         HAS_SID=pk.sid is not None, REVERSE=reverse, L=pk.chunk, BH=bh)
     bp, bn = launch.pass_tile(p, n)
+    segments, per = launch.pass_segments(b, h, p, n, nc) if segment else (1, nc)
+    start = start.float().contiguous() if start is not None else None
+    if segments > 1:
+        seg_end = torch.empty(b, segments, h, p, n, device=x.device, dtype=torch.float32)
+        span = torch.empty(b, segments, h, device=x.device, dtype=torch.float32)
+        delta = torch.empty(b, nc, h, device=x.device, dtype=torch.float32)
+    else:
+        seg_end, span, delta = end, decay, decay
     kernel = _state_passing_bwd if reverse else _state_passing
-    kernel[(b * h * triton.cdiv(p, bp) * triton.cdiv(n, bn),)](
-        x, w, decay, b_or_c, start.float().contiguous() if start is not None else end, out, end, S, h, g, p, n,
-        xt or pk.xt, bt or pk.bt, HAS_START=start is not None, L=pk.chunk, BP=bp, BN=bn, STAGES=PASS_STAGES,
-        num_warps=PASS_WARPS)
-    return out, end
+    kernel[(b * segments * h * triton.cdiv(p, bp) * triton.cdiv(n, bn),)](
+        x, w, decay, b_or_c, start if start is not None else end, out, seg_end, delta, span, S, h, g, p, n,
+        xt or pk.xt, bt or pk.bt, per, segments, HAS_START=start is not None, SEGMENTED=segments > 1, L=pk.chunk,
+        BP=bp, BN=bn, STAGES=PASS_STAGES, num_warps=PASS_WARPS)
+    if segments == 1:
+        return Passed(out, out, decay, per, 1), end
+    starts = torch.empty(b, segments, h, p, n, device=x.device, dtype=out_dtype)
+    _join_segments[(b * h, triton.cdiv(p * n, JOIN_BLOCK))](seg_end, span, start if start is not None else end,
+                                                             starts, end, h, p * n, segments,
+                                                             HAS_START=start is not None, BLOCK=JOIN_BLOCK)
+    return Passed(out, starts, delta, per, segments), end
 
 
 # Forward launch settings — headdim block and warps of the output kernel — the fastest of 12 on an H200
@@ -303,9 +406,10 @@ def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp:
     p_blocks = triton.cdiv(p, pk.bp)
     splits = launch.head_splits(h // g, b * nc * g * p_blocks, split_target)
     _chunk_scan[(b * nc, g * splits, p_blocks)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A,
-                                                entering, sid, prev, y, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
-                                                HPP=h // g // splits, HAS_D=D is not None,
-                                                HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
+                                                *entering.args(), sid, prev, y, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
+                                                entering.per, entering.segments, HPP=h // g // splits,
+                                                HAS_D=D is not None, HAS_SID=pk.sid is not None,
+                                                SEGMENTED=entering.segmented, L=chunk, BP=pk.bp, BN=pk.bn,
                                                 STAGES=FWD_STAGES, num_warps=FWD_WARPS)
     return y[:, :pk.s], final
 

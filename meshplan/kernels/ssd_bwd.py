@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from meshplan.kernels import launch
-from meshplan.kernels.ssd import grid_ids, pass_states, prepare
+from meshplan.kernels.ssd import grid_ids, pass_states, prepare, state_tile
 
 
 @triton.jit
@@ -56,9 +56,10 @@ def _decay(sid_ptr, row0, cum, L: tl.constexpr, HAS_SID: tl.constexpr):
 
 
 @triton.jit
-def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, dy_ptr, sid_ptr, prev_ptr, keep_ptr,
-                  dx_ptr, ddt_ptr, dcb_ptr, da_ptr, dd_ptr, S, H, G, P, N, XT, BT, CT, HAS_D: tl.constexpr,
-                  HAS_SID: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, e_starts_ptr, e_delta_ptr, ds_ptr, ds_starts_ptr,
+                  ds_delta_ptr, dy_ptr, sid_ptr, prev_ptr, keep_ptr, dx_ptr, ddt_ptr, dcb_ptr, da_ptr, dd_ptr, S, H, G,
+                  P, N, XT, BT, CT, K, NSEG, HAS_D: tl.constexpr, HAS_SID: tl.constexpr, SEGMENTED: tl.constexpr,
+                  L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
     """Grid (batch · chunk · head,). With M_ij = (C_i·B_j) exp(cum_i − cum_j) dt_j [same sequence,
     j ≤ i] and w_j = exp(cum_last − cum_j) dt_j [last sequence]: y_i = Σ_j M_ij x_j + reach_i C_i·E
     + D x_i and S = Σ_j w_j x_j ⊗ B_j. Writes dx, ddt, the gradient of C_i·B_j (for dB, dC) and
@@ -103,8 +104,10 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
         x, dy = x_in.to(tl.float32), dy_in.to(tl.float32)
         st_offs = p[:, None] * N + n[None, :]
         st_mask = pm[:, None] & nm[None, :]
-        ds = tl.load(ds_ptr + st + st_offs, mask=st_mask, other=0.0)
-        e = tl.load(enter_ptr + st + st_offs, mask=st_mask, other=0.0)
+        ds = state_tile(ds_ptr + st + st_offs, st_mask, ds_starts_ptr, ds_delta_ptr, pid_bc, h, st_offs, H, P * N,
+                        n_chunks, K, NSEG, True, SEGMENTED)
+        e = state_tile(enter_ptr + st + st_offs, st_mask, e_starts_ptr, e_delta_ptr, pid_bc, h, st_offs, H, P * N,
+                       n_chunks, K, NSEG, False, SEGMENTED)
         dse += tl.sum(tl.sum(ds.to(tl.float32) * e.to(tl.float32), axis=1), axis=0)
         bds = tl.dot(bv, tl.trans(ds.to(bv.dtype)))  # (L, BP)
         dx = tl.dot(m_t, dy_in) + w[:, None] * bds
@@ -139,9 +142,10 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, ds_ptr, 
 
 
 @triton.jit
-def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr, sid_ptr, prev_ptr, dcb_ptr,
-                   db_ptr, dc_ptr, S, H, G, P, N, XT, BT, CT, HPP: tl.constexpr, HAS_SID: tl.constexpr, L: tl.constexpr,
-                   BP: tl.constexpr, BN: tl.constexpr):
+def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, e_starts_ptr, e_delta_ptr, ds_ptr, ds_starts_ptr,
+                   ds_delta_ptr, dy_ptr, sid_ptr, prev_ptr, dcb_ptr, db_ptr, dc_ptr, S, H, G, P, N, XT, BT, CT, K, NSEG,
+                   HPP: tl.constexpr, HAS_SID: tl.constexpr, SEGMENTED: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
+                   BN: tl.constexpr):
     """Grid (batch · chunk · group · split · d_state block,): dB_j = Σ_h Σ_i dCB_ij C_i + w_j x_j·dS and
     dC_i = Σ_h Σ_j dCB_ij B_j + reach_i dy_i·E over HPP heads of one group (a split's partial sum)."""
     splits = H // G // HPP
@@ -177,9 +181,12 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, ds_ptr, dy_ptr
             # The per-token weights go onto the token operand (rounded to its dtype, as the forward's
             # chunk-state kernel puts them onto B), so that each product adds straight into dC or dB:
             # no (L, BN) fp32 partial a head beside the two accumulators.
-            e = tl.load(enter_ptr + st_offs, mask=st_mask, other=0.0).to(dy.dtype)
+            in_state = p[:, None] * N + n[None, :]
+            e = state_tile(enter_ptr + st_offs, st_mask, e_starts_ptr, e_delta_ptr, pid_bc, h, in_state, H, P * N,
+                           n_chunks, K, NSEG, False, SEGMENTED).to(dy.dtype)
             dc = tl.dot((reach[:, None] * dy).to(dy.dtype), e, dc)
-            ds = tl.load(ds_ptr + st_offs, mask=st_mask, other=0.0).to(x.dtype)
+            ds = state_tile(ds_ptr + st_offs, st_mask, ds_starts_ptr, ds_delta_ptr, pid_bc, h, in_state, H, P * N,
+                            n_chunks, K, NSEG, True, SEGMENTED).to(x.dtype)
             db = tl.dot((w[:, None] * x).to(x.dtype), ds, db)
     out_offs = ((bi * S + t[:, None]) * (G * splits) + pid_gs) * N + n[None, :]
     tl.store(db_ptr + out_offs, db, mask=nm[None, :])
@@ -199,6 +206,14 @@ BWD_DBC_WARPS = 4  # the dB/dC kernel's own warps
 # Pipeline stages of both chunk kernels: 3 (Triton's default, pinned here) ran fastest of 1-5 on an
 # H200 (dx 0.89 ms against 0.96-1.44, dB/dC 0.53 against 0.54-0.87; benchmarks/results/ssd-bwd-stages-h200.json).
 BWD_STAGES = 3
+# Whether the backward's two passings cut long rows into segments as the forward's does
+# (meshplan.kernels.launch.pass_segments): then the dx and dB/dC kernels add each segment's entering
+# state to the states they read. Compiled offline for sm_90 (benchmarks/results/sass-counts.json), that
+# takes the dx kernel, already at 255 registers a thread, from 128 to 232 bytes of spills and from 658
+# to 826 instructions a headdim block, and the dB/dC kernel from 240 registers to 255 with 16 bytes of
+# spills and 235 / 404 to 409 / 620 instructions in its loops: whether the backward gains with the
+# forward is for `bench_ssd.py --segments` to say.
+SEGMENT_BACKWARD = True
 
 
 def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int | None = None,
@@ -212,10 +227,11 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or BWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
     io = pk.x.dtype
-    entering, _ = pass_states(pk, pk.x, pk.B, initial_state, io)
+    entering, _ = pass_states(pk, pk.x, pk.B, initial_state, io, segment=SEGMENT_BACKWARD)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
-    d_states, d_init = pass_states(pk, dy, pk.C, dfinal, io, reverse=True, xt=h * p, bt=pk.ct)  # dS_c
+    d_states, d_init = pass_states(pk, dy, pk.C, dfinal, io, reverse=True, xt=h * p, bt=pk.ct,
+                                   segment=SEGMENT_BACKWARD)  # dS_c
     sid, prev, keep = pk.bookkeeping(dy)
     dx = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
@@ -225,19 +241,21 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     # One program per (chunk, head): a loop over a group's heads sharing C·Bᵀ, as the forward's output
     # kernel has, made this kernel slower (1.14 against 0.99 ms on an H200 at 16K × 80 heads; the
     # dB/dC kernel below keeps its loop): benchmarks/results/ssd-head-loops-h200.json.
-    _chunk_bwd_dx[(b * nc * h,)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, entering, d_states, dy,
-                               sid, prev, keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
-                               HAS_D=D is not None, HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=pk.bn,
+    segs = (entering.per, entering.segments)  # both passings cut the rows alike
+    _chunk_bwd_dx[(b * nc * h,)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, *entering.args(),
+                               *d_states.args(), dy, sid, prev, keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt,
+                               pk.ct, *segs, HAS_D=D is not None, HAS_SID=pk.sid is not None,
+                               SEGMENTED=entering.segmented, L=chunk, BP=pk.bp, BN=pk.bn,
                                num_warps=warps or BWD_WARPS, num_stages=BWD_STAGES)
     hpg = h // g
     bn, n_blocks = launch.state_blocks(n)
     splits = launch.bwd_splits(b * nc, h, g, n, split_target)
     db = torch.empty(b, S, g * splits, n, device=x.device, dtype=torch.float32)
     dc = torch.empty_like(db)
-    _chunk_bwd_dbc[(b * nc * g * splits * n_blocks,)](pk.x, pk.dt, pk.A, pk.B, pk.C, entering, d_states, dy, sid, prev,
-                                                   dcb, db, dc, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
-                                                   HPP=hpg // splits,
-                                                   HAS_SID=pk.sid is not None, L=chunk, BP=pk.bp, BN=bn,
+    _chunk_bwd_dbc[(b * nc * g * splits * n_blocks,)](pk.x, pk.dt, pk.A, pk.B, pk.C, *entering.args(),
+                                                   *d_states.args(), dy, sid, prev, dcb, db, dc, S, h, g, p, n, pk.xt,
+                                                   pk.bt, pk.ct, *segs, HPP=hpg // splits, HAS_SID=pk.sid is not None,
+                                                   SEGMENTED=entering.segmented, L=chunk, BP=pk.bp, BN=bn,
                                                    num_warps=dbc_warps or BWD_DBC_WARPS, num_stages=BWD_STAGES)
     s = pk.s
     db = db.view(b, S, g, splits, n).sum(3)[:, :s].to(B.dtype)
