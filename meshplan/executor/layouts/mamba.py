@@ -108,77 +108,143 @@ def _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm):
     return F.linear(y, out_w), final
 
 
+def seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis):
+    """The mixer core of one sequence shard with one scan, not two: conv and the scan from a zero state
+    (y0, final0, total decay); one all-gather of every shard's final state and decay; the entering
+    state E (_entering); then y corrected for E (_finish_shard), gated norm, out_proj. `weights`:
+    conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w. Returns (out, the state leaving this shard,
+    E, the gathered summaries) — the last two are what seq_shard_backward needs beside the inputs."""
+    conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w = weights
+    with torch.no_grad():
+        (x, dt, A, B, C), z = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, conv_state=conv_state)
+        y0, final0 = _scan(x, dt, A, B, C, d_skip)
+        flat = torch.cat([final0.flatten(), (dt * A).sum(1).flatten()]).unsqueeze(0)
+        gathered = all_gather(mesh, flat, axis, 0)  # (Σ, state + decay)
+        E = _entering(gathered, mesh.axis(axis).rank, final0.shape, (dt.shape[0], dt.shape[2]))
+        out, final = _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm)
+    return out, final, E, gathered
+
+
+def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_final, dims, norm, mesh, axis):
+    """Gradients of seq_shard_forward's (out, final) in its inputs: (zxbcdt, conv_state, conv_w, conv_b,
+    dt_bias, a_log, d_skip, norm_w, out_w). The scan forward once more (its output as data only); the
+    gradient of E, through _entering, gives every shard's final state and decay a gradient, which one
+    reduce-scatter sums onto its owner; then one scan backward takes both its output's gradient and
+    its final state's."""
+    conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w = weights
+    ax = mesh.axis(axis)
+    inputs = [t.detach().requires_grad_(True) for t in (zx, conv_state, conv_w, conv_b, dt_bias, a_log)]
+    with torch.enable_grad():
+        (x, dt, A, B, C), z, xbc = _conv_scan_inputs(inputs[0], *inputs[2:], dims, conv_state=inputs[1],
+                                                     conv_out=True)
+        decay = (dt * A).sum(1)
+    # The scan once more, outside autograd: its output y0 is only data for the correction (dropped
+    # before the scan's backward, which recomputes from the inputs what it needs).
+    with torch.no_grad():
+        y0, final0 = _scan(x, dt, A, B, C, d_skip)
+    # The correction, norm and out_proj first, on leaves: their gradients of E and of the scan's
+    # outputs come before the scan's backward.
+    mid = [t.detach().requires_grad_(True) for t in (y0, C, dt, A, z, final0)]
+    e_leaf = E.detach().requires_grad_(True)
+    w = [t.detach().requires_grad_(True) for t in (norm_w, out_w)]
+    with torch.enable_grad():
+        out, final = _finish_shard(*mid[:5], e_leaf, mid[5], *w, dims, norm)
+        outs, grads = ([out, final], [grad_out, grad_final]) if grad_final is not None else ([out], [grad_out])
+        d_mid = torch.autograd.grad(outs, mid + [e_leaf] + w, grads, allow_unused=True)
+    del out, final, outs, mid, y0
+    dy0, dC, ddt, dA, dz, d_final_out, dE, d_norm_w, d_out_w = d_mid
+    # E's gradient onto every shard's summary, summed on its owner.
+    g_leaf = gathered.detach().requires_grad_(True)
+    with torch.enable_grad():
+        (d_gathered,) = torch.autograd.grad(_entering(g_leaf, ax.rank, E.shape, decay.shape), g_leaf, dE)
+    d_mine = reduce_scatter(mesh, d_gathered.contiguous(), axis, 0)[0]
+    d_final0 = d_mine[:final0.numel()].view_as(final0)
+    if d_final_out is not None:
+        d_final0 = d_final0 + d_final_out
+    sx, sdt, sA, sB, sC, sD = _scan_grads(x.detach(), dt.detach(), A.detach(), B.detach(), C.detach(), d_skip,
+                                          dy0, d_final0)
+    del dy0, d_mid
+    if dC is not None:
+        sC = sC + dC
+    # The conv output's gradient in one tensor, its parts dropped before the conv's backward.
+    b, s = xbc.shape[:2]
+    d_xbc = cat_last([g.reshape(b, s, -1) for g in (sx, sB, sC)])
+    del sx, sB, sC
+    pairs = [(xbc, d_xbc), (dt, sdt + ddt if ddt is not None else sdt), (A, sA + dA if dA is not None else sA),
+             (z, dz), (decay, d_mine[final0.numel():].view_as(decay))]
+    pairs = [(o, g) for o, g in pairs if g is not None]
+    with torch.enable_grad():
+        d_in = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+    return (*d_in, sD, d_norm_w, d_out_w)
+
+
 class Mamba2SeqShardFn(torch.autograd.Function):
-    """The mixer core of one sequence shard with one scan, not two. Forward: conv and the scan from a
-    zero state (y0, final0, total decay); one all-gather of every shard's final state and decay; the
-    entering state E (_entering); then y corrected for E (_finish_shard), gated norm, out_proj. Saves
-    zxbcdt, the conv tail, E and the gathered summaries. Backward: the scan forward once more (its
-    output as data only); the gradient of E, through _entering, gives every shard's final state and
-    decay a gradient, which one reduce-scatter sums onto its owner; then one scan backward takes both
-    its output's gradient and its final state's. Returns (out, the state leaving this shard)."""
+    """seq_shard_forward under autograd: saves zxbcdt, the conv tail, the weights, E and the gathered
+    summaries; backward is seq_shard_backward. Returns (out, the state leaving this shard)."""
 
     @staticmethod
     def forward(ctx, zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, norm, mesh,
                 axis):
-        ax = mesh.axis(axis)
-        with torch.no_grad():
-            (x, dt, A, B, C), z = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, conv_state=conv_state)
-            y0, final0 = _scan(x, dt, A, B, C, d_skip)
-            flat = torch.cat([final0.flatten(), (dt * A).sum(1).flatten()]).unsqueeze(0)
-            gathered = all_gather(mesh, flat, axis, 0)  # (Σ, state + decay)
-            E = _entering(gathered, ax.rank, final0.shape, (dt.shape[0], dt.shape[2]))
-            out, final = _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm)
+        weights = (conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
+        out, final, E, gathered = seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis)
         ctx.dims, ctx.norm, ctx.mesh, ctx.axis = dims, norm, mesh, axis
-        ctx.save_for_backward(zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, E, gathered)
+        ctx.save_for_backward(zxbcdt, conv_state, *weights, E, gathered)
         return out, final
 
     @staticmethod
     def backward(ctx, grad_out, grad_final):
-        zx, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, E, gathered = ctx.saved_tensors
-        ax = ctx.mesh.axis(ctx.axis)
-        inputs = [t.detach().requires_grad_(True) for t in (zx, conv_state, conv_w, conv_b, dt_bias, a_log)]
-        with torch.enable_grad():
-            (x, dt, A, B, C), z, xbc = _conv_scan_inputs(inputs[0], *inputs[2:], ctx.dims, conv_state=inputs[1],
-                                                         conv_out=True)
-            decay = (dt * A).sum(1)
-        # The scan once more, outside autograd: its output y0 is only data for the correction (dropped
-        # before the scan's backward, which recomputes from the inputs what it needs).
-        with torch.no_grad():
-            y0, final0 = _scan(x, dt, A, B, C, d_skip)
-        # The correction, norm and out_proj first, on leaves: their gradients of E and of the scan's
-        # outputs come before the scan's backward.
-        mid = [t.detach().requires_grad_(True) for t in (y0, C, dt, A, z, final0)]
-        e_leaf = E.detach().requires_grad_(True)
-        w = [t.detach().requires_grad_(True) for t in (norm_w, out_w)]
-        with torch.enable_grad():
-            out, final = _finish_shard(*mid[:5], e_leaf, mid[5], *w, ctx.dims, ctx.norm)
-            outs, grads = ([out, final], [grad_out, grad_final]) if grad_final is not None else ([out], [grad_out])
-            d_mid = torch.autograd.grad(outs, mid + [e_leaf] + w, grads, allow_unused=True)
-        del out, final, outs, mid, y0
-        dy0, dC, ddt, dA, dz, d_final_out, dE, d_norm_w, d_out_w = d_mid
-        # E's gradient onto every shard's summary, summed on its owner.
-        g_leaf = gathered.detach().requires_grad_(True)
-        with torch.enable_grad():
-            (d_gathered,) = torch.autograd.grad(_entering(g_leaf, ax.rank, E.shape, decay.shape), g_leaf, dE)
-        d_mine = reduce_scatter(ctx.mesh, d_gathered.contiguous(), ctx.axis, 0)[0]
-        d_final0 = d_mine[:final0.numel()].view_as(final0)
-        if d_final_out is not None:
-            d_final0 = d_final0 + d_final_out
-        sx, sdt, sA, sB, sC, sD = _scan_grads(x.detach(), dt.detach(), A.detach(), B.detach(), C.detach(), d_skip,
-                                              dy0, d_final0)
-        del dy0, d_mid
-        if dC is not None:
-            sC = sC + dC
-        # The conv output's gradient in one tensor, its parts dropped before the conv's backward.
-        b, s = xbc.shape[:2]
-        d_xbc = cat_last([g.reshape(b, s, -1) for g in (sx, sB, sC)])
-        del sx, sB, sC
-        pairs = [(xbc, d_xbc), (dt, sdt + ddt if ddt is not None else sdt), (A, sA + dA if dA is not None else sA),
-                 (z, dz), (decay, d_mine[final0.numel():].view_as(decay))]
-        pairs = [(o, g) for o, g in pairs if g is not None]
-        with torch.enable_grad():
-            d_in = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
-        return (*d_in, sD, d_norm_w, d_out_w, None, None, None, None)
+        zx, conv_state, *weights, E, gathered = ctx.saved_tensors
+        grads = seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_final, ctx.dims, ctx.norm,
+                                   ctx.mesh, ctx.axis)
+        return (*grads, None, None, None, None)
+
+
+def share_last_shard_state(mesh: Mesh, axis: str, cache):
+    """After a prefill over a sequence axis only the last shard holds the true SSM state and conv
+    tail: (state, tail) broadcast from it to every rank of the axis."""
+    ax = mesh.axis(axis)
+    state, tail = (t.contiguous() for t in cache)
+    broadcast(mesh, state, axis, ax.size - 1)
+    broadcast(mesh, tail, axis, ax.size - 1)
+    return state, tail
+
+
+@torch.no_grad()
+def decode_step(x, norm, in_proj, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_proj, dims, cache, norm_fn):
+    """One new token per sequence through a Mamba-2 mixer holding `dims`' heads (all, or a tensor
+    rank's): conv window and SSM state advanced from `cache` (state (b, nh, hd, ds) fp32, tail (b,
+    d_conv − 1, channels)). Returns (out_proj's output before any reduction, the new cache)."""
+    di_l, ng_l, ds, nh_l, hd = dims
+    b = x.shape[0]
+    zxbcdt = F.linear(norm(x), in_proj)[:, 0]
+    z, xbc, dt = zxbcdt.split([di_l, di_l + 2 * ng_l * ds, nh_l], dim=-1)
+    state, tail = cache
+    if xbc.is_cuda and TRITON_DECODE_CONV:
+        from meshplan.kernels.conv1d import causal_conv1d_update
+
+        tail = tail.contiguous()
+        conv = causal_conv1d_update(xbc, tail, conv_w, conv_b)
+    else:
+        window = torch.cat([tail, xbc.unsqueeze(1)], 1)  # (b, d_conv, channels)
+        conv = F.silu(acc(window).mul(acc(conv_w).t().unsqueeze(0)).sum(1) + acc(conv_b))
+        tail = window[:, 1:]
+    xs, B, C = conv.split([di_l, ng_l * ds, ng_l * ds], dim=-1)
+    dt = F.softplus(acc(dt) + acc(dt_bias))  # (b, nh)
+    A = -torch.exp(acc(a_log))
+    xs = xs.view(b, nh_l, hd)
+    Bh = B.view(b, ng_l, ds).repeat_interleave(nh_l // ng_l, 1)
+    Ch = C.view(b, ng_l, ds).repeat_interleave(nh_l // ng_l, 1)
+    # torch ops, not meshplan.kernels.state_update: at batch 8 the Triton launch costs more than it
+    # saves (2 layers: 2.46 ms against 1.98 ms per token on an H200,
+    # benchmarks/results/validation-h200-run6-x1-triton.json vs run5).
+    state = state * torch.exp(dt * A).view(b, nh_l, 1, 1) + (dt.view(b, nh_l, 1) * xs).unsqueeze(-1) * Bh.unsqueeze(2)
+    y = (state * Ch.unsqueeze(2)).sum(-1) + acc(d_skip).view(1, nh_l, 1) * xs
+    y = y.reshape(b, 1, di_l).to(x.dtype)
+    if norm_fn is not None:
+        y = norm_fn(y, z.unsqueeze(1), norm_w)
+    else:
+        y = gated_norm(y, z.unsqueeze(1), norm_w, di_l // ng_l)
+    return F.linear(y, out_proj), (state, tail)
 
 
 class ParallelMamba2(Sharded):
@@ -256,52 +322,15 @@ class ParallelMamba2(Sharded):
 
     def share_final_state(self) -> None:
         """After an SP prefill only the last sequence shard holds the true state: give it to all."""
-        if not self.seq_axis:
-            return
-        ax = self.mesh.axis(self.seq_axis)
-        state, tail = self.ssm_cache
-        state, tail = state.contiguous(), tail.contiguous()
-        broadcast(self.mesh, state, self.seq_axis, ax.size - 1)
-        broadcast(self.mesh, tail, self.seq_axis, ax.size - 1)
-        self.ssm_cache = (state, tail)
+        if self.seq_axis:
+            self.ssm_cache = share_last_shard_state(self.mesh, self.seq_axis, self.ssm_cache)
 
     @torch.no_grad()
     def decode(self, x):
         """One new token per sequence: conv window and SSM state updated in place (heads split by TP)."""
-        di_l, ng_l, ds, nh_l, hd = self.dims
-        b = x.shape[0]
-        zxbcdt = F.linear(self.norm(x), self.in_proj)[:, 0]
-        z, xbc, dt = zxbcdt.split([di_l, di_l + 2 * ng_l * ds, nh_l], dim=-1)
-        state, tail = self.ssm_cache  # (b, nh, hd, ds) fp32; (b, d_conv - 1, channels)
-        if xbc.is_cuda and TRITON_DECODE_CONV:
-            from meshplan.kernels.conv1d import causal_conv1d_update
-
-            tail = tail.contiguous()
-            conv = causal_conv1d_update(xbc, tail, self.conv_w, self.conv_b)
-        else:
-            window = torch.cat([tail, xbc.unsqueeze(1)], 1)  # (b, d_conv, channels)
-            conv = F.silu(acc(window).mul(acc(self.conv_w).t().unsqueeze(0)).sum(1) + acc(self.conv_b))
-            tail = window[:, 1:]
-        xs, B, C = conv.split([di_l, ng_l * ds, ng_l * ds], dim=-1)
-        dt = F.softplus(acc(dt) + acc(self.dt_bias))  # (b, nh)
-        A = -torch.exp(acc(self.a_log))
-        xs = xs.view(b, nh_l, hd)
-        Bh = B.view(b, ng_l, ds).repeat_interleave(nh_l // ng_l, 1)
-        Ch = C.view(b, ng_l, ds).repeat_interleave(nh_l // ng_l, 1)
-        # torch ops, not meshplan.kernels.state_update: at batch 8 the Triton launch costs more than it
-        # saves (2 layers: 2.46 ms against 1.98 ms per token on an H200,
-        # benchmarks/results/validation-h200-run6-x1-triton.json vs run5).
-        state = state * torch.exp(dt * A).view(b, nh_l, 1, 1) + (dt.view(b, nh_l, 1) * xs).unsqueeze(-1) * Bh.unsqueeze(2)
-        y = (state * Ch.unsqueeze(2)).sum(-1) + acc(self.d_skip).view(1, nh_l, 1) * xs
-        self.ssm_cache = (state, tail)
-        y = y.reshape(b, 1, di_l).to(x.dtype)
-        if self.norm_fn is not None:
-            y = self.norm_fn(y, z.unsqueeze(1), self.norm_w)
-        else:
-            from meshplan.executor.blocks import gated_norm
-
-            y = gated_norm(y, z.unsqueeze(1), self.norm_w, di_l // ng_l)
-        out = F.linear(y, self.out_proj)
+        out, self.ssm_cache = decode_step(x, self.norm, self.in_proj, self.conv_w, self.conv_b, self.dt_bias,
+                                          self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims,
+                                          self.ssm_cache, self.norm_fn)
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
         return x + out

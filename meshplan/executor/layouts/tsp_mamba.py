@@ -7,7 +7,7 @@ Mamba block: the recurrence runs along the ranks in order.
 
 Forward: the rank's packed shard travels a send/recv ring (D − 1 hops) until every rank holds every
 shard; with the whole block's weights the rank projects its own tokens, and the mixer runs as SP's
-sequence shard (meshplan.executor.layouts.mamba.Mamba2SeqShardFn: the conv tail from the rank before,
+sequence shard (meshplan.executor.layouts.mamba.seq_shard_forward: the conv tail from the rank before,
 one all-gather of the shards' final states and decays, the output corrected for the state entering
 it). The gathered weights are dropped once the block's forward ends; the block keeps what SP's keeps
 (its input, the in_proj output and the shards' summaries). Backward gathers the shards again along the
@@ -20,28 +20,19 @@ Twin of meshplan/costmodel/layouts/tsp.py (Mamba blocks).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 import torch.nn.functional as F
 
 from meshplan.executor.blocks import Mamba2Block, RMSNorm
 from meshplan.executor.comm import Mesh, exchange, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import Sharded, rows
-from meshplan.executor.layouts.mamba import TAG_TAIL, Mamba2SeqShardFn, ParallelMamba2
+from meshplan.executor.layouts.mamba import (TAG_TAIL, decode_step, seq_shard_backward, seq_shard_forward,
+                                             share_last_shard_state)
 
 AXIS = "tsp"
 # The block's weights in the order each rank packs its shard, and the dimension each is split along.
 SPLIT = (("in_proj", 0), ("conv_w", 0), ("conv_b", 0), ("dt_bias", 0), ("a_log", 0), ("d_skip", 0), ("norm_w", 0),
          ("out_proj", 1))
-
-
-class _Saved:
-    """A stand-in for an autograd context, so that Mamba2SeqShardFn's forward and backward run inside
-    this block's own Function."""
-
-    def save_for_backward(self, *tensors):
-        self.saved_tensors = tensors
 
 
 def ring_gather(mesh: Mesh, own: torch.Tensor) -> torch.Tensor:
@@ -64,10 +55,8 @@ class _TSPMamba2Fn(torch.autograd.Function):
         full = layer.unpack(ring_gather(layer.mesh, layer.pack(own)))
         zx = F.linear(xn, full["in_proj"])
         tail = layer.shift_tail(zx)
-        inner = _Saved()
-        out, state = Mamba2SeqShardFn.forward(inner, zx, tail.transpose(1, 2), *(full[n] for n, _ in SPLIT[1:]),
-                                              layer.dims, None, layer.mesh, AXIS)
-        E, gathered = inner.saved_tensors[-2:]
+        out, state, E, gathered = seq_shard_forward(zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]],
+                                                    layer.dims, None, layer.mesh, AXIS)
         ctx.layer = layer
         ctx.save_for_backward(xn, zx, tail, E, gathered, *own)
         if layer.keep_cache:  # prefill: the SSM state and conv tail decode continues from
@@ -79,10 +68,9 @@ class _TSPMamba2Fn(torch.autograd.Function):
         xn, zx, tail, E, gathered, *own = ctx.saved_tensors
         layer = ctx.layer
         full = layer.unpack(ring_gather(layer.mesh, layer.pack(own)))
-        inner = _Saved()
-        inner.saved_tensors = (zx, tail.transpose(1, 2), *(full[n] for n, _ in SPLIT[1:]), E, gathered)
-        inner.dims, inner.norm, inner.mesh, inner.axis = layer.dims, None, layer.mesh, AXIS
-        d_zx, d_state_in, *d_small = Mamba2SeqShardFn.backward(inner, dout.contiguous(), None)[:9]
+        d_zx, d_state_in, *d_small = seq_shard_backward(zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]], E,
+                                                        gathered, dout.contiguous(), None, layer.dims, None,
+                                                        layer.mesh, AXIS)
         d_zx = d_zx.clone()
         layer.tail_grad_back(d_zx, d_state_in.transpose(1, 2))
         grads = dict(zip([n for n, _ in SPLIT[1:]], d_small))
@@ -164,20 +152,11 @@ class TSPMamba2(Sharded):
 
     def share_final_state(self) -> None:
         """After a prefill only the last rank holds the true state and conv tail: give them to all."""
-        view = SimpleNamespace(seq_axis=AXIS, mesh=self.mesh, ssm_cache=self.ssm_cache)
-        ParallelMamba2.share_final_state(view)
-        self.ssm_cache = view.ssm_cache
-
-    def _whole(self) -> SimpleNamespace:
-        """This block with every shard gathered (decode runs SP's step on the whole weights)."""
-        with torch.no_grad():
-            full = self.unpack(ring_gather(self.mesh, self.pack(self.own())))
-        return SimpleNamespace(**full, norm=self.norm, dims=self.dims, ssm_cache=self.ssm_cache, norm_fn=None,
-                               tensor_axis=None, mesh=self.mesh)
+        self.ssm_cache = share_last_shard_state(self.mesh, AXIS, self.ssm_cache)
 
     @torch.no_grad()
     def decode(self, x):
-        whole = self._whole()
-        out = ParallelMamba2.decode.__wrapped__(whole, x)
-        self.ssm_cache = whole.ssm_cache
-        return out
+        """One new token per sequence, on the whole block's weights gathered along the ring."""
+        full = self.unpack(ring_gather(self.mesh, self.pack(self.own())))
+        out, self.ssm_cache = decode_step(x, self.norm, *(full[n] for n, _ in SPLIT), self.dims, self.ssm_cache, None)
+        return x + out
