@@ -184,13 +184,20 @@ def state_tile(ptrs, mask, starts_ptr, delta_ptr, bc, h, offs, H, PN, NC, K, NSE
     state entering the segment (see _pass_chunks), in the stored dtype."""
     t = tl.load(ptrs, mask=mask, other=0.0)
     if SEGMENTED:
-        c = bc % NC
-        if REVERSE:
-            c = NC - 1 - c
-        at = ((bc // NC * NSEG + c // K) * H + h) * PN
-        s = tl.load(starts_ptr + at + offs, mask=mask, other=0.0)
-        t = t + tl.load(delta_ptr + bc * H + h).to(s.dtype) * s
+        delta, s = segment_start(starts_ptr, delta_ptr, bc, h, offs, mask, H, PN, NC, K, NSEG, REVERSE)
+        t = t + delta.to(s.dtype) * s
     return t
+
+
+@triton.jit
+def segment_start(starts_ptr, delta_ptr, bc, h, offs, mask, H, PN, NC, K, NSEG, REVERSE: tl.constexpr):
+    """(the decay from chunk `bc`'s segment start to it, fp32; the tile at `offs` of the state entering
+    that segment) from a segmented passing: the chunk's state is its stored part plus their product."""
+    c = bc % NC
+    if REVERSE:
+        c = NC - 1 - c
+    at = ((bc // NC * NSEG + c // K) * H + h) * PN
+    return tl.load(delta_ptr + bc * H + h), tl.load(starts_ptr + at + offs, mask=mask, other=0.0)
 
 
 # The two directions as kernels of their own names, so that the profiler tells them apart.

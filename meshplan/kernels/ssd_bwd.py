@@ -211,8 +211,9 @@ BWD_STAGES = 3
 # state to the states they read. Compiled offline for sm_90 (benchmarks/results/sass-counts.json), that
 # takes the dx kernel, already at 255 registers a thread, from 128 to 232 bytes of spills and from 658
 # to 826 instructions a headdim block, and the dB/dC kernel from 240 registers to 255 with 16 bytes of
-# spills and 235 / 404 to 409 / 620 instructions in its loops: whether the backward gains with the
-# forward is for `bench_ssd.py --segments` to say.
+# spills and 235 / 404 to 409 / 620 instructions in its loops (adding the entering states through a
+# second product each, their decays on the token operand, instead: no spills, 504 / 737). Whether the
+# backward gains with the forward is for `bench_ssd.py --segments` to say.
 SEGMENT_BACKWARD = True
 
 
