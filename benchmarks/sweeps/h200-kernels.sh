@@ -4,9 +4,11 @@
 #   bash benchmarks/sweeps/h200-kernels.sh b   # SSD backward on bf16 operands: tune, bench, Mamba-2 steps and memory peaks
 #   bash benchmarks/sweeps/h200-kernels.sh c   # SSD with the output kernel's head loop: bench, step profile, Mamba-2 grid, packing
 #   bash benchmarks/sweeps/h200-kernels.sh d   # conv1d four rows a step, SSD grid order: both benches, Mamba-2 steps, packing
+#   bash benchmarks/sweeps/h200-kernels.sh e   # SSD state passings in segments against whole rows (sets
+#                                              # launch.PASS_PROGRAM_TARGET and ssd_bwd.SEGMENT_BACKWARD), then the SSD bench
 set -u
 export PYTHONPATH=$PWD
-part=${1:?a, b, c or d}
+part=${1:?a, b, c, d or e}
 
 t() { local s=$SECONDS; "$@" 2>&1 | grep -v -e '^W1' -e 'OMP_NUM_THREADS' -e '^\*\*\*'; echo "[$(( SECONDS - s )) s] $*"; }
 if [ "$part" = a ]; then
@@ -40,4 +42,8 @@ if [ "$part" = d ]; then
       --seqs 16384 --out "$OUT/validation-x1-mamba2.json"
   t python benchmarks/profile_step.py --model mamba2-2.7b --out "$OUT/profile-mamba2.json"
   t python benchmarks/bench_packing.py --out "$OUT/packing.json"
+fi
+if [ "$part" = e ]; then
+  t python benchmarks/bench_ssd.py --segments --out "$OUT/ssd-segments.json"
+  t python benchmarks/bench_ssd.py --out "$OUT/ssd.json"
 fi
