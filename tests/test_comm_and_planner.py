@@ -441,6 +441,25 @@ def test_zigzag_attention_by_hand():
     assert max(rank0, rank1) > balanced
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300), st.integers(10, 20), st.lists(st.floats(0.05, 0.9), min_size=1, max_size=4))
+def test_zigzag_attention_is_the_slowest_rank_of_scalar_calls(parts, log2_keys, effs):
+    """The vectorized slowest rank equals a loop over the ranks of attention_efficiency's scalar
+    interpolation, for tables of 1-4 points spanning the prefix lengths."""
+    from meshplan.costmodel.compute import Device, attention_efficiency, zigzag_attention_s
+
+    table = tuple((2.0 ** (8 + 3 * j), e) for j, e in enumerate(effs))
+    dev = Device(1e15, 4e12, attention_prefix=table)
+    keys = 2.0 ** log2_keys
+    tokens, c, q = keys / parts, keys / (2 * parts), keys / parts / 2
+
+    def call(end):
+        return 4 * 512 * (q * end - q * q / 2) / (1e15 * attention_efficiency(end, True, dev))
+
+    want = max(call((i + 1) * c) + call((2 * parts - i) * c) for i in range(parts))
+    assert zigzag_attention_s(512, tokens, keys, parts, dev) == pytest.approx(want, rel=1e-12)
+
+
 def test_sp_correction_by_hand():
     """mamba2-2.7b, a shard of 8192 tokens, bf16, on a device of 4e12 B/s: a pass over the shard's y is
     8192 · 5120 · 2 bytes, C 8192 · 128 · 2 and cum 8192 · 80 · 4. Forward (the Triton kernel): y0 read,

@@ -226,12 +226,15 @@ class Device:
                        mamba2_decode_host_kernel_s=cal.mamba2_decode_host_kernel_s)
 
 
+def _efficiency_table(prefix: bool, dev: "Device | None"):
+    if dev is not None:
+        return dev.attention_prefix if prefix else dev.attention_causal
+    return ATTENTION_EFFICIENCY_PREFIX if prefix else ATTENTION_EFFICIENCY_CAUSAL
+
+
 def attention_efficiency(keys: float, prefix: bool, dev: "Device | None" = None) -> float:
     """Interpolate the measured table in log(keys), clamped at its ends."""
-    if dev is not None:
-        table = dev.attention_prefix if prefix else dev.attention_causal
-    else:
-        table = ATTENTION_EFFICIENCY_PREFIX if prefix else ATTENTION_EFFICIENCY_CAUSAL
+    table = _efficiency_table(prefix, dev)
     if keys <= table[0][0]:
         return table[0][1]
     for (k0, e0), (k1, e1) in zip(table, table[1:]):
@@ -312,13 +315,19 @@ def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, d
     `parts` ranks: each rank runs two prefix attentions of tokens/2 queries, over (i+1)·c and (2D−i)·c
     keys (c = keys / 2D), at the prefix kernel's rate for that many keys — shorter prefixes run at a
     lower rate, so the balanced FLOPs do not take balanced time."""
+    import numpy as np
+
     c = keys / (2 * parts)
     q = tokens / 2
-
-    def call_s(end: float) -> float:  # q queries, the last q of `end` positions, lower-right causal
-        return 4 * q_width * (q * end - q * q / 2) / (dev.peak_flops * attention_efficiency(end, True, dev))
-
-    return max(call_s((i + 1) * c) + call_s((2 * parts - i) * c) for i in range(parts))
+    i = np.arange(parts)
+    ends = np.concatenate([(i + 1) * c, (2 * parts - i) * c])  # each rank's two prefixes, rank by rank
+    # attention_efficiency at every end at once (np.interp clamps at the table's ends as it does): the
+    # planner meets splits over thousands of ranks, where a loop of scalar calls took most of its time.
+    table = _efficiency_table(True, dev)
+    eff = np.interp(np.log(ends), np.log([k for k, _ in table]), [e for _, e in table])
+    # q queries, the last q of `end` positions, lower-right causal
+    t = 4 * q_width * (q * ends - q * q / 2) / (dev.peak_flops * eff)
+    return float((t[:parts] + t[parts:]).max())
 
 
 def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: Sharding, e: int, dev: Device,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 from meshplan.errors import MeshplanError
@@ -63,7 +64,14 @@ class CostOptions:
         return DTYPE_BYTES[getattr(self, name)]
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return dict(_fields(self))
+
+
+@functools.lru_cache(maxsize=64)
+def _fields(opts: CostOptions) -> dict:
+    """The options as a dict, once per options object (every mesh's memory report carries them: the
+    planner asks for it a thousand times a ranking)."""
+    return asdict(opts)
 
 
 MemoryOptions = CostOptions  # the memory model reads a subset of the same options
