@@ -377,9 +377,24 @@ def execute(
     if proc.returncode != 0:
         tail = [line for line in (proc.stderr or "").splitlines() if "Error" in line or "error" in line]
         raise MeshplanError(f"a rank failed (exit {proc.returncode}): {tail[-1].strip() if tail else 'see torchrun output'}")
-    console.print(f"wrote {out}")
+    if not do_compare:
+        console.print(run_summary(read_json(out)))
+    console.print(f"wrote {out}" + ("" if do_compare else f"; `meshplan compare {out}` sets it against the prediction"))
     if do_compare:
         _compare_file(out, tolerance, False)
+
+
+def run_summary(run: dict) -> str:
+    """One line of what a run measured (step time, peak memory a rank, bytes a rank's collectives moved
+    a step) beside what the model predicted."""
+    m, p = run["measured"], run["predicted"]
+    parts = [f"step {_fmt_s(m['step_time_s'])}" + (f" (predicted {_fmt_s(p['step_time_s'])})"
+                                                   if p.get("step_time_s") else "")]
+    if m.get("peak_bytes"):
+        parts.append(f"peak {fmt_bytes(m['peak_bytes'])} a rank (predicted {fmt_bytes(p['peak_bytes'])})")
+    moved, want = sum(m.get("comm_bytes", {}).values()), sum(p.get("comm_bytes", {}).values())
+    parts.append(f"{fmt_bytes(moved)} moved a rank a step (predicted {fmt_bytes(want)})")
+    return f"{run['model']} · {run['layout']} · {run['mode']}: " + ", ".join(parts)
 
 
 @app.command()

@@ -119,3 +119,18 @@ def test_malformed_json_names_the_file_and_the_place(tmp_path):
         assert r.exit_code == 2, r.output
         assert r.output.strip().startswith(f"error: {bad}: not valid JSON (") and " at," not in r.output, r.output
         assert "line 1 column" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_execute_summary_sets_measured_beside_predicted():
+    """The line execute prints after a run: each measured figure with the prediction beside it; no
+    peak where the run could not measure one (CPU), no predicted time where the model gave none."""
+    from meshplan.cli import run_summary
+
+    run = {"model": "m/1L", "layout": "tp=2", "mode": "train",
+           "measured": {"step_time_s": 0.0123, "peak_bytes": 3 * 2 ** 30, "comm_bytes": {"a": 2 ** 20, "b": 2 ** 20}},
+           "predicted": {"step_time_s": 0.012, "peak_bytes": 2.5 * 2 ** 30, "comm_bytes": {"a": 2 ** 21}}}
+    assert run_summary(run) == ("m/1L · tp=2 · train: step 12.30 ms (predicted 12.00 ms), peak 3.00 GiB a rank "
+                                "(predicted 2.50 GiB), 2.00 MiB moved a rank a step (predicted 2.00 MiB)")
+    run["measured"]["peak_bytes"] = None
+    del run["predicted"]["step_time_s"]
+    assert run_summary(run) == "m/1L · tp=2 · train: step 12.30 ms, 2.00 MiB moved a rank a step (predicted 2.00 MiB)"
