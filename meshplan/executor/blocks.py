@@ -157,7 +157,7 @@ class _SplitLast(torch.autograd.Function):
     def backward(ctx, *grads):
         ref = next(g for g in grads if g is not None)
         parts = [g if g is not None else ref.new_zeros(*ref.shape[:-1], n) for g, n in zip(grads, ctx.sizes)]
-        return cat_last([g.to(ref.dtype) for g in parts]), None
+        return cat_last(parts), None  # autograd gives each part its output's dtype: the input's
 
 
 def split_last(t: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
