@@ -157,7 +157,7 @@ SEGMENT_SHAPES = SHAPES + ((2, 8192, 80, 64, 1, 128), (1, 131072, 80, 64, 1, 128
 def segments(args) -> int:
     """Segmented state passings (meshplan.kernels.launch.pass_segments) against whole rows: for each
     shape, unsegmented, then each program target with the forward's passing alone segmented and with
-    the backward's too (ssd_bwd.SEGMENT_BACKWARD), in two interleaved rounds — the whole calls' median
+    the backward's too (launch.PASS_SEGMENT_BACKWARD), in two interleaved rounds — the whole calls' median
     times, each kernel's profiled time, the kernel bandwidth fractions (as the main table counts them:
     the join's bytes are not counted), and the outputs and gradients against the unsegmented run's."""
     copy_bw = copy_roofline_bytes_per_s()
@@ -190,7 +190,7 @@ def _segment_rows(shape, variants, chunk: int, copy_bw: float) -> list[dict]:
     base, rows = None, []
     for rnd in range(2):
         for name, target, backward_too in variants:
-            launch.PASS_PROGRAM_TARGET, ssd_bwd.SEGMENT_BACKWARD = target, backward_too
+            launch.PASS_PROGRAM_TARGET, launch.PASS_SEGMENT_BACKWARD = target, backward_too
             with torch.no_grad():
                 y, final = fwd()
                 grads = bwd()[:6]

@@ -512,6 +512,17 @@ def test_segmented_scan_passing_pays_a_segment_and_the_join(monkeypatch):
     assert compute.scan_pass_s(1, 16384, 80, 64, 128) == pytest.approx(64 * max(lat, 5 * issue) + 4 * lat)
     assert compute.scan_pass_s(1, 16384, 40, 64, 128) == pytest.approx(37 * max(lat, 5 * issue) + 7 * lat)
     assert compute.scan_pass_s(4, 4096, 80, 64, 128) == pytest.approx(64 * max(lat, 5 * issue))  # enough already
+    # The backward's two passings whole (launch.PASS_SEGMENT_BACKWARD off): the forward gains, the backward not.
+    dev = compute.Device.of(load_cluster("h200-8"))
+    model = PRESETS["mamba2-2.7b"]
+    seg = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", False)
+    fwd_only = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
+    monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 0)
+    whole = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
+    one_seg, one_whole = 64 * max(lat, 5 * issue) + 4 * lat, 256 * max(lat, 2 * issue)
+    assert fwd_only[0] == pytest.approx(seg[0]) == pytest.approx(whole[0] - one_whole + one_seg)
+    assert fwd_only[1] == pytest.approx(whole[1]) == pytest.approx(seg[1] + 2 * (one_whole - one_seg))
 
 
 def test_scan_constants_are_the_committed_fit():

@@ -193,10 +193,8 @@ def test_segmented_passing_matches_the_recurrence(monkeypatch, per_segment, spli
                                                                     (40, 2, 24, 1, 20, 8, True, False)])
 def test_segmented_backward_matches_autograd_of_the_reference(monkeypatch, per_segment, state_block, backward_too, s, h,
                                                               p, g, n, chunk, with_init, with_d):
-    from meshplan.kernels import ssd_bwd
-
     _segmented(monkeypatch, per_segment)
-    monkeypatch.setattr(ssd_bwd, "SEGMENT_BACKWARD", backward_too)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", backward_too)
     monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
     assert launch.pass_segments(2, h, p, n, -(-s // chunk))[0] > 1
     _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + per_segment)

@@ -459,15 +459,16 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
             "scan_bwd_chunks": bwd["chunk_bwd_dx"] + bwd["chunk_bwd_dbc"], "conv_fwd": 2 * conv, "conv_bwd": 3 * conv}
 
 
-def scan_pass_s(rows: float, row_tokens: float, heads: float, headdim: int, d_state: int) -> float:
+def scan_pass_s(rows: float, row_tokens: float, heads: float, headdim: int, d_state: int,
+                segment: bool = True) -> float:
     """Seconds of one SSD state passing (meshplan/kernels/ssd.py, with the kernel forming its weights)
     over `rows` sequence rows of `row_tokens` tokens and `heads` heads: each program takes its row's
-    chunks (or its segment's, meshplan.kernels.launch.pass_segments) in turn, and the SM's programs
-    share its issue slots (see SCAN_PASS_STEP_ISSUE_S)."""
+    chunks (or its segment's, meshplan.kernels.launch.pass_segments, unless `segment` is False) in
+    turn, and the SM's programs share its issue slots (see SCAN_PASS_STEP_ISSUE_S)."""
     from meshplan.kernels.launch import SSD_CHUNK, pass_programs, pass_segments
 
     chunks = math.ceil(row_tokens / SSD_CHUNK)
-    segments, steps = pass_segments(math.ceil(rows), heads, headdim, d_state, chunks)
+    segments, steps = pass_segments(math.ceil(rows), heads, headdim, d_state, chunks) if segment else (1, chunks)
     per_sm = math.ceil(segments * pass_programs(math.ceil(rows), heads, headdim, d_state) / SCAN_PASS_SMS)
     # A segmented passing's join takes one step a segment (as a passing's step, unmeasured apart).
     join = segments * SCAN_PASS_STEP_LATENCY_S if segments > 1 else 0.0
@@ -479,16 +480,19 @@ def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev:
     """(forward, backward) seconds of the scan and conv kernels: the chunk kernels and the conv at their
     measured HBM fractions, each state passing by `scan_pass_s` (`row_tokens` tokens a sequence row on
     this rank; `tokens` when not given). The backward runs the passing twice (the forward's again, and
-    its own)."""
+    its own), in segments only with meshplan.kernels.launch.PASS_SEGMENT_BACKWARD."""
     if tokens <= 1:  # decode: the state update, costed by the step's decode state I/O
         return 0.0, 0.0
     m = model.mamba2
     row_tokens = row_tokens or tokens
     b = mamba2_kernel_bytes(model, tokens, head_div, e)
     hbm = dev.rated_hbm
-    passing = scan_pass_s(tokens / row_tokens, row_tokens, m.nheads / head_div, m.headdim, m.d_state)
+    from meshplan.kernels.launch import PASS_SEGMENT_BACKWARD
+
+    shape = (tokens / row_tokens, row_tokens, m.nheads / head_div, m.headdim, m.d_state)
+    passing, bwd_passing = scan_pass_s(*shape), scan_pass_s(*shape, segment=PASS_SEGMENT_BACKWARD)
     return (passing + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
-            2 * passing + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION)
+            2 * bwd_passing + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION)
             + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION))
 
 

@@ -47,13 +47,22 @@ def pass_programs(rows: float, heads: float, headdim: int, d_state: int) -> floa
 # segment's true entering state, carried across the segments by a short pass of its own
 # (meshplan/kernels/ssd.py pass_states). A segment keeps at least PASS_MIN_SEGMENT_CHUNKS chunks.
 # Off (0) until timed on a GPU — no GPU was lent the session that wrote it; the sweep that will set the
-# target, and whether the backward's passings segment too (ssd_bwd.SEGMENT_BACKWARD), is
+# target, and whether the backward's passings segment too (PASS_SEGMENT_BACKWARD), is
 # `python benchmarks/bench_ssd.py --segments --out $OUT/ssd-segments.json`. Turned on, the memory model
 # has yet to count the join's buffers, (4 + the inputs' width) bytes · segments · heads · headdim ·
 # d_state a row, and the cost model prices the passing by its segments (compute.scan_pass_s) with the
 # chunk kernels at their unsegmented rates.
 PASS_PROGRAM_TARGET = 0
 PASS_MIN_SEGMENT_CHUNKS = 8
+# Whether the backward's two passings cut long rows into segments as the forward's does
+# (pass_segments; meshplan/kernels/ssd_bwd.py): then the dx and dB/dC kernels add each segment's entering
+# state to the states they read. Compiled offline for sm_90 (benchmarks/results/sass-counts.json), that
+# takes the dx kernel, already at 255 registers a thread, from 128 to 232 bytes of spills and from 658
+# to 826 instructions a headdim block, and the dB/dC kernel from 240 registers to 255 with 16 bytes of
+# spills and 235 / 404 to 409 / 620 instructions in its loops (adding the entering states through a
+# second product each, their decays on the token operand, instead: no spills, 504 / 737). Whether the
+# backward gains with the forward is for `bench_ssd.py --segments` to say.
+PASS_SEGMENT_BACKWARD = True
 
 
 def pass_segments(rows: int, heads: int, headdim: int, d_state: int, chunks: int) -> tuple[int, int]:
@@ -61,7 +70,7 @@ def pass_segments(rows: int, heads: int, headdim: int, d_state: int, chunks: int
     PASS_PROGRAM_TARGET programs, each of whole chunks (the last may be shorter); (1, chunks) when the
     rows, heads and tiles give enough programs alone."""
     programs = pass_programs(rows, heads, headdim, d_state)
-    want = min(-(-PASS_PROGRAM_TARGET // max(int(programs), 1)), max(chunks // PASS_MIN_SEGMENT_CHUNKS, 1))
+    want = min(-(-PASS_PROGRAM_TARGET // max(int(programs), 1)), max(chunks // max(PASS_MIN_SEGMENT_CHUNKS, 1), 1))
     per = -(-chunks // max(want, 1))
     return -(-chunks // per), per
 

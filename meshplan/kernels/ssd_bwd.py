@@ -206,15 +206,6 @@ BWD_DBC_WARPS = 4  # the dB/dC kernel's own warps
 # Pipeline stages of both chunk kernels: 3 (Triton's default, pinned here) ran fastest of 1-5 on an
 # H200 (dx 0.89 ms against 0.96-1.44, dB/dC 0.53 against 0.54-0.87; benchmarks/results/ssd-bwd-stages-h200.json).
 BWD_STAGES = 3
-# Whether the backward's two passings cut long rows into segments as the forward's does
-# (meshplan.kernels.launch.pass_segments): then the dx and dB/dC kernels add each segment's entering
-# state to the states they read. Compiled offline for sm_90 (benchmarks/results/sass-counts.json), that
-# takes the dx kernel, already at 255 registers a thread, from 128 to 232 bytes of spills and from 658
-# to 826 instructions a headdim block, and the dB/dC kernel from 240 registers to 255 with 16 bytes of
-# spills and 235 / 404 to 409 / 620 instructions in its loops (adding the entering states through a
-# second product each, their decays on the token operand, instead: no spills, 504 / 737). Whether the
-# backward gains with the forward is for `bench_ssd.py --segments` to say.
-SEGMENT_BACKWARD = True
 
 
 def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int | None = None,
@@ -228,11 +219,11 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or BWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
     io = pk.x.dtype
-    entering, _ = pass_states(pk, pk.x, pk.B, initial_state, io, segment=SEGMENT_BACKWARD)
+    entering, _ = pass_states(pk, pk.x, pk.B, initial_state, io, segment=launch.PASS_SEGMENT_BACKWARD)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
     d_states, d_init = pass_states(pk, dy, pk.C, dfinal, io, reverse=True, xt=h * p, bt=pk.ct,
-                                   segment=SEGMENT_BACKWARD)  # dS_c
+                                   segment=launch.PASS_SEGMENT_BACKWARD)  # dS_c
     sid, prev, keep = pk.bookkeeping(dy)
     dx = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
