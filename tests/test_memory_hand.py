@@ -188,6 +188,27 @@ def test_mamba2_prefill_transient_is_the_scan_phase():
     assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
 
 
+def test_segmented_passing_keeps_segment_states_beside_the_chunk_states(monkeypatch):
+    """With the passings in segments (a target of 512 programs): one GPU, one row of 16384 tokens at
+    80 heads passes in 4 segments, whose entering states (bf16) and 256 chunks' fp32 decays from their
+    segment's start sit beside the prefill's states; training holds them twice (both passings), once
+    with the backward's passings whole; 4 rows of 4096 pass whole."""
+    from meshplan.costmodel.layouts import sharding_for
+    from meshplan.costmodel.memory import _mixer_backward_bytes, _mixer_forward_bytes
+    from meshplan.kernels import launch
+
+    model, sh = PRESETS["mamba2-2.7b"], sharding_for(parse_layout("single"), MemoryOptions())
+    whole_fwd = _mixer_forward_bytes(model, "mamba2", 16384, sh, 2)
+    whole_bwd = _mixer_backward_bytes(model, "mamba2", 16384, sh, 2)
+    monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
+    join = 80 * (4 * 64 * 128 * 2 + 256 * 4)
+    assert _mixer_forward_bytes(model, "mamba2", 16384, sh, 2) == whole_fwd + join
+    assert _mixer_forward_bytes(model, "mamba2", 16384, sh, 2, rows=4) == whole_fwd
+    assert _mixer_backward_bytes(model, "mamba2", 16384, sh, 2) == whole_bwd + 2 * join
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", False)
+    assert _mixer_backward_bytes(model, "mamba2", 16384, sh, 2) == whole_bwd
+
+
 def test_mamba2_prefill_transient_under_sp():
     """SP 2, 8192 tokens a shard: at the gated norm, the conv output and dt, the shard's zero-start
     scan output y0, the corrected output (the Triton correction writes nothing else of that width) and

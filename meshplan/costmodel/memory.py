@@ -24,6 +24,7 @@ from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
 from meshplan.models import ModelSpec
+from meshplan.kernels import launch
 from meshplan.kernels.launch import SSD_CHUNK, bwd_splits, peer_slot_bytes
 
 ADAM_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m + v (ZeRO, Rajbhandari et al. 2020 §3)
@@ -196,7 +197,7 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
     tokens = batch * seq
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     if opts.training:
-        inner = max((_mixer_backward_bytes(model, kind, tokens, sh, e) if kind == "mamba2"
+        inner = max((_mixer_backward_bytes(model, kind, tokens, sh, e, batch) if kind == "mamba2"
                      else _widest_gradient(model, sh, seq, batch, opts, kind)
                      for kind, _ in model.block_invocations()), default=0.0)
         return _backward_layer_bytes(model, sh, tokens, opts, unit_full) + inner
@@ -205,7 +206,7 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
         out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
         block = _saved_bytes(block_saved(kind, model, opts), tokens, seq, sh, groups)
         live = max(live, block + tokens * e * out_width / (sh.token_div * sh.hidden_div)
-                   + _mixer_forward_bytes(model, kind, tokens, sh, e, decode=opts.mode == "decode")
+                   + _mixer_forward_bytes(model, kind, tokens, sh, e, decode=opts.mode == "decode", rows=batch)
                    + (kv_gather if kind == "attention" else 0.0))
     return live
 
@@ -223,13 +224,27 @@ def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding, nbytes: int
     return scan_state_bytes(model.mamba2, tokens / sh.token_div, sh.head_div, nbytes)
 
 
+def scan_join_bytes(m, rows: int, local_tokens: float, head_div: int, nbytes: int) -> float:
+    """What a state passing in segments (meshplan/kernels/ssd.py pass_states, launch.pass_segments)
+    leaves beside its states for the chunk kernels, on one rank holding `rows` sequence rows of
+    `local_tokens` tokens in all: each segment's entering state in the activations' dtype and each
+    chunk's decay from its segment's start (fp32). 0 for rows passed whole."""
+    rows = max(int(rows), 1)
+    chunks = math.ceil(local_tokens / rows / SSD_CHUNK)
+    heads = m.nheads / head_div
+    segments, _ = launch.pass_segments(rows, heads, m.headdim, m.d_state, chunks)
+    if segments == 1:
+        return 0.0
+    return rows * heads * (segments * m.headdim * m.d_state * nbytes + chunks * 4)
+
+
 def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int,
-                         decode: bool = False) -> float:
+                         decode: bool = False, rows: int = 1) -> float:
     """Forward without grad (prefill), Mamba-2: the mixer's transients on top of the in_proj output,
     as the larger of three phases (meshplan/executor/blocks.py mamba2_mixer). Scan: the conv output
     (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32), the states entering
     each chunk (in the activations' dtype: meshplan/kernels/ssd.py; the passing keeps each chunk's own
-    state in registers) and the scan output beside them.
+    state in registers; passed in segments, with scan_join_bytes) and the scan output beside them.
     Gated norm (Triton, meshplan/kernels/gated_norm.py, which reads z where it lies in the in_proj
     output): conv output, dt, scan output and the norm's output; under SP also the shard's zero-start
     scan output. Decode (`tokens` = the batch): no chunked scan; the state update's
@@ -252,10 +267,11 @@ def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardin
         # its width). With C·E as a torch tensor beside it: benchmarks/results/memory-peak-mamba2-prefill-sp2-h200.json
         # (0.95 GiB at sp=2, 16K, when the norm still copied z: five such tensors).
         norm += y
-    return max(scan_in + y + _scan_state_bytes(model, tokens, sh, e), norm)
+    states = _scan_state_bytes(model, tokens, sh, e) + scan_join_bytes(m, rows, t, sh.head_div, e)
+    return max(scan_in + y + states, norm)
 
 
-def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int) -> float:
+def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int, rows: int = 1) -> float:
     """Training, Mamba-2: the peak inside one block's backward, where Mamba2CoreFn recomputes the core
     with grad and differentiates it (meshplan/executor/blocks.py), as the largest of three phases.
 
@@ -268,7 +284,8 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     gradient the model once added here over-predicted the peak by 5%
     (benchmarks/results/memory-peak-mamba2-train-128k-h200.json).
     Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's output gradient dy and dz, the
-    recomputed entering states and dS in the activations' dtype, and what the chunk kernels write: the
+    recomputed entering states and dS in the activations' dtype (with, passed in segments, what each
+    passing leaves beside them: scan_join_bytes), and what the chunk kernels write: the
     C·B gradient (chunk² per head and chunk in the activations' dtype), dx, ddt, and fp32 dB/dC partial
     sums, one pair per head split (meshplan.kernels.launch.bwd_splits). Conv
     phase (meshplan/kernels/conv1d.py, two-pass backward): the conv output's gradient, the fp32
@@ -282,6 +299,8 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     common = t * ((di + bc) * e + nh * 4)
     norm_phase = common + t * di * 5 * e
     narrow = _scan_state_bytes(model, tokens, sh, e)
+    if launch.PASS_SEGMENT_BACKWARD:
+        narrow += scan_join_bytes(m, rows, t, sh.head_div, e)
     chunks = math.ceil(t / SSD_CHUNK)
     dcb = chunks * nh * SSD_CHUNK ** 2 * e
     partials = bc * 4 * bwd_splits(chunks, int(nh), int(bc / 2 / m.d_state), m.d_state)  # fp32 dB and dC per split

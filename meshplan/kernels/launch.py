@@ -48,10 +48,9 @@ def pass_programs(rows: float, heads: float, headdim: int, d_state: int) -> floa
 # (meshplan/kernels/ssd.py pass_states). A segment keeps at least PASS_MIN_SEGMENT_CHUNKS chunks.
 # Off (0) until timed on a GPU — no GPU was lent the session that wrote it; the sweep that will set the
 # target, and whether the backward's passings segment too (PASS_SEGMENT_BACKWARD), is
-# `python benchmarks/bench_ssd.py --segments --out $OUT/ssd-segments.json`. Turned on, the memory model
-# has yet to count the join's buffers, (4 + the inputs' width) bytes · segments · heads · headdim ·
-# d_state a row, and the cost model prices the passing by its segments (compute.scan_pass_s) with the
-# chunk kernels at their unsegmented rates.
+# `python benchmarks/bench_ssd.py --segments --out $OUT/ssd-segments.json`. The models follow the
+# setting: the passing priced by its segments (compute.scan_pass_s, the chunk kernels at their
+# unsegmented rates), the segments' entering states and decays in memory (memory.scan_join_bytes).
 PASS_PROGRAM_TARGET = 0
 PASS_MIN_SEGMENT_CHUNKS = 8
 # Whether the backward's two passings cut long rows into segments as the forward's does
