@@ -237,7 +237,8 @@ def recommend(
                       _fmt_s(e.exposed_comm_s), fmt_bytes(e.comm_bytes_per_step), f"{e.mfu:.0%}", c.regime)
     if any(c.not_executed for c in result.ranked[:top]):
         table.caption = "* priced by the cost model; meshplan execute does not run it"
-    console.print(table)
+    if result.ranked:  # nothing fits: the reason alone, which names the smallest mesh and what it needs
+        console.print(table)
     console.print(result.reason, highlight=False)
 
 

@@ -134,3 +134,12 @@ def test_execute_summary_sets_measured_beside_predicted():
     run["measured"]["peak_bytes"] = None
     del run["predicted"]["step_time_s"]
     assert run_summary(run) == "m/1L · tp=2 · train: step 12.30 ms, 2.00 MiB moved a rank a step (predicted 2.00 MiB)"
+
+
+def test_recommend_when_nothing_fits_says_why_without_an_empty_table():
+    r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "256k")
+    assert r.exit_code == 0, r.output
+    assert "Nothing fits in" in r.output and "needs" in r.output
+    assert "layout" not in r.output  # no table header with no rows under it
+    r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k")
+    assert "layout" in r.output and "tsp=8" in r.output
