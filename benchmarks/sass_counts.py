@@ -19,7 +19,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from meshplan.kernels import conv1d, launch, ssd_bwd
+from meshplan.kernels import conv1d, launch, ssd, ssd_bwd
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 INSTR = re.compile(r"\s+/\*[0-9a-f]{4}\*/")
@@ -112,6 +112,25 @@ def kernels() -> dict:
                  "i32 i32 i32 i32 i32 i32 i32 i32 i32 i32").split()
     dbc_sig = dict(zip(dbc_names, dbc_types)) | dict.fromkeys(("HPP", "HAS_SID", "SEGMENTED", "L", "BP", "BN"),
                                                               "constexpr")
+    pass_names = ("x_ptr w_ptr decay_ptr b_ptr start_ptr out_ptr end_ptr delta_ptr span_ptr S H G P N XT BT K "
+                  "NSEG").split()
+    pass_types = "*bf16 *fp32 *fp32 *bf16 *fp32 *bf16 *fp32 *fp32 *fp32 i32 i32 i32 i32 i32 i32 i32 i32 i32".split()
+    pass_sig = dict(zip(pass_names, pass_types)) | dict.fromkeys(("HAS_START", "SEGMENTED", "L", "BP", "BN", "STAGES"),
+                                                                "constexpr")
+    scan_names = ("x_ptr dt_ptr a_ptr b_ptr c_ptr d_ptr enter_ptr starts_ptr delta_ptr sid_ptr prev_ptr y_ptr S H G P N "
+                  "XT BT CT K NSEG").split()
+    scan_types = ("*bf16 *fp32 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *i32 *i32 *bf16 i32 i32 i32 i32 i32 i32 i32 "
+                  "i32 i32 i32").split()
+    scan_sig = dict(zip(scan_names, scan_types)) | dict.fromkeys(
+        ("HPP", "HAS_D", "HAS_SID", "SEGMENTED", "L", "BP", "BN", "STAGES"), "constexpr")
+    bp, bn = launch.pass_tile(64, 128)
+    passing = {seg: compile_sm90(ssd._state_passing, pass_sig, dict(HAS_START=False, SEGMENTED=seg, L=64, BP=bp, BN=bn,
+                                                                    STAGES=ssd.PASS_STAGES), ssd.PASS_WARPS)
+               for seg in (False, True)}
+    scan = {seg: compile_sm90(ssd._chunk_scan, scan_sig, dict(HPP=10, HAS_D=True, HAS_SID=False, SEGMENTED=seg, L=64,
+                                                              BP=ssd.FWD_HEADDIM_BLOCK, BN=128, STAGES=ssd.FWD_STAGES),
+                              ssd.FWD_WARPS)
+            for seg in (False, True)}
     silu_sig = {"x_ptr": "*bf16", "o_ptr": "*bf16"}
     return {
         "silu_tl_sigmoid": (compile_sm90(_silu_torch_style, silu_sig, {}, 1), "x · tl.sigmoid(x), 4 elements a thread"),
@@ -122,6 +141,10 @@ def kernels() -> dict:
                                     f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx, no register cap"),
         "conv_bwd_march": (compile_sm90(c._conv_bwd_march, bwd_sig, bwd_k, c.MARCH_WARPS, c.MARCH_MAXNREG),
                            f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx, maxnreg {c.MARCH_MAXNREG}"),
+        "ssd_state_passing": (passing[False], f"forward, {bp} x {bn} state tile, whole rows"),
+        "ssd_state_passing_segmented": (passing[True], "the same, rows in segments"),
+        "ssd_chunk_scan": (scan[False], "forward output kernel, 10 heads a program, headdim block 64, d_state 128"),
+        "ssd_chunk_scan_segmented": (scan[True], "the same, its entering states from segmented passings"),
         "ssd_chunk_bwd_dx": (compile_sm90(ssd_bwd._chunk_bwd_dx, dx_sig,
                                           dict(HAS_D=True, HAS_SID=False, SEGMENTED=False, L=64,
                                                BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
