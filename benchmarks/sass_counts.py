@@ -86,6 +86,18 @@ def _silu_ours(x_ptr, o_ptr):
 CONV_ARGS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "idx_ptr": "*i32"}
 
 
+def _signature(names: str, types: str, constexprs: str) -> dict:
+    """A kernel's runtime arguments' types by name, then its constexpr arguments."""
+    return dict(zip(names.split(), types.split(), strict=True)) | dict.fromkeys(constexprs.split(), "constexpr")
+
+
+def _whole_and_segmented(name: str, fn, signature: dict, constexprs: dict, warps: int, what: str) -> dict:
+    """An SSD kernel compiled with its rows' state passings whole and in segments (SEGMENTED)."""
+    return {name: (compile_sm90(fn, signature, constexprs | {"SEGMENTED": False}, warps), what),
+            f"{name}_segmented": (compile_sm90(fn, signature, constexprs | {"SEGMENTED": True}, warps),
+                                  "the same, the state passings in segments")}
+
+
 def kernels() -> dict:
     """Name → (kernel, what it is). Shapes and settings are the committed launch settings at
     5376 channels and a 64-token chunk of 80 heads × 64, d_state 128."""
@@ -99,38 +111,44 @@ def kernels() -> dict:
                  SPAN=triton.next_power_of_2(c.MARCH_FWD_ROWS + 3))
     bwd_k = dict(K=4, HAS_IDX=True, SILU=True, BC=c.MARCH_CHANNELS, STAGES=c.MARCH_STAGES, EVEN_C=True,
                  PREFETCH=c.MARCH_PREFETCH, SPAN=triton.next_power_of_2(c.MARCH_ROWS + 9))
-    dx_names = ("x_ptr dt_ptr a_ptr b_ptr c_ptr d_ptr enter_ptr e_starts_ptr e_delta_ptr ds_ptr ds_starts_ptr "
-                "ds_delta_ptr dy_ptr sid_ptr prev_ptr keep_ptr dx_ptr ddt_ptr dcb_ptr da_ptr dd_ptr S H G P N XT BT CT K "
-                "NSEG").split()
-    dx_types = ("*bf16 *fp32 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *i32 *i32 *fp32 *bf16 "
-                "*fp32 *bf16 *fp32 *fp32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32").split()
-    dx_sig = dict(zip(dx_names, dx_types)) | dict.fromkeys(("HAS_D", "HAS_SID", "SEGMENTED", "L", "BP", "BN"),
-                                                           "constexpr")
-    dbc_names = ("x_ptr dt_ptr a_ptr b_ptr c_ptr enter_ptr e_starts_ptr e_delta_ptr ds_ptr ds_starts_ptr ds_delta_ptr "
-                 "dy_ptr sid_ptr prev_ptr dcb_ptr db_ptr dc_ptr S H G P N XT BT CT K NSEG").split()
-    dbc_types = ("*bf16 *fp32 *fp32 *bf16 *bf16 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *i32 *i32 *bf16 *fp32 *fp32 "
-                 "i32 i32 i32 i32 i32 i32 i32 i32 i32 i32").split()
-    dbc_sig = dict(zip(dbc_names, dbc_types)) | dict.fromkeys(("HPP", "HAS_SID", "SEGMENTED", "L", "BP", "BN"),
-                                                              "constexpr")
-    pass_names = ("x_ptr w_ptr decay_ptr b_ptr start_ptr out_ptr end_ptr delta_ptr span_ptr S H G P N XT BT K "
-                  "NSEG").split()
-    pass_types = "*bf16 *fp32 *fp32 *bf16 *fp32 *bf16 *fp32 *fp32 *fp32 i32 i32 i32 i32 i32 i32 i32 i32 i32".split()
-    pass_sig = dict(zip(pass_names, pass_types)) | dict.fromkeys(("HAS_START", "SEGMENTED", "L", "BP", "BN", "STAGES"),
-                                                                "constexpr")
-    scan_names = ("x_ptr dt_ptr a_ptr b_ptr c_ptr d_ptr enter_ptr starts_ptr delta_ptr sid_ptr prev_ptr y_ptr S H G P N "
-                  "XT BT CT K NSEG").split()
-    scan_types = ("*bf16 *fp32 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *i32 *i32 *bf16 i32 i32 i32 i32 i32 i32 i32 "
-                  "i32 i32 i32").split()
-    scan_sig = dict(zip(scan_names, scan_types)) | dict.fromkeys(
-        ("HPP", "HAS_D", "HAS_SID", "SEGMENTED", "L", "BP", "BN", "STAGES"), "constexpr")
+    i32 = lambda n: " i32" * n  # noqa: E731
+    passing = _signature("x_ptr w_ptr decay_ptr b_ptr start_ptr out_ptr end_ptr delta_ptr span_ptr "
+                         "S H G P N XT BT K NSEG",
+                         "*bf16 *fp32 *fp32 *bf16 *fp32 *bf16 *fp32 *fp32 *fp32" + i32(9),
+                         "HAS_START SEGMENTED L BP BN STAGES")
+    scan = _signature("x_ptr dt_ptr a_ptr b_ptr c_ptr d_ptr enter_ptr starts_ptr delta_ptr sid_ptr prev_ptr y_ptr "
+                      "S H G P N XT BT CT K NSEG",
+                      "*bf16 *fp32 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *i32 *i32 *bf16" + i32(10),
+                      "HPP HAS_D HAS_SID SEGMENTED L BP BN STAGES")
+    dx = _signature("x_ptr dt_ptr a_ptr b_ptr c_ptr d_ptr enter_ptr e_starts_ptr e_delta_ptr ds_ptr ds_starts_ptr "
+                    "ds_delta_ptr dy_ptr sid_ptr prev_ptr keep_ptr dx_ptr ddt_ptr dcb_ptr da_ptr dd_ptr "
+                    "S H G P N XT BT CT K NSEG",
+                    "*bf16 *fp32 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *i32 *i32 "
+                    "*fp32 *bf16 *fp32 *bf16 *fp32 *fp32" + i32(10),
+                    "HAS_D HAS_SID SEGMENTED L BP BN")
+    dbc = _signature("x_ptr dt_ptr a_ptr b_ptr c_ptr enter_ptr e_starts_ptr e_delta_ptr ds_ptr ds_starts_ptr "
+                     "ds_delta_ptr dy_ptr sid_ptr prev_ptr dcb_ptr db_ptr dc_ptr S H G P N XT BT CT K NSEG",
+                     "*bf16 *fp32 *fp32 *bf16 *bf16 *bf16 *bf16 *fp32 *bf16 *bf16 *fp32 *bf16 *i32 *i32 *bf16 "
+                     "*fp32 *fp32" + i32(10),
+                     "HPP HAS_SID SEGMENTED L BP BN")
     bp, bn = launch.pass_tile(64, 128)
-    passing = {seg: compile_sm90(ssd._state_passing, pass_sig, dict(HAS_START=False, SEGMENTED=seg, L=64, BP=bp, BN=bn,
-                                                                    STAGES=ssd.PASS_STAGES), ssd.PASS_WARPS)
-               for seg in (False, True)}
-    scan = {seg: compile_sm90(ssd._chunk_scan, scan_sig, dict(HPP=10, HAS_D=True, HAS_SID=False, SEGMENTED=seg, L=64,
-                                                              BP=ssd.FWD_HEADDIM_BLOCK, BN=128, STAGES=ssd.FWD_STAGES),
-                              ssd.FWD_WARPS)
-            for seg in (False, True)}
+    ssd_kernels = {
+        **_whole_and_segmented("ssd_state_passing", ssd._state_passing, passing,
+                               dict(HAS_START=False, L=64, BP=bp, BN=bn, STAGES=ssd.PASS_STAGES), ssd.PASS_WARPS,
+                               f"forward, {bp} x {bn} state tile"),
+        **_whole_and_segmented("ssd_chunk_scan", ssd._chunk_scan, scan,
+                               dict(HPP=10, HAS_D=True, HAS_SID=False, L=64, BP=ssd.FWD_HEADDIM_BLOCK, BN=128,
+                                    STAGES=ssd.FWD_STAGES), ssd.FWD_WARPS,
+                               "forward output kernel, 10 heads a program, headdim block 64, d_state 128"),
+        **_whole_and_segmented("ssd_chunk_bwd_dx", ssd_bwd._chunk_bwd_dx, dx,
+                               dict(HAS_D=True, HAS_SID=False, L=64, BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
+                               ssd_bwd.BWD_WARPS, "chunk 64, headdim block 32, d_state 128"),
+        # mamba2-2.7b's 80 heads in one group: 10 a program (launch.bwd_splits at 16K tokens)
+        **_whole_and_segmented("ssd_chunk_bwd_dbc", ssd_bwd._chunk_bwd_dbc, dbc,
+                               dict(HPP=10, HAS_SID=False, L=64, BP=ssd_bwd.BWD_HEADDIM_BLOCK,
+                                    BN=launch.BWD_STATE_BLOCK), ssd_bwd.BWD_DBC_WARPS,
+                               "chunk 64, 10 heads, headdim block 32, d_state 128"),
+    }
     silu_sig = {"x_ptr": "*bf16", "o_ptr": "*bf16"}
     return {
         "silu_tl_sigmoid": (compile_sm90(_silu_torch_style, silu_sig, {}, 1), "x · tl.sigmoid(x), 4 elements a thread"),
@@ -141,29 +159,7 @@ def kernels() -> dict:
                                     f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx, no register cap"),
         "conv_bwd_march": (compile_sm90(c._conv_bwd_march, bwd_sig, bwd_k, c.MARCH_WARPS, c.MARCH_MAXNREG),
                            f"{c.MARCH_CHANNELS} channels, {c.MARCH_WARPS} warps, seq_idx, maxnreg {c.MARCH_MAXNREG}"),
-        "ssd_state_passing": (passing[False], f"forward, {bp} x {bn} state tile, whole rows"),
-        "ssd_state_passing_segmented": (passing[True], "the same, rows in segments"),
-        "ssd_chunk_scan": (scan[False], "forward output kernel, 10 heads a program, headdim block 64, d_state 128"),
-        "ssd_chunk_scan_segmented": (scan[True], "the same, its entering states from segmented passings"),
-        "ssd_chunk_bwd_dx": (compile_sm90(ssd_bwd._chunk_bwd_dx, dx_sig,
-                                          dict(HAS_D=True, HAS_SID=False, SEGMENTED=False, L=64,
-                                               BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
-                                          ssd_bwd.BWD_WARPS), "chunk 64, headdim block 32, d_state 128"),
-        "ssd_chunk_bwd_dx_segmented": (compile_sm90(ssd_bwd._chunk_bwd_dx, dx_sig,
-                                                    dict(HAS_D=True, HAS_SID=False, SEGMENTED=True, L=64,
-                                                         BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=128),
-                                                    ssd_bwd.BWD_WARPS),
-                                       "the same, its states from segmented passings"),
-        # mamba2-2.7b's 80 heads in one group: 10 a program (launch.bwd_splits at 16K tokens)
-        "ssd_chunk_bwd_dbc": (compile_sm90(ssd_bwd._chunk_bwd_dbc, dbc_sig,
-                                           dict(HPP=10, HAS_SID=False, SEGMENTED=False, L=64,
-                                                BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=launch.BWD_STATE_BLOCK),
-                                           ssd_bwd.BWD_DBC_WARPS), "chunk 64, 10 heads, headdim block 32, d_state 128"),
-        "ssd_chunk_bwd_dbc_segmented": (compile_sm90(ssd_bwd._chunk_bwd_dbc, dbc_sig,
-                                                     dict(HPP=10, HAS_SID=False, SEGMENTED=True, L=64,
-                                                          BP=ssd_bwd.BWD_HEADDIM_BLOCK, BN=launch.BWD_STATE_BLOCK),
-                                                     ssd_bwd.BWD_DBC_WARPS),
-                                        "the same, its states from segmented passings"),
+        **ssd_kernels,
     }
 
 
