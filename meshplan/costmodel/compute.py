@@ -387,9 +387,11 @@ def sp_correction_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev:
     """Seconds, forward and backward, of a Mamba-2 sequence shard's correction for the state E entering
     it (meshplan/executor/layouts/mamba.py, _finish_shard; Triton kernels, meshplan/kernels/shard_state.py)
     over `tokens` tokens: each kernel's bytes (sp_correction_bytes) at its measured HBM fraction."""
+    from meshplan.costmodel.memory import local_bc_channels
+
     m = model.mamba2
-    b = sp_correction_bytes(tokens, m.nheads / head_div, m.headdim, m.ngroups / head_div if m.ngroups >= head_div
-                            else 1, m.d_state, e)
+    groups = local_bc_channels(m, head_div) / 2 / m.d_state  # the B/C groups this rank's heads use
+    b = sp_correction_bytes(tokens, m.nheads / head_div, m.headdim, groups, m.d_state, e)
     hbm = dev.rated_hbm
     return (b["entering_fwd"] / (hbm * SP_CORRECTION_FWD_HBM_FRACTION),
             b["entering_bwd_dc"] / (hbm * SP_CORRECTION_DC_HBM_FRACTION)
