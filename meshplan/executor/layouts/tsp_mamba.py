@@ -52,7 +52,7 @@ def ring_gather(mesh: Mesh, own: torch.Tensor) -> torch.Tensor:
 class _TSPMamba2Fn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xn, layer, *own):
-        full = layer.unpack(ring_gather(layer.mesh, layer.pack(own)))
+        full = layer.gather(own)
         zx = F.linear(xn, full["in_proj"])
         tail = layer.shift_tail(zx)
         out, state, E, gathered = seq_shard_forward(zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]],
@@ -67,7 +67,7 @@ class _TSPMamba2Fn(torch.autograd.Function):
     def backward(ctx, dout):
         xn, zx, tail, E, gathered, *own = ctx.saved_tensors
         layer = ctx.layer
-        full = layer.unpack(ring_gather(layer.mesh, layer.pack(own)))
+        full = layer.gather(own)
         d_zx, d_state_in, *d_small = seq_shard_backward(zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]], E,
                                                         gathered, dout.contiguous(), None, layer.dims, None,
                                                         layer.mesh, AXIS)
@@ -118,6 +118,10 @@ class TSPMamba2(Sharded):
         parts = [self.split_packed(row) for row in shards]
         return {name: torch.cat([p[i] for p in parts], dim) for i, (name, dim, _) in enumerate(self.shapes)}
 
+    def gather(self, own) -> dict[str, torch.Tensor]:
+        """The block's whole weights from every rank's shard (`own`: this rank's), along the ring."""
+        return self.unpack(ring_gather(self.mesh, self.pack(own)))
+
     def pack_all(self, whole: dict[str, torch.Tensor]) -> torch.Tensor:
         """Whole-weight tensors (gradients) → (D, numel): row j is what rank j's shard packs."""
         d = self.mesh.axis(AXIS).size
@@ -157,6 +161,6 @@ class TSPMamba2(Sharded):
     @torch.no_grad()
     def decode(self, x):
         """One new token per sequence, on the whole block's weights gathered along the ring."""
-        full = self.unpack(ring_gather(self.mesh, self.pack(self.own())))
+        full = self.gather(self.own())
         out, self.ssm_cache = decode_step(x, self.norm, *(full[n] for n, _ in SPLIT), self.dims, self.ssm_cache, None)
         return x + out
