@@ -1,7 +1,7 @@
 """Read a local HuggingFace `config.json` into a ModelSpec, without network access.
 
 Field names follow transformers' configuration classes (LlamaConfig, MistralConfig, MambaConfig,
-Mamba2Config, FalconMambaConfig, Zamba2Config). Unknown fields are ignored; a missing required one
+Mamba2Config, FalconMambaConfig, Zamba2Config, GPT2Config, GPTNeoXConfig, GPTBigCodeConfig, OPTConfig). Unknown fields are ignored; a missing required one
 is a MeshplanError naming it.
 """
 
@@ -56,6 +56,49 @@ def _llama(f: _Fields, name: str) -> ModelSpec:
         f.whole("intermediate_size"), f.whole("vocab_size"), gated=True,
         tied=bool(f.get("tie_word_embeddings", False)), source=f.where, head_dim=head_dim,
     )
+
+
+def _gpt2(f: _Fields, name: str) -> ModelSpec:
+    """GPT-2 and GPTBigCode (StarCoder): LayerNorm, biases, a non-gated GeLU MLP (n_inner, default 4h),
+    learned positions over n_positions, tied head; GPTBigCode's multi_query keeps one K/V head."""
+    hidden, heads = f.whole("n_embd", "hidden_size"), f.whole("n_head", "num_attention_heads")
+    kv_heads = 1 if f.raw.get("model_type") == "gpt_bigcode" and f.get("multi_query", True) else heads
+    return dense(name, hidden, f.whole("n_layer", "num_hidden_layers"), heads, kv_heads,
+                 f.whole("n_inner", default=4 * hidden), f.whole("vocab_size"), gated=False,
+                 tied=bool(f.get("tie_word_embeddings", True)), source=f.where, bias=True, norm="layernorm",
+                 positions="learned", max_positions=f.whole("n_positions", "max_position_embeddings"))
+
+
+def _gpt_neox(f: _Fields, name: str) -> ModelSpec:
+    """GPT-NeoX / Pythia: LayerNorm, biases (attention_bias, default true), a non-gated GeLU MLP,
+    rotary positions, untied head. The parallel residual changes no shape."""
+    hidden = f.whole("hidden_size")
+    return dense(name, hidden, f.whole("num_hidden_layers"), f.whole("num_attention_heads"),
+                 f.whole("num_attention_heads"), f.whole("intermediate_size", default=4 * hidden),
+                 f.whole("vocab_size"), gated=False, tied=bool(f.get("tie_word_embeddings", False)),
+                 source=f.where, bias=bool(f.get("attention_bias", True)), norm="layernorm")
+
+
+# OPT's learned position table has 2 rows past max_position_embeddings (OPTLearnedPositionalEmbedding's
+# offset, transformers' modeling_opt.py).
+OPT_POSITION_OFFSET = 2
+
+
+def _opt(f: _Fields, name: str) -> ModelSpec:
+    """OPT: LayerNorm, biases (enable_bias), a non-gated ReLU MLP of ffn_dim, learned positions, tied
+    head. A word_embed_proj_dim unlike hidden_size (opt-350m) adds two small projections, counted
+    here as part of the embedding."""
+    hidden = f.whole("hidden_size")
+    spec = dense(name, hidden, f.whole("num_hidden_layers"), f.whole("num_attention_heads"),
+                 f.whole("num_attention_heads"), f.whole("ffn_dim"), f.whole("vocab_size"), gated=False,
+                 tied=bool(f.get("tie_word_embeddings", True)), source=f.where, bias=bool(f.get("enable_bias", True)),
+                 norm="layernorm", positions="learned",
+                 max_positions=f.whole("max_position_embeddings") + OPT_POSITION_OFFSET)
+    proj = f.whole("word_embed_proj_dim", default=hidden)
+    if proj != hidden:
+        raise MeshplanError(f"{f.where}: word_embed_proj_dim ({proj}) differs from hidden_size ({hidden}); "
+                            "the embedding projections of opt-350m are not modelled — use a config where they match")
+    return spec
 
 
 def _mamba1(f: _Fields, name: str) -> ModelSpec:
@@ -115,6 +158,10 @@ _READERS = {
     "falcon_mamba": _mamba1,
     "mamba2": _mamba2,
     "zamba2": _zamba2,
+    "gpt2": _gpt2,
+    "gpt_bigcode": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "opt": _opt,
 }
 
 

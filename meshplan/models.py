@@ -38,6 +38,7 @@ class AttentionSpec:
     kv_heads: int
     head_dim: int
     out_hidden: int  # width written back to the residual stream
+    bias: bool = False  # GPT-2 / NeoX / OPT style: biases on the QKV and output projections
 
     def __post_init__(self) -> None:
         _positive("attention", hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
@@ -56,16 +57,18 @@ class AttentionSpec:
         return self.kv_heads * self.head_dim
 
     def param_count(self) -> int:
-        # W_Q, W_K, W_V (no bias), W_O, and the pre-norm's scale.
-        return self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.out_hidden + self.hidden
+        # W_Q, W_K, W_V, W_O (with their biases if any), and the pre-norm's scale.
+        biases = self.q_width + 2 * self.kv_width + self.out_hidden if self.bias else 0
+        return self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.out_hidden + biases + self.hidden
 
 
 @dataclass(frozen=True)
 class MlpSpec:
     hidden: int
     ffn_hidden: int
-    gated: bool = True  # SwiGLU: gate and up (h × F·h each) and down (F·h × h)
+    gated: bool = True  # SwiGLU: gate and up (h × F·h each) and down (F·h × h); False: GPT's fc1, GeLU, fc2
     out_hidden: int = 0  # 0: same as hidden
+    bias: bool = False  # biases on both projections (GPT-2, NeoX, OPT)
 
     def __post_init__(self) -> None:
         _positive("mlp", hidden=self.hidden, ffn_hidden=self.ffn_hidden)
@@ -77,7 +80,9 @@ class MlpSpec:
         return 2 if self.gated else 1
 
     def param_count(self) -> int:
-        return self.n_input_matrices * self.hidden * self.ffn_hidden + self.ffn_hidden * self.out_hidden + self.hidden
+        biases = self.n_input_matrices * self.ffn_hidden + self.out_hidden if self.bias else 0
+        return (self.n_input_matrices * self.hidden * self.ffn_hidden + self.ffn_hidden * self.out_hidden + biases
+                + self.hidden)
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,9 @@ class ModelSpec:
     mamba1: Mamba1Spec | None = None
     hybrid_layers: int = 0  # hybrid: how many Mamba layers are followed by a shared-block invocation
     shared_blocks: int = 0  # hybrid: distinct copies of the shared block, used in turn (ABAB…)
-    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm" (LayerNorm has a bias beside its scale)
+    positions: str = "rotary"  # "rotary" | "learned" (GPT-2 / OPT: a max_positions × d_model table)
+    max_positions: int = 0  # rows of the learned position table
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -187,6 +194,10 @@ class ModelSpec:
         dtype_bytes(self.param_dtype, "model.param_dtype")
         if self.norm not in ("rmsnorm", "layernorm"):
             raise MeshplanError(f"model.norm: unknown {self.norm!r}; use rmsnorm or layernorm")
+        if self.positions not in ("rotary", "learned"):
+            raise MeshplanError(f"model.positions: unknown {self.positions!r}; use rotary or learned")
+        if self.positions == "learned":
+            _positive(f"model {self.name}", max_positions=self.max_positions)
         need = {
             "dense": ("attention", "mlp"),
             "mamba2": ("mamba2",),
@@ -238,13 +249,25 @@ class ModelSpec:
         return counts.get("mamba2", 0) + counts.get("mamba1", 0)
 
     # -- parameters ----------------------------------------------------------------------------
+    @property
+    def norm_elements(self) -> int:
+        """Parameters a norm holds per channel: a scale, and LayerNorm's bias."""
+        return 2 if self.norm == "layernorm" else 1
+
+    def position_params(self) -> int:
+        return self.max_positions * self.d_model if self.positions == "learned" else 0
+
     def embedding_params(self) -> int:
-        """Token embedding, output head (unless tied) and the final norm."""
+        """Token embedding, output head (unless tied), learned positions and the final norm."""
         heads = 1 if self.tied_embeddings else 2
-        return heads * self.vocab * self.d_model + self.d_model
+        return heads * self.vocab * self.d_model + self.position_params() + self.norm_elements * self.d_model
 
     def layer_params(self) -> int:
-        """Parameters of all blocks (shared hybrid blocks counted once per distinct copy)."""
+        """Parameters of all blocks (shared hybrid blocks counted once per distinct copy); a block spec
+        counts its pre-norm's scale, and LayerNorm's biases are added here."""
+        return self._block_params() + (self.norm_elements - 1) * self.norm_params(embeddings=False, scales_only=True)
+
+    def _block_params(self) -> int:
         if self.family == "dense":
             return self.layers * (self.attention.param_count() + self.mlp.param_count())
         if self.family == "mamba2":
@@ -263,15 +286,17 @@ class ModelSpec:
     def param_count(self) -> int:
         return self.embedding_params() + self.layer_params()
 
-    def norm_params(self, embeddings: bool = True) -> int:
-        """Norm scales: tiny, and replicated on every rank of a tensor / TSP axis (never split)."""
+    def norm_params(self, embeddings: bool = True, scales_only: bool = False) -> int:
+        """Norm parameters (scales, and LayerNorm's biases unless `scales_only`): tiny, and replicated on
+        every rank of a tensor / TSP axis (never split)."""
         per_kind = {"attention": self.attention.hidden if self.attention else 0,
                     "mlp": self.mlp.hidden if self.mlp else 0, "mamba2": self.d_model, "mamba1": self.d_model}
         if self.family == "hybrid":
             blocks = self.layers * self.d_model + self.shared_blocks * (per_kind["attention"] + per_kind["mlp"])
         else:
             blocks = sum(per_kind.get(kind, 0) * n for kind, n in self.block_invocations())
-        return blocks + (self.d_model if embeddings else 0)
+        per_channel = 1 if scales_only else self.norm_elements
+        return (blocks + (self.d_model if embeddings else 0)) * per_channel
 
     @property
     def param_bytes_per_element(self) -> int:
@@ -281,7 +306,8 @@ class ModelSpec:
 # -- presets ----------------------------------------------------------------------------------
 
 def dense(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int,
-          gated: bool = True, tied: bool = False, source: str = "", head_dim: int | None = None) -> ModelSpec:
+          gated: bool = True, tied: bool = False, source: str = "", head_dim: int | None = None, *,
+          bias: bool = False, norm: str = "rmsnorm", positions: str = "rotary", max_positions: int = 0) -> ModelSpec:
     """A pre-norm decoder stack; the heads split `hidden` evenly unless `head_dim` is given."""
     if head_dim is None:
         head_dim = hidden // heads
@@ -289,9 +315,21 @@ def dense(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hi
             raise MeshplanError(f"model {name}: heads ({heads}) must divide hidden ({hidden}); or give head_dim")
     return ModelSpec(
         name=name, family="dense", d_model=hidden, layers=layers, vocab=vocab, tied_embeddings=tied,
-        attention=AttentionSpec(hidden, heads, kv_heads, head_dim, hidden),
-        mlp=MlpSpec(hidden, ffn_hidden, gated), source=source,
+        attention=AttentionSpec(hidden, heads, kv_heads, head_dim, hidden, bias=bias),
+        mlp=MlpSpec(hidden, ffn_hidden, gated, bias=bias), norm=norm, positions=positions,
+        max_positions=max_positions, source=source,
     )
+
+
+def gpt(name: str, hidden: int, layers: int, heads: int, vocab: int, seq: int, *, ffn_hidden: int = 0,
+        tied: bool = True, positions: str = "learned", source: str = "") -> ModelSpec:
+    """The GPT decoder of the Megatron papers (Narayanan et al. 2021 §5; Korthikanti et al. 2022 §3):
+    LayerNorm, biases on every projection, a 4h GeLU MLP, learned positions over `seq` tokens and a
+    tied output head. Its parameter count is their Eq. 2, 12·l·h² + 13·l·h + (V + s)·h, plus the final
+    LayerNorm's 2h."""
+    return dense(name, hidden, layers, heads, heads, ffn_hidden or 4 * hidden, vocab, gated=False, tied=tied,
+                 source=source, bias=True, norm="layernorm", positions=positions,
+                 max_positions=seq if positions == "learned" else 0)
 
 
 def mamba2(name: str, d_model: int, layers: int, vocab: int, d_state: int = 128, headdim: int = 64,

@@ -68,7 +68,8 @@ def test_hf_zamba2_config(tmp_path):
 
 @pytest.mark.parametrize("data, message", [
     ({"model_type": "llama", "hidden_size": 64}, "missing required field 'num_attention_heads'"),
-    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+    ({"model_type": "t5"}, "model_type 't5' is not supported"),
+    ({"model_type": "gpt2"}, "missing required field 'n_embd'"),
     ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 5,
       "intermediate_size": 128, "vocab_size": 10}, "heads (5) must divide hidden (64)"),
     # A count that is not a whole number is a malformed config, not a value to round.
