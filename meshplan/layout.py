@@ -144,8 +144,9 @@ def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = Non
                     f"(B/C groups are split, or replicated to the ranks whose heads use them)")
         if model.mamba1 is not None:
             _divides(degree, model.mamba1.d_inner, f"{model.name}'s d_inner", axis)
-    if layout.pp > 1:
-        _divides(layout.pp, model.layers, f"{model.name}'s layers", "pp")
+    if layout.pp > model.layers:
+        # Uneven stages are fine (meshplan.costmodel.pipeline.pipeline_stages); more stages than layers are not.
+        raise MeshplanError(f"layout: pp={layout.pp} exceeds {model.name}'s {model.layers} layers; use pp <= {model.layers}")
     if num_gpus is not None and layout.world_size != num_gpus:
         where = f"cluster {cluster_name}" if cluster_name else "the cluster"
         raise MeshplanError(

@@ -193,6 +193,11 @@ class Device:
     decode_host_kernel_s: float = DECODE_KERNEL_HOST_S
     mamba2_host_kernel_s: float | None = None  # None: as the other blocks
     mamba2_decode_host_kernel_s: float | None = None
+    # The stack's elementwise work against one pass per tensor (meshplan.costmodel.stacks): the eager
+    # executor's measured factors by default, 1 for fused kernels.
+    elementwise_factor: float = EAGER_ELEMENTWISE_FACTOR
+    elementwise_factor_mamba2: float = EAGER_ELEMENTWISE_FACTOR_MAMBA2
+    flash_attention: bool = True  # False: QKᵀ and PV as batched GEMMs around a fused softmax (Megatron ≤ 2022)
 
     def host_kernel_cost(self, kind: str, decode: bool) -> float:
         """Host seconds per kernel a block of this kind launches."""
@@ -207,15 +212,24 @@ class Device:
         return self.hbm_rated_bytes_per_s or self.hbm_bytes_per_s
 
     @classmethod
-    def of(cls, cluster) -> "Device":
-        """The cluster's GPU, with what `meshplan calibrate` measured where it measured it."""
+    def of(cls, cluster, stack=None) -> "Device":
+        """The cluster's GPU under a stack (meshplan.costmodel.stacks; None: meshplan's executor), with
+        what `meshplan calibrate` measured where it measured it."""
+        from dataclasses import replace
+
         cal = cluster.calibration
         dev = cls(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s,
                   hbm_rated_bytes_per_s=cluster.gpu.hbm_bytes_per_s)
+        if stack is not None and stack.elementwise_factor is not None:
+            dev = replace(dev, elementwise_factor=stack.elementwise_factor,
+                          elementwise_factor_mamba2=stack.elementwise_factor, flash_attention=stack.flash_attention)
+            gemm, attn = stack.gemm_rate(cluster.gpu.name), stack.attention_rate(cluster.gpu.name)
+            if gemm:
+                dev = replace(dev, gemm_efficiency=gemm)
+            if attn:
+                dev = replace(dev, attention_causal=((1, attn),), attention_prefix=((1, attn),))
         if cal is None:
             return dev
-        from dataclasses import replace
-
         return replace(dev, hbm_bytes_per_s=cal.hbm_bytes_per_s or dev.hbm_bytes_per_s,
                        gemm_efficiency=cal.gemm_efficiency or dev.gemm_efficiency,
                        attention_causal=cal.attention_causal or dev.attention_causal,
@@ -345,12 +359,14 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         core_flops = 4 * tokens * keys * model.attention.q_width / head_div * causal_fraction
         if tokens == 1 or keys <= 1:
             attn = 0.0
+        elif not dev.flash_attention:
+            attn = unfused_attention_s(model, tokens, keys, head_div, e, dev)
         elif zigzag > 1:
             attn = zigzag_attention_s(model.attention.q_width / head_div, tokens, keys, zigzag, dev)
         else:
             attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
         flops += core_flops
-    eager = EAGER_ELEMENTWISE_FACTOR_MAMBA2 if kind == "mamba2" else EAGER_ELEMENTWISE_FACTOR
+    eager = dev.elementwise_factor_mamba2 if kind == "mamba2" else dev.elementwise_factor
     mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * eager / dev.rated_hbm
     kernel_fwd, kernel_bwd = (mamba2_kernel_s(model, tokens, head_div, e, dev, row_tokens) if kind == "mamba2"
                               else (0.0, 0.0))
@@ -370,6 +386,22 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
             # The mixer core (conv, scan, gated norm, out_proj) is recomputed in backward.
             recompute_s += mem + kernel_fwd + gemm_time_s(tokens, *_gemms(model, kind, head_div)[-1], e, dev)
     return BlockCompute(gemm, attn, mem, recompute_s, flops, kernel_fwd, kernel_bwd if training else 0.0)
+
+
+# Megatron-LM's core attention without a fused kernel (Narayanan et al. 2021 §4.2: baddbmm for QKᵀ,
+# a fused scale-mask-softmax, dropout, bmm for PV): the full s × s scores of every head are computed and
+# then masked, and cross HBM as fp16 — written by QKᵀ (2 B), read and written by the softmax (4 B), by
+# dropout with its 1-byte mask (5 B), read by PV (2 B): 13 bytes a score forward.
+UNFUSED_SCORE_BYTES = 13
+
+
+def unfused_attention_s(model: ModelSpec, tokens: float, keys: float, head_div: int, e: int, dev: Device) -> float:
+    """Forward seconds of unfused attention over all `keys` (no causal saving): its two batched GEMMs at
+    the GEMM rate and the scores' HBM traffic (UNFUSED_SCORE_BYTES)."""
+    a = model.attention
+    flops = 4 * tokens * keys * a.q_width / head_div
+    scores = tokens * keys * a.heads / head_div
+    return flops / (dev.peak_flops * dev.gemm_efficiency) + scores * UNFUSED_SCORE_BYTES * e / 2 / dev.rated_hbm
 
 
 def sp_correction_bytes(tokens: float, heads: float, headdim: int, groups: float, d_state: int,

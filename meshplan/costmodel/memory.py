@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from meshplan.costmodel.activations import block_saved, checkpoint_units, head_saved, Saved
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
+from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
 from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
 from meshplan.models import ModelSpec
 from meshplan.kernels import launch
@@ -316,16 +317,19 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     return max(norm_phase, scan_phase, conv_phase)
 
 
-def _stage_params(model: ModelSpec, pp: int, stage: str) -> float:
-    """Parameters held by one pipeline stage (before any sharding)."""
+def _stage_params(model: ModelSpec, pp: int, stage: str, layer_share: float | None = None) -> float:
+    """Parameters held by one pipeline stage (before any sharding); `layer_share`: its share of the
+    layers (1/pp unless the stages are uneven)."""
     if pp == 1:
         return model.param_count()
-    layer = model.layer_params() / pp
+    layer = model.layer_params() * (1 / pp if layer_share is None else layer_share)
     vocab_matrix = model.vocab * model.d_model
     if stage == "first":
-        return layer + vocab_matrix
-    # Last stage: the output head (for tied embeddings Megatron keeps a copy there) and the final norm.
-    return layer + vocab_matrix + model.d_model
+        return layer + vocab_matrix + model.position_params()
+    if stage == "last":
+        # The output head (for tied embeddings Megatron keeps a copy there) and the final norm.
+        return layer + vocab_matrix + model.norm_elements * model.d_model
+    return layer
 
 
 def replicated_group_params(model: ModelSpec, head_div: int) -> float:
@@ -338,12 +342,15 @@ def replicated_group_params(model: ModelSpec, head_div: int) -> float:
     return model.layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
 
 
-def local_params(model: ModelSpec, sh: Sharding, pp: int = 1, stage: str = "only", embeddings: bool = True) -> float:
+def local_params(model: ModelSpec, sh: Sharding, pp: int = 1, stage: str = "only", embeddings: bool = True,
+                 layer_share: float | None = None) -> float:
     """Parameters one rank holds: split weights / weight_div, plus the replicated norm scales and
-    (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections."""
-    total = _stage_params(model, pp, stage) if embeddings else model.layer_params() / pp
-    norms = model.norm_params(embeddings) / pp if sh.weight_div > 1 else 0.0
-    return (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) / pp
+    (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections. `layer_share`: the
+    stage's share of the layers (1/pp unless the stages are uneven)."""
+    share = 1 / pp if layer_share is None else layer_share
+    total = _stage_params(model, pp, stage, share) if embeddings else model.layer_params() * share
+    norms = model.norm_params(embeddings) * share if sh.weight_div > 1 else 0.0
+    return (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) * share
 
 
 def streamed_block_params(model: ModelSpec, kind: str) -> int:
@@ -395,7 +402,12 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     # group with context parallel: get_megatron_optimizer, megatron/core/optimizer/__init__.py).
     shards = grad_group(layout)[1] if zero else 1
 
-    saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / layout.pp)
+    pp = layout.pp
+    stage_layers = pipeline_stages(model.layers, pp, opts.stage_layers)
+    microbatches = opts.steps_for(layout.dp, pp, batch) if train else 1
+    chunks = opts.chunks if pp > 1 else 1
+    # Saved activations of an even stage (1/pp of the layers); an uneven one scales by its layers.
+    saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / pp)
     head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train and embeddings else 0.0
 
     # Caches (inference): KV per attention invocation, conv + SSM state per Mamba layer.
@@ -471,9 +483,10 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     workspace = BLAS_WORKSPACE_BYTES * (2 if train else 1)
     peer_buffer = int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div)
     results = []
-    stages = ("only",) if layout.pp == 1 else ("first", "last")
-    for stage in stages:
-        params = local_params(model, sh, layout.pp, stage, embeddings)
+    for index in _stages_to_check(stage_layers, pp, microbatches, chunks):
+        stage = "only" if pp == 1 else "first" if index == 0 else "last" if index == pp - 1 else "middle"
+        share = stage_layers[index] / model.layers
+        params = local_params(model, sh, pp, stage, embeddings, share)
         param_b = params * p_bytes / (shards if zero >= 3 else 1)
         grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
         opt_bytes = 0
@@ -482,15 +495,18 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         opt_b = params * opt_bytes / shards
         acts = 0.0
         if train:
-            in_flight = layout.pp if stage == "first" else 1
-            acts = saved_all * in_flight + (head_items if stage in ("only", "last") else 0.0)
-            if layout.pp > 1:
+            # Chunks of 1/v of the stage's layers in flight (meshplan.costmodel.pipeline.in_flight_chunks):
+            # the first stage of 1F1B holds pp micro-batches, interleaved (1 + (p − 1)/(p·v)) times that.
+            in_flight = in_flight_chunks(index, pp, microbatches, chunks) if pp > 1 else 1
+            stage_saved = saved_all * share * pp * in_flight / chunks
+            acts = stage_saved + (head_items if stage in ("only", "last") else 0.0)
+            if pp > 1:
                 # A stage keeps each in-flight micro-batch's output until its gradient comes back, and
                 # the gradient received (first stage); the last keeps its output and its input's
                 # gradient going back (meshplan/executor/pipeline.py). Without them a pp=2 stage was
                 # under-predicted by 0.63 GiB at 16K tokens (benchmarks/results/validation-h200-run51-x2-pp.json).
                 boundary = batch * seq / sh.token_div * model.d_model * opts.nbytes("act_dtype")
-                acts += boundary * (layout.pp + 1 if stage == "first" else 2)
+                acts += boundary * (in_flight + 1)
         has_logits = stage in ("only", "last")
         parts = {
             "parameters": param_b, "gradients": grad_b, "optimizer_state": opt_b, "activations": acts,
@@ -505,7 +521,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         # Without gradient accumulation the gradients are set to None after each step and built up
         # during backward: at the activation peak (backward start) only the last layer's exist; all
         # of them meet the optimizer step instead, with its fp32 temporaries of the largest matrix.
-        accumulating = layout.pp > 1 or opts.microbatches_for(layout.pp) > 1
+        accumulating = pp > 1 or microbatches > 1
         grads_at_peak = grad_b if accumulating else grad_b * _largest_block_share(model)
         phases = {
             "layer": acts + grads_at_peak + layer_phase,
@@ -516,13 +532,24 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
             if attention_phase:
                 phases["attention"] = acts + grads_at_peak + attention_phase + streaming
         phase = max(phases, key=phases.get)
-        results.append((kept + phases[phase], stage, phase, parts))
+        results.append((kept + phases[phase], stage if stage in ("only", "first", "last") else f"stage {index}",
+                        phase, parts))
     total, stage, phase, parts = max(results, key=lambda r: r[0])
     return MemoryBreakdown(
         per_gpu_bytes={k: int(round(v)) for k, v in parts.items()},
         total_bytes=int(round(total)),
         peak_phase=phase,
         pipeline_stage=stage,
-        assumptions={**opts.as_dict(), "pipeline_schedule": "1F1B" if layout.pp > 1 else "none",
-                     "zero_stage": zero},
+        assumptions={**opts.as_dict(), "pipeline_schedule": (opts.schedule if pp > 1 else "none"),
+                     "zero_stage": zero, "microbatches": microbatches, "stage_layers": list(stage_layers)},
     )
+
+
+def _stages_to_check(stage_layers: tuple[int, ...], pp: int, microbatches: int, chunks: int) -> list[int]:
+    """The stages whose memory can be the largest: the first (most in flight, the embedding), the last
+    (the output head and the logits) and the middle stage with the most layers in flight."""
+    if pp == 1:
+        return [0]
+    middle = max(range(1, pp - 1), default=None,
+                 key=lambda i: stage_layers[i] * in_flight_chunks(i, pp, microbatches, chunks))
+    return sorted({0, pp - 1} | ({middle} if middle is not None else set()))

@@ -9,6 +9,7 @@ from meshplan.errors import MeshplanError
 from meshplan.models import DTYPE_BYTES
 
 MODES = ("train", "prefill", "decode")
+SCHEDULES = ("1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "none")
 
@@ -36,6 +37,14 @@ class CostOptions:
     # work, as this executor does since run 36); False: contiguous shards, where every rank waits for
     # the last one's attention.
     sp_zigzag: bool = True
+    # Sequences per optimizer step over the whole cluster; 0: one micro-batch per replica (or
+    # `microbatches` of them). Fixed, it makes DP change the accumulation steps, not the tokens.
+    global_batch: int = 0
+    schedule: str = "1f1b"  # pipeline schedule: 1f1b (Narayanan et al. 2021 §2.2.1) or interleaved (§2.2.2)
+    virtual_stages: int = 1  # model chunks a pipeline rank holds under the interleaved schedule
+    stage_layers: tuple[int, ...] = ()  # layers of each pipeline stage; (): as even as they go (pipeline_stages)
+    stack: str = "meshplan"  # whose kernels and overlap rules (meshplan.costmodel.stacks); the CLI defaults to megatron
+    pp_scatter_gather: bool | None = None  # None: as the stack does
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -46,6 +55,17 @@ class CostOptions:
             raise MeshplanError(f"--optimizer: unknown {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
         if self.microbatches < 0:
             raise MeshplanError(f"--microbatches must be >= 0, got {self.microbatches}")
+        if self.global_batch < 0:
+            raise MeshplanError(f"--global-batch must be >= 0, got {self.global_batch}")
+        if self.schedule not in SCHEDULES:
+            raise MeshplanError(f"--schedule: unknown {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+        if self.virtual_stages < 1:
+            raise MeshplanError(f"--virtual-stages must be >= 1, got {self.virtual_stages}")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise MeshplanError("--virtual-stages > 1 needs --schedule interleaved")
+        from meshplan.costmodel.stacks import get_stack
+
+        get_stack(self.stack)
         for name in ("act_dtype", "grad_dtype", "logits_dtype", "kv_cache_dtype", "ssm_state_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise MeshplanError(f"--{name.replace('_', '-')}: unknown dtype {getattr(self, name)!r}; "
@@ -56,9 +76,37 @@ class CostOptions:
         return self.mode == "train"
 
     def microbatches_for(self, pp: int) -> int:
-        if pp == 1:
-            return 1
-        return self.microbatches or 4 * pp
+        """Micro-batches a step when no global batch is fixed: `microbatches`, else 4·pp under a pipeline."""
+        if self.microbatches:
+            return self.microbatches
+        return 1 if pp == 1 else 4 * pp
+
+    def steps_for(self, dp: int, pp: int, micro_batch: int) -> int:
+        """Micro-batches each replica runs a step: GBS / (DP · MBS) with a global batch fixed
+        (validate_batch checks it divides), else microbatches_for(pp)."""
+        if self.global_batch:
+            return max(1, self.global_batch // (dp * micro_batch))
+        return self.microbatches_for(pp)
+
+    @property
+    def stack_spec(self):
+        from meshplan.costmodel.stacks import get_stack
+
+        return get_stack(self.stack)
+
+    @property
+    def floors_launches(self) -> bool:
+        """The eager launch floor applies: the stack launches eagerly, and it was not turned off."""
+        return self.launch_floor and self.stack_spec.launch_floor
+
+    @property
+    def scatter_gather(self) -> bool:
+        return self.stack_spec.pp_scatter_gather if self.pp_scatter_gather is None else self.pp_scatter_gather
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks a pipeline rank holds: the virtual stages under the interleaved schedule."""
+        return self.virtual_stages if self.schedule == "interleaved" else 1
 
     def nbytes(self, name: str) -> int:
         return DTYPE_BYTES[getattr(self, name)]

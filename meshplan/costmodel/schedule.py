@@ -101,13 +101,7 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     per_block = {kind: tuple(c for c in cs if c.phase != "step") for kind, cs in per_block.items()}
     per_mb = [c for c in _embedding_comms(ctx, training) if keep(c)] if embeddings else []
     if layout.pp > 1:
-        act = ctx.tokens * model.d_model * ctx.act_bytes / (sh.hidden_div if opts.tp_sequence_parallel else 1)
-        # Along a line of stages: the last sends nothing forward, the first nothing backward.
-        per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="fwd", block="model", what="activations to next stage",
-                           line=True))
-        if training:
-            per_mb.append(Comm("send_recv", "pp", act, layout.pp, phase="bwd", block="model",
-                               what="activation grads to previous stage", line=True))
+        per_mb += _pipeline_comms(ctx, training)
     per_step: list[Comm] = once
     axis, group = grad_group(layout)
     if training and layout.tsp > 1:
@@ -144,8 +138,35 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
             if zero >= 1:
                 per_step.append(Comm("all_gather", axis, p_bytes, group, phase="step", block="model",
                                      what="updated params all-gather"))
-    microbatches = opts.microbatches_for(layout.pp) if training else 1
+    microbatches = opts.steps_for(layout.dp, layout.pp, batch) if training else 1
     return StepSchedule(per_block, invocations, tuple(per_mb), tuple(per_step), microbatches)
+
+
+def _pipeline_comms(ctx: ScheduleContext, training: bool) -> list[Comm]:
+    """A stage's sends of one micro-batch: its output forward, its input's gradient backward — once a
+    model chunk under the interleaved schedule. Along a line of stages the last sends nothing forward,
+    the first nothing backward. With scatter/gather (Narayanan et al. 2021 §4.1) each of the t tensor
+    ranks sends 1/t of the (replicated) activation across the network and the receiving stage
+    all-gathers it over NVLink; with Megatron-SP the activation is already split t ways."""
+    model, layout, opts, sh = ctx.model, ctx.layout, ctx.opts, ctx.sharding
+    t = layout.tensor_degree
+    act = ctx.tokens * model.d_model * ctx.act_bytes
+    split = opts.tp_sequence_parallel and t > 1
+    scatter = opts.scatter_gather and t > 1 and not split
+    if split or scatter:
+        act /= t
+    chunks = opts.chunks
+    phases = ("fwd", "bwd") if training else ("fwd",)
+    out = []
+    for phase in phases:
+        what = "activations to next stage" if phase == "fwd" else "activation grads to previous stage"
+        out.append(Comm("send_recv", "pp", act, layout.pp, count=chunks, phase=phase, block="model", what=what,
+                        line=True))
+        if scatter:
+            axis = "tpssm" if layout.tpssm > 1 else "tp"
+            out.append(Comm("all_gather", axis, act * t, t, count=chunks, phase=phase, block="model",
+                            what="scatter/gather: re-assemble the received activations"))
+    return out
 
 
 def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int, opts: CostOptions,

@@ -26,7 +26,9 @@ from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.layouts.tp import int8_block
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.pipeline import pipeline_stages, pipeline_time_s
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
+from meshplan.costmodel.stacks import Stack
 from meshplan.layout import Layout, grad_group, sp_zigzag
 from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
@@ -44,6 +46,10 @@ class StepEstimate:
     tokens_per_step: float
     bound: str  # what limits it
     breakdown: dict = field(default_factory=dict)
+    hfu: float = 0.0  # hardware FLOPs (recompute included) over the peak
+    bubble_fraction: float = 0.0  # the pipeline's fill and drain, as a share of its passes
+    microbatches: int = 1
+    stage_layers: tuple[int, ...] = ()
 
 
 class _Links:
@@ -95,6 +101,27 @@ def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:
 GRAD_OVERLAP_CONTENTION = 0.69
 
 
+def as_stack_runs(c: Comm, stack: Stack) -> Comm:
+    """A schedule entry with the overlap the stack gives it: tensor-parallel collectives behind the
+    neighbouring GEMMs (overlap "tp"), pipeline sends behind the compute ("compute"), ZeRO-3 gathers
+    prefetched behind the layers, and gradient reductions exposed where the stack does not overlap them."""
+    from dataclasses import replace
+
+    if stack.tp_overlap and c.axis in ("tp", "tpssm") and c.overlap == "none" and c.block in (
+            "attention", "mlp", "mamba2", "mamba1"):
+        return replace(c, overlap="tp")
+    if stack.pp_overlap and c.axis == "pp":
+        return replace(c, overlap="compute")
+    if c.what.startswith("ZeRO-3 "):
+        if stack.zero3_prefetch and c.kind == "all_gather":
+            return replace(c, overlap="backward")
+        if not stack.zero3_prefetch and c.overlap == "backward":
+            return replace(c, overlap="none")
+    if not stack.grad_overlap and c.overlap == "backward" and c.axis in ("dp", "dp+sp", "sp"):
+        return replace(c, overlap="none")
+    return c
+
+
 def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: float, attn_s: float) -> float:
     """Exposed communication of one phase of one block. One communication stream: whatever overlaps
     shares it, so the phase takes at least as long as that stream is busy. Gradient reductions hidden
@@ -102,18 +129,21 @@ def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: fl
 
         phase = serial + max(compute + stream waits + K/V waits + contention, busy time of the stream)
     """
-    serial = waits = busy = grads = 0.0
+    serial = waits = busy = grads = tp = 0.0
     for c, t in comms:
         if c.overlap == "none":
             serial += t
             continue
         busy += t
-        if c.overlap == "gemm" and c.count > 0:
+        if c.overlap == "tp":
+            tp += t
+        elif c.overlap == "gemm" and c.count > 0:
             waits += _stream_wait(c, t, gemm_s)
         elif c.overlap == "attention":
             waits += max(0.0, t - attn_s)
         elif c.overlap == "backward":
             grads += t
+    waits += max(0.0, tp - gemm_s)  # tensor-parallel collectives hide behind the phase's GEMMs
     contention = GRAD_OVERLAP_CONTENTION * min(grads, compute_s)
     return serial + max(compute_s + waits + contention, busy) - compute_s
 
@@ -123,7 +153,8 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     """`embeddings=False`: the bare layer stack the executor runs (no embedding, LM head, logits)."""
     sh = sharding_for(layout, opts)
     schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings)
-    dev = Device.of(cluster)
+    stack = opts.stack_spec
+    dev = Device.of(cluster, stack)
     links = _Links(layout, cluster)
     e = opts.nbytes("act_dtype")
     training, decode = opts.training, opts.mode == "decode"
@@ -150,12 +181,14 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
         if int8_block(opts, layout, kind) and not decode:
             fwd += int8_allreduce_kernels_s(tokens * model.d_model, layout.tpssm, dev)
-        timed = [(c, links.time_s(c)) for c in comms]
+        timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
         mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]
-        exposed = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
-        if training:
-            exposed += _phase_exposed([x for x in timed if x[0].phase == "bwd"], bwd, 2 * comp.gemm_fwd_s,
-                                      2.5 * comp.attn_fwd_s)
+        exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
+        exposed_bwd = _phase_exposed([x for x in timed if x[0].phase == "bwd"], bwd, 2 * comp.gemm_fwd_s,
+                                     2.5 * comp.attn_fwd_s) if training else 0.0
+        exposed = exposed_fwd + exposed_bwd
+        breakdown[f"{kind}_fwd_s"] = fwd + exposed_fwd  # one invocation, its exposed collectives included
+        breakdown[f"{kind}_bwd_s"] = bwd + exposed_bwd
         n = schedule.invocations[kind]
         for part, value in (("gemm", comp.gemm_fwd_s * (3 if training else 1)),
                             ("attention", comp.attn_fwd_s * (1 + (2.5 if training else 0))),
@@ -175,32 +208,44 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         kernel_gpu = _kernels(schedule, layout, opts.mode) * DECODE_KERNEL_GPU_S
         mb_compute += kernel_gpu
         breakdown["decode_kernel_gpu_s"] = kernel_gpu
+    blocks_compute, blocks_exposed = mb_compute, mb_exposed  # one average stage's share of the layers
     logits = logits_compute(model, batch if decode or not training else tokens, sh, e, dev)
     if not embeddings:
         logits = BlockCompute(0.0, 0.0, 0.0, 0.0, 0.0)
     logit_s = logits.fwd_s + (logits.bwd_s if training else 0.0)
     mb_compute += logit_s
+    extra_exposed = 0.0  # a micro-batch's own collectives (embedding, loss, pipeline sends, ZeRO-3), every stage
     for phase, compute_s, gemm_s in (("fwd", mb_compute - bwd_total, logits.gemm_fwd_s), ("bwd", bwd_total,
                                                                                          2 * logits.gemm_fwd_s)):
-        timed = [(c, links.time_s(c)) for c in schedule.per_microbatch if c.phase == phase]
+        timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_microbatch)
+                 if c.phase == phase]
         mb_comm += sum(t for _, t in timed)
         # Weight streams hide behind the LM head GEMM; gradient traffic behind the whole backward.
         stream = [(c, t) for c, t in timed if c.overlap == "gemm"]
         rest = [(c, t) for c, t in timed if c.overlap != "gemm"]
-        mb_exposed += _phase_exposed(stream, gemm_s, gemm_s, 0.0) + _phase_exposed(rest, compute_s, 0, 0)
+        extra_exposed += _phase_exposed(stream, gemm_s, gemm_s, 0.0) + _phase_exposed(rest, compute_s, 0, 0)
+    mb_exposed += extra_exposed
 
     m, pp = schedule.microbatches, layout.pp
-    timed = [(c, links.time_s(c)) for c in schedule.per_step]
+    timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_step)]
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, bwd_total * m, 0.0, 0.0)  # gradient sync behind the backward
     held = local_params(model, sh, pp, "only", embeddings)
     opt_s = optimizer_time_s(held / (grad_group(layout)[1] if layout.zero >= 1 and layout.dp > 1 else 1), dev) \
         if training else 0.0
 
+    # Each stage: its layers' share of an average stage's blocks, the micro-batch's own collectives, and
+    # on the last the output head and the loss (meshplan.costmodel.pipeline.pipeline_time_s).
+    stages = pipeline_stages(model.layers, pp, opts.stage_layers)
+    even = model.layers / pp
+    stage_s = [n / even * (blocks_compute + blocks_exposed) + extra_exposed for n in stages]
+    stage_s[-1] += logit_s
+    chunks = opts.chunks if pp > 1 else 1
+    passes, bubble = pipeline_time_s(stage_s, m if training else 1, chunks if training else 1)
+    step = passes + step_exposed + opt_s
     slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
-    step = slots * (mb_compute + mb_exposed) + step_exposed + opt_s
     # The eager executor's kernel launches: a host-side floor under a small step.
-    host = slots * _host_s(schedule, layout, opts.mode, dev) if opts.launch_floor else 0.0
+    host = slots * _host_s(schedule, layout, opts.mode, dev) if opts.floors_launches else 0.0
     if decode:
         breakdown["decode_host_s"] = host
         tokens_per_step = layout.dp * batch
@@ -208,18 +253,45 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         breakdown["host_s"] = host
         tokens_per_step = layout.dp * m * batch * seq
     step = max(step, host)
-    model_flops = _model_flops(model, batch, seq, decode, training, embeddings) * layout.dp * m
-    mfu = model_flops / (step * layout.world_size * dev.peak_flops) if step > 0 else 0.0
-    exposed_total = slots * mb_exposed + step_exposed
+    flops_one = _model_flops(model, batch, seq, decode, training, embeddings)
+    model_flops = flops_one * layout.dp * m
+    hardware_flops = (flops_one + _recompute_flops(model, batch, seq, opts) if training else flops_one) * layout.dp * m
+    peak = step * layout.world_size * dev.peak_flops
+    mfu = model_flops / peak if step > 0 else 0.0
+    # Exposed communication on the critical path: the passes at the slowest stage's exposed share.
+    slowest = max(range(pp), key=lambda i: stage_s[i])
+    exposed_share = ((stages[slowest] / even * blocks_exposed + extra_exposed) / stage_s[slowest]
+                     if stage_s[slowest] > 0 else 0.0)
+    exposed_total = passes * exposed_share + step_exposed
     breakdown.update({"optimizer_s": opt_s, "logits_compute_s": logit_s, "pipeline_slots": slots,
-                      "microbatches": m})
+                      "microbatches": m, "pipeline_passes_s": passes, "bubble_fraction": bubble,
+                      "gradient_sync_exposed_s": step_exposed})
     return StepEstimate(
         step_time_s=step, tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
-        compute_s=slots * mb_compute + opt_s, comm_s=slots * mb_comm + step_comm,
+        compute_s=passes * (1 - exposed_share) + opt_s, comm_s=slots * mb_comm + step_comm,
         exposed_comm_s=exposed_total, comm_bytes_per_step=schedule.comm_bytes_per_step, mfu=mfu,
         tokens_per_step=tokens_per_step, bound=_bound(decode, exposed_total, step, schedule, links, host),
-        breakdown=breakdown,
+        breakdown=breakdown, hfu=hardware_flops / peak if step > 0 else 0.0, bubble_fraction=bubble,
+        microbatches=m, stage_layers=stages,
     )
+
+
+def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) -> float:
+    """FLOPs a training step's recompute adds on one replica's micro-batch: one more forward of every
+    block under full recompute, of the attention core under selective (Korthikanti et al. 2022 Eq. 8)."""
+    if opts.recompute == "none":
+        return 0.0
+    one = Sharding(1, 1, 1, 1, 1)
+    dev = Device(1.0, 1.0)
+    tokens = batch * seq
+    total = 0.0
+    for kind, n in model.block_invocations():
+        comp = block_compute(model, kind, tokens, seq, one, 2, dev, "none", False)
+        if opts.recompute == "full":
+            total += n * comp.flops_fwd
+        elif kind == "attention":
+            total += n * 4 * tokens * seq * model.attention.q_width * 0.5
+    return total
 
 
 def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int, sh: Sharding, opts: CostOptions,

@@ -1,0 +1,107 @@
+"""Which training stack a prediction assumes: its kernels' rates and its overlap rules, in one place.
+
+The same mesh runs at different speeds under different software. A stack says how the block's
+elementwise work is done (eager torch ops or fused kernels), how attention's core runs (a fused flash
+kernel, or Megatron's batched GEMMs around a fused softmax), which collectives hide behind compute
+(tensor-parallel ones behind the GEMMs, gradient reductions behind the backward, ZeRO-3 gathers
+behind the layers), how pipeline stages pass activations, and whether the host's kernel launches
+floor a step. Each number carries its source; `megatron` is what a user planning a real cluster runs,
+`meshplan` is this project's own executor, calibrated by its runs (docs/validation.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import MeshplanError
+
+# Achieved / peak of a transformer layer's bf16 GEMMs (forward, input-gradient and weight-gradient
+# shapes) on an H100 SXM at the shapes of the Megatron-LM README's H100 models (h 2048-18432, TP 1-8,
+# micro-batch 1-2 × 4096 tokens): 638-720 TFLOP/s, median 0.679 of 989.4 (benchmarks/results/
+# gemm-shapes-h100.json, `python benchmarks/bench_gemm_shapes.py --gpu-kind h100`). The same run put torch
+# SDPA's causal flash attention (forward + backward) at 0.20-0.39, median 0.31.
+H100_GEMM_EFFICIENCY = 0.679
+H100_ATTENTION_EFFICIENCY = 0.31
+# A100 GEMM rate under Megatron-LM (fp16): no A100 is lent to this project, so it is set from the
+# published per-layer timings of the same software on the same cluster — Korthikanti et al. 2022 Table 4,
+# one 22B layer (h 6144, TP 8, MBS 4, s 2048) forward and backward under five recompute / SP settings:
+# the rate that makes the model's layer time match those ten timings in the least-squares sense
+# (benchmarks/published_runs.py --fit-a100 recomputes it; Table 4's rows are marked role = "calibration"
+# and are not counted as tests).
+A100_GEMM_EFFICIENCY = 0.763
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    summary: str
+    launch_floor: bool  # the eager executor's per-kernel host cost floors each step
+    elementwise_factor: float | None  # HBM passes of non-GEMM work per pass counted; None: the executor's measured
+    flash_attention: bool  # fused attention kernel; False: QKᵀ and PV as batched GEMMs around a fused softmax
+    tp_overlap: bool  # tensor-parallel collectives hide behind the neighbouring GEMMs
+    grad_overlap: bool  # data-parallel gradient reductions hide behind the backward
+    zero3_prefetch: bool  # ZeRO-3 parameter gathers run ahead, behind the layers' compute
+    pp_scatter_gather: bool  # a stage sends 1/t of its activations over the network, all-gathered on NVLink
+    pp_overlap: bool = False  # pipeline sends hide behind the next micro-batch's compute
+    gemm_efficiency: tuple[tuple[str, float], ...] = ()  # (GPU name substring, achieved / peak)
+    attention_efficiency: tuple[tuple[str, float], ...] = ()
+    source: str = ""
+
+    def gemm_rate(self, gpu_name: str) -> float | None:
+        return _lookup(self.gemm_efficiency, gpu_name)
+
+    def attention_rate(self, gpu_name: str) -> float | None:
+        return _lookup(self.attention_efficiency, gpu_name)
+
+
+def _lookup(table: tuple[tuple[str, float], ...], gpu_name: str) -> float | None:
+    for key, value in table:
+        if key in gpu_name:
+            return value
+    return None
+
+
+# Megatron-LM's fused kernels (fused LayerNorm, bias-GeLU, bias-dropout-add, scaled masked softmax:
+# Narayanan et al. 2021 §4.2; Transformer Engine since) read and write each tensor once, which is what
+# the cost model's per-token byte counts assume: factor 1.
+_FUSED = 1.0
+
+STACKS: dict[str, Stack] = {
+    "megatron": Stack(
+        "megatron", "Megatron-Core with Transformer Engine (2024): fused kernels, flash attention, TP / DP / PP "
+        "communication overlapped, distributed optimizer", launch_floor=False, elementwise_factor=_FUSED,
+        flash_attention=True, tp_overlap=True, grad_overlap=True, zero3_prefetch=True, pp_scatter_gather=True,
+        pp_overlap=True, gemm_efficiency=(("H100", H100_GEMM_EFFICIENCY), ("H200", H100_GEMM_EFFICIENCY),
+                         ("A100", A100_GEMM_EFFICIENCY)),
+        attention_efficiency=(("H100", H100_ATTENTION_EFFICIENCY), ("H200", H100_ATTENTION_EFFICIENCY)),
+        source="NVIDIA/Megatron-LM README at 937571cfd4 (--overlap-grad-reduce --overlap-param-gather "
+               "--tp-comm-overlap, PP overlap by default)"),
+    "megatron-2021": Stack(
+        "megatron-2021", "Megatron-LM of the PTD-P and selective-recompute papers (2021-22): fused elementwise "
+        "kernels, attention as batched GEMMs with a fused softmax, no TP or DP overlap, scatter/gather PP sends",
+        launch_floor=False, elementwise_factor=_FUSED, flash_attention=False, tp_overlap=False, grad_overlap=False,
+        zero3_prefetch=False, pp_scatter_gather=True,
+        gemm_efficiency=(("A100", A100_GEMM_EFFICIENCY), ("H100", H100_GEMM_EFFICIENCY),
+                         ("H200", H100_GEMM_EFFICIENCY)),
+        source="Narayanan et al. 2021 §4.1-4.2 (scatter/gather, fused kernels); Korthikanti et al. 2022 §6 "
+               "(gradient all-reduce not overlapped)"),
+    "deepspeed": Stack(
+        "deepspeed", "DeepSpeed ZeRO-3 inside Megatron-LM (2021): Megatron's kernels, parameter gathers "
+        "prefetched behind the layers, gradient reduce-scatter behind the backward", launch_floor=False,
+        elementwise_factor=_FUSED, flash_attention=False, tp_overlap=False, grad_overlap=True, zero3_prefetch=True,
+        pp_scatter_gather=False, gemm_efficiency=(("A100", A100_GEMM_EFFICIENCY),),
+        source="Rajbhandari et al. 2020 (ZeRO) §7; Narayanan et al. 2021 §5.2 (ZeRO-3 comparison)"),
+    "meshplan": Stack(
+        "meshplan", "meshplan's own executor (eager PyTorch, torch SDPA, Triton kernels for norms and Mamba-2), "
+        "calibrated by its runs on H200s", launch_floor=True, elementwise_factor=None, flash_attention=True,
+        tp_overlap=False, grad_overlap=True, zero3_prefetch=False, pp_scatter_gather=False,
+        source="docs/validation.md; the constants of meshplan/costmodel/compute.py"),
+}
+DEFAULT_STACK = "megatron"
+
+
+def get_stack(name: str) -> Stack:
+    try:
+        return STACKS[name]
+    except KeyError:
+        raise MeshplanError(f"--stack: unknown {name!r}; use one of {', '.join(STACKS)}") from None
