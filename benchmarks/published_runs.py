@@ -96,7 +96,7 @@ def base_options(row: Row, **knobs) -> CostOptions:
         flash_attention=stack.flash_attention,
         # Megatron-LM's GPT of these papers trains with dropout; its fp16/bf16 runs keep fp32 main gradients
         # (--accumulate-allreduce-grads-in-fp32; Korthikanti Fig. 1's 45.6 GiB is ~18 B a parameter).
-        dropout=not stack.flash_attention, grad_dtype="fp32" if stack.name != "meshplan" else "bf16",
+        dropout=not stack.flash_attention, grad_dtype=stack.grad_dtype,
         global_batch=row["global_batch"], schedule=knobs.get("schedule", row.get("schedule", "1f1b")),
         virtual_stages=knobs.get("virtual_stages", 1),
         pp_scatter_gather=row.get("scatter_gather"))

@@ -166,16 +166,39 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
 
 # -- recommend and crossover ------------------------------------------------------------------------
 
-def _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches,
-                  launch_floor=True, sp_split="zigzag"):
+def stack_options(stack: str, *, mode: str = "train", recompute: str = "none", flash: Optional[bool] = None,
+                  grad_dtype: Optional[str] = None, tp_sequence_parallel: bool = False, int8_allreduce: bool = False,
+                  global_batch: int = 0, microbatches: int = 0, schedule: str = "1f1b", virtual_stages: int = 1,
+                  stage_layers: str = "", launch_floor: bool = True, sp_split: str = "zigzag"):
+    """CostOptions for a stack: where an option is not given, the stack's own (flash attention, the
+    gradients' dtype)."""
     from meshplan.costmodel.options import CostOptions
+    from meshplan.costmodel.stacks import get_stack
 
+    spec = get_stack(stack)
     if sp_split not in ("zigzag", "contiguous"):
         raise MeshplanError(f"--sp-split: use zigzag or contiguous, not {sp_split!r}")
-    return CostOptions(mode=mode, recompute=recompute, flash_attention=flash, grad_dtype=grad_dtype,
-                       optimizer="adam" if mode == "train" else "none", tp_sequence_parallel=tp_sequence_parallel,
-                       int8_allreduce=int8_allreduce, microbatches=microbatches, launch_floor=launch_floor,
-                       sp_zigzag=sp_split == "zigzag")
+    if virtual_stages > 1 and schedule == "1f1b":
+        schedule = "interleaved"  # --virtual-stages alone asks for the interleaved schedule
+    return CostOptions(mode=mode, recompute=recompute, flash_attention=spec.flash_attention if flash is None else flash,
+                       grad_dtype=grad_dtype or spec.grad_dtype, optimizer="adam" if mode == "train" else "none",
+                       tp_sequence_parallel=tp_sequence_parallel, int8_allreduce=int8_allreduce,
+                       microbatches=microbatches, launch_floor=launch_floor, sp_zigzag=sp_split == "zigzag",
+                       global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
+                       stage_layers=parse_stage_layers(stage_layers), stack=stack)
+
+
+def parse_stage_layers(text: str) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise MeshplanError(f"--stage-layers: {text!r} is not a comma list of layer counts, e.g. 7,8,8,7") from None
+
+
+STACK_HELP = ("Whose kernels and overlap rules: megatron (Megatron-Core, the default) | megatron-2021 | deepspeed | "
+              "meshplan (this project's executor, as its runs calibrate it).")
 
 
 @app.command()
@@ -184,22 +207,33 @@ def recommend(
     model: str = typer.Option(..., "--model", help="Preset name or path to a HuggingFace config.json."),
     cluster: str = typer.Option(..., "--cluster", help="Preset or TOML path."),
     seq: str = typer.Option("4096", "--seq"),
-    batch: int = typer.Option(1, "--batch", help="Sequences per model replica per micro-batch."),
+    batch: Optional[int] = typer.Option(None, "--batch", "--micro-batch",
+                                        help="Sequences a micro-batch on a replica (default 1; searched with "
+                                             "--global-batch)."),
+    global_batch: int = typer.Option(0, "--global-batch", help="Sequences per optimizer step over the cluster: "
+                                                                 "fixed, DP changes the accumulation steps, not "
+                                                                 "the batch (0: one micro-batch per replica)."),
     mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
     nodes: Optional[int] = typer.Option(None, "--nodes"),
     top: int = typer.Option(10, "--top", help="How many ranked meshes to show."),
     objective: str = typer.Option("throughput", "--objective", help="throughput | memory | latency"),
-    recompute: str = typer.Option("none", "--recompute"),
-    flash: bool = typer.Option(True, "--flash/--no-flash"),
-    grad_dtype: str = typer.Option("bf16", "--grad-dtype"),
-    tp_sequence_parallel: bool = typer.Option(False, "--tp-sequence-parallel/--no-tp-sequence-parallel"),
+    stack: str = typer.Option("megatron", "--stack", help=STACK_HELP),
+    recompute: Optional[str] = typer.Option(None, "--recompute", help="none | selective | full (default: searched)."),
+    flash: Optional[bool] = typer.Option(None, "--flash/--no-flash"),
+    grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype"),
+    tp_sequence_parallel: Optional[bool] = typer.Option(None, "--tp-sequence-parallel/--no-tp-sequence-parallel",
+                                                        help="Megatron-SP on the TP axis (default: searched)."),
+    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
+                                                 help="Interleaved chunks a pipeline rank (default: searched)."),
+    fixed: str = typer.Option("", "--fixed", help="Knobs not to search, at their defaults: a comma list of "
+                                                  "recompute, tp-sequence-parallel, micro-batch, virtual-stages."),
     int8_allreduce: bool = typer.Option(False, "--int8-allreduce/--no-int8-allreduce",
                                         help="TP-SSM: int8-quantized block all-reduce."),
-    microbatches: int = typer.Option(0, "--microbatches", help="Pipeline micro-batches per step (0: 4·pp)."),
+    microbatches: int = typer.Option(0, "--microbatches", help="Micro-batches a step without --global-batch "
+                                                               "(0: 4·pp under a pipeline)."),
     launch_floor: bool = typer.Option(True, "--launch-floor/--no-launch-floor",
-                                      help="Floor each step at an eager PyTorch stack's kernel launches (host time "
-                                           "per kernel, measured); off for stacks that launch far fewer (CUDA "
-                                           "graphs)."),
+                                      help="--stack meshplan: floor each step at the eager executor's kernel "
+                                           "launches (host time per kernel, measured)."),
     sp_split: str = typer.Option("zigzag", "--sp-split",
                                  help="How SP deals the tokens of attention-only stacks: zigzag (every rank the "
                                       "same causal work, as meshplan's executor) | contiguous (the last rank's "
@@ -207,45 +241,140 @@ def recommend(
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """Rank every mesh of the cluster for a model and shape, and say why the winner wins."""
+    """Rank every mesh of the cluster for a model and shape — with recompute, Megatron-SP, micro-batch and
+    virtual stages chosen per mesh — and say why the winner wins."""
     from meshplan.models import load_model
     from meshplan.planner import plan
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
     _at_least("--top", top, 1)
-    _at_least("--batch", batch, 1)
+    if batch is not None:
+        _at_least("--batch", batch, 1)
     spec = load_model(model)
     cluster_spec = load_cluster(cluster, nodes)
     tokens = parse_tokens(seq)
-    opts = _cost_options(mode, recompute, flash, grad_dtype, tp_sequence_parallel, int8_allreduce, microbatches,
-                         launch_floor, sp_split)
-    result = plan(spec, cluster_spec, tokens, batch, opts, objective, estimate_dropped=show_all)
+    pinned = {name.strip().replace("-", "_") for name in fixed.split(",") if name.strip()}
+    given = {"recompute": recompute is not None, "tp_sequence_parallel": tp_sequence_parallel is not None,
+             "micro_batch": batch is not None or not global_batch, "virtual_stages": virtual_stages is not None}
+    if unknown := pinned - set(given):
+        raise MeshplanError(f"--fixed: unknown knob {sorted(unknown)[0]!r}; use recompute, tp-sequence-parallel, "
+                            "micro-batch, virtual-stages")
+    search = frozenset(k for k, g in given.items() if not g and k not in pinned)
+    opts = stack_options(stack, mode=mode, recompute=recompute or "none", flash=flash, grad_dtype=grad_dtype,
+                         tp_sequence_parallel=bool(tp_sequence_parallel), int8_allreduce=int8_allreduce,
+                         global_batch=global_batch, microbatches=microbatches, virtual_stages=virtual_stages or 1,
+                         launch_floor=launch_floor, sp_split=sp_split)
+    micro = batch or 1
+    result = plan(spec, cluster_spec, tokens, micro, opts, objective, estimate_dropped=show_all, search=search)
     if as_json:
         rows = result.ranked + (result.dropped if show_all else [])
         _print_json([c.as_dict() for c in (rows if show_all else rows[:top])])
         return
     what = {"train": "step", "prefill": "TTFT", "decode": "TPOT"}[mode]
-    table = Table(title=f"{spec.name} on {cluster_spec.name} · {mode} · seq {fmt_tokens(tokens)} · batch {batch} "
-                        f"· by {objective}")
-    for col in ("#", "layout", "mem/GPU", what, "tokens/s", "exposed comm", "comm/step", "MFU", "regime"):
-        table.add_column(col, justify="right" if col not in ("layout", "regime") else "left")
+    shape = f"global batch {global_batch}" if global_batch else f"micro-batch {micro} a replica"
+    table = Table(title=f"{spec.name} on {cluster_spec.name} · {mode} · seq {fmt_tokens(tokens)} · {shape} "
+                        f"· stack {stack} · by {objective}")
+    for col in ("#", "layout", "knobs", "mem/GPU", what, "tokens/s", "exposed comm", "comm/step", "MFU", "regime"):
+        table.add_column(col, justify="right" if col not in ("layout", "regime", "knobs") else "left")
     for i, c in enumerate(result.ranked[:top], 1):
         e = c.estimate
         name = f"{c.layout}{'*' if c.not_executed else ''}"
-        table.add_row(str(i), name, fmt_bytes(c.total_bytes), _fmt_s(e.step_time_s), f"{e.tokens_per_s:,.0f}",
-                      _fmt_s(e.exposed_comm_s), fmt_bytes(e.comm_bytes_per_step), f"{e.mfu:.0%}", c.regime)
+        table.add_row(str(i), name, _fmt_knobs(c.knobs, c.layout), fmt_bytes(c.total_bytes), _fmt_s(e.step_time_s),
+                      f"{e.tokens_per_s:,.0f}", _fmt_s(e.exposed_comm_s), fmt_bytes(e.comm_bytes_per_step),
+                      f"{e.mfu:.0%}", c.regime)
+    caption = [f"knobs: {', '.join(sorted(search)) or 'none'} searched per mesh"]
     if any(c.not_executed for c in result.ranked[:top]):
-        table.caption = "* priced by the cost model; meshplan execute does not run it"
+        caption.append("* priced by the cost model; meshplan execute does not run it")
+    table.caption = "; ".join(caption)
     if result.ranked:  # nothing fits: the reason alone, which names the smallest mesh and what it needs
         console.print(table)
     console.print(result.reason, highlight=False)
+
+
+def _fmt_knobs(knobs: dict, layout) -> str:
+    parts = [f"rc={knobs['recompute']}", f"mbs={knobs['micro_batch']}"]
+    if layout.tensor_degree > 1 and knobs["tp_sequence_parallel"]:
+        parts.append("tp-sp")
+    if knobs["virtual_stages"] > 1:
+        parts.append(f"v={knobs['virtual_stages']}")
+    return " ".join(parts)
 
 
 def _fmt_s(s: float) -> str:
     if s >= 1:
         return f"{s:.2f} s"
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
+
+
+@app.command()
+@user_errors
+def predict(
+    model: str = typer.Option(..., "--model", help="Preset name or path to a HuggingFace config.json."),
+    cluster: str = typer.Option(..., "--cluster", help="Preset or TOML path."),
+    layout: str = typer.Option(..., "--layout", help="e.g. dp=16,pp=8,tp=8,zero=1"),
+    seq: str = typer.Option(..., "--seq"),
+    nodes: Optional[int] = typer.Option(None, "--nodes"),
+    global_batch: int = typer.Option(0, "--global-batch", help="Sequences per optimizer step over the cluster "
+                                                                 "(0: one micro-batch per replica, or --microbatches)."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch on a replica."),
+    microbatches: int = typer.Option(0, "--microbatches", help="Micro-batches a step without --global-batch."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="1f1b | interleaved"),
+    virtual_stages: int = typer.Option(1, "--virtual-stages", help="Model chunks a pipeline rank holds (interleaved)."),
+    stage_layers: str = typer.Option("", "--stage-layers", help="Layers of each stage, e.g. 7,8,8,7 (default: even)."),
+    recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    tp_sequence_parallel: bool = typer.Option(False, "--tp-sequence-parallel/--no-tp-sequence-parallel"),
+    stack: str = typer.Option("megatron", "--stack", help=STACK_HELP),
+    mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
+    flash: Optional[bool] = typer.Option(None, "--flash/--no-flash", help="Default: as the stack runs attention."),
+    grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype", help="Default: the stack's (fp32 under Megatron)."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Cost of one given plan — memory, step time, throughput, MFU/HFU, exposed communication, the
+    pipeline bubble — with no search."""
+    from meshplan.layout import parse_layout
+    from meshplan.models import load_model
+    from meshplan.predict import predict as predict_plan
+    from meshplan.reports import parse_tokens
+    from meshplan.topologies.cluster import load_cluster
+
+    _at_least("--micro-batch", micro_batch, 1)
+    opts = stack_options(stack, mode=mode, recompute=recompute, flash=flash, grad_dtype=grad_dtype,
+                         tp_sequence_parallel=tp_sequence_parallel, global_batch=global_batch,
+                         microbatches=microbatches, schedule=schedule, virtual_stages=virtual_stages,
+                         stage_layers=stage_layers)
+    result = predict_plan(load_model(model), load_cluster(cluster, nodes), parse_layout(layout), parse_tokens(seq),
+                          micro_batch, opts)
+    out = result.as_dict()
+    if as_json:
+        _print_json(out)
+        return
+    table = Table(title=f"{out['model']} on {out['cluster']} ({out['gpus']:,} GPUs) · {out['layout']} · {mode} · "
+                        f"seq {fmt_tokens(out['seq'])} · stack {stack}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [("global batch / micro-batch / micro-batches", f"{out['global_batch']} / {micro_batch} / "
+             f"{out['microbatches']}"),
+            ("pipeline", f"{out['schedule']}, {out['virtual_stages']} chunk(s) a rank, stages "
+             f"{_fmt_stages(out['stage_layers'])}" if out["schedule"] else "none"),
+            ("memory per GPU", f"{fmt_bytes(out['total_bytes'])} of {fmt_bytes(out['gpu_memory_bytes'])} "
+             f"({'fits' if out['fits'] else 'does NOT fit'}; peak: {out['pipeline_stage']} stage, {out['peak_phase']})"),
+            ("step time", _fmt_s(out["step_time_s"])), ("tokens/s", f"{out['tokens_per_s']:,.0f}"),
+            ("MFU / HFU", f"{out['mfu']:.1%} / {out['hfu']:.1%}"),
+            ("model TFLOP/s per GPU", f"{out['tflops_per_gpu']:.1f}"),
+            ("exposed communication", _fmt_s(out["exposed_comm_s"])),
+            ("pipeline bubble", f"{out['bubble_fraction']:.1%}"), ("bound", out["bound"])]
+    for label, value in rows:
+        table.add_row(label, value)
+    console.print(table)
+    parts = ", ".join(f"{COMPONENT_LABELS[k]} {v / 2 ** 30:.2f}" for k, v in out["memory_bytes"].items() if v)
+    console.print(f"memory (GiB): {parts}", highlight=False)
+
+
+def _fmt_stages(stages: list[int]) -> str:
+    if len(set(stages)) == 1:
+        return f"{len(stages)} × {stages[0]} layers"
+    return "[" + ", ".join(map(str, stages)) + "] layers"
 
 
 @app.command()

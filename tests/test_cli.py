@@ -137,9 +137,11 @@ def test_execute_summary_sets_measured_beside_predicted():
 
 
 def test_recommend_when_nothing_fits_says_why_without_an_empty_table():
-    r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "256k")
+    # The executor's stack with nothing searched (recompute none): the old defaults.
+    pinned = ("--stack", "meshplan", "--fixed", "recompute,tp-sequence-parallel,virtual-stages")
+    r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "256k", *pinned)
     assert r.exit_code == 0, r.output
     assert "Nothing fits in" in r.output and "needs" in r.output
     assert "layout" not in r.output  # no table header with no rows under it
-    r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k")
+    r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k", *pinned)
     assert "layout" in r.output and "tsp=8" in r.output

@@ -81,8 +81,9 @@ def mlp_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     ]
     if mlp.gated:
         # SwiGLU: silu saves its input (gate), the product saves silu(gate) and up, down saves the product.
-        items += [Saved("gate", e * f, "heads"), Saved("silu_gate", e * f, "heads"),
-                  Saved("up", e * f, "heads"), Saved("gated_product", e * f, "heads")]
+        items += [Saved("gate", e * f, "heads"), Saved("up", e * f, "heads"), Saved("gated_product", e * f, "heads")]
+        if not opts.stack_spec.fused_swiglu:
+            items.append(Saved("silu_gate", e * f, "heads"))
     else:
         items += [Saved("fc1_out", e * f, "heads"), Saved("act_out", e * f, "heads")]
     if opts.dropout:

@@ -43,6 +43,12 @@ class Stack:
     zero3_prefetch: bool  # ZeRO-3 parameter gathers run ahead, behind the layers' compute
     pp_scatter_gather: bool  # a stage sends 1/t of its activations over the network, all-gathered on NVLink
     pp_overlap: bool = False  # pipeline sends hide behind the next micro-batch's compute
+    # Gradients kept in fp32 (Megatron's main_grad buffers, --accumulate-allreduce-grads-in-fp32, the
+    # default under bf16: 18 B a parameter with Adam); meshplan's executor keeps them in bf16.
+    grad_dtype: str = "fp32"
+    # SwiGLU as one fused op that recomputes silu(gate) in its backward (Megatron's bias_swiglu_impl):
+    # it saves gate and up, not silu(gate) too, as an eager torch SwiGLU does.
+    fused_swiglu: bool = True
     gemm_efficiency: tuple[tuple[str, float], ...] = ()  # (GPU name substring, achieved / peak)
     attention_efficiency: tuple[tuple[str, float], ...] = ()
     source: str = ""
@@ -94,7 +100,7 @@ STACKS: dict[str, Stack] = {
     "meshplan": Stack(
         "meshplan", "meshplan's own executor (eager PyTorch, torch SDPA, Triton kernels for norms and Mamba-2), "
         "calibrated by its runs on H200s", launch_floor=True, elementwise_factor=None, flash_attention=True,
-        tp_overlap=False, grad_overlap=True, zero3_prefetch=False, pp_scatter_gather=False,
+        tp_overlap=False, grad_overlap=True, zero3_prefetch=False, pp_scatter_gather=False, grad_dtype="bf16", fused_swiglu=False,
         source="docs/validation.md; the constants of meshplan/costmodel/compute.py"),
 }
 DEFAULT_STACK = "megatron"

@@ -3,11 +3,13 @@ say why the winner wins."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, replace
 
 from meshplan.costmodel.crossover import regime
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.pipeline import pipeline_stages
 from meshplan.costmodel.step import StepEstimate, estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.executor.support import unsupported
@@ -26,10 +28,12 @@ class Candidate:
     estimate: StepEstimate | None
     regime: str
     not_executed: str | None = None  # why `meshplan execute` cannot run it (meshplan.executor.support)
+    knobs: dict = field(default_factory=dict)  # the values chosen (or pinned) for this mesh
 
     def as_dict(self) -> dict:
         e = self.estimate
-        return {
+        return {"knobs": self.knobs, "hfu": e.hfu if e else None, "bubble_fraction": e.bubble_fraction if e else None,
+                "microbatches": e.microbatches if e else None,
             "layout": str(self.layout), "kind": self.layout.kind, "total_bytes": self.total_bytes, "fits": self.fits,
             "step_time_s": e.step_time_s if e else None, "tokens_per_s": e.tokens_per_s if e else None,
             "comm_bytes_per_step": e.comm_bytes_per_step if e else None,
@@ -53,14 +57,18 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def enumerate_layouts(model: ModelSpec, num_gpus: int, seq: int, batch: int, mode: str) -> list[Layout]:
+def enumerate_layouts(model: ModelSpec, num_gpus: int, seq: int, batch: int, mode: str,
+                      global_batch: int = 0) -> list[Layout]:
     """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
-    and the shape, with each ZeRO stage when training with dp > 1."""
+    and the shape, with each ZeRO stage when training with dp > 1. Any pp up to the layer count (uneven
+    stages); with a global batch fixed, only the DP degrees that divide it."""
     tensor_axis = "tpssm" if model.has_mamba else "tp"
     out: list[Layout] = []
     for dp in divisors(num_gpus):
+        if global_batch and global_batch % dp:
+            continue
         for pp in divisors(num_gpus // dp):
-            if model.layers % pp:
+            if pp > model.layers:
                 continue
             mp = num_gpus // dp // pp
             shapes = [{}] if mp == 1 else [{tensor_axis: mp}, {"sp": mp}, {"tsp": mp}]
@@ -86,26 +94,106 @@ def _sort_key(objective: str, mode: str):
     return lambda c: (-c.estimate.tokens_per_s, c.total_bytes)
 
 
+KNOBS = ("recompute", "tp_sequence_parallel", "micro_batch", "virtual_stages")
+RECOMPUTE_ORDER = ("none", "selective", "full")  # each no faster than the one before, and no larger
+
+
 def plan(model: ModelSpec, cluster: ClusterSpec, seq: int, batch: int, opts: CostOptions = CostOptions(),
-         objective: str = "throughput", estimate_dropped: bool = False) -> Plan:
+         objective: str = "throughput", estimate_dropped: bool = False, search: frozenset = frozenset()) -> Plan:
+    """Rank every mesh. `batch` is the micro-batch (sequences); with opts.global_batch the step's
+    batch is fixed and DP changes the accumulation steps. `search`: the knobs (KNOBS) chosen per mesh
+    rather than pinned to `opts` / `batch` (search_knobs says how)."""
     if objective not in OBJECTIVES:
         raise MeshplanError(f"--objective: unknown {objective!r}; use one of {', '.join(OBJECTIVES)}")
-    layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode)
+    if unknown := set(search) - set(KNOBS):
+        raise MeshplanError(f"search: unknown knob {sorted(unknown)[0]!r}; use {', '.join(KNOBS)}")
+    gbs = opts.global_batch if opts.training else 0
+    layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode, gbs)
     if not layouts:
-        raise MeshplanError(f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}")
+        raise MeshplanError(f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}"
+                            + (f" --global-batch {gbs}" if gbs else ""))
     fitting: list[Candidate] = []
     dropped: list[Candidate] = []
+    new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
     for layout in layouts:
-        mem = memory_per_gpu(model, layout, seq, batch, opts)
-        fits = mem.total_bytes <= cluster.gpu.memory_bytes
-        est = estimate_step(model, layout, seq, batch, opts, cluster) if fits or estimate_dropped else None
-        new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
-        cand = Candidate(layout, mem.total_bytes, fits, est, regime(model, layout, new_tokens, opts),
-                         unsupported(layout, model))
+        choice = search_knobs(model, cluster, layout, seq, batch, opts, search, objective)
+        if choice is None:
+            continue
+        mem, est, fits, knobs, used = choice
+        if est is None and estimate_dropped:
+            est = estimate_step(model, layout, seq, knobs["micro_batch"], used, cluster)
+        cand = Candidate(layout, mem.total_bytes, fits, est, regime(model, layout, new_tokens, used),
+                         unsupported(layout, model), knobs)
         (fitting if fits else dropped).append(cand)
     fitting.sort(key=_sort_key(objective, opts.mode))
     dropped.sort(key=lambda c: c.total_bytes)
     return Plan(fitting, dropped, len(layouts), objective, explain(fitting, dropped, objective, opts, cluster))
+
+
+def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOptions, search: frozenset):
+    """The values each knob may take on this mesh: pinned ones as `opts` / `batch` give them."""
+    gbs = opts.global_batch if opts.training else 0
+    if "micro_batch" in search and gbs:
+        per_replica = gbs // layout.dp
+        fits = [m for m in (1, 2, 4, 8, 16) if per_replica % m == 0]
+        batches = sorted({fits[0], fits[-1]})  # 1 fills the pipeline best; the largest does the most a launch
+    else:
+        batches = [batch]
+    if gbs and any(gbs % (layout.dp * m) for m in batches):
+        return None
+    if "virtual_stages" in search and layout.pp > 1 and opts.training:
+        common = math.gcd(*pipeline_stages(model.layers, layout.pp, opts.stage_layers))
+        chunks = [1] + [max(d for d in range(1, 9) if common % d == 0)]
+    else:
+        chunks = [opts.chunks]
+    t = layout.tensor_degree > 1
+    sp = [True] if "tp_sequence_parallel" in search and t and opts.training else [opts.tp_sequence_parallel]
+    recompute = list(RECOMPUTE_ORDER) if "recompute" in search and opts.training else [opts.recompute]
+    return batches, sorted(set(chunks)), sp, recompute
+
+
+def search_knobs(model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
+                 search: frozenset, objective: str = "throughput"):
+    """(memory, estimate or None, fits, knobs, options) for one mesh, its knobs chosen.
+
+    Recompute: the first of none, selective, full whose memory fits — each is no faster than the one
+    before, so the first that fits is the fastest (selective saves nothing under flash attention and
+    is skipped there). Megatron-SP on the TP axis: on — it splits the replicated activations for the
+    same bytes moved (Korthikanti et al. 2022 §4.2.2). Micro-batch: the smallest (the fullest pipeline,
+    the least memory) and the largest the global batch allows, each estimated. Virtual stages: 1 and the
+    most that divide every stage, each estimated. The fastest that fits wins (the smallest under the
+    memory objective); none fitting, the smallest is reported."""
+    space = _knob_options(model, layout, batch, opts, search)
+    if space is None:
+        return None
+    batches, chunks, sps, recomputes = space
+    try:
+        validate_layout(layout, model, cluster.num_gpus)
+    except MeshplanError:
+        return None
+    best = smallest = None
+    for sp in sps:
+        for mb in batches:
+            for v in chunks:
+                used = replace(opts, tp_sequence_parallel=sp, virtual_stages=v,
+                               schedule="interleaved" if v > 1 else opts.schedule)
+                for rc in recomputes:
+                    if rc == "selective" and used.flash_attention and len(recomputes) > 1:
+                        continue
+                    trial = replace(used, recompute=rc)
+                    mem = memory_per_gpu(model, layout, seq, mb, trial)
+                    knobs = {"recompute": rc, "tp_sequence_parallel": sp, "micro_batch": mb, "virtual_stages": v}
+                    if smallest is None or mem.total_bytes < smallest[0].total_bytes:
+                        smallest = (mem, None, False, knobs, trial)
+                    if mem.total_bytes > cluster.gpu.memory_bytes:
+                        continue
+                    est = estimate_step(model, layout, seq, mb, trial, cluster)
+                    key = (mem.total_bytes, est.step_time_s) if objective == "memory" else \
+                        (est.step_time_s / est.tokens_per_step, mem.total_bytes)
+                    if best is None or key < best[0]:
+                        best = (key, (mem, est, True, knobs, trial))
+                    break  # a later recompute is no faster
+    return best[1] if best else smallest
 
 
 def _gib(n: float) -> str:
