@@ -15,7 +15,8 @@ from meshplan.errors import MeshplanError
 def pipeline_stages(layers: int, pp: int, stage_layers: tuple[int, ...] = ()) -> tuple[int, ...]:
     """Layers of each of `pp` stages: `stage_layers` when given (checked), else as even as they go, the
     extra layers of an uneven split in the middle stages — the first stage also holds the embedding,
-    the last the output head and the loss."""
+    the last the output head and the loss — then the first (the embedding costs little time), the last
+    only when every other stage has one."""
     if stage_layers:
         if len(stage_layers) != pp:
             raise MeshplanError(f"--stage-layers gives {len(stage_layers)} stages but pp={pp}; give one count a stage")
