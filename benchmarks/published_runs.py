@@ -65,9 +65,20 @@ class Row:
         return self.fields.get(key, default)
 
 
+def load_explanations() -> list[tuple[str, str]]:
+    data = tomllib.loads((HERE / "published" / "misses.toml").read_text())
+    return [(e["prefix"], " ".join(e["why"].split())) for e in data["explain"]]
+
+
+def explain(row_id: str, explanations: list[tuple[str, str]]) -> str | None:
+    return next((why for prefix, why in explanations if row_id.startswith(prefix)), None)
+
+
 def load_rows() -> list[Row]:
     rows = []
     for path in sorted((HERE / "published").glob("*.toml")):
+        if path.name == "misses.toml":
+            continue
         data = tomllib.loads(path.read_text())
         defaults = {k: v for k, v in data.items() if k != "rows"}
         for raw in data["rows"]:
@@ -206,6 +217,7 @@ def _boundary_bytes(row: Row, p: dict) -> float:
 
 
 def evaluate(rows: list[Row]) -> list[dict]:
+    explanations = load_explanations()
     out = []
     for row in rows:
         p = predict_row(row)
@@ -226,6 +238,7 @@ def evaluate(rows: list[Row]) -> list[dict]:
             "mfu": est.mfu, "bubble_fraction": est.bubble_fraction, "exposed_comm_s": est.exposed_comm_s,
             "microbatches": est.microbatches, "group": row.get("group"), "note": row.get("note", ""),
             "step_range_over_searched_s": p["step_range_s"],
+            "why_missed": None if abs(err) <= tol else explain(row["id"], explanations),
         })
     return out
 
@@ -312,6 +325,16 @@ def report_markdown(results: list[dict], summary: dict, ranks: dict) -> str:
         lines.append(f"| {r['id']}{tag} | {r['metric']} | {r['published']:g} | {r['predicted']:.4g} | "
                      f"{r['relative_error']:+.1%}{'' if r['within'] else ' ✗'} | {r['layout']} | {knobs} | "
                      f"{r['stack']} | {'yes' if r['fits'] else 'no'} |")
+    lines += ["", "### Why the misses miss", "",
+              "Each row outside its tolerance, with what the run did that the model lacks "
+              "(benchmarks/published/misses.toml; no entry changes a prediction):", ""]
+    seen = set()
+    for r in results:
+        if r["within"] or r["role"] != "test" or r["why_missed"] in seen:
+            continue
+        seen.add(r["why_missed"])
+        same = [x["id"] for x in results if x["why_missed"] == r["why_missed"] and not x["within"]]
+        lines.append(f"- **{', '.join(same)}**: {r['why_missed']}")
     if ranks:
         lines += ["", "Ranking within vTrain's groups (pairs of layouts ordered as measured): " + ", ".join(
             f"{k} {v['agree']}/{v['pairs']}" for k, v in ranks.items()) + "."]

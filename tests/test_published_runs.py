@@ -44,3 +44,10 @@ def test_paper_flops_formulas_by_hand():
     f = pr.paper_flops("narayanan_eq3", 3072, 2048, 128, 25600, 51200)
     assert f == pytest.approx(96 * 3072 * 2048 * 128 * 25600 ** 2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600)))
     assert pr.paper_flops("korthikanti_eq7", 1, 2048, 1, 6144, 0) == pytest.approx(72 * 2048 * 6144 ** 2 * (1 + 2048 / (6 * 6144)))
+
+
+def test_every_miss_is_explained():
+    pr = _script()
+    results = pr.evaluate(pr.load_rows())
+    unexplained = [r["id"] for r in results if not r["within"] and r["role"] == "test" and not r["why_missed"]]
+    assert not unexplained, f"misses without an entry in benchmarks/published/misses.toml: {unexplained}"

@@ -40,7 +40,8 @@ class Stack:
     flash_attention: bool  # fused attention kernel; False: QKᵀ and PV as batched GEMMs around a fused softmax
     tp_overlap: bool  # tensor-parallel collectives hide behind the neighbouring GEMMs
     grad_overlap: bool  # data-parallel gradient reductions hide behind the backward
-    zero3_prefetch: bool  # ZeRO-3 parameter gathers run ahead, behind the layers' compute
+    zero3_prefetch: bool  # ZeRO-3 parameter gathers run ahead, behind the layers' compute; the distributed
+    # optimizer's all-gather of updated parameters runs behind the next step's forward (--overlap-param-gather)
     pp_scatter_gather: bool  # a stage sends 1/t of its activations over the network, all-gathered on NVLink
     pp_overlap: bool = False  # pipeline sends hide behind the next micro-batch's compute
     # Gradients kept in fp32 (Megatron's main_grad buffers, --accumulate-allreduce-grads-in-fp32, the

@@ -112,6 +112,8 @@ def as_stack_runs(c: Comm, stack: Stack) -> Comm:
         return replace(c, overlap="tp")
     if stack.pp_overlap and c.axis == "pp":
         return replace(c, overlap="compute")
+    if stack.zero3_prefetch and c.what == "updated params all-gather":
+        return replace(c, overlap="compute")  # Megatron's --overlap-param-gather: behind the next forward
     if c.what.startswith("ZeRO-3 "):
         if stack.zero3_prefetch and c.kind == "all_gather":
             return replace(c, overlap="backward")
