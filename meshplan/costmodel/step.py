@@ -114,11 +114,8 @@ def as_stack_runs(c: Comm, stack: Stack) -> Comm:
         return replace(c, overlap="compute")
     if stack.zero3_prefetch and c.what == "updated params all-gather":
         return replace(c, overlap="compute")  # Megatron's --overlap-param-gather: behind the next forward
-    if c.what.startswith("ZeRO-3 "):
-        if stack.zero3_prefetch and c.kind == "all_gather":
-            return replace(c, overlap="backward")
-        if not stack.zero3_prefetch and c.overlap == "backward":
-            return replace(c, overlap="none")
+    if c.what.startswith("ZeRO-3 ") and stack.zero3_prefetch and c.kind == "all_gather":
+        return replace(c, overlap="backward")
     if not stack.grad_overlap and c.overlap == "backward" and c.axis in ("dp", "dp+sp", "sp"):
         return replace(c, overlap="none")
     return c
