@@ -9,6 +9,11 @@ model's heads per rank and head dim. The cost model's GEMM and attention rates f
 stack on this GPU come from here (meshplan/costmodel/stacks.py).
 
     python benchmarks/bench_gemm_shapes.py --gpu-kind h100 --out $OUT/gemm-shapes-h100.json
+    python benchmarks/bench_gemm_shapes.py --gpu-kind h100 --sustained 4 --out $OUT/gemm-shapes-h100-sustained.json
+
+--sustained S first loads the GPU with large GEMMs for a minute (its clock settles where its power
+limit holds it, as in a long training run), then times each shape over S seconds of back-to-back calls
+rather than 20, and records the SM clock (nvidia-smi) beside each rate.
 """
 
 from __future__ import annotations
@@ -30,11 +35,58 @@ def layer_gemms(h: int, ffn: int, t: int) -> list[tuple[str, int, int]]:
     return [("qkv", h, 3 * h // t), ("proj", h // t, h), ("fc1", h, ffn // t), ("fc2", ffn // t, h)]
 
 
+SUSTAINED_S = 0.0  # seconds of back-to-back calls a shape (0: 20 calls)
+
+
 def gemm_tflops(m: int, n: int, k: int) -> float:
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    if SUSTAINED_S:
+        return 2 * m * n * k / sustained_time_s(lambda: a @ b) / 1e12
     t = median_time_s(lambda: a @ b, reps=20, warmup=5)
     return 2 * m * n * k / t / 1e12
+
+
+def sustained_time_s(fn) -> float:
+    """Mean seconds a call over SUSTAINED_S seconds of back-to-back calls (batches of 50, events)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    calls, elapsed = 0, 0.0
+    start = time.perf_counter()
+    while time.perf_counter() - start < SUSTAINED_S:
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(50):
+            fn()
+        e1.record()
+        e1.synchronize()
+        elapsed += e0.elapsed_time(e1) / 1e3
+        calls += 50
+    return elapsed / calls
+
+
+def sm_clock_mhz() -> float | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return float(out.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def heat_up(seconds: float) -> None:
+    import time
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
 
 
 def attention_tflops(seq: int, heads: int, d: int, batch: int) -> float:
@@ -53,8 +105,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu-kind", required=True, help="the [cluster] gpu of the published rows to take: h100, a100")
     ap.add_argument("--micro-batches", default="1,2")
+    ap.add_argument("--sustained", type=float, default=0.0, help="seconds of back-to-back calls a shape, "
+                                                                  "after a minute of load (0: 20 calls)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    global SUSTAINED_S
+    SUSTAINED_S = args.sustained
+    if SUSTAINED_S:
+        heat_up(60.0)
     shapes = set()
     for path in sorted((Path(__file__).parent / "published").glob("*.toml")):
         data = tomllib.loads(path.read_text())
@@ -79,10 +137,13 @@ def main() -> int:
                     secs += f / (rate * 1e12)
             attn = attention_tflops(seq, heads // t, h // heads, mbs)
             rows.append({"hidden": h, "ffn": ffn, "heads": heads, "tp": t, "seq": seq, "micro_batch": mbs,
-                         "layer_gemm_tflops": flops / secs / 1e12, "gemm_tflops": parts, "attention_tflops": attn})
+                         "layer_gemm_tflops": flops / secs / 1e12, "gemm_tflops": parts, "attention_tflops": attn,
+                         "sm_clock_mhz_after": sm_clock_mhz()})
             print(f"h {h:6} t {t} mbs {mbs}: layer GEMMs {flops / secs / 1e12:6.1f} TFLOP/s, "
                   f"attention {attn:6.1f} TFLOP/s", flush=True)
-    out = {"command": f"python benchmarks/bench_gemm_shapes.py --gpu-kind {args.gpu_kind} --out {args.out}",
+    sustained = f" --sustained {args.sustained:g}" if args.sustained else ""
+    out = {"command": f"python benchmarks/bench_gemm_shapes.py --gpu-kind {args.gpu_kind}{sustained} --out {args.out}",
+           "sustained_s": args.sustained,
            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "summary_median_layer_gemm_tflops": statistics.median(r["layer_gemm_tflops"] for r in rows),
            "rows": rows}

@@ -21,35 +21,43 @@ from meshplan.models import PRESETS
 from meshplan.planner import plan
 from meshplan.topologies import load_cluster
 
+from meshplan.planner.plan import KNOBS
+
+# (model, cluster, nodes, seq, micro-batch, mode, stack, global batch, knobs searched)
 CASES = [
-    ("dense-7b", "h100-sxm-8", 2048, 131072, 1, "train"),
-    ("llama3-8b", "h100-sxm-8", 2048, 8192, 4, "train"),
-    ("mamba2-2.7b", "h200-8", 2048, 32768, 2, "train"),
-    ("zamba2-7b", "mi300x-8", 128, 65536, 1, "train"),
-    ("llama3-8b", "h100-sxm-8", 2048, 32768, 8, "decode"),
+    ("dense-7b", "h100-sxm-8", 2048, 131072, 1, "train", "meshplan", 0, ()),
+    ("llama3-8b", "h100-sxm-8", 2048, 8192, 4, "train", "meshplan", 0, ()),
+    ("mamba2-2.7b", "h200-8", 2048, 32768, 2, "train", "meshplan", 0, ()),
+    ("zamba2-7b", "mi300x-8", 128, 65536, 1, "train", "meshplan", 0, ()),
+    ("llama3-8b", "h100-sxm-8", 2048, 32768, 8, "decode", "meshplan", 0, ()),
+    # recommend's default: Megatron's stack, a fixed global batch, every knob searched per mesh.
+    ("llama3-8b", "h100-sxm-8", 2048, 8192, 1, "train", "megatron", 2048, KNOBS),
+    ("dense-7b", "h100-sxm-8", 2048, 131072, 1, "train", "megatron", 4096, KNOBS),
 ]
 REPEATS = 3
 
 
 def main() -> int:
     rows = []
-    for model, cluster, nodes, seq, batch, mode in CASES:
+    for model, cluster, nodes, seq, batch, mode, stack, gbs, knobs in CASES:
         spec, cl = PRESETS[model], load_cluster(cluster, nodes)
+        opts = CostOptions(mode=mode, stack=stack, global_batch=gbs)
         times = []
         for _ in range(REPEATS):
             t0 = time.perf_counter()
-            result = plan(spec, cl, seq, batch, CostOptions(mode=mode))
+            result = plan(spec, cl, seq, batch, opts, search=frozenset(knobs))
             times.append(time.perf_counter() - t0)
         rows.append({"model": model, "cluster": cl.name, "gpus": cl.num_gpus, "seq": seq, "batch": batch, "mode": mode,
+                     "stack": stack, "global_batch": gbs, "searched": list(knobs),
                      "meshes": result.considered, "fitting": len(result.ranked),
                      "winner": str(result.ranked[0].layout) if result.ranked else None,
                      "seconds_min": min(times), "seconds_all": times})
     table = Table(title=f"planner: full ranking, best of {REPEATS} (target < 2 s for 16,384 GPUs on one core)")
-    for col in ("model", "cluster", "GPUs", "mode", "meshes", "fit", "winner", "seconds"):
+    for col in ("model", "cluster", "GPUs", "mode", "stack", "searched", "meshes", "fit", "winner", "seconds"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["model"], r["cluster"], f"{r['gpus']:,}", r["mode"], str(r["meshes"]), str(r["fitting"]),
-                      str(r["winner"]), f"{r['seconds_min']:.3f}")
+        table.add_row(r["model"], r["cluster"], f"{r['gpus']:,}", r["mode"], r["stack"], str(len(r["searched"])),
+                      str(r["meshes"]), str(r["fitting"]), str(r["winner"]), f"{r['seconds_min']:.3f}")
     Console().print(table)
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     out = {"command": "taskset -c 0 python benchmarks/bench_planner.py", "cpu_affinity": affinity,

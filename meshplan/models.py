@@ -8,6 +8,7 @@ The cost model walks `model.block_invocations()`; parameter counts come from `pa
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -289,6 +290,9 @@ class ModelSpec:
     def norm_params(self, embeddings: bool = True, scales_only: bool = False) -> int:
         """Norm parameters (scales, and LayerNorm's biases unless `scales_only`): tiny, and replicated on
         every rank of a tensor / TSP axis (never split)."""
+        return _norm_params(self, embeddings, scales_only)
+
+    def _norm_params(self, embeddings: bool, scales_only: bool) -> int:
         per_kind = {"attention": self.attention.hidden if self.attention else 0,
                     "mlp": self.mlp.hidden if self.mlp else 0, "mamba2": self.d_model, "mamba1": self.d_model}
         if self.family == "hybrid":
@@ -301,6 +305,11 @@ class ModelSpec:
     @property
     def param_bytes_per_element(self) -> int:
         return DTYPE_BYTES[self.param_dtype]
+
+
+@functools.lru_cache(maxsize=256)
+def _norm_params(model: ModelSpec, embeddings: bool, scales_only: bool) -> int:
+    return model._norm_params(embeddings, scales_only)
 
 
 # -- presets ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ Entries with `quadratic=True` scale with the key length too (the s² attention s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from meshplan.costmodel.options import MemoryOptions
@@ -136,14 +137,17 @@ def head_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
             Saved("lm_head_input", e * model.d_model, "hidden")]
 
 
-def block_saved(kind: str, model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
-    return {
+@functools.lru_cache(maxsize=1024)
+def block_saved(kind: str, model: ModelSpec, opts: MemoryOptions) -> tuple[Saved, ...]:
+    """The tensors one `kind` block saves (a tuple: cached, the planner asks for the same ones a thousand
+    times a ranking)."""
+    return tuple({
         "attention": attention_saved,
         "mlp": mlp_saved,
         "mamba2": mamba2_saved,
         "mamba1": mamba1_saved,
         "hybrid_proj": hybrid_proj_saved,
-    }[kind](model, opts)
+    }[kind](model, opts))
 
 
 def checkpoint_units(model: ModelSpec) -> list[tuple[tuple[str, ...], int, int]]:

@@ -8,6 +8,7 @@ FLOPs per op (DESIGN.md §4): a GEMM of (m × k)·(k × n) is 2·m·n·k; causal
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -214,7 +215,12 @@ class Device:
     @classmethod
     def of(cls, cluster, stack=None) -> "Device":
         """The cluster's GPU under a stack (meshplan.costmodel.stacks; None: meshplan's executor), with
-        what `meshplan calibrate` measured where it measured it."""
+        what `meshplan calibrate` measured where it measured it (made once per cluster and stack: the
+        planner asks thousands of times a ranking)."""
+        return _device_of(cls, cluster, stack)
+
+    @classmethod
+    def _of(cls, cluster, stack) -> "Device":
         from dataclasses import replace
 
         cal = cluster.calibration
@@ -238,6 +244,11 @@ class Device:
                        decode_host_kernel_s=cal.decode_host_kernel_s or dev.decode_host_kernel_s,
                        mamba2_host_kernel_s=cal.mamba2_host_kernel_s,
                        mamba2_decode_host_kernel_s=cal.mamba2_decode_host_kernel_s)
+
+
+@functools.lru_cache(maxsize=64)
+def _device_of(cls, cluster, stack) -> Device:
+    return cls._of(cluster, stack)
 
 
 def _efficiency_table(prefix: bool, dev: "Device | None"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
+from meshplan.costmodel.stacks import get_stack
 from meshplan.errors import MeshplanError
 from meshplan.models import DTYPE_BYTES
 
@@ -63,8 +64,6 @@ class CostOptions:
             raise MeshplanError(f"--virtual-stages must be >= 1, got {self.virtual_stages}")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise MeshplanError("--virtual-stages > 1 needs --schedule interleaved")
-        from meshplan.costmodel.stacks import get_stack
-
         get_stack(self.stack)
         for name in ("act_dtype", "grad_dtype", "logits_dtype", "kv_cache_dtype", "ssm_state_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
@@ -90,8 +89,6 @@ class CostOptions:
 
     @property
     def stack_spec(self):
-        from meshplan.costmodel.stacks import get_stack
-
         return get_stack(self.stack)
 
     @property

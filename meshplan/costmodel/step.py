@@ -17,6 +17,7 @@ Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
@@ -65,7 +66,6 @@ class _Links:
         self.groups["dp+sp"] = place_axis(layout.dp * layout.sp, inner, g)
         self.groups["pp"] = place_axis(layout.pp, inner * layout.sp * layout.dp, g)
         self.cluster = cluster
-        self.inter_bw = cluster.nic_link.bandwidth_bytes_per_s * cluster.nics_per_node / g
 
     def time_s(self, c: Comm) -> float:
         group = self.groups[c.axis]
@@ -77,8 +77,8 @@ class _Links:
         intra = cl.intra_link.bandwidth_bytes_per_s
         if cl.fabric == "xgmi" and c.kind != "send_recv":
             intra *= max(1, group.per_node - 1)  # a full mesh: collectives drive every peer link at once
-        one = collective_time_s(c.kind, c.message_bytes, group, intra, cl.intra_link.latency_s, self.inter_bw,
-                                cl.nic_link.latency_s)
+        one = collective_time_s(c.kind, c.message_bytes, group, intra, cl.intra_link.latency_s,
+                                cl.inter_node_bandwidth(group.nodes), cl.nic_link.latency_s)
         return one * c.count
 
 
@@ -101,6 +101,7 @@ def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:
 GRAD_OVERLAP_CONTENTION = 0.69
 
 
+@functools.lru_cache(maxsize=8192)
 def as_stack_runs(c: Comm, stack: Stack) -> Comm:
     """A schedule entry with the overlap the stack gives it: tensor-parallel collectives behind the
     neighbouring GEMMs (overlap "tp"), pipeline sends behind the compute ("compute"), ZeRO-3 gathers

@@ -136,7 +136,10 @@ def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOption
     if "micro_batch" in search and gbs:
         per_replica = gbs // layout.dp
         fits = [m for m in (1, 2, 4, 8, 16) if per_replica % m == 0]
-        batches = sorted({fits[0], fits[-1]})  # 1 fills the pipeline best; the largest does the most a launch
+        # The smallest fills a pipeline best; the largest does the most a launch. Without a pipeline or a
+        # launch floor a step's time does not depend on it (the same tokens, the same collectives' bytes),
+        # and the smallest holds the least.
+        batches = sorted({fits[0], fits[-1]}) if layout.pp > 1 or opts.floors_launches else [fits[0]]
     else:
         batches = [batch]
     if gbs and any(gbs % (layout.dp * m) for m in batches):

@@ -7,7 +7,9 @@ TOML layout (every key required unless marked; an unknown key is an error naming
     gpus_per_node = 8
     [gpu]        name, memory_bytes, bf16_tflops, hbm_tb_per_s
     [intra_node] fabric ("nvswitch" | "xgmi" | "pcie"), link_gb_per_s, latency_us
-    [inter_node] nics_per_node, nic_gb_per_s, latency_us
+    [inter_node] nics_per_node, nic_gb_per_s, latency_us,
+                 nodes_per_leaf (optional: nodes under one leaf switch; default all of them),
+                 oversubscription (optional: leaf uplinks against downlinks, e.g. 2 for 2:1; default 1)
 
 Bandwidths are per direction, in GB/s (1e9 bytes/s).
 """
@@ -78,6 +80,12 @@ class ClusterSpec:
     nic_link: LinkSpec
     source: str = ""
     calibration: Calibration | None = None
+    # The network above the NICs: a fat tree whose leaf switches each take `nodes_per_leaf` nodes (0: one
+    # leaf for the whole cluster) and whose uplinks carry 1/`oversubscription` of the leaf's downlinks.
+    # Rail-optimized clusters (GPU i of every node on rail switch i) and non-blocking fat trees (Selene's
+    # three levels, Narayanan et al. 2021 §5) are oversubscription 1.
+    nodes_per_leaf: int = 0
+    oversubscription: float = 1.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -86,6 +94,16 @@ class ClusterSpec:
             raise MeshplanError(f"cluster {self.name}: intra_node.fabric {self.fabric!r} unknown; use {', '.join(FABRICS)}")
         if self.nics_per_node < 1:
             raise MeshplanError(f"cluster {self.name}: inter_node.nics_per_node must be >= 1")
+        if self.oversubscription < 1:
+            raise MeshplanError(f"cluster {self.name}: inter_node.oversubscription must be >= 1 (uplinks : downlinks "
+                                f"as 2 for 2:1), got {self.oversubscription}")
+
+    def inter_node_bandwidth(self, nodes_spanned: int) -> float:
+        """Bytes/s each GPU gets across nodes for a group over `nodes_spanned` nodes: its share of the
+        node's NICs, cut by the oversubscription once the group leaves one leaf switch."""
+        per_gpu = self.nic_link.bandwidth_bytes_per_s * self.nics_per_node / self.gpus_per_node
+        beyond_leaf = self.nodes_per_leaf and nodes_spanned > self.nodes_per_leaf
+        return per_gpu / self.oversubscription if beyond_leaf else per_gpu
 
     @property
     def num_gpus(self) -> int:
@@ -107,14 +125,16 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
                     "collectives") + HOST_KEYS,
     "gpu": ("name", "memory_bytes", "bf16_tflops", "hbm_tb_per_s"),
     "intra_node": ("fabric", "link_gb_per_s", "latency_us"),
-    "inter_node": ("nics_per_node", "nic_gb_per_s", "latency_us"),
+    "inter_node": ("nics_per_node", "nic_gb_per_s", "latency_us", "nodes_per_leaf", "oversubscription"),
 }
-_OPTIONAL = {("", "nodes"), ("", "calibration")} | {("calibration", k) for k in (
+_OPTIONAL = {("", "nodes"), ("", "calibration"), ("inter_node", "nodes_per_leaf"),
+             ("inter_node", "oversubscription")} | {("calibration", k) for k in (
     "date", "command", "gemm_efficiency", "hbm_tb_per_s", "attention_causal", "attention_prefix", "collectives")
     + HOST_KEYS}
 _NUMERIC = {"memory_bytes", "bf16_tflops", "hbm_tb_per_s", "link_gb_per_s", "latency_us", "nics_per_node",
+            "nodes_per_leaf", "oversubscription",
             "nic_gb_per_s", "nodes", "gpus_per_node", "gemm_efficiency", *HOST_KEYS}
-_WHOLE = {"memory_bytes", "nics_per_node", "nodes", "gpus_per_node"}  # counts: 1.5 nodes is a typo, not a cluster
+_WHOLE = {"memory_bytes", "nics_per_node", "nodes", "gpus_per_node", "nodes_per_leaf"}  # counts: 1.5 nodes is a typo, not a cluster
 
 
 def _check_table(table: dict[str, Any], section: str, where: str) -> None:
@@ -158,6 +178,8 @@ def cluster_from_dict(data: dict[str, Any], where: str) -> ClusterSpec:
         nic_link=LinkSpec(inter["nic_gb_per_s"] * 1e9, inter["latency_us"] * 1e-6),
         source=where,
         calibration=calibration,
+        nodes_per_leaf=int(inter.get("nodes_per_leaf", 0)),
+        oversubscription=float(inter.get("oversubscription", 1.0)),
     )
 
 
