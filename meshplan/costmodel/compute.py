@@ -35,6 +35,10 @@ ATTENTION_EFFICIENCY_CAUSAL = ((4096, 0.39), (16384, 0.54), (32768, 0.56))
 ATTENTION_EFFICIENCY_PREFIX = ((8192, 0.27), (16384, 0.31), (32768, 0.33))
 ATTENTION_EFFICIENCY = 0.35  # decode and anything off the tables' shapes
 ATTENTION_BWD_FACTOR = 2.5  # FlashAttention-2: backward runs 5 matmuls to forward's 2
+# Unfused attention saves its scores and probabilities, so its backward recomputes nothing: the two batched
+# GEMMs' input and weight-side gradients (4 matmuls to forward's 2) and the softmax and dropout gradients,
+# which read and write about as many score bytes as their forward (Narayanan et al. 2021 §4.2's kernels).
+UNFUSED_ATTENTION_BWD_FACTOR = 2.0
 # Mamba-2's own kernels (meshplan/kernels), as achieved fractions of the device's HBM rate (the
 # datasheet's for presets), measured on an H200 against bytes counted as in their benchmarks, over the
 # kernels' own profiled times (the host's launches are the step's launch floor, below). The chunked SSD
@@ -285,6 +289,7 @@ class BlockCompute:
     flops_fwd: float  # model FLOPs (no recompute)
     kernel_fwd_s: float = 0.0  # Mamba-2's scan and conv kernels
     kernel_bwd_s: float = 0.0
+    attn_bwd_factor: float = ATTENTION_BWD_FACTOR  # backward / forward time of the attention core
 
     @property
     def fwd_s(self) -> float:
@@ -292,7 +297,7 @@ class BlockCompute:
 
     @property
     def bwd_s(self) -> float:
-        return 2 * self.gemm_fwd_s + ATTENTION_BWD_FACTOR * self.attn_fwd_s + 2 * self.mem_fwd_s + self.recompute_fwd_s \
+        return 2 * self.gemm_fwd_s + self.attn_bwd_factor * self.attn_fwd_s + 2 * self.mem_fwd_s + self.recompute_fwd_s \
             + self.kernel_bwd_s
 
 
@@ -396,7 +401,8 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         elif kind in ("mamba2", "mamba1"):
             # The mixer core (conv, scan, gated norm, out_proj) is recomputed in backward.
             recompute_s += mem + kernel_fwd + gemm_time_s(tokens, *_gemms(model, kind, head_div)[-1], e, dev)
-    return BlockCompute(gemm, attn, mem, recompute_s, flops, kernel_fwd, kernel_bwd if training else 0.0)
+    bwd_factor = ATTENTION_BWD_FACTOR if dev.flash_attention else UNFUSED_ATTENTION_BWD_FACTOR
+    return BlockCompute(gemm, attn, mem, recompute_s, flops, kernel_fwd, kernel_bwd if training else 0.0, bwd_factor)
 
 
 # Megatron-LM's core attention without a fused kernel (Narayanan et al. 2021 §4.2: baddbmm for QKᵀ,

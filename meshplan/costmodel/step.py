@@ -185,7 +185,7 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]
         exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
         exposed_bwd = _phase_exposed([x for x in timed if x[0].phase == "bwd"], bwd, 2 * comp.gemm_fwd_s,
-                                     2.5 * comp.attn_fwd_s) if training else 0.0
+                                     comp.attn_bwd_factor * comp.attn_fwd_s) if training else 0.0
         exposed = exposed_fwd + exposed_bwd
         breakdown[f"{kind}_fwd_s"] = fwd + exposed_fwd  # one invocation, its exposed collectives included
         breakdown[f"{kind}_bwd_s"] = bwd + exposed_bwd
