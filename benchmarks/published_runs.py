@@ -31,6 +31,7 @@ from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout
 from meshplan.models import gpt
+from meshplan.planner.plan import search_knobs
 from meshplan.topologies.cluster import load_cluster
 
 HERE = Path(__file__).parent
@@ -151,18 +152,25 @@ def predict_row(row: Row) -> dict:
         cluster = replace(node, gpus_per_node=row["gpus"], name=f"{row['gpus']} GPUs of {node.name}")
     else:
         cluster = node.with_nodes(row["gpus"] // per_node)
-    best, fitting_steps = None, []
-    for knobs in knob_choices(row, layout):
-        opts = base_options(row, **knobs)
-        mem = memory_per_gpu(model, layout, row["seq"], knobs["micro_batch"], opts)
-        est = estimate_step(model, layout, row["seq"], knobs["micro_batch"], opts, cluster)
-        fits = mem.total_bytes <= cluster.gpu.memory_bytes
-        if fits:
-            fitting_steps.append(est.step_time_s)
-        key = (not fits, est.step_time_s)
-        if best is None or key < best[0]:
-            best = (key, knobs, opts, mem, est, fits)
-    _, knobs, opts, mem, est, fits = best
+    # The plan: the row's stated knobs, the unstated ones chosen as `recommend` chooses them.
+    search = frozenset(k for k in ("micro_batch", "recompute", "virtual_stages") if row.get(k) == "searched")
+    stated_v = row.get("virtual_stages", 1)
+    pinned = base_options(row, recompute="none" if "recompute" in search else row.get("recompute", "none"),
+                          **({"virtual_stages": stated_v, "schedule": "interleaved"}
+                             if isinstance(stated_v, int) and stated_v > 1 else {}))
+    micro = row.get("micro_batch", 1)
+    chosen = search_knobs(model, cluster, layout, row["seq"], 1 if micro == "searched" else micro, pinned, search)
+    mem, est, fits, chosen_knobs, opts = chosen
+    if est is None:
+        est = estimate_step(model, layout, row["seq"], chosen_knobs["micro_batch"], opts, cluster)
+    knobs = {**chosen_knobs, "schedule": opts.schedule if layout.pp > 1 else "1f1b"}
+    knobs.pop("tp_sequence_parallel")
+    # How far the unstated knobs could move it: every combination of them that fits.
+    fitting_steps = []
+    for choice in knob_choices(row, layout):
+        trial = base_options(row, **choice)
+        if memory_per_gpu(model, layout, row["seq"], choice["micro_batch"], trial).total_bytes <= cluster.gpu.memory_bytes:
+            fitting_steps.append(estimate_step(model, layout, row["seq"], choice["micro_batch"], trial, cluster).step_time_s)
     return {"knobs": knobs, "opts": opts, "memory": mem, "estimate": est, "fits": fits, "model": model,
             "layout": layout, "cluster": cluster,
             # The step times of every searched choice that fits: how much the unstated knobs could move it.

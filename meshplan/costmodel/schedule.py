@@ -148,7 +148,7 @@ def _pipeline_comms(ctx: ScheduleContext, training: bool) -> list[Comm]:
     the first nothing backward. With scatter/gather (Narayanan et al. 2021 §4.1) each of the t tensor
     ranks sends 1/t of the (replicated) activation across the network and the receiving stage
     all-gathers it over NVLink; with Megatron-SP the activation is already split t ways."""
-    model, layout, opts, sh = ctx.model, ctx.layout, ctx.opts, ctx.sharding
+    model, layout, opts = ctx.model, ctx.layout, ctx.opts
     t = layout.tensor_degree
     act = ctx.tokens * model.d_model * ctx.act_bytes
     split = opts.tp_sequence_parallel and t > 1
