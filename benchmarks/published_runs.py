@@ -29,7 +29,7 @@ from meshplan.costmodel.pipeline import pipeline_stages
 from meshplan.costmodel.stacks import get_stack
 from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
-from meshplan.layout import Layout
+from meshplan.layout import Layout, validate_layout
 from meshplan.models import gpt
 from meshplan.planner.plan import search_knobs
 from meshplan.topologies.cluster import load_cluster
@@ -159,6 +159,7 @@ def predict_row(row: Row) -> dict:
                           **({"virtual_stages": stated_v, "schedule": "interleaved"}
                              if isinstance(stated_v, int) and stated_v > 1 else {}))
     micro = row.get("micro_batch", 1)
+    validate_layout(layout, model, cluster.num_gpus, cluster.name)
     chosen = search_knobs(model, cluster, layout, row["seq"], 1 if micro == "searched" else micro, pinned, search)
     mem, est, fits, chosen_knobs, opts = chosen
     if est is None:
@@ -205,23 +206,20 @@ def predicted_value(row: Row, p: dict) -> float:
 
 def _layer_activations(row: Row, p: dict) -> float:
     """The first stage's saved activations of its layers (what Korthikanti's Fig. 1 and 7 count): the
-    memory model's activations less the output head's and the stage-boundary tensors."""
-    mem = p["memory"]
-    return mem.per_gpu_bytes["activations"] - _boundary_bytes(row, p)
-
-
-def _boundary_bytes(row: Row, p: dict) -> float:
+    memory model's activations less the output head's (a stage that has it) and the stage-boundary
+    tensors (the executor keeps them; Megatron deallocates them, Korthikanti App. B)."""
+    from meshplan.costmodel.layouts import sharding_for
+    from meshplan.costmodel.memory import boundary_activation_bytes, head_activation_bytes
     from meshplan.costmodel.pipeline import in_flight_chunks
 
-    layout, opts = p["layout"], p["opts"]
+    layout, opts, mbs = p["layout"], p["opts"], p["knobs"]["micro_batch"]
+    sh = sharding_for(layout, opts)
     if layout.pp == 1:
-        from meshplan.costmodel.activations import head_saved
-
-        return sum(i.bytes_per_token for i in head_saved(p["model"], opts)) * row["seq"] * p["knobs"]["micro_batch"] \
-            / (layout.tp if opts.tp_sequence_parallel else 1)
-    m = p["estimate"].microbatches
-    chunks = opts.chunks
-    return row["seq"] * p["knobs"]["micro_batch"] * row["hidden"] * 2 * (in_flight_chunks(0, layout.pp, m, chunks) + 1)
+        kept = head_activation_bytes(p["model"], sh, row["seq"], mbs, opts)
+    else:
+        in_flight = in_flight_chunks(0, layout.pp, p["estimate"].microbatches, opts.chunks)
+        kept = boundary_activation_bytes(p["model"], sh, row["seq"], mbs, opts, in_flight)
+    return p["memory"].per_gpu_bytes["activations"] - kept
 
 
 def evaluate(rows: list[Row]) -> list[dict]:

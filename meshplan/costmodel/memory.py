@@ -408,7 +408,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     chunks = opts.chunks if pp > 1 else 1
     # Saved activations of an even stage (1/pp of the layers); an uneven one scales by its layers.
     saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / pp)
-    head_items = _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1) if train and embeddings else 0.0
+    head_items = head_activation_bytes(model, sh, seq, batch, opts) if train and embeddings else 0.0
 
     # Caches (inference): KV per attention invocation, conv + SSM state per Mamba layer.
     kv_cache = ssm_cache = 0.0
@@ -505,8 +505,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
                 # the gradient received (first stage); the last keeps its output and its input's
                 # gradient going back (meshplan/executor/pipeline.py). Without them a pp=2 stage was
                 # under-predicted by 0.63 GiB at 16K tokens (benchmarks/results/validation-h200-run51-x2-pp.json).
-                boundary = batch * seq / sh.token_div * model.d_model * opts.nbytes("act_dtype")
-                acts += boundary * (in_flight + 1)
+                acts += boundary_activation_bytes(model, sh, seq, batch, opts, in_flight)
         has_logits = stage in ("only", "last")
         parts = {
             "parameters": param_b, "gradients": grad_b, "optimizer_state": opt_b, "activations": acts,
@@ -543,6 +542,18 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         assumptions={**opts.as_dict(), "pipeline_schedule": (opts.schedule if pp > 1 else "none"),
                      "zero_stage": zero, "microbatches": microbatches, "stage_layers": list(stage_layers)},
     )
+
+
+def head_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:
+    """What the final norm and the LM head save for backward on one rank (activations.head_saved)."""
+    return _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1)
+
+
+def boundary_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
+                              in_flight: int) -> float:
+    """A pipeline stage's boundary tensors: each in-flight micro-batch's output, kept until its gradient
+    comes back, and the gradient received (meshplan/executor/pipeline.py)."""
+    return batch * seq / sh.token_div * model.d_model * opts.nbytes("act_dtype") * (in_flight + 1)
 
 
 def _stages_to_check(stage_layers: tuple[int, ...], pp: int, microbatches: int, chunks: int) -> list[int]:

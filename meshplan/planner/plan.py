@@ -157,7 +157,8 @@ def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOption
 
 def search_knobs(model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
                  search: frozenset, objective: str = "throughput"):
-    """(memory, estimate or None, fits, knobs, options) for one mesh, its knobs chosen.
+    """(memory, estimate or None, fits, knobs, options) for one mesh (valid for the model and the
+    cluster: enumerate_layouts checks), its knobs chosen.
 
     Recompute: the first of none, selective, full whose memory fits — each is no faster than the one
     before, so the first that fits is the fastest (selective saves nothing under flash attention and
@@ -170,10 +171,6 @@ def search_knobs(model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: in
     if space is None:
         return None
     batches, chunks, sps, recomputes = space
-    try:
-        validate_layout(layout, model, cluster.num_gpus)
-    except MeshplanError:
-        return None
     best = smallest = None
     for sp in sps:
         for mb in batches:
