@@ -109,6 +109,8 @@ def memory(
     spec = load_model(model)
     layouts = [parse_layout(text) for text in layout]
     seqs = parse_token_list(sweep_seq) if sweep_seq else [parse_tokens(seq)]
+    if plot:
+        _check_folder("--plot", plot)
     opts = MemoryOptions(mode=mode, recompute=recompute, flash_attention=flash, dropout=dropout,
                          act_dtype=act_dtype, grad_dtype=grad_dtype, optimizer=optimizer, logits_dtype=logits_dtype,
                          tp_sequence_parallel=tp_sequence_parallel, int8_allreduce=int8_allreduce)
@@ -445,6 +447,10 @@ def execute(
                                         help="TP-SSM: int8-quantized block all-reduce."),
     tolerance: float = typer.Option(0.05, "--tolerance"),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds before a hung run is stopped."),
+    layers_only: bool = typer.Option(False, "--layers-only", help="Run the layer stack on random hidden states: "
+                                     "no embedding, LM head or loss (how docs/validation.md's 1-4 GPU runs were made)."),
+    tokens_file: Optional[str] = typer.Option(None, "--tokens", help=".npy of token ids to train on (the whole "
+                                              "model; synthetic ids by default)."),
     nnodes: int = typer.Option(1, "--nnodes"),
     node_rank: int = typer.Option(0, "--node-rank"),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
@@ -477,8 +483,23 @@ def execute(
         from dataclasses import replace
 
         spec = replace(spec, layers=layers, name=f"{spec.name}/{layers}L")  # what the workers build
-    if (reason := unsupported(lay, spec)) is not None:
+    if (reason := unsupported(lay, spec, not layers_only)) is not None:
         raise MeshplanError(reason)
+    from meshplan.executor.support import executed_spec
+
+    spec, dropped = executed_spec(spec)
+    if dropped:
+        err_console.print(f"note: the executor runs {spec.name} without {', '.join(dropped)}; the prediction it "
+                          f"is compared with leaves them out too")
+    _check_folder("--out", out)
+    if tokens_file:
+        if layers_only:
+            raise MeshplanError("--tokens: the layer stack runs on hidden states; drop --layers-only to train on tokens")
+        from meshplan.executor.model import tokens_from_file
+
+        tokens_from_file(tokens_file, spec.vocab, batch, tokens)  # a bad file stops here, not in every rank
+    if device == "cuda":
+        _warn_if_over_gpu_memory(spec, lay, tokens, batch, mode, not layers_only)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
     if nnodes > 1:
         if not rdzv_endpoint:
@@ -491,6 +512,10 @@ def execute(
             "--timeout", str(timeout)]
     if layers:
         cmd += ["--layers", str(layers)]
+    if layers_only:
+        cmd.append("--layers-only")
+    if tokens_file:
+        cmd += ["--tokens", tokens_file]
     if do_profile:
         cmd.append("--profile")
     if int8_allreduce:
@@ -512,6 +537,22 @@ def execute(
     console.print(f"wrote {out}" + ("" if do_compare else f"; `meshplan compare {out}` sets it against the prediction"))
     if do_compare:
         _compare_file(out, tolerance, False)
+
+
+def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: bool) -> None:
+    """No visible GPU: one line, before torchrun starts. A predicted peak above the GPU's memory: a
+    warning (the run goes on, and records its out-of-memory as a result)."""
+    import torch
+
+    from meshplan.executor.run import predict
+
+    if not torch.cuda.is_available():
+        raise MeshplanError("--device: cuda was asked for but no GPU is visible here; use --device cpu (gloo)")
+    have = torch.cuda.get_device_properties(0).total_memory
+    need = predict(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
+    if need > have:
+        err_console.print(f"warning: the predicted peak, {fmt_bytes(need)} a GPU, exceeds this GPU's "
+                          f"{fmt_bytes(have)}; expect the run to record an out-of-memory")
 
 
 def run_summary(run: dict) -> str:
@@ -685,6 +726,15 @@ def cluster_show(name: str = typer.Argument(..., help="Preset name or TOML path.
         target = "network switch" if spec.nodes > 1 else "no other node"
         node.add(f"{spec.nics_per_node} NICs × {nic_bw:g} GB/s → {target}")
     console.print(tree)
+
+
+def _check_folder(flag: str, path: str) -> None:
+    """A file the command will write needs its folder to exist: say so before any work is done."""
+    from pathlib import Path
+
+    folder = Path(path).expanduser().parent
+    if not folder.is_dir():
+        raise MeshplanError(f"{flag}: folder {folder} does not exist; create it or write somewhere else")
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ is a MeshplanError naming it.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +48,90 @@ class _Fields:
         return default
 
 
-def _llama(f: _Fields, name: str) -> ModelSpec:
+def _llama(f: _Fields, name: str, *, qkv_bias: bool = False, qk_norm: str = "", post_norms: bool = False,
+           tied_default: bool = False, window_layers: int | None = None) -> ModelSpec:
+    """Llama and the decoders shaped like it. `qk_norm`: "head" (a head_dim scale each for queries and
+    keys: Qwen3, Gemma3) or "width" (over the whole query and key widths: OLMo2); `post_norms`: the
+    attention and MLP outputs normed too (Gemma2/3); `window_layers`: the attention layers a sliding
+    window applies to (None: all of them when the config sets sliding_window)."""
     heads = f.whole("num_attention_heads")
     # An explicit head_dim (Mistral-Nemo: hidden 5120, 32 heads of 128) sets the attention's width.
     head_dim = f.whole("head_dim", default=0) or None
-    return dense(
+    spec = dense(
         name, f.whole("hidden_size"), f.whole("num_hidden_layers"), heads, f.whole("num_key_value_heads", default=heads),
         f.whole("intermediate_size"), f.whole("vocab_size"), gated=True,
-        tied=bool(f.get("tie_word_embeddings", False)), source=f.where, head_dim=head_dim,
+        tied=bool(f.get("tie_word_embeddings", tied_default)), source=f.where, head_dim=head_dim,
+        bias=bool(f.get("attention_bias", False)),
     )
+    attn = spec.attention
+    norm = {"": 0, "head": 2 * attn.head_dim, "width": attn.q_width + attn.kv_width}[qk_norm]
+    attention = replace(attn, qkv_bias=qkv_bias, qk_norm=norm, post_norm=post_norms)
+    mlp = replace(spec.mlp, post_norm=post_norms, bias=bool(f.get("mlp_bias", False)))
+    window = f.get("sliding_window", None)
+    if window_layers is None:
+        window_layers = spec.layers if window else 0
+    if window and window_layers:
+        window = f.as_whole("sliding_window", window)
+    else:
+        window, window_layers = 0, 0
+    return replace(spec, attention=attention, mlp=mlp, attention_window=window, window_layers=window_layers)
+
+
+def _layer_types(f: _Fields, layers: int) -> int | None:
+    """Sliding layers named by a config's layer_types (transformers ≥ 4.53), None if it has none."""
+    types = f.raw.get("layer_types")
+    if not types:
+        return None
+    if len(types) != layers:
+        raise MeshplanError(f"{f.where}: layer_types has {len(types)} entries but num_hidden_layers is {layers}")
+    return sum(1 for t in types if t == "sliding_attention")
+
+
+def _qwen(f: _Fields, name: str) -> ModelSpec:
+    """Qwen2 (biases on Q, K, V) and Qwen3 (none, unless attention_bias; a head_dim norm of queries and
+    keys). Layers from max_window_layers on use the sliding window when use_sliding_window is set."""
+    layers = f.whole("num_hidden_layers")
+    sliding = bool(f.get("use_sliding_window", False))
+    window_layers = _layer_types(f, layers)
+    if window_layers is None:
+        window_layers = layers - min(layers, f.whole("max_window_layers", default=layers)) if sliding else 0
+    qwen3 = f.raw.get("model_type") == "qwen3"
+    return _llama(f, name, qkv_bias=not qwen3, qk_norm="head" if qwen3 else "", window_layers=window_layers)
+
+
+def _gemma(f: _Fields, name: str) -> ModelSpec:
+    """Gemma2 and Gemma3 (text): GeGLU (a gated MLP, so priced as SwiGLU), head_dim of its own, tied,
+    a norm before and after each block; sliding-window attention on every other layer (Gemma2) or on
+    all but every sliding_window_pattern-th (Gemma3: 5 local to 1 global). Gemma3 adds query / key
+    norms. A multimodal Gemma3 config's text_config is read; its vision tower is not modelled."""
+    if f.raw.get("model_type") == "gemma3":
+        text = f.raw.get("text_config")
+        if not isinstance(text, dict):
+            raise MeshplanError(f"{f.where}: a gemma3 config needs its text_config; or give the gemma3_text config")
+        f = _Fields({"model_type": "gemma3_text", **text}, f.where)
+    layers = f.whole("num_hidden_layers")
+    gemma3 = f.raw.get("model_type") == "gemma3_text"
+    window_layers = _layer_types(f, layers)
+    if window_layers is None:
+        if gemma3:  # layer i is global when (i + 1) % pattern == 0 (transformers' Gemma3 before layer_types)
+            window_layers = layers - layers // f.whole("sliding_window_pattern", default=6)
+        else:  # Gemma2: the even layers slide
+            window_layers = (layers + 1) // 2
+    return _llama(f, name, qk_norm="head" if gemma3 else "", post_norms=True, tied_default=True,
+                  window_layers=window_layers)
+
+
+def _olmo2(f: _Fields, name: str) -> ModelSpec:
+    """OLMo2: norms after the attention and the MLP instead of before (as many scales), and RMS norms of
+    the whole query and key widths."""
+    return _llama(f, name, qk_norm="width")
+
+
+# Mixture-of-experts families: their expert counts, so that the refusal can say what is missing.
+_MOE = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
+        "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts", "jamba": "num_experts",
+        "dbrx": "ffn_config", "olmoe": "num_experts", "granitemoe": "num_local_experts",
+        "phimoe": "num_local_experts", "gpt_oss": "num_local_experts", "llama4": "num_local_experts"}
 
 
 def _gpt2(f: _Fields, name: str) -> ModelSpec:
@@ -154,6 +230,14 @@ def _zamba2(f: _Fields, name: str) -> ModelSpec:
 _READERS = {
     "llama": _llama,
     "mistral": _llama,
+    "phi3": _llama,
+    "granite": _llama,  # Granite's multipliers scale activations; its shapes are Llama's
+    "qwen2": _qwen,
+    "qwen3": _qwen,
+    "gemma2": _gemma,
+    "gemma3": _gemma,
+    "gemma3_text": _gemma,
+    "olmo2": _olmo2,
     "mamba": _mamba1,
     "falcon_mamba": _mamba1,
     "mamba2": _mamba2,
@@ -171,6 +255,12 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     if not isinstance(raw, dict):
         raise MeshplanError(f"{where}: expected a JSON object at the top level")
     model_type = raw.get("model_type")
+    if model_type in _MOE:
+        experts = raw.get(_MOE[model_type])
+        what = f"{_MOE[model_type]} {experts}" if isinstance(experts, int) else "routed experts"
+        raise MeshplanError(
+            f"{where}: model_type {model_type!r} is a mixture of experts ({what}); meshplan does not model "
+            f"expert parallelism or expert weights yet — plan its dense equivalent, or wait for EP")
     if model_type not in _READERS:
         raise MeshplanError(
             f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(sorted(_READERS))}")

@@ -40,6 +40,9 @@ class AttentionSpec:
     head_dim: int
     out_hidden: int  # width written back to the residual stream
     bias: bool = False  # GPT-2 / NeoX / OPT style: biases on the QKV and output projections
+    qkv_bias: bool = False  # Qwen2: biases on Q, K and V only
+    qk_norm: int = 0  # scale elements of the query / key norms (Qwen3, Gemma3: 2·head_dim; OLMo2: q + kv width)
+    post_norm: bool = False  # a norm of the block's output too (Gemma2/3)
 
     def __post_init__(self) -> None:
         _positive("attention", hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
@@ -60,7 +63,15 @@ class AttentionSpec:
     def param_count(self) -> int:
         # W_Q, W_K, W_V, W_O (with their biases if any), and the pre-norm's scale.
         biases = self.q_width + 2 * self.kv_width + self.out_hidden if self.bias else 0
-        return self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.out_hidden + biases + self.hidden
+        if self.qkv_bias and not self.bias:
+            biases = self.q_width + 2 * self.kv_width
+        return (self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.out_hidden + biases + self.hidden
+                + self.norm_extra)
+
+    @property
+    def norm_extra(self) -> int:
+        """Norm scales beside the pre-norm: the query / key norms and the output norm."""
+        return self.qk_norm + (self.out_hidden if self.post_norm else 0)
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,7 @@ class MlpSpec:
     gated: bool = True  # SwiGLU: gate and up (h × F·h each) and down (F·h × h); False: GPT's fc1, GeLU, fc2
     out_hidden: int = 0  # 0: same as hidden
     bias: bool = False  # biases on both projections (GPT-2, NeoX, OPT)
+    post_norm: bool = False  # a norm of the block's output too (Gemma2/3)
 
     def __post_init__(self) -> None:
         _positive("mlp", hidden=self.hidden, ffn_hidden=self.ffn_hidden)
@@ -83,7 +95,11 @@ class MlpSpec:
     def param_count(self) -> int:
         biases = self.n_input_matrices * self.ffn_hidden + self.out_hidden if self.bias else 0
         return (self.n_input_matrices * self.hidden * self.ffn_hidden + self.ffn_hidden * self.out_hidden + biases
-                + self.hidden)
+                + self.hidden + self.norm_extra)
+
+    @property
+    def norm_extra(self) -> int:
+        return self.out_hidden if self.post_norm else 0
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,8 @@ class ModelSpec:
     norm: str = "rmsnorm"  # "rmsnorm" | "layernorm" (LayerNorm has a bias beside its scale)
     positions: str = "rotary"  # "rotary" | "learned" (GPT-2 / OPT: a max_positions × d_model table)
     max_positions: int = 0  # rows of the learned position table
+    attention_window: int = 0  # sliding-window attention: keys a query sees (0: all before it)
+    window_layers: int = 0  # attention layers that use the window (Gemma2: every other; Mistral v0.1: all)
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -210,6 +228,11 @@ class ModelSpec:
         for part in need[self.family]:
             if getattr(self, part) is None:
                 raise MeshplanError(f"model {self.name}: family {self.family} needs a {part} spec")
+        if self.window_layers:
+            _positive(f"model {self.name}", attention_window=self.attention_window)
+            if self.window_layers > self.attention_layers:
+                raise MeshplanError(f"model {self.name}: window_layers ({self.window_layers}) exceeds the "
+                                    f"{self.attention_layers} attention layers")
         if self.family == "hybrid":
             _positive(f"model {self.name}", hybrid_layers=self.hybrid_layers, shared_blocks=self.shared_blocks)
             if self.hybrid_layers > self.layers:
@@ -292,9 +315,16 @@ class ModelSpec:
         every rank of a tensor / TSP axis (never split)."""
         return _norm_params(self, embeddings, scales_only)
 
+    def windowed_share(self, keys: int) -> float:
+        """The share of attention invocations whose window is shorter than `keys`."""
+        if not self.window_layers or self.attention_window >= keys:
+            return 0.0
+        return self.window_layers / self.attention_layers
+
     def _norm_params(self, embeddings: bool, scales_only: bool) -> int:
-        per_kind = {"attention": self.attention.hidden if self.attention else 0,
-                    "mlp": self.mlp.hidden if self.mlp else 0, "mamba2": self.d_model, "mamba1": self.d_model}
+        per_kind = {"attention": self.attention.hidden + self.attention.norm_extra if self.attention else 0,
+                    "mlp": self.mlp.hidden + self.mlp.norm_extra if self.mlp else 0, "mamba2": self.d_model,
+                    "mamba1": self.d_model}
         if self.family == "hybrid":
             blocks = self.layers * self.d_model + self.shared_blocks * (per_kind["attention"] + per_kind["mlp"])
         else:

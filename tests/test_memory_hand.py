@@ -149,8 +149,10 @@ def test_pipeline_first_stage_holds_pp_microbatches():
 
 
 def saved_head_bytes(model, seq):
-    # final norm input + LM head input (bf16, full width) + fp32 rstd, unsplit by TP: 2·2·h + 4 per token.
-    return seq * (2 * 2 * model.d_model + 4)
+    # final norm input + LM head input (bf16, full width) + fp32 rstd, unsplit by TP: 2·2·h + 4 per token;
+    # the loss's fp32 sum of exponentials, int64 target column and bool "in this rank's vocabulary": 13;
+    # the embedding's int64 ids: 8.
+    return seq * (2 * 2 * model.d_model + 4 + 13 + 8)
 
 
 @pytest.mark.parametrize("layout, want", [

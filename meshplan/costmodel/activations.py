@@ -133,8 +133,12 @@ def hybrid_proj_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
 def head_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     """Final norm and the LM head input (once per model, not per layer)."""
     e = opts.nbytes("act_dtype")
+    # The loss keeps, a token, the fp32 sum of exponentials, the target's int64 column and whether this
+    # rank's vocabulary holds it; the embedding its int64 ids (meshplan/executor/layouts/vocab.py). The
+    # fp32 logits it keeps are the logits phase's (memory.memory_per_gpu).
     return [Saved("final_norm_input", e * model.d_model, "hidden"), Saved("final_norm_stats", FP32, "hidden"),
-            Saved("lm_head_input", e * model.d_model, "hidden")]
+            Saved("lm_head_input", e * model.d_model, "hidden"), Saved("loss_stats", FP32 + 8 + 1, "hidden"),
+            Saved("embedding_ids", 8, "hidden")]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -51,11 +51,12 @@ class Comm:
     what: str = ""
     overlap: str = "none"  # none | gemm (TSP ring / broadcast stream) | attention (SP K/V) | backward (grads)
     line: bool = False  # send_recv to the next rank along a line, not a ring: the last rank sends nothing
+    ranks_share: float = 1.0  # the share of the axis's ranks that take part (the pipeline's two ends: 2/pp)
 
     @property
     def share(self) -> float:
-        """Sends per rank, averaged over the group: (n − 1)/n along a line."""
-        return (self.group_size - 1) / self.group_size if self.line else 1.0
+        """Sends per rank, averaged over the group: (n − 1)/n along a line; times the ranks taking part."""
+        return ((self.group_size - 1) / self.group_size if self.line else 1.0) * self.ranks_share
 
     @property
     def bytes_per_rank(self) -> float:

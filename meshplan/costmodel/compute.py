@@ -381,6 +381,15 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
             attn = zigzag_attention_s(model.attention.q_width / head_div, tokens, keys, zigzag, dev)
         else:
             attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
+        windowed = model.windowed_share(keys) if tokens > 1 else 0.0
+        if windowed:
+            # A sliding window of w keys: a query sees min(i, w) of them, w − w²/2s on average over s
+            # positions, instead of s/2; one invocation here is the mean over the window and full layers.
+            w = model.attention_window
+            window_flops = 4 * tokens * (w - w * w / (2 * keys)) * model.attention.q_width / head_div
+            window_s = window_flops / (dev.peak_flops * attention_efficiency(w, sh.token_div > 1, dev))
+            attn = (1 - windowed) * attn + windowed * window_s
+            core_flops = (1 - windowed) * core_flops + windowed * window_flops
         flops += core_flops
     eager = dev.elementwise_factor_mamba2 if kind == "mamba2" else dev.elementwise_factor
     mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * eager / dev.rated_hbm

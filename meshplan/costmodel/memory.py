@@ -353,6 +353,16 @@ def local_params(model: ModelSpec, sh: Sharding, pp: int = 1, stage: str = "only
     return (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) * share
 
 
+def mean_local_params(model: ModelSpec, sh: Sharding, pp: int = 1, embeddings: bool = True) -> float:
+    """A rank's parameters averaged over the pipeline stages (the first holds the embedding, the last
+    the output head — a copy of the embedding when tied — and the final norm): what the executor's
+    ranks hold on average, and what a step's collectives over them move per rank on average."""
+    whole = local_params(model, sh, 1, "only", embeddings)
+    if pp > 1 and embeddings and model.tied_embeddings:
+        whole += model.vocab * model.d_model / sh.weight_div
+    return whole / pp
+
+
 def streamed_block_params(model: ModelSpec, kind: str) -> int:
     """What TSP streams of a block: its weights less the input norm's scale (h elements, applied to the
     rank's own tokens before any GEMM, so every rank keeps a copy)."""
@@ -414,7 +424,10 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     kv_cache = ssm_cache = 0.0
     if not train:
         if model.attention is not None:
-            kv_cache = (model.attention_layers / layout.pp) * batch * seq * 2 * model.attention.kv_width \
+            # Sliding-window layers keep only the window's keys (transformers' sliding-window cache).
+            windowed = model.windowed_share(seq) * model.attention_layers
+            kept = (model.attention_layers - windowed) * seq + windowed * model.attention_window
+            kv_cache = kept / layout.pp * batch * 2 * model.attention.kv_width \
                 * opts.nbytes("kv_cache_dtype") / (sh.token_div * sh.head_div)
         m = model.mamba2 or model.mamba1
         if m is not None:
@@ -476,9 +489,15 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     if not embeddings:
         logits = 0.0
     elif train:
-        logits = 2 * batch * seq * model.vocab * opts.nbytes("logits_dtype") / (sh.token_div * sh.vocab_div)
+        logits = 2 * loss_logits_bytes(model, sh, seq, batch, opts)
     else:
         logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
+    if embeddings and sh.streams_weights:
+        # TSP's head: its column shards travel the ring (the one in hand and the one arriving), and the
+        # backward holds this rank's partial gradient of every shard until the reduce-scatter
+        # (meshplan/executor/layouts/vocab.py, _TSPLogits).
+        matrix = model.vocab * model.d_model
+        logits += 2 * matrix / layout.tsp * p_bytes + (matrix * opts.nbytes("grad_dtype") if train else 0.0)
 
     workspace = BLAS_WORKSPACE_BYTES * (2 if train else 1)
     peer_buffer = int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div)
@@ -547,6 +566,12 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
 def head_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:
     """What the final norm and the LM head save for backward on one rank (activations.head_saved)."""
     return _saved_bytes(head_saved(model, opts), batch * seq, seq, sh, 1)
+
+
+def loss_logits_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:
+    """One copy of a rank's training logits in the loss's dtype (fp32): the exponentials the loss keeps
+    for backward. The logits phase holds two (the logits and their softmax)."""
+    return batch * seq * model.vocab * opts.nbytes("logits_dtype") / (sh.token_div * sh.vocab_div)
 
 
 def boundary_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.layouts import ScheduleContext, Sharding, block_comms, sharding_for
-from meshplan.costmodel.memory import block_params, local_params
+from meshplan.costmodel.memory import block_params, mean_local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.layout import Layout, grad_group
 from meshplan.models import ModelSpec
@@ -62,11 +62,24 @@ def _embedding_comms(ctx: ScheduleContext, training: bool) -> list[Comm]:
     t = layout.tensor_degree
     if t > 1:
         axis = "tpssm" if layout.tpssm > 1 else "tp"
+        # The loss takes every token's logits (training); inference only the last position's.
+        rows = ctx.tokens if training else ctx.batch
+        # A prefill's last position is on one rank of a sequence split: only its tensor group predicts.
+        share = 1 / layout.token_shard_degree if ctx.opts.mode == "prefill" else 1.0
         out += [Comm("all_reduce", axis, ctx.tokens * h * e, t, block="embedding", what="vocab-parallel embedding"),
-                Comm("all_reduce", axis, ctx.tokens * 2 * 4, t, block="logits", what="loss max / sum-exp (fp32)")]
+                Comm("all_reduce", axis, rows * 4, t, block="logits", what="logits row max (fp32)",
+                     ranks_share=share),
+                Comm("all_reduce", axis, rows * (2 if training else 1) * 4, t, block="logits",
+                     what="sum of exponentials" + (" and target logit (fp32)" if training else " (fp32)"),
+                     ranks_share=share)]
         if training:
             out.append(Comm("all_reduce", axis, ctx.tokens * h * e, t, phase="bwd", block="logits",
                             what="LM head input grad"))
+    if training and layout.pp > 1 and model.tied_embeddings:
+        # A tied matrix's two copies, on the first and last stages, sum their gradients once a step.
+        out.append(Comm("all_reduce", "pp_ends", model.vocab * h * ctx.grad_bytes / ctx.sharding.weight_div, 2,
+                        phase="step", block="embedding", what="tied embedding grads (first and last stage)",
+                        ranks_share=2 / layout.pp))
     if layout.tsp > 1:
         d = layout.tsp
         shard = model.vocab * h * ctx.param_bytes / d
@@ -99,10 +112,13 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     once = [replace(c, count=c.count * invocations[kind]) for kind, cs in per_block.items() for c in cs
             if c.phase == "step"]
     per_block = {kind: tuple(c for c in cs if c.phase != "step") for kind, cs in per_block.items()}
-    per_mb = [c for c in _embedding_comms(ctx, training) if keep(c)] if embeddings else []
+    ends = [c for c in _embedding_comms(ctx, training) if keep(c)] if embeddings else []
+    if layout.pp > 1:  # the embedding's on the first stage, the head's on the last: 1/pp of the ranks
+        ends = [c if c.axis == "pp_ends" else replace(c, ranks_share=c.ranks_share / layout.pp) for c in ends]
+    per_mb = [c for c in ends if c.phase != "step"]
     if layout.pp > 1:
         per_mb += _pipeline_comms(ctx, training)
-    per_step: list[Comm] = once
+    per_step: list[Comm] = once + [c for c in ends if c.phase == "step"]
     axis, group = grad_group(layout)
     if training and layout.tsp > 1:
         # TSP keeps the norm scales on every rank; each rank's gradient comes from its own tokens.
@@ -110,7 +126,7 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         per_step.append(Comm("all_reduce", "tsp", norms, layout.tsp, phase="step", block="model",
                              what="norm-scale grads", overlap="backward"))
     if group > 1 and (training or layout.zero == 3):
-        local = local_params(model, sh, layout.pp, "only", embeddings)
+        local = mean_local_params(model, sh, layout.pp, embeddings)
         p_bytes, g_bytes = local * ctx.param_bytes, local * ctx.grad_bytes
         zero = layout.zero if layout.dp > 1 else 0
         # Under pipeline stages the micro-batches' gradients stay sharded only if each micro-batch
@@ -195,10 +211,11 @@ def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int,
     invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}
     per_mb = list(_embedding_comms(ctx, False)) if embeddings else []
     if layout.pp > 1:
+        per_mb = [replace(c, ranks_share=c.ranks_share / layout.pp) for c in per_mb]
         per_mb.append(Comm("send_recv", "pp", batch * model.d_model * ctx.act_bytes, layout.pp, block="model",
                            what="activations to next stage", line=True))
     axis, group = grad_group(layout)
     if layout.zero == 3 and layout.dp > 1 and group > 1:  # every weight gathered for every token
-        p_bytes = local_params(model, sh, layout.pp, "only", embeddings) * ctx.param_bytes
+        p_bytes = mean_local_params(model, sh, layout.pp, embeddings) * ctx.param_bytes
         per_mb.append(Comm("all_gather", axis, p_bytes, group, block="model", what="ZeRO-3 gather params"))
     return StepSchedule(per_block, invocations, tuple(per_mb), (), 1)

@@ -65,6 +65,8 @@ class _Links:
         self.groups["dp"] = place_axis(layout.dp, inner * layout.sp, g)
         self.groups["dp+sp"] = place_axis(layout.dp * layout.sp, inner, g)
         self.groups["pp"] = place_axis(layout.pp, inner * layout.sp * layout.dp, g)
+        # The first and last stages (a tied embedding's two copies).
+        self.groups["pp_ends"] = place_axis(2 if layout.pp > 1 else 1, inner * layout.sp * layout.dp * (layout.pp - 1), g)
         self.cluster = cluster
 
     def time_s(self, c: Comm) -> float:

@@ -69,9 +69,9 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
         strides[name] = acc
         acc *= sizes[name]
 
-    def groups(varying: tuple[str, ...], name: str) -> Axis | None:
-        """Every group of the ranks that differ only in the `varying` axes (innermost first), created
-        here; this process's, as an Axis."""
+    def groups(varying: tuple[str, ...], name: str, pick=lambda ranks: ranks) -> Axis | None:
+        """Every group of the ranks that differ only in the `varying` axes (innermost first; `pick`
+        keeps some of them), created here; this process's, as an Axis."""
         others = [n for n in AXIS_ORDER if n not in varying]
         outer = list(reversed(varying))
         mine = None
@@ -79,6 +79,7 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
             base = sum(c * strides[n] for n, c in zip(others, combo))
             ranks = [members[base + sum(c * strides[n] for n, c in zip(outer, inner))]
                      for inner in itertools.product(*(range(sizes[n]) for n in outer))]
+            ranks = pick(ranks)
             group = dist.new_group(ranks) if len(ranks) > 1 else None
             if me in ranks:
                 mine = Axis(name, len(ranks), ranks.index(me), group, ranks)
@@ -89,6 +90,9 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
         # The merged gradient group of weights SP replicates (the cost model's "dp+sp",
         # meshplan.layout.grad_group).
         axes["dp+sp"] = groups(("sp", "dp"), "dp+sp")
+    if sizes["pp"] > 1:
+        # The first and last pipeline stages, which hold the two ends of a tied embedding.
+        axes["pp_ends"] = groups(("pp",), "pp_ends", lambda ranks: [ranks[0], ranks[-1]])
     if rank < 0:
         return None
     axes[tensor_name] = axes["tensor"]
@@ -98,18 +102,21 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
 
 # -- raw collectives (counted) ------------------------------------------------------------------------
 
-def all_reduce(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
-    return all_reduce_start(mesh, t, axis)()
+def all_reduce(mesh: Mesh, t: torch.Tensor, axis: str, op: str = "sum") -> torch.Tensor:
+    return all_reduce_start(mesh, t, axis, op)()
 
 
-def all_reduce_start(mesh: Mesh, t: torch.Tensor, axis: str):
-    """Begin summing `t` over the axis, in place; returns a function that waits for the sum and returns
-    `t` (so the caller can compute meanwhile)."""
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def all_reduce_start(mesh: Mesh, t: torch.Tensor, axis: str, op: str = "sum"):
+    """Begin reducing `t` over the axis (`op`: sum or max), in place; returns a function that waits for
+    the result and returns `t` (so the caller can compute meanwhile)."""
     ax = mesh.axis(axis)
     if ax.size == 1:
         return lambda: t
     mesh.record("all_reduce", axis, t.numel() * t.element_size())
-    work = dist.all_reduce(t, group=ax.group, async_op=True) if mesh.enabled else None
+    work = dist.all_reduce(t, op=REDUCE_OPS[op], group=ax.group, async_op=True) if mesh.enabled else None
 
     def finish() -> torch.Tensor:
         if work is not None:
@@ -393,6 +400,20 @@ class GatherFromAxis(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return reduce_scatter(ctx.mesh, grad, ctx.axis, ctx.dim), None, None, None
+
+
+class AllToAll(torch.autograd.Function):
+    """all_to_all forward (row j to rank j), and the same backward (each gradient row back to where its
+    row came from)."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis):
+        ctx.mesh, ctx.axis = mesh, axis
+        return all_to_all(mesh, x, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_to_all(ctx.mesh, grad, ctx.axis), None, None
 
 
 class AllReduceBoth(torch.autograd.Function):

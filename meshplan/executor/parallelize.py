@@ -16,26 +16,40 @@ from meshplan.executor.layouts.dense import ParallelDense
 from meshplan.executor.layouts.mamba import ParallelMamba2
 from meshplan.executor.layouts.tsp import TSPDense
 from meshplan.executor.layouts.tsp_mamba import TSPMamba2
+from meshplan.executor.layouts.vocab import ParallelEmbedding, ParallelHead
+from meshplan.executor.model import CausalLM
 from meshplan.executor.pipeline import stage_slice
 from meshplan.executor.zero3 import ShardedWeights
 from meshplan.layout import grad_group, sp_zigzag
 
 
-def token_positions(mesh: Mesh, seq: int, stack: Stack | None = None) -> torch.Tensor:
-    """The positions this rank holds: zigzag under TSP for attention-only stacks (None: any), and under
-    SP where the stack is attention-only and 2Σ divides seq (meshplan.layout.sp_zigzag); contiguous
-    otherwise."""
+def token_positions(mesh: Mesh, seq: int, stack: Stack | None = None, index: int | None = None) -> torch.Tensor:
+    """The positions this rank (or rank `index` of the token axis) holds: zigzag under TSP for
+    attention-only stacks (None: any), and under SP where the stack is attention-only and 2Σ divides
+    seq (meshplan.layout.sp_zigzag); contiguous otherwise."""
     layout = mesh.layout
     if layout.tsp > 1:
+        i = mesh.axis("tsp").rank if index is None else index
         if stack is None or attention_only(stack):
-            return zigzag_tokens(seq, layout.tsp, mesh.axis("tsp").rank)
+            return zigzag_tokens(seq, layout.tsp, i)
         # A Mamba block's recurrence runs along the ranks in order (TSPMamba2, as SP's shards).
-        return contiguous_tokens(seq, layout.tsp, mesh.axis("tsp").rank)
+        return contiguous_tokens(seq, layout.tsp, i)
     if layout.sp > 1:
+        i = mesh.axis("sp").rank if index is None else index
         if stack is not None and sp_zigzag(layout, seq, attention_only(stack)):
-            return zigzag_tokens(seq, layout.sp, mesh.axis("sp").rank)
-        return contiguous_tokens(seq, layout.sp, mesh.axis("sp").rank)
+            return zigzag_tokens(seq, layout.sp, i)
+        return contiguous_tokens(seq, layout.sp, i)
     return torch.arange(seq)
+
+
+def all_token_positions(mesh: Mesh, seq: int, stack: Stack) -> tuple[list[torch.Tensor], int]:
+    """Every rank's positions along the token axis (one entry without a token split), and this rank's index."""
+    layout = mesh.layout
+    axis = "tsp" if layout.tsp > 1 else "sp" if layout.sp > 1 else None
+    if axis is None:
+        return [torch.arange(seq)], 0
+    ax = mesh.axis(axis)
+    return [token_positions(mesh, seq, stack, i) for i in range(ax.size)], ax.rank
 
 
 def attention_only(stack: Stack) -> bool:
@@ -65,6 +79,36 @@ def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False
     return nn.ModuleList(out)
 
 
+def tensor_axis_of(mesh: Mesh) -> str | None:
+    layout = mesh.layout
+    return "tpssm" if layout.tpssm > 1 else "tp" if layout.tp > 1 else None
+
+
+def parallelize_model(ref: CausalLM, mesh: Mesh, seq: int, int8_allreduce: bool = False) -> nn.ModuleList:
+    """The whole model's modules this rank runs, each mapping one tensor to the next: the embedding
+    (first pipeline stage: token ids in), the stage's layers, the head (last stage: the loss, or the
+    next token's log-probabilities, out). A tied matrix stays one Parameter where both ends are on one
+    stage; across stages each end keeps a copy and GradientSync sums their gradients."""
+    pp = mesh.layout.pp
+    stage = mesh.axis("pp").rank if pp > 1 else 0
+    positions, index = all_token_positions(mesh, seq, ref.stack)
+    tensor_axis = tensor_axis_of(mesh)
+    modules = list(parallelize(stage_of(ref.stack, mesh), mesh, seq, int8_allreduce))
+    if stage == 0:
+        modules.insert(0, ParallelEmbedding(ref.embed, mesh, tensor_axis, positions, index))
+    if stage == pp - 1:
+        head = ParallelHead(ref.head, mesh, tensor_axis, positions[index], seq)
+        if pp == 1 and ref.head.weight is ref.embed.weight:
+            head.tie(modules[0])
+        modules.append(head)
+    return nn.ModuleList(modules)
+
+
+def unique_params(layers) -> list:
+    """The parameters of `layers` in order, a tied one once."""
+    return list({id(p): p for layer in layers for p in layer.parameters()}.values())
+
+
 class GradientSync:
     """The gradient reductions of a training step, as DDP overlaps them with the backward.
 
@@ -88,12 +132,16 @@ class GradientSync:
     norm scales over tsp; under ZeRO those weights' reductions over the group wait for these sums (a
     shard of a partial sum cannot be completed afterwards)."""
 
-    def __init__(self, layers: nn.ModuleList, mesh: Mesh, weights: ShardedWeights | None = None):
+    def __init__(self, layers: nn.ModuleList, mesh: Mesh, weights: ShardedWeights | None = None,
+                 tied: bool = False):
         self.layers, self.mesh, self.weights = layers, mesh, weights
         layout = mesh.layout
         self.axis, size = grad_group(layout)
         self.zero = layout.zero if layout.dp > 1 else 0
-        params = [p for layer in reversed(layers) for p in layer.parameters()] if size > 1 else []
+        params = unique_params(reversed(layers)) if size > 1 else []
+        # A tied matrix split over the first and last pipeline stages: the two copies' gradients summed.
+        self.tied = [p for layer in layers if isinstance(layer, (ParallelEmbedding, ParallelHead))
+                     for n, p in layer.named_parameters() if n == "weight"] if mesh.layout.pp > 1 and tied else []
         held = {id(p) for p in self._summed_first()} if self.zero else set()
         self.order = [p for p in params if id(p) not in held]
         self.held = [p for p in params if id(p) in held]
@@ -118,7 +166,7 @@ class GradientSync:
         out = [p for layer in self.layers if isinstance(layer, ParallelMamba2) for p in layer.replicated_grad_params()]
         if self.mesh.layout.tsp > 1:
             out += [p for layer in self.layers for n, p in layer.named_parameters() if n.endswith("norm.weight")]
-        return out
+        return out + self.tied
 
     def _ready(self, p: torch.Tensor) -> None:
         if not self.armed:
@@ -177,6 +225,8 @@ class GradientSync:
         if self.mesh.layout.tsp > 1:  # TSP keeps the norm scales on every rank
             _all_reduce_grads([p for layer in self.layers for n, p in layer.named_parameters()
                                if n.endswith("norm.weight")], self.mesh, "tsp")
+        if self.tied and self.mesh.axis("pp_ends") is not None:
+            _all_reduce_grads(self.tied, self.mesh, "pp_ends")
         for p in self.held:
             self._reduce(p)
         self._wait()

@@ -36,9 +36,12 @@ def through(layers: nn.ModuleList, pipe: Pipeline | None, h: torch.Tensor, call=
 
 
 class Pipeline:
-    def __init__(self, layers: nn.ModuleList, mesh: Mesh, run):
+    def __init__(self, layers: nn.ModuleList, mesh: Mesh, run, like: torch.Tensor | None = None):
         ax = mesh.axis("pp")
         self.layers, self.mesh, self.run = layers, mesh, run  # run(layers, x) -> y: the stage's forward
+        # What a stage receives from the one before (shape, dtype, device), where that is not what the
+        # first stage takes in (the whole model: token ids in, hidden states between the stages).
+        self.like = like
         self.stage, self.stages = ax.rank, ax.size
         self.first, self.last = self.stage == 0, self.stage == self.stages - 1
         self.prev = None if self.first else self.stage - 1
@@ -53,13 +56,16 @@ class Pipeline:
         """One request through every stage (prefill, or with `step` a decode step's per-layer call):
         the last stage's output there, None elsewhere. `x` is the first stage's input and every
         stage's input shape."""
-        h = x if self.first else self._swap(None, None, x, self.prev)
+        h = x if self.first else self._swap(None, None, self._like(x), self.prev)
         for layer in self.layers:
             h = step(layer, h) if step is not None else layer(h)
         if not self.last:
             self._swap(h, self.next, None, None)
             return None
         return h
+
+    def _like(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.like is None else self.like
 
     def train(self, xs: list[torch.Tensor], dys: list[torch.Tensor], sync):
         """One training step over the micro-batches: `xs` the first stage's inputs (and every stage's
@@ -98,9 +104,9 @@ class Pipeline:
             return xs[i] if self.first else received.requires_grad_(True)
 
         for i in range(warmup):
-            out = forward(take(i, self._swap(None, None, xs[i], self.prev)))
+            out = forward(take(i, self._swap(None, None, self._like(xs[i]), self.prev)))
             self._swap(out.detach(), self.next, None, None)
-        inp = take(warmup, self._swap(None, None, xs[warmup], self.prev)) if warmup < m else None
+        inp = take(warmup, self._swap(None, None, self._like(xs[warmup]), self.prev)) if warmup < m else None
         for k in range(m - warmup):
             i = warmup + k
             out = forward(inp)
@@ -109,7 +115,7 @@ class Pipeline:
             if k == m - warmup - 1:
                 self._swap(grad_in, self.prev, None, None)
             else:
-                inp = take(i + 1, self._swap(grad_in, self.prev, xs[i + 1], self.prev))
+                inp = take(i + 1, self._swap(grad_in, self.prev, self._like(xs[i + 1]), self.prev))
         for _ in range(warmup):
             like = held[0][1]
             grad_in = backward(dys[done] if self.last else self._swap(None, None, like, self.next))

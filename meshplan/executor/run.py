@@ -17,15 +17,19 @@ from dataclasses import replace
 
 import torch
 
-from meshplan.costmodel.memory import memory_per_gpu, saved_activation_bytes
+from meshplan.costmodel.layouts import sharding_for
+from meshplan.costmodel.memory import (head_activation_bytes, loss_logits_bytes, memory_per_gpu,
+                                       saved_activation_bytes)
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import Mesh
 from meshplan.executor.optim import make_optimizer
-from meshplan.executor.parallelize import (GradientSync, parallelize, run_layers, shard_weights, stage_of,
-                                           token_positions)
+from meshplan.executor.layouts.vocab import ParallelHead
+from meshplan.executor.model import CausalLM, synthetic_tokens
+from meshplan.executor.parallelize import (GradientSync, parallelize, parallelize_model, run_layers, shard_weights,
+                                           stage_of, token_positions, unique_params)
 from meshplan.executor.pipeline import Pipeline, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
@@ -36,22 +40,30 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, cluster: ClusterSpec | None,
-            act_dtype: str = "bf16", int8_allreduce: bool = False, sp_zigzag: bool = True) -> dict:
-    """`sp_zigzag=False`: as for an executor that split SP contiguously (runs before run 36)."""
+            act_dtype: str = "bf16", int8_allreduce: bool = False, sp_zigzag: bool = True, *,
+            whole: bool = False) -> dict:
+    """`sp_zigzag=False`: as for an executor that split SP contiguously (runs before run 36). `whole`:
+    the whole model (embedding, head, logits and loss), not only its layers."""
     opts = CostOptions(mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce,
                        sp_zigzag=sp_zigzag)
-    mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=False)
+    mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=whole)
+    saved = 0.0
+    if mode == "train":
+        # One micro-batch through this rank's layers (a pipeline stage's share), and the head's.
+        saved = saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0]
+        if whole:  # the last stage's, the fullest (a run reports its fullest rank's)
+            sh = sharding_for(layout, opts)
+            saved += head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts)
     out = {
         "peak_bytes": mem.total_bytes,
         "memory_breakdown": mem.per_gpu_bytes,
-        "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=False).bytes_by_kind_and_axis(
+        "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=whole).bytes_by_kind_and_axis(
             message=True),
-        # One micro-batch through this rank's layers (a pipeline stage's share).
-        "saved_bytes": saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0] if mode == "train"
-        else 0.0,
+        "saved_bytes": saved,
+        "whole_model": whole,
     }
     if cluster is not None:
-        est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=False)
+        est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=whole)
         out.update(step_time_s=est.step_time_s, exposed_comm_s=est.exposed_comm_s, compute_s=est.compute_s)
     return out
 
@@ -119,32 +131,53 @@ def timed(fn, steps: int, cuda: bool) -> list[float]:
 
 def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, steps: int = 5,
             warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True,
-            profile: bool = False, int8_allreduce: bool = False, host_samples: int = 3) -> dict:
-    """Build, shard and run the stack on this rank; returns this rank's measurements. `int8_allreduce`:
-    TP-SSM's block all-reduce in int8 (forward; meshplan.executor.comm.quantized_all_reduce).
-    `host_samples`: times the host's issue time of a step is taken (their median is reported)."""
+            profile: bool = False, int8_allreduce: bool = False, host_samples: int = 3, *, whole: bool = False,
+            tokens: tuple | None = None) -> dict:
+    """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
+    model from token ids to the loss (`tokens`: its (ids, labels), synthetic when None), else the layer
+    stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
+    meshplan.executor.comm.quantized_all_reduce). `host_samples`: times the host's issue time of a
+    step is taken (their median is reported)."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
     torch.manual_seed(1234)  # every rank builds the same reference weights, then keeps its shard
     with torch.device(device):
-        stack = stage_of(Stack(model, model.layers).to(DTYPES[dtype]), mesh)
-        layers = parallelize(stack, mesh, seq, int8_allreduce)
-    del stack
+        if whole:
+            layers = parallelize_model(CausalLM(model).to(DTYPES[dtype]), mesh, seq, int8_allreduce)
+        else:
+            layers = parallelize(stage_of(Stack(model, model.layers).to(DTYPES[dtype]), mesh), mesh, seq,
+                                 int8_allreduce)
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
     t_local = len(token_positions(mesh, seq))
     train = mode == "train"
     gen = torch.Generator(device=device).manual_seed(mesh.rank)
-    x = torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
-    dy = torch.randn(x.shape, dtype=x.dtype, device=device, generator=gen) if train else None
-    x.requires_grad_(train)
-    weights = shard_weights(layers, mesh)  # ZeRO 3
-    sync = GradientSync(layers, mesh, weights) if train else None
-    opt = make_optimizer(layers.parameters(), sync) if train else None
-    # Pipeline stages: the cost model's micro-batches a training step, the same one each (timing only).
-    pipe = Pipeline(layers, mesh, run_layers) if layout.pp > 1 else None
+    hidden = torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
+    head = layers[-1] if isinstance(layers[-1], ParallelHead) else None
     micro = CostOptions().microbatches_for(layout.pp) if train else 1
+    if whole:
+        ids, labels = tokens if tokens is not None else synthetic_tokens(model.vocab, batch, seq, gen, device)
+        x, labels = ids.to(device), labels.to(device)
+        # The loss on the last stage starts the backward; between stages, hidden-state gradients.
+        dy = torch.ones((), dtype=torch.float32, device=device) if train else None
+        if head is not None:
+            head.scale = 1.0 / (micro * batch * seq)
+    else:
+        x = hidden
+        dy = torch.randn(x.shape, dtype=x.dtype, device=device, generator=gen) if train else None
+        x.requires_grad_(train)
+
+    def feed(n: int) -> None:
+        """The labels of the next n training forwards (none: inference predicts the next token)."""
+        if head is not None and whole:
+            head.labels = [labels] * n
+
+    weights = shard_weights(layers, mesh)  # ZeRO 3
+    sync = GradientSync(layers, mesh, weights, tied=whole and model.tied_embeddings) if train else None
+    opt = make_optimizer(unique_params(layers), sync) if train else None
+    # Pipeline stages: the cost model's micro-batches a training step, the same one each (timing only).
+    pipe = Pipeline(layers, mesh, run_layers, like=hidden if whole else None) if layout.pp > 1 else None
     for layer in layers:
         layer.keep_cache = not train
     decode = mode == "decode"
@@ -155,12 +188,19 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
             layer.keep_cache = False
             if hasattr(layer, "share_final_state"):
                 layer.share_final_state()
-        x = torch.randn(batch, 1, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
+        one = torch.randn(batch, 1, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
+        if whole:
+            x = torch.randint(0, model.vocab, (batch, 1), device=device, generator=gen)
+            if pipe is not None:
+                pipe.like = one
+        else:
+            x = one
 
     def step():
         if decode:
             through(layers, pipe, x, lambda layer, h: layer.decode(h))
         elif train:
+            feed(micro)
             if pipe is not None:
                 pipe.train([x] * micro, [dy] * micro, sync)
             else:
@@ -212,9 +252,12 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
 
         result["phases_s"] = profile_step(step, top=profile if isinstance(profile, int) and profile > 1 else 0)
     if train:
-        with count_saved_bytes(list(layers.parameters())) as saved:
-            y = run_layers(layers, x)
-        y.backward(dy)
+        feed(1)
+        first = pipe is None or pipe.first
+        inp = x if first else hidden.detach().clone().requires_grad_()  # a later stage's input alone
+        with count_saved_bytes(unique_params(layers)) as saved:
+            y = run_layers(layers, inp)
+        y.backward(dy if head is not None or not whole else torch.randn_like(y))
         sync.finish()  # the reductions its hooks started
         sync.clear()
         opt.zero_grad()

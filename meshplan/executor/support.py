@@ -12,11 +12,12 @@ from meshplan.layout import Layout
 from meshplan.models import ModelSpec
 
 
-def unsupported(layout: Layout, model: ModelSpec) -> str | None:
-    """Why the executor cannot run `layout` on `model`, in one line naming the field and what it can
-    run instead; None when it can."""
+def unsupported(layout: Layout, model: ModelSpec, whole: bool = True) -> str | None:
+    """Why the executor cannot run `layout` on `model` — the whole model, or with `whole=False` its
+    layer stack alone — in one line naming the field and what it can run instead; None when it can."""
     if model.family not in ("dense", "mamba2"):
-        return f"model: the executor builds dense and Mamba-2 stacks, not {model.family} ({model.name})"
+        return (f"model: the executor builds dense and Mamba-2 models, not {model.family} ({model.name}) in "
+                f"{layout}; `meshplan memory` and `recommend` price it")
     if layout.pp > 1 and model.layers % layout.pp:
         return (f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its "
                 f"divisors")
@@ -41,4 +42,53 @@ def unsupported(layout: Layout, model: ModelSpec) -> str | None:
     if model.family == "mamba2" and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
         return (f"layout: the executor splits Mamba-2's {model.mamba2.ngroups} B/C groups over the tensor axis "
                 f"or replicates one group; {t} does not divide {model.mamba2.ngroups}")
+    return _whole_model(layout, model) if whole else None
+
+
+def _whole_model(layout: Layout, model: ModelSpec) -> str | None:
+    """What the embedding and the head add: even vocabulary or column splits, and a tied matrix that
+    ZeRO 3 does not shard."""
+    t = layout.tpssm if layout.tpssm > 1 else layout.tp
+    if t > 1 and model.vocab % t:
+        return (f"model: vocab {model.vocab} is not divisible by the tensor axis ({t}), which the vocab-parallel "
+                f"embedding splits evenly; pad vocab_size to a multiple of {t}, or run --layers-only")
+    if layout.tsp > 1 and model.d_model % layout.tsp:
+        return (f"layout: tsp={layout.tsp} must divide hidden {model.d_model} (TSP splits the embedding by "
+                f"columns); pick a tsp that divides it, or run --layers-only")
+    if model.tied_embeddings and layout.dp > 1 and layout.zero >= 3:
+        return (f"layout: the executor does not shard {model.name}'s tied embedding for ZeRO 3; execute zero=2 "
+                f"or below, or --layers-only")
+    if model.tied_embeddings and layout.pp > 1 and layout.dp > 1 and layout.zero >= 2:
+        return (f"layout: the executor sums a tied embedding's two pipeline ends once a step, which ZeRO "
+                f"{layout.zero} under pp does not wait for; execute zero=1, or --layers-only")
     return None
+
+
+def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
+    """The model the executor builds — its blocks are pre-RMSNorm attention and (gated or GeLU) MLPs with
+    no biases, over rotary-free full causal attention — and what of `model` that leaves out, named. The
+    run's prediction is made for this model, so that measurement and prediction describe one thing."""
+    from dataclasses import replace
+
+    dropped = []
+    attn, mlp = model.attention, model.mlp
+    if attn is not None and (attn.bias or attn.qkv_bias or (mlp is not None and mlp.bias)):
+        dropped.append("projection biases")
+    if attn is not None and attn.qk_norm:
+        dropped.append("query/key norms")
+    if attn is not None and attn.post_norm:
+        dropped.append("post-block norms")
+    if model.window_layers:
+        dropped.append(f"the sliding window ({model.window_layers} layers of {model.attention_window} keys; "
+                       "run as full causal attention)")
+    if model.norm != "rmsnorm":
+        dropped.append("LayerNorm (run as RMSNorm)")
+    if model.positions == "learned":
+        dropped.append("learned positions")
+    if not dropped:
+        return model, []
+    spec = replace(model, norm="rmsnorm", positions="rotary", max_positions=0, attention_window=0, window_layers=0)
+    if attn is not None:
+        spec = replace(spec, attention=replace(attn, bias=False, qkv_bias=False, qk_norm=0, post_norm=False),
+                       mlp=replace(mlp, bias=False, post_norm=False) if mlp is not None else None)
+    return spec, dropped

@@ -20,7 +20,8 @@ from meshplan.executor.run import (
     predict,
     use_expandable_segments,
 )
-from meshplan.executor.support import unsupported
+from meshplan.executor.model import tokens_from_file
+from meshplan.executor.support import executed_spec, unsupported
 from meshplan.layout import parse_layout, validate_layout, validate_seq
 from meshplan.models import load_model
 from meshplan.topologies.cluster import load_cluster
@@ -41,6 +42,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true", help="record GPU time by kernel category (one extra step)")
     ap.add_argument("--int8-allreduce", action="store_true", help="TP-SSM: int8-quantized block all-reduce")
+    ap.add_argument("--layers-only", action="store_true", help="the layer stack on random hidden states, no "
+                    "embedding, head or loss")
+    ap.add_argument("--tokens", default="", help=".npy of token ids (the whole model; synthetic by default)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -52,11 +56,12 @@ def main(argv=None) -> int:
     if args.layers:
         model = replace(model, layers=args.layers, name=f"{model.name}/{args.layers}L")
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
-    model = replace(model, param_dtype=dtype)
+    model, dropped = executed_spec(replace(model, param_dtype=dtype))
     layout = parse_layout(args.layout)
     validate_layout(layout, model, int(os.environ.get("WORLD_SIZE", "1")))
     validate_seq(layout, args.seq, args.batch)
-    if (reason := unsupported(layout, model)) is not None:
+    whole = not args.layers_only
+    if (reason := unsupported(layout, model, whole)) is not None:
         raise SystemExit(f"error: {reason}")
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -64,12 +69,16 @@ def main(argv=None) -> int:
     rank = dist.get_rank()
     mesh = build_mesh(layout)
     device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else "cpu"
+    tokens = tokens_from_file(args.tokens, model.vocab, args.batch, args.seq) if args.tokens and whole else None
     try:
         mine = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=args.steps, device=device,
                        dtype=dtype, exposed=args.device == "cuda", profile=args.profile,
-                       int8_allreduce=args.int8_allreduce)
-    except torch.cuda.OutOfMemoryError as exc:
-        mine = {"oom": True, "error": str(exc).splitlines()[0]}
+                       int8_allreduce=args.int8_allreduce, whole=whole, tokens=tokens)
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
+        # Triton's kernels and NCCL report an exhausted GPU as a RuntimeError: record it as torch's is.
+        if not isinstance(exc, torch.cuda.OutOfMemoryError) and "out of memory" not in str(exc).lower():
+            raise
+        mine = {"oom": True, "error": str(exc).strip().splitlines()[0]}
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank == 0:
@@ -78,8 +87,9 @@ def main(argv=None) -> int:
         run = {"model": model.name, "layout": str(layout), "seq": args.seq, "batch": args.batch, "mode": args.mode,
                "device": args.device, "dtype": dtype, "world": layout.world_size, "layers": model.layers,
                "int8_allreduce": args.int8_allreduce,
+               "whole_model": whole, "not_executed": dropped,
                "predicted": predict(model, layout, args.seq, args.batch, args.mode, cluster, act_dtype=act,
-                                    int8_allreduce=args.int8_allreduce),
+                                    int8_allreduce=args.int8_allreduce, whole=whole),
                "measured": combine_ranks(gathered), "per_rank": gathered, "environment": environment(),
                "oom": any(r and r.get("oom") for r in gathered)}
         if run["oom"]:

@@ -1,0 +1,3 @@
+from meshplan.cli import main
+
+main()

@@ -1,0 +1,154 @@
+"""One rank's check of the whole model (tokens → loss) on a layout against the single-process float64
+reference (meshplan.executor.model.CausalLM, torch's own cross-entropy over all the logits): the
+loss, every weight's gradient (embedding and head included) and the optimizer step; the next token's
+log-probabilities after a prefill and after each decoded token; collective bytes against the cost
+model's schedule with its embedding and loss terms; saved activations against the memory model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from meshplan.costmodel.layouts import sharding_for
+from meshplan.costmodel.memory import head_activation_bytes, loss_logits_bytes, saved_activation_bytes
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.schedule import step_schedule
+from meshplan.executor.check import _max_rel_err, _mine, _slice_of
+from meshplan.executor.comm import build_mesh
+from meshplan.executor.layouts.vocab import ParallelHead
+from meshplan.executor.model import CausalLM, synthetic_tokens
+from meshplan.executor.optim import MixedAdam, make_optimizer
+from meshplan.executor.parallelize import GradientSync, parallelize_model, run_layers, shard_weights, unique_params
+from meshplan.executor.pipeline import Pipeline, stage_slice, through
+from meshplan.executor.saved import count_saved_bytes
+from meshplan.layout import Layout
+from meshplan.models import ModelSpec
+
+DECODE_STEPS = 3
+
+
+def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int):
+    """The reference, this rank's modules (cut from a model built with the same weights), the
+    reference modules they come from, and the pipeline (None without pp)."""
+    torch.manual_seed(0)
+    ref = CausalLM(model).double()
+    mesh = build_mesh(layout)
+    torch.manual_seed(0)
+    mods = parallelize_model(CausalLM(model).double(), mesh, seq)
+    pp = layout.pp
+    stage = mesh.axis("pp").rank if pp > 1 else 0
+    ref_mods = list(ref.stack.layers)[stage_slice(model.layers, pp, stage) if pp > 1 else slice(None)]
+    ref_mods = ([ref.embed] if stage == 0 else []) + ref_mods + ([ref.head] if stage == pp - 1 else [])
+    like = torch.empty(batch, t_local, model.d_model, dtype=torch.float64)
+    pipe = Pipeline(mods, mesh, run_layers, like=like) if pp > 1 else None
+    return ref, mesh, mods, ref_mods, pipe
+
+
+def _predicted_counts(model, layout, seq, batch, opts) -> dict:
+    # Every float the run moves is float64: twice the fp32 prediction.
+    return {k: 2 * v for k, v in step_schedule(model, layout, seq, batch, opts).bytes_by_kind_and_axis(
+        message=True).items()}
+
+
+def check_model(rank: int, world: int, model: ModelSpec, layout: Layout, seq: int, batch: int,
+                mode: str = "train") -> dict:
+    model = replace(model, param_dtype="fp32")
+    opts = CostOptions(mode=mode, act_dtype="fp32", grad_dtype="fp32")
+    if mode == "decode":
+        return _check_decode(rank, model, layout, seq, batch, opts)
+    train = mode == "train"
+    m = opts.microbatches_for(layout.pp) if train else 1
+    tokens, labels = synthetic_tokens(model.vocab, m * batch, seq, torch.Generator().manual_seed(1))
+    ref, mesh, mods, ref_mods, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree)
+    head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
+    mb = [slice(i * batch, (i + 1) * batch) for i in range(m)]
+    result: dict = {"rank": rank}
+    if train:
+        ref_losses = ref.token_losses(tokens, labels)
+        ref_losses.mean().backward()
+        weights = shard_weights(mods, mesh)
+        sync = GradientSync(mods, mesh, weights, tied=model.tied_embeddings)
+        params = unique_params(mods)
+        if head is not None:
+            head.scale = 1.0 / (m * batch * seq)
+        if pipe is None:
+            head.labels = [labels[mb[0]]]
+            with count_saved_bytes(params) as saved:
+                loss = run_layers(mods, tokens[mb[0]])
+            loss.backward()
+            losses = [loss.detach()]
+        else:
+            # One micro-batch through this stage on its own, for its saved bytes (not the step's traffic).
+            inp = tokens[mb[0]] if pipe.first else pipe.like.clone().normal_().requires_grad_()
+            if head is not None:
+                head.labels = [labels[mb[0]]]
+            with count_saved_bytes(params) as saved:
+                run_layers(mods, inp)
+            mesh.reset_counts()
+            if head is not None:
+                head.labels = [labels[s] for s in mb]
+            ones = [torch.ones((), dtype=torch.float64)] * m
+            _, losses = pipe.train([tokens[s] for s in mb], ones, sync)
+        sync.finish()
+        if head is not None:
+            want = ref_losses.detach()[:, head.positions].sum() / (m * batch * seq)
+            result["loss_err"] = abs(float(sum(losses)) - float(want))
+        result["saved_bytes"] = saved["bytes"]
+        result["max_weight_grad_rel_err"] = _max_rel_err(mods, ref_mods, lambda p, want, grad: (
+            _mine(sync, p, p.grad), _mine(sync, p, grad)))
+        if sync.zero:
+            make_optimizer(mods.parameters(), sync).step()
+            MixedAdam(ref.parameters()).step()
+            result["max_weight_after_step_rel_err"] = _max_rel_err(mods, ref_mods, lambda p, want, grad: (
+                (weights.shard(p), _slice_of(sync, want)) if weights else (p, want)))
+        sh = sharding_for(layout, opts)
+        layers_saved = saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0]
+        ends = head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts) \
+            if head is not None else 0.0
+        result["predicted_saved_bytes"] = 2 * (layers_saved + ends)
+    else:
+        shard_weights(mods, mesh)
+        with torch.no_grad():
+            got = through(mods, pipe, tokens)
+            want = ref.next_token_logprobs(tokens)
+        result["max_out_err"] = _logprob_err(got, want, head)
+    result["counts"] = dict(mesh.counts)
+    result["predicted_counts"] = _predicted_counts(model, layout, seq, batch, opts)
+    return result
+
+
+def _logprob_err(got, want, head) -> float:
+    """Largest difference between a rank's log-probabilities (its vocabulary slice; none on a rank
+    that holds no last position) and the reference's."""
+    if head is None or got is None or got.numel() == 0:
+        return 0.0
+    return (got - want[:, head.start:head.start + got.shape[-1]]).abs().max().item()
+
+
+def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions) -> dict:
+    """Prefill `seq` tokens, then decode DECODE_STEPS more one at a time; each step's log-probabilities
+    against the reference's over all the tokens so far."""
+    tokens, _ = synthetic_tokens(model.vocab, batch, seq + DECODE_STEPS, torch.Generator().manual_seed(1))
+    ref, mesh, mods, _, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree)
+    head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
+    shard_weights(mods, mesh)
+    for mod in mods:
+        mod.keep_cache = True
+    with torch.no_grad():
+        through(mods, pipe, tokens[:, :seq])
+    for mod in mods:
+        mod.keep_cache = False
+        if hasattr(mod, "share_final_state"):
+            mod.share_final_state()
+    if pipe is not None:
+        pipe.like = torch.empty(batch, 1, model.d_model, dtype=torch.float64)
+    mesh.reset_counts()
+    errs = []
+    with torch.no_grad():
+        for i in range(DECODE_STEPS):
+            got = through(mods, pipe, tokens[:, seq + i:seq + i + 1], lambda mod, h: mod.decode(h))
+            errs.append(_logprob_err(got, ref.next_token_logprobs(tokens[:, :seq + i + 1]), head))
+    return {"rank": rank, "max_out_err": max(errs),
+            "counts": {k: v / DECODE_STEPS for k, v in mesh.counts.items()},
+            "predicted_counts": _predicted_counts(model, layout, seq, batch, opts)}
