@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--mode", default="train")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--whole", action="store_true", help="the whole model: embedding, head, logits and loss")
     args = ap.parse_args()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", timeout=timedelta(seconds=300))
@@ -84,12 +85,13 @@ def main() -> int:
         if mesh is not None:
             torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
             m = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=1, warmup=1,
-                        device=f"cuda:{torch.cuda.current_device()}", exposed=False)
+                        device=f"cuda:{torch.cuda.current_device()}", exposed=False, whole=args.whole)
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             trace = snap["device_traces"][torch.cuda.current_device()]
             peak, by_site, peak_site = live_at_peak(trace)
-            entry = {"layout": str(layout), "seq": args.seq, "mode": args.mode, "max_memory_allocated": m["peak_bytes"],
+            entry = {"layout": str(layout), "seq": args.seq, "mode": args.mode, "whole_model": args.whole,
+                     "step_time_s": m["step_time_s"], "max_memory_allocated": m["peak_bytes"],
                      "replayed_peak": peak, "peak_reached_at": peak_site, "trace_events": len(trace),
                      "live_at_peak_by_site": dict(list(by_site.items())[:args.top])}
             torch.cuda.empty_cache()
@@ -97,9 +99,11 @@ def main() -> int:
         dist.gather_object(entry, got, dst=0)
         if rank == 0:
             entry = got[0]
-            entry["predicted"] = predict(model, layout, args.seq, args.batch, args.mode, None)["memory_breakdown"]
+            pred = predict(model, layout, args.seq, args.batch, args.mode, None, whole=args.whole)
+            entry["predicted"], entry["predicted_peak"] = pred["memory_breakdown"], pred["peak_bytes"]
             results.append(entry)
-            print(f"{entry['layout']} s={args.seq}: max allocated {entry['max_memory_allocated'] / 2**30:.2f} GiB, "
+            print(f"{entry['layout']} s={args.seq}: max allocated {entry['max_memory_allocated'] / 2**30:.2f} GiB "
+                  f"(predicted {entry['predicted_peak'] / 2**30:.2f}), "
                   f"replayed peak {entry['replayed_peak'] / 2**30:.2f} GiB, reached at {entry['peak_reached_at']}", flush=True)
             for site, b in entry["live_at_peak_by_site"].items():
                 print(f"   {b / 2**30:8.3f} GiB  {site}", flush=True)
