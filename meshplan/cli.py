@@ -559,6 +559,10 @@ def run_summary(run: dict) -> str:
     """One line of what a run measured (step time, peak memory a rank, bytes a rank's collectives moved
     a step) beside what the model predicted."""
     m, p = run["measured"], run["predicted"]
+    head = f"{run['model']} · {run['layout']} · {run['mode']}: "
+    if run.get("oom") or "step_time_s" not in m:
+        what = "out of memory" if run.get("oom") else "failed"
+        return head + f"{what} ({m.get('error', 'no measurement')[:120]}); predicted peak {fmt_bytes(p['peak_bytes'])} a rank"
     parts = [f"step {_fmt_s(m['step_time_s'])}" + (f" (predicted {_fmt_s(p['step_time_s'])})"
                                                    if p.get("step_time_s") else "")]
     if m.get("peak_bytes"):

@@ -489,7 +489,14 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     if not embeddings:
         logits = 0.0
     elif train:
-        logits = 2 * loss_logits_bytes(model, sh, seq, batch, opts)
+        # The head's GEMM writes the logits in the activation dtype; the loss takes an fp32 copy, which it
+        # turns into exponentials in place and keeps for backward, whose gradient it becomes in place
+        # (Megatron's vocab-parallel cross-entropy; meshplan/executor/layouts/vocab.py). Measured on one
+        # H200, the whole model's peak is there, with these two copies live (4 + 2 bytes a logit:
+        # benchmarks/results/memory-peak-whole-*-h200.json); counting two fp32 copies over-predicted
+        # those peaks by 7-26%.
+        logits = loss_logits_bytes(model, sh, seq, batch, opts) * (1 + opts.nbytes("act_dtype")
+                                                                   / opts.nbytes("logits_dtype"))
     else:
         logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
     if embeddings and sh.streams_weights:
@@ -570,7 +577,7 @@ def head_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, 
 
 def loss_logits_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:
     """One copy of a rank's training logits in the loss's dtype (fp32): the exponentials the loss keeps
-    for backward. The logits phase holds two (the logits and their softmax)."""
+    for backward. The logits phase holds these and the GEMM's logits in the activation dtype."""
     return batch * seq * model.vocab * opts.nbytes("logits_dtype") / (sh.token_div * sh.vocab_div)
 
 
