@@ -591,7 +591,8 @@ def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
     if as_json:
         _print_json({"run": path, "tolerance": tolerance, "ok": ok, "rows": rows})
     else:
-        table = Table(title=f"{run['model']} · {run['layout']} · {run['mode']} · seq {run['seq']} · {run['device']}")
+        what = {True: " · whole model", False: " · layers only"}.get(run.get("whole_model"), "")
+        table = Table(title=f"{run['model']} · {run['layout']} · {run['mode']} · seq {run['seq']} · {run['device']}{what}")
         for col in ("quantity", "predicted", "measured", "error", "ok"):
             table.add_column(col, justify="left" if col == "quantity" else "right")
         for r in rows:

@@ -145,3 +145,47 @@ def test_recommend_when_nothing_fits_says_why_without_an_empty_table():
     assert "layout" not in r.output  # no table header with no rows under it
     r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k", *pinned)
     assert "layout" in r.output and "tsp=8" in r.output
+
+
+def test_python_m_meshplan_runs_the_cli():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "meshplan", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "recommend" in proc.stdout
+
+
+def test_files_into_missing_folders_and_a_missing_gpu_are_one_line_errors(tmp_path):
+    r = runner.invoke(app, ["memory", "--model", "dense-7b", "--layout", "tp=8", "--seq", "4k",
+                            "--plot", str(tmp_path / "nowhere" / "m.png")])
+    assert r.exit_code == 2 and "--plot: folder" in r.output and len(r.output.strip().splitlines()) == 1
+    import torch
+
+    if not torch.cuda.is_available():
+        r = runner.invoke(app, ["execute", "--model", "dense-7b", "--layers", "2", "--layout", "tp=2", "--seq", "1k",
+                                "--nproc", "2", "--device", "cuda"])
+        assert r.exit_code == 2 and "no GPU is visible" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_execute_runs_the_whole_model_from_a_token_file(tmp_path):
+    import numpy as np
+    import pytest
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 1,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+                                  "vocab_size": 50}))
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.arange(2 * 17) % 50)
+    out = tmp_path / "run.json"
+    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "single", "--seq", "16", "--batch", "2",
+                            "--nproc", "1", "--steps", "1", "--tokens", str(ids), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    run = json.loads(out.read_text())
+    assert run["whole_model"] and run["not_executed"] == ["projection biases"]
+    assert run["measured"]["saved_bytes"] == pytest.approx(run["predicted"]["saved_bytes"], rel=0.05)
+    bad = tmp_path / "short.npy"
+    np.save(bad, np.arange(5))
+    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "single", "--seq", "16", "--nproc", "1",
+                            "--tokens", str(bad), "--out", str(out)])
+    assert r.exit_code == 2 and "--tokens:" in r.output and "needs 17" in r.output
