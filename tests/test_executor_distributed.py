@@ -4,11 +4,9 @@ outputs, input gradients and each rank's weight-gradient shard; counted collecti
 the cost model's schedule, per kind and axis; saved activations within 5% of the memory model.
 One spawn per (family, world size) runs all its layouts, bounded by a timeout."""
 
-from collections import defaultdict
-
 import pytest
 
-from meshplan.executor.check import check_layout
+from meshplan.executor.check import check_layout, mean_counts
 from meshplan.executor.distributed import run_distributed
 from meshplan.layout import grad_group, parse_layout
 from meshplan.models import dense, mamba2
@@ -61,14 +59,11 @@ def test_layouts_match_single_process_and_the_cost_model(family, world):
                     later = r["grad_reductions_of_later_layers"]
                     assert (later > 0) == (grad_group(parse_layout(text))[1] > 1), (text, r)
                     assert r["grad_reductions_before_input_grad"] >= later, (text, r)
-        counted = defaultdict(float)
-        for r in results:
-            for key, value in r["counts"].items():
-                counted[key] += value / len(results)
+        counted = mean_counts(results)
         predicted = results[0]["predicted_counts"]
-        assert set(counted) == set(predicted), (text, mode, dict(counted), predicted)
+        assert set(counted) == set(predicted), (text, mode, counted, predicted)
         for key, value in predicted.items():
-            assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, dict(counted), predicted)
+            assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, counted, predicted)
 
 
 def _int8_case(rank, world, model):
@@ -84,11 +79,8 @@ def test_tpssm_int8_allreduce_is_close_and_moves_what_the_model_says():
         for r in results:
             # int8 with a scale per 128 values: ~1/254 of each group's largest value per rounding, twice.
             assert r["max_out_rel_err"] < 3e-2, r
-        counted = defaultdict(float)
-        for r in results:
-            for key, value in r["counts"].items():
-                counted[key] += value / len(results)
-        assert dict(counted) == pytest.approx(results[0]["predicted_counts"], rel=1e-12)
+        counted = mean_counts(results)
+        assert counted == pytest.approx(results[0]["predicted_counts"], rel=1e-12)
         # Two ranks: the int8 tensors are all-gathered and summed, with no all-to-all.
         assert "all_gather/tpssm" in counted and "all_to_all/tpssm" not in counted
 

@@ -5,10 +5,9 @@ step, the next token's log-probabilities after a prefill and each decoded token;
 equal to the cost model's schedule with its embedding and loss terms, per kind and axis; the saved
 activations within 5% of the memory model's (layers, head and the loss's fp32 logits)."""
 
-from collections import defaultdict
-
 import pytest
 
+from meshplan.executor.check import mean_counts
 from meshplan.executor.check_model import check_model
 from meshplan.executor.distributed import run_distributed
 from meshplan.layout import parse_layout
@@ -50,11 +49,8 @@ def test_whole_model_matches_single_process_and_the_cost_model(family, world):
                 assert r["max_out_err"] < 1e-10, (text, mode, r)
         # The loss was checked on every rank that holds the head (one per pipeline).
         assert sum("loss_err" in r for r in results) >= (world // parse_layout(text).pp if mode == "train" else 0)
-        counted = defaultdict(float)
-        for r in results:
-            for key, value in r["counts"].items():
-                counted[key] += value / len(results)
+        counted = mean_counts(results)
         predicted = results[0]["predicted_counts"]
-        assert set(counted) == set(predicted), (text, mode, dict(counted), predicted)
+        assert set(counted) == set(predicted), (text, mode, counted, predicted)
         for key, value in predicted.items():
-            assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, dict(counted), predicted)
+            assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, counted, predicted)

@@ -91,7 +91,8 @@ def _embedding_comms(ctx: ScheduleContext, training: bool) -> list[Comm]:
         if training:
             out.append(Comm("reduce_scatter", "tsp", model.vocab * h * ctx.grad_bytes, d, phase="bwd", block="logits",
                             what="LM head grad reduce-scatter", overlap="backward"))
-    return out
+    # The embedding runs on the first stage and the head on the last: each on 1/pp of the ranks.
+    return [c if c.axis == "pp_ends" else replace(c, ranks_share=c.ranks_share / layout.pp) for c in out]
 
 
 def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
@@ -113,8 +114,6 @@ def step_schedule(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
             if c.phase == "step"]
     per_block = {kind: tuple(c for c in cs if c.phase != "step") for kind, cs in per_block.items()}
     ends = [c for c in _embedding_comms(ctx, training) if keep(c)] if embeddings else []
-    if layout.pp > 1:  # the embedding's on the first stage, the head's on the last: 1/pp of the ranks
-        ends = [c if c.axis == "pp_ends" else replace(c, ranks_share=c.ranks_share / layout.pp) for c in ends]
     per_mb = [c for c in ends if c.phase != "step"]
     if layout.pp > 1:
         per_mb += _pipeline_comms(ctx, training)
@@ -211,7 +210,6 @@ def _decode_schedule(model: ModelSpec, layout: Layout, context: int, batch: int,
     invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}
     per_mb = list(_embedding_comms(ctx, False)) if embeddings else []
     if layout.pp > 1:
-        per_mb = [replace(c, ranks_share=c.ranks_share / layout.pp) for c in per_mb]
         per_mb.append(Comm("send_recv", "pp", batch * model.d_model * ctx.act_bytes, layout.pp, block="model",
                            what="activations to next stage", line=True))
     axis, group = grad_group(layout)

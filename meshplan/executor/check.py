@@ -4,6 +4,8 @@ against the memory model."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 
 from meshplan.costmodel.memory import saved_activation_bytes
@@ -18,6 +20,16 @@ from meshplan.executor.pipeline import Pipeline, stage_slice, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
+
+
+def mean_counts(results: list[dict]) -> dict[str, float]:
+    """Each rank's counted bytes ("counts", by kind/axis) averaged over the ranks: what the cost model's
+    per-rank schedule predicts."""
+    out: dict[str, float] = defaultdict(float)
+    for r in results:
+        for key, value in r["counts"].items():
+            out[key] += value / len(results)
+    return dict(out)
 
 
 def _mine(sync: GradientSync, p, whole):

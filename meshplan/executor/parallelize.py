@@ -58,7 +58,7 @@ def attention_only(stack: Stack) -> bool:
 
 def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False) -> nn.ModuleList:
     layout = mesh.layout
-    tensor_axis = "tpssm" if layout.tpssm > 1 else "tp" if layout.tp > 1 else None
+    tensor_axis = tensor_axis_of(mesh)
     seq_axis = "sp" if layout.sp > 1 else None
     positions = token_positions(mesh, seq, stack)
     zigzag = sp_zigzag(layout, seq, attention_only(stack))

@@ -153,7 +153,10 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     t_local = len(token_positions(mesh, seq))
     train = mode == "train"
     gen = torch.Generator(device=device).manual_seed(mesh.rank)
-    hidden = torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
+    # Hidden states: the stack's input; for the whole model, what a later pipeline stage receives (none
+    # without pp, where an unused tensor of the sequence's width would count in the measured peak).
+    hidden = torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen) \
+        if not whole or layout.pp > 1 else None
     head = layers[-1] if isinstance(layers[-1], ParallelHead) else None
     micro = CostOptions().microbatches_for(layout.pp) if train else 1
     if whole:
@@ -170,7 +173,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
 
     def feed(n: int) -> None:
         """The labels of the next n training forwards (none: inference predicts the next token)."""
-        if head is not None and whole:
+        if head is not None:
             head.labels = [labels] * n
 
     weights = shard_weights(layers, mesh)  # ZeRO 3

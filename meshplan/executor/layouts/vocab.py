@@ -126,6 +126,25 @@ class _TSPLogits(torch.autograd.Function):
         return dx, reduce_scatter(ctx.mesh, partial, "tsp", 1), None
 
 
+def take_vocab_matrix(module: Sharded, ref, mesh: Mesh, tensor_axis: str | None) -> int:
+    """Give `module` its share of the reference's vocab × hidden `weight` — 1/D of the columns under TSP,
+    1/T of the rows (vocabulary ids) on a tensor axis, all of it otherwise — and return the first
+    vocabulary id it holds."""
+    vocab, hidden = ref.weight.shape
+    if mesh.layout.tsp > 1:
+        ax = mesh.axis("tsp")
+        c = hidden // ax.size
+        module.take("weight", ref, "weight", 1, rows(ax.rank * c, c))
+        return 0
+    if tensor_axis:
+        ax = mesh.axis(tensor_axis)
+        n = vocab // ax.size
+        module.take("weight", ref, "weight", 0, rows(ax.rank * n, n))
+        return ax.rank * n
+    module.take("weight", ref, "weight")
+    return 0
+
+
 class ParallelEmbedding(Sharded):
     """`positions[i]`: the positions rank i of the token axis holds (one entry without a token split);
     `index`: this rank's."""
@@ -136,18 +155,7 @@ class ParallelEmbedding(Sharded):
         self.mesh, self.tensor_axis = mesh, tensor_axis
         self.columns = mesh.layout.tsp > 1
         self.positions, self.all_positions = positions[index], positions
-        vocab, hidden = ref.weight.shape
-        if self.columns:
-            ax = mesh.axis("tsp")
-            c = hidden // ax.size
-            self.take("weight", ref, "weight", 1, rows(ax.rank * c, c))
-        elif tensor_axis:
-            ax = mesh.axis(tensor_axis)
-            n = vocab // ax.size
-            self.start = ax.rank * n
-            self.take("weight", ref, "weight", 0, rows(self.start, n))
-        else:
-            self.take("weight", ref, "weight")
+        self.start = take_vocab_matrix(self, ref, mesh, tensor_axis)
 
     def forward(self, tokens: torch.Tensor, decode: bool = False) -> torch.Tensor:
         """tokens (b, s): every position of the sequences (decode: the one new token, on every rank)."""
@@ -183,19 +191,7 @@ class ParallelHead(Sharded):
         self.final_norm = RMSNorm(ref.final_norm.weight.numel())
         del self.final_norm.weight
         self.take("final_norm.weight", ref, "final_norm.weight")
-        vocab, hidden = ref.weight.shape
-        self.start = 0
-        if self.columns:
-            ax = mesh.axis("tsp")
-            c = hidden // ax.size
-            self.take("weight", ref, "weight", 1, rows(ax.rank * c, c))
-        elif tensor_axis:
-            ax = mesh.axis(tensor_axis)
-            n = vocab // ax.size
-            self.start = ax.rank * n
-            self.take("weight", ref, "weight", 0, rows(self.start, n))
-        else:
-            self.take("weight", ref, "weight")
+        self.start = take_vocab_matrix(self, ref, mesh, tensor_axis)
         self.labels: list[torch.Tensor] = []  # (b, s) labels of the next training forwards, in order
         self.scale = 1.0
 
