@@ -451,6 +451,9 @@ def execute(
                                      "no embedding, LM head or loss (how docs/validation.md's 1-4 GPU runs were made)."),
     tokens_file: Optional[str] = typer.Option(None, "--tokens", help=".npy of token ids to train on (the whole "
                                               "model; synthetic ids by default)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="A local HF safetensors checkpoint folder (llama, "
+                                          "mistral, phi3, mamba2): each rank reads its shard; the run records the "
+                                          "first batch's loss. Random weights by default."),
     nnodes: int = typer.Option(1, "--nnodes"),
     node_rank: int = typer.Option(0, "--node-rank"),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
@@ -492,6 +495,8 @@ def execute(
         err_console.print(f"note: the executor runs {spec.name} without {', '.join(dropped)}; the prediction it "
                           f"is compared with leaves them out too")
     _check_folder("--out", out)
+    if weights:
+        _check_weights(weights, model, spec, dropped, layers, layers_only)
     if tokens_file:
         if layers_only:
             raise MeshplanError("--tokens: the layer stack runs on hidden states; drop --layers-only to train on tokens")
@@ -516,6 +521,8 @@ def execute(
         cmd.append("--layers-only")
     if tokens_file:
         cmd += ["--tokens", tokens_file]
+    if weights:
+        cmd += ["--weights", weights]
     if do_profile:
         cmd.append("--profile")
     if int8_allreduce:
@@ -537,6 +544,25 @@ def execute(
     console.print(f"wrote {out}" + ("" if do_compare else f"; `meshplan compare {out}` sets it against the prediction"))
     if do_compare:
         _compare_file(out, tolerance, False)
+
+
+def _check_weights(folder: str, model: str, spec, dropped: list, layers: int, layers_only: bool) -> None:
+    """A checkpoint the workers can load into `spec`, or one line saying why not."""
+    from dataclasses import replace
+
+    from meshplan.executor.checkpoint import Checkpoint
+    from meshplan.models import load_model
+
+    if layers_only or layers:
+        raise MeshplanError("--weights: a checkpoint runs as the whole model; drop --layers-only and --layers")
+    if dropped:
+        raise MeshplanError(f"--weights: the executor would run this checkpoint without {', '.join(dropped)}, so its "
+                            f"loss would not be the model's; run it without --weights")
+    Checkpoint(folder)  # config and files readable, model_type and settings the executor runs
+    own = load_model(folder)
+    if replace(own, name="", source="") != replace(load_model(model), name="", source=""):
+        raise MeshplanError(f"--weights: {folder}/config.json describes another model than --model {model}; "
+                            f"give --model {folder}")
 
 
 def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: bool) -> None:
@@ -569,6 +595,8 @@ def run_summary(run: dict) -> str:
         parts.append(f"peak {fmt_bytes(m['peak_bytes'])} a rank (predicted {fmt_bytes(p['peak_bytes'])})")
     moved, want = sum(m.get("comm_bytes", {}).values()), sum(p.get("comm_bytes", {}).values())
     parts.append(f"{fmt_bytes(moved)} moved a rank a step (predicted {fmt_bytes(want)})")
+    if m.get("loss") is not None:
+        parts.append(f"first-batch loss {m['loss']:.4f}" + (" (checkpoint weights)" if run.get("weights") else ""))
     return f"{run['model']} · {run['layout']} · {run['mode']}: " + ", ".join(parts)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError, read_json
-from meshplan.models import AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, dense
+from meshplan.models import AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, RopeSpec, dense
 
 
 class _Fields:
@@ -74,7 +74,38 @@ def _llama(f: _Fields, name: str, *, qkv_bias: bool = False, qk_norm: str = "", 
         window = f.as_whole("sliding_window", window)
     else:
         window, window_layers = 0, 0
-    return replace(spec, attention=attention, mlp=mlp, attention_window=window, window_layers=window_layers)
+    return replace(spec, attention=attention, mlp=mlp, attention_window=window, window_layers=window_layers,
+                   rope=_rope(f), norm_eps=_eps(f, "rms_norm_eps"))
+
+
+def _rope(f: _Fields) -> RopeSpec:
+    """rope_theta and rope_scaling (transformers 4) or rope_parameters (transformers 5, which writes
+    both there)."""
+    params = f.raw.get("rope_parameters") or {}
+    scaling = f.raw.get("rope_scaling") or {}
+    if not isinstance(params, dict) or not isinstance(scaling, dict):
+        raise MeshplanError(f"{f.where}: rope_parameters / rope_scaling must be JSON objects")
+    merged = {**scaling, **params}
+    theta = merged.get("rope_theta", f.get("rope_theta", 10000.0))
+    kind = merged.get("rope_type", merged.get("type", "default"))
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise MeshplanError(f"{f.where}: rope_theta must be a positive number, got {theta!r}")
+    defaults = RopeSpec()
+    return RopeSpec(theta=float(theta), kind=str(kind), factor=float(merged.get("factor", 1.0)),
+                    low_freq_factor=float(merged.get("low_freq_factor", defaults.low_freq_factor)),
+                    high_freq_factor=float(merged.get("high_freq_factor", defaults.high_freq_factor)),
+                    original_max_positions=int(merged.get("original_max_position_embeddings",
+                                                          defaults.original_max_positions)))
+
+
+def _eps(f: _Fields, *names: str) -> float:
+    for name in names:
+        value = f.raw.get(name)
+        if value is not None:
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+                raise MeshplanError(f"{f.where}: {name} must be a small non-negative number, got {value!r}")
+            return float(value)
+    return 1e-5
 
 
 def _layer_types(f: _Fields, layers: int) -> int | None:
@@ -200,7 +231,7 @@ def _mamba2(f: _Fields, name: str) -> ModelSpec:
                             f"({spec.expand} · {hidden} / {spec.headdim} = {spec.nheads}); fix one of them")
     return ModelSpec(name=name, family="mamba2", d_model=hidden, layers=f.whole("num_hidden_layers"),
                      vocab=f.whole("vocab_size"), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
-                     mamba2=spec, source=f.where)
+                     mamba2=spec, norm_eps=_eps(f, "layer_norm_epsilon"), source=f.where)
 
 
 def _zamba2(f: _Fields, name: str) -> ModelSpec:

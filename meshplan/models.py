@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.errors import MeshplanError
 
@@ -28,6 +28,23 @@ def _positive(owner: str, **values: int) -> None:
     for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise MeshplanError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary position frequencies (transformers' rope_theta and rope_scaling / rope_parameters). They
+    change no cost; the executor's rotary embedding uses them, so loaded weights give the model's loss.
+    `kind`: "default"; "linear" (positions / factor); "llama3" (Llama 3.1's low / high frequency
+    bands, transformers' _compute_llama3_parameters); any other kind is priced and not executed."""
+
+    theta: float = 10000.0
+    kind: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    EXECUTED = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
@@ -206,6 +223,8 @@ class ModelSpec:
     max_positions: int = 0  # rows of the learned position table
     attention_window: int = 0  # sliding-window attention: keys a query sees (0: all before it)
     window_layers: int = 0  # attention layers that use the window (Gemma2: every other; Mistral v0.1: all)
+    rope: RopeSpec = field(default_factory=RopeSpec)
+    norm_eps: float = 1e-5  # RMSNorm's epsilon (config.json rms_norm_eps / layer_norm_epsilon)
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -389,7 +408,8 @@ PRESETS: dict[str, ModelSpec] = {
     "dense-7b": dense("dense-7b", 4096, 32, 32, 32, 4 * 4096, 32000,
                       source="DESIGN.md §6 (TSP paper 7B: h 4096, 32 layers, 32 heads, F 4 gated, V 32000)"),
     # meta-llama/Meta-Llama-3-8B config.json.
-    "llama3-8b": dense("llama3-8b", 4096, 32, 32, 8, 14336, 128256, source="meta-llama/Meta-Llama-3-8B config.json"),
+    "llama3-8b": replace(dense("llama3-8b", 4096, 32, 32, 8, 14336, 128256,
+                               source="meta-llama/Meta-Llama-3-8B config.json"), rope=RopeSpec(theta=500000.0)),
     "mamba2-130m": mamba2("mamba2-130m", 768, 24, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
     "mamba2-370m": mamba2("mamba2-370m", 1024, 48, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
     "mamba2-780m": mamba2("mamba2-780m", 1536, 48, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
@@ -427,6 +447,10 @@ def load_model(name_or_path: str) -> ModelSpec:
     if not path.exists():
         raise MeshplanError(
             f"--model: {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor an existing config.json path")
+    if path.is_dir():  # a checkpoint folder: its config.json
+        if not (path / "config.json").exists():
+            raise MeshplanError(f"--model: folder {name_or_path!r} holds no config.json; give the config file")
+        path = path / "config.json"
     from meshplan.hf_config import model_from_hf_config
 
     return model_from_hf_config(path)

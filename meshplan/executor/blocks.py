@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from meshplan.executor.rotary import Rotary, rotate_qk
 from meshplan.kernels.launch import SSD_CHUNK
 from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref
 from meshplan.models import ModelSpec
@@ -73,17 +74,18 @@ def attention_core(q, k, v, flash: bool):
 
 
 class DenseLayer(nn.Module):
-    """Pre-norm decoder layer: RMSNorm → fused QKV → causal SDPA → W_O; RMSNorm → SwiGLU MLP."""
+    """Pre-norm decoder layer: RMSNorm → fused QKV → rotary q, k → causal SDPA → W_O; RMSNorm → SwiGLU MLP."""
 
     def __init__(self, model: ModelSpec, flash: bool = True, selective_recompute: bool = False):
         super().__init__()
         attn, mlp = model.attention, model.mlp
         self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
         self.flash, self.selective = flash, selective_recompute
-        self.attn_norm = RMSNorm(attn.hidden)
+        self.attn_norm = RMSNorm(attn.hidden, model.norm_eps)
+        self.rotary = Rotary(model.rope, attn.head_dim)
         self.w_qkv = _init(attn.q_width + 2 * attn.kv_width, attn.hidden)
         self.w_o = _init(attn.out_hidden, attn.q_width)
-        self.mlp_norm = RMSNorm(mlp.hidden)
+        self.mlp_norm = RMSNorm(mlp.hidden, model.norm_eps)
         self.gated = mlp.gated
         self.w_in = _init(mlp.n_input_matrices * mlp.ffn_hidden, mlp.hidden)  # [gate; up] when gated
         self.w_down = _init(mlp.out_hidden, mlp.ffn_hidden)
@@ -92,6 +94,7 @@ class DenseLayer(nn.Module):
         b, s, _ = x.shape
         qkv = F.linear(self.attn_norm(x), self.w_qkv)
         q_w, kv_w = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        qkv = rotate_qk(qkv, self.rotary, torch.arange(s, device=x.device), q_w, kv_w, self.head_dim)
         q, k, v = qkv.split([q_w, kv_w, kv_w], dim=-1)
         q = q.view(b, s, self.heads, self.head_dim)
         k = k.view(b, s, self.kv_heads, self.head_dim)
@@ -273,7 +276,7 @@ class Mamba2Block(nn.Module):
         super().__init__()
         m = model.mamba2
         self.dims = (m.d_inner, m.ngroups, m.d_state, m.nheads, m.headdim)
-        self.norm = RMSNorm(m.d_model)
+        self.norm = RMSNorm(m.d_model, model.norm_eps)
         self.in_proj = _init(m.in_proj_width, m.d_model)
         self.conv_w = nn.Parameter(torch.randn(m.conv_dim, m.d_conv) / math.sqrt(m.d_conv))
         self.conv_b = nn.Parameter(torch.zeros(m.conv_dim))

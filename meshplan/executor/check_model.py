@@ -15,6 +15,7 @@ from meshplan.costmodel.memory import head_activation_bytes, loss_logits_bytes, 
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.executor.check import _max_rel_err, _mine, _slice_of
+from meshplan.executor.checkpoint import load_into
 from meshplan.executor.comm import build_mesh
 from meshplan.executor.layouts.vocab import ParallelHead
 from meshplan.executor.model import CausalLM, synthetic_tokens
@@ -28,14 +29,18 @@ from meshplan.models import ModelSpec
 DECODE_STEPS = 3
 
 
-def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int):
+def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int, weights: str | None = None):
     """The reference, this rank's modules (cut from a model built with the same weights), the
-    reference modules they come from, and the pipeline (None without pp)."""
+    reference modules they come from, and the pipeline (None without pp). `weights`: a checkpoint
+    folder both read, the reference whole and each module its own slices."""
     torch.manual_seed(0)
     ref = CausalLM(model).double()
     mesh = build_mesh(layout)
     torch.manual_seed(0)
     mods = parallelize_model(CausalLM(model).double(), mesh, seq)
+    if weights is not None:
+        load_into([ref], weights, model)
+        load_into(mods, weights, model)
     pp = layout.pp
     stage = mesh.axis("pp").rank if pp > 1 else 0
     ref_mods = list(ref.stack.layers)[stage_slice(model.layers, pp, stage) if pp > 1 else slice(None)]
@@ -52,21 +57,24 @@ def _predicted_counts(model, layout, seq, batch, opts) -> dict:
 
 
 def check_model(rank: int, world: int, model: ModelSpec, layout: Layout, seq: int, batch: int,
-                mode: str = "train") -> dict:
+                mode: str = "train", *, weights: str | None = None) -> dict:
+    """`weights`: a checkpoint folder (executor.checkpoint) instead of the seeded random weights; the
+    result then also holds the reference's mean loss ("ref_loss") for a check against another library."""
     model = replace(model, param_dtype="fp32")
     opts = CostOptions(mode=mode, act_dtype="fp32", grad_dtype="fp32")
     if mode == "decode":
-        return _check_decode(rank, model, layout, seq, batch, opts)
+        return _check_decode(rank, model, layout, seq, batch, opts, weights)
     train = mode == "train"
     m = opts.microbatches_for(layout.pp) if train else 1
     tokens, labels = synthetic_tokens(model.vocab, m * batch, seq, torch.Generator().manual_seed(1))
-    ref, mesh, mods, ref_mods, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree)
+    ref, mesh, mods, ref_mods, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree, weights)
     head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
     mb = [slice(i * batch, (i + 1) * batch) for i in range(m)]
     result: dict = {"rank": rank}
     if train:
         ref_losses = ref.token_losses(tokens, labels)
         ref_losses.mean().backward()
+        result["ref_loss"] = float(ref_losses.mean())
         weights = shard_weights(mods, mesh)
         sync = GradientSync(mods, mesh, weights, tied=model.tied_embeddings)
         params = unique_params(mods)
@@ -126,11 +134,12 @@ def _logprob_err(got, want, head) -> float:
     return (got - want[:, head.start:head.start + got.shape[-1]]).abs().max().item()
 
 
-def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions) -> dict:
+def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
+                  weights: str | None = None) -> dict:
     """Prefill `seq` tokens, then decode DECODE_STEPS more one at a time; each step's log-probabilities
     against the reference's over all the tokens so far."""
     tokens, _ = synthetic_tokens(model.vocab, batch, seq + DECODE_STEPS, torch.Generator().manual_seed(1))
-    ref, mesh, mods, _, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree)
+    ref, mesh, mods, _, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree, weights)
     head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
     shard_weights(mods, mesh)
     for mod in mods:

@@ -30,7 +30,7 @@ class OutputHead(nn.Module):
 
     def __init__(self, model: ModelSpec, tied_to: TokenEmbedding | None = None):
         super().__init__()
-        self.final_norm = RMSNorm(model.d_model)
+        self.final_norm = RMSNorm(model.d_model, model.norm_eps)
         self.weight = tied_to.weight if tied_to is not None else _init(model.vocab, model.d_model)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

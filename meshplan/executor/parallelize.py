@@ -93,11 +93,16 @@ def parallelize_model(ref: CausalLM, mesh: Mesh, seq: int, int8_allreduce: bool 
     stage = mesh.axis("pp").rank if pp > 1 else 0
     positions, index = all_token_positions(mesh, seq, ref.stack)
     tensor_axis = tensor_axis_of(mesh)
+    first = stage_slice(len(ref.stack.layers), pp, stage).start if pp > 1 else 0
     modules = list(parallelize(stage_of(ref.stack, mesh), mesh, seq, int8_allreduce))
+    for i, module in enumerate(modules):  # the reference layer each came from (checkpoint.load_into)
+        module.origin = f"stack.layers.{first + i}"
     if stage == 0:
         modules.insert(0, ParallelEmbedding(ref.embed, mesh, tensor_axis, positions, index))
+        modules[0].origin = "embed"
     if stage == pp - 1:
         head = ParallelHead(ref.head, mesh, tensor_axis, positions[index], seq)
+        head.origin = "head"
         if pp == 1 and ref.head.weight is ref.embed.weight:
             head.tie(modules[0])
         modules.append(head)

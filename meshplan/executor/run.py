@@ -24,6 +24,7 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
+from meshplan.executor.checkpoint import load_into
 from meshplan.executor.comm import Mesh
 from meshplan.executor.optim import make_optimizer
 from meshplan.executor.layouts.vocab import ParallelHead
@@ -132,18 +133,21 @@ def timed(fn, steps: int, cuda: bool) -> list[float]:
 def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, steps: int = 5,
             warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True,
             profile: bool = False, int8_allreduce: bool = False, host_samples: int = 3, *, whole: bool = False,
-            tokens: tuple | None = None) -> dict:
+            tokens: tuple | None = None, weights: str | None = None) -> dict:
     """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
     model from token ids to the loss (`tokens`: its (ids, labels), synthetic when None), else the layer
     stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
     meshplan.executor.comm.quantized_all_reduce). `host_samples`: times the host's issue time of a
-    step is taken (their median is reported)."""
+    step is taken (their median is reported). `weights`: a checkpoint folder each rank reads its shard of
+    (executor.checkpoint); the result then holds the loss of the first batch before any step ("loss")."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
     torch.manual_seed(1234)  # every rank builds the same reference weights, then keeps its shard
     with torch.device(device):
         if whole:
             layers = parallelize_model(CausalLM(model).to(DTYPES[dtype]), mesh, seq, int8_allreduce)
+            if weights is not None:
+                load_into(layers, weights, model)
         else:
             layers = parallelize(stage_of(Stack(model, model.layers).to(DTYPES[dtype]), mesh), mesh, seq,
                                  int8_allreduce)
@@ -160,7 +164,9 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     head = layers[-1] if isinstance(layers[-1], ParallelHead) else None
     micro = CostOptions().microbatches_for(layout.pp) if train else 1
     if whole:
-        ids, labels = tokens if tokens is not None else synthetic_tokens(model.vocab, batch, seq, gen, device)
+        # One batch a data-parallel replica: the ranks that split one sequence must see the same ids.
+        replica = torch.Generator(device=device).manual_seed(mesh.axis("dp").rank if layout.dp > 1 else 0)
+        ids, labels = tokens if tokens is not None else synthetic_tokens(model.vocab, batch, seq, replica, device)
         x, labels = ids.to(device), labels.to(device)
         # The loss on the last stage starts the backward; between stages, hidden-state gradients.
         dy = torch.ones((), dtype=torch.float32, device=device) if train else None
@@ -223,6 +229,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
             # would time the pipeline's throughput (half the latency at pp=2: run 51).
             torch.distributed.barrier(group=mesh.axis("pp").group)
 
+    first_loss = _first_loss(layers, pipe, x, head, mesh, micro, feed) if whole and train else None
     for _ in range(warmup):
         step()
     if cuda:
@@ -235,6 +242,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         "step_times_s": times,
         "comm_bytes": {k: v / steps for k, v in mesh.counts.items()},
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        "loss": first_loss,
     }
     if cuda:
         from meshplan.executor import peer
@@ -285,6 +293,23 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
 
 
+def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | None:
+    """The mean cross-entropy of the batch before any optimizer step, on the last stage's ranks (None on
+    the others): each holds its tokens' scaled sum, summed over the token axis and averaged over the
+    data-parallel replicas (outside the counted traffic)."""
+    feed(1)
+    with torch.no_grad():
+        y = through(layers, pipe, x)
+    if head is None:
+        return None
+    total = y.detach().float().reshape(1) * micro
+    layout = mesh.layout
+    for axis, size in (("tsp", layout.tsp), ("sp", layout.sp), ("dp", layout.dp)):
+        if size > 1:
+            torch.distributed.all_reduce(total, group=mesh.axis(axis).group)
+    return float(total) / layout.dp
+
+
 def _host_enqueue_s(step) -> float:
     """Wall seconds the host spends issuing `step` after the GPU has drained. Where the GPU keeps up
     with the host, the step takes about this long; where a step synchronizes inside, it includes the
@@ -313,7 +338,8 @@ def combine_ranks(ranks: list) -> dict:
     if bad:
         return bad[0] or {"error": "rank returned nothing"}
     out = {"step_time_s": max(r["step_time_s"] for r in ranks),
-           "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None}
+           "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None,
+           "loss": next((r["loss"] for r in ranks if r.get("loss") is not None), None)}
     keys = set().union(*(r["comm_bytes"] for r in ranks))
     out["comm_bytes"] = {k: sum(r["comm_bytes"].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
     if "blas_workspace_bytes" in ranks[0]:

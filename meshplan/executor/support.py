@@ -9,7 +9,7 @@ them.
 from __future__ import annotations
 
 from meshplan.layout import Layout
-from meshplan.models import ModelSpec
+from meshplan.models import ModelSpec, RopeSpec
 
 
 def unsupported(layout: Layout, model: ModelSpec, whole: bool = True) -> str | None:
@@ -65,8 +65,8 @@ def _whole_model(layout: Layout, model: ModelSpec) -> str | None:
 
 
 def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
-    """The model the executor builds — its blocks are pre-RMSNorm attention and (gated or GeLU) MLPs with
-    no biases, over rotary-free full causal attention — and what of `model` that leaves out, named. The
+    """The model the executor builds — its blocks are pre-RMSNorm attention (rotary, full causal) and
+    (gated or GeLU) MLPs with no biases — and what of `model` that leaves out, named. The
     run's prediction is made for this model, so that measurement and prediction describe one thing."""
     from dataclasses import replace
 
@@ -85,9 +85,12 @@ def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
         dropped.append("LayerNorm (run as RMSNorm)")
     if model.positions == "learned":
         dropped.append("learned positions")
+    if model.family in ("dense", "hybrid") and model.rope.kind not in RopeSpec.EXECUTED:
+        dropped.append(f"{model.rope.kind} rotary scaling (run with unscaled frequencies)")
     if not dropped:
         return model, []
-    spec = replace(model, norm="rmsnorm", positions="rotary", max_positions=0, attention_window=0, window_layers=0)
+    spec = replace(model, norm="rmsnorm", positions="rotary", max_positions=0, attention_window=0, window_layers=0,
+                   rope=model.rope if model.rope.kind in RopeSpec.EXECUTED else replace(model.rope, kind="default"))
     if attn is not None:
         spec = replace(spec, attention=replace(attn, bias=False, qkv_bias=False, qk_norm=0, post_norm=False),
                        mlp=replace(mlp, bias=False, post_norm=False) if mlp is not None else None)

@@ -45,6 +45,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers-only", action="store_true", help="the layer stack on random hidden states, no "
                     "embedding, head or loss")
     ap.add_argument("--tokens", default="", help=".npy of token ids (the whole model; synthetic by default)")
+    ap.add_argument("--weights", default="", help="a HF safetensors checkpoint folder (each rank reads its shard)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -73,7 +74,8 @@ def main(argv=None) -> int:
     try:
         mine = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=args.steps, device=device,
                        dtype=dtype, exposed=args.device == "cuda", profile=args.profile,
-                       int8_allreduce=args.int8_allreduce, whole=whole, tokens=tokens)
+                       int8_allreduce=args.int8_allreduce, whole=whole, tokens=tokens,
+                       weights=args.weights or None)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
         # Triton's kernels and NCCL report an exhausted GPU as a RuntimeError: record it as torch's is.
         if not isinstance(exc, torch.cuda.OutOfMemoryError) and "out of memory" not in str(exc).lower():
@@ -87,7 +89,7 @@ def main(argv=None) -> int:
         run = {"model": model.name, "layout": str(layout), "seq": args.seq, "batch": args.batch, "mode": args.mode,
                "device": args.device, "dtype": dtype, "world": layout.world_size, "layers": model.layers,
                "int8_allreduce": args.int8_allreduce,
-               "whole_model": whole, "not_executed": dropped,
+               "whole_model": whole, "not_executed": dropped, "weights": args.weights or None,
                "predicted": predict(model, layout, args.seq, args.batch, args.mode, cluster, act_dtype=act,
                                     int8_allreduce=args.int8_allreduce, whole=whole),
                "measured": combine_ranks(gathered), "per_rank": gathered, "environment": environment(),

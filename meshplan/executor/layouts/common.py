@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
+from meshplan.executor.blocks import RMSNorm
 from meshplan.kernels.reference import acc
 
 
@@ -30,6 +31,14 @@ class Sharded(nn.Module):
         target = self.get_submodule(owner) if owner else self
         target.register_parameter(leaf, nn.Parameter(value.clone()))
         self.index[local] = (ref_name, dim, idx)
+
+    def take_norm(self, name: str, ref_module: nn.Module) -> None:
+        """A copy of the reference's RMSNorm `name` (its epsilon and whole scale), as submodule `name`."""
+        src = ref_module.get_submodule(name)
+        norm = RMSNorm(src.weight.numel(), src.eps)
+        del norm.weight
+        setattr(self, name, norm)
+        self.take(f"{name}.weight", ref_module, f"{name}.weight")
 
 
 def rows(start: int, length: int) -> torch.Tensor:

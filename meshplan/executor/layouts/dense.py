@@ -15,10 +15,25 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from meshplan.executor.blocks import DenseLayer, RMSNorm
-from meshplan.executor.comm import CopyToAxis, GatherFromAxis, Mesh, ReduceFromAxis, all_gather
-from meshplan.executor.layouts.common import (KVCache, Sharded, attend_prefix, attend_zigzag, combine_partials,
-                                              partial_attention, rows, ZigzagKeys)
+from meshplan.executor.blocks import DenseLayer
+from meshplan.executor.comm import (
+    CopyToAxis,
+    GatherFromAxis,
+    Mesh,
+    ReduceFromAxis,
+    all_gather,
+)
+from meshplan.executor.layouts.common import (
+    KVCache,
+    Sharded,
+    ZigzagKeys,
+    attend_prefix,
+    attend_zigzag,
+    combine_partials,
+    partial_attention,
+    rows,
+)
+from meshplan.executor.rotary import rotate_qk
 
 
 class ParallelDense(Sharded):
@@ -34,11 +49,8 @@ class ParallelDense(Sharded):
         lq, lkv = q_w // t, kv_w // t
         f = ref.w_down.shape[1]
         lf = f // t
-        self.attn_norm = RMSNorm(ref.attn_norm.weight.numel())
-        self.mlp_norm = RMSNorm(ref.mlp_norm.weight.numel())
-        del self.attn_norm.weight, self.mlp_norm.weight
-        self.take("attn_norm.weight", ref, "attn_norm.weight")
-        self.take("mlp_norm.weight", ref, "mlp_norm.weight")
+        self.take_norm("attn_norm", ref)
+        self.take_norm("mlp_norm", ref)
         qkv_rows = torch.cat([rows(r * lq, lq), rows(q_w + r * lkv, lkv), rows(q_w + kv_w + r * lkv, lkv)])
         self.take("w_qkv", ref, "w_qkv", 0, qkv_rows)
         self.take("w_o", ref, "w_o", 1, rows(r * lq, lq))
@@ -46,6 +58,8 @@ class ParallelDense(Sharded):
         self.take("w_in", ref, "w_in", 0, in_rows)
         self.take("w_down", ref, "w_down", 1, rows(r * lf, lf))
         self.q_positions = q_positions
+        self.rotary, self.seq = ref.rotary, seq
+        self.next_position = seq  # decode's next token (prefill resets it)
         # The keys this rank's queries see, as Python ints, read once here: q_positions sits on the
         # GPU, and reading it in every attention call made the host wait for the GPU to drain there.
         self.kv_len = int(q_positions[-1]) + 1
@@ -60,6 +74,11 @@ class ParallelDense(Sharded):
 
     def _leave(self, y):
         return ReduceFromAxis.apply(y, self.mesh, self.tensor_axis) if self.tensor_axis else y
+
+    def _qkv(self, xn, positions):
+        """This rank's heads of q, k, v for tokens at `positions`, q and k turned by the rotary."""
+        return rotate_qk(F.linear(xn, self.w_qkv), self.rotary, positions, self.heads * self.head_dim,
+                         self.kv_heads * self.head_dim, self.head_dim)
 
     def _attend(self, q, k, v):
         """q (b, t, a, d); k, v local (b, t, a_kv, d): gather K/V over the sequence axis, attend causally."""
@@ -78,7 +97,7 @@ class ParallelDense(Sharded):
 
     def attention(self, x):
         b, t, _ = x.shape
-        qkv = F.linear(self._enter(self.attn_norm(x)), self.w_qkv)
+        qkv = self._qkv(self._enter(self.attn_norm(x)), self.q_positions)
         q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
                              self.kv_heads * self.head_dim], dim=-1)
         q = q.view(b, t, self.heads, self.head_dim)
@@ -86,6 +105,7 @@ class ParallelDense(Sharded):
         v = v.view(b, t, self.kv_heads, self.head_dim)
         if self.keep_cache:  # prefill: this rank's share of the KV cache outlives the step
             self.kv_cache = KVCache(k, v)
+            self.next_position = self.seq
         if self.seq_axis and torch.is_grad_enabled():
             # Keep only the local q, k, v for backward: the gathered K/V are re-gathered there.
             out = checkpoint(self._attend, q, k, v, use_reentrant=True)
@@ -113,7 +133,8 @@ class ParallelDense(Sharded):
         attends over its shard of the cache (the last rank also holds the new tokens), and the
         partial outputs are gathered and combined."""
         b = x.shape[0]
-        qkv = F.linear(self.attn_norm(x), self.w_qkv)
+        qkv = self._qkv(self.attn_norm(x), self.q_positions.new_full((1,), self.next_position))
+        self.next_position += 1
         q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
                              self.kv_heads * self.head_dim], dim=-1)
         q = q.view(b, 1, self.heads, self.head_dim)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import (Mamba2Block, Mamba2CoreFn, RMSNorm, _conv_scan_inputs, _scan, _scan_grads,
+from meshplan.executor.blocks import (Mamba2Block, Mamba2CoreFn, _conv_scan_inputs, _scan, _scan_grads,
                                       cat_last, gated_norm)
 from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis,
                                    all_gather, all_reduce, broadcast, exchange, reduce_scatter)
@@ -267,9 +267,7 @@ class ParallelMamba2(Sharded):
         in_rows = torch.cat([rows(r * di_l, di_l), di + rows(r * di_l, di_l), 2 * di + rows(g0 * ds, ng_l * ds),
                              2 * di + ng * ds + rows(g0 * ds, ng_l * ds), 2 * di + 2 * ng * ds + rows(r * nh_l, nh_l)])
         conv_rows = torch.cat([rows(r * di_l, di_l), di + rows(g0 * ds, ng_l * ds), di + ng * ds + rows(g0 * ds, ng_l * ds)])
-        self.norm = RMSNorm(ref.norm.weight.numel())
-        del self.norm.weight
-        self.take("norm.weight", ref, "norm.weight")
+        self.take_norm("norm", ref)
         self.take("in_proj", ref, "in_proj", 0, in_rows)
         self.take("conv_w", ref, "conv_w", 0, conv_rows)
         self.take("conv_b", ref, "conv_b", 0, conv_rows)

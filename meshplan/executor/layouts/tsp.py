@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import DenseLayer, RMSNorm
+from meshplan.executor.blocks import DenseLayer
 from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import (KVCache, Sharded, attend_zigzag, combine_partials, partial_attention,
                                               rows, ZigzagKeys, zigzag_tokens)
@@ -32,13 +32,16 @@ def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
     return w, broadcast(mesh, w, "tsp", owner, async_op=True)
 
 
-def _project(layer, xn, w):
-    """q, k, v of this rank's tokens for one shard's heads, and the shard's W_O."""
+def _project(layer, xn, w, positions):
+    """q, k, v of this rank's tokens (at `positions`) for one shard's heads, q and k turned by the
+    rotary, and the shard's W_O."""
     b, t, _ = xn.shape
     wq, wk, wv, wo = layer.unpack_attention(w)
     hd = layer.head_dim
-    return ((xn @ wq.t()).view(b, t, layer.lq // hd, hd), (xn @ wk.t()).view(b, t, layer.lkv // hd, hd),
-            (xn @ wv.t()).view(b, t, layer.lkv // hd, hd), wo)
+    q, k = (xn @ wq.t()).view(b, t, layer.lq // hd, hd), (xn @ wk.t()).view(b, t, layer.lkv // hd, hd)
+    layer.rotary.apply(q, positions)
+    layer.rotary.apply(k, positions)
+    return q, k, (xn @ wv.t()).view(b, t, layer.lkv // hd, hd), wo
 
 
 class _TSPAttention(torch.autograd.Function):
@@ -57,7 +60,7 @@ class _TSPAttention(torch.autograd.Function):
             if work is not None:
                 work.wait()
             nxt = _start_broadcast(mesh, packed, j + 1) if j + 1 < ax.size else None
-            q, k, v, wo = _project(layer, xn, w)
+            q, k, v, wo = _project(layer, xn, w, layer.q_positions)
             return (q, k, v, wo, all_gather_start(mesh, k, "tsp", 1), all_gather_start(mesh, v, "tsp", 1)), nxt
 
         cur, pending = take(0, _start_broadcast(mesh, packed, 0))
@@ -77,6 +80,7 @@ class _TSPAttention(torch.autograd.Function):
         k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
         if layer.keep_cache:
             layer.kv_cache = KVCache(k_all, v_all)
+            layer.next_position = layer.seq
         ctx.save_for_backward(xn, w_qkv, w_o, torch.cat(qs, 2), k_all, v_all, torch.cat(outs, -1))
         return y
 
@@ -115,9 +119,11 @@ class _TSPAttention(torch.autograd.Function):
                 o_ = _attend(q_, kk_, vv_, layer)
                 do = (dy @ wo).view_as(o_)
                 dq, dkk, dvv = torch.autograd.grad(o_, (q_, kk_, vv_), do)
-            dk = reduce_scatter(mesh, dkk, "tsp", 1).flatten(2)
+            dk = reduce_scatter(mesh, dkk, "tsp", 1)
             dv = reduce_scatter(mesh, dvv, "tsp", 1).flatten(2)
-            dq = dq.flatten(2)
+            # q and k were turned after the projection: their gradients turn back before it.
+            dq = layer.rotary.apply(dq, layer.q_positions, inverse=True).flatten(2)
+            dk = layer.rotary.apply(dk, layer.q_positions, inverse=True).flatten(2)
             dwo = torch.einsum("bth,btq->hq", dy, o)
             dwq, dwk, dwv = (torch.einsum("btn,bth->nh", g, xn) for g in (dq, dk, dv))
             dxn += dq @ wq + dk @ wk + dv @ wv
@@ -196,17 +202,16 @@ class TSPDense(Sharded):
         self.lq, self.lkv = q_w // d, kv_w // d
         f = ref.w_down.shape[1]
         self.lf, self.hidden = f // d, ref.w_o.shape[0]
-        self.attn_norm = RMSNorm(ref.attn_norm.weight.numel())
-        self.mlp_norm = RMSNorm(ref.mlp_norm.weight.numel())
-        del self.attn_norm.weight, self.mlp_norm.weight
-        self.take("attn_norm.weight", ref, "attn_norm.weight")
-        self.take("mlp_norm.weight", ref, "mlp_norm.weight")
+        self.take_norm("attn_norm", ref)
+        self.take_norm("mlp_norm", ref)
         self.take("w_qkv", ref, "w_qkv", 0, torch.cat([rows(r * self.lq, self.lq), rows(q_w + r * self.lkv, self.lkv),
                                                        rows(q_w + kv_w + r * self.lkv, self.lkv)]))
         self.take("w_o", ref, "w_o", 1, rows(r * self.lq, self.lq))
         self.take("w_in", ref, "w_in", 0, torch.cat([rows(r * self.lf, self.lf), rows(f + r * self.lf, self.lf)]))
         self.take("w_down", ref, "w_down", 1, rows(r * self.lf, self.lf))
         self.q_positions = zigzag_tokens(seq, d, r)
+        self.rotary, self.seq = ref.rotary, seq
+        self.next_position = seq  # decode's next token (prefill resets it)
         self.keys = ZigzagKeys(seq, d, r)
         self.keep_cache, self.kv_cache = False, None
 
@@ -233,17 +238,17 @@ class TSPDense(Sharded):
         ax = self.mesh.axis("tsp")
         b, hd = x.shape[0], self.head_dim
         xn = self.attn_norm(x)
-        nq, nkv = self.lq // hd, self.lkv // hd
+        nkv = self.lkv // hd
         owner = ax.rank == ax.size - 1
         packed = torch.cat([self.w_qkv.flatten(), self.w_o.flatten()])
         y = torch.zeros_like(x)
+        position = self.q_positions.new_full((1,), self.next_position)
+        self.next_position += 1
         for j in range(ax.size):
             w, work = _start_broadcast(self.mesh, packed, j)
             if work is not None:
                 work.wait()
-            wq, wk, wv, wo = self.unpack_attention(w)
-            q = (xn @ wq.t()).view(b, 1, nq, hd)
-            k, v = (xn @ wk.t()).view(b, 1, nkv, hd), (xn @ wv.t()).view(b, 1, nkv, hd)
+            q, k, v, wo = _project(self, xn, w, position)
             if owner:  # the new token sees itself: write its shard-j heads into the next cache slot
                 self.kv_cache.write_next(k, v, j * nkv, (j + 1) * nkv)
             out, lse = partial_attention(q, *self.kv_cache.heads(j * nkv, (j + 1) * nkv, pending=int(owner)))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import Mamba2Block, RMSNorm
+from meshplan.executor.blocks import Mamba2Block
 from meshplan.executor.comm import Mesh, exchange, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import Sharded, rows
 from meshplan.executor.layouts.mamba import (TAG_TAIL, decode_step, seq_shard_backward, seq_shard_forward,
@@ -88,9 +88,7 @@ class TSPMamba2(Sharded):
         self.mesh, self.dims, self.d_conv = mesh, ref.dims, ref.conv_w.shape[1]
         di, ng, ds = ref.dims[0], ref.dims[1], ref.dims[2]
         self.conv_channels = di + 2 * ng * ds
-        self.norm = RMSNorm(ref.norm.weight.numel())
-        del self.norm.weight
-        self.take("norm.weight", ref, "norm.weight")
+        self.take_norm("norm", ref)
         self.shapes = []  # each weight's whole shape
         for name, dim in SPLIT:
             whole = getattr(ref, name)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import RMSNorm
 from meshplan.executor.comm import AllToAll, CopyToAxis, Mesh, ReduceFromAxis, all_reduce, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import Sharded, rows
 from meshplan.executor.model import OutputHead, TokenEmbedding
@@ -188,9 +187,7 @@ class ParallelHead(Sharded):
         self.positions = positions
         last = (positions == seq - 1).nonzero()
         self.last_index = int(last[0, 0]) if len(last) else None  # where this rank holds the last position
-        self.final_norm = RMSNorm(ref.final_norm.weight.numel())
-        del self.final_norm.weight
-        self.take("final_norm.weight", ref, "final_norm.weight")
+        self.take_norm("final_norm", ref)
         self.start = take_vocab_matrix(self, ref, mesh, tensor_axis)
         self.labels: list[torch.Tensor] = []  # (b, s) labels of the next training forwards, in order
         self.scale = 1.0
