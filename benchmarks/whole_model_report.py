@@ -64,6 +64,19 @@ def section(table: list[dict]) -> str:
                   f"the summary line had crashed on a run with no step time, and is fixed. The failure the issue "
                   f"reports (64K on an H100, \"a rank failed\", no run file) was not reproduced; the worker now also "
                   f"records an out-of-memory raised as a plain RuntimeError (Triton, NCCL)."]
+    lines += ["", "The dense rows were measured again once rotary embeddings entered the executor's blocks "
+              "(`bash benchmarks/sweeps/rope-weights-gpu.sh`): the rotation runs in place inside the QKV output, and "
+              "the peaks match the earlier runs less the unused hidden-state tensor `measure` had allocated (1 GiB "
+              "at 128K). The Mamba-2 rows predate that fix and include it (0.06 GiB at 16K, 0.5 GiB at 128K)."]
+    checks = RESULTS / "weights-check-h200.json"
+    if checks.exists():
+        lines += ["", "A checkpoint through `execute --weights` (transformers writes it; `python benchmarks/weights_check.py`): "
+                  "the first batch's loss, bf16 on one H200, beside transformers' own model on the same ids.", "",
+                  "| model | parameters | tokens | transformers fp32 | transformers bf16 | meshplan bf16 | vs fp32 |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in json.loads(checks.read_text())["rows"]:
+            lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['seq']} | {r['hf_fp32_loss']:.4f} | "
+                         f"{r['hf_bf16_loss']:.4f} | {r['meshplan_bf16_loss']:.4f} | {r['rel_to_fp32']:+.4%} |")
     lines += ["", "Step times are the eager executor's under the memory profiler's recording (one step after one "
               "warm-up), shown for scale, not as a timing validation.", MARK_END]
     return "\n".join(lines)

@@ -450,7 +450,8 @@ def execute(
     layers_only: bool = typer.Option(False, "--layers-only", help="Run the layer stack on random hidden states: "
                                      "no embedding, LM head or loss (how docs/validation.md's 1-4 GPU runs were made)."),
     tokens_file: Optional[str] = typer.Option(None, "--tokens", help=".npy of token ids to train on (the whole "
-                                              "model; synthetic ids by default)."),
+                                              "model; synthetic ids by default), or a .npz of `tokens` and "
+                                              "`documents` (packed documents, kept apart in Mamba-2 blocks)."),
     weights: Optional[str] = typer.Option(None, "--weights", help="A local HF safetensors checkpoint folder (llama, "
                                           "mistral, phi3, mamba2): each rank reads its shard; the run records the "
                                           "first batch's loss. Random weights by default."),
@@ -502,7 +503,10 @@ def execute(
             raise MeshplanError("--tokens: the layer stack runs on hidden states; drop --layers-only to train on tokens")
         from meshplan.executor.model import tokens_from_file
 
-        tokens_from_file(tokens_file, spec.vocab, batch, tokens)  # a bad file stops here, not in every rank
+        # A bad file stops here, not in every rank.
+        if tokens_from_file(tokens_file, spec.vocab, batch, tokens)[2] is not None and spec.family != "mamba2":
+            raise MeshplanError(f"--tokens: {tokens_file} packs documents, which the executor keeps apart in Mamba-2 "
+                                f"blocks only ({spec.name}'s attention would see across them); give a .npy of ids")
     if device == "cuda":
         _warn_if_over_gpu_memory(spec, lay, tokens, batch, mode, not layers_only)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]

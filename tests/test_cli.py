@@ -189,3 +189,49 @@ def test_execute_runs_the_whole_model_from_a_token_file(tmp_path):
     r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "single", "--seq", "16", "--nproc", "1",
                             "--tokens", str(bad), "--out", str(out)])
     assert r.exit_code == 2 and "--tokens:" in r.output and "needs 17" in r.output
+
+
+def test_execute_keeps_packed_documents_apart_in_mamba2(tmp_path):
+    """A .npz of tokens and documents on sp=2: the run's first-batch loss is the single-process model's
+    with seq_idx (the same seeded weights), not its loss over one undivided sequence; a dense model
+    is refused packed documents."""
+    import numpy as np
+    import pytest
+    import torch
+
+    from meshplan.executor.model import CausalLM
+    from meshplan.models import load_model
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "mamba2", "hidden_size": 32, "num_hidden_layers": 2, "state_size": 8,
+                                  "head_dim": 8, "expand": 2, "n_groups": 1, "vocab_size": 64}))
+    gen = np.random.default_rng(0)
+    tokens = gen.integers(0, 64, size=(2, 17))
+    documents = np.array([[0] * 5 + [1] * 7 + [2] * 5, [0] * 9 + [1] * 8])
+    packed = tmp_path / "packed.npz"
+    np.savez(packed, tokens=tokens, documents=documents)
+    out = tmp_path / "run.json"
+    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "sp=2", "--seq", "16", "--batch", "2",
+                            "--nproc", "2", "--steps", "1", "--tokens", str(packed), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    measured = json.loads(out.read_text())["measured"]["loss"]
+    spec = load_model(str(config))
+    torch.manual_seed(1234)  # the executor's reference weights (executor.run.measure)
+    ref = CausalLM(spec)
+    ids = torch.from_numpy(tokens)
+    docs = torch.from_numpy(documents[:, :-1]).int()
+    with torch.no_grad():
+        want = ref.token_losses(ids[:, :-1], ids[:, 1:], docs).mean().item()
+        whole = ref.token_losses(ids[:, :-1], ids[:, 1:]).mean().item()
+    assert measured == pytest.approx(want, rel=1e-5) and abs(whole - want) > 1e-4
+    dense = tmp_path / "dense.json"
+    dense.write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+                                 "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 64}))
+    r = runner.invoke(app, ["execute", "--model", str(dense), "--layout", "single", "--seq", "16", "--batch", "2",
+                            "--nproc", "1", "--tokens", str(packed), "--out", str(out)])
+    assert r.exit_code == 2 and "packs documents" in r.output
+    decreasing = tmp_path / "bad.npz"
+    np.savez(decreasing, tokens=tokens, documents=documents[:, ::-1])
+    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "single", "--seq", "16", "--batch", "2",
+                            "--nproc", "1", "--tokens", str(decreasing), "--out", str(out)])
+    assert r.exit_code == 2 and "decrease" in r.output

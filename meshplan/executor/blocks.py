@@ -171,9 +171,10 @@ def split_last(t: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
 
 
 def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None, conv_state=None,
-                      conv_out: bool = False):
+                      conv_out: bool = False, conv_state_idx=None):
     """in_proj output → (x, dt, A, B, C) as the scan takes them (conv1d applied, dt softplus'd), and z;
-    with `conv_out`, also the conv's output (b, s, channels), of which x, B and C are views."""
+    with `conv_out`, also the conv's output (b, s, channels), of which x, B and C are views.
+    `conv_state_idx` (b, d_conv − 1): the packed sequence each conv_state column belongs to."""
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s, _ = zxbcdt.shape
     z, xbc, dt = split_last(zxbcdt, [d_inner, d_inner + 2 * ngroups * d_state, nheads])
@@ -182,7 +183,8 @@ def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None
 
         xbc = causal_conv1d(xbc, conv_w, conv_b, seq_idx, initial_state=conv_state)
     else:
-        xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state)
+        xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state,
+                                initial_seq_idx=conv_state_idx)
     x, B, C = split_last(xbc, [d_inner, ngroups * d_state, ngroups * d_state])
     dt = F.softplus(acc(dt) + acc(dt_bias))
     scan_in = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
@@ -198,17 +200,17 @@ def _scan(x, dt, A, B, C, D=None, initial_state=None, seq_idx=None):
     return ssd_chunked_ref(x, dt, A, B, C, D, initial_state=initial_state, chunk=SSD_CHUNK, seq_idx=seq_idx)
 
 
-def _scan_grads(x, dt, A, B, C, D, dy, dfinal):
+def _scan_grads(x, dt, A, B, C, D, dy, dfinal, seq_idx=None):
     """Gradients of the zero-start scan's (x, dt, A, B, C, D) from its output's and final state's
     gradients, with nothing of its forward kept: the Triton backward on the GPU (which recomputes what
     it needs from the inputs), autograd through the reference on the CPU."""
     if x.is_cuda:
         from meshplan.kernels.ssd_bwd import ssd_backward
 
-        return ssd_backward(dy, dfinal, x, dt, A, B, C, D, None, None, SSD_CHUNK)[:6]
+        return ssd_backward(dy, dfinal, x, dt, A, B, C, D, None, seq_idx, SSD_CHUNK)[:6]
     leaves = [t.detach().requires_grad_(True) for t in (x, dt, A, B, C, D)]
     with torch.enable_grad():
-        y, final = ssd_chunked_ref(*leaves, chunk=SSD_CHUNK)
+        y, final = ssd_chunked_ref(*leaves, chunk=SSD_CHUNK, seq_idx=seq_idx)
         return torch.autograd.grad([y, final], leaves, [dy, dfinal])
 
 
@@ -308,8 +310,10 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(make() for _ in range(n_layers))
         self.recompute = recompute
 
-    def forward(self, x):
+    def forward(self, x, seq_idx=None):
+        """`seq_idx` (b, s): packed documents, which the Mamba-2 blocks keep apart (attention does not)."""
         for layer in self.layers:
+            args = (x, seq_idx) if seq_idx is not None and isinstance(layer, Mamba2Block) else (x,)
             # Full recompute keeps only each layer's input (the reentrant form saves exactly that).
-            x = checkpoint(layer, x, use_reentrant=True) if self.recompute == "full" else layer(x)
+            x = checkpoint(layer, *args, use_reentrant=True) if self.recompute == "full" else layer(*args)
         return x

@@ -29,6 +29,23 @@ from meshplan.models import ModelSpec
 DECODE_STEPS = 3
 
 
+def packed_documents(batch: int, seq: int) -> torch.Tensor:
+    """(batch, seq) document ids for the packed checks, for seq 16 and shards of 8 or 4: row 0 has a
+    document that continues into the second half and ends inside it, and a last document shorter
+    than the conv window; row 1 starts a document exactly at the half."""
+    rows = [[0] * 6 + [1] * 5 + [2] * 3 + [3] * 2, [0] * 6 + [1] * 2 + [2] * 3 + [3] * 5]
+    ids = torch.tensor([rows[i % 2] for i in range(batch)])
+    if ids.shape[1] != seq:
+        raise ValueError(f"packed_documents is written for seq 16, not {seq}")
+    return ids
+
+
+def _set_packed(mods, seq_idx) -> None:
+    for mod in mods:
+        if hasattr(mod, "packed"):
+            mod.packed = seq_idx
+
+
 def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int, weights: str | None = None):
     """The reference, this rank's modules (cut from a model built with the same weights), the
     reference modules they come from, and the pipeline (None without pp). `weights`: a checkpoint
@@ -57,22 +74,26 @@ def _predicted_counts(model, layout, seq, batch, opts) -> dict:
 
 
 def check_model(rank: int, world: int, model: ModelSpec, layout: Layout, seq: int, batch: int,
-                mode: str = "train", *, weights: str | None = None) -> dict:
+                mode: str = "train", *, weights: str | None = None, packed: bool = False) -> dict:
     """`weights`: a checkpoint folder (executor.checkpoint) instead of the seeded random weights; the
-    result then also holds the reference's mean loss ("ref_loss") for a check against another library."""
+    result then also holds the reference's mean loss ("ref_loss") for a check against another library.
+    `packed`: each row holds several documents (packed_documents), which the Mamba-2 blocks keep apart."""
     model = replace(model, param_dtype="fp32")
     opts = CostOptions(mode=mode, act_dtype="fp32", grad_dtype="fp32")
     if mode == "decode":
-        return _check_decode(rank, model, layout, seq, batch, opts, weights)
+        return _check_decode(rank, model, layout, seq, batch, opts, weights, packed)
     train = mode == "train"
     m = opts.microbatches_for(layout.pp) if train else 1
     tokens, labels = synthetic_tokens(model.vocab, m * batch, seq, torch.Generator().manual_seed(1))
     ref, mesh, mods, ref_mods, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree, weights)
     head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
     mb = [slice(i * batch, (i + 1) * batch) for i in range(m)]
+    docs = packed_documents(batch, seq) if packed else None  # every micro-batch packs alike
+    _set_packed(mods, docs)
+    ref_docs = docs.repeat(m, 1) if packed else None
     result: dict = {"rank": rank}
     if train:
-        ref_losses = ref.token_losses(tokens, labels)
+        ref_losses = ref.token_losses(tokens, labels, ref_docs)
         ref_losses.mean().backward()
         result["ref_loss"] = float(ref_losses.mean())
         weights = shard_weights(mods, mesh)
@@ -119,7 +140,7 @@ def check_model(rank: int, world: int, model: ModelSpec, layout: Layout, seq: in
         shard_weights(mods, mesh)
         with torch.no_grad():
             got = through(mods, pipe, tokens)
-            want = ref.next_token_logprobs(tokens)
+            want = ref.next_token_logprobs(tokens, ref_docs)
         result["max_out_err"] = _logprob_err(got, want, head)
     result["counts"] = dict(mesh.counts)
     result["predicted_counts"] = _predicted_counts(model, layout, seq, batch, opts)
@@ -135,13 +156,17 @@ def _logprob_err(got, want, head) -> float:
 
 
 def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
-                  weights: str | None = None) -> dict:
+                  weights: str | None = None, packed: bool = False) -> dict:
     """Prefill `seq` tokens, then decode DECODE_STEPS more one at a time; each step's log-probabilities
     against the reference's over all the tokens so far."""
     tokens, _ = synthetic_tokens(model.vocab, batch, seq + DECODE_STEPS, torch.Generator().manual_seed(1))
     ref, mesh, mods, _, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree, weights)
     head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
     shard_weights(mods, mesh)
+    docs = packed_documents(batch, seq) if packed else None
+    _set_packed(mods, docs)
+    # The decoded tokens continue the last document.
+    all_docs = torch.cat([docs, docs[:, -1:].expand(-1, DECODE_STEPS)], 1) if packed else None
     for mod in mods:
         mod.keep_cache = True
     with torch.no_grad():
@@ -157,7 +182,8 @@ def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: 
     with torch.no_grad():
         for i in range(DECODE_STEPS):
             got = through(mods, pipe, tokens[:, seq + i:seq + i + 1], lambda mod, h: mod.decode(h))
-            errs.append(_logprob_err(got, ref.next_token_logprobs(tokens[:, :seq + i + 1]), head))
+            upto = all_docs[:, :seq + i + 1] if packed else None
+            errs.append(_logprob_err(got, ref.next_token_logprobs(tokens[:, :seq + i + 1], upto), head))
     return {"rank": rank, "max_out_err": max(errs),
             "counts": {k: v / DECODE_STEPS for k, v in mesh.counts.items()},
             "predicted_counts": _predicted_counts(model, layout, seq, batch, opts)}

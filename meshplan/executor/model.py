@@ -46,17 +46,19 @@ class CausalLM(nn.Module):
         self.stack = Stack(model, model.layers if n_layers is None else n_layers, recompute, flash)
         self.head = OutputHead(model, self.embed if model.tied_embeddings else None)
 
-    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.stack(self.embed(tokens))
+    def hidden(self, tokens: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        return self.stack(self.embed(tokens), seq_idx)
 
-    def token_losses(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """(b, s) cross-entropy of each position's prediction of its label, in fp32 (float64 stays)."""
-        logits = self.head.logits(self.hidden(tokens))
+    def token_losses(self, tokens: torch.Tensor, labels: torch.Tensor, seq_idx: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+        """(b, s) cross-entropy of each position's prediction of its label, in fp32 (float64 stays).
+        `seq_idx` (b, s): the document of each token, where documents are packed."""
+        logits = self.head.logits(self.hidden(tokens, seq_idx))
         return F.cross_entropy(acc(logits).flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
 
-    def next_token_logprobs(self, tokens: torch.Tensor) -> torch.Tensor:
+    def next_token_logprobs(self, tokens: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         """(b, vocab) log-probabilities of the token after the last."""
-        return torch.log_softmax(acc(self.head.logits(self.hidden(tokens)[:, -1])), dim=-1)
+        return torch.log_softmax(acc(self.head.logits(self.hidden(tokens, seq_idx)[:, -1])), dim=-1)
 
 
 def synthetic_tokens(vocab: int, batch: int, seq: int, generator: torch.Generator | None = None,
@@ -67,17 +69,28 @@ def synthetic_tokens(vocab: int, batch: int, seq: int, generator: torch.Generato
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
-def tokens_from_file(path: str, vocab: int, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, labels) from a .npy array of token ids (any shape; read flat): the first batch·(seq + 1)
-    ids, each row's labels its next ids. A short file or an id past the vocabulary is a MeshplanError."""
+def tokens_from_file(path: str, vocab: int, batch: int, seq: int) -> tuple:
+    """(tokens, labels, documents) from a .npy array of token ids (any shape; read flat), or from a .npz
+    with arrays `tokens` and `documents` (each token's document id, non-decreasing along a row: packed
+    documents, which the Mamba-2 blocks keep apart): the first batch·(seq + 1) ids, each row's labels
+    its next ids; documents is None for a .npy. A short file, an id past the vocabulary or documents
+    out of order is a MeshplanError."""
     import numpy as np
 
     from meshplan.errors import MeshplanError
 
     try:
-        ids = np.load(path, allow_pickle=False).reshape(-1)
+        data = np.load(path, allow_pickle=False)
+        if isinstance(data, np.lib.npyio.NpzFile):
+            missing = {"tokens", "documents"} - set(data.files)
+            if missing:
+                raise MeshplanError(f"--tokens: {path} lacks the array(s) {', '.join(sorted(missing))}; a .npz "
+                                    f"holds `tokens` and `documents` (each token's document id)")
+            ids, docs = data["tokens"].reshape(-1), data["documents"].reshape(-1)
+        else:
+            ids, docs = data.reshape(-1), None
     except (OSError, ValueError) as exc:
-        raise MeshplanError(f"--tokens: cannot read {path} as a .npy array of token ids ({exc})") from None
+        raise MeshplanError(f"--tokens: cannot read {path} as a .npy or .npz array of token ids ({exc})") from None
     need = batch * (seq + 1)
     if ids.size < need:
         raise MeshplanError(f"--tokens: {path} holds {ids.size} ids; batch {batch} × (seq {seq} + 1) needs {need}")
@@ -87,4 +100,12 @@ def tokens_from_file(path: str, vocab: int, batch: int, seq: int) -> tuple[torch
     if int(rows.min()) < 0 or int(rows.max()) >= vocab:
         raise MeshplanError(f"--tokens: ids in {path} run from {int(rows.min())} to {int(rows.max())}; "
                             f"the model's vocabulary is 0..{vocab - 1}")
-    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+    documents = None
+    if docs is not None:
+        if docs.size != ids.size or not np.issubdtype(docs.dtype, np.integer):
+            raise MeshplanError(f"--tokens: {path}'s documents must be integers, one per token ({docs.size} for "
+                                f"{ids.size} tokens)")
+        documents = torch.from_numpy(docs[:need].astype("int32")).view(batch, seq + 1)[:, :-1].contiguous()
+        if bool((documents[:, 1:] < documents[:, :-1]).any()):
+            raise MeshplanError(f"--tokens: {path}'s document ids decrease along a row; number documents in order")
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous(), documents

@@ -135,7 +135,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
             profile: bool = False, int8_allreduce: bool = False, host_samples: int = 3, *, whole: bool = False,
             tokens: tuple | None = None, weights: str | None = None) -> dict:
     """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
-    model from token ids to the loss (`tokens`: its (ids, labels), synthetic when None), else the layer
+    model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None), else the layer
     stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
     meshplan.executor.comm.quantized_all_reduce). `host_samples`: times the host's issue time of a
     step is taken (their median is reported). `weights`: a checkpoint folder each rank reads its shard of
@@ -166,8 +166,12 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     if whole:
         # One batch a data-parallel replica: the ranks that split one sequence must see the same ids.
         replica = torch.Generator(device=device).manual_seed(mesh.axis("dp").rank if layout.dp > 1 else 0)
-        ids, labels = tokens if tokens is not None else synthetic_tokens(model.vocab, batch, seq, replica, device)
+        ids, labels, documents = tokens if tokens is not None else (
+            *synthetic_tokens(model.vocab, batch, seq, replica, device), None)
         x, labels = ids.to(device), labels.to(device)
+        for layer in layers:  # packed documents: the Mamba-2 layers keep them apart
+            if documents is not None and hasattr(layer, "packed"):
+                layer.packed = documents.to(device)
         # The loss on the last stage starts the backward; between stages, hidden-state gradients.
         dy = torch.ones((), dtype=torch.float32, device=device) if train else None
         if head is not None:

@@ -19,24 +19,26 @@ def acc(t: torch.Tensor) -> torch.Tensor:
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                       seq_idx: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
-                      activation: str | None = "silu") -> torch.Tensor:
+                      activation: str | None = "silu", initial_seq_idx: torch.Tensor | None = None) -> torch.Tensor:
     """Depthwise causal conv over time. x (b, s, c), weight (c, k), initial_state (b, c, k-1).
 
-    With `seq_idx`, a token never sees taps from an earlier packed sequence.
+    With `seq_idx`, a token never sees taps from an earlier packed sequence. `initial_seq_idx` (b, k-1):
+    the sequence of each initial_state column (a previous shard's tail); without it they belong to none.
     """
     b, s, c = x.shape
     k = weight.shape[1]
     pad = x.new_zeros(b, k - 1, c) if initial_state is None else initial_state.transpose(1, 2).to(x.dtype)
     xp = torch.cat([pad, x], dim=1)  # (b, s + k - 1, c)
     out = torch.zeros(b, s, c, dtype=acc(x).dtype, device=x.device)
+    if seq_idx is not None:
+        before = seq_idx.new_full((b, k - 1), -1) if initial_seq_idx is None else initial_seq_idx.to(seq_idx.dtype)
+        padded_idx = torch.cat([before, seq_idx], dim=1)  # the sequence of each column of xp
     for tap in range(k):
         # output t uses input t - (k - 1 - tap)
         shift = k - 1 - tap
         contrib = acc(xp[:, tap:tap + s, :]) * acc(weight[:, tap])
         if seq_idx is not None and shift > 0:
-            src = torch.cat([seq_idx.new_full((b, shift), -1), seq_idx[:, :s - shift]], dim=1) if shift < s \
-                else seq_idx.new_full((b, s), -1)
-            contrib = contrib * (src == seq_idx).unsqueeze(-1)
+            contrib = contrib * (padded_idx[:, tap:tap + s] == seq_idx).unsqueeze(-1)
         out = out + contrib
     if bias is not None:
         out = out + acc(bias)

@@ -15,6 +15,8 @@ Twin of meshplan/costmodel/layouts/tpssm.py and sp.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -78,23 +80,30 @@ def _entering(gathered: torch.Tensor, rank: int, state_shape, decay_shape) -> to
     n = gathered.shape[0]
     numel = torch.Size(state_shape).numel()
     finals = gathered[:, :numel].view(n, *state_shape)
-    total = torch.cumsum(gathered[:, numel:].view(n, *decay_shape), 0)  # (Σ, b, h)
-    before = (torch.arange(n, device=total.device) < rank).view(-1, 1, 1)
-    log_w = torch.where(before, total[max(rank - 1, 0)] - total, torch.full_like(total, -float("inf")))
+    decay = gathered[:, numel:].view(n, *decay_shape)  # (Σ, b, h); −inf where a shard passes no state on
+    # Σ_{q<k<r} as sums from the rank down (suffix sums of rows 1..r−1), not as differences of one
+    # cumulative sum, which a −inf row would turn into NaN.
+    inner = decay[1:rank]
+    log_w = torch.cat([inner.flip(0).cumsum(0).flip(0), torch.zeros_like(decay[:1]),
+                       torch.full_like(decay[rank:], -float("inf"))]) if rank else torch.full_like(decay, -float("inf"))
     return torch.einsum("qbh,qbhpn->bhpn", torch.exp(log_w), finals)
 
 
-def _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm):
+def _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm, docs=None):
     """A sequence shard's output from its zero-start scan y0 and the state E entering it: the scan is
     linear in its entering state, so y_t = y0_t + exp(cum_t) · C_t·E (cum_t = Σ_{k≤t} dt_k·A, per head)
     and the state leaving it is final0 + exp(cum_last)·E. C·E takes C's dtype — bf16 on the GPU, as the
-    Triton scan's entering states are stored — and y y0's. Then the gated norm and out_proj."""
+    Triton scan's entering states are stored — and y y0's. Then the gated norm and out_proj. With packed
+    documents (`docs`), E reaches only the tokens of the document that continues into the shard: the
+    others' cum_t is −inf."""
     d_inner, ngroups = dims[:2]
     b, s = y0.shape[:2]
     # (b, s, h), fp32, summed along the tokens with them innermost: torch's cumsum over a middle
     # dimension took 1.4 ms for 8K tokens × 80 heads on an H200, more than the scan it replaces
     # (benchmarks/results/validation-h200-run39-x2-mamba2-sp-one-scan.json, `tensor_kernel_scan_outer_dim`).
     cum_hs = torch.cumsum((dt * A).transpose(1, 2).contiguous(), dim=-1)
+    if docs is not None:
+        cum_hs = cum_hs.masked_fill(~docs.keep[:, None, :], -float("inf"))
     cum = cum_hs.transpose(1, 2)
     if y0.is_cuda:  # Triton: y0 read and y written once (meshplan/kernels/shard_state.py)
         from meshplan.kernels.shard_state import EnteringStateFn
@@ -108,24 +117,76 @@ def _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm):
     return F.linear(y, out_w), final
 
 
-def seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis):
+@dataclass
+class ShardDocs:
+    """Packed documents on one contiguous sequence shard: its tokens' document ids `seq_idx` (b, t), those
+    of the previous shard's last d_conv − 1 conv inputs `tail_idx` (−1: none), `keep` (b, t): the tokens
+    the state entering the shard reaches (the document that continues into it), and `breaks` (b,): no
+    state passes through the shard (a document starts in it, or at its first token)."""
+
+    seq_idx: torch.Tensor
+    tail_idx: torch.Tensor
+    keep: torch.Tensor
+    breaks: torch.Tensor
+
+    @classmethod
+    def of(cls, packed: torch.Tensor | None, index: int, t: int, d_conv: int) -> "ShardDocs | None":
+        """Shard `index` of length t of the whole sequence's document ids `packed` (b, s); None without."""
+        if packed is None:
+            return None
+        start = index * t
+        local = packed[:, start:start + t]
+        k = d_conv - 1
+        tail = packed[:, max(start - k, 0):start]
+        tail = torch.cat([tail.new_full((tail.shape[0], k - tail.shape[1]), -1), tail], 1)
+        if start == 0:
+            keep = torch.zeros_like(local, dtype=torch.bool)
+        else:
+            keep = local == packed[:, start - 1:start]
+        return cls(local, tail, keep, ~keep.all(1))
+
+
+def _shard_decay(dt, A, docs: ShardDocs | None) -> torch.Tensor:
+    """(b, h) log decay a shard applies to the state passing through it: Σ_t dt_t·A, or −inf where a
+    document boundary stops the state."""
+    decay = (dt * A).sum(1)
+    if docs is None:
+        return decay
+    return decay.masked_fill(docs.breaks[:, None], -float("inf"))
+
+
+def last_document_tail(tail: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """A prefill's last d_conv − 1 conv inputs, as decode continues from them: zero where they belong to
+    an earlier document than the last."""
+    tail = tail.clone()
+    if packed is not None:
+        same = packed[:, -tail.shape[1]:] == packed[:, -1:]
+        tail *= same.unsqueeze(-1).to(tail.dtype)
+    return tail
+
+
+def seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis, docs=None):
     """The mixer core of one sequence shard with one scan, not two: conv and the scan from a zero state
     (y0, final0, total decay); one all-gather of every shard's final state and decay; the entering
     state E (_entering); then y corrected for E (_finish_shard), gated norm, out_proj. `weights`:
     conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w. Returns (out, the state leaving this shard,
-    E, the gathered summaries) — the last two are what seq_shard_backward needs beside the inputs."""
+    E, the gathered summaries) — the last two are what seq_shard_backward needs beside the inputs.
+    `docs`: packed documents on this shard (ShardDocs), or None."""
     conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w = weights
+    seq_idx, tail_idx = (docs.seq_idx, docs.tail_idx) if docs is not None else (None, None)
     with torch.no_grad():
-        (x, dt, A, B, C), z = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, conv_state=conv_state)
-        y0, final0 = _scan(x, dt, A, B, C, d_skip)
-        flat = torch.cat([final0.flatten(), (dt * A).sum(1).flatten()]).unsqueeze(0)
+        (x, dt, A, B, C), z = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx,
+                                                conv_state=conv_state, conv_state_idx=tail_idx)
+        y0, final0 = _scan(x, dt, A, B, C, d_skip, seq_idx=seq_idx)
+        flat = torch.cat([final0.flatten(), _shard_decay(dt, A, docs).flatten()]).unsqueeze(0)
         gathered = all_gather(mesh, flat, axis, 0)  # (Σ, state + decay)
         E = _entering(gathered, mesh.axis(axis).rank, final0.shape, (dt.shape[0], dt.shape[2]))
-        out, final = _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm)
+        out, final = _finish_shard(y0, C, dt, A, z, E, final0, norm_w, out_w, dims, norm, docs)
     return out, final, E, gathered
 
 
-def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_final, dims, norm, mesh, axis):
+def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_final, dims, norm, mesh, axis,
+                       docs=None):
     """Gradients of seq_shard_forward's (out, final) in its inputs: (zxbcdt, conv_state, conv_w, conv_b,
     dt_bias, a_log, d_skip, norm_w, out_w). The scan forward once more (its output as data only); the
     gradient of E, through _entering, gives every shard's final state and decay a gradient, which one
@@ -134,21 +195,22 @@ def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_fina
     conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w = weights
     ax = mesh.axis(axis)
     inputs = [t.detach().requires_grad_(True) for t in (zx, conv_state, conv_w, conv_b, dt_bias, a_log)]
+    seq_idx, tail_idx = (docs.seq_idx, docs.tail_idx) if docs is not None else (None, None)
     with torch.enable_grad():
-        (x, dt, A, B, C), z, xbc = _conv_scan_inputs(inputs[0], *inputs[2:], dims, conv_state=inputs[1],
-                                                     conv_out=True)
-        decay = (dt * A).sum(1)
+        (x, dt, A, B, C), z, xbc = _conv_scan_inputs(inputs[0], *inputs[2:], dims, seq_idx, conv_state=inputs[1],
+                                                     conv_out=True, conv_state_idx=tail_idx)
+        decay = _shard_decay(dt, A, docs)
     # The scan once more, outside autograd: its output y0 is only data for the correction (dropped
     # before the scan's backward, which recomputes from the inputs what it needs).
     with torch.no_grad():
-        y0, final0 = _scan(x, dt, A, B, C, d_skip)
+        y0, final0 = _scan(x, dt, A, B, C, d_skip, seq_idx=seq_idx)
     # The correction, norm and out_proj first, on leaves: their gradients of E and of the scan's
     # outputs come before the scan's backward.
     mid = [t.detach().requires_grad_(True) for t in (y0, C, dt, A, z, final0)]
     e_leaf = E.detach().requires_grad_(True)
     w = [t.detach().requires_grad_(True) for t in (norm_w, out_w)]
     with torch.enable_grad():
-        out, final = _finish_shard(*mid[:5], e_leaf, mid[5], *w, dims, norm)
+        out, final = _finish_shard(*mid[:5], e_leaf, mid[5], *w, dims, norm, docs)
         outs, grads = ([out, final], [grad_out, grad_final]) if grad_final is not None else ([out], [grad_out])
         d_mid = torch.autograd.grad(outs, mid + [e_leaf] + w, grads, allow_unused=True)
     del out, final, outs, mid, y0
@@ -162,7 +224,7 @@ def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_fina
     if d_final_out is not None:
         d_final0 = d_final0 + d_final_out
     sx, sdt, sA, sB, sC, sD = _scan_grads(x.detach(), dt.detach(), A.detach(), B.detach(), C.detach(), d_skip,
-                                          dy0, d_final0)
+                                          dy0, d_final0, seq_idx)
     del dy0, d_mid
     if dC is not None:
         sC = sC + dC
@@ -184,10 +246,10 @@ class Mamba2SeqShardFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, norm, mesh,
-                axis):
+                axis, docs=None):
         weights = (conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
-        out, final, E, gathered = seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis)
-        ctx.dims, ctx.norm, ctx.mesh, ctx.axis = dims, norm, mesh, axis
+        out, final, E, gathered = seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis, docs)
+        ctx.dims, ctx.norm, ctx.mesh, ctx.axis, ctx.docs = dims, norm, mesh, axis, docs
         ctx.save_for_backward(zxbcdt, conv_state, *weights, E, gathered)
         return out, final
 
@@ -195,8 +257,8 @@ class Mamba2SeqShardFn(torch.autograd.Function):
     def backward(ctx, grad_out, grad_final):
         zx, conv_state, *weights, E, gathered = ctx.saved_tensors
         grads = seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_final, ctx.dims, ctx.norm,
-                                   ctx.mesh, ctx.axis)
-        return (*grads, None, None, None, None)
+                                   ctx.mesh, ctx.axis, ctx.docs)
+        return (*grads, None, None, None, None, None)
 
 
 def share_last_shard_state(mesh: Mesh, axis: str, cache):
@@ -280,6 +342,7 @@ class ParallelMamba2(Sharded):
         self.bc_conv_rows = slice(di_l, di_l + 2 * ng_l * ds)
         self.norm_fn = _SpanningGatedNorm(mesh, tensor_axis, di) if (t > 1 and self.replicated_groups) else None
         self.keep_cache, self.ssm_cache = False, None
+        self.packed = None  # (b, s) document ids of the whole sequence when documents are packed
 
     def replicated_grad_params(self) -> list:
         """The weights whose B/C rows every tensor rank holds (ngroups < T): their gradients are partial
@@ -306,14 +369,17 @@ class ParallelMamba2(Sharded):
         if self.seq_axis:
             xbc = zxbcdt[..., di_l:2 * di_l + 2 * ng_l * ds]
             tail = _ShiftTail.apply(xbc[:, -(self.d_conv - 1):, :], self.mesh, self.seq_axis)
+            docs = ShardDocs.of(self.packed, self.mesh.axis(self.seq_axis).rank, x.shape[1], self.d_conv)
             out, state = Mamba2SeqShardFn.apply(zxbcdt, tail.transpose(1, 2), self.conv_w, self.conv_b, self.dt_bias,
                                                 self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims,
-                                                self.norm_fn, self.mesh, self.seq_axis)
+                                                self.norm_fn, self.mesh, self.seq_axis, docs)
         else:
             out, state = Mamba2CoreFn.apply(zxbcdt, None, None, self.conv_w, self.conv_b, self.dt_bias, self.a_log,
-                                            self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn)
+                                            self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn,
+                                            self.packed)
         if self.keep_cache:  # prefill: the conv tail and SSM state decode continues from
-            self.ssm_cache = (state, zxbcdt[:, -(self.d_conv - 1):, di_l:2 * di_l + 2 * ng_l * ds].clone())
+            tail = zxbcdt[:, -(self.d_conv - 1):, di_l:2 * di_l + 2 * ng_l * ds]
+            self.ssm_cache = (state, last_document_tail(tail, self.packed))
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
         return x + out

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from meshplan.executor.blocks import Mamba2Block
 from meshplan.executor.comm import Mesh, exchange, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import Sharded, rows
-from meshplan.executor.layouts.mamba import (TAG_TAIL, decode_step, seq_shard_backward, seq_shard_forward,
-                                             share_last_shard_state)
+from meshplan.executor.layouts.mamba import (TAG_TAIL, ShardDocs, decode_step, last_document_tail,
+                                             seq_shard_backward, seq_shard_forward, share_last_shard_state)
 
 AXIS = "tsp"
 # The block's weights in the order each rank packs its shard, and the dimension each is split along.
@@ -55,12 +55,13 @@ class _TSPMamba2Fn(torch.autograd.Function):
         full = layer.gather(own)
         zx = F.linear(xn, full["in_proj"])
         tail = layer.shift_tail(zx)
+        docs = ShardDocs.of(layer.packed, layer.mesh.axis(AXIS).rank, xn.shape[1], layer.d_conv)
         out, state, E, gathered = seq_shard_forward(zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]],
-                                                    layer.dims, None, layer.mesh, AXIS)
-        ctx.layer = layer
+                                                    layer.dims, None, layer.mesh, AXIS, docs)
+        ctx.layer, ctx.docs = layer, docs
         ctx.save_for_backward(xn, zx, tail, E, gathered, *own)
         if layer.keep_cache:  # prefill: the SSM state and conv tail decode continues from
-            layer.ssm_cache = (state, layer.xbc_tail(zx).clone())
+            layer.ssm_cache = (state, last_document_tail(layer.xbc_tail(zx), layer.packed))
         return out
 
     @staticmethod
@@ -70,7 +71,7 @@ class _TSPMamba2Fn(torch.autograd.Function):
         full = layer.gather(own)
         d_zx, d_state_in, *d_small = seq_shard_backward(zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]], E,
                                                         gathered, dout.contiguous(), None, layer.dims, None,
-                                                        layer.mesh, AXIS)
+                                                        layer.mesh, AXIS, ctx.docs)
         d_zx = d_zx.clone()
         layer.tail_grad_back(d_zx, d_state_in.transpose(1, 2))
         grads = dict(zip([n for n, _ in SPLIT[1:]], d_small))
@@ -96,6 +97,7 @@ class TSPMamba2(Sharded):
             self.take(name, ref, name, dim, rows(r * n, n))
             self.shapes.append((name, dim, tuple(whole.shape)))
         self.keep_cache, self.ssm_cache = False, None
+        self.packed = None  # (b, s) document ids of the whole sequence when documents are packed
 
     def own(self) -> list[torch.Tensor]:
         return [getattr(self, n) for n, _ in SPLIT]
