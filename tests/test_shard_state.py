@@ -50,3 +50,27 @@ def test_zero_entering_state_leaves_the_scan_output():
     assert torch.equal(leaves[0].grad, dy)
     assert not leaves[1].grad.any() and not leaves[2].grad.any()
 
+
+
+def test_tokens_of_a_new_document_take_no_entering_state():
+    """Packed documents: the executor sets cum to −inf on the tokens past the first boundary
+    (layouts.mamba.ShardDocs.keep). Those tokens keep y0 bit for bit, every gradient stays finite, and
+    the rest match the reference."""
+    ins, dy = _inputs(2, 90, 3, 16, 1, 16, seed=5, wide_c=False)
+    y0, C, cum, E = ins
+    keep = torch.arange(90) < torch.tensor([[40], [0]])  # row 0: a boundary at 40; row 1: at the start
+    cum = cum.masked_fill(~keep[:, None, :], -float("inf"))
+    mine = [t.clone().requires_grad_() for t in (y0, C, cum, E)]
+    ref = [t.clone().double().requires_grad_() for t in (y0, C, cum, E)]
+    out = EnteringStateFn.apply(*mine)
+    want = entering_state_ref(ref[0], ref[1], ref[2].transpose(1, 2), ref[3])
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(out[0, 40:], y0[0, 40:]) and torch.equal(out[1], y0[1])
+    out.backward(dy)
+    want.backward(dy.double())
+    for name, got, exp in zip(("y0", "C", "E"), (mine[0], mine[1], mine[3]), (ref[0], ref[1], ref[3])):
+        assert torch.isfinite(got.grad).all(), name
+        torch.testing.assert_close(got.grad.double(), exp.grad, rtol=1e-4, atol=1e-4, msg=name)
+    kept = keep[:, None, :].expand_as(cum)
+    assert torch.isfinite(mine[2].grad[kept]).all()
+    torch.testing.assert_close(mine[2].grad[kept].double(), ref[2].grad[kept], rtol=1e-4, atol=1e-4)
