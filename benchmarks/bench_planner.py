@@ -1,6 +1,6 @@
 """Planner speed: the full ranking (enumerate, memory, step estimate for every mesh) on large clusters.
 
-Target (DESIGN.md §6): a 16,384-GPU cluster ranked in under 2 s on one CPU core.
+Target (docs/design.md §6): a 16,384-GPU cluster ranked in under 2 s on one CPU core.
 Run: taskset -c 0 python benchmarks/bench_planner.py   (writes benchmarks/results/planner-cpu.json)
 """
 

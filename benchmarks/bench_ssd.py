@@ -22,7 +22,7 @@ from meshplan.executor.run import copy_roofline_bytes_per_s, kernel_times, media
 from meshplan.kernels import launch
 from meshplan.kernels import ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref
-from meshplan.kernels.ssd import ssd_chunked
+from meshplan.kernels.ssd_combined import ssd_chunked
 
 FWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_join_segments", "_chunk_scan")
 BWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_state_passing_bwd", "_join_segments", "_chunk_bwd_dx",

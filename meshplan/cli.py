@@ -102,7 +102,7 @@ def memory(
     """Per-GPU memory, broken down, for one or more layouts (a dry run: nothing is allocated)."""
     from meshplan.costmodel.options import MemoryOptions
     from meshplan.layout import parse_layout
-    from meshplan.models import load_model
+    from meshplan.hf_config import load_model
     from meshplan.reports import memory_records, parse_token_list, parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
@@ -245,7 +245,7 @@ def recommend(
 ):
     """Rank every mesh of the cluster for a model and shape — with recompute, Megatron-SP, micro-batch and
     virtual stages chosen per mesh — and say why the winner wins."""
-    from meshplan.models import load_model
+    from meshplan.hf_config import load_model
     from meshplan.planner import plan
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
@@ -335,7 +335,7 @@ def predict(
     """Cost of one given plan — memory, step time, throughput, MFU/HFU, exposed communication, the
     pipeline bubble — with no search."""
     from meshplan.layout import parse_layout
-    from meshplan.models import load_model
+    from meshplan.hf_config import load_model
     from meshplan.predict import predict as predict_plan
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
@@ -394,7 +394,7 @@ def crossover(
     from meshplan.costmodel.crossover import time_crossover_tokens, volume_crossover_tokens
     from meshplan.costmodel.options import CostOptions
     from meshplan.layout import Layout, validate_layout
-    from meshplan.models import load_model
+    from meshplan.hf_config import load_model
     from meshplan.topologies.cluster import load_cluster
 
     spec = load_model(model)
@@ -466,7 +466,7 @@ def execute(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from meshplan.layout import parse_layout, validate_layout, validate_seq
-    from meshplan.models import load_model
+    from meshplan.hf_config import load_model
     from meshplan.reports import parse_tokens
 
     for flag, value, low in (("--nproc", nproc, 1), ("--nnodes", nnodes, 1), ("--steps", steps, 1),
@@ -555,7 +555,7 @@ def _check_weights(folder: str, model: str, spec, dropped: list, layers: int, la
     from dataclasses import replace
 
     from meshplan.executor.checkpoint import Checkpoint
-    from meshplan.models import load_model
+    from meshplan.hf_config import load_model
 
     if layers_only or layers:
         raise MeshplanError("--weights: a checkpoint runs as the whole model; drop --layers-only and --layers")

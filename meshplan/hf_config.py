@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError, read_json
-from meshplan.models import AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, RopeSpec, dense
+from meshplan.models import PRESETS, AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, RopeSpec, dense
 
 
 class _Fields:
@@ -297,3 +297,18 @@ def model_from_hf_config(path: Path) -> ModelSpec:
             f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(sorted(_READERS))}")
     name = raw.get("_name_or_path") or Path(path).parent.name or model_type
     return _READERS[model_type](_Fields(raw, where), str(name))
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name, or a path to a HuggingFace config.json."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not path.exists():
+        raise MeshplanError(
+            f"--model: {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor an existing config.json path")
+    if path.is_dir():  # a checkpoint folder: its config.json
+        if not (path / "config.json").exists():
+            raise MeshplanError(f"--model: folder {name_or_path!r} holds no config.json; give the config file")
+        path = path / "config.json"
+    return model_from_hf_config(path)

@@ -156,7 +156,7 @@ class Mamba2Spec:
 
     @property
     def in_proj_width(self) -> int:
-        """z, x, B, C, dt packed: 2·d_inner + 2·ngroups·d_state + nheads (DESIGN.md §3)."""
+        """z, x, B, C, dt packed: 2·d_inner + 2·ngroups·d_state + nheads (docs/design.md §3)."""
         return 2 * self.d_inner + 2 * self.ngroups * self.d_state + self.nheads
 
     def param_count(self) -> int:
@@ -404,9 +404,9 @@ _MAMBA2_VOCAB = 50288
 _MAMBA2_SRC = "state-spaces/mamba2-* config.json (d_model, n_layer), mamba_ssm Mamba2 defaults"
 
 PRESETS: dict[str, ModelSpec] = {
-    # DESIGN.md §6 anchor: the 7B dense model of the TSP paper (arXiv 2604.26294).
+    # docs/design.md §6 anchor: the 7B dense model of the TSP paper (arXiv 2604.26294).
     "dense-7b": dense("dense-7b", 4096, 32, 32, 32, 4 * 4096, 32000,
-                      source="DESIGN.md §6 (TSP paper 7B: h 4096, 32 layers, 32 heads, F 4 gated, V 32000)"),
+                      source="docs/design.md §6 (TSP paper 7B: h 4096, 32 layers, 32 heads, F 4 gated, V 32000)"),
     # meta-llama/Meta-Llama-3-8B config.json.
     "llama3-8b": replace(dense("llama3-8b", 4096, 32, 32, 8, 14336, 128256,
                                source="meta-llama/Meta-Llama-3-8B config.json"), rope=RopeSpec(theta=500000.0)),
@@ -435,22 +435,3 @@ PRESETS: dict[str, ModelSpec] = {
         source="Zyphra/Zamba2-7B config.json (LoRA adapters omitted)",
     ),
 }
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name, or a path to a HuggingFace config.json."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
-    from pathlib import Path
-
-    path = Path(name_or_path)
-    if not path.exists():
-        raise MeshplanError(
-            f"--model: {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor an existing config.json path")
-    if path.is_dir():  # a checkpoint folder: its config.json
-        if not (path / "config.json").exists():
-            raise MeshplanError(f"--model: folder {name_or_path!r} holds no config.json; give the config file")
-        path = path / "config.json"
-    from meshplan.hf_config import model_from_hf_config
-
-    return model_from_hf_config(path)

@@ -200,7 +200,7 @@ def test_execute_keeps_packed_documents_apart_in_mamba2(tmp_path):
     import torch
 
     from meshplan.executor.model import CausalLM
-    from meshplan.models import load_model
+    from meshplan.hf_config import load_model
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "mamba2", "hidden_size": 32, "num_hidden_layers": 2, "state_size": 8,

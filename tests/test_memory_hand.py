@@ -113,7 +113,7 @@ def test_ssm_state_cache_mamba2_130m():
 
 
 def test_logits_at_128k_are_design_md_16_8_gb_and_the_gemms_bf16_copy():
-    # DESIGN.md §3: b·s·V fp32 logits at 128K tokens, V = 32000: 16.8 GB, which the loss keeps (as its
+    # docs/design.md §3: b·s·V fp32 logits at 128K tokens, V = 32000: 16.8 GB, which the loss keeps (as its
     # exponentials); beside them, at the peak, the head GEMM's bf16 logits (measured on one H200:
     # benchmarks/results/memory-peak-whole-dense-7b-2L-131072-h200.json). Unsplit without TP.
     model = PRESETS["dense-7b"]

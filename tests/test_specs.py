@@ -6,7 +6,8 @@ import pytest
 
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, parse_layout, validate_layout, validate_seq
-from meshplan.models import PRESETS, load_model
+from meshplan.hf_config import load_model
+from meshplan.models import PRESETS
 from meshplan.topologies.cluster import build_graph, load_cluster, preset_names
 
 # Published parameter counts (model cards): Llama-3-8B 8.03B, Falcon-Mamba-7B 7.27B, mamba2-* by name.

@@ -8,7 +8,7 @@ from meshplan.kernels import launch
 from meshplan.kernels.reference import ssd_chunked_ref, ssd_scan_ref
 from meshplan.kernels.launch import token_rows
 from meshplan.kernels import ssd
-from meshplan.kernels.ssd import ssd_chunked
+from meshplan.kernels.ssd_combined import ssd_chunked
 
 # Outputs come from torch.empty poisoned with NaN: an element a kernel leaves unwritten fails.
 pytestmark = pytest.mark.usefixtures("poison_empty")

@@ -25,7 +25,8 @@ from meshplan.executor.distributed import run_distributed
 from meshplan.executor.model import CausalLM
 from meshplan.executor.rotary import Rotary, inv_freq, rotate_qk
 from meshplan.layout import parse_layout
-from meshplan.models import RopeSpec, load_model
+from meshplan.hf_config import load_model
+from meshplan.models import RopeSpec
 
 VOCAB, SEQ, BATCH = 64, 16, 2
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -1,1 +1,1 @@
-"""Analytic cost model: pure functions from frozen specs to frozen results (DESIGN.md)."""
+"""Analytic cost model: pure functions from frozen specs to frozen results (docs/design.md)."""

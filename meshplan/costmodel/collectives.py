@@ -1,6 +1,6 @@
 """Collectives: what one moves (volume per rank) and what it costs on a group of GPUs (α-β).
 
-Volume, per rank, for ring algorithms (DESIGN.md §5): all-reduce 2(n−1)/n·M, all-gather and
+Volume, per rank, for ring algorithms (docs/design.md §5): all-reduce 2(n−1)/n·M, all-gather and
 reduce-scatter (n−1)/n·M, all-to-all (n−1)/n·M, broadcast (n−1)/n·M averaged over ranks (every
 rank but the root receives M), send/recv M per hop. M is the full buffer: the all-reduced tensor,
 the all-gather output, the reduce-scatter input, the broadcast tensor, one hop's tensor.

@@ -1,7 +1,7 @@
 """Compute time per block on one rank: GEMMs by roofline at an achieved rate, attention at the fused
 kernel's rate, memory-bound work (norms, activations, residuals, conv, scan) from HBM bytes.
 
-FLOPs per op (DESIGN.md §4): a GEMM of (m × k)·(k × n) is 2·m·n·k; causal attention is
+FLOPs per op (docs/design.md §4): a GEMM of (m × k)·(k × n) is 2·m·n·k; causal attention is
 4·t·s·(a·d)/2 forward (QKᵀ and PV, half the keys masked); backward is 2× a GEMM's forward and
 2.5× attention's (FlashAttention-2, Dao 2023: 5 matmuls against 2).
 """
@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.costmodel.layouts import Sharding
+from meshplan.costmodel.shapes import local_bc_channels
+from meshplan.kernels import launch  # its settings read at call time: benchmarks and tests set them
+from meshplan.kernels.launch import SSD_CHUNK, bwd_splits, pass_programs, pass_segments
 from meshplan.models import ModelSpec
 
 # Achieved / peak of the bf16 GEMMs in a training step of the 7B-shaped layers (forward and backward
@@ -85,8 +88,8 @@ SP_CORRECTION_DE_HBM_FRACTION = 0.458
 # cuts, 6.1× and 5.8× (profile-step-mamba2-h200-triton-norm.json); with the torch RMSNorm 6.7×, with the
 # torch gated norm too 13.2×. (At 4K the step's small kernels set it: 4.8×.)
 EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 2.77
-# Decode, measured on an H200 at batch 8 after a 16K prefill (2 layers, one GPU; benchmarks/results/
-# decode-profile-h200.json, `torchrun --nproc-per-node 1 benchmarks/gpu_validation.py --modes decode
+# Decode, measured on an H200 at batch 8 after a 16K prefill (2 layers, one GPU;
+# benchmarks/results/decode-profile-h200.json, `torchrun --nproc-per-node 1 benchmarks/gpu_validation.py --modes decode
 # --only single --profile 3 --steps 20`): torch's attention over the KV cache runs as two cuBLAS gemv
 # kernels (q·Kᵀ, then ·V) reading 4.29 GB in 2.34 ms, 1.84e12 B/s — 0.38 of the datasheet HBM rate.
 DECODE_ATTENTION_HBM_FRACTION = 0.38
@@ -95,8 +98,8 @@ DECODE_ATTENTION_HBM_FRACTION = 0.38
 # for 92 kernels: 2.340 ms in the attention gemvs (priced above), 0.283 ms in the other GEMMs and 0.255
 # ms in elementwise kernels, where the model puts 0.224 and 0.002 ms, and 0.285 ms idle — 0.595 ms more
 # than the model's work, 6.4 µs a kernel. Charged per launched kernel of a decode step (the launch
-# floor's count), on top of the GPU work; checked on runs 53-55 (benchmarks/results/validation-h200-
-# run5{3,4,5}-*.json), which were not used to set it: dense decode at one GPU 3.14-3.31 ms measured.
+# floor's count), on top of the GPU work; checked on runs 53-55
+# (benchmarks/results/validation-h200-run5{3,4,5}-*.json), which were not used to set it: dense decode at one GPU 3.14-3.31 ms measured.
 DECODE_KERNEL_GPU_S = 6.4e-6
 # The eager executor's kernel launches, a host-side floor under every step. Kernels per block
 # invocation counted by torch.profiler on 2 × H200 over 2-layer stacks (training and prefill at
@@ -129,8 +132,8 @@ STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 10
 # What sharding adds per block, from the same runs (degree 2): TP-SSM's collectives and their copies;
 # a sequence split — for Mamba-2 the shard's conv tail, the all-gather of the shards' summaries and the
 # correction for the entering state (forward, recomputed forward, their backward): 126 in training,
-# from 465 kernels a 2-layer SP step at 16K and 128K (benchmarks/results/validation-h200-run64-x2-mamba2-
-# sp-correction-cat.json, `kernels_per_step`) less one GPU's 213, a block; 23 in prefill (92 a 2-layer
+# from 465 kernels a 2-layer SP step at 16K and 128K
+# (benchmarks/results/validation-h200-run64-x2-mamba2-sp-correction-cat.json, `kernels_per_step`) less one GPU's 213, a block; 23 in prefill (92 a 2-layer
 # step, less twice the 23 above). With the correction as torch ops it was 142 and 30
 # (profile-sp-mamba2-128k-conv-head-h200x2.json; validation-h200-run4{0,1}-x2-mamba2-sp-one-scan.json);
 # TSP's Mamba-2 block (the ring's hops, the gathered weights' unpacking, SP's shard steps, the gradients'
@@ -225,8 +228,6 @@ class Device:
 
     @classmethod
     def _of(cls, cluster, stack) -> "Device":
-        from dataclasses import replace
-
         cal = cluster.calibration
         dev = cls(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s,
                   hbm_rated_bytes_per_s=cluster.gpu.hbm_bytes_per_s)
@@ -345,7 +346,7 @@ def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, d
     `parts` ranks: each rank runs two prefix attentions of tokens/2 queries, over (i+1)·c and (2D−i)·c
     keys (c = keys / 2D), at the prefix kernel's rate for that many keys — shorter prefixes run at a
     lower rate, so the balanced FLOPs do not take balanced time."""
-    import numpy as np
+    import numpy as np  # here, not at the top: importing the planner loads no numpy
 
     c = keys / (2 * parts)
     q = tokens / 2
@@ -445,7 +446,6 @@ def sp_correction_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev:
     """Seconds, forward and backward, of a Mamba-2 sequence shard's correction for the state E entering
     it (meshplan/executor/layouts/mamba.py, _finish_shard; Triton kernels, meshplan/kernels/shard_state.py)
     over `tokens` tokens: each kernel's bytes (sp_correction_bytes) at its measured HBM fraction."""
-    from meshplan.costmodel.memory import local_bc_channels
 
     m = model.mamba2
     groups = local_bc_channels(m, head_div) / 2 / m.d_state  # the B/C groups this rank's heads use
@@ -481,7 +481,6 @@ def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d
     Forward: the passing's weights, the state passing, the outputs. Backward: the weights of both
     passings, the passing (recomputed), the backward passing, the dx and dB/dC kernels.
     benchmarks/bench_ssd.py divides each by its kernel's measured time."""
-    from meshplan.kernels.launch import bwd_splits
 
     chunks = math.ceil(tokens / chunk)
     tokens = chunks * chunk  # padded to whole chunks
@@ -505,8 +504,6 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
     output kernel and
     the backward's two chunk kernels; the conv reads x and writes its output forward, reads x and dy and
     writes dx backward (benchmarks/bench_conv1d.py)."""
-    from meshplan.costmodel.memory import local_bc_channels
-    from meshplan.kernels.launch import SSD_CHUNK
 
     m = model.mamba2
     h = m.nheads / head_div
@@ -525,7 +522,6 @@ def scan_pass_s(rows: float, row_tokens: float, heads: float, headdim: int, d_st
     over `rows` sequence rows of `row_tokens` tokens and `heads` heads: each program takes its row's
     chunks (or its segment's, meshplan.kernels.launch.pass_segments, unless `segment` is False) in
     turn, and the SM's programs share its issue slots (see SCAN_PASS_STEP_ISSUE_S)."""
-    from meshplan.kernels.launch import SSD_CHUNK, pass_programs, pass_segments
 
     chunks = math.ceil(row_tokens / SSD_CHUNK)
     segments, steps = pass_segments(math.ceil(rows), heads, headdim, d_state, chunks) if segment else (1, chunks)
@@ -547,10 +543,9 @@ def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev:
     row_tokens = row_tokens or tokens
     b = mamba2_kernel_bytes(model, tokens, head_div, e)
     hbm = dev.rated_hbm
-    from meshplan.kernels.launch import PASS_SEGMENT_BACKWARD
 
     shape = (tokens / row_tokens, row_tokens, m.nheads / head_div, m.headdim, m.d_state)
-    passing, bwd_passing = scan_pass_s(*shape), scan_pass_s(*shape, segment=PASS_SEGMENT_BACKWARD)
+    passing, bwd_passing = scan_pass_s(*shape), scan_pass_s(*shape, segment=launch.PASS_SEGMENT_BACKWARD)
     return (passing + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
             2 * bwd_passing + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION)
             + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION))

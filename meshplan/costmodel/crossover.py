@@ -3,7 +3,7 @@
 Per layer and rank, forward: TP moves c_TP·b·s bytes; TSP moves P_layer·(D−1)/D (weights, fixed)
 plus c_KV·b·s (the K/V gather). Both are linear in the token count b·s, so two evaluations of the
 general schedule give each line and the crossing follows. With MHA and a gated F = 4 MLP it comes
-out at b·s = 8h (DESIGN.md §2) — a test checks that it falls out, nothing here assumes it.
+out at b·s = 8h (docs/design.md §2) — a test checks that it falls out, nothing here assumes it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import math
 
 from meshplan.costmodel.layouts import ScheduleContext, block_comms, sharding_for
 from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.step import estimate_step
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
 
@@ -62,7 +63,6 @@ def regime(model: ModelSpec, layout: Layout, tokens: int, opts: CostOptions = Co
 
 def time_crossover_tokens(model: ModelSpec, degree: int, cluster, opts: CostOptions = CostOptions()) -> float:
     """Smallest b·s (per replica, one sequence) where a TSP training step is no slower than TP's, or inf."""
-    from meshplan.costmodel.step import estimate_step
 
     tp, tsp = tp_layout_for(model, degree), Layout(tsp=degree)
 

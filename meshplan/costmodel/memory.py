@@ -1,4 +1,4 @@
-"""Per-GPU memory for a model, layout and shape (DESIGN.md §3).
+"""Per-GPU memory for a model, layout and shape (docs/design.md §3).
 
     total = kept + the largest of three moments
     kept      = parameters + optimizer state + KV / SSM caches
@@ -23,6 +23,7 @@ from meshplan.costmodel.activations import block_saved, checkpoint_units, head_s
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
+from meshplan.costmodel.shapes import block_params, local_bc_channels, streamed_block_params
 from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
 from meshplan.models import ModelSpec
 from meshplan.kernels import launch
@@ -51,12 +52,6 @@ class MemoryBreakdown:
     peak_phase: str  # "layer", "logits" or "optimizer": the moment that decides the peak
     pipeline_stage: str  # "only", "first" or "last": the stage reported
     assumptions: dict = field(default_factory=dict)
-
-
-def local_bc_channels(m, head_div: int) -> float:
-    """Mamba-2's B and C channels on a rank whose heads are split `head_div` ways: split with the
-    groups where T divides ngroups, else the whole groups its heads use (gcd(T, ngroups) ways)."""
-    return 2 * m.ngroups * m.d_state / math.gcd(head_div, m.ngroups)
 
 
 def _split_div(split: str, sh: Sharding, ngroups: int) -> int:
@@ -363,26 +358,6 @@ def mean_local_params(model: ModelSpec, sh: Sharding, pp: int = 1, embeddings: b
     return whole / pp
 
 
-def streamed_block_params(model: ModelSpec, kind: str) -> int:
-    """What TSP streams of a block: its weights less the input norm's scale (h elements, applied to the
-    rank's own tokens before any GEMM, so every rank keeps a copy)."""
-    norm = {"attention": model.attention.hidden if model.attention else 0,
-            "mlp": model.mlp.hidden if model.mlp else 0, "hybrid_proj": 0}.get(kind, model.d_model)
-    return block_params(model, kind) - norm
-
-
-def block_params(model: ModelSpec, kind: str) -> int:
-    if kind == "mamba2":
-        return model.mamba2.param_count()
-    if kind == "mamba1":
-        return model.mamba1.param_count()
-    if kind == "attention":
-        return model.attention.param_count()
-    if kind == "mlp":
-        return model.mlp.param_count()
-    return model.hybrid_proj_params()
-
-
 def int8_peer_buffer_bytes(model: ModelSpec, layout: Layout, opts: MemoryOptions, tokens: float) -> float:
     """The int8 all-reduce's double buffer over peer-mapped memory (meshplan/executor/peer.py), which
     the executor takes for TP-SSM on two ranks: two slots sized for a block output of `tokens` ×
@@ -453,8 +428,8 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         # The backward reaches a layer's attention after its MLP, whose saved tensors are freed by then:
         # the gathered K/V and their gradients stand beside the layer's input, output and output
         # gradient, not beside the MLP's first gradient buffer. On 4 H200s at 64K tokens, SP and TSP
-        # peak in the MLP's backward with the K/V gather long gone (benchmarks/results/
-        # memory-peak-4xh200.json); charging both at once over-predicted them by 9-14% at 64K-256K
+        # peak in the MLP's backward with the K/V gather long gone
+        # (benchmarks/results/memory-peak-4xh200.json); charging both at once over-predicted them by 9-14% at 64K-256K
         # (memory-curves-4xh200-run16.json).
         mlp_saved = _saved_bytes(block_saved("mlp", model, opts), batch * seq, seq, sh, 1) if model.mlp else 0.0
         attention_phase = _backward_layer_bytes(model, sh, batch * seq, opts, unit_full) + kv_gather - mlp_saved
@@ -530,7 +505,7 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
                 # A stage keeps each in-flight micro-batch's output until its gradient comes back, and
                 # the gradient received (first stage); the last keeps its output and its input's
                 # gradient going back (meshplan/executor/pipeline.py). Without them a pp=2 stage was
-                # under-predicted by 0.63 GiB at 16K tokens (benchmarks/results/validation-h200-run51-x2-pp.json).
+                # under-predicted by 0.63 GiB at 16K tokens (benchmarks/results/validation-h200-run51-x2-pp-first.json).
                 acts += boundary_activation_bytes(model, sh, seq, batch, opts, in_flight)
         has_logits = stage in ("only", "last")
         parts = {

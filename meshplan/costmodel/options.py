@@ -26,7 +26,7 @@ class CostOptions:
     optimizer: str = "adam"  # mixed-precision Adam: fp32 master + m + v = 12 B/param (ZeRO paper, §3)
     logits_dtype: str = "fp32"  # the loss computed in fp32
     kv_cache_dtype: str = "bf16"
-    ssm_state_dtype: str = "fp32"  # DESIGN.md §3: the SSM state cache kept in fp32
+    ssm_state_dtype: str = "fp32"  # docs/design.md §3: the SSM state cache kept in fp32
     tp_sequence_parallel: bool = False  # Megatron-SP on the TP axis: full-width activations also split by T
     int8_allreduce: bool = False  # TP-SSM: the block's all-reduce in int8 with per-group fp32 scales
     microbatches: int = 0  # pipeline micro-batches per step; 0: 4·pp (GPipe, Huang et al. 2019 §2.3: M ≥ 4K)

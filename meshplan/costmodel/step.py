@@ -1,4 +1,4 @@
-"""Step time: a per-block timeline with a compute stream and a communication stream (DESIGN.md §5).
+"""Step time: a per-block timeline with a compute stream and a communication stream (docs/design.md §5).
 
 What hides and what does not:
 - TP all-reduces sit on the critical path (exposed in full).
@@ -18,11 +18,12 @@ Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
-from meshplan.costmodel.compute import (BlockCompute, Device, block_compute, int8_allreduce_kernels_s,
-                                        logits_compute, optimizer_time_s)
+from meshplan.costmodel.compute import (ATTENTION_EFFICIENCY, DECODE_ATTENTION_HBM_FRACTION, DECODE_KERNEL_GPU_S,
+                                        BlockCompute, Device, block_compute, int8_allreduce_kernels_s,
+                                        logits_compute, optimizer_time_s, step_kernels_per_block)
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.layouts.tp import int8_block
 from meshplan.costmodel.memory import local_params
@@ -108,8 +109,6 @@ def as_stack_runs(c: Comm, stack: Stack) -> Comm:
     """A schedule entry with the overlap the stack gives it: tensor-parallel collectives behind the
     neighbouring GEMMs (overlap "tp"), pipeline sends behind the compute ("compute"), ZeRO-3 gathers
     prefetched behind the layers, and gradient reductions exposed where the stack does not overlap them."""
-    from dataclasses import replace
-
     if stack.tp_overlap and c.axis in ("tp", "tpssm") and c.overlap == "none" and c.block in (
             "attention", "mlp", "mamba2", "mamba1"):
         return replace(c, overlap="tp")
@@ -205,8 +204,6 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         breakdown[f"{kind}_exposed_comm_s"] = n * exposed
 
     if decode:  # the GPU's own cost of each tiny decode kernel (compute.DECODE_KERNEL_GPU_S)
-        from meshplan.costmodel.compute import DECODE_KERNEL_GPU_S
-
         kernel_gpu = _kernels(schedule, layout, opts.mode) * DECODE_KERNEL_GPU_S
         mb_compute += kernel_gpu
         breakdown["decode_kernel_gpu_s"] = kernel_gpu
@@ -303,8 +300,6 @@ def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int
     a = model.attention
     kv_bytes = batch * seq / sh.token_div * 2 * a.kv_width / sh.head_div * opts.nbytes("kv_cache_dtype")
     flops = 4 * batch * seq / sh.token_div * a.q_width / sh.head_div
-    from meshplan.costmodel.compute import ATTENTION_EFFICIENCY, DECODE_ATTENTION_HBM_FRACTION
-
     t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY),
             kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION))
     return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
@@ -312,8 +307,6 @@ def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int
 
 def _kernels(schedule, layout: Layout, mode: str) -> float:
     """Kernels the eager executor launches for one micro-batch (compute.step_kernels_per_block)."""
-    from meshplan.costmodel.compute import step_kernels_per_block
-
     return sum(n * step_kernels_per_block(kind, mode, layout) for kind, n in schedule.invocations.items())
 
 
@@ -323,7 +316,6 @@ def _host_s(schedule, layout: Layout, mode: str, dev: Device) -> float:
     and mode (Device.host_kernel_cost: compute.STEP_KERNEL_HOST_S and DECODE_KERNEL_HOST_S unless
     `meshplan calibrate` measured them). The executor's stacks have no embedding or LM head: their
     few launches are not counted."""
-    from meshplan.costmodel.compute import step_kernels_per_block
 
     decode = mode == "decode"
     return sum(n * step_kernels_per_block(kind, mode, layout) * dev.host_kernel_cost(kind, decode)

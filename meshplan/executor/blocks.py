@@ -194,7 +194,7 @@ def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None
 
 def _scan(x, dt, A, B, C, D=None, initial_state=None, seq_idx=None):
     if x.is_cuda:  # the Triton scan (forward and backward); CPU keeps the reference
-        from meshplan.kernels.ssd import ssd_chunked
+        from meshplan.kernels.ssd_combined import ssd_chunked
 
         return ssd_chunked(x, dt, A, B, C, D, initial_state=initial_state, chunk=SSD_CHUNK, seq_idx=seq_idx)
     return ssd_chunked_ref(x, dt, A, B, C, D, initial_state=initial_state, chunk=SSD_CHUNK, seq_idx=seq_idx)

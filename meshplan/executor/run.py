@@ -74,8 +74,8 @@ def use_expandable_segments() -> None:
 
     Large transient buffers (a 1M-token Mamba-2 layer's fp32 chunk states are 20-40 GiB each) fragment
     the caching allocator's fixed segments: mamba2-2.7b/2L at 512K tokens ran out of memory with 137 GiB
-    in use, and fit at a 115 GiB peak with expandable segments (benchmarks/results/
-    validation-h200-run12-x2-mamba2-long.json against run13)."""
+    in use, and fit at a 115 GiB peak with expandable segments
+    (benchmarks/results/validation-h200-run12-x2-mamba2-long.json against run13)."""
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 

@@ -23,7 +23,7 @@ from meshplan.executor.run import (
 from meshplan.executor.model import tokens_from_file
 from meshplan.executor.support import executed_spec, unsupported
 from meshplan.layout import parse_layout, validate_layout, validate_seq
-from meshplan.models import load_model
+from meshplan.hf_config import load_model
 from meshplan.topologies.cluster import load_cluster
 
 

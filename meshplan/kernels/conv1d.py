@@ -600,8 +600,8 @@ def _rows_as_read(x: torch.Tensor, marching: bool) -> tuple[torch.Tensor, int]:
     """(x, the distance between its rows) as the kernels take it: the marching kernels read x where it
     lies (launch.token_rows) — Mamba-2's xBC, a column slice of the in_proj output, is then not copied
     in the forward, the backward's recompute and the backward: two mamba2-2.7b layers training at 16K
-    on an H200 26.6-26.7 → 25.5-25.6 ms, gradients bit-equal (benchmarks/results/conv-in-place-ab-
-    h200.json). The tiled kernels take a contiguous x."""
+    on an H200 26.6-26.7 → 25.5-25.6 ms, gradients bit-equal
+    (benchmarks/results/conv-in-place-ab-h200.json). The tiled kernels take a contiguous x."""
     return launch.token_rows(x) if marching else (x.contiguous(), x.shape[2])
 
 

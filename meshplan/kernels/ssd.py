@@ -7,7 +7,7 @@ Same contract as meshplan.kernels.reference.ssd_chunked_ref, seq_idx included (n
 packed-sequence boundary): x (b, s, h, p), dt (b, s, h) after softplus, A (h,), B, C (b, s, g, n), D (h,).
 Returns y like x and the final state (b, h, p, n) fp32. Differentiable in every input and the
 initial state: the backward (meshplan.kernels.ssd_bwd) recomputes the chunk states rather than saving
-them.
+them; meshplan.kernels.ssd_combined joins the two under autograd.
 """
 
 from __future__ import annotations
@@ -419,28 +419,3 @@ def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp:
                                                 SEGMENTED=entering.segmented, L=chunk, BP=pk.bp, BN=pk.bn,
                                                 STAGES=FWD_STAGES, num_warps=FWD_WARPS)
     return y[:, :pk.s], final
-
-
-class SSDChunkedFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dt, A, B, C, D, initial_state, seq_idx, chunk, bp):
-        y, final = ssd_forward(x, dt, A, B, C, D, initial_state, chunk, bp, seq_idx)
-        ctx.save_for_backward(x, dt, A, B, C, D, initial_state, seq_idx)
-        ctx.chunk = chunk
-        ctx.set_materialize_grads(False)
-        return y, final
-
-    @staticmethod
-    def backward(ctx, dy, dfinal):
-        from meshplan.kernels.ssd_bwd import ssd_backward
-
-        x, dt, A, B, C, D, initial_state, seq_idx = ctx.saved_tensors
-        if dy is None:  # only the final state was used (a sequence shard's summary)
-            dy = torch.zeros_like(x)
-        grads = ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, ctx.chunk)
-        return (*grads, None, None, None)
-
-
-def ssd_chunked(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None):
-    """The chunked scan; differentiable (Triton backward) when any input requires grad."""
-    return SSDChunkedFn.apply(x, dt, A, B, C, D, initial_state, seq_idx, chunk, bp)

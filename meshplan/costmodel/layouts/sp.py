@@ -5,13 +5,13 @@ layer (a transient; re-gathered in backward rather than saved), and weight gradi
 all-reduced over Σ once per step.
 """
 
+from meshplan.costmodel.collectives import Comm
+from meshplan.costmodel.layouts.base import Sharding
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout
 
 
 def sharding(layout: Layout, options: MemoryOptions):
-    from meshplan.costmodel.layouts import Sharding
-
     return Sharding(weight_div=1, token_div=layout.sp, head_div=1, hidden_div=1, vocab_div=1, gathers_kv=True)
 
 
@@ -21,8 +21,6 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
     shard, and every shard's zero-start summary (final state, log decay) is all-gathered, so that each
     rebuilds the state entering it without waiting (meshplan/executor/layouts/mamba.py); backward
     sends the tail's gradient back and reduce-scatters the summaries' gradients."""
-    from meshplan.costmodel.collectives import Comm
-
     sigma = ctx.layout.sp * ctx.layout.tsp
     if sigma == 1:
         return []

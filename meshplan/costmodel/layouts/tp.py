@@ -7,13 +7,13 @@ with Megatron-SP they are split along the sequence too (34/T).
 
 import math
 
+from meshplan.costmodel.collectives import Comm
+from meshplan.costmodel.layouts.base import Sharding
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout
 
 
 def sharding(layout: Layout, options: MemoryOptions):
-    from meshplan.costmodel.layouts import Sharding
-
     t = layout.tensor_degree
     return Sharding(weight_div=t, token_div=1, head_div=t, hidden_div=t if options.tp_sequence_parallel else 1,
                     vocab_div=t)
@@ -32,8 +32,6 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
     gradient after the column-parallel one (backward). Megatron-SP swaps each for an all-gather and a
     reduce-scatter of the same total size; the backward re-gathers the saved sequence shard.
     Mamba-1 adds the all-reduce of x_proj's output (dt, B, C come from all d_inner channels)."""
-    from meshplan.costmodel.collectives import Comm
-
     t = ctx.layout.tensor_degree
     if t == 1 or kind == "hybrid_proj":
         return []

@@ -7,13 +7,14 @@ outputs accumulated locally (no all-reduce). So weight memory is TP's at degree 
 memory is SP's at degree D; the extra is in flight: double-buffered weight shards and the gathered K/V.
 """
 
+from meshplan.costmodel.collectives import Comm
+from meshplan.costmodel.layouts import sp
+from meshplan.costmodel.layouts.base import Sharding
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout
 
 
 def sharding(layout: Layout, options: MemoryOptions):
-    from meshplan.costmodel.layouts import Sharding
-
     d = layout.tsp
     return Sharding(weight_div=d, token_div=d, head_div=1, hidden_div=1, vocab_div=1, gathers_kv=True,
                     streams_weights=True)
@@ -26,9 +27,6 @@ def block_comms(ctx, kind: str):
     re-streams the shards the same way, re-gathers K/V, reduce-scatters dK/dV, and reduce-scatters
     the weight gradients (every rank holds partial gradients of every shard from its own tokens).
     Mamba blocks also hand the chunk-final state along the sequence, as SP does."""
-    from meshplan.costmodel.collectives import Comm
-    from meshplan.costmodel.layouts import sp
-
     d = ctx.layout.tsp
     if kind == "hybrid_proj":
         return []

@@ -32,6 +32,15 @@ class Sharded(nn.Module):
         target.register_parameter(leaf, nn.Parameter(value.clone()))
         self.index[local] = (ref_name, dim, idx)
 
+    def take_splits(self, ref_module: nn.Module, table: dict, degree: int, rank: int) -> None:
+        """Every weight of a splits table (meshplan.executor.layouts.splits): rank `rank` of `degree`
+        takes its slice; a whole dotted entry ("attn_norm.weight") is a norm module, copied whole."""
+        for name, split in table.items():
+            if split.dim is None and "." in name:
+                self.take_norm(name.rpartition(".")[0], ref_module)
+            else:
+                self.take(name, ref_module, name, split.dim, split.indices(degree, rank))
+
     def take_norm(self, name: str, ref_module: nn.Module) -> None:
         """A copy of the reference's RMSNorm `name` (its epsilon and whole scale), as submodule `name`."""
         src = ref_module.get_submodule(name)
@@ -39,10 +48,6 @@ class Sharded(nn.Module):
         del norm.weight
         setattr(self, name, norm)
         self.take(f"{name}.weight", ref_module, f"{name}.weight")
-
-
-def rows(start: int, length: int) -> torch.Tensor:
-    return torch.arange(start, start + length)
 
 
 def contiguous_tokens(seq: int, parts: int, index: int) -> torch.Tensor:

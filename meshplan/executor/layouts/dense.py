@@ -31,8 +31,8 @@ from meshplan.executor.layouts.common import (
     attend_zigzag,
     combine_partials,
     partial_attention,
-    rows,
 )
+from meshplan.executor.layouts.splits import dense_splits
 from meshplan.executor.rotary import rotate_qk
 
 
@@ -46,17 +46,7 @@ class ParallelDense(Sharded):
         self.heads, self.kv_heads, self.head_dim = ref.heads // t, ref.kv_heads // t, ref.head_dim
         self.gated = ref.gated
         q_w, kv_w = ref.heads * ref.head_dim, ref.kv_heads * ref.head_dim
-        lq, lkv = q_w // t, kv_w // t
-        f = ref.w_down.shape[1]
-        lf = f // t
-        self.take_norm("attn_norm", ref)
-        self.take_norm("mlp_norm", ref)
-        qkv_rows = torch.cat([rows(r * lq, lq), rows(q_w + r * lkv, lkv), rows(q_w + kv_w + r * lkv, lkv)])
-        self.take("w_qkv", ref, "w_qkv", 0, qkv_rows)
-        self.take("w_o", ref, "w_o", 1, rows(r * lq, lq))
-        in_rows = torch.cat([rows(r * lf, lf), rows(f + r * lf, lf)]) if ref.gated else rows(r * lf, lf)
-        self.take("w_in", ref, "w_in", 0, in_rows)
-        self.take("w_down", ref, "w_down", 1, rows(r * lf, lf))
+        self.take_splits(ref, dense_splits(q_w, kv_w, ref.w_down.shape[1], ref.gated), t, r)
         self.q_positions = q_positions
         self.rotary, self.seq = ref.rotary, seq
         self.next_position = seq  # decode's next token (prefill resets it)

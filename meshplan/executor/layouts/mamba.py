@@ -24,7 +24,8 @@ from meshplan.executor.blocks import (Mamba2Block, Mamba2CoreFn, _conv_scan_inpu
                                       cat_last, gated_norm)
 from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis,
                                    all_gather, all_reduce, broadcast, exchange, reduce_scatter)
-from meshplan.executor.layouts.common import Sharded, rows
+from meshplan.executor.layouts.common import Sharded
+from meshplan.executor.layouts.splits import mamba2_splits
 from meshplan.kernels.reference import acc, entering_state_ref
 
 TAG_TAIL = 2
@@ -322,21 +323,10 @@ class ParallelMamba2(Sharded):
             raise NotImplementedError(f"TP-SSM with ngroups={ng} not divisible by {t} (only ngroups=1 replicates)")
         self.replicated_groups = ng % t != 0  # ngroups = 1 < T
         ng_l = 1 if self.replicated_groups else ng // t
-        g0 = 0 if self.replicated_groups else r * ng_l
         di_l, nh_l = di // t, nh // t
         self.dims = (di_l, ng_l, ds, nh_l, hd)
         self.d_conv = ref.conv_w.shape[1]
-        in_rows = torch.cat([rows(r * di_l, di_l), di + rows(r * di_l, di_l), 2 * di + rows(g0 * ds, ng_l * ds),
-                             2 * di + ng * ds + rows(g0 * ds, ng_l * ds), 2 * di + 2 * ng * ds + rows(r * nh_l, nh_l)])
-        conv_rows = torch.cat([rows(r * di_l, di_l), di + rows(g0 * ds, ng_l * ds), di + ng * ds + rows(g0 * ds, ng_l * ds)])
-        self.take_norm("norm", ref)
-        self.take("in_proj", ref, "in_proj", 0, in_rows)
-        self.take("conv_w", ref, "conv_w", 0, conv_rows)
-        self.take("conv_b", ref, "conv_b", 0, conv_rows)
-        for name in ("dt_bias", "a_log", "d_skip"):
-            self.take(name, ref, name, 0, rows(r * nh_l, nh_l))
-        self.take("norm_w", ref, "norm_w", 0, rows(r * di_l, di_l))
-        self.take("out_proj", ref, "out_proj", 1, rows(r * di_l, di_l))
+        self.take_splits(ref, mamba2_splits(di, ng, ds, nh, t), t, r)
         # Rows of in_proj / channels of conv that every tensor rank holds (B and C when ngroups = 1).
         self.bc_in_rows = slice(2 * di_l, 2 * di_l + 2 * ng_l * ds)
         self.bc_conv_rows = slice(di_l, di_l + 2 * ng_l * ds)

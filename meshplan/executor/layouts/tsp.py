@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import DenseLayer
 from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
+from meshplan.executor.layouts.splits import dense_splits
 from meshplan.executor.layouts.common import (KVCache, Sharded, attend_zigzag, combine_partials, partial_attention,
-                                              rows, ZigzagKeys, zigzag_tokens)
+                                              ZigzagKeys, zigzag_tokens)
 
 
 def _attend(q, k, v, layer):
@@ -202,13 +203,7 @@ class TSPDense(Sharded):
         self.lq, self.lkv = q_w // d, kv_w // d
         f = ref.w_down.shape[1]
         self.lf, self.hidden = f // d, ref.w_o.shape[0]
-        self.take_norm("attn_norm", ref)
-        self.take_norm("mlp_norm", ref)
-        self.take("w_qkv", ref, "w_qkv", 0, torch.cat([rows(r * self.lq, self.lq), rows(q_w + r * self.lkv, self.lkv),
-                                                       rows(q_w + kv_w + r * self.lkv, self.lkv)]))
-        self.take("w_o", ref, "w_o", 1, rows(r * self.lq, self.lq))
-        self.take("w_in", ref, "w_in", 0, torch.cat([rows(r * self.lf, self.lf), rows(f + r * self.lf, self.lf)]))
-        self.take("w_down", ref, "w_down", 1, rows(r * self.lf, self.lf))
+        self.take_splits(ref, dense_splits(q_w, kv_w, f, gated=True), d, r)
         self.q_positions = zigzag_tokens(seq, d, r)
         self.rotary, self.seq = ref.rotary, seq
         self.next_position = seq  # decode's next token (prefill resets it)

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import Mamba2Block
 from meshplan.executor.comm import Mesh, exchange, reduce_scatter, ring_shift
-from meshplan.executor.layouts.common import Sharded, rows
+from meshplan.executor.layouts.common import Sharded
+from meshplan.executor.layouts.splits import WHOLE, contiguous_splits
 from meshplan.executor.layouts.mamba import (TAG_TAIL, ShardDocs, decode_step, last_document_tail,
                                              seq_shard_backward, seq_shard_forward, share_last_shard_state)
 
@@ -89,13 +90,9 @@ class TSPMamba2(Sharded):
         self.mesh, self.dims, self.d_conv = mesh, ref.dims, ref.conv_w.shape[1]
         di, ng, ds = ref.dims[0], ref.dims[1], ref.dims[2]
         self.conv_channels = di + 2 * ng * ds
-        self.take_norm("norm", ref)
-        self.shapes = []  # each weight's whole shape
-        for name, dim in SPLIT:
-            whole = getattr(ref, name)
-            n = whole.shape[dim] // d
-            self.take(name, ref, name, dim, rows(r * n, n))
-            self.shapes.append((name, dim, tuple(whole.shape)))
+        self.shapes = [(name, dim, tuple(getattr(ref, name).shape)) for name, dim in SPLIT]  # each whole shape
+        table = contiguous_splits({name: shape for name, _, shape in self.shapes}, dict(SPLIT))
+        self.take_splits(ref, {"norm.weight": WHOLE, **table}, d, r)
         self.keep_cache, self.ssm_cache = False, None
         self.packed = None  # (b, s) document ids of the whole sequence when documents are packed
 

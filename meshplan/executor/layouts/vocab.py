@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.executor.comm import AllToAll, CopyToAxis, Mesh, ReduceFromAxis, all_reduce, reduce_scatter, ring_shift
-from meshplan.executor.layouts.common import Sharded, rows
+from meshplan.executor.layouts.splits import vocab_split
+from meshplan.executor.layouts.common import Sharded
 from meshplan.executor.model import OutputHead, TokenEmbedding
 
 
@@ -130,18 +131,15 @@ def take_vocab_matrix(module: Sharded, ref, mesh: Mesh, tensor_axis: str | None)
     1/T of the rows (vocabulary ids) on a tensor axis, all of it otherwise — and return the first
     vocabulary id it holds."""
     vocab, hidden = ref.weight.shape
-    if mesh.layout.tsp > 1:
-        ax = mesh.axis("tsp")
-        c = hidden // ax.size
-        module.take("weight", ref, "weight", 1, rows(ax.rank * c, c))
+    columns = mesh.layout.tsp > 1
+    axis = "tsp" if columns else tensor_axis
+    if axis is None:
+        module.take("weight", ref, "weight")
         return 0
-    if tensor_axis:
-        ax = mesh.axis(tensor_axis)
-        n = vocab // ax.size
-        module.take("weight", ref, "weight", 0, rows(ax.rank * n, n))
-        return ax.rank * n
-    module.take("weight", ref, "weight")
-    return 0
+    ax = mesh.axis(axis)
+    split = vocab_split(vocab, hidden, columns)
+    module.take("weight", ref, "weight", split.dim, split.indices(ax.size, ax.rank))
+    return 0 if columns else ax.rank * (vocab // ax.size)
 
 
 class ParallelEmbedding(Sharded):

@@ -1,0 +1,103 @@
+"""Which slice of each reference weight a rank's module holds, written as tables: the executor's twin
+of the cost model's `Sharding.weight_div` (tests/test_layout_tables.py holds the two together).
+
+A weight is cut along `dim` into its parts — the segments of a fused matrix: [Q; K; V] rows, [gate;
+up] rows, Mamba-2's [z; x; B; C; dt] rows — and each part into `degree` equal pieces, of which rank r
+keeps piece r; a part marked whole is kept entire by every rank (Mamba-2's B/C group when it spans
+the tensor axis). `dim` None keeps the weight whole (the norm scales, applied to a rank's own tokens).
+
+    layout (axis)      module                    table
+    tp, tp+sp          dense.ParallelDense       dense_splits
+    tsp                tsp.TSPDense              dense_splits
+    tpssm, tpssm+sp    mamba.ParallelMamba2      mamba2_splits
+    tsp                tsp_mamba.TSPMamba2       contiguous_splits (one part a weight)
+    tp / tpssm; tsp    vocab.ParallelEmbedding,  vocab_split (vocabulary rows; hidden columns)
+                       vocab.ParallelHead
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Part:
+    size: int  # rows (or columns) of the part in the reference weight
+    split: bool = True  # cut into `degree` pieces, or kept whole by every rank
+
+
+@dataclass(frozen=True)
+class Split:
+    dim: int | None  # the dimension cut; None: the whole weight on every rank
+    parts: tuple[Part, ...] = ()
+
+    def indices(self, degree: int, rank: int) -> torch.Tensor | None:
+        """The reference rows (or columns) rank `rank` of `degree` keeps, in order; None for a whole weight."""
+        if self.dim is None:
+            return None
+        pieces, offset = [], 0
+        for part in self.parts:
+            n = part.size // degree if part.split else part.size
+            start = offset + (rank * n if part.split else 0)
+            pieces.append(torch.arange(start, start + n))
+            offset += part.size
+        return torch.cat(pieces)
+
+    def local_numel(self, shape: tuple[int, ...], degree: int) -> int:
+        """Elements a rank holds of a reference weight of `shape`."""
+        if self.dim is None:
+            return int(torch.Size(shape).numel())
+        kept = sum(p.size // degree if p.split else p.size for p in self.parts)
+        return int(torch.Size(shape).numel()) // shape[self.dim] * kept
+
+
+WHOLE = Split(None)
+
+
+def _cut(dim: int, *sizes: int) -> Split:
+    return Split(dim, tuple(Part(n) for n in sizes))
+
+
+def dense_splits(q_width: int, kv_width: int, ffn: int, gated: bool) -> dict[str, Split]:
+    """Megatron's TP of a dense layer (TSP folds the same split onto its one axis): Q, K and V and the
+    [gate; up] rows column-parallel, part by part; W_O and W_down row-parallel (their input columns)."""
+    return {
+        "attn_norm.weight": WHOLE,
+        "mlp_norm.weight": WHOLE,
+        "w_qkv": _cut(0, q_width, kv_width, kv_width),
+        "w_o": _cut(1, q_width),
+        "w_in": _cut(0, ffn, ffn) if gated else _cut(0, ffn),
+        "w_down": _cut(1, ffn),
+    }
+
+
+def mamba2_splits(d_inner: int, ngroups: int, d_state: int, nheads: int, degree: int) -> dict[str, Split]:
+    """TP-SSM (Dutt et al., arXiv 2602.21144): in_proj's z, x, B, C, dt segments each split by rank,
+    so that conv1d and the scan stay local; B and C split with their groups where the degree divides
+    ngroups, else (one group) kept whole; the heads' dt_bias, A and D, the gated norm's scale and
+    out_proj's columns split with the heads."""
+    bc = Part(ngroups * d_state, split=ngroups % degree == 0)
+    return {
+        "norm.weight": WHOLE,
+        "in_proj": Split(0, (Part(d_inner), Part(d_inner), bc, bc, Part(nheads))),
+        "conv_w": Split(0, (Part(d_inner), bc, bc)),
+        "conv_b": Split(0, (Part(d_inner), bc, bc)),
+        "dt_bias": _cut(0, nheads),
+        "a_log": _cut(0, nheads),
+        "d_skip": _cut(0, nheads),
+        "norm_w": _cut(0, d_inner),
+        "out_proj": _cut(1, d_inner),
+    }
+
+
+def contiguous_splits(shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> dict[str, Split]:
+    """Each weight cut into contiguous pieces along its dimension (TSP's Mamba-2 block, whose shards
+    are gathered whole before use, so no part needs to stay aligned with another)."""
+    return {name: _cut(dims[name], shapes[name][dims[name]]) for name in dims}
+
+
+def vocab_split(vocab: int, hidden: int, columns: bool) -> Split:
+    """The vocab × hidden matrix: vocabulary rows on a tensor axis, hidden columns under TSP."""
+    return _cut(1, hidden) if columns else _cut(0, vocab)
