@@ -363,8 +363,8 @@ def _norm_params(model: ModelSpec, embeddings: bool, scales_only: bool) -> int:
 
 # -- presets ----------------------------------------------------------------------------------
 
-def dense(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int,
-          gated: bool = True, tied: bool = False, source: str = "", head_dim: int | None = None, *,
+def dense(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int, *,
+          gated: bool = True, tied: bool = False, source: str = "", head_dim: int | None = None,
           bias: bool = False, norm: str = "rmsnorm", positions: str = "rotary", max_positions: int = 0) -> ModelSpec:
     """A pre-norm decoder stack; the heads split `hidden` evenly unless `head_dim` is given."""
     if head_dim is None:
@@ -390,7 +390,7 @@ def gpt(name: str, hidden: int, layers: int, heads: int, vocab: int, seq: int, *
                  max_positions=seq if positions == "learned" else 0)
 
 
-def mamba2(name: str, d_model: int, layers: int, vocab: int, d_state: int = 128, headdim: int = 64,
+def mamba2(name: str, d_model: int, layers: int, vocab: int, *, d_state: int = 128, headdim: int = 64,
            ngroups: int = 1, expand: int = 2, d_conv: int = 4, tied: bool = True, source: str = "") -> ModelSpec:
     return ModelSpec(
         name=name, family="mamba2", d_model=d_model, layers=layers, vocab=vocab, tied_embeddings=tied,

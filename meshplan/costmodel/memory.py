@@ -375,47 +375,87 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
                    embeddings: bool = True) -> MemoryBreakdown:
     """Per-GPU bytes by component. `seq` is the context length (prompt + cache in decode), `batch`
     the micro-batch in sequences. `embeddings=False`: the bare layer stack the executor runs (no
-    embedding, LM head or logits)."""
+    embedding, LM head or logits). In phases (docs/design.md §3): what every pipeline stage shares —
+    the inference caches, the layer phase's transients, the logits — then each stage's model states
+    and activations at its fullest moment, and the fullest stage."""
     validate_layout(layout, model, num_gpus)
     validate_seq(layout, seq, batch)
     sh = sharding_for(layout, opts)
     train = opts.training
-    p_bytes = model.param_bytes_per_element
     zero = layout.zero if layout.dp > 1 else 0
-    # ZeRO shards over the gradient group: dp, times sp where SP replicates the weights too, as the
-    # schedule reduce-scatters (Megatron-LM builds its distributed optimizer over the data-parallel
-    # group with context parallel: get_megatron_optimizer, megatron/core/optimizer/__init__.py).
-    shards = grad_group(layout)[1] if zero else 1
-
     pp = layout.pp
     stage_layers = pipeline_stages(model.layers, pp, opts.stage_layers)
     microbatches = opts.steps_for(layout.dp, pp, batch) if train else 1
     chunks = opts.chunks if pp > 1 else 1
     # Saved activations of an even stage (1/pp of the layers); an uneven one scales by its layers.
     saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / pp)
-    head_items = head_activation_bytes(model, sh, seq, batch, opts) if train and embeddings else 0.0
+    step_tokens = 1 if opts.mode == "decode" else seq
+    shared = _Shared(
+        caches=(0.0, 0.0) if train else _inference_caches(model, layout, seq, batch, sh, opts),
+        layer=_layer_transients(model, layout, seq, batch, sh, opts, unit_full, zero),
+        logits=_logits_transient(model, layout, seq, batch, sh, opts, embeddings),
+        saved_all=saved_all,
+        head_items=head_activation_bytes(model, sh, seq, batch, opts) if train and embeddings else 0.0,
+        peer_buffer=int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div),
+    )
+    results = [_stage_peak(model, layout, seq, batch, opts, sh, shared, index, stage_layers, microbatches, chunks,
+                           embeddings) for index in _stages_to_check(stage_layers, pp, microbatches, chunks)]
+    total, stage, phase, parts = max(results, key=lambda r: r[0])
+    return MemoryBreakdown(
+        per_gpu_bytes={k: int(round(v)) for k, v in parts.items()},
+        total_bytes=int(round(total)),
+        peak_phase=phase,
+        pipeline_stage=stage,
+        assumptions={**opts.as_dict(), "pipeline_schedule": (opts.schedule if pp > 1 else "none"),
+                     "zero_stage": zero, "microbatches": microbatches, "stage_layers": list(stage_layers)},
+    )
 
-    # Caches (inference): KV per attention invocation, conv + SSM state per Mamba layer.
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every pipeline stage of one plan has in common: the inference caches (KV, SSM state), the
+    layer phase's transients (_layer_transients), the logits phase's, the saved activations of an even
+    stage, what the head saves, the int8 all-reduce's peer buffer."""
+
+    caches: tuple[float, float]
+    layer: dict
+    logits: float
+    saved_all: float
+    head_items: float
+    peer_buffer: float
+
+
+def _inference_caches(model: ModelSpec, layout: Layout, seq: int, batch: int, sh: Sharding,
+                      opts: MemoryOptions) -> tuple[float, float]:
+    """(KV cache, SSM state cache) bytes a rank keeps for inference: K/V per attention invocation, conv
+    + SSM state per Mamba layer."""
     kv_cache = ssm_cache = 0.0
-    if not train:
-        if model.attention is not None:
-            # Sliding-window layers keep only the window's keys (transformers' sliding-window cache).
-            windowed = model.windowed_share(seq) * model.attention_layers
-            kept = (model.attention_layers - windowed) * seq + windowed * model.attention_window
-            kv_cache = kept / layout.pp * batch * 2 * model.attention.kv_width \
-                * opts.nbytes("kv_cache_dtype") / (sh.token_div * sh.head_div)
-        m = model.mamba2 or model.mamba1
-        if m is not None:
-            # Per sequence and layer: conv state (channels × (d_conv − 1)) and the SSM state.
-            if model.mamba2 is not None:
-                conv_ch = m.d_inner / sh.head_div + local_bc_channels(m, sh.head_div)
-                ssm_elems = m.nheads * m.headdim * m.d_state / sh.head_div
-            else:
-                conv_ch, ssm_elems = m.d_inner / sh.head_div, m.d_inner * m.d_state / sh.head_div
-            per_seq = conv_ch * (m.d_conv - 1) * opts.nbytes("act_dtype") + ssm_elems * opts.nbytes("ssm_state_dtype")
-            ssm_cache = (model.mamba_layers / layout.pp) * batch * per_seq
+    if model.attention is not None:
+        # Sliding-window layers keep only the window's keys (transformers' sliding-window cache).
+        windowed = model.windowed_share(seq) * model.attention_layers
+        kept = (model.attention_layers - windowed) * seq + windowed * model.attention_window
+        kv_cache = kept / layout.pp * batch * 2 * model.attention.kv_width \
+            * opts.nbytes("kv_cache_dtype") / (sh.token_div * sh.head_div)
+    m = model.mamba2 or model.mamba1
+    if m is not None:
+        # Per sequence and layer: conv state (channels × (d_conv − 1)) and the SSM state.
+        if model.mamba2 is not None:
+            conv_ch = m.d_inner / sh.head_div + local_bc_channels(m, sh.head_div)
+            ssm_elems = m.nheads * m.headdim * m.d_state / sh.head_div
+        else:
+            conv_ch, ssm_elems = m.d_inner / sh.head_div, m.d_inner * m.d_state / sh.head_div
+        per_seq = conv_ch * (m.d_conv - 1) * opts.nbytes("act_dtype") + ssm_elems * opts.nbytes("ssm_state_dtype")
+        ssm_cache = (model.mamba_layers / layout.pp) * batch * per_seq
+    return kv_cache, ssm_cache
 
-    # Transients of the layer phase.
+
+def _layer_transients(model: ModelSpec, layout: Layout, seq: int, batch: int, sh: Sharding, opts: MemoryOptions,
+                      unit_full: float, zero: int) -> dict:
+    """The layer phase's transients beside the saved activations: one layer's working set ("working"),
+    the gathered K/V ("kv_gather"), the backward's attention moment ("attention_phase"), TSP's
+    streamed weights ("weight_shards"), ZeRO 3's gathered layers ("comm_buffers")."""
+    train = opts.training
+    p_bytes = model.param_bytes_per_element
     kv_gather = 0.0
     if sh.gathers_kv and model.attention is not None and opts.mode != "decode":
         kv_gather = batch * seq * 2 * model.attention.kv_width * opts.nbytes("act_dtype") / sh.head_div
@@ -459,11 +499,17 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
     comm_buffers = 0.0
     if zero == 3:
         comm_buffers = 2 * largest_block / sh.weight_div * p_bytes  # gathered layer + the prefetched next one
+    return {"working": working, "kv_gather": kv_gather, "attention_phase": attention_phase,
+            "weight_shards": weight_shards, "comm_buffers": comm_buffers}
 
-    # Logits phase.
+
+def _logits_transient(model: ModelSpec, layout: Layout, seq: int, batch: int, sh: Sharding, opts: MemoryOptions,
+                      embeddings: bool) -> float:
+    """The logits phase's transient on a rank that holds the head (none for the bare layer stack)."""
     if not embeddings:
-        logits = 0.0
-    elif train:
+        return 0.0
+    p_bytes = model.param_bytes_per_element
+    if opts.training:
         # The head's GEMM writes the logits in the activation dtype; the loss takes an fp32 copy, which it
         # turns into exponentials in place and keeps for backward, whose gradient it becomes in place
         # (Megatron's vocab-parallel cross-entropy; meshplan/executor/layouts/vocab.py). Measured on one
@@ -474,75 +520,78 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
                                                                    / opts.nbytes("logits_dtype"))
     else:
         logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
-    if embeddings and sh.streams_weights:
+    if sh.streams_weights:
         # TSP's head: its column shards travel the ring (the one in hand and the one arriving), and the
         # backward holds this rank's partial gradient of every shard until the reduce-scatter
         # (meshplan/executor/layouts/vocab.py, _TSPLogits).
         matrix = model.vocab * model.d_model
-        logits += 2 * matrix / layout.tsp * p_bytes + (matrix * opts.nbytes("grad_dtype") if train else 0.0)
+        logits += 2 * matrix / layout.tsp * p_bytes + (matrix * opts.nbytes("grad_dtype") if opts.training else 0.0)
+    return logits
 
+
+def _stage_peak(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions, sh: Sharding,
+                shared: _Shared, index: int, stage_layers: tuple[int, ...], microbatches: int, chunks: int,
+                embeddings: bool) -> tuple[float, str, str, dict]:
+    """Pipeline stage `index`: (its peak bytes, its name, the phase that sets the peak, its components):
+    model states (ZeRO's shares), its in-flight micro-batches' activations, and the largest of the layer,
+    logits, attention and optimizer phases."""
+    train, pp = opts.training, layout.pp
+    p_bytes = model.param_bytes_per_element
+    zero = layout.zero if layout.dp > 1 else 0
+    # ZeRO shards over the gradient group: dp, times sp where SP replicates the weights too, as the
+    # schedule reduce-scatters (Megatron-LM builds its distributed optimizer over the data-parallel
+    # group with context parallel: get_megatron_optimizer, megatron/core/optimizer/__init__.py).
+    shards = grad_group(layout)[1] if zero else 1
+    stage = "only" if pp == 1 else "first" if index == 0 else "last" if index == pp - 1 else "middle"
+    share = stage_layers[index] / model.layers
+    params = local_params(model, sh, pp, stage, embeddings, share)
+    param_b = params * p_bytes / (shards if zero >= 3 else 1)
+    grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
+    opt_bytes = 0
+    if train and opts.optimizer == "adam":
+        opt_bytes = ADAM_STATE_BYTES_PER_PARAM if p_bytes < 4 else ADAM_STATE_BYTES_FP32_PARAMS
+    opt_b = params * opt_bytes / shards
+    acts = 0.0
+    if train:
+        # Chunks of 1/v of the stage's layers in flight (meshplan.costmodel.pipeline.in_flight_chunks):
+        # the first stage of 1F1B holds pp micro-batches, interleaved (1 + (p − 1)/(p·v)) times that.
+        in_flight = in_flight_chunks(index, pp, microbatches, chunks) if pp > 1 else 1
+        stage_saved = shared.saved_all * share * pp * in_flight / chunks
+        acts = stage_saved + (shared.head_items if stage in ("only", "last") else 0.0)
+        if pp > 1:
+            # A stage keeps each in-flight micro-batch's output until its gradient comes back, and
+            # the gradient received (first stage); the last keeps its output and its input's
+            # gradient going back (meshplan/executor/pipeline.py). Without them a pp=2 stage was
+            # under-predicted by 0.63 GiB at 16K tokens (benchmarks/results/validation-h200-run51-x2-pp-first.json).
+            acts += boundary_activation_bytes(model, sh, seq, batch, opts, in_flight)
+    has_logits = stage in ("only", "last")
+    kv_cache, ssm_cache = shared.caches
+    layer = shared.layer
     workspace = BLAS_WORKSPACE_BYTES * (2 if train else 1)
-    peer_buffer = int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div)
-    results = []
-    for index in _stages_to_check(stage_layers, pp, microbatches, chunks):
-        stage = "only" if pp == 1 else "first" if index == 0 else "last" if index == pp - 1 else "middle"
-        share = stage_layers[index] / model.layers
-        params = local_params(model, sh, pp, stage, embeddings, share)
-        param_b = params * p_bytes / (shards if zero >= 3 else 1)
-        grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
-        opt_bytes = 0
-        if train and opts.optimizer == "adam":
-            opt_bytes = ADAM_STATE_BYTES_PER_PARAM if p_bytes < 4 else ADAM_STATE_BYTES_FP32_PARAMS
-        opt_b = params * opt_bytes / shards
-        acts = 0.0
-        if train:
-            # Chunks of 1/v of the stage's layers in flight (meshplan.costmodel.pipeline.in_flight_chunks):
-            # the first stage of 1F1B holds pp micro-batches, interleaved (1 + (p − 1)/(p·v)) times that.
-            in_flight = in_flight_chunks(index, pp, microbatches, chunks) if pp > 1 else 1
-            stage_saved = saved_all * share * pp * in_flight / chunks
-            acts = stage_saved + (head_items if stage in ("only", "last") else 0.0)
-            if pp > 1:
-                # A stage keeps each in-flight micro-batch's output until its gradient comes back, and
-                # the gradient received (first stage); the last keeps its output and its input's
-                # gradient going back (meshplan/executor/pipeline.py). Without them a pp=2 stage was
-                # under-predicted by 0.63 GiB at 16K tokens (benchmarks/results/validation-h200-run51-x2-pp-first.json).
-                acts += boundary_activation_bytes(model, sh, seq, batch, opts, in_flight)
-        has_logits = stage in ("only", "last")
-        parts = {
-            "parameters": param_b, "gradients": grad_b, "optimizer_state": opt_b, "activations": acts,
-            "kv_cache": kv_cache, "ssm_state_cache": ssm_cache, "transient_working": working,
-            "transient_kv_gather": kv_gather, "transient_weight_shards": weight_shards,
-            "transient_comm_buffers": comm_buffers, "transient_logits": logits if has_logits else 0.0,
-            "blas_workspace": workspace, "int8_peer_buffer": peer_buffer,
-        }
-        kept = param_b + opt_b + kv_cache + ssm_cache + workspace + peer_buffer
-        streaming = weight_shards + comm_buffers
-        layer_phase = working + streaming
-        # Without gradient accumulation the gradients are set to None after each step and built up
-        # during backward: at the activation peak (backward start) only the last layer's exist; all
-        # of them meet the optimizer step instead, with its fp32 temporaries of the largest matrix.
-        accumulating = pp > 1 or microbatches > 1
-        grads_at_peak = grad_b if accumulating else grad_b * _largest_block_share(model)
-        phases = {
-            "layer": acts + grads_at_peak + layer_phase,
-            "logits": acts + grads_at_peak + parts["transient_logits"],
-        }
-        if train:
-            phases["optimizer"] = grad_b + 2 * largest_matrix(model, sh) * 4 / shards
-            if attention_phase:
-                phases["attention"] = acts + grads_at_peak + attention_phase + streaming
-        phase = max(phases, key=phases.get)
-        results.append((kept + phases[phase], stage if stage in ("only", "first", "last") else f"stage {index}",
-                        phase, parts))
-    total, stage, phase, parts = max(results, key=lambda r: r[0])
-    return MemoryBreakdown(
-        per_gpu_bytes={k: int(round(v)) for k, v in parts.items()},
-        total_bytes=int(round(total)),
-        peak_phase=phase,
-        pipeline_stage=stage,
-        assumptions={**opts.as_dict(), "pipeline_schedule": (opts.schedule if pp > 1 else "none"),
-                     "zero_stage": zero, "microbatches": microbatches, "stage_layers": list(stage_layers)},
-    )
+    parts = {
+        "parameters": param_b, "gradients": grad_b, "optimizer_state": opt_b, "activations": acts,
+        "kv_cache": kv_cache, "ssm_state_cache": ssm_cache, "transient_working": layer["working"],
+        "transient_kv_gather": layer["kv_gather"], "transient_weight_shards": layer["weight_shards"],
+        "transient_comm_buffers": layer["comm_buffers"], "transient_logits": shared.logits if has_logits else 0.0,
+        "blas_workspace": workspace, "int8_peer_buffer": shared.peer_buffer,
+    }
+    kept = param_b + opt_b + kv_cache + ssm_cache + workspace + shared.peer_buffer
+    streaming = layer["weight_shards"] + layer["comm_buffers"]
+    # Without gradient accumulation the gradients are set to None after each step and built up
+    # during backward: at the activation peak (backward start) only the last layer's exist; all
+    # of them meet the optimizer step instead, with its fp32 temporaries of the largest matrix.
+    accumulating = pp > 1 or microbatches > 1
+    grads_at_peak = grad_b if accumulating else grad_b * _largest_block_share(model)
+    phases = {
+        "layer": acts + grads_at_peak + layer["working"] + streaming,
+        "logits": acts + grads_at_peak + parts["transient_logits"],
+    }
+    if train:
+        phases["optimizer"] = grad_b + 2 * largest_matrix(model, sh) * 4 / shards
+        if layer["attention_phase"]:
+            phases["attention"] = acts + grads_at_peak + layer["attention_phase"] + streaming
+    phase = max(phases, key=phases.get)
+    return kept + phases[phase], stage if stage in ("only", "first", "last") else f"stage {index}", phase, parts
 
 
 def head_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:

@@ -151,79 +151,29 @@ def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: fl
 
 def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
                   cluster: ClusterSpec, schedule: StepSchedule | None = None, embeddings: bool = True) -> StepEstimate:
-    """`embeddings=False`: the bare layer stack the executor runs (no embedding, LM head, logits)."""
+    """`embeddings=False`: the bare layer stack the executor runs (no embedding, LM head, logits). In
+    phases (docs/design.md §5): one micro-batch through an average stage's blocks (_block_times), the
+    head and the micro-batch's own collectives, the step's gradient sync and optimizer, then the
+    pipeline's passes and the launch floor."""
     sh = sharding_for(layout, opts)
     schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings)
     stack = opts.stack_spec
     dev = Device.of(cluster, stack)
     links = _Links(layout, cluster)
-    e = opts.nbytes("act_dtype")
     training, decode = opts.training, opts.mode == "decode"
-    tokens = batch if decode else batch * seq / sh.token_div
-    keys = seq
-
-    # Contiguous sequence shards are not balanced under a causal mask: the last shard's queries see
-    # nearly every key, and every rank waits for it (measured: benchmarks/results/validation-h200-run2-x2.json).
-    # A zigzag split — TSP's, and SP's for attention-only stacks (meshplan.layout.sp_zigzag) — gives
-    # every rank the same causal work.
-    sp_balanced = opts.sp_zigzag and sp_zigzag(layout, seq, model.mamba_layers == 0)
-    causal = 1 - 1 / (2 * layout.sp) if layout.sp > 1 and not sp_balanced else 0.5
-    zigzag_parts = layout.tsp if layout.tsp > 1 else layout.sp if sp_balanced else 0
-    zigzag = 0 if decode else zigzag_parts
-    mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
     breakdown: dict[str, float] = {}
-    for kind, comms in schedule.per_block.items():
-        comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training, causal, zigzag,
-                             row_tokens=1 if decode else seq / sh.token_div)
-        if decode and kind == "attention":
-            comp = _decode_attention(comp, model, batch, seq, sh, opts, dev)
-        if decode and kind in ("mamba2", "mamba1"):
-            comp = _decode_state_io(comp, model, kind, batch, sh, opts, dev)
-        fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
-        if int8_block(opts, layout, kind) and not decode:
-            fwd += int8_allreduce_kernels_s(tokens * model.d_model, layout.tpssm, dev)
-        timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
-        mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]
-        exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
-        exposed_bwd = _phase_exposed([x for x in timed if x[0].phase == "bwd"], bwd, 2 * comp.gemm_fwd_s,
-                                     comp.attn_bwd_factor * comp.attn_fwd_s) if training else 0.0
-        exposed = exposed_fwd + exposed_bwd
-        breakdown[f"{kind}_fwd_s"] = fwd + exposed_fwd  # one invocation, its exposed collectives included
-        breakdown[f"{kind}_bwd_s"] = bwd + exposed_bwd
-        n = schedule.invocations[kind]
-        for part, value in (("gemm", comp.gemm_fwd_s * (3 if training else 1)),
-                            ("attention", comp.attn_fwd_s * (1 + (2.5 if training else 0))),
-                            ("memory_bound", comp.mem_fwd_s * (3 if training else 1)),
-                            ("recompute", comp.recompute_fwd_s if training else 0.0),
-                            ("scan_conv", comp.kernel_fwd_s + comp.kernel_bwd_s)):
-            breakdown[f"{part}_s"] = breakdown.get(f"{part}_s", 0.0) + n * value
-        mb_compute += n * (fwd + bwd)
-        bwd_total += n * bwd
-        mb_exposed += n * exposed
-        breakdown[f"{kind}_compute_s"] = n * (fwd + bwd)
-        breakdown[f"{kind}_exposed_comm_s"] = n * exposed
-
-    if decode:  # the GPU's own cost of each tiny decode kernel (compute.DECODE_KERNEL_GPU_S)
-        kernel_gpu = _kernels(schedule, layout, opts.mode) * DECODE_KERNEL_GPU_S
-        mb_compute += kernel_gpu
-        breakdown["decode_kernel_gpu_s"] = kernel_gpu
-    blocks_compute, blocks_exposed = mb_compute, mb_exposed  # one average stage's share of the layers
-    logits = logits_compute(model, batch if decode or not training else tokens, sh, e, dev)
+    blocks = _block_times(model, layout, seq, batch, opts, sh, schedule, dev, links, breakdown)
+    blocks_compute, blocks_exposed = blocks.compute_s, blocks.exposed_s  # one average stage's share of the layers
+    tokens = batch if decode else batch * seq / sh.token_div
+    logits = logits_compute(model, batch if decode or not training else tokens, sh, opts.nbytes("act_dtype"), dev)
     if not embeddings:
         logits = BlockCompute(0.0, 0.0, 0.0, 0.0, 0.0)
     logit_s = logits.fwd_s + (logits.bwd_s if training else 0.0)
-    mb_compute += logit_s
-    extra_exposed = 0.0  # a micro-batch's own collectives (embedding, loss, pipeline sends, ZeRO-3), every stage
-    for phase, compute_s, gemm_s in (("fwd", mb_compute - bwd_total, logits.gemm_fwd_s), ("bwd", bwd_total,
-                                                                                         2 * logits.gemm_fwd_s)):
-        timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_microbatch)
-                 if c.phase == phase]
-        mb_comm += sum(t for _, t in timed)
-        # Weight streams hide behind the LM head GEMM; gradient traffic behind the whole backward.
-        stream = [(c, t) for c, t in timed if c.overlap == "gemm"]
-        rest = [(c, t) for c, t in timed if c.overlap != "gemm"]
-        extra_exposed += _phase_exposed(stream, gemm_s, gemm_s, 0.0) + _phase_exposed(rest, compute_s, 0, 0)
-    mb_exposed += extra_exposed
+    mb_compute = blocks.compute_s + logit_s
+    own_comm, extra_exposed = _microbatch_collectives(schedule, links, stack, mb_compute - blocks.bwd_s, blocks.bwd_s,
+                                                      logits.gemm_fwd_s)
+    mb_comm = blocks.comm_s + own_comm
+    bwd_total = blocks.bwd_s
 
     m, pp = schedule.microbatches, layout.pp
     timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_step)]
@@ -273,6 +223,92 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         breakdown=breakdown, hfu=hardware_flops / peak if step > 0 else 0.0, bubble_fraction=bubble,
         microbatches=m, stage_layers=stages,
     )
+
+
+
+
+@dataclass
+class _Blocks:
+    """One micro-batch through an average pipeline stage's blocks: compute, exposed and all
+    communication seconds, and the backward's share of the compute."""
+
+    compute_s: float = 0.0
+    exposed_s: float = 0.0
+    comm_s: float = 0.0
+    bwd_s: float = 0.0
+
+
+def _block_times(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, sh: Sharding,
+                 schedule: StepSchedule, dev: Device, links: "_Links", breakdown: dict) -> _Blocks:
+    """Each block kind's compute (compute.block_compute) beside its collectives on the other stream
+    (_phase_exposed), times its invocations; per-kind seconds go into `breakdown`."""
+    stack = opts.stack_spec
+    e = opts.nbytes("act_dtype")
+    training, decode = opts.training, opts.mode == "decode"
+    tokens = batch if decode else batch * seq / sh.token_div
+    keys = seq
+
+    # Contiguous sequence shards are not balanced under a causal mask: the last shard's queries see
+    # nearly every key, and every rank waits for it (measured: benchmarks/results/validation-h200-run2-x2.json).
+    # A zigzag split — TSP's, and SP's for attention-only stacks (meshplan.layout.sp_zigzag) — gives
+    # every rank the same causal work.
+    sp_balanced = opts.sp_zigzag and sp_zigzag(layout, seq, model.mamba_layers == 0)
+    causal = 1 - 1 / (2 * layout.sp) if layout.sp > 1 and not sp_balanced else 0.5
+    zigzag_parts = layout.tsp if layout.tsp > 1 else layout.sp if sp_balanced else 0
+    zigzag = 0 if decode else zigzag_parts
+    mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
+    for kind, comms in schedule.per_block.items():
+        comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training, causal, zigzag,
+                             row_tokens=1 if decode else seq / sh.token_div)
+        if decode and kind == "attention":
+            comp = _decode_attention(comp, model, batch, seq, sh, opts, dev)
+        if decode and kind in ("mamba2", "mamba1"):
+            comp = _decode_state_io(comp, model, kind, batch, sh, opts, dev)
+        fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
+        if int8_block(opts, layout, kind) and not decode:
+            fwd += int8_allreduce_kernels_s(tokens * model.d_model, layout.tpssm, dev)
+        timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
+        mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]
+        exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
+        exposed_bwd = _phase_exposed([x for x in timed if x[0].phase == "bwd"], bwd, 2 * comp.gemm_fwd_s,
+                                     comp.attn_bwd_factor * comp.attn_fwd_s) if training else 0.0
+        exposed = exposed_fwd + exposed_bwd
+        breakdown[f"{kind}_fwd_s"] = fwd + exposed_fwd  # one invocation, its exposed collectives included
+        breakdown[f"{kind}_bwd_s"] = bwd + exposed_bwd
+        n = schedule.invocations[kind]
+        for part, value in (("gemm", comp.gemm_fwd_s * (3 if training else 1)),
+                            ("attention", comp.attn_fwd_s * (1 + (2.5 if training else 0))),
+                            ("memory_bound", comp.mem_fwd_s * (3 if training else 1)),
+                            ("recompute", comp.recompute_fwd_s if training else 0.0),
+                            ("scan_conv", comp.kernel_fwd_s + comp.kernel_bwd_s)):
+            breakdown[f"{part}_s"] = breakdown.get(f"{part}_s", 0.0) + n * value
+        mb_compute += n * (fwd + bwd)
+        bwd_total += n * bwd
+        mb_exposed += n * exposed
+        breakdown[f"{kind}_compute_s"] = n * (fwd + bwd)
+        breakdown[f"{kind}_exposed_comm_s"] = n * exposed
+
+    if decode:  # the GPU's own cost of each tiny decode kernel (compute.DECODE_KERNEL_GPU_S)
+        kernel_gpu = _kernels(schedule, layout, opts.mode) * DECODE_KERNEL_GPU_S
+        mb_compute += kernel_gpu
+        breakdown["decode_kernel_gpu_s"] = kernel_gpu
+    return _Blocks(mb_compute, mb_exposed, mb_comm, bwd_total)
+
+
+def _microbatch_collectives(schedule: StepSchedule, links: "_Links", stack: Stack, fwd_s: float, bwd_s: float,
+                            head_gemm_s: float) -> tuple[float, float]:
+    """(all seconds, exposed seconds) of a micro-batch's own collectives — embedding, loss, pipeline
+    sends, ZeRO 3's gathers — on every stage: weight streams hide behind the LM head's GEMM, the rest
+    behind the phase's compute."""
+    comm = exposed = 0.0
+    for phase, compute_s, gemm_s in (("fwd", fwd_s, head_gemm_s), ("bwd", bwd_s, 2 * head_gemm_s)):
+        timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_microbatch)
+                 if c.phase == phase]
+        comm += sum(t for _, t in timed)
+        stream = [(c, t) for c, t in timed if c.overlap == "gemm"]
+        rest = [(c, t) for c, t in timed if c.overlap != "gemm"]
+        exposed += _phase_exposed(stream, gemm_s, gemm_s, 0.0) + _phase_exposed(rest, compute_s, 0, 0)
+    return comm, exposed
 
 
 def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) -> float:

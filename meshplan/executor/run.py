@@ -40,8 +40,8 @@ from meshplan.topologies.cluster import ClusterSpec
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, cluster: ClusterSpec | None,
-            act_dtype: str = "bf16", int8_allreduce: bool = False, sp_zigzag: bool = True, *,
+def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, cluster: ClusterSpec | None, *,
+            act_dtype: str = "bf16", int8_allreduce: bool = False, sp_zigzag: bool = True,
             whole: bool = False) -> dict:
     """`sp_zigzag=False`: as for an executor that split SP contiguously (runs before run 36). `whole`:
     the whole model (embedding, head, logits and loss), not only its layers."""
@@ -130,15 +130,15 @@ def timed(fn, steps: int, cuda: bool) -> list[float]:
     return times
 
 
-def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, steps: int = 5,
+def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, *, steps: int = 5,
             warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True,
-            profile: bool = False, int8_allreduce: bool = False, host_samples: int = 3, *, whole: bool = False,
-            tokens: tuple | None = None, weights: str | None = None) -> dict:
+            profile: bool = False, int8_allreduce: bool = False, host_samples: int = 3, whole: bool = False,
+            tokens: tuple | None = None, checkpoint: str | None = None) -> dict:
     """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
     model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None), else the layer
     stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
     meshplan.executor.comm.quantized_all_reduce). `host_samples`: times the host's issue time of a
-    step is taken (their median is reported). `weights`: a checkpoint folder each rank reads its shard of
+    step is taken (their median is reported). `checkpoint`: a checkpoint folder each rank reads its shard of
     (executor.checkpoint); the result then holds the loss of the first batch before any step ("loss")."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
@@ -146,8 +146,8 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     with torch.device(device):
         if whole:
             layers = parallelize_model(CausalLM(model).to(DTYPES[dtype]), mesh, seq, int8_allreduce)
-            if weights is not None:
-                load_into(layers, weights, model)
+            if checkpoint is not None:
+                load_into(layers, checkpoint, model)
         else:
             layers = parallelize(stage_of(Stack(model, model.layers).to(DTYPES[dtype]), mesh), mesh, seq,
                                  int8_allreduce)
@@ -249,23 +249,8 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
         "loss": first_loss,
     }
     if cuda:
-        from meshplan.executor import peer
-
-        # The int8 all-reduce's peer buffer is device memory outside torch's caching allocator.
-        result["peer_buffer_bytes"] = peer.buffer_bytes()
+        result.update(_gpu_extras(step, host_samples, profile))
         result["peak_bytes"] += result["peer_buffer_bytes"]
-    if cuda:  # the host's share: seconds to issue one step from an idle GPU, not waiting for it
-        result["host_enqueue_samples_s"] = [_host_enqueue_s(step) for _ in range(host_samples)]
-        result["host_enqueue_s"] = statistics.median(result["host_enqueue_samples_s"])
-    if cuda and hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
-        # cuBLAS / cuBLASLt workspaces come from the caching allocator and count in the peak: measure them.
-        held = torch.cuda.memory_allocated()
-        torch._C._cuda_clearCublasWorkspaces()
-        result["blas_workspace_bytes"] = held - torch.cuda.memory_allocated()
-    if profile and cuda:  # one more step under the profiler: GPU time by kernel category
-        from meshplan.executor.profiling import profile_step
-
-        result["phases_s"] = profile_step(step, top=profile if isinstance(profile, int) and profile > 1 else 0)
     if train:
         feed(1)
         first = pipe is None or pipe.first
@@ -282,13 +267,7 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     # "exposed" at 16K that way), and pipeline stages would stop waiting for each other (their bubbles
     # gone: run 51 read 134 ms at 16K): neither's exposed communication is measured.
     if exposed and mesh.world > 1 and weights is None and pipe is None:
-        mesh.enabled = False
-        try:
-            for _ in range(warmup):
-                step()
-            result["step_time_no_comm_s"] = statistics.median(timed(step, steps, cuda))
-        finally:
-            mesh.enabled = True
+        result["step_time_no_comm_s"] = _time_without_comm(step, mesh, warmup, steps, cuda)
         result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
     if cuda:  # the next run, perhaps on other groups, starts without this one's peer buffers
         from meshplan.executor import peer
@@ -312,6 +291,40 @@ def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | 
         if size > 1:
             torch.distributed.all_reduce(total, group=mesh.axis(axis).group)
     return float(total) / layout.dp
+
+
+def _gpu_extras(step, host_samples: int, profile) -> dict:
+    """What a GPU run records beside time and peak: the int8 all-reduce's peer buffer (device memory
+    outside torch's allocator, added to the peak), the host's issue time of a step, the cuBLAS
+    workspaces, and with `profile` one more step's GPU time by kernel category."""
+    from meshplan.executor import peer
+
+    out = {"peer_buffer_bytes": peer.buffer_bytes()}
+    # The host's share: seconds to issue one step from an idle GPU, not waiting for it.
+    out["host_enqueue_samples_s"] = [_host_enqueue_s(step) for _ in range(host_samples)]
+    out["host_enqueue_s"] = statistics.median(out["host_enqueue_samples_s"])
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+        # cuBLAS / cuBLASLt workspaces come from the caching allocator and count in the peak: measure them.
+        held = torch.cuda.memory_allocated()
+        torch._C._cuda_clearCublasWorkspaces()
+        out["blas_workspace_bytes"] = held - torch.cuda.memory_allocated()
+    if profile:
+        from meshplan.executor.profiling import profile_step
+
+        out["phases_s"] = profile_step(step, top=profile if isinstance(profile, int) and profile > 1 else 0)
+    return out
+
+
+def _time_without_comm(step, mesh: Mesh, warmup: int, steps: int, cuda: bool) -> float:
+    """The median step with every transfer counted but not sent (the exposed communication is the
+    difference from the real step)."""
+    mesh.enabled = False
+    try:
+        for _ in range(warmup):
+            step()
+        return statistics.median(timed(step, steps, cuda))
+    finally:
+        mesh.enabled = True
 
 
 def _host_enqueue_s(step) -> float:

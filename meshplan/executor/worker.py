@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         mine = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=args.steps, device=device,
                        dtype=dtype, exposed=args.device == "cuda", profile=args.profile,
                        int8_allreduce=args.int8_allreduce, whole=whole, tokens=tokens,
-                       weights=args.weights or None)
+                       checkpoint=args.weights or None)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
         # Triton's kernels and NCCL report an exhausted GPU as a RuntimeError: record it as torch's is.
         if not isinstance(exc, torch.cuda.OutOfMemoryError) and "out of memory" not in str(exc).lower():
