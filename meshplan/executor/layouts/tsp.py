@@ -64,8 +64,12 @@ class _TSPAttention(torch.autograd.Function):
             q, k, v, wo = _project(layer, xn, w, layer.q_positions)
             return (q, k, v, wo, all_gather_start(mesh, k, "tsp", 1), all_gather_start(mesh, v, "tsp", 1)), nxt
 
+        # Prologue: shard 0's weights broadcast, its q/k/v projected, its K/V gather started.
         cur, pending = take(0, _start_broadcast(mesh, packed, 0))
         for j in range(ax.size):
+            # Step j: shard j + 1's broadcast and K/V gather are started (take) before shard j attends,
+            # so they travel behind this shard's attention and W_O GEMM (costmodel/layouts/tsp.py
+            # prices them as overlapped with the GEMMs).
             if j + 1 < ax.size:
                 nxt, pending = take(j + 1, pending)
             q, k, v, wo, gather_k, gather_v = cur
@@ -77,6 +81,8 @@ class _TSPAttention(torch.autograd.Function):
             outs.append(o)
             if j + 1 < ax.size:
                 cur = nxt
+        # Saved for backward: the local q/k/v and outputs of every shard's heads (not the gathered K/V,
+        # re-gathered there) and this rank's own weight shards (the others are broadcast again).
         ctx.layer = layer
         k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
         if layer.keep_cache:
@@ -100,6 +106,8 @@ class _TSPAttention(torch.autograd.Function):
             """Start gathering shard j's K/V (saved from the forward: nothing to wait for)."""
             return tuple(all_gather_start(mesh, t[:, :, j * nkv:(j + 1) * nkv], "tsp", 1) for t in (k_all, v_all))
 
+        # Backward streams the shards again in the same order: shard j's weights and gathered K/V in
+        # hand while shard j + 1's broadcast and gather travel.
         pending = _start_broadcast(mesh, packed, 0)
         gathers = gather(0)
         for j in range(ax.size):
@@ -115,6 +123,8 @@ class _TSPAttention(torch.autograd.Function):
             kk, vv = (finish() for finish in gathers)
             if j + 1 < ax.size:
                 gathers = upcoming
+            # Attention recomputed on the gathered K/V for its gradients; dK/dV of the whole sequence
+            # are reduce-scattered back to the tokens' owners.
             with torch.enable_grad():
                 q_, kk_, vv_ = (t.detach().requires_grad_(True) for t in (q, kk, vv))
                 o_ = _attend(q_, kk_, vv_, layer)
@@ -125,10 +135,12 @@ class _TSPAttention(torch.autograd.Function):
             # q and k were turned after the projection: their gradients turn back before it.
             dq = layer.rotary.apply(dq, layer.q_positions, inverse=True).flatten(2)
             dk = layer.rotary.apply(dk, layer.q_positions, inverse=True).flatten(2)
+            # This rank's tokens' share of shard j's weight gradients, and the input's gradient.
             dwo = torch.einsum("bth,btq->hq", dy, o)
             dwq, dwk, dwv = (torch.einsum("btn,bth->nh", g, xn) for g in (dq, dk, dv))
             dxn += dq @ wq + dk @ wk + dv @ wv
             grads[j] = torch.cat([dwq.flatten(), dwk.flatten(), dwv.flatten(), dwo.flatten()])
+        # Every rank holds partial gradients of all D shards: one reduce-scatter sums each onto its owner.
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
         return dxn, own[:w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel():].view_as(w_o), None
 
@@ -140,6 +152,9 @@ class _TSPMlp(torch.autograd.Function):
         cur = torch.cat([w_in.flatten(), w_down.flatten()])
         y = None
         saved = []
+        # Hop k: this rank holds shard (rank − k) mod D; it sends it on and receives the next while the
+        # gate / up / down GEMMs of the one in hand run, and adds that shard's partial output — the
+        # MLP's output needs no all-reduce.
         for hop in range(ax.size):
             reqs = []
             if hop < ax.size - 1:
@@ -166,6 +181,8 @@ class _TSPMlp(torch.autograd.Function):
         mesh, ax = layer.mesh, layer.mesh.axis("tsp")
         dxn = torch.zeros_like(xn)
         grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
+        # The ring again, in the forward's order: hop k's saved activations go with shard (rank − k) mod
+        # D; its weight gradients (from this rank's tokens) land in row j, reduce-scattered at the end.
         cur = packed
         for hop in range(ax.size):
             reqs = []
