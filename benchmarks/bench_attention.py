@@ -37,15 +37,22 @@ def attention_rate(q_len: int, kv_len: int, heads: int = 32, d: int = 128, lower
     t = median_time_s(step)
     visible = (kv_len - q_len / 2) / kv_len  # average share of keys a query sees
     flops = 4 * q_len * kv_len * heads * d * visible * 3.5
-    return {"q_len": q_len, "kv_len": kv_len, "heads": heads, "head_dim": d, "lower_right": lower_right,
-            "seconds": t, "tflops": flops / t / 1e12}
+    return {
+        "q_len": q_len,
+        "kv_len": kv_len,
+        "heads": heads,
+        "head_dim": d,
+        "lower_right": lower_right,
+        "seconds": t,
+        "tflops": flops / t / 1e12,
+    }
 
 
 def gemm_rate(n: int = 8192) -> dict:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     t = median_time_s(lambda: a @ b)
-    return {"n": n, "seconds": t, "tflops": 2 * n ** 3 / t / 1e12}
+    return {"n": n, "seconds": t, "tflops": 2 * n**3 / t / 1e12}
 
 
 def main() -> int:
@@ -57,15 +64,22 @@ def main() -> int:
     rows += [attention_rate(s // 2, s, lower_right=True) for s in (8192, 32768)]
     rows += [attention_rate(s // 4, s, lower_right=True) for s in (16384, 32768)]
     gemm = gemm_rate()
-    out = {"command": "python benchmarks/bench_attention.py --out $OUT/attention.json",
-           "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "peak_tflops": peak / 1e12,
-           "gemm": gemm, "attention": rows}
+    out = {
+        "command": "python benchmarks/bench_attention.py --out $OUT/attention.json",
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "peak_tflops": peak / 1e12,
+        "gemm": gemm,
+        "attention": rows,
+    }
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"GEMM 8192³ bf16: {gemm['tflops']:.0f} TFLOP/s ({gemm['tflops'] * 1e12 / peak:.2f} of peak)")
     for r in rows:
         kind = "lower-right bias" if r["lower_right"] else "is_causal"
-        print(f"{kind:17} q {r['q_len']:6} kv {r['kv_len']:6}: {r['tflops']:6.0f} TFLOP/s "
-              f"({r['tflops'] * 1e12 / peak:.2f} of peak), {r['seconds'] * 1e3:.2f} ms")
+        print(
+            f"{kind:17} q {r['q_len']:6} kv {r['kv_len']:6}: {r['tflops']:6.0f} TFLOP/s "
+            f"({r['tflops'] * 1e12 / peak:.2f} of peak), {r['seconds'] * 1e3:.2f} ms"
+        )
     return 0
 
 

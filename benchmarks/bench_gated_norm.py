@@ -39,19 +39,45 @@ def main() -> int:
 
             out[name] = median_time_s(step, reps=10, warmup=2)
         with torch.no_grad():
-            err = (gated_rmsnorm_triton(y, z, w, group).float() - gated_rmsnorm(y.double(), z.double(), w.double(),
-                                                                              group)).abs().max().item()
+            err = (
+                (
+                    gated_rmsnorm_triton(y, z, w, group).float()
+                    - gated_rmsnorm(y.double(), z.double(), w.double(), group)
+                )
+                .abs()
+                .max()
+                .item()
+            )
         n = tokens * channels * 2
-        rows.append({"tokens": tokens, "channels": channels, "group": group, "triton_fwd_bwd_s": out["triton"],
-                     "torch_fwd_bwd_s": out["torch"], "speedup": out["torch"] / out["triton"],
-                     "max_abs_err_vs_fp64": err, "bandwidth_fraction": (3 * n + 5 * n) / out["triton"] / copy_bw})
+        rows.append(
+            {
+                "tokens": tokens,
+                "channels": channels,
+                "group": group,
+                "triton_fwd_bwd_s": out["triton"],
+                "torch_fwd_bwd_s": out["torch"],
+                "speedup": out["torch"] / out["triton"],
+                "max_abs_err_vs_fp64": err,
+                "bandwidth_fraction": (3 * n + 5 * n) / out["triton"] / copy_bw,
+            }
+        )
         r = rows[-1]
-        print(f"{tokens} x {channels} (group {group}): triton {r['triton_fwd_bwd_s'] * 1e3:.3f} ms, torch "
-              f"{r['torch_fwd_bwd_s'] * 1e3:.3f} ms ({r['speedup']:.1f}x), {r['bandwidth_fraction']:.0%} of roofline, "
-              f"max |err| {err:.1e}", flush=True)
-    json.dump({"command": "python benchmarks/bench_gated_norm.py --out $OUT/gated-norm.json",
-               "gpu": torch.cuda.get_device_name(0), "copy_bytes_per_s": copy_bw, "runs": rows},
-              open(args.out, "w"), indent=1)
+        print(
+            f"{tokens} x {channels} (group {group}): triton {r['triton_fwd_bwd_s'] * 1e3:.3f} ms, torch "
+            f"{r['torch_fwd_bwd_s'] * 1e3:.3f} ms ({r['speedup']:.1f}x), {r['bandwidth_fraction']:.0%} of roofline, "
+            f"max |err| {err:.1e}",
+            flush=True,
+        )
+    json.dump(
+        {
+            "command": "python benchmarks/bench_gated_norm.py --out $OUT/gated-norm.json",
+            "gpu": torch.cuda.get_device_name(0),
+            "copy_bytes_per_s": copy_bw,
+            "runs": rows,
+        },
+        open(args.out, "w"),
+        indent=1,
+    )
     return 0
 
 

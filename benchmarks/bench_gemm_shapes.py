@@ -71,8 +71,12 @@ def sm_clock_mhz() -> float | None:
     import subprocess
 
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return float(out.split()[0])
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         return None
@@ -90,8 +94,9 @@ def heat_up(seconds: float) -> None:
 
 
 def attention_tflops(seq: int, heads: int, d: int, batch: int) -> float:
-    q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    )
     go = torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16)
 
     def step():
@@ -105,8 +110,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu-kind", required=True, help="the [cluster] gpu of the published rows to take: h100, a100")
     ap.add_argument("--micro-batches", default="1,2")
-    ap.add_argument("--sustained", type=float, default=0.0, help="seconds of back-to-back calls a shape, "
-                                                                  "after a minute of load (0: 20 calls)")
+    ap.add_argument(
+        "--sustained",
+        type=float,
+        default=0.0,
+        help="seconds of back-to-back calls a shape, after a minute of load (0: 20 calls)",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     global SUSTAINED_S
@@ -128,25 +137,45 @@ def main() -> int:
             flops = secs = 0.0
             parts = {}
             for name, k, n in layer_gemms(h, ffn, t):
-                for phase, (mm, nn, kk) in (("fwd", (tokens, n, k)), ("dgrad", (tokens, k, n)),
-                                             ("wgrad", (k, n, tokens))):
+                for phase, (mm, nn, kk) in (
+                    ("fwd", (tokens, n, k)),
+                    ("dgrad", (tokens, k, n)),
+                    ("wgrad", (k, n, tokens)),
+                ):
                     rate = gemm_tflops(mm, nn, kk)
                     f = 2 * mm * nn * kk
                     parts[f"{name}_{phase}"] = rate
                     flops += f
                     secs += f / (rate * 1e12)
             attn = attention_tflops(seq, heads // t, h // heads, mbs)
-            rows.append({"hidden": h, "ffn": ffn, "heads": heads, "tp": t, "seq": seq, "micro_batch": mbs,
-                         "layer_gemm_tflops": flops / secs / 1e12, "gemm_tflops": parts, "attention_tflops": attn,
-                         "sm_clock_mhz_after": sm_clock_mhz()})
-            print(f"h {h:6} t {t} mbs {mbs}: layer GEMMs {flops / secs / 1e12:6.1f} TFLOP/s, "
-                  f"attention {attn:6.1f} TFLOP/s", flush=True)
+            rows.append(
+                {
+                    "hidden": h,
+                    "ffn": ffn,
+                    "heads": heads,
+                    "tp": t,
+                    "seq": seq,
+                    "micro_batch": mbs,
+                    "layer_gemm_tflops": flops / secs / 1e12,
+                    "gemm_tflops": parts,
+                    "attention_tflops": attn,
+                    "sm_clock_mhz_after": sm_clock_mhz(),
+                }
+            )
+            print(
+                f"h {h:6} t {t} mbs {mbs}: layer GEMMs {flops / secs / 1e12:6.1f} TFLOP/s, "
+                f"attention {attn:6.1f} TFLOP/s",
+                flush=True,
+            )
     sustained = f" --sustained {args.sustained:g}" if args.sustained else ""
-    out = {"command": f"python benchmarks/bench_gemm_shapes.py --gpu-kind {args.gpu_kind}{sustained} --out {args.out}",
-           "sustained_s": args.sustained,
-           "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "summary_median_layer_gemm_tflops": statistics.median(r["layer_gemm_tflops"] for r in rows),
-           "rows": rows}
+    out = {
+        "command": f"python benchmarks/bench_gemm_shapes.py --gpu-kind {args.gpu_kind}{sustained} --out {args.out}",
+        "sustained_s": args.sustained,
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "summary_median_layer_gemm_tflops": statistics.median(r["layer_gemm_tflops"] for r in rows),
+        "rows": rows,
+    }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

@@ -33,8 +33,8 @@ def epoch_s(layers, rows: torch.Tensor, seq_idx: torch.Tensor | None, rows_per_s
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(0, rows.shape[0], rows_per_step):
-        x = rows[i:i + rows_per_step].requires_grad_(True)
-        idx = seq_idx[i:i + rows_per_step] if seq_idx is not None else None
+        x = rows[i : i + rows_per_step].requires_grad_(True)
+        idx = seq_idx[i : i + rows_per_step] if seq_idx is not None else None
         h = x
         for layer in layers:
             h = layer(h, idx)
@@ -59,21 +59,33 @@ def main() -> int:
     packed = pack(seqs, args.row_len)
     padded = torch.zeros(len(seqs), args.row_len, model.d_model, device="cuda", dtype=torch.bfloat16)
     for i, s in enumerate(seqs):
-        padded[i, :s.shape[0]] = s
+        padded[i, : s.shape[0]] = s
     # Padding gets its own sequence number so it cannot leak into the real tokens either way.
     pad_idx = (torch.arange(args.row_len, device="cuda")[None, :] >= torch.tensor(lens, device="cuda")[:, None]).int()
     epoch_s(layers, packed.rows[:4], packed.seq_idx[:4], 4)  # warm-up (Triton compile, allocator)
     t_packed = min(epoch_s(layers, packed.rows, packed.seq_idx, 4) for _ in range(2))
     t_padded = min(epoch_s(layers, padded, pad_idx, 4) for _ in range(2))
     real = sum(lens)
-    out = {"command": "python benchmarks/bench_packing.py --out $OUT/packing.json", "gpu": torch.cuda.get_device_name(0),
-           "model": "mamba2-2.7b, 2 layers, bf16", "sequences": len(lens), "real_tokens": real,
-           "row_len": args.row_len, "packed_rows": packed.rows.shape[0], "padded_rows": len(lens),
-           "packed_epoch_s": t_packed, "padded_epoch_s": t_padded, "packed_over_padded_speedup": t_padded / t_packed,
-           "padding_overhead": len(lens) * args.row_len / real, "lengths": lens}
+    out = {
+        "command": "python benchmarks/bench_packing.py --out $OUT/packing.json",
+        "gpu": torch.cuda.get_device_name(0),
+        "model": "mamba2-2.7b, 2 layers, bf16",
+        "sequences": len(lens),
+        "real_tokens": real,
+        "row_len": args.row_len,
+        "packed_rows": packed.rows.shape[0],
+        "padded_rows": len(lens),
+        "packed_epoch_s": t_packed,
+        "padded_epoch_s": t_padded,
+        "packed_over_padded_speedup": t_padded / t_packed,
+        "padding_overhead": len(lens) * args.row_len / real,
+        "lengths": lens,
+    }
     json.dump(out, open(args.out, "w"), indent=1)
-    print(f"{len(lens)} sequences, {real:,} real tokens; padded {len(lens)} rows ({out['padding_overhead']:.2f}× tokens), "
-          f"packed {packed.rows.shape[0]} rows")
+    print(
+        f"{len(lens)} sequences, {real:,} real tokens; padded {len(lens)} rows ({out['padding_overhead']:.2f}× tokens), "
+        f"packed {packed.rows.shape[0]} rows"
+    )
     print(f"epoch: padded {t_padded:.2f} s, packed {t_packed:.2f} s → {out['packed_over_padded_speedup']:.2f}×")
     return 0
 

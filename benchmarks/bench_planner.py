@@ -47,25 +47,55 @@ def main() -> int:
             t0 = time.perf_counter()
             result = plan(spec, cl, seq, batch, opts, search=frozenset(knobs))
             times.append(time.perf_counter() - t0)
-        rows.append({"model": model, "cluster": cl.name, "gpus": cl.num_gpus, "seq": seq, "batch": batch, "mode": mode,
-                     "stack": stack, "global_batch": gbs, "searched": list(knobs),
-                     "meshes": result.considered, "fitting": len(result.ranked),
-                     "winner": str(result.ranked[0].layout) if result.ranked else None,
-                     "seconds_min": min(times), "seconds_all": times})
+        rows.append(
+            {
+                "model": model,
+                "cluster": cl.name,
+                "gpus": cl.num_gpus,
+                "seq": seq,
+                "batch": batch,
+                "mode": mode,
+                "stack": stack,
+                "global_batch": gbs,
+                "searched": list(knobs),
+                "meshes": result.considered,
+                "fitting": len(result.ranked),
+                "winner": str(result.ranked[0].layout) if result.ranked else None,
+                "seconds_min": min(times),
+                "seconds_all": times,
+            }
+        )
     table = Table(title=f"planner: full ranking, best of {REPEATS} (target < 2 s for 16,384 GPUs on one core)")
     for col in ("model", "cluster", "GPUs", "mode", "stack", "searched", "meshes", "fit", "winner", "seconds"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["model"], r["cluster"], f"{r['gpus']:,}", r["mode"], r["stack"], str(len(r["searched"])),
-                      str(r["meshes"]), str(r["fitting"]), str(r["winner"]), f"{r['seconds_min']:.3f}")
+        table.add_row(
+            r["model"],
+            r["cluster"],
+            f"{r['gpus']:,}",
+            r["mode"],
+            r["stack"],
+            str(len(r["searched"])),
+            str(r["meshes"]),
+            str(r["fitting"]),
+            str(r["winner"]),
+            f"{r['seconds_min']:.3f}",
+        )
     Console().print(table)
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    out = {"command": "taskset -c 0 python benchmarks/bench_planner.py", "cpu_affinity": affinity,
-           "python": sys.version.split()[0], "machine": platform.processor() or platform.machine(), "results": rows}
+    out = {
+        "command": "taskset -c 0 python benchmarks/bench_planner.py",
+        "cpu_affinity": affinity,
+        "python": sys.version.split()[0],
+        "machine": platform.processor() or platform.machine(),
+        "results": rows,
+    }
     path = Path(__file__).parent / "results" / "planner-cpu.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
     worst = max(r["seconds_min"] for r in rows if r["gpus"] >= 16384)
-    print(f"slowest 16,384-GPU ranking: {worst:.3f} s ({'meets' if worst < 2 else 'MISSES'} the 2 s target); wrote {path}")
+    print(
+        f"slowest 16,384-GPU ranking: {worst:.3f} s ({'meets' if worst < 2 else 'MISSES'} the 2 s target); wrote {path}"
+    )
     return 0
 
 

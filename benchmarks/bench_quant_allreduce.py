@@ -37,8 +37,11 @@ BATCH = 10  # calls per back-to-back timing
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--peer-tiles", action="store_true", help="first time the peer path's sum at 16 MiB over "
-                    "groups a program x warps, and keep the fastest")
+    ap.add_argument(
+        "--peer-tiles",
+        action="store_true",
+        help="first time the peer path's sum at 16 MiB over groups a program x warps, and keep the fastest",
+    )
     args = ap.parse_args()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", timeout=timedelta(seconds=120))
@@ -48,11 +51,13 @@ def main() -> int:
     peer_ok = peer.peer_access_allowed()
     tiles = peer_tiles(mesh) if args.peer_tiles and peer_ok else []
     for mib in (1, 4, 16, 64, 256):
-        n = mib * 2 ** 20 // 2
+        n = mib * 2**20 // 2
         x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         y = torch.zeros_like(x)  # the bf16 all-reduce runs in place on it (zeros stay zeros)
-        calls = {"bf16": lambda: dist.all_reduce(y),
-                 "int8": lambda: quantized_all_reduce(mesh, x, "tp", transport="nccl")}
+        calls = {
+            "bf16": lambda: dist.all_reduce(y),
+            "int8": lambda: quantized_all_reduce(mesh, x, "tp", transport="nccl"),
+        }
         if peer_ok:
             calls["int8_peer"] = lambda: quantized_all_reduce(mesh, x, "tp", transport="peer")
             one_shot = bf16_one_shot(mesh, n)
@@ -64,14 +69,16 @@ def main() -> int:
                 fn()
             row[f"{name}_s"] = statistics.median(timed(fn, 20, True))
             # Back to back, as a model's layers issue them: launch and Python time hide behind the GPU's.
-            row[f"{name}_back_to_back_s"] = statistics.median(timed(lambda: [fn() for _ in range(BATCH)], 5,
-                                                                    True)) / BATCH
+            row[f"{name}_back_to_back_s"] = (
+                statistics.median(timed(lambda: [fn() for _ in range(BATCH)], 5, True)) / BATCH
+            )
             row[f"{name}_host_s"] = host_time(fn)
         for name in calls:
             if name != "bf16":
                 row[f"speedup_{name}" if name != "int8" else "speedup"] = row["bf16_s"] / row[f"{name}_s"]
                 row[f"speedup_{name}_back_to_back" if name != "int8" else "speedup_back_to_back"] = (
-                    row["bf16_back_to_back_s"] / row[f"{name}_back_to_back_s"])
+                    row["bf16_back_to_back_s"] / row[f"{name}_back_to_back_s"]
+                )
         ref = x.double().clone()
         dist.all_reduce(ref)
         got = quantized_all_reduce(mesh, x, "tp", transport="nccl")
@@ -85,21 +92,31 @@ def main() -> int:
     e2e = end_to_end(mesh, world)
     if dist.get_rank() == 0:
         env = " ".join(f"{k}={v}" for k, v in os.environ.items() if k == "NCCL_P2P_DISABLE")
-        out = {"command": f"{env} torchrun --nproc-per-node {world} benchmarks/bench_quant_allreduce.py "
-                          "--out $OUT/quant_allreduce.json".strip(),
-               "gpus": world, "gpu": torch.cuda.get_device_name(0),
-               "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
-               "allreduce": rows, "tpssm_prefill": e2e, "peer_tiles": tiles,
-               "peer_tile": [peer.PEER_GROUPS_PER_PROGRAM, peer.PEER_WARPS]}
+        out = {
+            "command": f"{env} torchrun --nproc-per-node {world} benchmarks/bench_quant_allreduce.py "
+            "--out $OUT/quant_allreduce.json".strip(),
+            "gpus": world,
+            "gpu": torch.cuda.get_device_name(0),
+            "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+            "allreduce": rows,
+            "tpssm_prefill": e2e,
+            "peer_tiles": tiles,
+            "peer_tile": [peer.PEER_GROUPS_PER_PROGRAM, peer.PEER_WARPS],
+        }
         json.dump(out, open(args.out, "w"), indent=1)
         for r in rows:
             paths = [k[:-2] for k in r if k.endswith("_s") and not k.endswith(("_back_to_back_s", "_host_s"))]
-            print(f"{world} GPUs {r['mib_bf16']:4} MiB: " + "  ".join(
-                f"{p} {r[p + '_s'] * 1e3:.3f} ms (b2b {r[p + '_back_to_back_s'] * 1e3:.3f}, host "
-                f"{r[p + '_host_s'] * 1e6:.0f} us)" for p in paths)
+            print(
+                f"{world} GPUs {r['mib_bf16']:4} MiB: "
+                + "  ".join(
+                    f"{p} {r[p + '_s'] * 1e3:.3f} ms (b2b {r[p + '_back_to_back_s'] * 1e3:.3f}, host "
+                    f"{r[p + '_host_s'] * 1e6:.0f} us)"
+                    for p in paths
+                )
                 + f"  speedup int8 {r['speedup']:.2f}x, peer {r.get('speedup_int8_peer', float('nan')):.2f}x"
                 + f"  (max rel err {r['int8_max_rel_err']:.1e}, peer {r.get('int8_peer_max_rel_err', float('nan')):.1e},"
-                + f" bit-equal {r.get('int8_peer_equals_nccl_path')})")
+                + f" bit-equal {r.get('int8_peer_equals_nccl_path')})"
+            )
         print(f"TP-SSM prefill: {e2e}")
     dist.destroy_process_group()
     return 0
@@ -107,7 +124,7 @@ def main() -> int:
 
 def peer_tiles(mesh) -> list[dict]:
     """The peer path at 16 MiB for each tile; sets the fastest for the rest of the run."""
-    x = torch.randn(8 * 2 ** 20, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8 * 2**20, device="cuda", dtype=torch.bfloat16)
     fn = lambda: quantized_all_reduce(mesh, x, "tp", transport="peer")  # noqa: E731
     out = []
     for gpp in (8, 16, 32, 64):

@@ -29,7 +29,7 @@ def inputs(b, s, h, p, g, n, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     y0 = torch.randn(b, s, h, p, device="cuda", dtype=torch.bfloat16, generator=gen)
     xbc = torch.randn(b, s, h * p + 2 * g * n, device="cuda", dtype=torch.bfloat16, generator=gen)
-    C = xbc[..., h * p + g * n:].view(b, s, g, n)
+    C = xbc[..., h * p + g * n :].view(b, s, g, n)
     cum = torch.cumsum(-torch.rand(b, h, s, device="cuda", generator=gen) * 1e-3, -1)
     E = torch.randn(b, h, p, n, device="cuda", generator=gen)
     return [y0, C, cum, E], torch.randn_like(y0)
@@ -68,15 +68,31 @@ def main() -> int:
         t_ref_train = median_time_s(lambda: train(torch_path, ins, dy), reps=10, warmup=2)
         k = kernel_times(lambda: train(EnteringStateFn.apply, ins, dy), KERNELS)
         tb = traffic(*shape)
-        kernels = {name: {"s": k[name], "bytes": tb[name], "bandwidth_fraction": tb[name] / k[name] / copy_bw}
-                   for name in KERNELS}
+        kernels = {
+            name: {"s": k[name], "bytes": tb[name], "bandwidth_fraction": tb[name] / k[name] / copy_bw}
+            for name in KERNELS
+        }
         kernels["other"] = {"s": k["other"]}
-        rows.append({"shape": shape, "forward_s": t_fwd, "torch_forward_s": t_ref, "train_s": t_train,
-                     "torch_train_s": t_ref_train, "forward_speedup": t_ref / t_fwd, "train_speedup": t_ref_train / t_train,
-                     "kernels": kernels})
-        print(f"{shape}: forward {t_fwd * 1e3:.2f} ms (torch {t_ref * 1e3:.2f}), forward+backward {t_train * 1e3:.2f} ms "
-              f"(torch {t_ref_train * 1e3:.2f}); " + ", ".join(f"{n} {v['s'] * 1e3:.2f} ms {v['bandwidth_fraction']:.0%}"
-                                                              for n, v in kernels.items() if "bytes" in v), flush=True)
+        rows.append(
+            {
+                "shape": shape,
+                "forward_s": t_fwd,
+                "torch_forward_s": t_ref,
+                "train_s": t_train,
+                "torch_train_s": t_ref_train,
+                "forward_speedup": t_ref / t_fwd,
+                "train_speedup": t_ref_train / t_train,
+                "kernels": kernels,
+            }
+        )
+        print(
+            f"{shape}: forward {t_fwd * 1e3:.2f} ms (torch {t_ref * 1e3:.2f}), forward+backward {t_train * 1e3:.2f} ms "
+            f"(torch {t_ref_train * 1e3:.2f}); "
+            + ", ".join(
+                f"{n} {v['s'] * 1e3:.2f} ms {v['bandwidth_fraction']:.0%}" for n, v in kernels.items() if "bytes" in v
+            ),
+            flush=True,
+        )
         del ins, dy
         torch.cuda.empty_cache()
     # Error against float64 on a smaller shard: the output and every gradient.
@@ -89,9 +105,17 @@ def main() -> int:
     yr.backward(dy.double())
     err = {"y": rel(y, yr)} | {n: rel(a.grad, b.grad) for n, a, b in zip(("y0", "C", "cum", "E"), got, want)}
     print("relative error against float64: " + ", ".join(f"{n} {v:.1e}" for n, v in err.items()))
-    json.dump({"command": "python benchmarks/bench_shard_state.py --out $OUT/shard-state.json",
-               "gpu": torch.cuda.get_device_name(0), "copy_bytes_per_s": copy_bw, "runs": rows,
-               "rel_err_vs_fp64": err}, open(args.out, "w"), indent=1)
+    json.dump(
+        {
+            "command": "python benchmarks/bench_shard_state.py --out $OUT/shard-state.json",
+            "gpu": torch.cuda.get_device_name(0),
+            "copy_bytes_per_s": copy_bw,
+            "runs": rows,
+            "rel_err_vs_fp64": err,
+        },
+        open(args.out, "w"),
+        indent=1,
+    )
     return 0
 
 

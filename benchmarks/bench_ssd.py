@@ -25,8 +25,14 @@ from meshplan.kernels.reference import ssd_chunked_ref
 from meshplan.kernels.ssd_combined import ssd_chunked
 
 FWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_join_segments", "_chunk_scan")
-BWD_KERNELS = ("_chunk_weights_kernel", "_state_passing", "_state_passing_bwd", "_join_segments", "_chunk_bwd_dx",
-               "_chunk_bwd_dbc")
+BWD_KERNELS = (
+    "_chunk_weights_kernel",
+    "_state_passing",
+    "_state_passing_bwd",
+    "_join_segments",
+    "_chunk_bwd_dx",
+    "_chunk_bwd_dbc",
+)
 
 SHAPES = ((1, 16384, 80, 64, 1, 128), (4, 4096, 80, 64, 1, 128), (1, 16384, 40, 64, 1, 128))
 
@@ -114,8 +120,16 @@ def tune_forward(args) -> int:
                 t = median_time_s(lambda: ssd.ssd_forward(*ins, chunk=args.chunk, bp=bp), reps=10, warmup=2)
             rows.append({"bp": bp, "warps": warps, "forward_s": t})
             print(f"forward bp {bp} warps {warps}: {t * 1e3:.3f} ms", flush=True)
-    json.dump({"command": f"python benchmarks/bench_ssd.py --tune-forward --chunk {args.chunk} --out $OUT/tune-fwd.json",
-               "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
+    json.dump(
+        {
+            "command": f"python benchmarks/bench_ssd.py --tune-forward --chunk {args.chunk} --out $OUT/tune-fwd.json",
+            "gpu": torch.cuda.get_device_name(0),
+            "shape": SHAPES[0],
+            "runs": rows,
+        },
+        open(args.out, "w"),
+        indent=1,
+    )
     return 0
 
 
@@ -141,12 +155,31 @@ def tune_passing(args) -> int:
 
                     with torch.no_grad():
                         k = kernel_times(both, ("_state_passing", "_state_passing_bwd"))
-                    rows.append({"shape": [b, s, h, p, g, n], "bp": bp, "bn": bn, "warps": warps, "stages": stages,
-                                 "forward_s": k["_state_passing"], "backward_s": k["_state_passing_bwd"]})
-                    print(f"{b}x{s} bp {bp} bn {bn} warps {warps} stages {stages}: "
-                          f"{k['_state_passing'] * 1e3:.3f} / {k['_state_passing_bwd'] * 1e3:.3f} ms", flush=True)
-    json.dump({"command": f"python benchmarks/bench_ssd.py --tune-passing --chunk {args.chunk} --out $OUT/tune-pass.json",
-               "gpu": torch.cuda.get_device_name(0), "runs": rows}, open(args.out, "w"), indent=1)
+                    rows.append(
+                        {
+                            "shape": [b, s, h, p, g, n],
+                            "bp": bp,
+                            "bn": bn,
+                            "warps": warps,
+                            "stages": stages,
+                            "forward_s": k["_state_passing"],
+                            "backward_s": k["_state_passing_bwd"],
+                        }
+                    )
+                    print(
+                        f"{b}x{s} bp {bp} bn {bn} warps {warps} stages {stages}: "
+                        f"{k['_state_passing'] * 1e3:.3f} / {k['_state_passing_bwd'] * 1e3:.3f} ms",
+                        flush=True,
+                    )
+    json.dump(
+        {
+            "command": f"python benchmarks/bench_ssd.py --tune-passing --chunk {args.chunk} --out $OUT/tune-pass.json",
+            "gpu": torch.cuda.get_device_name(0),
+            "runs": rows,
+        },
+        open(args.out, "w"),
+        indent=1,
+    )
     return 0
 
 
@@ -161,15 +194,23 @@ def segments(args) -> int:
     times, each kernel's profiled time, the kernel bandwidth fractions (as the main table counts them:
     the join's bytes are not counted), and the outputs and gradients against the unsegmented run's."""
     copy_bw = copy_roofline_bytes_per_s()
-    variants = [("whole", 0, False)] + [(f"{w}-{t}", t, w == "both") for t in (256, 512, 1024, 2048)
-                                        for w in ("forward", "both")]
+    variants = [("whole", 0, False)] + [
+        (f"{w}-{t}", t, w == "both") for t in (256, 512, 1024, 2048) for w in ("forward", "both")
+    ]
     rows = []
     for shape in SEGMENT_SHAPES:
         rows += _segment_rows(shape, variants, args.chunk, copy_bw)
         torch.cuda.empty_cache()
-    json.dump({"command": f"python benchmarks/bench_ssd.py --segments --chunk {args.chunk} --out $OUT/ssd-segments.json",
-               "gpu": torch.cuda.get_device_name(0), "copy_bytes_per_s": copy_bw, "runs": rows},
-              open(args.out, "w"), indent=1)
+    json.dump(
+        {
+            "command": f"python benchmarks/bench_ssd.py --segments --chunk {args.chunk} --out $OUT/ssd-segments.json",
+            "gpu": torch.cuda.get_device_name(0),
+            "copy_bytes_per_s": copy_bw,
+            "runs": rows,
+        },
+        open(args.out, "w"),
+        indent=1,
+    )
     return 0
 
 
@@ -195,25 +236,38 @@ def _segment_rows(shape, variants, chunk: int, copy_bw: float) -> list[dict]:
                 y, final = fwd()
                 grads = bwd()[:6]
                 base = base or (y, final, grads)
-                diff = {"y": rel(y, base[0]), "final": rel(final, base[1]),
-                        **{k: rel(o, w) for k, o, w in zip(("x", "dt", "A", "B", "C", "D"), grads, base[2])}}
+                diff = {
+                    "y": rel(y, base[0]),
+                    "final": rel(final, base[1]),
+                    **{k: rel(o, w) for k, o, w in zip(("x", "dt", "A", "B", "C", "D"), grads, base[2])},
+                }
                 del y, final, grads
                 t_fwd, t_bwd = median_time_s(fwd, reps=10, warmup=2), median_time_s(bwd, reps=10, warmup=2)
                 k_fwd, k_bwd = kernel_times(fwd, FWD_KERNELS), kernel_times(bwd, BWD_KERNELS)
             kf = sum(v for k, v in k_fwd.items() if k != "other")
             kb = sum(v for k, v in k_bwd.items() if k != "other")
-            row = {"round": rnd, "shape": list(shape), "variant": name,
-                   "segments": launch.pass_segments(b, h, p, n, -(-s // chunk)),
-                   "forward_s": t_fwd, "backward_s": t_bwd, "kernels_forward_s": k_fwd, "kernels_backward_s": k_bwd,
-                   "forward_kernel_fraction": sum(traffic["forward"].values()) / kf / copy_bw,
-                   "backward_kernel_fraction": sum(traffic["backward"].values()) / kb / copy_bw,
-                   "rel_diff_vs_whole_rows": diff}
+            row = {
+                "round": rnd,
+                "shape": list(shape),
+                "variant": name,
+                "segments": launch.pass_segments(b, h, p, n, -(-s // chunk)),
+                "forward_s": t_fwd,
+                "backward_s": t_bwd,
+                "kernels_forward_s": k_fwd,
+                "kernels_backward_s": k_bwd,
+                "forward_kernel_fraction": sum(traffic["forward"].values()) / kf / copy_bw,
+                "backward_kernel_fraction": sum(traffic["backward"].values()) / kb / copy_bw,
+                "rel_diff_vs_whole_rows": diff,
+            }
             rows.append(row)
-            print(f"r{rnd} {b}x{s}x{h} {name:13s} seg {row['segments'][0]:2d}: fwd {t_fwd * 1e3:.3f} ms "
-                  f"(kernels {kf * 1e3:.3f}, {row['forward_kernel_fraction']:.0%}), bwd {t_bwd * 1e3:.3f} ms "
-                  f"(kernels {kb * 1e3:.3f}, {row['backward_kernel_fraction']:.0%}); "
-                  + ", ".join(f"{k.strip('_')} {v * 1e3:.3f}" for k, v in k_bwd.items())
-                  + f"; max diff {max(diff.values()):.1e}", flush=True)
+            print(
+                f"r{rnd} {b}x{s}x{h} {name:13s} seg {row['segments'][0]:2d}: fwd {t_fwd * 1e3:.3f} ms "
+                f"(kernels {kf * 1e3:.3f}, {row['forward_kernel_fraction']:.0%}), bwd {t_bwd * 1e3:.3f} ms "
+                f"(kernels {kb * 1e3:.3f}, {row['backward_kernel_fraction']:.0%}); "
+                + ", ".join(f"{k.strip('_')} {v * 1e3:.3f}" for k, v in k_bwd.items())
+                + f"; max diff {max(diff.values()):.1e}",
+                flush=True,
+            )
     return rows
 
 
@@ -231,18 +285,38 @@ def tune(args) -> int:
                     launch.BWD_STATE_BLOCK = block
 
                     def call():
-                        return ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, args.chunk, bp, None,
-                                                    warps, dbc_warps)
+                        return ssd_bwd.ssd_backward(
+                            dy, None, x, dt, A, B, C, D, None, None, args.chunk, bp, None, warps, dbc_warps
+                        )
 
                     with torch.no_grad():
                         t = median_time_s(call, reps=5, warmup=1)
                         k = kernel_times(call, BWD_KERNELS)
-                    rows.append({"bp": bp, "warps": warps, "dbc_warps": dbc_warps, "state_block": block,
-                                 "backward_s": t, "kernels_s": k})
-                    print(f"bp {bp} warps {warps} dbc warps {dbc_warps} state block {block}: {t * 1e3:.2f} ms "
-                          f"(dx {k['_chunk_bwd_dx'] * 1e3:.3f}, dbc {k['_chunk_bwd_dbc'] * 1e3:.3f} ms)", flush=True)
-    json.dump({"command": f"python benchmarks/bench_ssd.py --tune --chunk {args.chunk} --out $OUT/tune.json",
-               "gpu": torch.cuda.get_device_name(0), "shape": SHAPES[0], "runs": rows}, open(args.out, "w"), indent=1)
+                    rows.append(
+                        {
+                            "bp": bp,
+                            "warps": warps,
+                            "dbc_warps": dbc_warps,
+                            "state_block": block,
+                            "backward_s": t,
+                            "kernels_s": k,
+                        }
+                    )
+                    print(
+                        f"bp {bp} warps {warps} dbc warps {dbc_warps} state block {block}: {t * 1e3:.2f} ms "
+                        f"(dx {k['_chunk_bwd_dx'] * 1e3:.3f}, dbc {k['_chunk_bwd_dbc'] * 1e3:.3f} ms)",
+                        flush=True,
+                    )
+    json.dump(
+        {
+            "command": f"python benchmarks/bench_ssd.py --tune --chunk {args.chunk} --out $OUT/tune.json",
+            "gpu": torch.cuda.get_device_name(0),
+            "shape": SHAPES[0],
+            "runs": rows,
+        },
+        open(args.out, "w"),
+        indent=1,
+    )
     return 0
 
 
@@ -279,11 +353,13 @@ def main() -> int:
             del ref
             t_fwd = median_time_s(lambda: ssd_chunked(*ins, chunk=chunk), reps=10, warmup=2)
             t_ref = median_time_s(lambda: ssd_chunked_ref(*ins, chunk=chunk), reps=3, warmup=2)
-            t_bwd = median_time_s(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk),
-                                  reps=10, warmup=2)
+            t_bwd = median_time_s(
+                lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk), reps=10, warmup=2
+            )
             k_fwd = kernel_times(lambda: ssd_chunked(*ins, chunk=chunk), FWD_KERNELS)
-            k_bwd = kernel_times(lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk),
-                                 BWD_KERNELS)
+            k_bwd = kernel_times(
+                lambda: ssd_bwd.ssd_backward(dy, None, x, dt, A, B, C, D, None, None, chunk), BWD_KERNELS
+            )
         leaves = [t.detach().requires_grad_() for t in ins]
 
         def ref_train():
@@ -292,17 +368,36 @@ def main() -> int:
 
         t_ref_train = median_time_s(ref_train, reps=3, warmup=1)
         traffic = kernel_traffic(b, s, h, p, g, n, chunk, x.element_size())
-        kernels = {d: {k: {"s": t, "bytes": traffic[d].get(k), "bandwidth_fraction": traffic[d][k] / t / copy_bw}
-                       if k in traffic[d] else {"s": t} for k, t in times.items()}
-                   for d, times in (("forward", k_fwd), ("backward", k_bwd))}
-        rows.append({"b": b, "s": s, "heads": h, "headdim": p, "ngroups": g, "d_state": n, "chunk": chunk,
-                     "rel_err_vs_fp64": err, "forward_s": t_fwd, "backward_s": t_bwd,
-                     "torch_reference_forward_s": t_ref, "torch_reference_train_s": t_ref_train,
-                     "speedup_over_reference": t_ref / t_fwd,
-                     "train_speedup_over_reference": t_ref_train / (t_fwd + t_bwd),
-                     "bandwidth_fraction": sum(traffic["forward"].values()) / t_fwd / copy_bw,
-                     "backward_bandwidth_fraction": sum(traffic["backward"].values()) / t_bwd / copy_bw,
-                     "kernels": kernels})
+        kernels = {
+            d: {
+                k: {"s": t, "bytes": traffic[d].get(k), "bandwidth_fraction": traffic[d][k] / t / copy_bw}
+                if k in traffic[d]
+                else {"s": t}
+                for k, t in times.items()
+            }
+            for d, times in (("forward", k_fwd), ("backward", k_bwd))
+        }
+        rows.append(
+            {
+                "b": b,
+                "s": s,
+                "heads": h,
+                "headdim": p,
+                "ngroups": g,
+                "d_state": n,
+                "chunk": chunk,
+                "rel_err_vs_fp64": err,
+                "forward_s": t_fwd,
+                "backward_s": t_bwd,
+                "torch_reference_forward_s": t_ref,
+                "torch_reference_train_s": t_ref_train,
+                "speedup_over_reference": t_ref / t_fwd,
+                "train_speedup_over_reference": t_ref_train / (t_fwd + t_bwd),
+                "bandwidth_fraction": sum(traffic["forward"].values()) / t_fwd / copy_bw,
+                "backward_bandwidth_fraction": sum(traffic["backward"].values()) / t_bwd / copy_bw,
+                "kernels": kernels,
+            }
+        )
         torch.cuda.empty_cache()
     # Packed rows: boundaries every 700 tokens, against the float64 reference with the same seq_idx.
     b, s, h, p, g, n = 2, 4096, 16, 64, 1, 128
@@ -313,23 +408,36 @@ def main() -> int:
         ref, _ = ssd_chunked_ref(*(t.double() for t in ins), seq_idx=sid, chunk=chunk)
     packed_err = rel(y, ref)
     grads = accuracy(chunk)
-    out = {"command": f"python benchmarks/bench_ssd.py --out $OUT/ssd.json --chunk {chunk}",
-           "gpu": torch.cuda.get_device_name(0), "copy_bytes_per_s": copy_bw, "runs": rows,
-           "packed_rel_err_vs_fp64": packed_err, "gradient_rel_err_vs_fp64": grads}
+    out = {
+        "command": f"python benchmarks/bench_ssd.py --out $OUT/ssd.json --chunk {chunk}",
+        "gpu": torch.cuda.get_device_name(0),
+        "copy_bytes_per_s": copy_bw,
+        "runs": rows,
+        "packed_rel_err_vs_fp64": packed_err,
+        "gradient_rel_err_vs_fp64": grads,
+    }
     json.dump(out, open(args.out, "w"), indent=1)
-    print(f"packed rows (seq_idx): rel err {packed_err:.1e}; gradient rel err vs fp64: "
-          + "; ".join(f"{k}: " + ", ".join(f"{n} {v:.1e}" for n, v in d.items()) for k, d in grads.items()))
+    print(
+        f"packed rows (seq_idx): rel err {packed_err:.1e}; gradient rel err vs fp64: "
+        + "; ".join(f"{k}: " + ", ".join(f"{n} {v:.1e}" for n, v in d.items()) for k, d in grads.items())
+    )
     for r in rows:
-        per = {d: ", ".join(f"{k.strip('_')} {v['s'] * 1e3:.2f} ms" + (f" {v['bandwidth_fraction']:.0%}" if "bytes" in v
-                                                                        else "") for k, v in ks.items())
-               for d, ks in r["kernels"].items()}
-        print(f"b {r['b']} s {r['s']} h {r['heads']} chunk {chunk}: fwd {r['forward_s'] * 1e3:.2f} ms "
-              f"({r['bandwidth_fraction']:.0%} roofline; {per['forward']}), bwd "
-              f"{r['backward_s'] * 1e3:.2f} ms ({r['backward_bandwidth_fraction']:.0%}; {per['backward']}); "
-              "torch reference fwd "
-              f"{r['torch_reference_forward_s'] * 1e3:.1f} ms ({r['speedup_over_reference']:.1f}×), fwd+bwd "
-              f"{r['torch_reference_train_s'] * 1e3:.1f} ms ({r['train_speedup_over_reference']:.1f}×); "
-              f"rel err {r['rel_err_vs_fp64']:.1e}")
+        per = {
+            d: ", ".join(
+                f"{k.strip('_')} {v['s'] * 1e3:.2f} ms" + (f" {v['bandwidth_fraction']:.0%}" if "bytes" in v else "")
+                for k, v in ks.items()
+            )
+            for d, ks in r["kernels"].items()
+        }
+        print(
+            f"b {r['b']} s {r['s']} h {r['heads']} chunk {chunk}: fwd {r['forward_s'] * 1e3:.2f} ms "
+            f"({r['bandwidth_fraction']:.0%} roofline; {per['forward']}), bwd "
+            f"{r['backward_s'] * 1e3:.2f} ms ({r['backward_bandwidth_fraction']:.0%}; {per['backward']}); "
+            "torch reference fwd "
+            f"{r['torch_reference_forward_s'] * 1e3:.1f} ms ({r['speedup_over_reference']:.1f}×), fwd+bwd "
+            f"{r['torch_reference_train_s'] * 1e3:.1f} ms ({r['train_speedup_over_reference']:.1f}×); "
+            f"rel err {r['rel_err_vs_fp64']:.1e}"
+        )
     return 0
 
 

@@ -37,18 +37,37 @@ def rescore(path: str, cluster_name: str = "") -> list[dict]:
             continue
         # The executor has dealt SP's tokens in zigzag since run 36, whose files say so; the runs
         # before it split SP contiguously and are predicted as they ran.
-        p = predict(model_for(run["model"]), parse_layout(run["layout"]), run["seq"], run.get("batch", 1), run["mode"],
-                    cluster, int8_allreduce=run.get("int8_allreduce", False),
-                    sp_zigzag=data.get("sp_split") == "zigzag")
+        p = predict(
+            model_for(run["model"]),
+            parse_layout(run["layout"]),
+            run["seq"],
+            run.get("batch", 1),
+            run["mode"],
+            cluster,
+            int8_allreduce=run.get("int8_allreduce", False),
+            sp_zigzag=data.get("sp_split") == "zigzag",
+        )
         keys = set(m["comm_bytes"]) | set(p["comm_bytes"])
-        exact = all(abs(m["comm_bytes"].get(k, 0) - p["comm_bytes"].get(k, 0)) <= 1e-9 * max(1, p["comm_bytes"].get(k, 0))
-                    for k in keys)
-        rows.append({"model": run["model"], "mode": run["mode"], "layout": run["layout"], "seq": run["seq"],
-                     "memory_ratio": m["peak_bytes"] / p["peak_bytes"], "time_ratio": m["step_time_s"] / p["step_time_s"],
-                     "exposed_measured_s": m.get("exposed_comm_s"), "exposed_predicted_s": p["exposed_comm_s"],
-                     "comm_bytes_exact": exact,
-                     "saved_ratio": (m["saved_bytes"] / p["saved_bytes"]) if p.get("saved_bytes") else None,
-                     "predicted": p, "measured": m})
+        exact = all(
+            abs(m["comm_bytes"].get(k, 0) - p["comm_bytes"].get(k, 0)) <= 1e-9 * max(1, p["comm_bytes"].get(k, 0))
+            for k in keys
+        )
+        rows.append(
+            {
+                "model": run["model"],
+                "mode": run["mode"],
+                "layout": run["layout"],
+                "seq": run["seq"],
+                "memory_ratio": m["peak_bytes"] / p["peak_bytes"],
+                "time_ratio": m["step_time_s"] / p["step_time_s"],
+                "exposed_measured_s": m.get("exposed_comm_s"),
+                "exposed_predicted_s": p["exposed_comm_s"],
+                "comm_bytes_exact": exact,
+                "saved_ratio": (m["saved_bytes"] / p["saved_bytes"]) if p.get("saved_bytes") else None,
+                "predicted": p,
+                "measured": m,
+            }
+        )
     return rows
 
 
@@ -60,19 +79,28 @@ def main() -> int:
     ap.add_argument("--cluster", default="", help="a preset or calibrated profile to predict with")
     args = ap.parse_args()
     rows = [r for r in rescore(args.results, args.cluster) if args.model in r["model"]]
-    print(f"{'model':16} {'mode':7} {'layout':12} {'seq':>6} {'mem m/p':>8} {'time m/p':>8} {'exposed m/p ms':>16} bytes")
+    print(
+        f"{'model':16} {'mode':7} {'layout':12} {'seq':>6} {'mem m/p':>8} {'time m/p':>8} {'exposed m/p ms':>16} bytes"
+    )
     for r in rows:
-        exp = (f"{r['exposed_measured_s'] * 1e3:6.1f}/{r['exposed_predicted_s'] * 1e3:6.1f}"
-               if r["exposed_measured_s"] is not None else "-")
-        print(f"{r['model']:16} {r['mode']:7} {r['layout']:12} {r['seq']:6} {r['memory_ratio']:8.3f} "
-              f"{r['time_ratio']:8.2f} {exp:>16} {'exact' if r['comm_bytes_exact'] else 'DIFF'}")
+        exp = (
+            f"{r['exposed_measured_s'] * 1e3:6.1f}/{r['exposed_predicted_s'] * 1e3:6.1f}"
+            if r["exposed_measured_s"] is not None
+            else "-"
+        )
+        print(
+            f"{r['model']:16} {r['mode']:7} {r['layout']:12} {r['seq']:6} {r['memory_ratio']:8.3f} "
+            f"{r['time_ratio']:8.2f} {exp:>16} {'exact' if r['comm_bytes_exact'] else 'DIFF'}"
+        )
     for fam in sorted({r["model"] for r in rows}):
         sub = [r for r in rows if r["model"] == fam]
         mem = [abs(r["memory_ratio"] - 1) for r in sub]
         tim = [abs(r["time_ratio"] - 1) for r in sub]
-        print(f"{fam}: memory |error| median {statistics.median(mem):.1%} max {max(mem):.1%}; "
-              f"time |error| median {statistics.median(tim):.1%} max {max(tim):.1%}; "
-              f"{sum(r['comm_bytes_exact'] for r in sub)}/{len(sub)} byte counts exact")
+        print(
+            f"{fam}: memory |error| median {statistics.median(mem):.1%} max {max(mem):.1%}; "
+            f"time |error| median {statistics.median(tim):.1%} max {max(tim):.1%}; "
+            f"{sum(r['comm_bytes_exact'] for r in sub)}/{len(sub)} byte counts exact"
+        )
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
     return 0

@@ -29,10 +29,36 @@ from meshplan.layout import parse_layout
 from meshplan.models import PRESETS, dense, mamba2
 from meshplan.topologies import load_cluster
 
-DENSE_LAYOUTS = ["single", "tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2", "tp=4",
-                 "sp=4", "tsp=4", "tp=2,sp=2"]
-MAMBA_LAYOUTS = ["single", "tpssm=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2",
-                 "tpssm=4", "sp=4", "tsp=4", "tpssm=2,sp=2"]
+DENSE_LAYOUTS = [
+    "single",
+    "tp=2",
+    "sp=2",
+    "tsp=2",
+    "dp=2",
+    "dp=2,zero=1",
+    "dp=2,zero=2",
+    "dp=2,zero=3",
+    "pp=2",
+    "tp=4",
+    "sp=4",
+    "tsp=4",
+    "tp=2,sp=2",
+]
+MAMBA_LAYOUTS = [
+    "single",
+    "tpssm=2",
+    "sp=2",
+    "tsp=2",
+    "dp=2",
+    "dp=2,zero=1",
+    "dp=2,zero=2",
+    "dp=2,zero=3",
+    "pp=2",
+    "tpssm=4",
+    "sp=4",
+    "tsp=4",
+    "tpssm=2,sp=2",
+]
 
 
 def plan(args) -> list[dict]:
@@ -49,8 +75,11 @@ def plan(args) -> list[dict]:
     if args.prefill_seqs:  # prefill (and the decode after it) at these lengths
         prefill_seqs = [int(x) for x in args.prefill_seqs.split(",")]
     elif args.seqs and {"prefill", "decode"} & set(args.modes.split(",")) and dist.get_rank() == 0:
-        print("gpu_validation: --seqs sets training lengths only; no prefill or decode runs "
-              "(name their lengths with --prefill-seqs)", flush=True)
+        print(
+            "gpu_validation: --seqs sets training lengths only; no prefill or decode runs "
+            "(name their lengths with --prefill-seqs)",
+            flush=True,
+        )
     runs = []
     for seq in dense_seqs:
         runs += [dict(model=d, layout=x, seq=seq, mode="train") for x in DENSE_LAYOUTS]
@@ -58,13 +87,19 @@ def plan(args) -> list[dict]:
         runs += [dict(model=m, layout=x, seq=seq, mode="train") for x in MAMBA_LAYOUTS]
     for seq in prefill_seqs:
         runs += [dict(model=d, layout=x, seq=seq, mode="prefill") for x in ("single", "pp=2", "tp=4", "tsp=4", "sp=4")]
-        runs += [dict(model=m, layout=x, seq=seq, mode="prefill")
-                 for x in ("single", "tpssm=2", "sp=2", "tsp=2", "pp=2", "tpssm=4", "tsp=4")]
+        runs += [
+            dict(model=m, layout=x, seq=seq, mode="prefill")
+            for x in ("single", "tpssm=2", "sp=2", "tsp=2", "pp=2", "tpssm=4", "tsp=4")
+        ]
         # Decode: one token per sequence after a prefill of `seq`, batch 8.
-        runs += [dict(model=d, layout=x, seq=seq, mode="decode", batch=8)
-                 for x in ("single", "tp=2", "sp=2", "tsp=2", "pp=2", "tp=4", "tsp=4")]
-        runs += [dict(model=m, layout=x, seq=seq, mode="decode", batch=8)
-                 for x in ("single", "tpssm=2", "sp=2", "tsp=2", "pp=2", "tpssm=4", "tsp=4")]
+        runs += [
+            dict(model=d, layout=x, seq=seq, mode="decode", batch=8)
+            for x in ("single", "tp=2", "sp=2", "tsp=2", "pp=2", "tp=4", "tsp=4")
+        ]
+        runs += [
+            dict(model=m, layout=x, seq=seq, mode="decode", batch=8)
+            for x in ("single", "tpssm=2", "sp=2", "tsp=2", "pp=2", "tpssm=4", "tsp=4")
+        ]
     return runs
 
 
@@ -77,12 +112,20 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", default="", help="layouts to run, separated by ',' (or ';' if one has a comma)")
     ap.add_argument("--profile", type=int, default=0, help="profile one more step; print this many top kernels")
-    ap.add_argument("--decode-conv", choices=["triton", "torch"], default="triton",
-                    help="Mamba-2 decode's conv step: one Triton launch or the torch ops")
+    ap.add_argument(
+        "--decode-conv",
+        choices=["triton", "torch"],
+        default="triton",
+        help="Mamba-2 decode's conv step: one Triton launch or the torch ops",
+    )
     ap.add_argument("--family", default="", help="dense or mamba2: run only that model family")
     ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
-    ap.add_argument("--seqs", default="", help="comma list of training lengths replacing the grid's (and no "
-                    "prefill or decode runs unless --prefill-seqs names their lengths)")
+    ap.add_argument(
+        "--seqs",
+        default="",
+        help="comma list of training lengths replacing the grid's (and no "
+        "prefill or decode runs unless --prefill-seqs names their lengths)",
+    )
     ap.add_argument("--prefill-seqs", default="", help="comma list of prefill lengths (decode follows each)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--int8-allreduce", action="store_true", help="TP-SSM's block all-reduce in int8 (forward)")
@@ -104,8 +147,12 @@ def main() -> int:
     only = set(filter(None, args.only.split(";" if ";" in args.only else ",")))
     for cfg in plan(args):
         layout = parse_layout(cfg["layout"])
-        if layout.world_size > world or (only and cfg["layout"] not in only) or cfg["mode"] not in args.modes \
-                or (args.family and cfg["model"].family != args.family):
+        if (
+            layout.world_size > world
+            or (only and cfg["layout"] not in only)
+            or cfg["mode"] not in args.modes
+            or (args.family and cfg["model"].family != args.family)
+        ):
             continue
         members = list(range(layout.world_size))
         key = str(layout)
@@ -113,15 +160,34 @@ def main() -> int:
             meshes[key] = build_mesh(layout, members)
         mesh = meshes[key]
         model, seq, mode, batch = cfg["model"], cfg["seq"], cfg["mode"], cfg.get("batch", 1)
-        record = {"layout": str(layout), "model": model.name, "seq": seq, "batch": batch, "mode": mode,
-                  "world": layout.world_size, "layers": model.layers, "int8_allreduce": args.int8_allreduce}
+        record = {
+            "layout": str(layout),
+            "model": model.name,
+            "seq": seq,
+            "batch": batch,
+            "mode": mode,
+            "world": layout.world_size,
+            "layers": model.layers,
+            "int8_allreduce": args.int8_allreduce,
+        }
         mine = None
         t0 = time.time()
         if mesh is not None:
             try:
-                mine = measure(model, layout, mesh, seq, batch, mode, steps=args.steps, warmup=args.warmup,
-                               device=device, exposed=not args.no_exposed, profile=args.profile,
-                               int8_allreduce=args.int8_allreduce)
+                mine = measure(
+                    model,
+                    layout,
+                    mesh,
+                    seq,
+                    batch,
+                    mode,
+                    steps=args.steps,
+                    warmup=args.warmup,
+                    device=device,
+                    exposed=not args.no_exposed,
+                    profile=args.profile,
+                    int8_allreduce=args.int8_allreduce,
+                )
             except torch.cuda.OutOfMemoryError as exc:
                 mine = {"oom": True, "error": str(exc).splitlines()[0]}
             except Exception:  # noqa: BLE001 - recorded, and the sweep goes on
@@ -131,39 +197,64 @@ def main() -> int:
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if rank == 0:
-            ranks = [g for g in gathered[:layout.world_size]]
-            record["predicted"] = predict(replace(model, param_dtype="bf16"), layout, seq, batch, mode, cluster,
-                                          int8_allreduce=args.int8_allreduce)
+            ranks = [g for g in gathered[: layout.world_size]]
+            record["predicted"] = predict(
+                replace(model, param_dtype="bf16"),
+                layout,
+                seq,
+                batch,
+                mode,
+                cluster,
+                int8_allreduce=args.int8_allreduce,
+            )
             record["measured"] = combine_ranks(ranks)
             record["per_rank"] = ranks
             record["wall_s"] = time.time() - t0
             results.append(record)
             with open(args.out, "w") as f:
-                json.dump({"command": f"torchrun --nproc-per-node {world} benchmarks/gpu_validation.py "
-                                      + " ".join(sys.argv[1:]),
-                           "environment": environment(), "cluster_for_predictions": cluster.name,
-                           "sp_split": "zigzag",  # dense SP where meshplan.layout.sp_zigzag allows it
-                           "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
-                           "runs": results}, f,
-                          indent=1)
+                json.dump(
+                    {
+                        "command": f"torchrun --nproc-per-node {world} benchmarks/gpu_validation.py "
+                        + " ".join(sys.argv[1:]),
+                        "environment": environment(),
+                        "cluster_for_predictions": cluster.name,
+                        "sp_split": "zigzag",  # dense SP where meshplan.layout.sp_zigzag allows it
+                        "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+                        "runs": results,
+                    },
+                    f,
+                    indent=1,
+                )
             m = record["measured"]
             p = record["predicted"]
             if "step_time_s" in m:
-                print(f"{record['model']:>18} {mode:7} {record['layout']:>12} s={seq:6} "
-                      f"time {m['step_time_s'] * 1e3:8.2f} ms (pred {p['step_time_s'] * 1e3:8.2f}) "
-                      f"peak {m['peak_bytes'] / 2**30 if m['peak_bytes'] else 0:6.2f} GiB "
-                      f"(pred {p['peak_bytes'] / 2**30:6.2f}) exposed {m.get('exposed_comm_s', 0) * 1e3:7.2f} ms "
-                      f"(pred {p['exposed_comm_s'] * 1e3:7.2f}) host {m.get('host_enqueue_s', 0) * 1e3:7.2f} ms",
-                      flush=True)
+                print(
+                    f"{record['model']:>18} {mode:7} {record['layout']:>12} s={seq:6} "
+                    f"time {m['step_time_s'] * 1e3:8.2f} ms (pred {p['step_time_s'] * 1e3:8.2f}) "
+                    f"peak {m['peak_bytes'] / 2**30 if m['peak_bytes'] else 0:6.2f} GiB "
+                    f"(pred {p['peak_bytes'] / 2**30:6.2f}) exposed {m.get('exposed_comm_s', 0) * 1e3:7.2f} ms "
+                    f"(pred {p['exposed_comm_s'] * 1e3:7.2f}) host {m.get('host_enqueue_s', 0) * 1e3:7.2f} ms",
+                    flush=True,
+                )
             else:
                 print(f"{record['model']} {mode} {record['layout']} s={seq}: {str(m)[:300]}", flush=True)
             for name, t in (m.get("phases_s") or {}).get("top_kernels", []):
                 print(f"      {t * 1e3:7.2f} ms  {name}", flush=True)
             if m.get("phases_s"):
-                print("      " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in m["phases_s"].items()
-                                        if isinstance(v, float) and k != "kernels_per_step"), flush=True)
-                print(f"      kernels per step {m['phases_s'].get('kernels_per_step')}: "
-                      f"{m['phases_s'].get('kernels_by_category')}", flush=True)
+                print(
+                    "      "
+                    + ", ".join(
+                        f"{k} {v * 1e3:.2f} ms"
+                        for k, v in m["phases_s"].items()
+                        if isinstance(v, float) and k != "kernels_per_step"
+                    ),
+                    flush=True,
+                )
+                print(
+                    f"      kernels per step {m['phases_s'].get('kernels_per_step')}: "
+                    f"{m['phases_s'].get('kernels_by_category')}",
+                    flush=True,
+                )
         dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -78,128 +78,202 @@ from compare_validation import rescore
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-SOURCES = [("validation-h200-run67-x2-mamba2-tsp.json",
-            "TSP over Mamba-2 blocks (meshplan/executor/layouts/tsp_mamba.py), tsp=2: training at 4K and 16K, "
-            "prefill and decode at 16K, 2 x H200"),
-           ("validation-h200-run68-x2-mamba2-tsp-long.json",
-            "the code of run 67: TSP 2 Mamba-2 training at 128K and 512K tokens, 2 x H200"),
-           ("validation-h200-run64-x2-mamba2-sp-correction-cat.json",
-            "a Mamba-2 sequence shard's correction for its entering state as Triton kernels, and the in_proj "
-            "output's gradient joined a block of rows at a time (cat_last): SP training at 16K-1M tokens and "
-            "prefill at 16K and 128K, 2 x H200"),
-           ("validation-h200-run65-x2-mamba2-long-cat.json",
-            "the code of run 64: one GPU and TP-SSM training at 128K and 512K tokens, 2 x H200"),
-           ("validation-h200-run66-x2-mamba2-tpssm-1m-cat.json",
-            "the code of run 64: TP-SSM training at 1M tokens, 2 x H200"),
-           ("validation-h200-run62-x2-mamba2-long-conv-head.json",
-            "the final code at 128K-1M tokens (the state passing's offsets in int64, the sequence shard's conv "
-            "without a copy): one GPU, TP-SSM and SP, 2 x H200"),
-           ("validation-h200-run60-x2-norm-one-pass.json",
-            "the final code of the session that added runs 57-60 (the SSD scan's fused state passing, the "
-            "one-pass gated RMSNorm): every layout of 2 GPUs (as run 53), 2 x H200"),
-           ("validation-h200-run59-x2-mamba2-long-fused-passing.json",
-            "the SSD scan of run 58 at 128K-1M tokens: one GPU, TP-SSM and SP, 2 x H200"),
-           ("validation-h200-run58-x2-pass-weights.json",
-            "the SSD scan's chunk states formed inside its state passing, each passing's weights by a kernel "
-            "before it: every Mamba-2 layout of 2 GPUs (as run 53), 2 x H200"),
-           ("validation-h200-run57-x2-fused-passing.json",
-            "the SSD scan's chunk states formed inside its state passing (weights in the loop): every Mamba-2 "
-            "layout of 2 GPUs (as run 53), 2 x H200"),
-           ("validation-h200-run56-x2-conv-in-place.json",
-            "the conv reading Mamba-2's xBC in place and the model's Mamba-2 eager factor re-measured, every "
-            "layout of 2 GPUs (as run 53), 2 x H200"),
-           ("validation-h200-run55-x2-calibrated.json",
-            "the code between runs 53 and 56, every layout of 2 GPUs (as run 53), on a machine calibrated just before "
-            "(benchmarks/results/calibration-run55-h200-2gpu.toml; predicted here with the preset), 2 x H200"),
-           ("validation-h200-run54-x2-current.json",
-            "the code between runs 53 and 56, every layout of 2 GPUs (as run 53), on another 2 x H200"),
-           ("validation-h200-run53-x2-current.json",
-            "current executor and kernels (this session's final code), every layout of 2 GPUs — TP, SP, TSP, TP-SSM, "
-            "DP with ZeRO 0-3, PP — beside one GPU, training at 4K and 16K, prefill and decode at 16K, 2 x H200"),
-           ("validation-h200-run52-x2-pp.json",
-            "current executor and kernels, pipeline stages (pp=2, 1F1B over 8 micro-batches) beside one GPU, dense "
-            "and Mamba-2 training at 4K and 16K, prefill and decode at 16K, 2 x H200"),
-           ("validation-h200-run50-x2-zero3.json",
-            "current executor and kernels, ZeRO 3 (weights gathered around each layer's forward and backward) "
-            "beside ZeRO 2 and one GPU, dense and Mamba-2 training at 4K and 16K, prefill and decode on one GPU, "
-            "2 x H200"),
-           ("validation-h200-run48-x2-zero.json",
-            "current executor and kernels, ZeRO 1 and 2 (sharded Adam, gradients reduce-scattered behind the "
-            "backward) against ZeRO 0 and one GPU, dense and Mamba-2 training at 4K and 16K, 2 x H200"),
-           ("validation-h200-run47-x2-dp-sp-overlap.json",
-            "current executor and kernels (gradient all-reduces started from hooks as each weight's gradient is "
-            "ready, behind the backward), one GPU, dp=2 and sp=2, dense and Mamba-2 training at 4K and 16K, 2 x H200"),
-           ("validation-h200-run43-x2-mamba2-sp-one-scan.json",
-            "current executor and kernels (SP Mamba-2 scans once a shard; this session's final code), Mamba-2 "
-            "training 4K-16K and prefill 16K, one GPU and SP 2, 2 x H200"),
-           ("validation-h200-run45-x2-dp.json",
-            "data parallelism (dp=2, ZeRO 0) with one all-reduce of every gradient after the backward (before "
-            "GradientSync), dense and Mamba-2 training at 4K and 16K, 2 x H200"),
-           ("validation-h200-run43-x2-mamba2-long-sp-one-scan.json",
-            "current executor and kernels, SP 2 Mamba-2 training 128K-1M tokens, 2 x H200"),
-           ("validation-h200-run41-x2-mamba2-sp-one-scan.json",
-            "SP Mamba-2 scanning once a shard, with the scan's graph kept in backward (before its conv-output "
-            "gradient was assembled in one tensor), Mamba-2 training 4K-32K and prefill 16K, one GPU and SP 2, "
-            "profiled, 2 x H200"),
-           ("validation-h200-run37-x2-current.json",
-            "current executor and kernels (this session's final code), every layout at degree 1 and 2, training, "
-            "prefill, decode, profiled, 2 x H200"),
-           ("validation-h200-run36-x2-dense-sp-zigzag.json",
-            "current executor and kernels, SP dealing its tokens in zigzag; dense degrees 1-2, 2 x H200"),
-           ("validation-h200-run30-x2-fewer-launches.json",
-            "current executor and kernels (four-rows-a-step conv reading its taps as they are, the scan's decay "
-            "sums from its chunk-state kernel, no host syncs), degrees 1-2, profiled, 2 x H200"),
-           ("validation-h200-run31-x2-mamba2-long-current.json",
-            "current executor and kernels, Mamba-2 training 128K-1M tokens, 2 x H200"),
-           ("validation-h200-run35-x2-mamba2-calibrated-host.json",
-            "current executor and kernels, Mamba-2 training at 4K and 16K, degrees 1-2, 2 x H200"),
-           ("validation-h200-run35-x2-dense-calibrated-host.json",
-            "current executor and kernels, dense training at 4K and 16K, degrees 1-2, 2 x H200"),
-           ("validation-h200-run34-x2-mamba2-host-probe.json",
-            "current executor and kernels, Mamba-2 training at 4K and 16K, degrees 1-2, another 2 x H200"),
-           ("validation-h200-run34-x2-dense-host-probe.json",
-            "current executor and kernels, dense training at 4K and 16K, degrees 1-2, another 2 x H200"),
-           ("validation-h200-run33-x4-mamba2-current.json",
-            "current executor and kernels (the conv's cheaper sigmoid and unmasked steps), Mamba-2 training at 16K, "
-            "degrees 1, 2, 4, 4 x H200"),
-           ("validation-h200-run28-x2-profiled-optimizer-fix.json",
-            "the same with 20 more launches a Mamba-2 layer and dense SP's host sync, degrees 1-2, profiled, 2 x H200"),
-           ("validation-h200-run20-x4-current.json",
-            "current executor for dense; Mamba-2 with the fp32-buffer scan (before 7e3a361), 4 x H200"),
-           ("validation-h200-run23-x2-mamba2-bf16-scan.json", "current executor, Mamba-2, 2 x H200"),
-           ("validation-h200-run24-x2-mamba2-long-bf16-scan.json",
-            "current executor, Mamba-2 training 128K-1M tokens, 2 x H200"),
-           ("validation-h200-run17-x4-triton-norm.json", "before the marching conv1d backward, 4 x H200"),
-           ("memory-curves-4xh200-run18-triton-norm.json", "current executor, dense training 16K-256K, 4 x H200"),
-           ("validation-h200-run14-x4.json", "before the Triton RMSNorm, 4 x H200"),
-           ("validation-h200-run3-x2.json", "executor before the Triton RMSNorm, 2 x H200"),
-           ("validation-h200-run11-x2-mamba2.json", "Mamba-2 with Triton kernels, fp32-buffer scan, 2 x H200"),
-           ("validation-h200-run10-x2-mamba2-fused-norm.json", "Mamba-2 before the last kernel tuning, 2 x H200"),
-           ("validation-h200-run12-x2-mamba2-long.json", "Mamba-2 training 128K-1M tokens, fp32-buffer scan, 2 x H200"),
-           ("validation-h200-run13-x2-mamba2-long-expandable.json",
-            "Mamba-2 training 512K-1M tokens, expandable allocator segments, fp32-buffer scan, 2 x H200"),
-           ("validation-h200-run9-x2-mamba2.json", "Mamba-2 before the Triton gated norm (decode from here), 2 x H200"),
-           ("validation-h200-run5-x2-inference.json", "current executor, prefill and decode, 2 x H200"),
-           ("validation-h200-run1.json", "first executor (masked attention, unfused optimizer), 4 x H200")]
+SOURCES = [
+    (
+        "validation-h200-run67-x2-mamba2-tsp.json",
+        "TSP over Mamba-2 blocks (meshplan/executor/layouts/tsp_mamba.py), tsp=2: training at 4K and 16K, "
+        "prefill and decode at 16K, 2 x H200",
+    ),
+    (
+        "validation-h200-run68-x2-mamba2-tsp-long.json",
+        "the code of run 67: TSP 2 Mamba-2 training at 128K and 512K tokens, 2 x H200",
+    ),
+    (
+        "validation-h200-run64-x2-mamba2-sp-correction-cat.json",
+        "a Mamba-2 sequence shard's correction for its entering state as Triton kernels, and the in_proj "
+        "output's gradient joined a block of rows at a time (cat_last): SP training at 16K-1M tokens and "
+        "prefill at 16K and 128K, 2 x H200",
+    ),
+    (
+        "validation-h200-run65-x2-mamba2-long-cat.json",
+        "the code of run 64: one GPU and TP-SSM training at 128K and 512K tokens, 2 x H200",
+    ),
+    ("validation-h200-run66-x2-mamba2-tpssm-1m-cat.json", "the code of run 64: TP-SSM training at 1M tokens, 2 x H200"),
+    (
+        "validation-h200-run62-x2-mamba2-long-conv-head.json",
+        "the final code at 128K-1M tokens (the state passing's offsets in int64, the sequence shard's conv "
+        "without a copy): one GPU, TP-SSM and SP, 2 x H200",
+    ),
+    (
+        "validation-h200-run60-x2-norm-one-pass.json",
+        "the final code of the session that added runs 57-60 (the SSD scan's fused state passing, the "
+        "one-pass gated RMSNorm): every layout of 2 GPUs (as run 53), 2 x H200",
+    ),
+    (
+        "validation-h200-run59-x2-mamba2-long-fused-passing.json",
+        "the SSD scan of run 58 at 128K-1M tokens: one GPU, TP-SSM and SP, 2 x H200",
+    ),
+    (
+        "validation-h200-run58-x2-pass-weights.json",
+        "the SSD scan's chunk states formed inside its state passing, each passing's weights by a kernel "
+        "before it: every Mamba-2 layout of 2 GPUs (as run 53), 2 x H200",
+    ),
+    (
+        "validation-h200-run57-x2-fused-passing.json",
+        "the SSD scan's chunk states formed inside its state passing (weights in the loop): every Mamba-2 "
+        "layout of 2 GPUs (as run 53), 2 x H200",
+    ),
+    (
+        "validation-h200-run56-x2-conv-in-place.json",
+        "the conv reading Mamba-2's xBC in place and the model's Mamba-2 eager factor re-measured, every "
+        "layout of 2 GPUs (as run 53), 2 x H200",
+    ),
+    (
+        "validation-h200-run55-x2-calibrated.json",
+        "the code between runs 53 and 56, every layout of 2 GPUs (as run 53), on a machine calibrated just before "
+        "(benchmarks/results/calibration-run55-h200-2gpu.toml; predicted here with the preset), 2 x H200",
+    ),
+    (
+        "validation-h200-run54-x2-current.json",
+        "the code between runs 53 and 56, every layout of 2 GPUs (as run 53), on another 2 x H200",
+    ),
+    (
+        "validation-h200-run53-x2-current.json",
+        "current executor and kernels (this session's final code), every layout of 2 GPUs — TP, SP, TSP, TP-SSM, "
+        "DP with ZeRO 0-3, PP — beside one GPU, training at 4K and 16K, prefill and decode at 16K, 2 x H200",
+    ),
+    (
+        "validation-h200-run52-x2-pp.json",
+        "current executor and kernels, pipeline stages (pp=2, 1F1B over 8 micro-batches) beside one GPU, dense "
+        "and Mamba-2 training at 4K and 16K, prefill and decode at 16K, 2 x H200",
+    ),
+    (
+        "validation-h200-run50-x2-zero3.json",
+        "current executor and kernels, ZeRO 3 (weights gathered around each layer's forward and backward) "
+        "beside ZeRO 2 and one GPU, dense and Mamba-2 training at 4K and 16K, prefill and decode on one GPU, "
+        "2 x H200",
+    ),
+    (
+        "validation-h200-run48-x2-zero.json",
+        "current executor and kernels, ZeRO 1 and 2 (sharded Adam, gradients reduce-scattered behind the "
+        "backward) against ZeRO 0 and one GPU, dense and Mamba-2 training at 4K and 16K, 2 x H200",
+    ),
+    (
+        "validation-h200-run47-x2-dp-sp-overlap.json",
+        "current executor and kernels (gradient all-reduces started from hooks as each weight's gradient is "
+        "ready, behind the backward), one GPU, dp=2 and sp=2, dense and Mamba-2 training at 4K and 16K, 2 x H200",
+    ),
+    (
+        "validation-h200-run43-x2-mamba2-sp-one-scan.json",
+        "current executor and kernels (SP Mamba-2 scans once a shard; this session's final code), Mamba-2 "
+        "training 4K-16K and prefill 16K, one GPU and SP 2, 2 x H200",
+    ),
+    (
+        "validation-h200-run45-x2-dp.json",
+        "data parallelism (dp=2, ZeRO 0) with one all-reduce of every gradient after the backward (before "
+        "GradientSync), dense and Mamba-2 training at 4K and 16K, 2 x H200",
+    ),
+    (
+        "validation-h200-run43-x2-mamba2-long-sp-one-scan.json",
+        "current executor and kernels, SP 2 Mamba-2 training 128K-1M tokens, 2 x H200",
+    ),
+    (
+        "validation-h200-run41-x2-mamba2-sp-one-scan.json",
+        "SP Mamba-2 scanning once a shard, with the scan's graph kept in backward (before its conv-output "
+        "gradient was assembled in one tensor), Mamba-2 training 4K-32K and prefill 16K, one GPU and SP 2, "
+        "profiled, 2 x H200",
+    ),
+    (
+        "validation-h200-run37-x2-current.json",
+        "current executor and kernels (this session's final code), every layout at degree 1 and 2, training, "
+        "prefill, decode, profiled, 2 x H200",
+    ),
+    (
+        "validation-h200-run36-x2-dense-sp-zigzag.json",
+        "current executor and kernels, SP dealing its tokens in zigzag; dense degrees 1-2, 2 x H200",
+    ),
+    (
+        "validation-h200-run30-x2-fewer-launches.json",
+        "current executor and kernels (four-rows-a-step conv reading its taps as they are, the scan's decay "
+        "sums from its chunk-state kernel, no host syncs), degrees 1-2, profiled, 2 x H200",
+    ),
+    (
+        "validation-h200-run31-x2-mamba2-long-current.json",
+        "current executor and kernels, Mamba-2 training 128K-1M tokens, 2 x H200",
+    ),
+    (
+        "validation-h200-run35-x2-mamba2-calibrated-host.json",
+        "current executor and kernels, Mamba-2 training at 4K and 16K, degrees 1-2, 2 x H200",
+    ),
+    (
+        "validation-h200-run35-x2-dense-calibrated-host.json",
+        "current executor and kernels, dense training at 4K and 16K, degrees 1-2, 2 x H200",
+    ),
+    (
+        "validation-h200-run34-x2-mamba2-host-probe.json",
+        "current executor and kernels, Mamba-2 training at 4K and 16K, degrees 1-2, another 2 x H200",
+    ),
+    (
+        "validation-h200-run34-x2-dense-host-probe.json",
+        "current executor and kernels, dense training at 4K and 16K, degrees 1-2, another 2 x H200",
+    ),
+    (
+        "validation-h200-run33-x4-mamba2-current.json",
+        "current executor and kernels (the conv's cheaper sigmoid and unmasked steps), Mamba-2 training at 16K, "
+        "degrees 1, 2, 4, 4 x H200",
+    ),
+    (
+        "validation-h200-run28-x2-profiled-optimizer-fix.json",
+        "the same with 20 more launches a Mamba-2 layer and dense SP's host sync, degrees 1-2, profiled, 2 x H200",
+    ),
+    (
+        "validation-h200-run20-x4-current.json",
+        "current executor for dense; Mamba-2 with the fp32-buffer scan (before 7e3a361), 4 x H200",
+    ),
+    ("validation-h200-run23-x2-mamba2-bf16-scan.json", "current executor, Mamba-2, 2 x H200"),
+    (
+        "validation-h200-run24-x2-mamba2-long-bf16-scan.json",
+        "current executor, Mamba-2 training 128K-1M tokens, 2 x H200",
+    ),
+    ("validation-h200-run17-x4-triton-norm.json", "before the marching conv1d backward, 4 x H200"),
+    ("memory-curves-4xh200-run18-triton-norm.json", "current executor, dense training 16K-256K, 4 x H200"),
+    ("validation-h200-run14-x4.json", "before the Triton RMSNorm, 4 x H200"),
+    ("validation-h200-run3-x2.json", "executor before the Triton RMSNorm, 2 x H200"),
+    ("validation-h200-run11-x2-mamba2.json", "Mamba-2 with Triton kernels, fp32-buffer scan, 2 x H200"),
+    ("validation-h200-run10-x2-mamba2-fused-norm.json", "Mamba-2 before the last kernel tuning, 2 x H200"),
+    ("validation-h200-run12-x2-mamba2-long.json", "Mamba-2 training 128K-1M tokens, fp32-buffer scan, 2 x H200"),
+    (
+        "validation-h200-run13-x2-mamba2-long-expandable.json",
+        "Mamba-2 training 512K-1M tokens, expandable allocator segments, fp32-buffer scan, 2 x H200",
+    ),
+    ("validation-h200-run9-x2-mamba2.json", "Mamba-2 before the Triton gated norm (decode from here), 2 x H200"),
+    ("validation-h200-run5-x2-inference.json", "current executor, prefill and decode, 2 x H200"),
+    ("validation-h200-run1.json", "first executor (masked attention, unfused optimizer), 4 x H200"),
+]
 # Model families a source speaks for: run3 and run5 ran Mamba-2 on the torch reference scan, since
 # replaced (run9); so did run1, whose SP Mamba-2 also handed the state along a serial chain.
-FAMILIES = {"validation-h200-run3-x2.json": ("dense",),
-            "validation-h200-run41-x2-mamba2-sp-one-scan.json": ("mamba2",),
-            "validation-h200-run43-x2-mamba2-sp-one-scan.json": ("mamba2",),
-            "validation-h200-run43-x2-mamba2-long-sp-one-scan.json": ("mamba2",),
-            "validation-h200-run23-x2-mamba2-bf16-scan.json": ("mamba2",),
-            "validation-h200-run24-x2-mamba2-long-bf16-scan.json": ("mamba2",),
-            "validation-h200-run31-x2-mamba2-long-current.json": ("mamba2",),
-            "validation-h200-run33-x4-mamba2-current.json": ("mamba2",),
-            "validation-h200-run35-x2-mamba2-calibrated-host.json": ("mamba2",),
-            "validation-h200-run35-x2-dense-calibrated-host.json": ("dense",),
-            "validation-h200-run36-x2-dense-sp-zigzag.json": ("dense",),
-            "validation-h200-run34-x2-mamba2-host-probe.json": ("mamba2",),
-            "validation-h200-run34-x2-dense-host-probe.json": ("dense",), "validation-h200-run5-x2-inference.json": ("dense",),
-            "validation-h200-run11-x2-mamba2.json": ("mamba2",), "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),
-            "validation-h200-run12-x2-mamba2-long.json": ("mamba2",),
-            "validation-h200-run13-x2-mamba2-long-expandable.json": ("mamba2",),
-            "validation-h200-run9-x2-mamba2.json": ("mamba2",), "validation-h200-run1.json": ("dense",)}
+FAMILIES = {
+    "validation-h200-run3-x2.json": ("dense",),
+    "validation-h200-run41-x2-mamba2-sp-one-scan.json": ("mamba2",),
+    "validation-h200-run43-x2-mamba2-sp-one-scan.json": ("mamba2",),
+    "validation-h200-run43-x2-mamba2-long-sp-one-scan.json": ("mamba2",),
+    "validation-h200-run23-x2-mamba2-bf16-scan.json": ("mamba2",),
+    "validation-h200-run24-x2-mamba2-long-bf16-scan.json": ("mamba2",),
+    "validation-h200-run31-x2-mamba2-long-current.json": ("mamba2",),
+    "validation-h200-run33-x4-mamba2-current.json": ("mamba2",),
+    "validation-h200-run35-x2-mamba2-calibrated-host.json": ("mamba2",),
+    "validation-h200-run35-x2-dense-calibrated-host.json": ("dense",),
+    "validation-h200-run36-x2-dense-sp-zigzag.json": ("dense",),
+    "validation-h200-run34-x2-mamba2-host-probe.json": ("mamba2",),
+    "validation-h200-run34-x2-dense-host-probe.json": ("dense",),
+    "validation-h200-run5-x2-inference.json": ("dense",),
+    "validation-h200-run11-x2-mamba2.json": ("mamba2",),
+    "validation-h200-run10-x2-mamba2-fused-norm.json": ("mamba2",),
+    "validation-h200-run12-x2-mamba2-long.json": ("mamba2",),
+    "validation-h200-run13-x2-mamba2-long-expandable.json": ("mamba2",),
+    "validation-h200-run9-x2-mamba2.json": ("mamba2",),
+    "validation-h200-run1.json": ("dense",),
+}
 
 
 def era_ok(name: str, row: dict) -> bool:
@@ -220,7 +294,7 @@ def era_ok(name: str, row: dict) -> bool:
     # norm phase describe them), and the in_proj output's gradient is joined in blocks of rows: past 2^31
     # elements torch's one cat had fallen to a strided copy per part.
     torch_correction = run < 64 and "sp=" in row["layout"] and row["mode"] != "decode"
-    one_cat = run < 64 and row["mode"] == "train" and _in_proj_grad_elements(row) >= 2 ** 31
+    one_cat = run < 64 and row["mode"] == "train" and _in_proj_grad_elements(row) >= 2**31
     return not (two_scans or older_kernels or torch_correction or one_cat)
 
 
@@ -244,17 +318,33 @@ def main() -> int:
             if not row["model"].startswith(FAMILIES.get(name, ("dense", "mamba2"))) or not era_ok(name, row):
                 continue
             p, m = row["predicted"], row["measured"]
-            runs.append({
-                "layout": row["layout"], "model": row["model"], "seq": row["seq"], "mode": row["mode"],
-                "source": name, "executor": what,
-                "predicted": {"peak_bytes": p["peak_bytes"], "comm_bytes": sum(p["comm_bytes"].values()),
-                              "step_time_s": p["step_time_s"], "exposed_comm_s": p["exposed_comm_s"],
-                              "comm_bytes_by_kind": p["comm_bytes"], "saved_bytes": p.get("saved_bytes")},
-                "measured": {"peak_bytes": m["peak_bytes"], "comm_bytes": sum(m["comm_bytes"].values()),
-                             "step_time_s": m["step_time_s"], "exposed_comm_s": m.get("exposed_comm_s"),
-                             "comm_bytes_by_kind": m["comm_bytes"], "saved_bytes": m.get("saved_bytes")},
-                "comm_bytes_exact": row["comm_bytes_exact"],
-            })
+            runs.append(
+                {
+                    "layout": row["layout"],
+                    "model": row["model"],
+                    "seq": row["seq"],
+                    "mode": row["mode"],
+                    "source": name,
+                    "executor": what,
+                    "predicted": {
+                        "peak_bytes": p["peak_bytes"],
+                        "comm_bytes": sum(p["comm_bytes"].values()),
+                        "step_time_s": p["step_time_s"],
+                        "exposed_comm_s": p["exposed_comm_s"],
+                        "comm_bytes_by_kind": p["comm_bytes"],
+                        "saved_bytes": p.get("saved_bytes"),
+                    },
+                    "measured": {
+                        "peak_bytes": m["peak_bytes"],
+                        "comm_bytes": sum(m["comm_bytes"].values()),
+                        "step_time_s": m["step_time_s"],
+                        "exposed_comm_s": m.get("exposed_comm_s"),
+                        "comm_bytes_by_kind": m["comm_bytes"],
+                        "saved_bytes": m.get("saved_bytes"),
+                    },
+                    "comm_bytes_exact": row["comm_bytes_exact"],
+                }
+            )
     out = {"command": "python benchmarks/make_validation_report.py", "sources": dict(SOURCES), "runs": runs}
     (RESULTS / "validation-h200.json").write_text(json.dumps(out, indent=1) + "\n")
     summary = summarize(runs)
@@ -273,29 +363,46 @@ def summarize(runs: list[dict]) -> dict:
     lines = []
     out = {}
     for source, _ in SOURCES:
-        for fam, modes in (("dense", ("train", "prefill")), ("dense", ("decode",)), ("mamba2", ("train", "prefill")),
-                           ("mamba2", ("decode",))):
+        for fam, modes in (
+            ("dense", ("train", "prefill")),
+            ("dense", ("decode",)),
+            ("mamba2", ("train", "prefill")),
+            ("mamba2", ("decode",)),
+        ):
             sub = [r for r in runs if r["source"] == source and r["model"].startswith(fam) and r["mode"] in modes]
             if not sub:
                 continue
             mem = [abs(_err(r, "peak_bytes")) for r in sub]
             tim = [abs(_err(r, "step_time_s")) for r in sub]
-            saved = [abs(r["measured"]["saved_bytes"] / r["predicted"]["saved_bytes"] - 1) for r in sub
-                     if r["mode"] == "train" and r["predicted"]["saved_bytes"]]
+            saved = [
+                abs(r["measured"]["saved_bytes"] / r["predicted"]["saved_bytes"] - 1)
+                for r in sub
+                if r["mode"] == "train" and r["predicted"]["saved_bytes"]
+            ]
             key = f"{source}:{fam}:{'+'.join(modes)}"
-            out[key] = {"runs": len(sub), "bytes_exact": sum(r["comm_bytes_exact"] for r in sub),
-                        "memory_abs_err_median": statistics.median(mem), "memory_abs_err_max": max(mem),
-                        "memory_within_5pct": sum(e <= 0.05 for e in mem),
-                        "time_abs_err_median": statistics.median(tim), "time_abs_err_max": max(tim),
-                        "time_within_15pct": sum(e <= 0.15 for e in tim),
-                        "saved_abs_err_max": max(saved) if saved else None}
+            out[key] = {
+                "runs": len(sub),
+                "bytes_exact": sum(r["comm_bytes_exact"] for r in sub),
+                "memory_abs_err_median": statistics.median(mem),
+                "memory_abs_err_max": max(mem),
+                "memory_within_5pct": sum(e <= 0.05 for e in mem),
+                "time_abs_err_median": statistics.median(tim),
+                "time_abs_err_max": max(tim),
+                "time_within_15pct": sum(e <= 0.15 for e in tim),
+                "saved_abs_err_max": max(saved) if saved else None,
+            }
             s = out[key]
-            saved_text = (f", saved activations max |err| {s['saved_abs_err_max']:.2%}"
-                          if s["saved_abs_err_max"] is not None else "")
-            lines.append(f"{key}: {s['runs']} runs, bytes exact {s['bytes_exact']}/{s['runs']}, memory |err| median "
-                         f"{s['memory_abs_err_median']:.1%} max {s['memory_abs_err_max']:.1%} "
-                         f"({s['memory_within_5pct']} within 5%), time |err| median {s['time_abs_err_median']:.1%} "
-                         f"max {s['time_abs_err_max']:.1%} ({s['time_within_15pct']} within 15%){saved_text}")
+            saved_text = (
+                f", saved activations max |err| {s['saved_abs_err_max']:.2%}"
+                if s["saved_abs_err_max"] is not None
+                else ""
+            )
+            lines.append(
+                f"{key}: {s['runs']} runs, bytes exact {s['bytes_exact']}/{s['runs']}, memory |err| median "
+                f"{s['memory_abs_err_median']:.1%} max {s['memory_abs_err_max']:.1%} "
+                f"({s['memory_within_5pct']} within 5%), time |err| median {s['time_abs_err_median']:.1%} "
+                f"max {s['time_abs_err_max']:.1%} ({s['time_within_15pct']} within 15%){saved_text}"
+            )
     out["lines"] = lines
     return out
 
@@ -307,11 +414,12 @@ def plot(runs: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     # The dense runs of the first source that has any.
-    source = next(name for name, _ in SOURCES if any(r["source"] == name and r["model"].startswith("dense")
-                                                     for r in runs))
+    source = next(
+        name for name, _ in SOURCES if any(r["source"] == name and r["model"].startswith("dense") for r in runs)
+    )
     current = [r for r in runs if r["source"] == source and r["model"].startswith("dense")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    for ax, key, scale, unit in ((axes[0], "peak_bytes", 2 ** 30, "GiB"), (axes[1], "step_time_s", 1e-3, "ms")):
+    for ax, key, scale, unit in ((axes[0], "peak_bytes", 2**30, "GiB"), (axes[1], "step_time_s", 1e-3, "ms")):
         for layout in sorted({r["layout"] for r in current}):
             pts = [(r["predicted"][key] / scale, r["measured"][key] / scale) for r in current if r["layout"] == layout]
             ax.scatter([p for p, _ in pts], [m for _, m in pts], label=layout, s=28)

@@ -84,16 +84,35 @@ def main() -> int:
         entry = None
         if mesh is not None:
             torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
-            m = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=1, warmup=1,
-                        device=f"cuda:{torch.cuda.current_device()}", exposed=False, whole=args.whole)
+            m = measure(
+                model,
+                layout,
+                mesh,
+                args.seq,
+                args.batch,
+                args.mode,
+                steps=1,
+                warmup=1,
+                device=f"cuda:{torch.cuda.current_device()}",
+                exposed=False,
+                whole=args.whole,
+            )
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             trace = snap["device_traces"][torch.cuda.current_device()]
             peak, by_site, peak_site = live_at_peak(trace)
-            entry = {"layout": str(layout), "seq": args.seq, "mode": args.mode, "whole_model": args.whole,
-                     "step_time_s": m["step_time_s"], "max_memory_allocated": m["peak_bytes"],
-                     "replayed_peak": peak, "peak_reached_at": peak_site, "trace_events": len(trace),
-                     "live_at_peak_by_site": dict(list(by_site.items())[:args.top])}
+            entry = {
+                "layout": str(layout),
+                "seq": args.seq,
+                "mode": args.mode,
+                "whole_model": args.whole,
+                "step_time_s": m["step_time_s"],
+                "max_memory_allocated": m["peak_bytes"],
+                "replayed_peak": peak,
+                "peak_reached_at": peak_site,
+                "trace_events": len(trace),
+                "live_at_peak_by_site": dict(list(by_site.items())[: args.top]),
+            }
             torch.cuda.empty_cache()
         got = [None] * world if rank == 0 else None
         dist.gather_object(entry, got, dst=0)
@@ -102,17 +121,28 @@ def main() -> int:
             pred = predict(model, layout, args.seq, args.batch, args.mode, None, whole=args.whole)
             entry["predicted"], entry["predicted_peak"] = pred["memory_breakdown"], pred["peak_bytes"]
             results.append(entry)
-            print(f"{entry['layout']} s={args.seq}: max allocated {entry['max_memory_allocated'] / 2**30:.2f} GiB "
-                  f"(predicted {entry['predicted_peak'] / 2**30:.2f}), "
-                  f"replayed peak {entry['replayed_peak'] / 2**30:.2f} GiB, reached at {entry['peak_reached_at']}", flush=True)
+            print(
+                f"{entry['layout']} s={args.seq}: max allocated {entry['max_memory_allocated'] / 2**30:.2f} GiB "
+                f"(predicted {entry['predicted_peak'] / 2**30:.2f}), "
+                f"replayed peak {entry['replayed_peak'] / 2**30:.2f} GiB, reached at {entry['peak_reached_at']}",
+                flush=True,
+            )
             for site, b in entry["live_at_peak_by_site"].items():
                 print(f"   {b / 2**30:8.3f} GiB  {site}", flush=True)
-            print("   predicted: " + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in entry["predicted"].items() if v),
-                  flush=True)
+            print(
+                "   predicted: " + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in entry["predicted"].items() if v),
+                flush=True,
+            )
             with open(args.out, "w") as f:
-                json.dump({"command": "torchrun --nproc-per-node N benchmarks/memory_peak.py "
-                           + " ".join(f"--{k.replace('_', '-')} '{v}'" for k, v in vars(args).items() if k != "out"),
-                           "runs": results}, f, indent=1)
+                json.dump(
+                    {
+                        "command": "torchrun --nproc-per-node N benchmarks/memory_peak.py "
+                        + " ".join(f"--{k.replace('_', '-')} '{v}'" for k, v in vars(args).items() if k != "out"),
+                        "runs": results,
+                    },
+                    f,
+                    indent=1,
+                )
         dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -28,6 +28,7 @@ from meshplan.layout import Layout
 from meshplan.models import PRESETS
 from meshplan.topologies import load_cluster
 
+
 def profile_one(model, cluster, seq: int) -> dict:
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -58,12 +59,21 @@ def profile_one(model, cluster, seq: int) -> dict:
             by_cat[category(evt.name)] += t
             top[evt.name] += t
             kernels += 1
-    b = estimate_step(replace(model, param_dtype="bf16"), Layout(), seq, 1, CostOptions(), cluster,
-                      embeddings=False).breakdown
-    return {"seq": seq, "measured_s": dict(by_cat), "kernels_per_step": kernels / 3,
-            "predicted_s": {"gemm": b["gemm_s"], "attention": b["attention_s"], "memory_bound": b["memory_bound_s"],
-                            "optimizer": b["optimizer_s"]},
-            "top_kernels": sorted(top.items(), key=lambda kv: -kv[1])[:12]}
+    b = estimate_step(
+        replace(model, param_dtype="bf16"), Layout(), seq, 1, CostOptions(), cluster, embeddings=False
+    ).breakdown
+    return {
+        "seq": seq,
+        "measured_s": dict(by_cat),
+        "kernels_per_step": kernels / 3,
+        "predicted_s": {
+            "gemm": b["gemm_s"],
+            "attention": b["attention_s"],
+            "memory_bound": b["memory_bound_s"],
+            "optimizer": b["optimizer_s"],
+        },
+        "top_kernels": sorted(top.items(), key=lambda kv: -kv[1])[:12],
+    }
 
 
 def main() -> int:
@@ -77,13 +87,23 @@ def main() -> int:
     for seq in (4096, 16384, 32768):
         rows.append(profile_one(model, cluster, seq))
         torch.cuda.empty_cache()
-    json.dump({"command": f"python benchmarks/profile_step.py --model {args.model} --out $OUT/profile.json",
-               "gpu": torch.cuda.get_device_name(0), "runs": rows}, open(args.out, "w"), indent=1)
+    json.dump(
+        {
+            "command": f"python benchmarks/profile_step.py --model {args.model} --out $OUT/profile.json",
+            "gpu": torch.cuda.get_device_name(0),
+            "runs": rows,
+        },
+        open(args.out, "w"),
+        indent=1,
+    )
     for r in rows:
         m, p = r["measured_s"], r["predicted_s"]
-        print(f"seq {r['seq']}: kernels/step {r['kernels_per_step']:.0f}; measured ms " +
-              ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(m.items())) + "; predicted ms " +
-              ", ".join(f"{k} {v * 1e3:.1f}" for k, v in p.items()))
+        print(
+            f"seq {r['seq']}: kernels/step {r['kernels_per_step']:.0f}; measured ms "
+            + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(m.items()))
+            + "; predicted ms "
+            + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in p.items())
+        )
         for name, t in r["top_kernels"][:8]:
             print(f"    {t * 1e3:7.2f} ms  {name[:110]}")
     return 0

@@ -36,7 +36,7 @@ from meshplan.topologies.cluster import load_cluster
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
-GIB = 2 ** 30
+GIB = 2**30
 TOLERANCE = 0.10  # throughput within 10% (issue 20's aim)
 MEMORY_TOLERANCE = 0.05
 
@@ -88,8 +88,16 @@ def load_rows() -> list[Row]:
 
 
 def model_of(row: Row):
-    return gpt(row["id"], row["hidden"], row["layers"], row["heads"], row["vocab"], row["seq"],
-               tied=row.get("tied", True), positions=row.get("positions", "learned"))
+    return gpt(
+        row["id"],
+        row["hidden"],
+        row["layers"],
+        row["heads"],
+        row["vocab"],
+        row["seq"],
+        tied=row.get("tied", True),
+        positions=row.get("positions", "learned"),
+    )
 
 
 def layout_of(row: Row) -> Layout:
@@ -103,15 +111,20 @@ def layout_of(row: Row) -> Layout:
 def base_options(row: Row, **knobs) -> CostOptions:
     stack = get_stack(row["stack"])
     return CostOptions(
-        mode="train", stack=row["stack"], recompute=knobs.get("recompute", row.get("recompute", "none")),
+        mode="train",
+        stack=row["stack"],
+        recompute=knobs.get("recompute", row.get("recompute", "none")),
         tp_sequence_parallel=bool(row.get("tp_sequence_parallel", False)) and row["tp"] > 1,
         flash_attention=stack.flash_attention,
         # Megatron-LM's GPT of these papers trains with dropout; its fp16/bf16 runs keep fp32 main gradients
         # (--accumulate-allreduce-grads-in-fp32; Korthikanti Fig. 1's 45.6 GiB is ~18 B a parameter).
-        dropout=not stack.flash_attention, grad_dtype=stack.grad_dtype,
-        global_batch=row["global_batch"], schedule=knobs.get("schedule", row.get("schedule", "1f1b")),
+        dropout=not stack.flash_attention,
+        grad_dtype=stack.grad_dtype,
+        global_batch=row["global_batch"],
+        schedule=knobs.get("schedule", row.get("schedule", "1f1b")),
         virtual_stages=knobs.get("virtual_stages", 1),
-        pp_scatter_gather=row.get("scatter_gather"))
+        pp_scatter_gather=row.get("scatter_gather"),
+    )
 
 
 def _divisors(n: int) -> list[int]:
@@ -138,8 +151,14 @@ def knob_choices(row: Row, layout: Layout) -> list[dict]:
     for m in mbs_list:
         for r in rc_list:
             for vs in v_list:
-                out.append({"micro_batch": m, "recompute": r, "virtual_stages": vs,
-                            "schedule": "interleaved" if vs > 1 else ("1f1b" if layout.pp == 1 else schedule)})
+                out.append(
+                    {
+                        "micro_batch": m,
+                        "recompute": r,
+                        "virtual_stages": vs,
+                        "schedule": "interleaved" if vs > 1 else ("1f1b" if layout.pp == 1 else schedule),
+                    }
+                )
     return out
 
 
@@ -155,9 +174,15 @@ def predict_row(row: Row) -> dict:
     # The plan: the row's stated knobs, the unstated ones chosen as `recommend` chooses them.
     search = frozenset(k for k in ("micro_batch", "recompute", "virtual_stages") if row.get(k) == "searched")
     stated_v = row.get("virtual_stages", 1)
-    pinned = base_options(row, recompute="none" if "recompute" in search else row.get("recompute", "none"),
-                          **({"virtual_stages": stated_v, "schedule": "interleaved"}
-                             if isinstance(stated_v, int) and stated_v > 1 else {}))
+    pinned = base_options(
+        row,
+        recompute="none" if "recompute" in search else row.get("recompute", "none"),
+        **(
+            {"virtual_stages": stated_v, "schedule": "interleaved"}
+            if isinstance(stated_v, int) and stated_v > 1
+            else {}
+        ),
+    )
     micro = row.get("micro_batch", 1)
     validate_layout(layout, model, cluster.num_gpus, cluster.name)
     chosen = search_knobs(model, cluster, layout, row["seq"], 1 if micro == "searched" else micro, pinned, search)
@@ -170,12 +195,25 @@ def predict_row(row: Row) -> dict:
     fitting_steps = []
     for choice in knob_choices(row, layout):
         trial = base_options(row, **choice)
-        if memory_per_gpu(model, layout, row["seq"], choice["micro_batch"], trial).total_bytes <= cluster.gpu.memory_bytes:
-            fitting_steps.append(estimate_step(model, layout, row["seq"], choice["micro_batch"], trial, cluster).step_time_s)
-    return {"knobs": knobs, "opts": opts, "memory": mem, "estimate": est, "fits": fits, "model": model,
-            "layout": layout, "cluster": cluster,
-            # The step times of every searched choice that fits: how much the unstated knobs could move it.
-            "step_range_s": (min(fitting_steps), max(fitting_steps)) if fitting_steps else None}
+        if (
+            memory_per_gpu(model, layout, row["seq"], choice["micro_batch"], trial).total_bytes
+            <= cluster.gpu.memory_bytes
+        ):
+            fitting_steps.append(
+                estimate_step(model, layout, row["seq"], choice["micro_batch"], trial, cluster).step_time_s
+            )
+    return {
+        "knobs": knobs,
+        "opts": opts,
+        "memory": mem,
+        "estimate": est,
+        "fits": fits,
+        "model": model,
+        "layout": layout,
+        "cluster": cluster,
+        # The step times of every searched choice that fits: how much the unstated knobs could move it.
+        "step_range_s": (min(fitting_steps), max(fitting_steps)) if fitting_steps else None,
+    }
 
 
 def predicted_value(row: Row, p: dict) -> float:
@@ -184,8 +222,14 @@ def predicted_value(row: Row, p: dict) -> float:
         return est.step_time_s
     if metric == "iteration_ms":
         return est.step_time_s * 1e3
-    flops = paper_flops(row.get("flops_formula", "korthikanti_eq7"), row["global_batch"], row["seq"], row["layers"],
-                        row["hidden"], row["vocab"])
+    flops = paper_flops(
+        row.get("flops_formula", "korthikanti_eq7"),
+        row["global_batch"],
+        row["seq"],
+        row["layers"],
+        row["hidden"],
+        row["vocab"],
+    )
     if metric == "tflops_per_gpu":
         return flops / est.step_time_s / row["gpus"] / 1e12
     if metric == "mfu":
@@ -233,19 +277,38 @@ def evaluate(rows: list[Row]) -> list[dict]:
         memory_metric = row["metric"].startswith(("activations", "model_states"))
         tol = MEMORY_TOLERANCE if memory_metric else TOLERANCE
         est = p["estimate"]
-        out.append({
-            "id": row["id"], "source": row.source, "paper": row.get("paper"), "metric": row["metric"],
-            "published": measured, "predicted": value, "relative_error": err, "within": abs(err) <= tol,
-            "tolerance": tol, "role": row.get("role", "test"), "approximate": bool(row.get("approximate", False)),
-            "stack": row["stack"], "cluster": row["cluster"], "gpus": row["gpus"], "layout": str(p["layout"]),
-            "knobs": p["knobs"], "searched": [k for k in ("micro_batch", "recompute", "virtual_stages")
-                                              if row.get(k) == "searched"],
-            "fits": p["fits"], "total_gib": p["memory"].total_bytes / GIB, "step_time_s": est.step_time_s,
-            "mfu": est.mfu, "bubble_fraction": est.bubble_fraction, "exposed_comm_s": est.exposed_comm_s,
-            "microbatches": est.microbatches, "group": row.get("group"), "note": row.get("note", ""),
-            "step_range_over_searched_s": p["step_range_s"],
-            "why_missed": None if abs(err) <= tol else explain(row["id"], explanations),
-        })
+        out.append(
+            {
+                "id": row["id"],
+                "source": row.source,
+                "paper": row.get("paper"),
+                "metric": row["metric"],
+                "published": measured,
+                "predicted": value,
+                "relative_error": err,
+                "within": abs(err) <= tol,
+                "tolerance": tol,
+                "role": row.get("role", "test"),
+                "approximate": bool(row.get("approximate", False)),
+                "stack": row["stack"],
+                "cluster": row["cluster"],
+                "gpus": row["gpus"],
+                "layout": str(p["layout"]),
+                "knobs": p["knobs"],
+                "searched": [k for k in ("micro_batch", "recompute", "virtual_stages") if row.get(k) == "searched"],
+                "fits": p["fits"],
+                "total_gib": p["memory"].total_bytes / GIB,
+                "step_time_s": est.step_time_s,
+                "mfu": est.mfu,
+                "bubble_fraction": est.bubble_fraction,
+                "exposed_comm_s": est.exposed_comm_s,
+                "microbatches": est.microbatches,
+                "group": row.get("group"),
+                "note": row.get("note", ""),
+                "step_range_over_searched_s": p["step_range_s"],
+                "why_missed": None if abs(err) <= tol else explain(row["id"], explanations),
+            }
+        )
     return out
 
 
@@ -303,37 +366,54 @@ def summarize(results: list[dict]) -> dict:
         s["rows"] += 1
         s["within"] += r["within"]
     errs = sorted(abs(r["relative_error"]) for r in tests)
-    return {"test_rows": len(tests), "within_tolerance": sum(r["within"] for r in tests),
-            "median_abs_error": errs[len(errs) // 2] if errs else None, "by_source": by_source,
-            "calibration_rows": len(results) - len(tests)}
+    return {
+        "test_rows": len(tests),
+        "within_tolerance": sum(r["within"] for r in tests),
+        "median_abs_error": errs[len(errs) // 2] if errs else None,
+        "by_source": by_source,
+        "calibration_rows": len(results) - len(tests),
+    }
 
 
 MARK_START, MARK_END = "<!-- published-runs:start -->", "<!-- published-runs:end -->"
 
 
 def report_markdown(results: list[dict], summary: dict, ranks: dict) -> str:
-    lines = [MARK_START, "## At cluster scale: the published runs",
-             "",
-             "Made by `python benchmarks/published_runs.py` from `benchmarks/published/*.toml` (the rows of "
-             "`../shared/published-runs.md`); data in `benchmarks/results/published-runs.json`, plot "
-             "`docs/published-runs.png`. Throughput is the paper's own FLOP formula over the predicted "
-             f"iteration time; the aim is within {TOLERANCE:.0%} (memory {MEMORY_TOLERANCE:.0%}). "
-             f"{summary['within_tolerance']} of {summary['test_rows']} test rows are within it; median "
-             f"|error| {summary['median_abs_error']:.1%}. Rows marked calibration set the A100 GEMM rate "
-             "(meshplan/costmodel/stacks.py) and are not counted.",
-             "", "![predicted vs published](published-runs.png)", "",
-             "| row | metric | published | predicted | error | layout | knobs (searched*) | stack | fits |",
-             "|---|---|---:|---:|---:|---|---|---|---|"]
+    lines = [
+        MARK_START,
+        "## At cluster scale: the published runs",
+        "",
+        "Made by `python benchmarks/published_runs.py` from `benchmarks/published/*.toml` (the rows of "
+        "`../shared/published-runs.md`); data in `benchmarks/results/published-runs.json`, plot "
+        "`docs/published-runs.png`. Throughput is the paper's own FLOP formula over the predicted "
+        f"iteration time; the aim is within {TOLERANCE:.0%} (memory {MEMORY_TOLERANCE:.0%}). "
+        f"{summary['within_tolerance']} of {summary['test_rows']} test rows are within it; median "
+        f"|error| {summary['median_abs_error']:.1%}. Rows marked calibration set the A100 GEMM rate "
+        "(meshplan/costmodel/stacks.py) and are not counted.",
+        "",
+        "![predicted vs published](published-runs.png)",
+        "",
+        "| row | metric | published | predicted | error | layout | knobs (searched*) | stack | fits |",
+        "|---|---|---:|---:|---:|---|---|---|---|",
+    ]
     for r in results:
-        knobs = ", ".join(f"{k}={v}{'*' if k in r['searched'] else ''}" for k, v in r["knobs"].items()
-                          if k != "schedule")
+        knobs = ", ".join(
+            f"{k}={v}{'*' if k in r['searched'] else ''}" for k, v in r["knobs"].items() if k != "schedule"
+        )
         tag = " (calibration)" if r["role"] != "test" else " (approx.)" if r["approximate"] else ""
-        lines.append(f"| {r['id']}{tag} | {r['metric']} | {r['published']:g} | {r['predicted']:.4g} | "
-                     f"{r['relative_error']:+.1%}{'' if r['within'] else ' ✗'} | {r['layout']} | {knobs} | "
-                     f"{r['stack']} | {'yes' if r['fits'] else 'no'} |")
-    lines += ["", "### Why the misses miss", "",
-              "Each row outside its tolerance, with what the run did that the model lacks "
-              "(benchmarks/published/misses.toml; no entry changes a prediction):", ""]
+        lines.append(
+            f"| {r['id']}{tag} | {r['metric']} | {r['published']:g} | {r['predicted']:.4g} | "
+            f"{r['relative_error']:+.1%}{'' if r['within'] else ' ✗'} | {r['layout']} | {knobs} | "
+            f"{r['stack']} | {'yes' if r['fits'] else 'no'} |"
+        )
+    lines += [
+        "",
+        "### Why the misses miss",
+        "",
+        "Each row outside its tolerance, with what the run did that the model lacks "
+        "(benchmarks/published/misses.toml; no entry changes a prediction):",
+        "",
+    ]
     seen = set()
     for r in results:
         if r["within"] or r["role"] != "test" or r["why_missed"] in seen:
@@ -342,8 +422,12 @@ def report_markdown(results: list[dict], summary: dict, ranks: dict) -> str:
         same = [x["id"] for x in results if x["why_missed"] == r["why_missed"] and not x["within"]]
         lines.append(f"- **{', '.join(same)}**: {r['why_missed']}")
     if ranks:
-        lines += ["", "Ranking within vTrain's groups (pairs of layouts ordered as measured): " + ", ".join(
-            f"{k} {v['agree']}/{v['pairs']}" for k, v in ranks.items()) + "."]
+        lines += [
+            "",
+            "Ranking within vTrain's groups (pairs of layouts ordered as measured): "
+            + ", ".join(f"{k} {v['agree']}/{v['pairs']}" for k, v in ranks.items())
+            + ".",
+        ]
     lines.append(MARK_END)
     return "\n".join(lines) + "\n"
 
@@ -403,15 +487,23 @@ def main() -> int:
     results = evaluate(rows)
     summary = summarize(results)
     ranks = rank_agreement(results)
-    out = {"command": "python benchmarks/published_runs.py", "summary": summary, "rank_agreement": ranks,
-           "rows": results}
+    out = {
+        "command": "python benchmarks/published_runs.py",
+        "summary": summary,
+        "rank_agreement": ranks,
+        "rows": results,
+    }
     (HERE / "results" / "published-runs.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
     width = max(len(r["id"]) for r in results)
     for r in results:
-        print(f"{r['id']:{width}}  {r['metric']:26} published {r['published']:10.4g}  predicted {r['predicted']:10.4g}"
-              f"  {r['relative_error']:+7.1%} {'ok' if r['within'] else 'MISS'}{' (calib)' if r['role'] != 'test' else ''}")
-    print(f"{summary['within_tolerance']} of {summary['test_rows']} test rows within tolerance; median |error| "
-          f"{summary['median_abs_error']:.1%}")
+        print(
+            f"{r['id']:{width}}  {r['metric']:26} published {r['published']:10.4g}  predicted {r['predicted']:10.4g}"
+            f"  {r['relative_error']:+7.1%} {'ok' if r['within'] else 'MISS'}{' (calib)' if r['role'] != 'test' else ''}"
+        )
+    print(
+        f"{summary['within_tolerance']} of {summary['test_rows']} test rows within tolerance; median |error| "
+        f"{summary['median_abs_error']:.1%}"
+    )
     if not args.no_report:
         plot(results, ROOT / "docs" / "published-runs.png")
         write_report(report_markdown(results, summary, ranks))

@@ -26,15 +26,46 @@ VOCAB, SEQ = 4096, 4096
 def _models():
     from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
 
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                                         num_attention_heads=8, num_key_value_heads=4, rms_norm_eps=1e-5,
-                                         rope_parameters=rope, tie_word_embeddings=False, pad_token_id=0,
-                                         bos_token_id=1, eos_token_id=2))
-    mamba = Mamba2ForCausalLM(Mamba2Config(vocab_size=VOCAB, hidden_size=512, state_size=64, head_dim=64, num_heads=16,
-                                           n_groups=1, expand=2, conv_kernel=4, num_hidden_layers=4,
-                                           layer_norm_epsilon=1e-5, tie_word_embeddings=True, chunk_size=256))
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 1024,
+    }
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=512,
+            intermediate_size=1536,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            rms_norm_eps=1e-5,
+            rope_parameters=rope,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
+    mamba = Mamba2ForCausalLM(
+        Mamba2Config(
+            vocab_size=VOCAB,
+            hidden_size=512,
+            state_size=64,
+            head_dim=64,
+            num_heads=16,
+            n_groups=1,
+            expand=2,
+            conv_kernel=4,
+            num_hidden_layers=4,
+            layer_norm_epsilon=1e-5,
+            tie_word_embeddings=True,
+            chunk_size=256,
+        )
+    )
     return {"llama3-tiny": llama, "mamba2-tiny": mamba}
 
 
@@ -57,25 +88,61 @@ def main() -> int:
             del gpu
             torch.cuda.empty_cache()
             run_file = Path(args.out).with_name(f"weights-run-{name}.json")
-            cmd = [sys.executable, "-m", "meshplan", "execute", "--model", str(folder), "--weights", str(folder),
-                   "--layout", "single", "--seq", str(SEQ), "--nproc", "1", "--device", "cuda", "--steps", "2",
-                   "--tokens", str(Path(tmp) / "ids.npy"), "--out", str(run_file)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "meshplan",
+                "execute",
+                "--model",
+                str(folder),
+                "--weights",
+                str(folder),
+                "--layout",
+                "single",
+                "--seq",
+                str(SEQ),
+                "--nproc",
+                "1",
+                "--device",
+                "cuda",
+                "--steps",
+                "2",
+                "--tokens",
+                str(Path(tmp) / "ids.npy"),
+                "--out",
+                str(run_file),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             run = json.loads(run_file.read_text()) if run_file.exists() else {}
             loss = run.get("measured", {}).get("loss")
-            rows.append({"model": name, "params": sum(p.numel() for p in model.parameters()), "seq": SEQ,
-                         "hf_fp32_loss": fp32, "hf_bf16_loss": bf16, "meshplan_bf16_loss": loss,
-                         "rel_to_fp32": None if loss is None else loss / fp32 - 1,
-                         "exit": proc.returncode, "stderr_tail": proc.stderr[-2000:]})
+            rows.append(
+                {
+                    "model": name,
+                    "params": sum(p.numel() for p in model.parameters()),
+                    "seq": SEQ,
+                    "hf_fp32_loss": fp32,
+                    "hf_bf16_loss": bf16,
+                    "meshplan_bf16_loss": loss,
+                    "rel_to_fp32": None if loss is None else loss / fp32 - 1,
+                    "exit": proc.returncode,
+                    "stderr_tail": proc.stderr[-2000:],
+                }
+            )
     print(f"{'model':<14}{'params':>12}{'HF fp32':>10}{'HF bf16':>10}{'meshplan':>10}{'vs fp32':>9}")
     for r in rows:
         mp = "failed" if r["meshplan_bf16_loss"] is None else f"{r['meshplan_bf16_loss']:.4f}"
         rel = "" if r["rel_to_fp32"] is None else f"{100 * r['rel_to_fp32']:+.2f}%"
         print(f"{r['model']:<14}{r['params']:>12,}{r['hf_fp32_loss']:>10.4f}{r['hf_bf16_loss']:>10.4f}{mp:>10}{rel:>9}")
-    Path(args.out).write_text(json.dumps({"command": "python benchmarks/weights_check.py --out $OUT/weights-check.json",
-                                          "environment": {"torch": torch.__version__,
-                                                          "gpu": torch.cuda.get_device_name(0)},
-                                          "rows": rows}, indent=1))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/weights_check.py --out $OUT/weights-check.json",
+                "environment": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)},
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -31,54 +31,88 @@ def rows() -> list[dict]:
         name, layers = re.match(r"memory-peak-whole-(.+)-(\d+)L-\d+-h200\.json", path.name).groups()
         model = replace(load_model(name), layers=int(layers), name=f"{name}/{layers}L")
         for run in doc["runs"]:
-            pred = predict(model, parse_layout(run["layout"]), run["seq"], 1, run["mode"], load_cluster("h200-8"),
-                           whole=True)
-            out.append({"model": model.name, "layout": run["layout"], "seq": run["seq"], "file": path.name,
-                        "command": doc["command"], "measured_peak": run["max_memory_allocated"],
-                        "predicted_peak": pred["peak_bytes"], "logits_bytes": pred["memory_breakdown"]["transient_logits"],
-                        "measured_step_s": run.get("step_time_s"), "predicted_step_s": pred["step_time_s"]})
+            pred = predict(
+                model, parse_layout(run["layout"]), run["seq"], 1, run["mode"], load_cluster("h200-8"), whole=True
+            )
+            out.append(
+                {
+                    "model": model.name,
+                    "layout": run["layout"],
+                    "seq": run["seq"],
+                    "file": path.name,
+                    "command": doc["command"],
+                    "measured_peak": run["max_memory_allocated"],
+                    "predicted_peak": pred["peak_bytes"],
+                    "logits_bytes": pred["memory_breakdown"]["transient_logits"],
+                    "measured_step_s": run.get("step_time_s"),
+                    "predicted_step_s": pred["step_time_s"],
+                }
+            )
     return out
 
 
 def section(table: list[dict]) -> str:
-    gib = 2 ** 30
-    lines = [MARK_START, "## The whole model on one H200 (measured)", "",
-             "Token ids in, loss out: embedding, the layers, final norm, LM head and cross-entropy, with Adam, one",
-             "H200, bf16, 2 layers of each model (`bash benchmarks/sweeps/whole-model-h200.sh`; this section:",
-             "`python benchmarks/whole_model_report.py`). Peak is `max_memory_allocated` over a step; the",
-             "prediction is `meshplan memory`'s for the whole model. Every peak is in the loss's forward, where",
-             "the head's bf16 logits and the loss's fp32 copy stand together.", "",
-             "| model | tokens | measured peak | predicted | error | of it logits | step (measured) | step (predicted, meshplan stack) |",
-             "|---|---|---|---|---|---|---|---|"]
+    gib = 2**30
+    lines = [
+        MARK_START,
+        "## The whole model on one H200 (measured)",
+        "",
+        "Token ids in, loss out: embedding, the layers, final norm, LM head and cross-entropy, with Adam, one",
+        "H200, bf16, 2 layers of each model (`bash benchmarks/sweeps/whole-model-h200.sh`; this section:",
+        "`python benchmarks/whole_model_report.py`). Peak is `max_memory_allocated` over a step; the",
+        "prediction is `meshplan memory`'s for the whole model. Every peak is in the loss's forward, where",
+        "the head's bf16 logits and the loss's fp32 copy stand together.",
+        "",
+        "| model | tokens | measured peak | predicted | error | of it logits | step (measured) | step (predicted, meshplan stack) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in table:
         err = r["predicted_peak"] / r["measured_peak"] - 1
-        lines.append(f"| {r['model']} | {r['seq'] // 1024}K | {r['measured_peak'] / gib:.2f} GiB | "
-                     f"{r['predicted_peak'] / gib:.2f} GiB | {err:+.1%} | {r['logits_bytes'] / gib:.2f} GiB | "
-                     f"{r['measured_step_s'] * 1e3:.0f} ms | {r['predicted_step_s'] * 1e3:.0f} ms |")
+        lines.append(
+            f"| {r['model']} | {r['seq'] // 1024}K | {r['measured_peak'] / gib:.2f} GiB | "
+            f"{r['predicted_peak'] / gib:.2f} GiB | {err:+.1%} | {r['logits_bytes'] / gib:.2f} GiB | "
+            f"{r['measured_step_s'] * 1e3:.0f} ms | {r['predicted_step_s'] * 1e3:.0f} ms |"
+        )
     oom = sorted(RESULTS.glob("execute-oom-*.json"))
     if oom:
         run = json.loads(oom[0].read_text())
-        lines += ["", f"`meshplan execute --model {run['model']} --layout {run['layout']} --seq {run['seq'] // 1024}k "
-                  f"--nproc 1 --device cuda` (predicted {run['predicted']['peak_bytes'] / gib:.0f} GiB, warned before "
-                  f"launching) ran out of memory in torch's allocator and recorded it as its result ({oom[0].name}); "
-                  f"the summary line had crashed on a run with no step time, and is fixed. The failure the issue "
-                  f"reports (64K on an H100, \"a rank failed\", no run file) was not reproduced; the worker now also "
-                  f"records an out-of-memory raised as a plain RuntimeError (Triton, NCCL)."]
-    lines += ["", "The dense rows were measured again once rotary embeddings entered the executor's blocks "
-              "(`bash benchmarks/sweeps/rope-weights-gpu.sh`): the rotation runs in place inside the QKV output, and "
-              "the peaks match the earlier runs less the unused hidden-state tensor `measure` had allocated (1 GiB "
-              "at 128K). The Mamba-2 rows predate that fix and include it (0.06 GiB at 16K, 0.5 GiB at 128K)."]
+        lines += [
+            "",
+            f"`meshplan execute --model {run['model']} --layout {run['layout']} --seq {run['seq'] // 1024}k "
+            f"--nproc 1 --device cuda` (predicted {run['predicted']['peak_bytes'] / gib:.0f} GiB, warned before "
+            f"launching) ran out of memory in torch's allocator and recorded it as its result ({oom[0].name}); "
+            f"the summary line had crashed on a run with no step time, and is fixed. The failure the issue "
+            f'reports (64K on an H100, "a rank failed", no run file) was not reproduced; the worker now also '
+            f"records an out-of-memory raised as a plain RuntimeError (Triton, NCCL).",
+        ]
+    lines += [
+        "",
+        "The dense rows were measured again once rotary embeddings entered the executor's blocks "
+        "(`bash benchmarks/sweeps/rope-weights-gpu.sh`): the rotation runs in place inside the QKV output, and "
+        "the peaks match the earlier runs less the unused hidden-state tensor `measure` had allocated (1 GiB "
+        "at 128K). The Mamba-2 rows predate that fix and include it (0.06 GiB at 16K, 0.5 GiB at 128K).",
+    ]
     checks = RESULTS / "weights-check-h200.json"
     if checks.exists():
-        lines += ["", "A checkpoint through `execute --weights` (transformers writes it; `python benchmarks/weights_check.py`): "
-                  "the first batch's loss, bf16 on one H200, beside transformers' own model on the same ids.", "",
-                  "| model | parameters | tokens | transformers fp32 | transformers bf16 | meshplan bf16 | vs fp32 |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "A checkpoint through `execute --weights` (transformers writes it; `python benchmarks/weights_check.py`): "
+            "the first batch's loss, bf16 on one H200, beside transformers' own model on the same ids.",
+            "",
+            "| model | parameters | tokens | transformers fp32 | transformers bf16 | meshplan bf16 | vs fp32 |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in json.loads(checks.read_text())["rows"]:
-            lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['seq']} | {r['hf_fp32_loss']:.4f} | "
-                         f"{r['hf_bf16_loss']:.4f} | {r['meshplan_bf16_loss']:.4f} | {r['rel_to_fp32']:+.4%} |")
-    lines += ["", "Step times are the eager executor's under the memory profiler's recording (one step after one "
-              "warm-up), shown for scale, not as a timing validation.", MARK_END]
+            lines.append(
+                f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['seq']} | {r['hf_fp32_loss']:.4f} | "
+                f"{r['hf_bf16_loss']:.4f} | {r['meshplan_bf16_loss']:.4f} | {r['rel_to_fp32']:+.4%} |"
+            )
+    lines += [
+        "",
+        "Step times are the eager executor's under the memory profiler's recording (one step after one "
+        "warm-up), shown for scale, not as a timing validation.",
+        MARK_END,
+    ]
     return "\n".join(lines)
 
 
@@ -88,13 +122,15 @@ def main() -> int:
     for r in table:
         err = r["predicted_peak"] / r["measured_peak"] - 1
         bad += abs(err) > TOLERANCE
-        print(f"{r['model']:<16} {r['seq']:>7}  measured {r['measured_peak'] / 2**30:7.2f} GiB  "
-              f"predicted {r['predicted_peak'] / 2**30:7.2f} GiB  {err:+6.1%}")
+        print(
+            f"{r['model']:<16} {r['seq']:>7}  measured {r['measured_peak'] / 2**30:7.2f} GiB  "
+            f"predicted {r['predicted_peak'] / 2**30:7.2f} GiB  {err:+6.1%}"
+        )
     doc = ROOT / "docs" / "validation.md"
     text = doc.read_text()
     new = section(table)
     if MARK_START in text:
-        text = text[:text.index(MARK_START)] + new + text[text.index(MARK_END) + len(MARK_END):]
+        text = text[: text.index(MARK_START)] + new + text[text.index(MARK_END) + len(MARK_END) :]
     else:
         text = text.replace("## Not measured yet", new + "\n\n## Not measured yet")
     doc.write_text(text)

@@ -15,8 +15,11 @@ from rich.tree import Tree
 
 from meshplan.errors import MeshplanError, read_json
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Plan, predict and run parallel layouts for transformer and Mamba models.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Plan, predict and run parallel layouts for transformer and Mamba models.",
+)
 cluster_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect cluster descriptions.")
 app.add_typer(cluster_app, name="cluster")
 
@@ -49,7 +52,7 @@ def user_errors(fn):
 def fmt_bytes(n: float) -> str:
     if n == 0:
         return "0"
-    for unit, size in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
@@ -66,10 +69,18 @@ def _print_json(obj) -> None:
 # -- memory -------------------------------------------------------------------------------------
 
 COMPONENT_LABELS = {
-    "parameters": "params", "gradients": "grads", "optimizer_state": "optim", "activations": "acts",
-    "kv_cache": "KV$", "ssm_state_cache": "SSM$", "transient_working": "work",
-    "transient_kv_gather": "KVgath", "transient_weight_shards": "shards",
-    "transient_comm_buffers": "Z3gath", "transient_logits": "logits", "blas_workspace": "BLAS",
+    "parameters": "params",
+    "gradients": "grads",
+    "optimizer_state": "optim",
+    "activations": "acts",
+    "kv_cache": "KV$",
+    "ssm_state_cache": "SSM$",
+    "transient_working": "work",
+    "transient_kv_gather": "KVgath",
+    "transient_weight_shards": "shards",
+    "transient_comm_buffers": "Z3gath",
+    "transient_logits": "logits",
+    "blas_workspace": "BLAS",
     "int8_peer_buffer": "int8buf",
 }
 
@@ -91,10 +102,14 @@ def memory(
     grad_dtype: str = typer.Option("bf16", "--grad-dtype", help="bf16 (16 B/param with Adam) or fp32 (18)."),
     optimizer: str = typer.Option("adam", "--optimizer", help="adam (mixed precision) | none"),
     logits_dtype: str = typer.Option("fp32", "--logits-dtype"),
-    tp_sequence_parallel: bool = typer.Option(False, "--tp-sequence-parallel/--no-tp-sequence-parallel",
-                                              help="Megatron-SP on the TP axis."),
-    int8_allreduce: bool = typer.Option(False, "--int8-allreduce/--no-int8-allreduce",
-                                        help="TP-SSM: int8-quantized block all-reduce (2 ranks: its peer buffer)."),
+    tp_sequence_parallel: bool = typer.Option(
+        False, "--tp-sequence-parallel/--no-tp-sequence-parallel", help="Megatron-SP on the TP axis."
+    ),
+    int8_allreduce: bool = typer.Option(
+        False,
+        "--int8-allreduce/--no-int8-allreduce",
+        help="TP-SSM: int8-quantized block all-reduce (2 ranks: its peer buffer).",
+    ),
     sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write memory vs sequence length to this PNG."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -111,9 +126,18 @@ def memory(
     seqs = parse_token_list(sweep_seq) if sweep_seq else [parse_tokens(seq)]
     if plot:
         _check_folder("--plot", plot)
-    opts = MemoryOptions(mode=mode, recompute=recompute, flash_attention=flash, dropout=dropout,
-                         act_dtype=act_dtype, grad_dtype=grad_dtype, optimizer=optimizer, logits_dtype=logits_dtype,
-                         tp_sequence_parallel=tp_sequence_parallel, int8_allreduce=int8_allreduce)
+    opts = MemoryOptions(
+        mode=mode,
+        recompute=recompute,
+        flash_attention=flash,
+        dropout=dropout,
+        act_dtype=act_dtype,
+        grad_dtype=grad_dtype,
+        optimizer=optimizer,
+        logits_dtype=logits_dtype,
+        tp_sequence_parallel=tp_sequence_parallel,
+        int8_allreduce=int8_allreduce,
+    )
     cluster_spec = load_cluster(cluster, nodes) if cluster else None
     records = memory_records(spec, layouts, seqs, batch, opts, cluster_spec)
     if plot:
@@ -129,7 +153,7 @@ def memory(
 
 
 def fmt_tokens(n: int) -> str:
-    for unit, size in (("m", 1024 ** 2), ("k", 1024)):
+    for unit, size in (("m", 1024**2), ("k", 1024)):
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
     return str(n)
@@ -137,13 +161,16 @@ def fmt_tokens(n: int) -> str:
 
 def _render_memory(records, spec, opts, cluster_spec) -> None:
     shown = [k for k in COMPONENT_LABELS if any(r["per_gpu_bytes"][k] for r in records)]
-    gib = 2 ** 30
+    gib = 2**30
     title = f"{spec.name} · {opts.mode} · batch {records[0]['batch']} · per-GPU memory (GiB)"
-    table = Table(title=title, caption="total = params + optim + caches + BLAS (+ int8buf) + the largest phase: a layer (acts, "
-                                       "the grads built so far, its transients; in training the MLP's work and the "
-                                       "attention's KVgath peak apart), the logits or the optimizer step; $ = cache; "
-                                       "int8buf = the int8 all-reduce's peer buffer",
-                  pad_edge=False)
+    table = Table(
+        title=title,
+        caption="total = params + optim + caches + BLAS (+ int8buf) + the largest phase: a layer (acts, "
+        "the grads built so far, its transients; in training the MLP's work and the "
+        "attention's KVgath peak apart), the logits or the optimizer step; $ = cache; "
+        "int8buf = the int8 all-reduce's peer buffer",
+        pad_edge=False,
+    )
     table.add_column("layout")
     table.add_column("seq", justify="right")
     for key in shown:
@@ -163,15 +190,31 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
         f"assumptions: recompute={a['recompute']}, flash_attention={a['flash_attention']}, dropout={a['dropout']}, "
         f"activations {a['act_dtype']}, grads {a['grad_dtype']}, optimizer {a['optimizer']}, "
         f"logits {a['logits_dtype']}, tp_sequence_parallel={a['tp_sequence_parallel']}"
-        + (", int8 all-reduce" if a.get("int8_allreduce") else ""), highlight=False)
+        + (", int8 all-reduce" if a.get("int8_allreduce") else ""),
+        highlight=False,
+    )
 
 
 # -- recommend and crossover ------------------------------------------------------------------------
 
-def stack_options(stack: str, *, mode: str = "train", recompute: str = "none", flash: Optional[bool] = None,
-                  grad_dtype: Optional[str] = None, tp_sequence_parallel: bool = False, int8_allreduce: bool = False,
-                  global_batch: int = 0, microbatches: int = 0, schedule: str = "1f1b", virtual_stages: int = 1,
-                  stage_layers: str = "", launch_floor: bool = True, sp_split: str = "zigzag"):
+
+def stack_options(
+    stack: str,
+    *,
+    mode: str = "train",
+    recompute: str = "none",
+    flash: Optional[bool] = None,
+    grad_dtype: Optional[str] = None,
+    tp_sequence_parallel: bool = False,
+    int8_allreduce: bool = False,
+    global_batch: int = 0,
+    microbatches: int = 0,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    stage_layers: str = "",
+    launch_floor: bool = True,
+    sp_split: str = "zigzag",
+):
     """CostOptions for a stack: where an option is not given, the stack's own (flash attention, the
     gradients' dtype)."""
     from meshplan.costmodel.options import CostOptions
@@ -182,12 +225,23 @@ def stack_options(stack: str, *, mode: str = "train", recompute: str = "none", f
         raise MeshplanError(f"--sp-split: use zigzag or contiguous, not {sp_split!r}")
     if virtual_stages > 1 and schedule == "1f1b":
         schedule = "interleaved"  # --virtual-stages alone asks for the interleaved schedule
-    return CostOptions(mode=mode, recompute=recompute, flash_attention=spec.flash_attention if flash is None else flash,
-                       grad_dtype=grad_dtype or spec.grad_dtype, optimizer="adam" if mode == "train" else "none",
-                       tp_sequence_parallel=tp_sequence_parallel, int8_allreduce=int8_allreduce,
-                       microbatches=microbatches, launch_floor=launch_floor, sp_zigzag=sp_split == "zigzag",
-                       global_batch=global_batch, schedule=schedule, virtual_stages=virtual_stages,
-                       stage_layers=parse_stage_layers(stage_layers), stack=stack)
+    return CostOptions(
+        mode=mode,
+        recompute=recompute,
+        flash_attention=spec.flash_attention if flash is None else flash,
+        grad_dtype=grad_dtype or spec.grad_dtype,
+        optimizer="adam" if mode == "train" else "none",
+        tp_sequence_parallel=tp_sequence_parallel,
+        int8_allreduce=int8_allreduce,
+        microbatches=microbatches,
+        launch_floor=launch_floor,
+        sp_zigzag=sp_split == "zigzag",
+        global_batch=global_batch,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+        stage_layers=parse_stage_layers(stage_layers),
+        stack=stack,
+    )
 
 
 def parse_stage_layers(text: str) -> tuple[int, ...]:
@@ -199,8 +253,10 @@ def parse_stage_layers(text: str) -> tuple[int, ...]:
         raise MeshplanError(f"--stage-layers: {text!r} is not a comma list of layer counts, e.g. 7,8,8,7") from None
 
 
-STACK_HELP = ("Whose kernels and overlap rules: megatron (Megatron-Core, the default) | megatron-2021 | deepspeed | "
-              "meshplan (this project's executor, as its runs calibrate it).")
+STACK_HELP = (
+    "Whose kernels and overlap rules: megatron (Megatron-Core, the default) | megatron-2021 | deepspeed | "
+    "meshplan (this project's executor, as its runs calibrate it)."
+)
 
 
 @app.command()
@@ -209,12 +265,19 @@ def recommend(
     model: str = typer.Option(..., "--model", help="Preset name or path to a HuggingFace config.json."),
     cluster: str = typer.Option(..., "--cluster", help="Preset or TOML path."),
     seq: str = typer.Option("4096", "--seq"),
-    batch: Optional[int] = typer.Option(None, "--batch", "--micro-batch",
-                                        help="Sequences a micro-batch on a replica (default 1; searched with "
-                                             "--global-batch)."),
-    global_batch: int = typer.Option(0, "--global-batch", help="Sequences per optimizer step over the cluster: "
-                                                                 "fixed, DP changes the accumulation steps, not "
-                                                                 "the batch (0: one micro-batch per replica)."),
+    batch: Optional[int] = typer.Option(
+        None,
+        "--batch",
+        "--micro-batch",
+        help="Sequences a micro-batch on a replica (default 1; searched with --global-batch).",
+    ),
+    global_batch: int = typer.Option(
+        0,
+        "--global-batch",
+        help="Sequences per optimizer step over the cluster: "
+        "fixed, DP changes the accumulation steps, not "
+        "the batch (0: one micro-batch per replica).",
+    ),
     mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
     nodes: Optional[int] = typer.Option(None, "--nodes"),
     top: int = typer.Option(10, "--top", help="How many ranked meshes to show."),
@@ -223,23 +286,37 @@ def recommend(
     recompute: Optional[str] = typer.Option(None, "--recompute", help="none | selective | full (default: searched)."),
     flash: Optional[bool] = typer.Option(None, "--flash/--no-flash"),
     grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype"),
-    tp_sequence_parallel: Optional[bool] = typer.Option(None, "--tp-sequence-parallel/--no-tp-sequence-parallel",
-                                                        help="Megatron-SP on the TP axis (default: searched)."),
-    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
-                                                 help="Interleaved chunks a pipeline rank (default: searched)."),
-    fixed: str = typer.Option("", "--fixed", help="Knobs not to search, at their defaults: a comma list of "
-                                                  "recompute, tp-sequence-parallel, micro-batch, virtual-stages."),
-    int8_allreduce: bool = typer.Option(False, "--int8-allreduce/--no-int8-allreduce",
-                                        help="TP-SSM: int8-quantized block all-reduce."),
-    microbatches: int = typer.Option(0, "--microbatches", help="Micro-batches a step without --global-batch "
-                                                               "(0: 4·pp under a pipeline)."),
-    launch_floor: bool = typer.Option(True, "--launch-floor/--no-launch-floor",
-                                      help="--stack meshplan: floor each step at the eager executor's kernel "
-                                           "launches (host time per kernel, measured)."),
-    sp_split: str = typer.Option("zigzag", "--sp-split",
-                                 help="How SP deals the tokens of attention-only stacks: zigzag (every rank the "
-                                      "same causal work, as meshplan's executor) | contiguous (the last rank's "
-                                      "attention sets the pace)."),
+    tp_sequence_parallel: Optional[bool] = typer.Option(
+        None, "--tp-sequence-parallel/--no-tp-sequence-parallel", help="Megatron-SP on the TP axis (default: searched)."
+    ),
+    virtual_stages: Optional[int] = typer.Option(
+        None, "--virtual-stages", help="Interleaved chunks a pipeline rank (default: searched)."
+    ),
+    fixed: str = typer.Option(
+        "",
+        "--fixed",
+        help="Knobs not to search, at their defaults: a comma list of "
+        "recompute, tp-sequence-parallel, micro-batch, virtual-stages.",
+    ),
+    int8_allreduce: bool = typer.Option(
+        False, "--int8-allreduce/--no-int8-allreduce", help="TP-SSM: int8-quantized block all-reduce."
+    ),
+    microbatches: int = typer.Option(
+        0, "--microbatches", help="Micro-batches a step without --global-batch (0: 4·pp under a pipeline)."
+    ),
+    launch_floor: bool = typer.Option(
+        True,
+        "--launch-floor/--no-launch-floor",
+        help="--stack meshplan: floor each step at the eager executor's kernel "
+        "launches (host time per kernel, measured).",
+    ),
+    sp_split: str = typer.Option(
+        "zigzag",
+        "--sp-split",
+        help="How SP deals the tokens of attention-only stacks: zigzag (every rank the "
+        "same causal work, as meshplan's executor) | contiguous (the last rank's "
+        "attention sets the pace).",
+    ),
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -257,16 +334,32 @@ def recommend(
     cluster_spec = load_cluster(cluster, nodes)
     tokens = parse_tokens(seq)
     pinned = {name.strip().replace("-", "_") for name in fixed.split(",") if name.strip()}
-    given = {"recompute": recompute is not None, "tp_sequence_parallel": tp_sequence_parallel is not None,
-             "micro_batch": batch is not None or not global_batch, "virtual_stages": virtual_stages is not None}
+    given = {
+        "recompute": recompute is not None,
+        "tp_sequence_parallel": tp_sequence_parallel is not None,
+        "micro_batch": batch is not None or not global_batch,
+        "virtual_stages": virtual_stages is not None,
+    }
     if unknown := pinned - set(given):
-        raise MeshplanError(f"--fixed: unknown knob {sorted(unknown)[0]!r}; use recompute, tp-sequence-parallel, "
-                            "micro-batch, virtual-stages")
+        raise MeshplanError(
+            f"--fixed: unknown knob {sorted(unknown)[0]!r}; use recompute, tp-sequence-parallel, "
+            "micro-batch, virtual-stages"
+        )
     search = frozenset(k for k, g in given.items() if not g and k not in pinned)
-    opts = stack_options(stack, mode=mode, recompute=recompute or "none", flash=flash, grad_dtype=grad_dtype,
-                         tp_sequence_parallel=bool(tp_sequence_parallel), int8_allreduce=int8_allreduce,
-                         global_batch=global_batch, microbatches=microbatches, virtual_stages=virtual_stages or 1,
-                         launch_floor=launch_floor, sp_split=sp_split)
+    opts = stack_options(
+        stack,
+        mode=mode,
+        recompute=recompute or "none",
+        flash=flash,
+        grad_dtype=grad_dtype,
+        tp_sequence_parallel=bool(tp_sequence_parallel),
+        int8_allreduce=int8_allreduce,
+        global_batch=global_batch,
+        microbatches=microbatches,
+        virtual_stages=virtual_stages or 1,
+        launch_floor=launch_floor,
+        sp_split=sp_split,
+    )
     micro = batch or 1
     result = plan(spec, cluster_spec, tokens, micro, opts, objective, estimate_dropped=show_all, search=search)
     if as_json:
@@ -275,16 +368,27 @@ def recommend(
         return
     what = {"train": "step", "prefill": "TTFT", "decode": "TPOT"}[mode]
     shape = f"global batch {global_batch}" if global_batch else f"micro-batch {micro} a replica"
-    table = Table(title=f"{spec.name} on {cluster_spec.name} · {mode} · seq {fmt_tokens(tokens)} · {shape} "
-                        f"· stack {stack} · by {objective}")
+    table = Table(
+        title=f"{spec.name} on {cluster_spec.name} · {mode} · seq {fmt_tokens(tokens)} · {shape} "
+        f"· stack {stack} · by {objective}"
+    )
     for col in ("#", "layout", "knobs", "mem/GPU", what, "tokens/s", "exposed comm", "comm/step", "MFU", "regime"):
         table.add_column(col, justify="right" if col not in ("layout", "regime", "knobs") else "left")
     for i, c in enumerate(result.ranked[:top], 1):
         e = c.estimate
         name = f"{c.layout}{'*' if c.not_executed else ''}"
-        table.add_row(str(i), name, _fmt_knobs(c.knobs, c.layout), fmt_bytes(c.total_bytes), _fmt_s(e.step_time_s),
-                      f"{e.tokens_per_s:,.0f}", _fmt_s(e.exposed_comm_s), fmt_bytes(e.comm_bytes_per_step),
-                      f"{e.mfu:.0%}", c.regime)
+        table.add_row(
+            str(i),
+            name,
+            _fmt_knobs(c.knobs, c.layout),
+            fmt_bytes(c.total_bytes),
+            _fmt_s(e.step_time_s),
+            f"{e.tokens_per_s:,.0f}",
+            _fmt_s(e.exposed_comm_s),
+            fmt_bytes(e.comm_bytes_per_step),
+            f"{e.mfu:.0%}",
+            c.regime,
+        )
     caption = [f"knobs: {', '.join(sorted(search)) or 'none'} searched per mesh"]
     if any(c.not_executed for c in result.ranked[:top]):
         caption.append("* priced by the cost model; meshplan execute does not run it")
@@ -317,8 +421,11 @@ def predict(
     layout: str = typer.Option(..., "--layout", help="e.g. dp=16,pp=8,tp=8,zero=1"),
     seq: str = typer.Option(..., "--seq"),
     nodes: Optional[int] = typer.Option(None, "--nodes"),
-    global_batch: int = typer.Option(0, "--global-batch", help="Sequences per optimizer step over the cluster "
-                                                                 "(0: one micro-batch per replica, or --microbatches)."),
+    global_batch: int = typer.Option(
+        0,
+        "--global-batch",
+        help="Sequences per optimizer step over the cluster (0: one micro-batch per replica, or --microbatches).",
+    ),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch on a replica."),
     microbatches: int = typer.Option(0, "--microbatches", help="Micro-batches a step without --global-batch."),
     schedule: str = typer.Option("1f1b", "--schedule", help="1f1b | interleaved"),
@@ -341,35 +448,60 @@ def predict(
     from meshplan.topologies.cluster import load_cluster
 
     _at_least("--micro-batch", micro_batch, 1)
-    opts = stack_options(stack, mode=mode, recompute=recompute, flash=flash, grad_dtype=grad_dtype,
-                         tp_sequence_parallel=tp_sequence_parallel, global_batch=global_batch,
-                         microbatches=microbatches, schedule=schedule, virtual_stages=virtual_stages,
-                         stage_layers=stage_layers)
-    result = predict_plan(load_model(model), load_cluster(cluster, nodes), parse_layout(layout), parse_tokens(seq),
-                          micro_batch, opts)
+    opts = stack_options(
+        stack,
+        mode=mode,
+        recompute=recompute,
+        flash=flash,
+        grad_dtype=grad_dtype,
+        tp_sequence_parallel=tp_sequence_parallel,
+        global_batch=global_batch,
+        microbatches=microbatches,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+        stage_layers=stage_layers,
+    )
+    result = predict_plan(
+        load_model(model), load_cluster(cluster, nodes), parse_layout(layout), parse_tokens(seq), micro_batch, opts
+    )
     out = result.as_dict()
     if as_json:
         _print_json(out)
         return
-    table = Table(title=f"{out['model']} on {out['cluster']} ({out['gpus']:,} GPUs) · {out['layout']} · {mode} · "
-                        f"seq {fmt_tokens(out['seq'])} · stack {stack}")
+    table = Table(
+        title=f"{out['model']} on {out['cluster']} ({out['gpus']:,} GPUs) · {out['layout']} · {mode} · "
+        f"seq {fmt_tokens(out['seq'])} · stack {stack}"
+    )
     table.add_column("quantity")
     table.add_column("value", justify="right")
-    rows = [("global batch / micro-batch / micro-batches", f"{out['global_batch']} / {micro_batch} / "
-             f"{out['microbatches']}"),
-            ("pipeline", f"{out['schedule']}, {out['virtual_stages']} chunk(s) a rank, stages "
-             f"{_fmt_stages(out['stage_layers'])}" if out["schedule"] else "none"),
-            ("memory per GPU", f"{fmt_bytes(out['total_bytes'])} of {fmt_bytes(out['gpu_memory_bytes'])} "
-             f"({'fits' if out['fits'] else 'does NOT fit'}; peak: {out['pipeline_stage']} stage, {out['peak_phase']})"),
-            ("step time", _fmt_s(out["step_time_s"])), ("tokens/s", f"{out['tokens_per_s']:,.0f}"),
-            ("MFU / HFU", f"{out['mfu']:.1%} / {out['hfu']:.1%}"),
-            ("model TFLOP/s per GPU", f"{out['tflops_per_gpu']:.1f}"),
-            ("exposed communication", _fmt_s(out["exposed_comm_s"])),
-            ("pipeline bubble", f"{out['bubble_fraction']:.1%}"), ("bound", out["bound"])]
+    rows = [
+        (
+            "global batch / micro-batch / micro-batches",
+            f"{out['global_batch']} / {micro_batch} / {out['microbatches']}",
+        ),
+        (
+            "pipeline",
+            f"{out['schedule']}, {out['virtual_stages']} chunk(s) a rank, stages {_fmt_stages(out['stage_layers'])}"
+            if out["schedule"]
+            else "none",
+        ),
+        (
+            "memory per GPU",
+            f"{fmt_bytes(out['total_bytes'])} of {fmt_bytes(out['gpu_memory_bytes'])} "
+            f"({'fits' if out['fits'] else 'does NOT fit'}; peak: {out['pipeline_stage']} stage, {out['peak_phase']})",
+        ),
+        ("step time", _fmt_s(out["step_time_s"])),
+        ("tokens/s", f"{out['tokens_per_s']:,.0f}"),
+        ("MFU / HFU", f"{out['mfu']:.1%} / {out['hfu']:.1%}"),
+        ("model TFLOP/s per GPU", f"{out['tflops_per_gpu']:.1f}"),
+        ("exposed communication", _fmt_s(out["exposed_comm_s"])),
+        ("pipeline bubble", f"{out['bubble_fraction']:.1%}"),
+        ("bound", out["bound"]),
+    ]
     for label, value in rows:
         table.add_row(label, value)
     console.print(table)
-    parts = ", ".join(f"{COMPONENT_LABELS[k]} {v / 2 ** 30:.2f}" for k, v in out["memory_bytes"].items() if v)
+    parts = ", ".join(f"{COMPONENT_LABELS[k]} {v / 2**30:.2f}" for k, v in out["memory_bytes"].items() if v)
     console.print(f"memory (GiB): {parts}", highlight=False)
 
 
@@ -403,9 +535,13 @@ def crossover(
     validate_layout(Layout(tsp=degree), spec)
     fwd = volume_crossover_tokens(spec, degree)
     train = volume_crossover_tokens(spec, degree, phases=("fwd", "bwd"))
-    out = {"model": spec.name, "degree": degree, "volume_crossover_tokens": None if math.isinf(fwd) else fwd,
-           "volume_crossover_tokens_train": None if math.isinf(train) else train,
-           "volume_crossover_over_h": None if math.isinf(fwd) else fwd / spec.d_model}
+    out = {
+        "model": spec.name,
+        "degree": degree,
+        "volume_crossover_tokens": None if math.isinf(fwd) else fwd,
+        "volume_crossover_tokens_train": None if math.isinf(train) else train,
+        "volume_crossover_over_h": None if math.isinf(fwd) else fwd / spec.d_model,
+    }
     if cluster:
         cl = load_cluster(cluster, nodes)
         t = time_crossover_tokens(spec, degree, cl, CostOptions())
@@ -418,15 +554,22 @@ def crossover(
     def show(x):
         return "never" if x is None else f"b·s = {x:,.0f} ({x / spec.d_model:.2f}h)"
 
-    console.print(f"{spec.name}, degree {degree}: TSP moves fewer bytes than TP per layer above "
-                  f"{show(out['volume_crossover_tokens'])} in the forward pass, above "
-                  f"{show(out['volume_crossover_tokens_train'])} for forward + backward.", highlight=False)
+    console.print(
+        f"{spec.name}, degree {degree}: TSP moves fewer bytes than TP per layer above "
+        f"{show(out['volume_crossover_tokens'])} in the forward pass, above "
+        f"{show(out['volume_crossover_tokens_train'])} for forward + backward.",
+        highlight=False,
+    )
     if cluster:
-        console.print(f"On {out['cluster']}, a TSP training step is no slower than TP's from "
-                      f"{show(out['time_crossover_tokens'])} tokens per sequence (batch 1).", highlight=False)
+        console.print(
+            f"On {out['cluster']}, a TSP training step is no slower than TP's from "
+            f"{show(out['time_crossover_tokens'])} tokens per sequence (batch 1).",
+            highlight=False,
+        )
 
 
 # -- execute and compare --------------------------------------------------------------------------
+
 
 @app.command()
 @user_errors
@@ -443,18 +586,31 @@ def execute(
     out: str = typer.Option("run.json", "--out"),
     do_compare: bool = typer.Option(False, "--compare", help="Compare with the prediction right after."),
     do_profile: bool = typer.Option(False, "--profile", help="GPU time by kernel category (one extra step)."),
-    int8_allreduce: bool = typer.Option(False, "--int8-allreduce/--no-int8-allreduce",
-                                        help="TP-SSM: int8-quantized block all-reduce."),
+    int8_allreduce: bool = typer.Option(
+        False, "--int8-allreduce/--no-int8-allreduce", help="TP-SSM: int8-quantized block all-reduce."
+    ),
     tolerance: float = typer.Option(0.05, "--tolerance"),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds before a hung run is stopped."),
-    layers_only: bool = typer.Option(False, "--layers-only", help="Run the layer stack on random hidden states: "
-                                     "no embedding, LM head or loss (how docs/validation.md's 1-4 GPU runs were made)."),
-    tokens_file: Optional[str] = typer.Option(None, "--tokens", help=".npy of token ids to train on (the whole "
-                                              "model; synthetic ids by default), or a .npz of `tokens` and "
-                                              "`documents` (packed documents, kept apart in Mamba-2 blocks)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="A local HF safetensors checkpoint folder (llama, "
-                                          "mistral, phi3, mamba2): each rank reads its shard; the run records the "
-                                          "first batch's loss. Random weights by default."),
+    layers_only: bool = typer.Option(
+        False,
+        "--layers-only",
+        help="Run the layer stack on random hidden states: "
+        "no embedding, LM head or loss (how docs/validation.md's 1-4 GPU runs were made).",
+    ),
+    tokens_file: Optional[str] = typer.Option(
+        None,
+        "--tokens",
+        help=".npy of token ids to train on (the whole "
+        "model; synthetic ids by default), or a .npz of `tokens` and "
+        "`documents` (packed documents, kept apart in Mamba-2 blocks).",
+    ),
+    weights: Optional[str] = typer.Option(
+        None,
+        "--weights",
+        help="A local HF safetensors checkpoint folder (llama, "
+        "mistral, phi3, mamba2): each rank reads its shard; the run records the "
+        "first batch's loss. Random weights by default.",
+    ),
     nnodes: int = typer.Option(1, "--nnodes"),
     node_rank: int = typer.Option(0, "--node-rank"),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
@@ -469,8 +625,13 @@ def execute(
     from meshplan.hf_config import load_model
     from meshplan.reports import parse_tokens
 
-    for flag, value, low in (("--nproc", nproc, 1), ("--nnodes", nnodes, 1), ("--steps", steps, 1),
-                             ("--layers", layers, 0), ("--batch", batch, 1)):
+    for flag, value, low in (
+        ("--nproc", nproc, 1),
+        ("--nnodes", nnodes, 1),
+        ("--steps", steps, 1),
+        ("--layers", layers, 0),
+        ("--batch", batch, 1),
+    ):
         _at_least(flag, value, low)
     spec = load_model(model)
     lay = parse_layout(layout)
@@ -493,20 +654,26 @@ def execute(
 
     spec, dropped = executed_spec(spec)
     if dropped:
-        err_console.print(f"note: the executor runs {spec.name} without {', '.join(dropped)}; the prediction it "
-                          f"is compared with leaves them out too")
+        err_console.print(
+            f"note: the executor runs {spec.name} without {', '.join(dropped)}; the prediction it "
+            f"is compared with leaves them out too"
+        )
     _check_folder("--out", out)
     if weights:
         _check_weights(weights, model, spec, dropped, layers, layers_only)
     if tokens_file:
         if layers_only:
-            raise MeshplanError("--tokens: the layer stack runs on hidden states; drop --layers-only to train on tokens")
+            raise MeshplanError(
+                "--tokens: the layer stack runs on hidden states; drop --layers-only to train on tokens"
+            )
         from meshplan.executor.model import tokens_from_file
 
         # A bad file stops here, not in every rank.
         if tokens_from_file(tokens_file, spec.vocab, batch, tokens)[2] is not None and spec.family != "mamba2":
-            raise MeshplanError(f"--tokens: {tokens_file} packs documents, which the executor keeps apart in Mamba-2 "
-                                f"blocks only ({spec.name}'s attention would see across them); give a .npy of ids")
+            raise MeshplanError(
+                f"--tokens: {tokens_file} packs documents, which the executor keeps apart in Mamba-2 "
+                f"blocks only ({spec.name}'s attention would see across them); give a .npy of ids"
+            )
     if device == "cuda":
         _warn_if_over_gpu_memory(spec, lay, tokens, batch, mode, not layers_only)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
@@ -516,9 +683,28 @@ def execute(
         cmd += [f"--node-rank={node_rank}", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-backend=c10d"]
     else:
         cmd += ["--standalone"]
-    cmd += ["-m", "meshplan.executor.worker", "--model", model, "--layout", layout, "--seq", str(tokens),
-            "--batch", str(batch), "--mode", mode, "--device", device, "--steps", str(steps), "--out", out,
-            "--timeout", str(timeout)]
+    cmd += [
+        "-m",
+        "meshplan.executor.worker",
+        "--model",
+        model,
+        "--layout",
+        layout,
+        "--seq",
+        str(tokens),
+        "--batch",
+        str(batch),
+        "--mode",
+        mode,
+        "--device",
+        device,
+        "--steps",
+        str(steps),
+        "--out",
+        out,
+        "--timeout",
+        str(timeout),
+    ]
     if layers:
         cmd += ["--layers", str(layers)]
     if layers_only:
@@ -532,17 +718,21 @@ def execute(
     if int8_allreduce:
         cmd.append("--int8-allreduce")
     env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True) as progress:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=True
+    ) as progress:
         progress.add_task(f"running {lay} on {nproc * nnodes} {device} processes", total=None)
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 60)
         except subprocess.TimeoutExpired:
-            raise MeshplanError(f"the run did not finish in {timeout + 60:.0f} s (--timeout); a rank may be hung") \
-                from None
+            raise MeshplanError(
+                f"the run did not finish in {timeout + 60:.0f} s (--timeout); a rank may be hung"
+            ) from None
     if proc.returncode != 0:
         tail = [line for line in (proc.stderr or "").splitlines() if "Error" in line or "error" in line]
-        raise MeshplanError(f"a rank failed (exit {proc.returncode}): {tail[-1].strip() if tail else 'see torchrun output'}")
+        raise MeshplanError(
+            f"a rank failed (exit {proc.returncode}): {tail[-1].strip() if tail else 'see torchrun output'}"
+        )
     if not do_compare:
         console.print(run_summary(read_json(out)))
     console.print(f"wrote {out}" + ("" if do_compare else f"; `meshplan compare {out}` sets it against the prediction"))
@@ -560,13 +750,16 @@ def _check_weights(folder: str, model: str, spec, dropped: list, layers: int, la
     if layers_only or layers:
         raise MeshplanError("--weights: a checkpoint runs as the whole model; drop --layers-only and --layers")
     if dropped:
-        raise MeshplanError(f"--weights: the executor would run this checkpoint without {', '.join(dropped)}, so its "
-                            f"loss would not be the model's; run it without --weights")
+        raise MeshplanError(
+            f"--weights: the executor would run this checkpoint without {', '.join(dropped)}, so its "
+            f"loss would not be the model's; run it without --weights"
+        )
     Checkpoint(folder)  # config and files readable, model_type and settings the executor runs
     own = load_model(folder)
     if replace(own, name="", source="") != replace(load_model(model), name="", source=""):
-        raise MeshplanError(f"--weights: {folder}/config.json describes another model than --model {model}; "
-                            f"give --model {folder}")
+        raise MeshplanError(
+            f"--weights: {folder}/config.json describes another model than --model {model}; give --model {folder}"
+        )
 
 
 def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: bool) -> None:
@@ -581,8 +774,10 @@ def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: 
     have = torch.cuda.get_device_properties(0).total_memory
     need = predict(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
     if need > have:
-        err_console.print(f"warning: the predicted peak, {fmt_bytes(need)} a GPU, exceeds this GPU's "
-                          f"{fmt_bytes(have)}; expect the run to record an out-of-memory")
+        err_console.print(
+            f"warning: the predicted peak, {fmt_bytes(need)} a GPU, exceeds this GPU's "
+            f"{fmt_bytes(have)}; expect the run to record an out-of-memory"
+        )
 
 
 def run_summary(run: dict) -> str:
@@ -592,9 +787,14 @@ def run_summary(run: dict) -> str:
     head = f"{run['model']} · {run['layout']} · {run['mode']}: "
     if run.get("oom") or "step_time_s" not in m:
         what = "out of memory" if run.get("oom") else "failed"
-        return head + f"{what} ({m.get('error', 'no measurement')[:120]}); predicted peak {fmt_bytes(p['peak_bytes'])} a rank"
-    parts = [f"step {_fmt_s(m['step_time_s'])}" + (f" (predicted {_fmt_s(p['step_time_s'])})"
-                                                   if p.get("step_time_s") else "")]
+        return (
+            head
+            + f"{what} ({m.get('error', 'no measurement')[:120]}); predicted peak {fmt_bytes(p['peak_bytes'])} a rank"
+        )
+    parts = [
+        f"step {_fmt_s(m['step_time_s'])}"
+        + (f" (predicted {_fmt_s(p['step_time_s'])})" if p.get("step_time_s") else "")
+    ]
     if m.get("peak_bytes"):
         parts.append(f"peak {fmt_bytes(m['peak_bytes'])} a rank (predicted {fmt_bytes(p['peak_bytes'])})")
     moved, want = sum(m.get("comm_bytes", {}).values()), sum(p.get("comm_bytes", {}).values())
@@ -624,14 +824,21 @@ def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
         _print_json({"run": path, "tolerance": tolerance, "ok": ok, "rows": rows})
     else:
         what = {True: " · whole model", False: " · layers only"}.get(run.get("whole_model"), "")
-        table = Table(title=f"{run['model']} · {run['layout']} · {run['mode']} · seq {run['seq']} · {run['device']}{what}")
+        table = Table(
+            title=f"{run['model']} · {run['layout']} · {run['mode']} · seq {run['seq']} · {run['device']}{what}"
+        )
         for col in ("quantity", "predicted", "measured", "error", "ok"):
             table.add_column(col, justify="left" if col == "quantity" else "right")
         for r in rows:
             err = "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
             fmt = _fmt_s if r["quantity"] in ("step time", "exposed communication (s)") else fmt_bytes
-            table.add_row(r["quantity"], fmt(r["predicted"]), fmt(r["measured"]), err,
-                          "[green]yes[/]" if r["ok"] else "[red]no[/]")
+            table.add_row(
+                r["quantity"],
+                fmt(r["predicted"]),
+                fmt(r["measured"]),
+                err,
+                "[green]yes[/]" if r["ok"] else "[red]no[/]",
+            )
         console.print(table)
     if not ok:
         raise typer.Exit(1)
@@ -660,14 +867,28 @@ def calibrate(
         raise MeshplanError(f"--cluster: {cluster!r} is not a preset ({', '.join(preset_names())})")
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone",
-           "-m", "meshplan.topologies.calibrate", "--cluster", cluster, "--out", out, "--device", device]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--standalone",
+        "-m",
+        "meshplan.topologies.calibrate",
+        "--cluster",
+        cluster,
+        "--out",
+        out,
+        "--device",
+        device,
+    ]
     if quick:
         cmd.append("--quick")
     if max_bytes:
         cmd += ["--max-bytes", str(max_bytes)]
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True) as progress:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=True
+    ) as progress:
         task = progress.add_task("calibrating", total=None)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         last = ""
@@ -683,6 +904,7 @@ def calibrate(
 
 # -- listings ------------------------------------------------------------------------------------
 
+
 @app.command()
 @user_errors
 def models(as_json: bool = typer.Option(False, "--json")):
@@ -692,9 +914,19 @@ def models(as_json: bool = typer.Option(False, "--json")):
     rows = []
     for name, m in PRESETS.items():
         attn = m.attention
-        rows.append({"name": name, "family": m.family, "params": m.param_count(), "d_model": m.d_model,
-                     "layers": m.layers, "heads": attn.heads if attn else None,
-                     "kv_heads": attn.kv_heads if attn else None, "vocab": m.vocab, "source": m.source})
+        rows.append(
+            {
+                "name": name,
+                "family": m.family,
+                "params": m.param_count(),
+                "d_model": m.d_model,
+                "layers": m.layers,
+                "heads": attn.heads if attn else None,
+                "kv_heads": attn.kv_heads if attn else None,
+                "vocab": m.vocab,
+                "source": m.source,
+            }
+        )
     if as_json:
         _print_json(rows)
         return
@@ -703,8 +935,16 @@ def models(as_json: bool = typer.Option(False, "--json")):
         table.add_column(col)
     for r in rows:
         heads = f"{r['heads']}/{r['kv_heads']}" if r["heads"] else "-"
-        table.add_row(r["name"], r["family"], fmt_params(r["params"]), str(r["d_model"]), str(r["layers"]), heads,
-                      str(r["vocab"]), r["source"])
+        table.add_row(
+            r["name"],
+            r["family"],
+            fmt_params(r["params"]),
+            str(r["d_model"]),
+            str(r["layers"]),
+            heads,
+            str(r["vocab"]),
+            r["source"],
+        )
     console.print(table)
 
 
@@ -715,10 +955,20 @@ def clusters(as_json: bool = typer.Option(False, "--json")):
     from meshplan.topologies.cluster import load_cluster, preset_names
 
     specs = [load_cluster(name) for name in preset_names()]
-    rows = [{"name": c.name, "gpus": c.num_gpus, "gpu": c.gpu.name, "gpu_memory_bytes": c.gpu.memory_bytes,
-             "bf16_tflops": c.gpu.bf16_flops_per_s / 1e12, "fabric": c.fabric,
-             "link_gb_per_s": c.intra_link.bandwidth_bytes_per_s / 1e9,
-             "nics_per_node": c.nics_per_node, "nic_gb_per_s": c.nic_link.bandwidth_bytes_per_s / 1e9} for c in specs]
+    rows = [
+        {
+            "name": c.name,
+            "gpus": c.num_gpus,
+            "gpu": c.gpu.name,
+            "gpu_memory_bytes": c.gpu.memory_bytes,
+            "bf16_tflops": c.gpu.bf16_flops_per_s / 1e12,
+            "fabric": c.fabric,
+            "link_gb_per_s": c.intra_link.bandwidth_bytes_per_s / 1e9,
+            "nics_per_node": c.nics_per_node,
+            "nic_gb_per_s": c.nic_link.bandwidth_bytes_per_s / 1e9,
+        }
+        for c in specs
+    ]
     if as_json:
         _print_json(rows)
         return
@@ -726,16 +976,25 @@ def clusters(as_json: bool = typer.Option(False, "--json")):
     for col in ("name", "GPUs", "GPU", "memory", "bf16 TFLOP/s", "intra-node", "NICs"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["name"], str(r["gpus"]), r["gpu"], fmt_bytes(r["gpu_memory_bytes"]), f"{r['bf16_tflops']:.0f}",
-                      f"{r['fabric']} {r['link_gb_per_s']:.0f} GB/s", f"{r['nics_per_node']} × {r['nic_gb_per_s']:g} GB/s")
+        table.add_row(
+            r["name"],
+            str(r["gpus"]),
+            r["gpu"],
+            fmt_bytes(r["gpu_memory_bytes"]),
+            f"{r['bf16_tflops']:.0f}",
+            f"{r['fabric']} {r['link_gb_per_s']:.0f} GB/s",
+            f"{r['nics_per_node']} × {r['nic_gb_per_s']:g} GB/s",
+        )
     console.print(table)
 
 
 @cluster_app.command("show")
 @user_errors
-def cluster_show(name: str = typer.Argument(..., help="Preset name or TOML path."),
-                 nodes: Optional[int] = typer.Option(None, "--nodes"),
-                 as_json: bool = typer.Option(False, "--json")):
+def cluster_show(
+    name: str = typer.Argument(..., help="Preset name or TOML path."),
+    nodes: Optional[int] = typer.Option(None, "--nodes"),
+    as_json: bool = typer.Option(False, "--json"),
+):
     """Draw a cluster's topology as a tree."""
     from networkx.readwrite import json_graph
 
@@ -750,8 +1009,10 @@ def cluster_show(name: str = typer.Argument(..., help="Preset name or TOML path.
     bw = spec.intra_link.bandwidth_bytes_per_s / 1e9
     for n in range(spec.nodes):
         node = tree.add(f"node {n}")
-        gpus = sorted((g for g, d in graph.nodes(data=True) if d["kind"] == "gpu" and d["node"] == n),
-                      key=lambda g: graph.nodes[g]["local_rank"])
+        gpus = sorted(
+            (g for g, d in graph.nodes(data=True) if d["kind"] == "gpu" and d["node"] == n),
+            key=lambda g: graph.nodes[g]["local_rank"],
+        )
         if spec.fabric == "xgmi":
             fabric = node.add(f"xGMI full mesh: {len(gpus) * (len(gpus) - 1) // 2} links, {bw:g} GB/s each way")
         else:

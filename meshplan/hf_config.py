@@ -25,7 +25,9 @@ class _Fields:
         for name in names:
             if name in self.raw and self.raw[name] is not None:
                 return self.raw[name]
-        raise MeshplanError(f"{self.where}: missing required field {names[0]!r} for model_type {self.raw.get('model_type')!r}")
+        raise MeshplanError(
+            f"{self.where}: missing required field {names[0]!r} for model_type {self.raw.get('model_type')!r}"
+        )
 
     def get(self, name: str, default: Any) -> Any:
         value = self.raw.get(name)
@@ -48,8 +50,16 @@ class _Fields:
         return default
 
 
-def _llama(f: _Fields, name: str, *, qkv_bias: bool = False, qk_norm: str = "", post_norms: bool = False,
-           tied_default: bool = False, window_layers: int | None = None) -> ModelSpec:
+def _llama(
+    f: _Fields,
+    name: str,
+    *,
+    qkv_bias: bool = False,
+    qk_norm: str = "",
+    post_norms: bool = False,
+    tied_default: bool = False,
+    window_layers: int | None = None,
+) -> ModelSpec:
     """Llama and the decoders shaped like it. `qk_norm`: "head" (a head_dim scale each for queries and
     keys: Qwen3, Gemma3) or "width" (over the whole query and key widths: OLMo2); `post_norms`: the
     attention and MLP outputs normed too (Gemma2/3); `window_layers`: the attention layers a sliding
@@ -58,9 +68,17 @@ def _llama(f: _Fields, name: str, *, qkv_bias: bool = False, qk_norm: str = "", 
     # An explicit head_dim (Mistral-Nemo: hidden 5120, 32 heads of 128) sets the attention's width.
     head_dim = f.whole("head_dim", default=0) or None
     spec = dense(
-        name, f.whole("hidden_size"), f.whole("num_hidden_layers"), heads, f.whole("num_key_value_heads", default=heads),
-        f.whole("intermediate_size"), f.whole("vocab_size"), gated=True,
-        tied=bool(f.get("tie_word_embeddings", tied_default)), source=f.where, head_dim=head_dim,
+        name,
+        f.whole("hidden_size"),
+        f.whole("num_hidden_layers"),
+        heads,
+        f.whole("num_key_value_heads", default=heads),
+        f.whole("intermediate_size"),
+        f.whole("vocab_size"),
+        gated=True,
+        tied=bool(f.get("tie_word_embeddings", tied_default)),
+        source=f.where,
+        head_dim=head_dim,
         bias=bool(f.get("attention_bias", False)),
     )
     attn = spec.attention
@@ -74,8 +92,15 @@ def _llama(f: _Fields, name: str, *, qkv_bias: bool = False, qk_norm: str = "", 
         window = f.as_whole("sliding_window", window)
     else:
         window, window_layers = 0, 0
-    return replace(spec, attention=attention, mlp=mlp, attention_window=window, window_layers=window_layers,
-                   rope=_rope(f), norm_eps=_eps(f, "rms_norm_eps"))
+    return replace(
+        spec,
+        attention=attention,
+        mlp=mlp,
+        attention_window=window,
+        window_layers=window_layers,
+        rope=_rope(f),
+        norm_eps=_eps(f, "rms_norm_eps"),
+    )
 
 
 def _rope(f: _Fields) -> RopeSpec:
@@ -91,11 +116,14 @@ def _rope(f: _Fields) -> RopeSpec:
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
         raise MeshplanError(f"{f.where}: rope_theta must be a positive number, got {theta!r}")
     defaults = RopeSpec()
-    return RopeSpec(theta=float(theta), kind=str(kind), factor=float(merged.get("factor", 1.0)),
-                    low_freq_factor=float(merged.get("low_freq_factor", defaults.low_freq_factor)),
-                    high_freq_factor=float(merged.get("high_freq_factor", defaults.high_freq_factor)),
-                    original_max_positions=int(merged.get("original_max_position_embeddings",
-                                                          defaults.original_max_positions)))
+    return RopeSpec(
+        theta=float(theta),
+        kind=str(kind),
+        factor=float(merged.get("factor", 1.0)),
+        low_freq_factor=float(merged.get("low_freq_factor", defaults.low_freq_factor)),
+        high_freq_factor=float(merged.get("high_freq_factor", defaults.high_freq_factor)),
+        original_max_positions=int(merged.get("original_max_position_embeddings", defaults.original_max_positions)),
+    )
 
 
 def _eps(f: _Fields, *names: str) -> float:
@@ -148,8 +176,9 @@ def _gemma(f: _Fields, name: str) -> ModelSpec:
             window_layers = layers - layers // f.whole("sliding_window_pattern", default=6)
         else:  # Gemma2: the even layers slide
             window_layers = (layers + 1) // 2
-    return _llama(f, name, qk_norm="head" if gemma3 else "", post_norms=True, tied_default=True,
-                  window_layers=window_layers)
+    return _llama(
+        f, name, qk_norm="head" if gemma3 else "", post_norms=True, tied_default=True, window_layers=window_layers
+    )
 
 
 def _olmo2(f: _Fields, name: str) -> ModelSpec:
@@ -159,10 +188,20 @@ def _olmo2(f: _Fields, name: str) -> ModelSpec:
 
 
 # Mixture-of-experts families: their expert counts, so that the refusal can say what is missing.
-_MOE = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
-        "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts", "jamba": "num_experts",
-        "dbrx": "ffn_config", "olmoe": "num_experts", "granitemoe": "num_local_experts",
-        "phimoe": "num_local_experts", "gpt_oss": "num_local_experts", "llama4": "num_local_experts"}
+_MOE = {
+    "mixtral": "num_local_experts",
+    "qwen2_moe": "num_experts",
+    "qwen3_moe": "num_experts",
+    "deepseek_v2": "n_routed_experts",
+    "deepseek_v3": "n_routed_experts",
+    "jamba": "num_experts",
+    "dbrx": "ffn_config",
+    "olmoe": "num_experts",
+    "granitemoe": "num_local_experts",
+    "phimoe": "num_local_experts",
+    "gpt_oss": "num_local_experts",
+    "llama4": "num_local_experts",
+}
 
 
 def _gpt2(f: _Fields, name: str) -> ModelSpec:
@@ -170,20 +209,42 @@ def _gpt2(f: _Fields, name: str) -> ModelSpec:
     learned positions over n_positions, tied head; GPTBigCode's multi_query keeps one K/V head."""
     hidden, heads = f.whole("n_embd", "hidden_size"), f.whole("n_head", "num_attention_heads")
     kv_heads = 1 if f.raw.get("model_type") == "gpt_bigcode" and f.get("multi_query", True) else heads
-    return dense(name, hidden, f.whole("n_layer", "num_hidden_layers"), heads, kv_heads,
-                 f.whole("n_inner", default=4 * hidden), f.whole("vocab_size"), gated=False,
-                 tied=bool(f.get("tie_word_embeddings", True)), source=f.where, bias=True, norm="layernorm",
-                 positions="learned", max_positions=f.whole("n_positions", "max_position_embeddings"))
+    return dense(
+        name,
+        hidden,
+        f.whole("n_layer", "num_hidden_layers"),
+        heads,
+        kv_heads,
+        f.whole("n_inner", default=4 * hidden),
+        f.whole("vocab_size"),
+        gated=False,
+        tied=bool(f.get("tie_word_embeddings", True)),
+        source=f.where,
+        bias=True,
+        norm="layernorm",
+        positions="learned",
+        max_positions=f.whole("n_positions", "max_position_embeddings"),
+    )
 
 
 def _gpt_neox(f: _Fields, name: str) -> ModelSpec:
     """GPT-NeoX / Pythia: LayerNorm, biases (attention_bias, default true), a non-gated GeLU MLP,
     rotary positions, untied head. The parallel residual changes no shape."""
     hidden = f.whole("hidden_size")
-    return dense(name, hidden, f.whole("num_hidden_layers"), f.whole("num_attention_heads"),
-                 f.whole("num_attention_heads"), f.whole("intermediate_size", default=4 * hidden),
-                 f.whole("vocab_size"), gated=False, tied=bool(f.get("tie_word_embeddings", False)),
-                 source=f.where, bias=bool(f.get("attention_bias", True)), norm="layernorm")
+    return dense(
+        name,
+        hidden,
+        f.whole("num_hidden_layers"),
+        f.whole("num_attention_heads"),
+        f.whole("num_attention_heads"),
+        f.whole("intermediate_size", default=4 * hidden),
+        f.whole("vocab_size"),
+        gated=False,
+        tied=bool(f.get("tie_word_embeddings", False)),
+        source=f.where,
+        bias=bool(f.get("attention_bias", True)),
+        norm="layernorm",
+    )
 
 
 # OPT's learned position table has 2 rows past max_position_embeddings (OPTLearnedPositionalEmbedding's
@@ -196,15 +257,28 @@ def _opt(f: _Fields, name: str) -> ModelSpec:
     head. A word_embed_proj_dim unlike hidden_size (opt-350m) adds two small projections, counted
     here as part of the embedding."""
     hidden = f.whole("hidden_size")
-    spec = dense(name, hidden, f.whole("num_hidden_layers"), f.whole("num_attention_heads"),
-                 f.whole("num_attention_heads"), f.whole("ffn_dim"), f.whole("vocab_size"), gated=False,
-                 tied=bool(f.get("tie_word_embeddings", True)), source=f.where, bias=bool(f.get("enable_bias", True)),
-                 norm="layernorm", positions="learned",
-                 max_positions=f.whole("max_position_embeddings") + OPT_POSITION_OFFSET)
+    spec = dense(
+        name,
+        hidden,
+        f.whole("num_hidden_layers"),
+        f.whole("num_attention_heads"),
+        f.whole("num_attention_heads"),
+        f.whole("ffn_dim"),
+        f.whole("vocab_size"),
+        gated=False,
+        tied=bool(f.get("tie_word_embeddings", True)),
+        source=f.where,
+        bias=bool(f.get("enable_bias", True)),
+        norm="layernorm",
+        positions="learned",
+        max_positions=f.whole("max_position_embeddings") + OPT_POSITION_OFFSET,
+    )
     proj = f.whole("word_embed_proj_dim", default=hidden)
     if proj != hidden:
-        raise MeshplanError(f"{f.where}: word_embed_proj_dim ({proj}) differs from hidden_size ({hidden}); "
-                            "the embedding projections of opt-350m are not modelled — use a config where they match")
+        raise MeshplanError(
+            f"{f.where}: word_embed_proj_dim ({proj}) differs from hidden_size ({hidden}); "
+            "the embedding projections of opt-350m are not modelled — use a config where they match"
+        )
     return spec
 
 
@@ -213,25 +287,53 @@ def _mamba1(f: _Fields, name: str) -> ModelSpec:
     expand = f.whole("expand", default=2)
     rank = f.get("time_step_rank", "auto")
     dt_rank = math.ceil(hidden / 16) if rank == "auto" else f.as_whole("time_step_rank", rank)
-    spec = Mamba1Spec(hidden, d_state=f.whole("state_size", default=16), expand=expand, dt_rank=dt_rank,
-                      d_conv=f.whole("conv_kernel", default=4))
-    return ModelSpec(name=name, family="mamba1", d_model=hidden, layers=f.whole("num_hidden_layers"),
-                     vocab=f.whole("vocab_size"), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
-                     mamba1=spec, source=f.where)
+    spec = Mamba1Spec(
+        hidden,
+        d_state=f.whole("state_size", default=16),
+        expand=expand,
+        dt_rank=dt_rank,
+        d_conv=f.whole("conv_kernel", default=4),
+    )
+    return ModelSpec(
+        name=name,
+        family="mamba1",
+        d_model=hidden,
+        layers=f.whole("num_hidden_layers"),
+        vocab=f.whole("vocab_size"),
+        tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        mamba1=spec,
+        source=f.where,
+    )
 
 
 def _mamba2(f: _Fields, name: str) -> ModelSpec:
     hidden = f.whole("hidden_size")
-    spec = Mamba2Spec(hidden, d_state=f.whole("state_size", default=128), expand=f.whole("expand", default=2),
-                      headdim=f.whole("head_dim", default=64), ngroups=f.whole("n_groups", default=1),
-                      d_conv=f.whole("conv_kernel", default=4), chunk_size=f.whole("chunk_size", default=256))
+    spec = Mamba2Spec(
+        hidden,
+        d_state=f.whole("state_size", default=128),
+        expand=f.whole("expand", default=2),
+        headdim=f.whole("head_dim", default=64),
+        ngroups=f.whole("n_groups", default=1),
+        d_conv=f.whole("conv_kernel", default=4),
+        chunk_size=f.whole("chunk_size", default=256),
+    )
     nheads = f.whole("num_heads", default=spec.nheads)
     if nheads != spec.nheads:
-        raise MeshplanError(f"{f.where}: num_heads ({nheads}) disagrees with expand · hidden_size / head_dim "
-                            f"({spec.expand} · {hidden} / {spec.headdim} = {spec.nheads}); fix one of them")
-    return ModelSpec(name=name, family="mamba2", d_model=hidden, layers=f.whole("num_hidden_layers"),
-                     vocab=f.whole("vocab_size"), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
-                     mamba2=spec, norm_eps=_eps(f, "layer_norm_epsilon"), source=f.where)
+        raise MeshplanError(
+            f"{f.where}: num_heads ({nheads}) disagrees with expand · hidden_size / head_dim "
+            f"({spec.expand} · {hidden} / {spec.headdim} = {spec.nheads}); fix one of them"
+        )
+    return ModelSpec(
+        name=name,
+        family="mamba2",
+        d_model=hidden,
+        layers=f.whole("num_hidden_layers"),
+        vocab=f.whole("vocab_size"),
+        tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        mamba2=spec,
+        norm_eps=_eps(f, "layer_norm_epsilon"),
+        source=f.where,
+    )
 
 
 def _zamba2(f: _Fields, name: str) -> ModelSpec:
@@ -241,20 +343,35 @@ def _zamba2(f: _Fields, name: str) -> ModelSpec:
     n_mamba_heads = f.whole("n_mamba_heads")
     block_types = f.need("layers_block_type")
     if len(block_types) != layers:
-        raise MeshplanError(f"{f.where}: layers_block_type has {len(block_types)} entries but num_hidden_layers is {layers}")
+        raise MeshplanError(
+            f"{f.where}: layers_block_type has {len(block_types)} entries but num_hidden_layers is {layers}"
+        )
     heads = f.whole("num_attention_heads")
     attn_hidden = 2 * hidden  # Zamba2Config: attention_hidden_size = 2 · hidden_size
-    mamba = Mamba2Spec(hidden, d_state=f.whole("mamba_d_state", default=64), expand=expand,
-                       headdim=expand * hidden // n_mamba_heads, ngroups=f.whole("mamba_ngroups", default=1),
-                       d_conv=f.whole("mamba_d_conv", default=4), chunk_size=f.whole("chunk_size", default=256))
+    mamba = Mamba2Spec(
+        hidden,
+        d_state=f.whole("mamba_d_state", default=64),
+        expand=expand,
+        headdim=expand * hidden // n_mamba_heads,
+        ngroups=f.whole("mamba_ngroups", default=1),
+        d_conv=f.whole("mamba_d_conv", default=4),
+        chunk_size=f.whole("chunk_size", default=256),
+    )
     return ModelSpec(
-        name=name, family="hybrid", d_model=hidden, layers=layers, vocab=f.whole("vocab_size"),
-        tied_embeddings=bool(f.get("tie_word_embeddings", True)), mamba2=mamba,
-        attention=AttentionSpec(attn_hidden, heads, f.whole("num_key_value_heads", default=heads),
-                                attn_hidden // heads, attn_hidden),
+        name=name,
+        family="hybrid",
+        d_model=hidden,
+        layers=layers,
+        vocab=f.whole("vocab_size"),
+        tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        mamba2=mamba,
+        attention=AttentionSpec(
+            attn_hidden, heads, f.whole("num_key_value_heads", default=heads), attn_hidden // heads, attn_hidden
+        ),
         mlp=MlpSpec(attn_hidden, f.whole("intermediate_size", default=4 * hidden), gated=True),
         hybrid_layers=sum(1 for t in block_types if t == "hybrid"),
-        shared_blocks=f.whole("num_mem_blocks", default=1), source=f.where,
+        shared_blocks=f.whole("num_mem_blocks", default=1),
+        source=f.where,
     )
 
 
@@ -291,10 +408,12 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         what = f"{_MOE[model_type]} {experts}" if isinstance(experts, int) else "routed experts"
         raise MeshplanError(
             f"{where}: model_type {model_type!r} is a mixture of experts ({what}); meshplan does not model "
-            f"expert parallelism or expert weights yet — plan its dense equivalent, or wait for EP")
+            f"expert parallelism or expert weights yet — plan its dense equivalent, or wait for EP"
+        )
     if model_type not in _READERS:
         raise MeshplanError(
-            f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(sorted(_READERS))}")
+            f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(sorted(_READERS))}"
+        )
     name = raw.get("_name_or_path") or Path(path).parent.name or model_type
     return _READERS[model_type](_Fields(raw, where), str(name))
 
@@ -306,7 +425,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if not path.exists():
         raise MeshplanError(
-            f"--model: {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor an existing config.json path")
+            f"--model: {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor an existing config.json path"
+        )
     if path.is_dir():  # a checkpoint folder: its config.json
         if not (path / "config.json").exists():
             raise MeshplanError(f"--model: folder {name_or_path!r} holds no config.json; give the config file")

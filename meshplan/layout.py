@@ -37,9 +37,13 @@ class Layout:
         if not 0 <= self.zero <= 3:
             raise MeshplanError(f"layout.zero must be 0, 1, 2 or 3, got {self.zero}")
         if self.tsp > 1 and (self.tp > 1 or self.sp > 1 or self.tpssm > 1):
-            raise MeshplanError("layout: tsp folds tensor and sequence onto one axis; do not combine it with tp, sp or tpssm")
+            raise MeshplanError(
+                "layout: tsp folds tensor and sequence onto one axis; do not combine it with tp, sp or tpssm"
+            )
         if self.tp > 1 and self.tpssm > 1:
-            raise MeshplanError("layout: tp and tpssm are the same weight axis; give one of them (tpssm for Mamba models)")
+            raise MeshplanError(
+                "layout: tp and tpssm are the same weight axis; give one of them (tpssm for Mamba models)"
+            )
 
     # -- the model-parallel axes -----------------------------------------------------------------
     @property
@@ -120,7 +124,8 @@ def parse_layout(text: str) -> Layout:
 def _divides(degree: int, count: int, what: str, axis: str) -> None:
     if count % degree:
         raise MeshplanError(
-            f"layout: {axis}={degree} does not divide {what} ({count}); pick {axis} from the divisors of {count}")
+            f"layout: {axis}={degree} does not divide {what} ({count}); pick {axis} from the divisors of {count}"
+        )
 
 
 def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = None, cluster_name: str = "") -> None:
@@ -141,17 +146,21 @@ def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = Non
             if axis != "tsp" and groups % degree and degree % groups:
                 raise MeshplanError(
                     f"layout: {axis}={degree} and {model.name}'s Mamba-2 ngroups ({groups}) must divide one another "
-                    f"(B/C groups are split, or replicated to the ranks whose heads use them)")
+                    f"(B/C groups are split, or replicated to the ranks whose heads use them)"
+                )
         if model.mamba1 is not None:
             _divides(degree, model.mamba1.d_inner, f"{model.name}'s d_inner", axis)
     if layout.pp > model.layers:
         # Uneven stages are fine (meshplan.costmodel.pipeline.pipeline_stages); more stages than layers are not.
-        raise MeshplanError(f"layout: pp={layout.pp} exceeds {model.name}'s {model.layers} layers; use pp <= {model.layers}")
+        raise MeshplanError(
+            f"layout: pp={layout.pp} exceeds {model.name}'s {model.layers} layers; use pp <= {model.layers}"
+        )
     if num_gpus is not None and layout.world_size != num_gpus:
         where = f"cluster {cluster_name}" if cluster_name else "the cluster"
         raise MeshplanError(
             f"layout {layout} uses {layout.world_size} GPUs but {where} has {num_gpus}; "
-            f"make dp×pp×tp×sp×tsp×tpssm = {num_gpus}")
+            f"make dp×pp×tp×sp×tsp×tpssm = {num_gpus}"
+        )
 
 
 def validate_seq(layout: Layout, seq: int, batch: int) -> None:
@@ -164,7 +173,8 @@ def validate_seq(layout: Layout, seq: int, batch: int) -> None:
     if layout.tsp > 1 and seq % (2 * layout.tsp):
         raise MeshplanError(
             f"layout: tsp={layout.tsp} splits the sequence into 2·{layout.tsp} zigzag chunks, which must divide "
-            f"--seq ({seq}); use a multiple of {2 * layout.tsp}")
+            f"--seq ({seq}); use a multiple of {2 * layout.tsp}"
+        )
 
 
 def sp_zigzag(layout: Layout, seq: int, attention_only: bool) -> bool:

@@ -62,11 +62,18 @@ class AttentionSpec:
     post_norm: bool = False  # a norm of the block's output too (Gemma2/3)
 
     def __post_init__(self) -> None:
-        _positive("attention", hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
-                  head_dim=self.head_dim, out_hidden=self.out_hidden)
+        _positive(
+            "attention",
+            hidden=self.hidden,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            out_hidden=self.out_hidden,
+        )
         if self.heads % self.kv_heads:
             raise MeshplanError(
-                f"attention.kv_heads ({self.kv_heads}) must divide heads ({self.heads}); pick a divisor of heads")
+                f"attention.kv_heads ({self.kv_heads}) must divide heads ({self.heads}); pick a divisor of heads"
+            )
 
     @property
     def q_width(self) -> int:
@@ -82,8 +89,13 @@ class AttentionSpec:
         biases = self.q_width + 2 * self.kv_width + self.out_hidden if self.bias else 0
         if self.qkv_bias and not self.bias:
             biases = self.q_width + 2 * self.kv_width
-        return (self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.out_hidden + biases + self.hidden
-                + self.norm_extra)
+        return (
+            self.hidden * (self.q_width + 2 * self.kv_width)
+            + self.q_width * self.out_hidden
+            + biases
+            + self.hidden
+            + self.norm_extra
+        )
 
     @property
     def norm_extra(self) -> int:
@@ -111,8 +123,13 @@ class MlpSpec:
 
     def param_count(self) -> int:
         biases = self.n_input_matrices * self.ffn_hidden + self.out_hidden if self.bias else 0
-        return (self.n_input_matrices * self.hidden * self.ffn_hidden + self.ffn_hidden * self.out_hidden + biases
-                + self.hidden + self.norm_extra)
+        return (
+            self.n_input_matrices * self.hidden * self.ffn_hidden
+            + self.ffn_hidden * self.out_hidden
+            + biases
+            + self.hidden
+            + self.norm_extra
+        )
 
     @property
     def norm_extra(self) -> int:
@@ -133,11 +150,20 @@ class Mamba2Spec:
     chunk_size: int = 256
 
     def __post_init__(self) -> None:
-        _positive("mamba2", d_model=self.d_model, d_state=self.d_state, expand=self.expand,
-                  headdim=self.headdim, ngroups=self.ngroups, d_conv=self.d_conv, chunk_size=self.chunk_size)
+        _positive(
+            "mamba2",
+            d_model=self.d_model,
+            d_state=self.d_state,
+            expand=self.expand,
+            headdim=self.headdim,
+            ngroups=self.ngroups,
+            d_conv=self.d_conv,
+            chunk_size=self.chunk_size,
+        )
         if self.d_inner % self.headdim:
             raise MeshplanError(
-                f"mamba2.headdim ({self.headdim}) must divide d_inner = expand·d_model ({self.d_inner})")
+                f"mamba2.headdim ({self.headdim}) must divide d_inner = expand·d_model ({self.d_inner})"
+            )
         if self.nheads % self.ngroups:
             raise MeshplanError(f"mamba2.ngroups ({self.ngroups}) must divide nheads ({self.nheads})")
 
@@ -181,8 +207,14 @@ class Mamba1Spec:
     def __post_init__(self) -> None:
         if self.dt_rank == 0:
             object.__setattr__(self, "dt_rank", math.ceil(self.d_model / 16))
-        _positive("mamba1", d_model=self.d_model, d_state=self.d_state, expand=self.expand,
-                  dt_rank=self.dt_rank, d_conv=self.d_conv)
+        _positive(
+            "mamba1",
+            d_model=self.d_model,
+            d_state=self.d_state,
+            expand=self.expand,
+            dt_rank=self.dt_rank,
+            d_conv=self.d_conv,
+        )
 
     @property
     def d_inner(self) -> int:
@@ -250,12 +282,16 @@ class ModelSpec:
         if self.window_layers:
             _positive(f"model {self.name}", attention_window=self.attention_window)
             if self.window_layers > self.attention_layers:
-                raise MeshplanError(f"model {self.name}: window_layers ({self.window_layers}) exceeds the "
-                                    f"{self.attention_layers} attention layers")
+                raise MeshplanError(
+                    f"model {self.name}: window_layers ({self.window_layers}) exceeds the "
+                    f"{self.attention_layers} attention layers"
+                )
         if self.family == "hybrid":
             _positive(f"model {self.name}", hybrid_layers=self.hybrid_layers, shared_blocks=self.shared_blocks)
             if self.hybrid_layers > self.layers:
-                raise MeshplanError(f"model {self.name}: hybrid_layers ({self.hybrid_layers}) exceeds layers ({self.layers})")
+                raise MeshplanError(
+                    f"model {self.name}: hybrid_layers ({self.hybrid_layers}) exceeds layers ({self.layers})"
+                )
 
     # -- structure ---------------------------------------------------------------------------
     @property
@@ -341,9 +377,12 @@ class ModelSpec:
         return self.window_layers / self.attention_layers
 
     def _norm_params(self, embeddings: bool, scales_only: bool) -> int:
-        per_kind = {"attention": self.attention.hidden + self.attention.norm_extra if self.attention else 0,
-                    "mlp": self.mlp.hidden + self.mlp.norm_extra if self.mlp else 0, "mamba2": self.d_model,
-                    "mamba1": self.d_model}
+        per_kind = {
+            "attention": self.attention.hidden + self.attention.norm_extra if self.attention else 0,
+            "mlp": self.mlp.hidden + self.mlp.norm_extra if self.mlp else 0,
+            "mamba2": self.d_model,
+            "mamba1": self.d_model,
+        }
         if self.family == "hybrid":
             blocks = self.layers * self.d_model + self.shared_blocks * (per_kind["attention"] + per_kind["mlp"])
         else:
@@ -363,38 +402,104 @@ def _norm_params(model: ModelSpec, embeddings: bool, scales_only: bool) -> int:
 
 # -- presets ----------------------------------------------------------------------------------
 
-def dense(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int, *,
-          gated: bool = True, tied: bool = False, source: str = "", head_dim: int | None = None,
-          bias: bool = False, norm: str = "rmsnorm", positions: str = "rotary", max_positions: int = 0) -> ModelSpec:
+
+def dense(
+    name: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    ffn_hidden: int,
+    vocab: int,
+    *,
+    gated: bool = True,
+    tied: bool = False,
+    source: str = "",
+    head_dim: int | None = None,
+    bias: bool = False,
+    norm: str = "rmsnorm",
+    positions: str = "rotary",
+    max_positions: int = 0,
+) -> ModelSpec:
     """A pre-norm decoder stack; the heads split `hidden` evenly unless `head_dim` is given."""
     if head_dim is None:
         head_dim = hidden // heads
         if head_dim * heads != hidden:
             raise MeshplanError(f"model {name}: heads ({heads}) must divide hidden ({hidden}); or give head_dim")
     return ModelSpec(
-        name=name, family="dense", d_model=hidden, layers=layers, vocab=vocab, tied_embeddings=tied,
+        name=name,
+        family="dense",
+        d_model=hidden,
+        layers=layers,
+        vocab=vocab,
+        tied_embeddings=tied,
         attention=AttentionSpec(hidden, heads, kv_heads, head_dim, hidden, bias=bias),
-        mlp=MlpSpec(hidden, ffn_hidden, gated, bias=bias), norm=norm, positions=positions,
-        max_positions=max_positions, source=source,
+        mlp=MlpSpec(hidden, ffn_hidden, gated, bias=bias),
+        norm=norm,
+        positions=positions,
+        max_positions=max_positions,
+        source=source,
     )
 
 
-def gpt(name: str, hidden: int, layers: int, heads: int, vocab: int, seq: int, *, ffn_hidden: int = 0,
-        tied: bool = True, positions: str = "learned", source: str = "") -> ModelSpec:
+def gpt(
+    name: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    vocab: int,
+    seq: int,
+    *,
+    ffn_hidden: int = 0,
+    tied: bool = True,
+    positions: str = "learned",
+    source: str = "",
+) -> ModelSpec:
     """The GPT decoder of the Megatron papers (Narayanan et al. 2021 §5; Korthikanti et al. 2022 §3):
     LayerNorm, biases on every projection, a 4h GeLU MLP, learned positions over `seq` tokens and a
     tied output head. Its parameter count is their Eq. 2, 12·l·h² + 13·l·h + (V + s)·h, plus the final
     LayerNorm's 2h."""
-    return dense(name, hidden, layers, heads, heads, ffn_hidden or 4 * hidden, vocab, gated=False, tied=tied,
-                 source=source, bias=True, norm="layernorm", positions=positions,
-                 max_positions=seq if positions == "learned" else 0)
+    return dense(
+        name,
+        hidden,
+        layers,
+        heads,
+        heads,
+        ffn_hidden or 4 * hidden,
+        vocab,
+        gated=False,
+        tied=tied,
+        source=source,
+        bias=True,
+        norm="layernorm",
+        positions=positions,
+        max_positions=seq if positions == "learned" else 0,
+    )
 
 
-def mamba2(name: str, d_model: int, layers: int, vocab: int, *, d_state: int = 128, headdim: int = 64,
-           ngroups: int = 1, expand: int = 2, d_conv: int = 4, tied: bool = True, source: str = "") -> ModelSpec:
+def mamba2(
+    name: str,
+    d_model: int,
+    layers: int,
+    vocab: int,
+    *,
+    d_state: int = 128,
+    headdim: int = 64,
+    ngroups: int = 1,
+    expand: int = 2,
+    d_conv: int = 4,
+    tied: bool = True,
+    source: str = "",
+) -> ModelSpec:
     return ModelSpec(
-        name=name, family="mamba2", d_model=d_model, layers=layers, vocab=vocab, tied_embeddings=tied,
-        mamba2=Mamba2Spec(d_model, d_state, expand, headdim, ngroups, d_conv), source=source,
+        name=name,
+        family="mamba2",
+        d_model=d_model,
+        layers=layers,
+        vocab=vocab,
+        tied_embeddings=tied,
+        mamba2=Mamba2Spec(d_model, d_state, expand, headdim, ngroups, d_conv),
+        source=source,
     )
 
 
@@ -405,11 +510,21 @@ _MAMBA2_SRC = "state-spaces/mamba2-* config.json (d_model, n_layer), mamba_ssm M
 
 PRESETS: dict[str, ModelSpec] = {
     # docs/design.md §6 anchor: the 7B dense model of the TSP paper (arXiv 2604.26294).
-    "dense-7b": dense("dense-7b", 4096, 32, 32, 32, 4 * 4096, 32000,
-                      source="docs/design.md §6 (TSP paper 7B: h 4096, 32 layers, 32 heads, F 4 gated, V 32000)"),
+    "dense-7b": dense(
+        "dense-7b",
+        4096,
+        32,
+        32,
+        32,
+        4 * 4096,
+        32000,
+        source="docs/design.md §6 (TSP paper 7B: h 4096, 32 layers, 32 heads, F 4 gated, V 32000)",
+    ),
     # meta-llama/Meta-Llama-3-8B config.json.
-    "llama3-8b": replace(dense("llama3-8b", 4096, 32, 32, 8, 14336, 128256,
-                               source="meta-llama/Meta-Llama-3-8B config.json"), rope=RopeSpec(theta=500000.0)),
+    "llama3-8b": replace(
+        dense("llama3-8b", 4096, 32, 32, 8, 14336, 128256, source="meta-llama/Meta-Llama-3-8B config.json"),
+        rope=RopeSpec(theta=500000.0),
+    ),
     "mamba2-130m": mamba2("mamba2-130m", 768, 24, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
     "mamba2-370m": mamba2("mamba2-370m", 1024, 48, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
     "mamba2-780m": mamba2("mamba2-780m", 1536, 48, _MAMBA2_VOCAB, source=_MAMBA2_SRC),
@@ -418,7 +533,12 @@ PRESETS: dict[str, ModelSpec] = {
     # tiiuae/falcon-mamba-7b config.json: hidden 4096, 64 layers, state 16, expand 2 (intermediate
     # 8192), conv 4, time_step_rank 256, vocab 65024, untied (7.27B parameters).
     "falcon-mamba-7b": ModelSpec(
-        name="falcon-mamba-7b", family="mamba1", d_model=4096, layers=64, vocab=65024, tied_embeddings=False,
+        name="falcon-mamba-7b",
+        family="mamba1",
+        d_model=4096,
+        layers=64,
+        vocab=65024,
+        tied_embeddings=False,
         mamba1=Mamba1Spec(4096, d_state=16, expand=2, dt_rank=256, d_conv=4),
         source="tiiuae/falcon-mamba-7b config.json",
     ),
@@ -427,11 +547,17 @@ PRESETS: dict[str, ModelSpec] = {
     # block reads concat(hidden, embedding) = 7168 wide, 32 heads of 224, intermediate 14336;
     # vocab 32000, tied. Simplified here: the per-invocation LoRA adapters are left out (<1% of params).
     "zamba2-7b": ModelSpec(
-        name="zamba2-7b", family="hybrid", d_model=3584, layers=81, vocab=32000, tied_embeddings=True,
+        name="zamba2-7b",
+        family="hybrid",
+        d_model=3584,
+        layers=81,
+        vocab=32000,
+        tied_embeddings=True,
         mamba2=Mamba2Spec(3584, d_state=64, expand=2, headdim=64, ngroups=2, d_conv=4),
         attention=AttentionSpec(7168, 32, 32, 224, 7168),
         mlp=MlpSpec(7168, 14336, gated=True),
-        hybrid_layers=13, shared_blocks=2,
+        hybrid_layers=13,
+        shared_blocks=2,
         source="Zyphra/Zamba2-7B config.json (LoRA adapters omitted)",
     ),
 }

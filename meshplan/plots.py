@@ -14,14 +14,18 @@ def plot_memory_vs_seq(records: list[dict], path: str) -> None:
 
     by_layout: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in records:
-        by_layout[r["layout"]].append((r["seq"], r["total_bytes"] / 2 ** 30))
+        by_layout[r["layout"]].append((r["seq"], r["total_bytes"] / 2**30))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, points in by_layout.items():
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     if "gpu_memory_bytes" in records[0]:
-        ax.axhline(records[0]["gpu_memory_bytes"] / 2 ** 30, color="grey", linestyle="--",
-                   label=f"{records[0]['cluster']} GPU memory")
+        ax.axhline(
+            records[0]["gpu_memory_bytes"] / 2**30,
+            color="grey",
+            linestyle="--",
+            label=f"{records[0]['cluster']} GPU memory",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("per-GPU memory (GiB)")

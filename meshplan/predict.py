@@ -37,29 +37,57 @@ class Prediction:
     def as_dict(self) -> dict:
         e, o = self.step, self.opts
         return {
-            "model": self.model.name, "cluster": self.cluster.name, "gpus": self.cluster.num_gpus,
-            "layout": str(self.layout), "stack": o.stack, "mode": o.mode, "seq": self.seq,
-            "micro_batch": self.micro_batch, "global_batch": o.global_batch or self.layout.dp * e.microbatches
-            * self.micro_batch, "microbatches": e.microbatches, "schedule": o.schedule if self.layout.pp > 1 else None,
-            "virtual_stages": o.chunks, "stage_layers": list(e.stage_layers), "recompute": o.recompute,
-            "tp_sequence_parallel": o.tp_sequence_parallel, "fits": self.fits, "total_bytes": self.memory.total_bytes,
-            "gpu_memory_bytes": self.cluster.gpu.memory_bytes, "peak_phase": self.memory.peak_phase,
-            "pipeline_stage": self.memory.pipeline_stage, "memory_bytes": self.memory.per_gpu_bytes,
-            "step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "tokens_per_step": e.tokens_per_step,
-            "mfu": e.mfu, "hfu": e.hfu, "tflops_per_gpu": self.tflops_per_gpu, "compute_s": e.compute_s,
-            "exposed_comm_s": e.exposed_comm_s, "comm_bytes_per_step": e.comm_bytes_per_step,
-            "bubble_fraction": e.bubble_fraction, "bound": e.bound,
+            "model": self.model.name,
+            "cluster": self.cluster.name,
+            "gpus": self.cluster.num_gpus,
+            "layout": str(self.layout),
+            "stack": o.stack,
+            "mode": o.mode,
+            "seq": self.seq,
+            "micro_batch": self.micro_batch,
+            "global_batch": o.global_batch or self.layout.dp * e.microbatches * self.micro_batch,
+            "microbatches": e.microbatches,
+            "schedule": o.schedule if self.layout.pp > 1 else None,
+            "virtual_stages": o.chunks,
+            "stage_layers": list(e.stage_layers),
+            "recompute": o.recompute,
+            "tp_sequence_parallel": o.tp_sequence_parallel,
+            "fits": self.fits,
+            "total_bytes": self.memory.total_bytes,
+            "gpu_memory_bytes": self.cluster.gpu.memory_bytes,
+            "peak_phase": self.memory.peak_phase,
+            "pipeline_stage": self.memory.pipeline_stage,
+            "memory_bytes": self.memory.per_gpu_bytes,
+            "step_time_s": e.step_time_s,
+            "tokens_per_s": e.tokens_per_s,
+            "tokens_per_step": e.tokens_per_step,
+            "mfu": e.mfu,
+            "hfu": e.hfu,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "compute_s": e.compute_s,
+            "exposed_comm_s": e.exposed_comm_s,
+            "comm_bytes_per_step": e.comm_bytes_per_step,
+            "bubble_fraction": e.bubble_fraction,
+            "bound": e.bound,
         }
 
 
-def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: int, micro_batch: int,
-            opts: CostOptions) -> Prediction:
+def predict(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: int, micro_batch: int, opts: CostOptions
+) -> Prediction:
     """Memory and step time of one plan. Every input is checked first, each failure one line naming
     the field and the fix."""
     validate_layout(layout, model, cluster.num_gpus, cluster.name)
     validate_seq(layout, seq, micro_batch)
-    validate_batch(model.layers, layout.pp, layout.dp, micro_batch, opts.global_batch if opts.training else 0,
-                   opts.chunks, opts.stage_layers)
+    validate_batch(
+        model.layers,
+        layout.pp,
+        layout.dp,
+        micro_batch,
+        opts.global_batch if opts.training else 0,
+        opts.chunks,
+        opts.stage_layers,
+    )
     memory = memory_per_gpu(model, layout, seq, micro_batch, opts)
     step = estimate_step(model, layout, seq, micro_batch, opts, cluster)
     return Prediction(model, cluster, layout, seq, micro_batch, opts, memory, step)

@@ -19,7 +19,7 @@ def parse_tokens(text: str, field: str = "--seq") -> int:
     match = _SIZE.match(str(text))
     if not match:
         raise MeshplanError(f"{field}: {text!r} is not a token count; write e.g. 4096, 16k or 1m")
-    value = float(match.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[match.group(2).lower()]
+    value = float(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[match.group(2).lower()]
     if value != int(value) or value < 1:
         raise MeshplanError(f"{field}: {text!r} is not a positive whole number of tokens")
     return int(value)
@@ -29,8 +29,9 @@ def parse_token_list(text: str, field: str = "--sweep-seq") -> list[int]:
     return [parse_tokens(part, field) for part in text.split(",") if part.strip()]
 
 
-def memory_record(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions,
-                  cluster: ClusterSpec | None = None) -> dict:
+def memory_record(
+    model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions, cluster: ClusterSpec | None = None
+) -> dict:
     if cluster is not None:
         validate_layout(layout, model, cluster.num_gpus, cluster.name)
     result = memory_per_gpu(model, layout, seq, batch, opts)
@@ -53,6 +54,12 @@ def memory_record(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     return record
 
 
-def memory_records(model: ModelSpec, layouts: list[Layout], seqs: list[int], batch: int, opts: MemoryOptions,
-                   cluster: ClusterSpec | None = None) -> list[dict]:
+def memory_records(
+    model: ModelSpec,
+    layouts: list[Layout],
+    seqs: list[int],
+    batch: int,
+    opts: MemoryOptions,
+    cluster: ClusterSpec | None = None,
+) -> list[dict]:
     return [memory_record(model, layout, seq, batch, opts, cluster) for layout in layouts for seq in seqs]

@@ -18,7 +18,7 @@ from meshplan.topologies.cluster import load_cluster, load_toml
 
 def test_fit_recovers_alpha_and_bandwidth():
     alpha, bw = 12e-6, 150e9
-    points = [(m, alpha + m / bw) for m in (2 ** 16, 2 ** 20, 2 ** 24, 2 ** 28)]
+    points = [(m, alpha + m / bw) for m in (2**16, 2**20, 2**24, 2**28)]
     got_alpha, got_bw = fit_alpha_bandwidth(points)
     assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_bw == pytest.approx(bw, rel=1e-6)
 
@@ -33,9 +33,14 @@ def _profile(tmp_path, measured):
 
 
 def test_profile_round_trip_and_use(tmp_path):
-    points = [(m, 20e-6 + m / 100e9) for m in (2 ** 16, 2 ** 20, 2 ** 24)]
-    measured = {"collectives": {"all_reduce/8": points}, "gemm_efficiency": 0.6, "hbm_bytes_per_s": 4e12,
-                "attention_causal": [(4096, 0.3), (16384, 0.4)], "attention_prefix": [(8192, 0.2)]}
+    points = [(m, 20e-6 + m / 100e9) for m in (2**16, 2**20, 2**24)]
+    measured = {
+        "collectives": {"all_reduce/8": points},
+        "gemm_efficiency": 0.6,
+        "hbm_bytes_per_s": 4e12,
+        "attention_causal": [(4096, 0.3), (16384, 0.4)],
+        "attention_prefix": [(8192, 0.2)],
+    }
     cluster = load_toml(_profile(tmp_path, measured))
     cal = cluster.calibration
     assert cal.gemm_efficiency == pytest.approx(0.6) and cal.hbm_bytes_per_s == pytest.approx(4e12)
@@ -43,8 +48,8 @@ def test_profile_round_trip_and_use(tmp_path):
     assert alpha == pytest.approx(20e-6, rel=1e-3) and bw == pytest.approx(100e9, rel=1e-3)
     # The step model times that collective as measured, not from the preset's link.
     links = _Links(Layout(tp=8), cluster)
-    c = Comm("all_reduce", "tp", 2 ** 26, 8)
-    assert links.time_s(c) == pytest.approx(alpha + 2 ** 26 / bw)
+    c = Comm("all_reduce", "tp", 2**26, 8)
+    assert links.time_s(c) == pytest.approx(alpha + 2**26 / bw)
     # A slower measured GEMM makes the same step slower.
     plain = estimate_step(PRESETS["dense-7b"], Layout(tp=8), 16384, 1, CostOptions(), load_cluster("h200-8"))
     slow = estimate_step(PRESETS["dense-7b"], Layout(tp=8), 16384, 1, CostOptions(), cluster)
@@ -60,8 +65,9 @@ def test_profile_typos_are_named(tmp_path):
 
 def test_calibrate_cli_on_cpu(tmp_path):
     out = tmp_path / "p.toml"
-    r = CliRunner().invoke(app, ["calibrate", "--nproc", "2", "--device", "cpu", "--quick", "--max-bytes", "1048576",
-                                 "--out", str(out)])
+    r = CliRunner().invoke(
+        app, ["calibrate", "--nproc", "2", "--device", "cpu", "--quick", "--max-bytes", "1048576", "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     cal = load_toml(out).calibration
     kinds = {key.split("/")[0] for key, _, _ in cal.collectives}
@@ -88,8 +94,13 @@ def test_calibrated_host_cost_sets_the_launch_floor(tmp_path):
     family: a launch-bound step scales with it, by hand: kernels × cost."""
     from meshplan.costmodel.compute import STEP_KERNEL_HOST_S, step_kernels_per_block
 
-    measured = {"collectives": {}, "host_kernel_s": 30e-6, "decode_host_kernel_s": 25e-6,
-                "mamba2_host_kernel_s": 2 * STEP_KERNEL_HOST_S, "mamba2_decode_host_kernel_s": 20e-6}
+    measured = {
+        "collectives": {},
+        "host_kernel_s": 30e-6,
+        "decode_host_kernel_s": 25e-6,
+        "mamba2_host_kernel_s": 2 * STEP_KERNEL_HOST_S,
+        "mamba2_decode_host_kernel_s": 20e-6,
+    }
     cluster = load_toml(_profile(tmp_path, measured))
     cal = cluster.calibration
     assert cal.mamba2_host_kernel_s == pytest.approx(2 * STEP_KERNEL_HOST_S)
@@ -103,13 +114,17 @@ def test_calibrated_host_cost_sets_the_launch_floor(tmp_path):
     assert slow.step_time_s == pytest.approx(kernels * 2 * STEP_KERNEL_HOST_S)  # now launch-bound
     assert slow.bound.startswith("launch-bound")
     decode = estimate_step(model, Layout(), 4096, 8, CostOptions(mode="decode"), cluster, embeddings=False)
-    assert decode.breakdown["decode_host_s"] == pytest.approx(2 * step_kernels_per_block("mamba2", "decode", Layout())
-                                                              * 20e-6)
+    assert decode.breakdown["decode_host_s"] == pytest.approx(
+        2 * step_kernels_per_block("mamba2", "decode", Layout()) * 20e-6
+    )
     # A dense stack takes the other blocks' cost: attention and MLP invocations at 30 µs a kernel.
     dense = replace(PRESETS["dense-7b"], layers=2)
     est = estimate_step(dense, Layout(), 4096, 1, CostOptions(), cluster, embeddings=False)
-    by_hand = 2 * (step_kernels_per_block("attention", "train", Layout())
-                   + step_kernels_per_block("mlp", "train", Layout())) * 30e-6
+    by_hand = (
+        2
+        * (step_kernels_per_block("attention", "train", Layout()) + step_kernels_per_block("mlp", "train", Layout()))
+        * 30e-6
+    )
     assert est.breakdown["host_s"] == pytest.approx(by_hand)
 
 

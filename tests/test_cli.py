@@ -20,56 +20,89 @@ def test_memory_json_is_one_object_with_components():
     from meshplan.costmodel.memory import COMPONENTS
 
     assert set(data["per_gpu_bytes"]) == set(COMPONENTS)
-    assert {"parameters", "gradients", "optimizer_state", "activations", "kv_cache", "ssm_state_cache"} <= set(COMPONENTS)
+    assert {"parameters", "gradients", "optimizer_state", "activations", "kv_cache", "ssm_state_cache"} <= set(
+        COMPONENTS
+    )
     assert data["total_bytes"] >= sum(data["per_gpu_bytes"][k] for k in ("parameters", "activations"))
     assert data["seq"] == 131072 and data["fits"] is True and data["layout"] == "tsp=8"
 
 
 def test_memory_sweep_compares_layouts_and_plots(tmp_path):
     png = tmp_path / "mem.png"
-    r = invoke("memory", "--model", "dense-7b", "--layout", "tp=8", "--layout", "tsp=8", "--layout", "tp=2,sp=4",
-               "--sweep-seq", "16k,32k", "--plot", str(png), "--json")
+    r = invoke(
+        "memory",
+        "--model",
+        "dense-7b",
+        "--layout",
+        "tp=8",
+        "--layout",
+        "tsp=8",
+        "--layout",
+        "tp=2,sp=4",
+        "--sweep-seq",
+        "16k,32k",
+        "--plot",
+        str(png),
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
-    assert [(x["layout"], x["seq"]) for x in rows] == [(lay, s) for lay in ("tp=8", "tsp=8", "tp=2,sp=4")
-                                                         for s in (16384, 32768)]
+    assert [(x["layout"], x["seq"]) for x in rows] == [
+        (lay, s) for lay in ("tp=8", "tsp=8", "tp=2,sp=4") for s in (16384, 32768)
+    ]
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_memory_table_renders():
-    r = invoke("memory", "--model", "mamba2-2.7b", "--layout", "tpssm=4", "--seq", "8k", "--mode", "decode",
-               "--batch", "8")
+    r = invoke(
+        "memory", "--model", "mamba2-2.7b", "--layout", "tpssm=4", "--seq", "8k", "--mode", "decode", "--batch", "8"
+    )
     assert r.exit_code == 0, r.output
     assert "SSM$" in r.stdout and "tpssm=4" in r.stdout
 
 
 def test_user_errors_are_one_line_exit_2():
-    for args in (["--layout", "tp=3"], ["--layout", "tq=2"], ["--layout", "tp=8", "--cluster", "h200-8", "--nodes", "2"],
-                 ["--layout", "tp=8", "--cluster", "nope"], ["--layout", "tp=8", "--seq", "12x"],
-                 ["--layout", "tp=8", "--mode", "serve"]):
+    for args in (
+        ["--layout", "tp=3"],
+        ["--layout", "tq=2"],
+        ["--layout", "tp=8", "--cluster", "h200-8", "--nodes", "2"],
+        ["--layout", "tp=8", "--cluster", "nope"],
+        ["--layout", "tp=8", "--seq", "12x"],
+        ["--layout", "tp=8", "--mode", "serve"],
+    ):
         r = invoke("memory", "--model", "dense-7b", *args)
         assert r.exit_code == 2, (args, r.output)
         assert "Traceback" not in r.output
         assert r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1, r.output
 
 
-
 def test_numeric_options_below_their_bound_are_one_line():
     """A count below its least sensible value names the flag and the bound — before any work starts
     (execute's torchrun workers never launch)."""
-    cases = [(["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "4k", "--batch", "-1"],
-              "--batch must be >= 1, got -1"),
-             (["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "2", "--steps", "0"],
-              "--steps must be >= 1, got 0"),
-             (["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "0"],
-              "--nproc must be >= 1, got 0"),
-             (["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "2", "--layers", "-1"],
-              "--layers must be >= 0, got -1"),
-             (["calibrate", "--nproc", "0"], "--nproc must be >= 1, got 0")]
+    cases = [
+        (
+            ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "4k", "--batch", "-1"],
+            "--batch must be >= 1, got -1",
+        ),
+        (
+            ["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "2", "--steps", "0"],
+            "--steps must be >= 1, got 0",
+        ),
+        (
+            ["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "0"],
+            "--nproc must be >= 1, got 0",
+        ),
+        (
+            ["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "4k", "--nproc", "2", "--layers", "-1"],
+            "--layers must be >= 0, got -1",
+        ),
+        (["calibrate", "--nproc", "0"], "--nproc must be >= 1, got 0"),
+    ]
     for args, message in cases:
         r = invoke(*args)
         assert r.exit_code == 2, (args, r.output)
         assert r.output.strip() == f"error: {message}", r.output
+
 
 def test_listings():
     models = json.loads(invoke("models", "--json").stdout)
@@ -86,8 +119,22 @@ def test_recommend_sp_split_option():
     import json
 
     def sp_step(split):
-        r = CliRunner().invoke(app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "32k",
-                                     "--json", "--all", "--sp-split", split])
+        r = CliRunner().invoke(
+            app,
+            [
+                "recommend",
+                "--model",
+                "dense-7b",
+                "--cluster",
+                "h200-8",
+                "--seq",
+                "32k",
+                "--json",
+                "--all",
+                "--sp-split",
+                split,
+            ],
+        )
         assert r.exit_code == 0, r.output
         return next(c["step_time_s"] for c in json.loads(r.output) if c["layout"] == "tp=2,sp=4")
 
@@ -100,8 +147,20 @@ def test_memory_shows_the_int8_peer_buffer():
     """TP-SSM 2 with --int8-allreduce: the peer buffer has its own column, and the total includes it."""
     from meshplan.cli import app
 
-    args = ["memory", "--model", "mamba2-2.7b", "--layout", "tpssm=2", "--seq", "16k", "--batch", "4", "--mode",
-            "prefill", "--json"]
+    args = [
+        "memory",
+        "--model",
+        "mamba2-2.7b",
+        "--layout",
+        "tpssm=2",
+        "--seq",
+        "16k",
+        "--batch",
+        "4",
+        "--mode",
+        "prefill",
+        "--json",
+    ]
     plain = json.loads(runner.invoke(app, args).stdout)
     int8 = json.loads(runner.invoke(app, args + ["--int8-allreduce"]).stdout)
     buf = int8["per_gpu_bytes"]["int8_peer_buffer"]
@@ -126,11 +185,17 @@ def test_execute_summary_sets_measured_beside_predicted():
     peak where the run could not measure one (CPU), no predicted time where the model gave none."""
     from meshplan.cli import run_summary
 
-    run = {"model": "m/1L", "layout": "tp=2", "mode": "train",
-           "measured": {"step_time_s": 0.0123, "peak_bytes": 3 * 2 ** 30, "comm_bytes": {"a": 2 ** 20, "b": 2 ** 20}},
-           "predicted": {"step_time_s": 0.012, "peak_bytes": 2.5 * 2 ** 30, "comm_bytes": {"a": 2 ** 21}}}
-    assert run_summary(run) == ("m/1L · tp=2 · train: step 12.30 ms (predicted 12.00 ms), peak 3.00 GiB a rank "
-                                "(predicted 2.50 GiB), 2.00 MiB moved a rank a step (predicted 2.00 MiB)")
+    run = {
+        "model": "m/1L",
+        "layout": "tp=2",
+        "mode": "train",
+        "measured": {"step_time_s": 0.0123, "peak_bytes": 3 * 2**30, "comm_bytes": {"a": 2**20, "b": 2**20}},
+        "predicted": {"step_time_s": 0.012, "peak_bytes": 2.5 * 2**30, "comm_bytes": {"a": 2**21}},
+    }
+    assert run_summary(run) == (
+        "m/1L · tp=2 · train: step 12.30 ms (predicted 12.00 ms), peak 3.00 GiB a rank "
+        "(predicted 2.50 GiB), 2.00 MiB moved a rank a step (predicted 2.00 MiB)"
+    )
     run["measured"]["peak_bytes"] = None
     del run["predicted"]["step_time_s"]
     assert run_summary(run) == "m/1L · tp=2 · train: step 12.30 ms, 2.00 MiB moved a rank a step (predicted 2.00 MiB)"
@@ -156,14 +221,42 @@ def test_python_m_meshplan_runs_the_cli():
 
 
 def test_files_into_missing_folders_and_a_missing_gpu_are_one_line_errors(tmp_path):
-    r = runner.invoke(app, ["memory", "--model", "dense-7b", "--layout", "tp=8", "--seq", "4k",
-                            "--plot", str(tmp_path / "nowhere" / "m.png")])
+    r = runner.invoke(
+        app,
+        [
+            "memory",
+            "--model",
+            "dense-7b",
+            "--layout",
+            "tp=8",
+            "--seq",
+            "4k",
+            "--plot",
+            str(tmp_path / "nowhere" / "m.png"),
+        ],
+    )
     assert r.exit_code == 2 and "--plot: folder" in r.output and len(r.output.strip().splitlines()) == 1
     import torch
 
     if not torch.cuda.is_available():
-        r = runner.invoke(app, ["execute", "--model", "dense-7b", "--layers", "2", "--layout", "tp=2", "--seq", "1k",
-                                "--nproc", "2", "--device", "cuda"])
+        r = runner.invoke(
+            app,
+            [
+                "execute",
+                "--model",
+                "dense-7b",
+                "--layers",
+                "2",
+                "--layout",
+                "tp=2",
+                "--seq",
+                "1k",
+                "--nproc",
+                "2",
+                "--device",
+                "cuda",
+            ],
+        )
         assert r.exit_code == 2 and "no GPU is visible" in r.output and len(r.output.strip().splitlines()) == 1
 
 
@@ -172,22 +265,68 @@ def test_execute_runs_the_whole_model_from_a_token_file(tmp_path):
     import pytest
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 1,
-                                  "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
-                                  "vocab_size": 50}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 64,
+                "vocab_size": 50,
+            }
+        )
+    )
     ids = tmp_path / "ids.npy"
     np.save(ids, np.arange(2 * 17) % 50)
     out = tmp_path / "run.json"
-    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "single", "--seq", "16", "--batch", "2",
-                            "--nproc", "1", "--steps", "1", "--tokens", str(ids), "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "execute",
+            "--model",
+            str(config),
+            "--layout",
+            "single",
+            "--seq",
+            "16",
+            "--batch",
+            "2",
+            "--nproc",
+            "1",
+            "--steps",
+            "1",
+            "--tokens",
+            str(ids),
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     run = json.loads(out.read_text())
     assert run["whole_model"] and run["not_executed"] == ["projection biases"]
     assert run["measured"]["saved_bytes"] == pytest.approx(run["predicted"]["saved_bytes"], rel=0.05)
     bad = tmp_path / "short.npy"
     np.save(bad, np.arange(5))
-    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "single", "--seq", "16", "--nproc", "1",
-                            "--tokens", str(bad), "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "execute",
+            "--model",
+            str(config),
+            "--layout",
+            "single",
+            "--seq",
+            "16",
+            "--nproc",
+            "1",
+            "--tokens",
+            str(bad),
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 2 and "--tokens:" in r.output and "needs 17" in r.output
 
 
@@ -203,16 +342,48 @@ def test_execute_keeps_packed_documents_apart_in_mamba2(tmp_path):
     from meshplan.hf_config import load_model
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "mamba2", "hidden_size": 32, "num_hidden_layers": 2, "state_size": 8,
-                                  "head_dim": 8, "expand": 2, "n_groups": 1, "vocab_size": 64}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "mamba2",
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "state_size": 8,
+                "head_dim": 8,
+                "expand": 2,
+                "n_groups": 1,
+                "vocab_size": 64,
+            }
+        )
+    )
     gen = np.random.default_rng(0)
     tokens = gen.integers(0, 64, size=(2, 17))
     documents = np.array([[0] * 5 + [1] * 7 + [2] * 5, [0] * 9 + [1] * 8])
     packed = tmp_path / "packed.npz"
     np.savez(packed, tokens=tokens, documents=documents)
     out = tmp_path / "run.json"
-    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "sp=2", "--seq", "16", "--batch", "2",
-                            "--nproc", "2", "--steps", "1", "--tokens", str(packed), "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "execute",
+            "--model",
+            str(config),
+            "--layout",
+            "sp=2",
+            "--seq",
+            "16",
+            "--batch",
+            "2",
+            "--nproc",
+            "2",
+            "--steps",
+            "1",
+            "--tokens",
+            str(packed),
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     measured = json.loads(out.read_text())["measured"]["loss"]
     spec = load_model(str(config))
@@ -225,13 +396,59 @@ def test_execute_keeps_packed_documents_apart_in_mamba2(tmp_path):
         whole = ref.token_losses(ids[:, :-1], ids[:, 1:]).mean().item()
     assert measured == pytest.approx(want, rel=1e-5) and abs(whole - want) > 1e-4
     dense = tmp_path / "dense.json"
-    dense.write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
-                                 "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 64}))
-    r = runner.invoke(app, ["execute", "--model", str(dense), "--layout", "single", "--seq", "16", "--batch", "2",
-                            "--nproc", "1", "--tokens", str(packed), "--out", str(out)])
+    dense.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "intermediate_size": 64,
+                "vocab_size": 64,
+            }
+        )
+    )
+    r = runner.invoke(
+        app,
+        [
+            "execute",
+            "--model",
+            str(dense),
+            "--layout",
+            "single",
+            "--seq",
+            "16",
+            "--batch",
+            "2",
+            "--nproc",
+            "1",
+            "--tokens",
+            str(packed),
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 2 and "packs documents" in r.output
     decreasing = tmp_path / "bad.npz"
     np.savez(decreasing, tokens=tokens, documents=documents[:, ::-1])
-    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "single", "--seq", "16", "--batch", "2",
-                            "--nproc", "1", "--tokens", str(decreasing), "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "execute",
+            "--model",
+            str(config),
+            "--layout",
+            "single",
+            "--seq",
+            "16",
+            "--batch",
+            "2",
+            "--nproc",
+            "1",
+            "--tokens",
+            str(decreasing),
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 2 and "decrease" in r.output

@@ -57,8 +57,9 @@ def test_tpssm_int8_all_reduce_is_one_byte_plus_scales():
     bf16 = step_schedule(model, Layout(tpssm=4), 4096, 2, CostOptions(mode="prefill")).per_block["mamba2"][0]
     assert bf16.message_bytes == 2 * 4096 * 2048 * 2
     # Two ranks: one all-gather of both ranks' int8 tensors (each sends its whole tensor once).
-    gather, stats = step_schedule(model, Layout(tpssm=2), 4096, 2,
-                                  CostOptions(mode="prefill", int8_allreduce=True)).per_block["mamba2"]
+    gather, stats = step_schedule(
+        model, Layout(tpssm=2), 4096, 2, CostOptions(mode="prefill", int8_allreduce=True)
+    ).per_block["mamba2"]
     assert gather.kind == "all_gather" and gather.message_bytes == pytest.approx(2 * 2 * 4096 * 2048 * (1 + 4 / 128))
     assert stats.kind == "all_reduce"
 
@@ -94,14 +95,17 @@ def test_dp_gradient_reduction_leaves_the_last_ready_weights_exposed():
         total = model.param_count() if embeddings else model.layer_params()
         assert body.message_bytes + tail.message_bytes == pytest.approx(2 * total)
     z2 = step_schedule(model, Layout(dp=8, zero=2), 2048, 1, CostOptions(), embeddings=False).per_step
-    assert [(c.kind, c.overlap) for c in z2] == [("reduce_scatter", "backward"), ("reduce_scatter", "none"),
-                                                 ("all_gather", "none")]
+    assert [(c.kind, c.overlap) for c in z2] == [
+        ("reduce_scatter", "backward"),
+        ("reduce_scatter", "none"),
+        ("all_gather", "none"),
+    ]
     assert z2[1].message_bytes == pytest.approx(2 * layer)
     # A dense layer's MLP gradients are ready before its attention's: the first attention block is
     # what is left (4 · 4096² weights and its 4096-wide norm in dense-7b), split by TP.
     dense7 = PRESETS["dense-7b"]
     _, tail = step_schedule(dense7, Layout(dp=2, tp=2), 4096, 1, CostOptions(), embeddings=False).per_step
-    assert tail.message_bytes == pytest.approx(2 * (4 * 4096 ** 2 + 4096) / 2)
+    assert tail.message_bytes == pytest.approx(2 * (4 * 4096**2 + 4096) / 2)
 
 
 def test_hidden_gradient_reductions_slow_the_backward_they_hide_behind():
@@ -111,7 +115,8 @@ def test_hidden_gradient_reductions_slow_the_backward_they_hide_behind():
     tail = Comm("all_reduce", "dp", 1.0, 2, phase="step")
     # 2 ms of reduction behind a 10 ms backward costs 0.75 of its time; the exposed tail all of its.
     assert _phase_exposed([(grads, 2e-3), (tail, 1e-3)], 10e-3, 0.0, 0.0) == pytest.approx(
-        GRAD_OVERLAP_CONTENTION * 2e-3 + 1e-3)
+        GRAD_OVERLAP_CONTENTION * 2e-3 + 1e-3
+    )
     # Longer than the backward: the stream's own time sets the phase.
     assert _phase_exposed([(grads, 20e-3)], 10e-3, 0.0, 0.0) == pytest.approx(10e-3)
 
@@ -122,8 +127,9 @@ def test_zero2_under_pipeline_stages_reduce_scatters_every_micro_batch():
     model = PRESETS["mamba2-370m"]
     stage = model.layer_params() / 2 * 2  # bf16, this stage's half of the layers
     for zero in (2, 3):
-        counts = step_schedule(model, Layout(dp=2, pp=2, zero=zero), 2048, 1, CostOptions(),
-                               embeddings=False).bytes_by_kind_and_axis(message=True)
+        counts = step_schedule(
+            model, Layout(dp=2, pp=2, zero=zero), 2048, 1, CostOptions(), embeddings=False
+        ).bytes_by_kind_and_axis(message=True)
         assert counts["reduce_scatter/dp"] == pytest.approx(8 * stage)
     z1 = step_schedule(model, Layout(dp=2, pp=2, zero=1), 2048, 1, CostOptions(), embeddings=False)
     assert z1.bytes_by_kind_and_axis(message=True)["reduce_scatter/dp"] == pytest.approx(stage)
@@ -131,8 +137,9 @@ def test_zero2_under_pipeline_stages_reduce_scatters_every_micro_batch():
 
 def test_zero3_decode_gathers_every_weight_for_every_token():
     model = PRESETS["mamba2-370m"]
-    counts = step_schedule(model, Layout(dp=4, zero=3), 4096, 8, CostOptions(mode="decode"),
-                           embeddings=False).bytes_by_kind_and_axis(message=True)
+    counts = step_schedule(
+        model, Layout(dp=4, zero=3), 4096, 8, CostOptions(mode="decode"), embeddings=False
+    ).bytes_by_kind_and_axis(message=True)
     assert counts == {"all_gather/dp": pytest.approx(model.layer_params() * 2)}  # bf16 weights, whole
     plain = step_schedule(model, Layout(dp=4, zero=2), 4096, 8, CostOptions(mode="decode"), embeddings=False)
     assert plain.bytes_by_kind_and_axis() == {}
@@ -157,21 +164,24 @@ def test_gqa_and_mamba_cross_over_earlier():
 def test_alpha_beta_by_hand():
     intra = place_axis(8, 1, 8)
     assert intra == GroupPlacement(8, 8, 1)
-    t = collective_time_s("all_reduce", 2 ** 30, intra, 450e9, 3e-6, 50e9, 5e-6)
-    assert t == pytest.approx(14 * 3e-6 + 2 * 7 / 8 * 2 ** 30 / 450e9)  # 1 GiB: the ring wins
+    t = collective_time_s("all_reduce", 2**30, intra, 450e9, 3e-6, 50e9, 5e-6)
+    assert t == pytest.approx(14 * 3e-6 + 2 * 7 / 8 * 2**30 / 450e9)  # 1 GiB: the ring wins
     # 4 KiB: latency-bound, the double binary tree (depth 3, up and down) wins.
     small = collective_time_s("all_reduce", 4096, intra, 450e9, 3e-6, 50e9, 5e-6)
     assert small == pytest.approx(2 * 3 * 3e-6 + 2 * 4096 / 450e9)
     assert small < 14 * 3e-6
     spread = place_axis(16, 1, 8)
     assert spread == GroupPlacement(16, 8, 2)
-    assert collective_time_s("all_reduce", 2 ** 30, spread, 450e9, 3e-6, 50e9, 5e-6) > t
+    assert collective_time_s("all_reduce", 2**30, spread, 450e9, 3e-6, 50e9, 5e-6) > t
     assert place_axis(4, 8, 8) == GroupPlacement(4, 1, 4)  # dp across nodes
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(["tp=8", "tsp=8", "sp=8", "tp=2,sp=4", "dp=2,tp=4", "pp=2,tp=4"]),
-       st.integers(1, 64).map(lambda k: 1024 * k), st.sampled_from(["train", "prefill"]))
+@given(
+    st.sampled_from(["tp=8", "tsp=8", "sp=8", "tp=2,sp=4", "dp=2,tp=4", "pp=2,tp=4"]),
+    st.integers(1, 64).map(lambda k: 1024 * k),
+    st.sampled_from(["train", "prefill"]),
+)
 def test_step_time_monotone_and_exposed_within_comm(layout_text, seq, mode):
     from meshplan.layout import parse_layout
 
@@ -240,8 +250,23 @@ def test_launch_bound_winner_is_explained_and_the_floor_can_be_left_out():
     gpu_only = plan(PRESETS["mamba2-2.7b"], cluster, 4096, 1, CostOptions(launch_floor=False))
     assert gpu_only.ranked[0].estimate.bound == "compute-bound" and "--no-launch-floor" not in gpu_only.reason
     assert gpu_only.ranked[0].estimate.step_time_s < floored.ranked[0].estimate.step_time_s
-    r = runner.invoke(app, ["recommend", "--model", "mamba2-2.7b", "--cluster", "h200-8", "--seq", "4k",
-                            "--no-launch-floor", "--json", "--top", "1", *MESHPLAN_PINNED])
+    r = runner.invoke(
+        app,
+        [
+            "recommend",
+            "--model",
+            "mamba2-2.7b",
+            "--cluster",
+            "h200-8",
+            "--seq",
+            "4k",
+            "--no-launch-floor",
+            "--json",
+            "--top",
+            "1",
+            *MESHPLAN_PINNED,
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)[0]["step_time_s"] == pytest.approx(gpu_only.ranked[0].estimate.step_time_s)
 
@@ -258,20 +283,44 @@ MESHPLAN_PINNED = ("--stack", "meshplan", "--fixed", "recompute,tp-sequence-para
 
 
 def test_recommend_json_fields():
-    r = runner.invoke(app, ["recommend", "--model", "mamba2-370m", "--cluster", "h100-sxm-8", "--seq", "4k",
-                            "--batch", "8", "--json", "--top", "3"])
+    r = runner.invoke(
+        app,
+        [
+            "recommend",
+            "--model",
+            "mamba2-370m",
+            "--cluster",
+            "h100-sxm-8",
+            "--seq",
+            "4k",
+            "--batch",
+            "8",
+            "--json",
+            "--top",
+            "3",
+        ],
+    )
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert len(rows) == 3
     for row in rows:
-        assert {"layout", "total_bytes", "step_time_s", "tokens_per_s", "comm_bytes_per_step", "exposed_comm_s",
-                "fits"} <= set(row)
+        assert {
+            "layout",
+            "total_bytes",
+            "step_time_s",
+            "tokens_per_s",
+            "comm_bytes_per_step",
+            "exposed_comm_s",
+            "fits",
+        } <= set(row)
         assert row["fits"] is True
     assert rows[0]["tokens_per_s"] >= rows[1]["tokens_per_s"] >= rows[2]["tokens_per_s"]
 
 
 def test_recommend_table_and_errors():
-    r = runner.invoke(app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k", *MESHPLAN_PINNED])
+    r = runner.invoke(
+        app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k", *MESHPLAN_PINNED]
+    )
     assert r.exit_code == 0 and "tsp=8 wins" in r.stdout
     bad = runner.invoke(app, ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--objective", "speed"])
     assert bad.exit_code == 2 and bad.output.startswith("error:")
@@ -304,10 +353,14 @@ def test_time_crossover_exists_when_communication_dominates():
     assert 8 * 4096 < cross < math.inf
     tp, tsp = Layout(tp=4), Layout(tsp=4)
     below, above = int(cross / 2) // 8 * 8, int(cross * 2) // 8 * 8
-    assert (estimate_step(PRESETS["dense-7b"], tsp, below, 1, FWD, slow).step_time_s
-            > estimate_step(PRESETS["dense-7b"], tp, below, 1, FWD, slow).step_time_s)
-    assert (estimate_step(PRESETS["dense-7b"], tsp, above, 1, FWD, slow).step_time_s
-            < estimate_step(PRESETS["dense-7b"], tp, above, 1, FWD, slow).step_time_s)
+    assert (
+        estimate_step(PRESETS["dense-7b"], tsp, below, 1, FWD, slow).step_time_s
+        > estimate_step(PRESETS["dense-7b"], tp, below, 1, FWD, slow).step_time_s
+    )
+    assert (
+        estimate_step(PRESETS["dense-7b"], tsp, above, 1, FWD, slow).step_time_s
+        < estimate_step(PRESETS["dense-7b"], tp, above, 1, FWD, slow).step_time_s
+    )
 
 
 def test_mamba2_kernel_bytes_by_hand():
@@ -358,7 +411,6 @@ def test_decode_host_floor_by_hand():
     assert tsp.breakdown["decode_host_s"] == pytest.approx(2 * 2 * (16 + 2 * 33) * 46e-6)
 
 
-
 def test_decode_kernels_cost_the_gpu_too():
     """Without the launch floor, a decode step is its GPU work plus 6.4 µs a launched kernel
     (compute.DECODE_KERNEL_GPU_S): a 2-layer dense stack launches 2 · (16 + 16), by hand."""
@@ -367,14 +419,23 @@ def test_decode_kernels_cost_the_gpu_too():
     from meshplan.costmodel.compute import DECODE_KERNEL_GPU_S
 
     dense = _replace(PRESETS["dense-7b"], layers=2)
-    est = estimate_step(dense, Layout(), 16384, 8, CostOptions(mode="decode", launch_floor=False),
-                        load_cluster("h200-8"), embeddings=False)
+    est = estimate_step(
+        dense,
+        Layout(),
+        16384,
+        8,
+        CostOptions(mode="decode", launch_floor=False),
+        load_cluster("h200-8"),
+        embeddings=False,
+    )
     assert est.breakdown["decode_kernel_gpu_s"] == pytest.approx(2 * 32 * DECODE_KERNEL_GPU_S)
     work = est.breakdown["attention_compute_s"] + est.breakdown["mlp_compute_s"]
     assert est.step_time_s == pytest.approx(work + 2 * 32 * DECODE_KERNEL_GPU_S)
-    train = estimate_step(dense, Layout(), 4096, 1, CostOptions(launch_floor=False), load_cluster("h200-8"),
-                          embeddings=False)
+    train = estimate_step(
+        dense, Layout(), 4096, 1, CostOptions(launch_floor=False), load_cluster("h200-8"), embeddings=False
+    )
     assert "decode_kernel_gpu_s" not in train.breakdown
+
 
 def test_training_host_floor_by_hand():
     """A 2-layer Mamba-2 training step at 4K on one GPU is launch-bound: 106.5 kernels per block, 2
@@ -410,8 +471,18 @@ def test_int8_allreduce_kernels_by_hand(ranks, per_element):
     element; 2 ranks: quantize (2 + 1), dequantize-sum of both copies (2 + 2)."""
     cluster = load_cluster("h200-8")
     model = PRESETS["mamba2-2.7b"]
-    plain, int8 = (estimate_step(model, Layout(tpssm=ranks), 16384, 1, CostOptions(mode="prefill", int8_allreduce=q),
-                                 cluster, embeddings=False) for q in (False, True))
+    plain, int8 = (
+        estimate_step(
+            model,
+            Layout(tpssm=ranks),
+            16384,
+            1,
+            CostOptions(mode="prefill", int8_allreduce=q),
+            cluster,
+            embeddings=False,
+        )
+        for q in (False, True)
+    )
     assert int8.compute_s - plain.compute_s == pytest.approx(64 * 16384 * 2560 * per_element / 4.8e12, rel=1e-9)
 
 
@@ -435,7 +506,7 @@ def test_zigzag_attention_by_hand():
     import math
 
     def call(end, eff):
-        return 4 * w * (4096 * end - 4096 ** 2 / 2) / (1e15 * eff)
+        return 4 * w * (4096 * end - 4096**2 / 2) / (1e15 * eff)
 
     rank0 = call(4096, 0.25) + call(16384, 0.5)
     rank1 = call(8192, 0.25) + call(12288, 0.25 + 0.25 * math.log2(1.5))
@@ -452,7 +523,7 @@ def test_zigzag_attention_is_the_slowest_rank_of_scalar_calls(parts, log2_keys, 
 
     table = tuple((2.0 ** (8 + 3 * j), e) for j, e in enumerate(effs))
     dev = Device(1e15, 4e12, attention_prefix=table)
-    keys = 2.0 ** log2_keys
+    keys = 2.0**log2_keys
     tokens, c, q = keys / parts, keys / (2 * parts), keys / parts / 2
 
     def call(end):

@@ -65,7 +65,7 @@ lengths = st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(10, 40))
 
 
 @settings(max_examples=12, deadline=None)
-@given(lengths, st.integers(0, 2 ** 31 - 1))
+@given(lengths, st.integers(0, 2**31 - 1))
 def test_packing_is_invisible_to_conv_and_scan(lens, seed):
     gen = torch.Generator().manual_seed(seed)
     c, k, h, p, n = 6, 4, 2, 3, 4
@@ -138,8 +138,10 @@ def test_conv_update_continues_the_full_conv(c, k):
         torch.testing.assert_close(out, full[:, t], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("k, start, rest, activation", [(4, 17, 13, "silu"), (3, 14, 16, "silu"), (2, 9, 21, None),
-                                                       (4, 27, 2, "silu"), (4, 29, 1, None)])
+@pytest.mark.parametrize(
+    "k, start, rest, activation",
+    [(4, 17, 13, "silu"), (3, 14, 16, "silu"), (2, 9, 21, None), (4, 27, 2, "silu"), (4, 29, 1, None)],
+)
 def test_initial_state_continues_a_sequence_shard(k, start, rest, activation):
     """A shard starting from the previous one's last K − 1 inputs (its conv tail, passed as the executor
     passes it: a transposed view of (b, K − 1, c)) equals that part of the whole sequence — shards
@@ -153,13 +155,13 @@ def test_initial_state_continues_a_sequence_shard(k, start, rest, activation):
     ref = causal_conv1d_ref(xs, ws, bs, activation=activation)[:, start:]
     ref.backward(g)
     second = wide[:, start:].clone().requires_grad_(True)
-    tail = x[:, start - (k - 1):start].clone().requires_grad_(True)  # (b, K − 1, c)
+    tail = x[:, start - (k - 1) : start].clone().requires_grad_(True)  # (b, K − 1, c)
     wk, bk = w.clone().requires_grad_(True), bias.clone().requires_grad_(True)
     out = causal_conv1d(second[..., :12], wk, bk, initial_state=tail.transpose(1, 2), activation=activation)
     torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-5)
     out.backward(g)
     torch.testing.assert_close(second.grad[..., :12], xs.grad[:, start:], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(tail.grad, xs.grad[:, start - (k - 1):start], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tail.grad, xs.grad[:, start - (k - 1) : start], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(wk.grad, ws.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(bk.grad, bs.grad, rtol=1e-4, atol=1e-4)
 
@@ -199,13 +201,13 @@ def test_marching_kernels_read_a_column_slice_in_place(monkeypatch, with_seq_idx
     w, bias = torch.randn(c, k, generator=gen), torch.randn(c, generator=gen)
     seq_idx = torch.tensor([[0] * 20 + [1] * (t - 20), [0] * t]) if with_seq_idx else None
     ws, wr = wide.clone().requires_grad_(True), wide.clone().requires_grad_(True)
-    x = ws[:, :, 5:5 + c]
+    x = ws[:, :, 5 : 5 + c]
     assert x.stride(1) == c + 9 and conv1d._rows_as_read(x, True)[0] is x  # read in place, no copy
     out = causal_conv1d(x, w, bias, seq_idx)
-    ref = causal_conv1d_ref(wr[:, :, 5:5 + c].contiguous(), w, bias, seq_idx=seq_idx)
+    ref = causal_conv1d_ref(wr[:, :, 5 : 5 + c].contiguous(), w, bias, seq_idx=seq_idx)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     g = torch.randn(out.shape, generator=gen)
     out.backward(g)
     ref.backward(g)
     torch.testing.assert_close(ws.grad, wr.grad, rtol=1e-4, atol=1e-4)
-    assert ws.grad[:, :, :5].abs().max() == 0 and ws.grad[:, :, 5 + c:].abs().max() == 0
+    assert ws.grad[:, :, :5].abs().max() == 0 and ws.grad[:, :, 5 + c :].abs().max() == 0

@@ -7,16 +7,41 @@ from typer.testing import CliRunner
 from meshplan.cli import app
 
 runner = CliRunner()
-TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
-        "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 100}
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+}
 
 
 def test_execute_then_compare(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY))
     out = tmp_path / "run.json"
-    r = runner.invoke(app, ["execute", "--model", str(config), "--layout", "tp=2", "--seq", "64", "--nproc", "2",
-                            "--out", str(out), "--steps", "2", "--timeout", "120"])
+    r = runner.invoke(
+        app,
+        [
+            "execute",
+            "--model",
+            str(config),
+            "--layout",
+            "tp=2",
+            "--seq",
+            "64",
+            "--nproc",
+            "2",
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--timeout",
+            "120",
+        ],
+    )
     assert r.exit_code == 0, r.output
     run = json.loads(out.read_text())
     assert run["world"] == 2 and run["measured"]["comm_bytes"] == run["predicted"]["comm_bytes"]
@@ -27,9 +52,15 @@ def test_execute_then_compare(tmp_path):
 
 
 def test_compare_fails_beyond_tolerance_and_on_bad_input(tmp_path):
-    run = {"model": "m", "layout": "tp=2", "mode": "train", "seq": 64, "device": "cpu",
-           "predicted": {"comm_bytes": {"all_reduce/tp": 100.0}, "saved_bytes": 1000.0},
-           "measured": {"comm_bytes": {"all_reduce/tp": 100.0}, "saved_bytes": 1200.0}}
+    run = {
+        "model": "m",
+        "layout": "tp=2",
+        "mode": "train",
+        "seq": 64,
+        "device": "cpu",
+        "predicted": {"comm_bytes": {"all_reduce/tp": 100.0}, "saved_bytes": 1000.0},
+        "measured": {"comm_bytes": {"all_reduce/tp": 100.0}, "saved_bytes": 1200.0},
+    }
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     assert runner.invoke(app, ["compare", str(path)]).exit_code == 1  # saved activations 20% off

@@ -17,11 +17,28 @@ MAMBA_FOUR_GROUPS = mamba2("tiny-m2-g4", 32, 2, 100, d_state=8, headdim=8, ngrou
 
 CASES = {
     ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2"]),
-    ("dense", 4): (DENSE, ["tp=4", "sp=4", "tsp=4", "tp=2,sp=2", "dp=2,tp=2", "dp=2,tsp=2,zero=1", "dp=2,sp=2,zero=2",
-                           "pp=2,tp=2", "dp=2,pp=2,zero=1", "pp=2,sp=2", "dp=2,pp=2,zero=2", "dp=2,pp=2,zero=3"]),
+    ("dense", 4): (
+        DENSE,
+        [
+            "tp=4",
+            "sp=4",
+            "tsp=4",
+            "tp=2,sp=2",
+            "dp=2,tp=2",
+            "dp=2,tsp=2,zero=1",
+            "dp=2,sp=2,zero=2",
+            "pp=2,tp=2",
+            "dp=2,pp=2,zero=1",
+            "pp=2,sp=2",
+            "dp=2,pp=2,zero=2",
+            "dp=2,pp=2,zero=3",
+        ],
+    ),
     ("mamba2", 2): (MAMBA_ONE_GROUP, ["tpssm=2", "sp=2", "tsp=2", "dp=2", "dp=2,zero=2", "dp=2,zero=3", "pp=2"]),
-    ("mamba2", 4): (MAMBA_ONE_GROUP, ["tpssm=4", "sp=4", "tsp=4", "tpssm=2,sp=2", "dp=2,sp=2", "dp=2,tpssm=2,zero=2",
-                                      "pp=2,tpssm=2"]),
+    ("mamba2", 4): (
+        MAMBA_ONE_GROUP,
+        ["tpssm=4", "sp=4", "tsp=4", "tpssm=2,sp=2", "dp=2,sp=2", "dp=2,tpssm=2,zero=2", "pp=2,tpssm=2"],
+    ),
     ("mamba2-groups", 4): (MAMBA_FOUR_GROUPS, ["tpssm=4", "tpssm=2"]),
 }
 
@@ -51,7 +68,10 @@ def test_layouts_match_single_process_and_the_cost_model(family, world):
                 assert r["max_weight_grad_rel_err"] < 1e-9, (text, r)
                 if "zero" in text:  # ZeRO's sharded Adam step lands where one process's lands
                     assert r["max_weight_after_step_rel_err"] < 1e-12, (text, r)
-                assert abs(r["saved_bytes"] - r["predicted_saved_bytes"]) <= 0.05 * r["predicted_saved_bytes"], (text, r)
+                assert abs(r["saved_bytes"] - r["predicted_saved_bytes"]) <= 0.05 * r["predicted_saved_bytes"], (
+                    text,
+                    r,
+                )
                 if parse_layout(text).pp == 1:
                     # Gradient all-reduces (dp, sp) start inside the backward: every later layer's has
                     # begun by the time the backward reaches the stack's input. (Under pipeline stages
@@ -67,8 +87,9 @@ def test_layouts_match_single_process_and_the_cost_model(family, world):
 
 
 def _int8_case(rank, world, model):
-    return [check_layout(rank, world, model, parse_layout("tpssm=2"), 16, 2, mode, True)
-            for mode in ("train", "prefill")]
+    return [
+        check_layout(rank, world, model, parse_layout("tpssm=2"), 16, 2, mode, True) for mode in ("train", "prefill")
+    ]
 
 
 def test_tpssm_int8_allreduce_is_close_and_moves_what_the_model_says():
@@ -98,7 +119,10 @@ def _quantized_vs_bf16(rank, world, numel):
     bf16 = all_reduce(mesh, x.bfloat16().clone(), "tp").double()
     int8 = quantized_all_reduce(mesh, x.clone(), "tp").double()
     scale = exact.abs().max().item()
-    return {"int8_err": (int8 - exact).abs().max().item() / scale, "bf16_err": (bf16 - exact).abs().max().item() / scale}
+    return {
+        "int8_err": (int8 - exact).abs().max().item() / scale,
+        "bf16_err": (bf16 - exact).abs().max().item() / scale,
+    }
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])  # 2: the all-gather path; 3 and 4: all-to-all, then all-gather
@@ -135,8 +159,11 @@ def _two_steps(rank, world, model, layout_text):
         grads.append([p.grad.clone() for p in layers.parameters()])
         for p in layers.parameters():
             p.grad = None
-    return {"first_step_ready": fired[:len(fired) // 2], "adopted": [names[id(p)] for p in sync.order],
-            "same_grads": all(torch.equal(a, b) for a, b in zip(*grads))}
+    return {
+        "first_step_ready": fired[: len(fired) // 2],
+        "adopted": [names[id(p)] for p in sync.order],
+        "same_grads": all(torch.equal(a, b) for a, b in zip(*grads)),
+    }
 
 
 def test_gradient_sync_adopts_the_first_steps_ready_order():
@@ -191,4 +218,5 @@ def test_zero3_weights_do_not_keep_the_layers_alive():
 
 class _Axis1:
     """A dp axis of two ranks, this one the first, with no process group (nothing is sent here)."""
+
     size, rank, ranks, group = 2, 0, [0, 1], None

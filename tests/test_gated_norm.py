@@ -13,8 +13,12 @@ pytestmark = pytest.mark.usefixtures("poison_empty")
 
 def _inputs(rows, channels, seed):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(2, rows, channels, generator=gen), torch.randn(2, rows, channels, generator=gen),
-            torch.rand(channels, generator=gen) + 0.5, torch.randn(2, rows, channels, generator=gen))
+    return (
+        torch.randn(2, rows, channels, generator=gen),
+        torch.randn(2, rows, channels, generator=gen),
+        torch.rand(channels, generator=gen) + 0.5,
+        torch.randn(2, rows, channels, generator=gen),
+    )
 
 
 @pytest.mark.parametrize("rows, channels", [(5, 64), (19, 300)])
@@ -70,8 +74,11 @@ def test_group_split_across_ranks_equals_the_whole():
     for i in range(2):
         other = 1 - i
         calls = iter([stats(other, False), stats(other, True)])
-        leaves = [halves[0][i].clone().requires_grad_(), halves[1][i].clone().requires_grad_(),
-                  w_halves[i].clone().requires_grad_()]
+        leaves = [
+            halves[0][i].clone().requires_grad_(),
+            halves[1][i].clone().requires_grad_(),
+            w_halves[i].clone().requires_grad_(),
+        ]
         part = gated_rmsnorm_triton(*leaves, 128, local=64, reduce=lambda t: t + next(calls))
         sl = slice(0, 64) if i == 0 else slice(64, 128)
         torch.testing.assert_close(part, out[..., sl].detach(), rtol=1e-5, atol=1e-5)
@@ -107,7 +114,7 @@ def test_reads_column_slices_in_place():
         if contiguous:
             y, z = y.contiguous(), z.contiguous()
         out = gated_rmsnorm_triton(y, z, w, 64)
-        grad, = torch.autograd.grad((out * g).sum(), wide)
+        (grad,) = torch.autograd.grad((out * g).sum(), wide)
         return out, grad
 
     for got, want in zip(run(False), run(True)):

@@ -14,20 +14,84 @@ from meshplan.models import gpt
 # Pythia-6.9B 6,857,302,016 (EleutherAI/pythia model card), GPT-NeoX-20B 20,554,567,680 (Black et al.
 # 2022, Table 1), StarCoder 15.5B (Li et al. 2023), OPT-1.3B 1,315,758,080 and OPT-6.7B 6.7B (Zhang et al. 2022).
 CONFIGS = [
-    ({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257,
-      "n_inner": None}, 124_439_808),
-    ({"model_type": "gpt2", "n_embd": 1600, "n_layer": 48, "n_head": 25, "n_positions": 1024, "vocab_size": 50257},
-     1_557_611_200),
-    ({"model_type": "gpt_neox", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-      "intermediate_size": 16384, "vocab_size": 50432, "tie_word_embeddings": False}, 6_857_302_016),
-    ({"model_type": "gpt_neox", "hidden_size": 6144, "num_hidden_layers": 44, "num_attention_heads": 64,
-      "intermediate_size": 24576, "vocab_size": 50432, "tie_word_embeddings": False}, 20_554_567_680),
-    ({"model_type": "gpt_bigcode", "n_embd": 6144, "n_layer": 40, "n_head": 48, "n_positions": 8192,
-      "vocab_size": 49152, "n_inner": 24576, "multi_query": True}, 15.5e9),
-    ({"model_type": "opt", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32, "ffn_dim": 8192,
-      "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 2048}, 1_315_758_080),
-    ({"model_type": "opt", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "ffn_dim": 16384,
-      "vocab_size": 50272, "max_position_embeddings": 2048}, 6.7e9),
+    (
+        {
+            "model_type": "gpt2",
+            "n_embd": 768,
+            "n_layer": 12,
+            "n_head": 12,
+            "n_positions": 1024,
+            "vocab_size": 50257,
+            "n_inner": None,
+        },
+        124_439_808,
+    ),
+    (
+        {"model_type": "gpt2", "n_embd": 1600, "n_layer": 48, "n_head": 25, "n_positions": 1024, "vocab_size": 50257},
+        1_557_611_200,
+    ),
+    (
+        {
+            "model_type": "gpt_neox",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "intermediate_size": 16384,
+            "vocab_size": 50432,
+            "tie_word_embeddings": False,
+        },
+        6_857_302_016,
+    ),
+    (
+        {
+            "model_type": "gpt_neox",
+            "hidden_size": 6144,
+            "num_hidden_layers": 44,
+            "num_attention_heads": 64,
+            "intermediate_size": 24576,
+            "vocab_size": 50432,
+            "tie_word_embeddings": False,
+        },
+        20_554_567_680,
+    ),
+    (
+        {
+            "model_type": "gpt_bigcode",
+            "n_embd": 6144,
+            "n_layer": 40,
+            "n_head": 48,
+            "n_positions": 8192,
+            "vocab_size": 49152,
+            "n_inner": 24576,
+            "multi_query": True,
+        },
+        15.5e9,
+    ),
+    (
+        {
+            "model_type": "opt",
+            "hidden_size": 2048,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 32,
+            "ffn_dim": 8192,
+            "vocab_size": 50272,
+            "max_position_embeddings": 2048,
+            "word_embed_proj_dim": 2048,
+        },
+        1_315_758_080,
+    ),
+    (
+        {
+            "model_type": "opt",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "ffn_dim": 16384,
+            "vocab_size": 50272,
+            "max_position_embeddings": 2048,
+        },
+        6.7e9,
+    ),
 ]
 
 

@@ -23,34 +23,115 @@ runner = CliRunner()
 # model card or safetensors index publishes.
 FAMILIES = {
     # Qwen/Qwen2.5-7B: "Number of Parameters: 7.61B".
-    "qwen2": ({"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
-               "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
-               "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 131072,
-               "max_window_layers": 28}, 7.61e9),
+    "qwen2": (
+        {
+            "model_type": "qwen2",
+            "hidden_size": 3584,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "intermediate_size": 18944,
+            "vocab_size": 152064,
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            "sliding_window": 131072,
+            "max_window_layers": 28,
+        },
+        7.61e9,
+    ),
     # Qwen/Qwen3-8B: "Number of Parameters: 8.2B".
-    "qwen3": ({"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
-               "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
-               "tie_word_embeddings": False, "attention_bias": False, "use_sliding_window": False}, 8.2e9),
+    "qwen3": (
+        {
+            "model_type": "qwen3",
+            "hidden_size": 4096,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 12288,
+            "vocab_size": 151936,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "use_sliding_window": False,
+        },
+        8.2e9,
+    ),
     # google/gemma-2-9b: 9.24B parameters (its safetensors).
-    "gemma2": ({"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42, "num_attention_heads": 16,
-                "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
-                "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh"}, 9.24e9),
+    "gemma2": (
+        {
+            "model_type": "gemma2",
+            "hidden_size": 3584,
+            "num_hidden_layers": 42,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 256,
+            "intermediate_size": 14336,
+            "vocab_size": 256000,
+            "sliding_window": 4096,
+            "hidden_activation": "gelu_pytorch_tanh",
+        },
+        9.24e9,
+    ),
     # google/gemma-3-1b-it (gemma3_text): 999,885,952 parameters.
-    "gemma3_text": ({"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26,
-                     "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 6912,
-                     "vocab_size": 262144, "sliding_window": 512, "sliding_window_pattern": 6}, 999_885_952),
+    "gemma3_text": (
+        {
+            "model_type": "gemma3_text",
+            "hidden_size": 1152,
+            "num_hidden_layers": 26,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+            "intermediate_size": 6912,
+            "vocab_size": 262144,
+            "sliding_window": 512,
+            "sliding_window_pattern": 6,
+        },
+        999_885_952,
+    ),
     # microsoft/Phi-3-mini-4k-instruct: 3.82B parameters.
-    "phi3": ({"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "num_key_value_heads": 32, "intermediate_size": 8192, "vocab_size": 32064, "sliding_window": 2047,
-              "tie_word_embeddings": False}, 3.82e9),
+    "phi3": (
+        {
+            "model_type": "phi3",
+            "hidden_size": 3072,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "intermediate_size": 8192,
+            "vocab_size": 32064,
+            "sliding_window": 2047,
+            "tie_word_embeddings": False,
+        },
+        3.82e9,
+    ),
     # allenai/OLMo-2-1124-7B: 7.30B parameters.
-    "olmo2": ({"model_type": "olmo2", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-               "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 100352,
-               "tie_word_embeddings": False}, 7.30e9),
+    "olmo2": (
+        {
+            "model_type": "olmo2",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "intermediate_size": 11008,
+            "vocab_size": 100352,
+            "tie_word_embeddings": False,
+        },
+        7.30e9,
+    ),
     # ibm-granite/granite-3.0-8b-base: 8.17B parameters.
-    "granite": ({"model_type": "granite", "hidden_size": 4096, "num_hidden_layers": 40, "num_attention_heads": 32,
-                 "num_key_value_heads": 8, "intermediate_size": 12800, "vocab_size": 49155,
-                 "tie_word_embeddings": True, "embedding_multiplier": 12.0}, 8.17e9),
+    "granite": (
+        {
+            "model_type": "granite",
+            "hidden_size": 4096,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 12800,
+            "vocab_size": 49155,
+            "tie_word_embeddings": True,
+            "embedding_multiplier": 12.0,
+        },
+        8.17e9,
+    ),
 }
 
 
@@ -115,12 +196,21 @@ def test_sliding_window_layers_cost_less_attention_and_cache(tmp_path):
     kv_f = memory_per_gpu(full, layout, seq, 1, opts).per_gpu_bytes["kv_cache"]
     assert kv_w == pytest.approx(kv_f * (21 * seq + 21 * 4096) / (42 * seq), rel=1e-9)
     # Shorter than the window: nothing changes.
-    assert memory_per_gpu(windowed, layout, 2048, 1, opts).per_gpu_bytes["kv_cache"] == \
-        memory_per_gpu(full, layout, 2048, 1, opts).per_gpu_bytes["kv_cache"]
+    assert (
+        memory_per_gpu(windowed, layout, 2048, 1, opts).per_gpu_bytes["kv_cache"]
+        == memory_per_gpu(full, layout, 2048, 1, opts).per_gpu_bytes["kv_cache"]
+    )
 
 
-@pytest.mark.parametrize("model_type, field", [("mixtral", "num_local_experts 8"), ("qwen3_moe", "num_experts 128"),
-                                               ("deepseek_v3", "n_routed_experts 256"), ("jamba", "num_experts 16")])
+@pytest.mark.parametrize(
+    "model_type, field",
+    [
+        ("mixtral", "num_local_experts 8"),
+        ("qwen3_moe", "num_experts 128"),
+        ("deepseek_v3", "n_routed_experts 256"),
+        ("jamba", "num_experts 16"),
+    ],
+)
 def test_mixture_of_experts_families_are_refused_naming_what_is_missing(tmp_path, model_type, field):
     key, value = field.rsplit(" ", 1)
     raw = {"model_type": model_type, key: int(value), "hidden_size": 4096}

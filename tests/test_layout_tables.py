@@ -17,10 +17,16 @@ from meshplan.executor.model import CausalLM
 from meshplan.layout import parse_layout
 from meshplan.models import dense, mamba2
 
-DENSE_MODELS = [dense("mha", 64, 2, 8, 8, 256, 96), dense("gqa", 64, 2, 8, 2, 192, 96),
-                dense("gelu", 64, 2, 4, 4, 256, 96, gated=False), dense("tied", 64, 2, 8, 4, 128, 96, tied=True)]
-MAMBA_MODELS = [mamba2("m2-one-group", 64, 2, 96, d_state=16, headdim=16, ngroups=1),
-                mamba2("m2-four-groups", 64, 2, 96, d_state=16, headdim=16, ngroups=4)]
+DENSE_MODELS = [
+    dense("mha", 64, 2, 8, 8, 256, 96),
+    dense("gqa", 64, 2, 8, 2, 192, 96),
+    dense("gelu", 64, 2, 4, 4, 256, 96, gated=False),
+    dense("tied", 64, 2, 8, 4, 128, 96, tied=True),
+]
+MAMBA_MODELS = [
+    mamba2("m2-one-group", 64, 2, 96, d_state=16, headdim=16, ngroups=1),
+    mamba2("m2-four-groups", 64, 2, 96, d_state=16, headdim=16, ngroups=4),
+]
 
 
 def _layer_table(layer, layout):
@@ -31,8 +37,10 @@ def _layer_table(layer, layout):
         return dense_splits(q_w, kv_w, layer.w_down.shape[1], layer.gated), degree
     if layout.tsp > 1:
         shapes = {name: tuple(getattr(layer, name).shape) for name, _ in SPLIT}
-        return {"norm.weight": dense_splits(1, 1, 1, True)["attn_norm.weight"],
-                **contiguous_splits(shapes, dict(SPLIT))}, layout.tsp
+        return {
+            "norm.weight": dense_splits(1, 1, 1, True)["attn_norm.weight"],
+            **contiguous_splits(shapes, dict(SPLIT)),
+        }, layout.tsp
     di, ng, ds, nh, _ = layer.dims
     return mamba2_splits(di, ng, ds, nh, layout.tpssm), layout.tpssm
 
@@ -45,8 +53,9 @@ def _held(model, layout) -> int:
     total = 0
     for i, layer in enumerate(ref.stack.layers):
         table, degree = _layer_table(layer, layout)
-        total += sum(split.local_numel(tuple(params[f"stack.layers.{i}.{name}"].shape), degree)
-                     for name, split in table.items())
+        total += sum(
+            split.local_numel(tuple(params[f"stack.layers.{i}.{name}"].shape), degree) for name, split in table.items()
+        )
     columns = layout.tsp > 1
     degree = layout.tsp if columns else max(layout.tp, layout.tpssm)
     matrix = vocab_split(model.vocab, model.d_model, columns).local_numel((model.vocab, model.d_model), degree)

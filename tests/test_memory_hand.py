@@ -145,8 +145,10 @@ def test_pipeline_first_stage_holds_pp_microbatches():
     # 1F1B: the first stage keeps 4 micro-batches of its 8 layers = the same 32 layers' worth, plus
     # the stage's output of each of the 4 and the gradient coming back (4096 · 4096 bf16 each).
     assert pp.pipeline_stage == "first"
-    assert pp.per_gpu_bytes["activations"] == one.per_gpu_bytes["activations"] - round(
-        saved_head_bytes(model, 4096)) + 5 * 4096 * 4096 * 2
+    assert (
+        pp.per_gpu_bytes["activations"]
+        == one.per_gpu_bytes["activations"] - round(saved_head_bytes(model, 4096)) + 5 * 4096 * 4096 * 2
+    )
 
 
 def saved_head_bytes(model, seq):
@@ -156,22 +158,29 @@ def saved_head_bytes(model, seq):
     return seq * (2 * 2 * model.d_model + 4 + 13 + 8)
 
 
-@pytest.mark.parametrize("layout, want", [
-    # d_inner 5120, 80 heads of 64, d_state 128, 1 group, 16384 tokens, bf16: the scan phase wins.
-    # Single GPU: 16384 · ((5120 + 256) · 2 + 80 · 4)   conv output, dt
-    #           + 16384 · 5120 · 2 · 2                  the scan's dy, and dz waiting for the in_proj gradient
-    #           + (256 chunks · 80 · 64 · 128) · (2 + 2)  the entering states and dS (bf16)
-    #           + 256 · 80 · 64² · 2                    the C·B gradient (bf16)
-    #           + 16384 · (5120 · 2 + 80 · 4 + 2 · 128 · 4 · 4)  dx, ddt, fp32 dB/dC for 4 head splits
-    ("single", 16384 * (11072 + 2 * 10240 + 14656) + 256 * 80 * 64 * 128 * 4 + 256 * 80 * 64 ** 2 * 2),
-    # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks (40 heads: 4 splits).
-    ("tpssm=2", 16384 * ((2560 + 256) * 2 + 160 + 2 * 2560 * 2 + (2560 * 2 + 160 + 4096))
-     + 256 * 40 * 64 * 128 * 4 + 256 * 40 * 64 ** 2 * 2),
-    # SP 2: 8192 tokens per shard, the single GPU's phases at half the tokens, but 8 head splits (128
-    # chunks need 8 to reach 1024 programs); one scan backward a shard: its correction's C·E and
-    # corrected output live in the gated-norm phase, which stays smaller, 8192 · (11072 + 7 · 10240).
-    ("sp=2", 8192 * (11072 + 2 * 10240 + (10240 + 320 + 8192)) + 128 * 80 * 64 * 128 * 4 + 128 * 80 * 64 ** 2 * 2),
-])
+@pytest.mark.parametrize(
+    "layout, want",
+    [
+        # d_inner 5120, 80 heads of 64, d_state 128, 1 group, 16384 tokens, bf16: the scan phase wins.
+        # Single GPU: 16384 · ((5120 + 256) · 2 + 80 · 4)   conv output, dt
+        #           + 16384 · 5120 · 2 · 2                  the scan's dy, and dz waiting for the in_proj gradient
+        #           + (256 chunks · 80 · 64 · 128) · (2 + 2)  the entering states and dS (bf16)
+        #           + 256 · 80 · 64² · 2                    the C·B gradient (bf16)
+        #           + 16384 · (5120 · 2 + 80 · 4 + 2 · 128 · 4 · 4)  dx, ddt, fp32 dB/dC for 4 head splits
+        ("single", 16384 * (11072 + 2 * 10240 + 14656) + 256 * 80 * 64 * 128 * 4 + 256 * 80 * 64**2 * 2),
+        # TP-SSM 2: heads halved, the single B/C group kept whole on both ranks (40 heads: 4 splits).
+        (
+            "tpssm=2",
+            16384 * ((2560 + 256) * 2 + 160 + 2 * 2560 * 2 + (2560 * 2 + 160 + 4096))
+            + 256 * 40 * 64 * 128 * 4
+            + 256 * 40 * 64**2 * 2,
+        ),
+        # SP 2: 8192 tokens per shard, the single GPU's phases at half the tokens, but 8 head splits (128
+        # chunks need 8 to reach 1024 programs); one scan backward a shard: its correction's C·E and
+        # corrected output live in the gated-norm phase, which stays smaller, 8192 · (11072 + 7 · 10240).
+        ("sp=2", 8192 * (11072 + 2 * 10240 + (10240 + 320 + 8192)) + 128 * 80 * 64 * 128 * 4 + 128 * 80 * 64**2 * 2),
+    ],
+)
 def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
     from meshplan.costmodel.layouts import sharding_for
     from meshplan.costmodel.memory import _mixer_backward_bytes
@@ -242,17 +251,20 @@ def test_training_peak_at_attention_frees_the_layers_mlp_first():
     p = r.per_gpu_bytes
     share = block_params(model, "attention") / model.layer_params()  # gradients that exist as backward starts
     kept = p["parameters"] + p["optimizer_state"] + p["blas_workspace"]
-    assert r.total_bytes == pytest.approx(kept + p["activations"] + p["gradients"] * share + boundary + kv - mlp_saved,
-                                          rel=1e-9)
+    assert r.total_bytes == pytest.approx(
+        kept + p["activations"] + p["gradients"] * share + boundary + kv - mlp_saved, rel=1e-9
+    )
 
 
 def test_blas_workspace_one_handle_inference_two_training():
     """32 MiB per cuBLAS handle on Hopper; training's backward runs on the autograd thread's own handle."""
     model = PRESETS["dense-7b"]
-    assert memory_per_gpu(model, Layout(tp=8), 4096, 1, MemoryOptions(mode="prefill")).per_gpu_bytes[
-        "blas_workspace"] == 32 * 2 ** 20
+    assert (
+        memory_per_gpu(model, Layout(tp=8), 4096, 1, MemoryOptions(mode="prefill")).per_gpu_bytes["blas_workspace"]
+        == 32 * 2**20
+    )
     training = memory_per_gpu(model, Layout(tp=8), 4096, 1, MemoryOptions())
-    assert training.per_gpu_bytes["blas_workspace"] == 64 * 2 ** 20
+    assert training.per_gpu_bytes["blas_workspace"] == 64 * 2**20
 
 
 def test_int8_peer_buffer_two_slots_of_the_block_output():

@@ -26,8 +26,10 @@ def test_peak_and_live_blocks_by_site():
 
 
 def test_site_is_the_innermost_meshplan_frame_else_python():
-    frames = [{"filename": "/usr/lib/torch/nn/functional.py", "line": 5, "name": "linear"},
-              {"filename": "/repo/meshplan/kernels/ssd.py", "line": 40, "name": "chunk_states"}]
+    frames = [
+        {"filename": "/usr/lib/torch/nn/functional.py", "line": 5, "name": "linear"},
+        {"filename": "/repo/meshplan/kernels/ssd.py", "line": 40, "name": "chunk_states"},
+    ]
     assert memory_peak._site(frames) == "kernels/ssd.py:40 chunk_states"
     assert memory_peak._site(frames[:1]) == "functional.py:5 linear"
     assert memory_peak._site([]) == "(no Python frame)"

@@ -1,6 +1,5 @@
 """Invariants of the memory model over random models, layouts and shapes (hypothesis)."""
 
-
 from hypothesis import assume, given, settings, strategies as st
 
 from meshplan.costmodel.memory import memory_per_gpu
@@ -20,8 +19,13 @@ def layouts(draw):
     kind = draw(st.sampled_from(["tp", "sp", "tpsp", "tsp", "tpssm"]))
     d = draw(degrees)
     extra = dict(dp=draw(st.sampled_from([1, 2])), pp=draw(st.sampled_from([1, 2])), zero=draw(st.integers(0, 3)))
-    return {"tp": Layout(tp=d, **extra), "sp": Layout(sp=d, **extra), "tsp": Layout(tsp=d, **extra),
-            "tpsp": Layout(tp=d, sp=draw(degrees), **extra), "tpssm": Layout(tpssm=d, **extra)}[kind]
+    return {
+        "tp": Layout(tp=d, **extra),
+        "sp": Layout(sp=d, **extra),
+        "tsp": Layout(tsp=d, **extra),
+        "tpsp": Layout(tp=d, sp=draw(degrees), **extra),
+        "tpssm": Layout(tpssm=d, **extra),
+    }[kind]
 
 
 def run(model, layout, seq, batch, opts):
@@ -31,9 +35,13 @@ def run(model, layout, seq, batch, opts):
         assume(False)
 
 
-options = st.builds(MemoryOptions, mode=st.sampled_from(["train", "prefill", "decode"]),
-                    recompute=st.sampled_from(["none", "selective", "full"]), flash_attention=st.booleans(),
-                    tp_sequence_parallel=st.booleans())
+options = st.builds(
+    MemoryOptions,
+    mode=st.sampled_from(["train", "prefill", "decode"]),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    flash_attention=st.booleans(),
+    tp_sequence_parallel=st.booleans(),
+)
 
 
 @settings(max_examples=150, deadline=None)

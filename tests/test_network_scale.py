@@ -22,7 +22,8 @@ def test_tree_beats_ring_for_small_messages_at_1024_ranks():
     ring_small = 2 * 1023 * LAT + 2 * 1023 / 1024 * small / BW
     # 1,023 ring steps of latency against 2·log2(1024) = 20 tree steps (NCCL's double binary tree).
     assert collective_time_s("all_reduce", small, flat, BW, LAT, BW, LAT) == pytest.approx(
-        tree_all_reduce_s(small, 1024, LAT, BW))
+        tree_all_reduce_s(small, 1024, LAT, BW)
+    )
     assert tree_all_reduce_s(small, 1024, LAT, BW) < ring_small / 20
     # At 1,024 ranks the ring's 2,046 latency steps outweigh the tree's 2/n more bytes even at 10 GB;
     # on 16 ranks large messages take the ring (2(n − 1)/n of the bytes against the tree's 2).
@@ -42,11 +43,18 @@ def test_hierarchical_all_gather_by_hand():
 
 
 def _toml(**inter):
-    return {"name": "t", "gpus_per_node": 8,
-            "gpu": {"name": "NVIDIA A100-SXM4-80GB", "memory_bytes": 85899345920, "bf16_tflops": 312.0,
-                    "hbm_tb_per_s": 2.039},
-            "intra_node": {"fabric": "nvswitch", "link_gb_per_s": 300, "latency_us": 3.0},
-            "inter_node": {"nics_per_node": 8, "nic_gb_per_s": 25, "latency_us": 5.0, **inter}}
+    return {
+        "name": "t",
+        "gpus_per_node": 8,
+        "gpu": {
+            "name": "NVIDIA A100-SXM4-80GB",
+            "memory_bytes": 85899345920,
+            "bf16_tflops": 312.0,
+            "hbm_tb_per_s": 2.039,
+        },
+        "intra_node": {"fabric": "nvswitch", "link_gb_per_s": 300, "latency_us": 3.0},
+        "inter_node": {"nics_per_node": 8, "nic_gb_per_s": 25, "latency_us": 5.0, **inter},
+    }
 
 
 def test_oversubscription_slows_groups_that_leave_a_leaf():

@@ -10,8 +10,13 @@ from typer.testing import CliRunner
 from meshplan.cli import app
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.pipeline import (in_flight_chunks, interleaved_memory_factor, pipeline_stages,
-                                         pipeline_time_s, validate_batch)
+from meshplan.costmodel.pipeline import (
+    in_flight_chunks,
+    interleaved_memory_factor,
+    pipeline_stages,
+    pipeline_time_s,
+    validate_batch,
+)
 from meshplan.costmodel.stacks import STACKS
 from meshplan.costmodel.step import as_stack_runs, estimate_step
 from meshplan.costmodel.collectives import Comm
@@ -97,19 +102,24 @@ def test_stack_overlap_rules():
     assert as_stack_runs(tp, STACKS["meshplan"]).overlap == "none"
     cluster = load_cluster("h100-sxm-8", 2)
     layout = Layout(dp=2, tp=8)
-    steps = {s: estimate_step(GPT, layout, 2048, 1, CostOptions(stack=s, global_batch=16), cluster)
-             for s in ("megatron", "megatron-2021")}
+    steps = {
+        s: estimate_step(GPT, layout, 2048, 1, CostOptions(stack=s, global_batch=16), cluster)
+        for s in ("megatron", "megatron-2021")
+    }
     assert steps["megatron"].exposed_comm_s < steps["megatron-2021"].exposed_comm_s
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--layout", "pp=64", "--nodes", "8"], "pp=64 exceeds"),
-    (["--layout", "dp=2,pp=4,tp=2", "--nodes", "2", "--global-batch", "7"], "not divisible by dp × micro-batch"),
-    (["--layout", "pp=16", "--nodes", "2", "--virtual-stages", "4"], "does not divide a stage's 2 layers"),
-    (["--layout", "tp=8", "--stack", "megatronn"], "--stack: unknown 'megatronn'"),
-    (["--layout", "tp=8", "--nodes", "2"], "uses 8 GPUs but cluster"),
-    (["--layout", "pp=2,tp=4", "--stage-layers", "30,3"], "adds up to 33 layers"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--layout", "pp=64", "--nodes", "8"], "pp=64 exceeds"),
+        (["--layout", "dp=2,pp=4,tp=2", "--nodes", "2", "--global-batch", "7"], "not divisible by dp × micro-batch"),
+        (["--layout", "pp=16", "--nodes", "2", "--virtual-stages", "4"], "does not divide a stage's 2 layers"),
+        (["--layout", "tp=8", "--stack", "megatronn"], "--stack: unknown 'megatronn'"),
+        (["--layout", "tp=8", "--nodes", "2"], "uses 8 GPUs but cluster"),
+        (["--layout", "pp=2,tp=4", "--stage-layers", "30,3"], "adds up to 33 layers"),
+    ],
+)
 def test_predict_bad_input_is_one_line(args, message):
     r = runner.invoke(app, ["predict", "--model", "dense-7b", "--cluster", "h100-sxm-8", "--seq", "4k", *args])
     assert r.exit_code == 2, r.output
@@ -117,21 +127,72 @@ def test_predict_bad_input_is_one_line(args, message):
 
 
 def test_predict_json_keys_and_uneven_pipeline():
-    r = runner.invoke(app, ["predict", "--model", "dense-7b", "--cluster", "h100-sxm-8", "--nodes", "6",
-                            "--layout", "dp=2,pp=3,tp=8,zero=1", "--seq", "4k", "--global-batch", "64",
-                            "--micro-batch", "2", "--tp-sequence-parallel", "--recompute", "selective", "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "predict",
+            "--model",
+            "dense-7b",
+            "--cluster",
+            "h100-sxm-8",
+            "--nodes",
+            "6",
+            "--layout",
+            "dp=2,pp=3,tp=8,zero=1",
+            "--seq",
+            "4k",
+            "--global-batch",
+            "64",
+            "--micro-batch",
+            "2",
+            "--tp-sequence-parallel",
+            "--recompute",
+            "selective",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert {"layout", "fits", "total_bytes", "step_time_s", "tokens_per_s", "mfu", "hfu", "tflops_per_gpu",
-            "exposed_comm_s", "bubble_fraction", "memory_bytes", "stack", "microbatches"} <= set(out)
+    assert {
+        "layout",
+        "fits",
+        "total_bytes",
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "hfu",
+        "tflops_per_gpu",
+        "exposed_comm_s",
+        "bubble_fraction",
+        "memory_bytes",
+        "stack",
+        "microbatches",
+    } <= set(out)
     assert out["stage_layers"] == [11, 11, 10] and out["microbatches"] == 16 and out["stack"] == "megatron"
     assert out["tokens_per_step"] == 64 * 4096
     assert 0 < out["bubble_fraction"] < 1 and 0 < out["mfu"] <= out["hfu"] < 1
 
 
 def test_recommend_fixed_global_batch_searches_knobs():
-    r = runner.invoke(app, ["recommend", "--model", str(_gpt_config()), "--cluster", "a100-sxm-8", "--nodes", "2",
-                            "--seq", "2048", "--global-batch", "64", "--json", "--top", "40"])
+    r = runner.invoke(
+        app,
+        [
+            "recommend",
+            "--model",
+            str(_gpt_config()),
+            "--cluster",
+            "a100-sxm-8",
+            "--nodes",
+            "2",
+            "--seq",
+            "2048",
+            "--global-batch",
+            "64",
+            "--json",
+            "--top",
+            "40",
+        ],
+    )
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert rows and all(row["knobs"]["micro_batch"] in (1, 2, 4, 8, 16) for row in rows)
@@ -152,7 +213,17 @@ def _gpt_config(tmp=[]):
 
     if not tmp:
         path = Path(tempfile.mkdtemp()) / "config.json"
-        path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 2048, "n_layer": 24, "n_head": 16,
-                                    "n_positions": 2048, "vocab_size": 51200}))
+        path.write_text(
+            json.dumps(
+                {
+                    "model_type": "gpt2",
+                    "n_embd": 2048,
+                    "n_layer": 24,
+                    "n_head": 16,
+                    "n_positions": 2048,
+                    "vocab_size": 51200,
+                }
+            )
+        )
         tmp.append(path)
     return tmp[0]

@@ -42,8 +42,10 @@ def test_paper_flops_formulas_by_hand():
     pr = _script()
     # Narayanan Eq. 3 at 1T (B 3072, s 2048, l 128, h 25600, V 51200).
     f = pr.paper_flops("narayanan_eq3", 3072, 2048, 128, 25600, 51200)
-    assert f == pytest.approx(96 * 3072 * 2048 * 128 * 25600 ** 2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600)))
-    assert pr.paper_flops("korthikanti_eq7", 1, 2048, 1, 6144, 0) == pytest.approx(72 * 2048 * 6144 ** 2 * (1 + 2048 / (6 * 6144)))
+    assert f == pytest.approx(96 * 3072 * 2048 * 128 * 25600**2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600)))
+    assert pr.paper_flops("korthikanti_eq7", 1, 2048, 1, 6144, 0) == pytest.approx(
+        72 * 2048 * 6144**2 * (1 + 2048 / (6 * 6144))
+    )
 
 
 def test_every_miss_is_explained():

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.usefixtures("poison_empty")
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.integers(1, 40), st.sampled_from([32, 128]), st.floats(1e-3, 1e3), st.integers(0, 2 ** 31 - 1))
+@given(st.integers(1, 40), st.sampled_from([32, 128]), st.floats(1e-3, 1e3), st.integers(0, 2**31 - 1))
 def test_quantize_matches_reference(groups, group, magnitude, seed):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(groups * group, generator=gen) * magnitude
@@ -45,16 +45,21 @@ def test_packed_wire_format_matches_reference(parts, groups_per_part):
     """The packed quantize, the dequantize-sum-requantize of n packed copies, and the packed
     dequantize equal their torch references byte for byte (values and scales)."""
     from meshplan.kernels.quant import dequant_sum, dequant_sum_requant, dequantize_packed, quantize_int8_packed
-    from meshplan.kernels.reference import (dequant_sum_ref, dequant_sum_requant_ref, dequantize_packed_ref,
-                                            quantize_int8_packed_ref)
+    from meshplan.kernels.reference import (
+        dequant_sum_ref,
+        dequant_sum_requant_ref,
+        dequantize_packed_ref,
+        quantize_int8_packed_ref,
+    )
 
     gen = torch.Generator().manual_seed(parts * 100 + groups_per_part)
     x = torch.randn(parts * groups_per_part * 128, generator=gen) * 3
     x[:128] = 0  # an all-zero group keeps scale 1
     buf = quantize_int8_packed(x, parts)
     assert torch.equal(buf, quantize_int8_packed_ref(x, parts))
-    copies = torch.stack([quantize_int8_packed(torch.randn(groups_per_part * 128, generator=gen), 1)[0]
-                          for _ in range(parts)])
+    copies = torch.stack(
+        [quantize_int8_packed(torch.randn(groups_per_part * 128, generator=gen), 1)[0] for _ in range(parts)]
+    )
     assert torch.equal(dequant_sum_requant(copies), dequant_sum_requant_ref(copies))
     torch.testing.assert_close(dequant_sum(copies), dequant_sum_ref(copies), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(dequantize_packed(buf), dequantize_packed_ref(buf))
@@ -76,10 +81,10 @@ def test_peer_sum_matches_reference(world, groups, programs):
     slots = []
     for _ in range(world):
         slot = torch.full((PEER_HEADER + nbytes + 300,), 255, dtype=torch.uint8)  # 0xFF past the row: NaN scales
-        quantize_int8_packed(torch.randn(numel, generator=gen) * 5, 1, out=slot[PEER_HEADER:PEER_HEADER + nbytes])
+        quantize_int8_packed(torch.randn(numel, generator=gen) * 5, 1, out=slot[PEER_HEADER : PEER_HEADER + nbytes])
         slots.append(slot)
     got = dequant_sum_peers(slots, numel, groups_per_program=2, programs=programs)
-    want = dequant_sum_ref(torch.stack([s[PEER_HEADER:PEER_HEADER + nbytes] for s in slots]))
+    want = dequant_sum_ref(torch.stack([s[PEER_HEADER : PEER_HEADER + nbytes] for s in slots]))
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 

@@ -45,7 +45,7 @@ def test_conv_restarts_at_sequence_boundaries_and_continues_from_a_state():
     torch.testing.assert_close(packed[:, 5:], causal_conv1d_ref(x[:, 5:], w))
     # A shard continues from the previous shard's last 3 inputs.
     whole = causal_conv1d_ref(x, w)
-    tail = x[:, 5 - 3:5].transpose(1, 2)
+    tail = x[:, 5 - 3 : 5].transpose(1, 2)
     torch.testing.assert_close(causal_conv1d_ref(x[:, 5:], w, initial_state=tail), whole[:, 5:])
 
 
@@ -53,8 +53,12 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=7),
-       st.sampled_from([8, 16]), st.booleans(), st.integers(0, 2 ** 31 - 1))
+@given(
+    st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=7),
+    st.sampled_from([8, 16]),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
 def test_chunked_ssd_with_seq_idx_equals_the_recurrence(lengths, chunk, with_init, seed):
     """Packed rows, boundaries anywhere (on chunk edges, inside chunks, length-1 sequences)."""
     s = sum(lengths)
@@ -88,14 +92,15 @@ def test_sequence_shards_scanned_once_and_corrected_equal_one_scan(s, shards, se
     y_ref, final_ref = ssd_chunked_ref(x, dt, A, B, C, chunk=8)
     parts = [slice(i * s, (i + 1) * s) for i in range(shards)]
     scans = [ssd_chunked_ref(x[:, q], dt[:, q], A, B[:, q], C[:, q], chunk=8) for q in parts]
-    gathered = torch.stack([torch.cat([f.flatten(), (dt[:, q] * A).sum(1).flatten()]) for q, (_, f) in zip(parts, scans)])
+    gathered = torch.stack(
+        [torch.cat([f.flatten(), (dt[:, q] * A).sum(1).flatten()]) for q, (_, f) in zip(parts, scans)]
+    )
     dims = (h * p, g, n, h, p)
     identity = torch.eye(h * p, dtype=torch.float64)  # out_proj, and a norm that passes y through
     for r, q in enumerate(parts):
         E = _entering(gathered, r, (b, h, p, n), (b, h))
         y0, final0 = scans[r]
-        y, final = _finish_shard(y0, C[:, q], dt[:, q], A, None, E, final0, None, identity, dims,
-                                 lambda y, z, w: y)
+        y, final = _finish_shard(y0, C[:, q], dt[:, q], A, None, E, final0, None, identity, dims, lambda y, z, w: y)
         torch.testing.assert_close(y, y_ref[:, q].reshape(b, s, h * p), rtol=1e-9, atol=1e-9)
         if r == shards - 1:
             torch.testing.assert_close(final, final_ref, rtol=1e-9, atol=1e-9)

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SOURCES = sorted((ROOT / "meshplan").rglob("*.py"))
 # A results file: a name carrying the GPU it ran on, not a path under $OUT (where a command writes).
-RESULT_NAME = re.compile(r"(?<![\w$/.-])(?:benchmarks/results/)?([\w*{},.-]*(?:h100|h200)[\w*{},.-]*\.(?:json|toml|txt))")
+RESULT_NAME = re.compile(
+    r"(?<![\w$/.-])(?:benchmarks/results/)?([\w*{},.-]*(?:h100|h200)[\w*{},.-]*\.(?:json|toml|txt))"
+)
 
 
 def _expand(name: str) -> list[str]:
@@ -26,7 +28,7 @@ def _expand(name: str) -> list[str]:
     m = re.search(r"\{([^{}]*)\}", name)
     if not m:
         return [name]
-    return [alt for part in m.group(1).split(",") for alt in _expand(name[:m.start()] + part + name[m.end():])]
+    return [alt for part in m.group(1).split(",") for alt in _expand(name[: m.start()] + part + name[m.end() :])]
 
 
 def _cited_results() -> list[tuple[str, int, str]]:
@@ -34,7 +36,7 @@ def _cited_results() -> list[tuple[str, int, str]]:
     for path in SOURCES:
         for no, line in enumerate(path.read_text().splitlines(), 1):
             for m in RESULT_NAME.finditer(line):
-                if "$OUT" not in line[max(0, m.start() - 6):m.start()]:
+                if "$OUT" not in line[max(0, m.start() - 6) : m.start()]:
                     out.append((str(path.relative_to(ROOT)), no, m.group(1)))
     return out
 
@@ -42,19 +44,29 @@ def _cited_results() -> list[tuple[str, int, str]]:
 def test_every_cited_results_file_exists():
     cited = _cited_results()
     assert len(cited) > 50  # the pattern finds the code's evidence, not nothing
-    broken = [f"{p.relative_to(ROOT)}:{no}" for p in SOURCES for no, line in enumerate(p.read_text().splitlines(), 1)
-              if re.search(r"benchmarks/results/[\w.{},*-]*-$", line)]
+    broken = [
+        f"{p.relative_to(ROOT)}:{no}"
+        for p in SOURCES
+        for no, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"benchmarks/results/[\w.{},*-]*-$", line)
+    ]
     assert not broken, "a results file's name broken across lines: " + ", ".join(broken)
-    missing = [f"{where}:{no} {name}" for where, no, name in cited
-               if not all(any(RESULTS.glob(alt)) for alt in _expand(name))]
-    assert not missing, "cited but not in benchmarks/results/ (write the whole name on one line):\n" + "\n".join(missing)
+    missing = [
+        f"{where}:{no} {name}" for where, no, name in cited if not all(any(RESULTS.glob(alt)) for alt in _expand(name))
+    ]
+    assert not missing, "cited but not in benchmarks/results/ (write the whole name on one line):\n" + "\n".join(
+        missing
+    )
 
 
 def test_every_cited_design_section_exists():
     design = (ROOT / "docs" / "design.md").read_text()
     sections = set(re.findall(r"^#+ (\d+)\.", design, flags=re.M))
-    cites = [(str(p.relative_to(ROOT)), s) for p in SOURCES + [ROOT / "README.md"]
-             for s in re.findall(r"docs/design\.md §(\d+)", p.read_text())]
+    cites = [
+        (str(p.relative_to(ROOT)), s)
+        for p in SOURCES + [ROOT / "README.md"]
+        for s in re.findall(r"docs/design\.md §(\d+)", p.read_text())
+    ]
     assert cites, "the code cites docs/design.md"
     assert not [c for c in cites if c[1] not in sections], cites
     for path in SOURCES:  # the old shorthand, which no clone could resolve
@@ -79,7 +91,7 @@ def _import_graph() -> nx.DiGraph:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(up + ([node.module] if node.module else []))
                 # `from pkg import submodule` depends on the submodule; `from mod import name` on mod.
                 subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
@@ -97,10 +109,18 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + [c[0]]) for c in cycles)
 
 
-@pytest.mark.parametrize("leaf", ["meshplan.models", "meshplan.costmodel.shapes", "meshplan.costmodel.layouts.base",
-                                  "meshplan.kernels.launch"])
+@pytest.mark.parametrize(
+    "leaf",
+    ["meshplan.models", "meshplan.costmodel.shapes", "meshplan.costmodel.layouts.base", "meshplan.kernels.launch"],
+)
 def test_leaf_modules_stay_leaves(leaf):
     """The shared shapes and types import nothing of meshplan beyond errors, models and options."""
-    allowed = {"meshplan.errors", "meshplan.models", "meshplan.layout", "meshplan.costmodel.options",
-               "meshplan.costmodel.stacks", "meshplan.costmodel.shapes"}
+    allowed = {
+        "meshplan.errors",
+        "meshplan.models",
+        "meshplan.layout",
+        "meshplan.costmodel.options",
+        "meshplan.costmodel.stacks",
+        "meshplan.costmodel.shapes",
+    }
     assert set(_import_graph().successors(leaf)) <= allowed

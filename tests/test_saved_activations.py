@@ -16,9 +16,11 @@ MODELS = {
     "dense-gqa": dense("gqa", 256, 2, 8, 2, 768, 1000),
     "mamba2": mamba2("m2", 128, 2, 1000, d_state=16, headdim=16, ngroups=2),
 }
-CASES = [(name, rc, flash) for name in ("dense-mha", "dense-gqa") for rc, flash in
-         [("none", True), ("none", False), ("selective", False), ("full", True)]] + \
-        [("mamba2", "none", True), ("mamba2", "full", True)]
+CASES = [
+    (name, rc, flash)
+    for name in ("dense-mha", "dense-gqa")
+    for rc, flash in [("none", True), ("none", False), ("selective", False), ("full", True)]
+] + [("mamba2", "none", True), ("mamba2", "full", True)]
 
 
 @pytest.mark.parametrize("name, recompute, flash", CASES)
@@ -50,8 +52,17 @@ def test_mamba2_recompute_gives_the_same_gradients_as_plain_autograd():
     block.zero_grad()
     x2 = x.detach().clone().requires_grad_(True)
     zxbcdt = F.linear(block.norm(x2), block.in_proj)
-    out, _ = mamba2_mixer(zxbcdt, block.conv_w, block.conv_b, block.dt_bias, block.a_log, block.d_skip,
-                          block.norm_w, block.out_proj, block.dims)
+    out, _ = mamba2_mixer(
+        zxbcdt,
+        block.conv_w,
+        block.conv_b,
+        block.dt_bias,
+        block.a_log,
+        block.d_skip,
+        block.norm_w,
+        block.out_proj,
+        block.dims,
+    )
     (x2 + out).sum().backward()
     plain = [p.grad for p in block.parameters()] + [x2.grad]
     for a, b in zip(fused, plain):

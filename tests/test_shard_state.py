@@ -24,8 +24,10 @@ def _inputs(b, s, h, p, g, n, seed, wide_c):
     return (y0, C, cum, E), dy
 
 
-@pytest.mark.parametrize("b, s, h, p, g, n, wide_c", [(2, 100, 4, 16, 2, 16, True), (1, 64, 3, 24, 1, 20, False),
-                                                      (1, 200, 2, 16, 1, 32, True)])
+@pytest.mark.parametrize(
+    "b, s, h, p, g, n, wide_c",
+    [(2, 100, 4, 16, 2, 16, True), (1, 64, 3, 24, 1, 20, False), (1, 200, 2, 16, 1, 32, True)],
+)
 def test_matches_autograd_through_the_reference(b, s, h, p, g, n, wide_c):
     ins, dy = _inputs(b, s, h, p, g, n, seed=s + h, wide_c=wide_c)
     mine = [t.clone().requires_grad_() for t in ins]
@@ -49,7 +51,6 @@ def test_zero_entering_state_leaves_the_scan_output():
     out.backward(dy)
     assert torch.equal(leaves[0].grad, dy)
     assert not leaves[1].grad.any() and not leaves[2].grad.any()
-
 
 
 def test_tokens_of_a_new_document_take_no_entering_state():

@@ -10,12 +10,21 @@ from meshplan.hf_config import load_model
 from meshplan.models import PRESETS
 from meshplan.topologies.cluster import build_graph, load_cluster, preset_names
 
+
 # Published parameter counts (model cards): Llama-3-8B 8.03B, Falcon-Mamba-7B 7.27B, mamba2-* by name.
-@pytest.mark.parametrize("name, billions, rel", [
-    ("llama3-8b", 8.03, 0.001), ("falcon-mamba-7b", 7.27, 0.002), ("mamba2-130m", 0.13, 0.01),
-    ("mamba2-370m", 0.37, 0.01), ("mamba2-780m", 0.78, 0.01), ("mamba2-1.3b", 1.3, 0.04),
-    ("mamba2-2.7b", 2.7, 0.01), ("zamba2-7b", 7.5, 0.05),
-])
+@pytest.mark.parametrize(
+    "name, billions, rel",
+    [
+        ("llama3-8b", 8.03, 0.001),
+        ("falcon-mamba-7b", 7.27, 0.002),
+        ("mamba2-130m", 0.13, 0.01),
+        ("mamba2-370m", 0.37, 0.01),
+        ("mamba2-780m", 0.78, 0.01),
+        ("mamba2-1.3b", 1.3, 0.04),
+        ("mamba2-2.7b", 2.7, 0.01),
+        ("zamba2-7b", 7.5, 0.05),
+    ],
+)
 def test_preset_parameter_counts(name, billions, rel):
     assert PRESETS[name].param_count() / 1e9 == pytest.approx(billions, rel=rel)
 
@@ -27,9 +36,18 @@ def write(tmp_path, data, name="config.json"):
 
 
 def test_hf_llama_config_round_trips_to_the_preset(tmp_path):
-    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
-           "tie_word_embeddings": False, "rope_theta": 500000.0, "some_future_field": [1, 2]}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+        "rope_theta": 500000.0,
+        "some_future_field": [1, 2],
+    }
     model = load_model(write(tmp_path, cfg))
     assert model.param_count() == PRESETS["llama3-8b"].param_count()
     assert model.attention.kv_heads == 8
@@ -38,49 +56,135 @@ def test_hf_llama_config_round_trips_to_the_preset(tmp_path):
 def test_hf_config_with_its_own_head_dim(tmp_path):
     """Mistral-Nemo's config.json: 32 heads of 128 over a 5120-wide stream (attention 4096 wide), 12.2B
     parameters by its model card; the head width is the config's, not hidden / heads (160)."""
-    cfg = {"model_type": "mistral", "hidden_size": 5120, "num_attention_heads": 32, "num_key_value_heads": 8,
-           "head_dim": 128, "intermediate_size": 14336, "num_hidden_layers": 40, "vocab_size": 131072,
-           "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "mistral",
+        "hidden_size": 5120,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 40,
+        "vocab_size": 131072,
+        "tie_word_embeddings": False,
+    }
     model = load_model(write(tmp_path, cfg))
     assert model.attention.head_dim == 128 and model.attention.q_width == 4096
     assert model.param_count() / 1e9 == pytest.approx(12.2, rel=0.01)
 
 
 def test_hf_mamba2_and_falcon_mamba_configs(tmp_path):
-    m2 = load_model(write(tmp_path, {"model_type": "mamba2", "hidden_size": 768, "num_hidden_layers": 24,
-                                     "vocab_size": 50288, "state_size": 128, "head_dim": 64, "n_groups": 1,
-                                     "expand": 2, "conv_kernel": 4}, "m2.json"))
+    m2 = load_model(
+        write(
+            tmp_path,
+            {
+                "model_type": "mamba2",
+                "hidden_size": 768,
+                "num_hidden_layers": 24,
+                "vocab_size": 50288,
+                "state_size": 128,
+                "head_dim": 64,
+                "n_groups": 1,
+                "expand": 2,
+                "conv_kernel": 4,
+            },
+            "m2.json",
+        )
+    )
     assert m2.param_count() == PRESETS["mamba2-130m"].param_count()
-    fm = load_model(write(tmp_path, {"model_type": "falcon_mamba", "hidden_size": 4096, "num_hidden_layers": 64,
-                                     "vocab_size": 65024, "state_size": 16, "expand": 2, "conv_kernel": 4,
-                                     "time_step_rank": 256, "tie_word_embeddings": False}, "fm.json"))
+    fm = load_model(
+        write(
+            tmp_path,
+            {
+                "model_type": "falcon_mamba",
+                "hidden_size": 4096,
+                "num_hidden_layers": 64,
+                "vocab_size": 65024,
+                "state_size": 16,
+                "expand": 2,
+                "conv_kernel": 4,
+                "time_step_rank": 256,
+                "tie_word_embeddings": False,
+            },
+            "fm.json",
+        )
+    )
     assert fm.param_count() == PRESETS["falcon-mamba-7b"].param_count()
 
 
 def test_hf_zamba2_config(tmp_path):
     types = (["mamba"] * 5 + ["hybrid"]) * 13 + ["mamba"] * 3
-    cfg = {"model_type": "zamba2", "hidden_size": 3584, "num_hidden_layers": 81, "layers_block_type": types,
-           "mamba_d_state": 64, "mamba_ngroups": 2, "n_mamba_heads": 112, "num_attention_heads": 32,
-           "intermediate_size": 14336, "num_mem_blocks": 2, "vocab_size": 32000}
+    cfg = {
+        "model_type": "zamba2",
+        "hidden_size": 3584,
+        "num_hidden_layers": 81,
+        "layers_block_type": types,
+        "mamba_d_state": 64,
+        "mamba_ngroups": 2,
+        "n_mamba_heads": 112,
+        "num_attention_heads": 32,
+        "intermediate_size": 14336,
+        "num_mem_blocks": 2,
+        "vocab_size": 32000,
+    }
     model = load_model(write(tmp_path, cfg))
     assert model.hybrid_invocations == 13 and model.mamba2.headdim == 64
     assert model.param_count() == PRESETS["zamba2-7b"].param_count()
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"model_type": "llama", "hidden_size": 64}, "missing required field 'num_attention_heads'"),
-    ({"model_type": "t5"}, "model_type 't5' is not supported"),
-    ({"model_type": "gpt2"}, "missing required field 'n_embd'"),
-    ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 5,
-      "intermediate_size": 128, "vocab_size": 10}, "heads (5) must divide hidden (64)"),
-    # A count that is not a whole number is a malformed config, not a value to round.
-    ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4.5,
-      "intermediate_size": 128, "vocab_size": 10}, "num_attention_heads must be a whole number, got 4.5"),
-    ({"model_type": "llama", "hidden_size": "64", "num_hidden_layers": 2, "num_attention_heads": 4,
-      "intermediate_size": 128, "vocab_size": 10}, "hidden_size must be a whole number, got '64'"),
-    ({"model_type": "mamba2", "hidden_size": 768, "num_hidden_layers": 24, "vocab_size": 50288, "head_dim": 64,
-      "expand": 2, "num_heads": 25}, "num_heads (25) disagrees with expand · hidden_size / head_dim (2 · 768 / 64 = 24)"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"model_type": "llama", "hidden_size": 64}, "missing required field 'num_attention_heads'"),
+        ({"model_type": "t5"}, "model_type 't5' is not supported"),
+        ({"model_type": "gpt2"}, "missing required field 'n_embd'"),
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 5,
+                "intermediate_size": 128,
+                "vocab_size": 10,
+            },
+            "heads (5) must divide hidden (64)",
+        ),
+        # A count that is not a whole number is a malformed config, not a value to round.
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4.5,
+                "intermediate_size": 128,
+                "vocab_size": 10,
+            },
+            "num_attention_heads must be a whole number, got 4.5",
+        ),
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": "64",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 128,
+                "vocab_size": 10,
+            },
+            "hidden_size must be a whole number, got '64'",
+        ),
+        (
+            {
+                "model_type": "mamba2",
+                "hidden_size": 768,
+                "num_hidden_layers": 24,
+                "vocab_size": 50288,
+                "head_dim": 64,
+                "expand": 2,
+                "num_heads": 25,
+            },
+            "num_heads (25) disagrees with expand · hidden_size / head_dim (2 · 768 / 64 = 24)",
+        ),
+    ],
+)
 def test_hf_config_errors_name_the_field(tmp_path, data, message):
     with pytest.raises(MeshplanError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_model(write(tmp_path, data))
@@ -91,20 +195,35 @@ def test_unknown_model_is_one_clear_error():
         load_model("llama-99b")
 
 
-@pytest.mark.parametrize("text, layout", [
-    ("dp=2,pp=2,tp=4", Layout(dp=2, pp=2, tp=4)), ("sp=8", Layout(sp=8)), ("tp=2, sp=4", Layout(tp=2, sp=4)),
-    ("tsp=8", Layout(tsp=8)), ("tpssm=4,zero=1,dp=2", Layout(tpssm=4, zero=1, dp=2)), ("single", Layout()),
-])
+@pytest.mark.parametrize(
+    "text, layout",
+    [
+        ("dp=2,pp=2,tp=4", Layout(dp=2, pp=2, tp=4)),
+        ("sp=8", Layout(sp=8)),
+        ("tp=2, sp=4", Layout(tp=2, sp=4)),
+        ("tsp=8", Layout(tsp=8)),
+        ("tpssm=4,zero=1,dp=2", Layout(tpssm=4, zero=1, dp=2)),
+        ("single", Layout()),
+    ],
+)
 def test_layout_grammar(text, layout):
     assert parse_layout(text) == layout
     assert parse_layout(str(layout)) == layout
 
 
-@pytest.mark.parametrize("text, message", [
-    ("tq=4", "did you mean 'tp'"), ("tp4", "not key=value"), ("tp=x", "not an integer"),
-    ("tp=2,tp=4", "given twice"), ("tsp=4,tp=2", "do not combine"), ("zero=4", "zero must be"),
-    ("tp=0", "must be >= 1"), ("tp=2,tpssm=2", "same weight axis"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("tq=4", "did you mean 'tp'"),
+        ("tp4", "not key=value"),
+        ("tp=x", "not an integer"),
+        ("tp=2,tp=4", "given twice"),
+        ("tsp=4,tp=2", "do not combine"),
+        ("zero=4", "zero must be"),
+        ("tp=0", "must be >= 1"),
+        ("tp=2,tpssm=2", "same weight axis"),
+    ],
+)
 def test_layout_grammar_errors(text, message):
     with pytest.raises(MeshplanError, match=message):
         parse_layout(text)
@@ -162,7 +281,9 @@ def test_cluster_toml_typos_are_named(tmp_path):
 
     path.write_text(good.replace("bf16_tflops = 989.4", "bf16_tflops = -1"))
     r = CliRunner().invoke(app, ["recommend", "--model", "dense-7b", "--cluster", str(path), "--seq", "4k"])
-    assert r.exit_code == 2 and r.output.strip() == f"error: {path}: [gpu] bf16_tflops must be a positive number, got -1"
+    assert (
+        r.exit_code == 2 and r.output.strip() == f"error: {path}: [gpu] bf16_tflops must be a positive number, got -1"
+    )
 
 
 def test_sequence_axis_deals_zigzag_only_where_attention_alone_and_2_sigma_divides():

@@ -18,8 +18,10 @@ pytestmark = pytest.mark.usefixtures("poison_empty")
 # (the state passing then in 16 × 16 tiles: four a state at headdim and d_state 32; its weights two
 # heads a program).
 @pytest.mark.parametrize("split_target", [1024, 1])
-@pytest.mark.parametrize("s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 32, False), (50, 4, 16, 2, 16, 16, True),
-                                                              (96, 4, 32, 2, 32, 32, True)])
+@pytest.mark.parametrize(
+    "s, h, p, g, n, chunk, with_init",
+    [(64, 2, 16, 1, 16, 32, False), (50, 4, 16, 2, 16, 16, True), (96, 4, 32, 2, 32, 32, True)],
+)
 def test_triton_ssd_matches_the_recurrence(monkeypatch, split_target, s, h, p, g, n, chunk, with_init):
     monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
     if split_target == 1:
@@ -34,8 +36,15 @@ def test_triton_ssd_matches_the_recurrence(monkeypatch, split_target, s, h, p, g
     C = torch.randn(2, s, g, n, generator=gen)
     D = torch.randn(h, generator=gen)
     h0 = torch.randn(2, h, p, n, generator=gen) if with_init else None
-    y_ref, st_ref = ssd_scan_ref(x.double(), dt.double(), A.double(), B.double(), C.double(), D.double(),
-                                 initial_state=h0.double() if with_init else None)
+    y_ref, st_ref = ssd_scan_ref(
+        x.double(),
+        dt.double(),
+        A.double(),
+        B.double(),
+        C.double(),
+        D.double(),
+        initial_state=h0.double() if with_init else None,
+    )
     y, st = ssd_chunked(x, dt, A, B, C, D, initial_state=h0, chunk=chunk)
     torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(st.double(), st_ref, rtol=2e-3, atol=2e-3)
@@ -45,8 +54,11 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=10, deadline=None)
-@given(st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=6),
-       st.booleans(), st.integers(0, 2 ** 31 - 1))
+@given(
+    st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=6),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
 def test_triton_ssd_respects_packed_boundaries(lengths, with_init, seed):
     s = sum(lengths)
     gen = torch.Generator().manual_seed(seed % 10_000)
@@ -57,8 +69,15 @@ def test_triton_ssd_respects_packed_boundaries(lengths, with_init, seed):
     B, C = torch.randn(1, s, g, n, generator=gen), torch.randn(1, s, g, n, generator=gen)
     h0 = torch.randn(1, h, p, n, generator=gen) if with_init else None
     seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
-    y_ref, st_ref = ssd_scan_ref(x.double(), dt.double(), A.double(), B.double(), C.double(),
-                                 initial_state=h0.double() if with_init else None, seq_idx=seq_idx)
+    y_ref, st_ref = ssd_scan_ref(
+        x.double(),
+        dt.double(),
+        A.double(),
+        B.double(),
+        C.double(),
+        initial_state=h0.double() if with_init else None,
+        seq_idx=seq_idx,
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(launch, "SPLIT_TARGET", 1)  # both heads in one program's loop
         mp.setattr(ssd, "WEIGHTS_HEAD_BLOCK", 1)  # the passing's weights one head a program
@@ -76,33 +95,44 @@ def _grads(fn, ins, dy, dfinal, **kw):
 
 def _check_backward(b, s, h, p, g, n, chunk, with_init, with_d, seed, seq_idx=None):
     gen = torch.Generator().manual_seed(seed)
-    ins = [torch.randn(b, s, h, p, generator=gen), torch.rand(b, s, h, generator=gen) * 0.3,
-           -torch.rand(h, generator=gen) * 3, torch.randn(b, s, g, n, generator=gen),
-           torch.randn(b, s, g, n, generator=gen), torch.randn(h, generator=gen) if with_d else None,
-           torch.randn(b, h, p, n, generator=gen) if with_init else None]
+    ins = [
+        torch.randn(b, s, h, p, generator=gen),
+        torch.rand(b, s, h, generator=gen) * 0.3,
+        -torch.rand(h, generator=gen) * 3,
+        torch.randn(b, s, g, n, generator=gen),
+        torch.randn(b, s, g, n, generator=gen),
+        torch.randn(h, generator=gen) if with_d else None,
+        torch.randn(b, h, p, n, generator=gen) if with_init else None,
+    ]
     dy, dfinal = torch.randn(b, s, h, p, generator=gen), torch.randn(b, h, p, n, generator=gen)
-    want = _grads(ssd_chunked_ref, [t.double() if t is not None else None for t in ins], dy, dfinal, chunk=chunk,
-                  seq_idx=seq_idx)
+    want = _grads(
+        ssd_chunked_ref, [t.double() if t is not None else None for t in ins], dy, dfinal, chunk=chunk, seq_idx=seq_idx
+    )
     got = _grads(ssd_chunked, ins, dy, dfinal, chunk=chunk, seq_idx=seq_idx)
     for name, w, o in zip(["x", "dt", "A", "B", "C", "D", "initial_state"], want, got):
         assert (w is None) == (o is None), name
         if w is not None:
             # The floor: where the exact gradient is 0 (dA of a one-token sequence) the kernel's fp32 sums
             # of terms of order 10 leave ~1e-8.
-            torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=max(1e-4 * float(w.abs().max()), 1e-6),
-                                       msg=name)
+            torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=max(1e-4 * float(w.abs().max()), 1e-6), msg=name)
 
 
 # One program per group (all heads), d_state in blocks of 16, the state passings in 16 × 16 tiles (several
 # a state, masked where headdim or d_state is off the block); and one per head with the launch defaults.
 @pytest.mark.parametrize("split_target, state_block, pass_block", [(1, 16, 16), (1024, 64, None)])
-@pytest.mark.parametrize("s, h, p, g, n, chunk, with_init, with_d", [(64, 2, 16, 1, 16, 32, False, True),
-                                                                    (50, 4, 16, 2, 16, 16, True, True),
-                                                                    (96, 4, 32, 1, 32, 32, True, False),
-                                                                    # headdim and d_state off the blocks: masked tiles
-                                                                    (40, 2, 24, 1, 20, 16, True, True)])
-def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, split_target, state_block, pass_block, s, h,
-                                                               p, g, n, chunk, with_init, with_d):
+@pytest.mark.parametrize(
+    "s, h, p, g, n, chunk, with_init, with_d",
+    [
+        (64, 2, 16, 1, 16, 32, False, True),
+        (50, 4, 16, 2, 16, 16, True, True),
+        (96, 4, 32, 1, 32, 32, True, False),
+        # headdim and d_state off the blocks: masked tiles
+        (40, 2, 24, 1, 20, 16, True, True),
+    ],
+)
+def test_triton_ssd_backward_matches_autograd_of_the_reference(
+    monkeypatch, split_target, state_block, pass_block, s, h, p, g, n, chunk, with_init, with_d
+):
     monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
     monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
     if pass_block:
@@ -113,8 +143,11 @@ def test_triton_ssd_backward_matches_autograd_of_the_reference(monkeypatch, spli
 
 
 @settings(max_examples=6, deadline=None)
-@given(st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=5),
-       st.booleans(), st.integers(0, 2 ** 31 - 1))
+@given(
+    st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=5),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
 def test_triton_ssd_backward_respects_packed_boundaries(lengths, with_init, seed):
     seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
     with pytest.MonkeyPatch.context() as mp:
@@ -128,7 +161,7 @@ def test_triton_ssd_reads_column_slices_in_place():
     gen = torch.Generator().manual_seed(7)
     b, s, h, p, g, n = 2, 48, 2, 16, 1, 16  # a whole number of chunks: no padded copy
     xbc = torch.randn(b, s, h * p + 2 * g * n + 5, generator=gen, requires_grad=True)
-    assert token_rows(xbc[..., :h * p].reshape(b, s, h, p))[1] == h * p + 2 * g * n + 5
+    assert token_rows(xbc[..., : h * p].reshape(b, s, h, p))[1] == h * p + 2 * g * n + 5
     dt = torch.rand(b, s, h, generator=gen) * 0.3
     A = -torch.rand(h, generator=gen) * 2
     dy = torch.randn(b, s, h, p, generator=gen)
@@ -139,7 +172,7 @@ def test_triton_ssd_reads_column_slices_in_place():
         if contiguous:
             x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
         y, final = ssd_chunked(x, dt, A, B, C, chunk=16)
-        grad, = torch.autograd.grad((y * dy).sum() + final.sum(), xbc)
+        (grad,) = torch.autograd.grad((y * dy).sum() + final.sum(), xbc)
         return y, final, grad
 
     for got, want in zip(run(False), run(True)):
@@ -149,7 +182,7 @@ def test_triton_ssd_reads_column_slices_in_place():
 def _segmented(mp, per_segment: int):
     """Passings cut into as many segments as leave each `per_segment` chunks or more, whatever the
     programs (segments of ⌈chunks / segments⌉, the last shorter where that does not divide)."""
-    mp.setattr(launch, "PASS_PROGRAM_TARGET", 10 ** 6)
+    mp.setattr(launch, "PASS_PROGRAM_TARGET", 10**6)
     mp.setattr(launch, "PASS_MIN_SEGMENT_CHUNKS", per_segment)
 
 
@@ -166,9 +199,12 @@ def test_pass_segments_fill_the_target_in_whole_chunks(monkeypatch):
 # 8 chunks in 8, 4 or 2 segments; 7 in 7, 3 (of 3, 3, 1) or 2 (4, 3); with and without an initial
 # state; the output kernel one head a program and a group's heads in its loop.
 @pytest.mark.parametrize("per_segment, split_target", [(1, 1024), (2, 1), (3, 1024)])
-@pytest.mark.parametrize("s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 8, False), (100, 4, 16, 2, 16, 16, True)])
-def test_segmented_passing_matches_the_recurrence(monkeypatch, per_segment, split_target, s, h, p, g, n, chunk,
-                                                   with_init):
+@pytest.mark.parametrize(
+    "s, h, p, g, n, chunk, with_init", [(64, 2, 16, 1, 16, 8, False), (100, 4, 16, 2, 16, 16, True)]
+)
+def test_segmented_passing_matches_the_recurrence(
+    monkeypatch, per_segment, split_target, s, h, p, g, n, chunk, with_init
+):
     _segmented(monkeypatch, per_segment)
     monkeypatch.setattr(launch, "SPLIT_TARGET", split_target)
     assert launch.pass_segments(2, h, p, n, -(-s // chunk))[0] > 1
@@ -178,8 +214,9 @@ def test_segmented_passing_matches_the_recurrence(monkeypatch, per_segment, spli
     A = -torch.rand(h, generator=gen) * 3
     B, C = torch.randn(2, s, g, n, generator=gen), torch.randn(2, s, g, n, generator=gen)
     h0 = torch.randn(2, h, p, n, generator=gen) if with_init else None
-    y_ref, st_ref = ssd_scan_ref(x.double(), dt.double(), A.double(), B.double(), C.double(),
-                                 initial_state=h0.double() if with_init else None)
+    y_ref, st_ref = ssd_scan_ref(
+        x.double(), dt.double(), A.double(), B.double(), C.double(), initial_state=h0.double() if with_init else None
+    )
     y, st_ = ssd_chunked(x, dt, A, B, C, initial_state=h0, chunk=chunk)
     torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(st_.double(), st_ref, rtol=2e-3, atol=2e-3)
@@ -188,11 +225,13 @@ def test_segmented_passing_matches_the_recurrence(monkeypatch, per_segment, spli
 # 4 chunks in 4 or 2 segments, 7 in 7 or 3 (3, 3, 1), 5 in 5 or 2 (3, 2); and the forward's passing
 # alone segmented.
 @pytest.mark.parametrize("per_segment, state_block, backward_too", [(1, 16, True), (2, 64, True), (2, 64, False)])
-@pytest.mark.parametrize("s, h, p, g, n, chunk, with_init, with_d", [(64, 2, 16, 1, 16, 16, True, True),
-                                                                    (100, 4, 16, 2, 16, 16, False, True),
-                                                                    (40, 2, 24, 1, 20, 8, True, False)])
-def test_segmented_backward_matches_autograd_of_the_reference(monkeypatch, per_segment, state_block, backward_too, s, h,
-                                                              p, g, n, chunk, with_init, with_d):
+@pytest.mark.parametrize(
+    "s, h, p, g, n, chunk, with_init, with_d",
+    [(64, 2, 16, 1, 16, 16, True, True), (100, 4, 16, 2, 16, 16, False, True), (40, 2, 24, 1, 20, 8, True, False)],
+)
+def test_segmented_backward_matches_autograd_of_the_reference(
+    monkeypatch, per_segment, state_block, backward_too, s, h, p, g, n, chunk, with_init, with_d
+):
     _segmented(monkeypatch, per_segment)
     monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", backward_too)
     monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
@@ -201,8 +240,12 @@ def test_segmented_backward_matches_autograd_of_the_reference(monkeypatch, per_s
 
 
 @settings(max_examples=6, deadline=None)
-@given(st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=5),
-       st.integers(1, 3), st.booleans(), st.integers(0, 2 ** 31 - 1))
+@given(
+    st.lists(st.one_of(st.just(1), st.integers(2, 9), st.integers(14, 40)), min_size=1, max_size=5),
+    st.integers(1, 3),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
 def test_segmented_passing_respects_packed_boundaries(lengths, per_segment, with_init, seed):
     """A segment's start or a boundary inside it: no state crosses a packed sequence's boundary,
     forward or backward."""

@@ -14,28 +14,42 @@ from meshplan.models import PRESETS
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("model, layout, needle", [
-    ("mamba2-2.7b", "tsp=3", "tsp=3 must divide"),
-    ("llama3-8b", "dp=2,pp=2,tsp=2,zero=2", "without tsp or tpssm"),
-    ("dense-7b", "pp=3", "does not divide"),
-    ("llama3-8b", "dp=2,tsp=4,zero=3", "zero=2 or below"),
-    ("zamba2-7b", "tpssm=2", "not hybrid (zamba2-7b) in tpssm=2"),
-    ("mamba2-2.7b", "dp=2,zero=3", "tied embedding for ZeRO 3"),
-    ("mamba2-2.7b", "dp=2,pp=2,zero=2", "execute zero=1"),
-])
+@pytest.mark.parametrize(
+    "model, layout, needle",
+    [
+        ("mamba2-2.7b", "tsp=3", "tsp=3 must divide"),
+        ("llama3-8b", "dp=2,pp=2,tsp=2,zero=2", "without tsp or tpssm"),
+        ("dense-7b", "pp=3", "does not divide"),
+        ("llama3-8b", "dp=2,tsp=4,zero=3", "zero=2 or below"),
+        ("zamba2-7b", "tpssm=2", "not hybrid (zamba2-7b) in tpssm=2"),
+        ("mamba2-2.7b", "dp=2,zero=3", "tied embedding for ZeRO 3"),
+        ("mamba2-2.7b", "dp=2,pp=2,zero=2", "execute zero=1"),
+    ],
+)
 def test_unsupported_names_the_field_and_the_way_out(model, layout, needle):
     reason = unsupported(parse_layout(layout), PRESETS[model])
     assert reason is not None and needle in reason and reason.split(":")[0] in ("layout", "model")
     assert "\n" not in reason
 
 
-@pytest.mark.parametrize("model, layout", [("llama3-8b", "tsp=8"), ("llama3-8b", "dp=2,tp=4"), ("mamba2-2.7b", "sp=8"),
-                                           ("mamba2-2.7b", "tsp=8"), ("mamba2-2.7b", "dp=2,tsp=4"),
-                                           ("mamba2-2.7b", "dp=2,tpssm=2,sp=2"), ("llama3-8b", "dp=4,tsp=2,zero=2"),
-                                           ("mamba2-2.7b", "dp=2,tpssm=2,zero=1"), ("llama3-8b", "dp=2,sp=2,zero=2"),
-                                           ("llama3-8b", "dp=2,tp=4,zero=3"), ("llama3-8b", "pp=2,tp=4"),
-                                           ("mamba2-2.7b", "dp=2,pp=2,tpssm=2,zero=1"),
-                                           ("llama3-8b", "dp=2,pp=2,tp=2,zero=2")])
+@pytest.mark.parametrize(
+    "model, layout",
+    [
+        ("llama3-8b", "tsp=8"),
+        ("llama3-8b", "dp=2,tp=4"),
+        ("mamba2-2.7b", "sp=8"),
+        ("mamba2-2.7b", "tsp=8"),
+        ("mamba2-2.7b", "dp=2,tsp=4"),
+        ("mamba2-2.7b", "dp=2,tpssm=2,sp=2"),
+        ("llama3-8b", "dp=4,tsp=2,zero=2"),
+        ("mamba2-2.7b", "dp=2,tpssm=2,zero=1"),
+        ("llama3-8b", "dp=2,sp=2,zero=2"),
+        ("llama3-8b", "dp=2,tp=4,zero=3"),
+        ("llama3-8b", "pp=2,tp=4"),
+        ("mamba2-2.7b", "dp=2,pp=2,tpssm=2,zero=1"),
+        ("llama3-8b", "dp=2,pp=2,tp=2,zero=2"),
+    ],
+)
 def test_what_the_executor_runs(model, layout):
     assert unsupported(parse_layout(layout), PRESETS[model]) is None
 
@@ -46,13 +60,16 @@ def test_whole_model_needs_even_vocab_and_column_splits():
     odd = dense("odd-vocab", 64, 2, 8, 8, 128, 50257)  # GPT-2's vocabulary
     assert "pad vocab_size to a multiple of 2" in unsupported(parse_layout("tp=2"), odd)
     assert unsupported(parse_layout("tp=2"), odd, whole=False) is None  # the layers alone split no vocabulary
-    assert "must divide hidden 60" in unsupported(parse_layout("tsp=8"), dense("h60", 60, 2, 4, 4, 128, 96,
-                                                                              head_dim=16))
+    assert "must divide hidden 60" in unsupported(
+        parse_layout("tsp=8"), dense("h60", 60, 2, 4, 4, 128, 96, head_dim=16)
+    )
 
 
 def test_execute_refuses_before_launching():
-    r = runner.invoke(app, ["execute", "--model", "mamba2-2.7b", "--layout", "tsp=3", "--seq", "64", "--nproc", "3",
-                            "--device", "cpu"])
+    r = runner.invoke(
+        app,
+        ["execute", "--model", "mamba2-2.7b", "--layout", "tsp=3", "--seq", "64", "--nproc", "3", "--device", "cpu"],
+    )
     assert r.exit_code == 2 and r.output.startswith("error: layout: tsp=3 does not divide mamba2-2.7b's Mamba-2 heads")
     assert len(r.output.strip().splitlines()) == 1
 

@@ -12,8 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Mamba2Config,
+    Mamba2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from typer.testing import CliRunner
 
@@ -29,10 +37,26 @@ from meshplan.hf_config import load_model
 from meshplan.models import RopeSpec
 
 VOCAB, SEQ, BATCH = 64, 16, 2
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def _perturb_norms(model):
@@ -59,9 +83,22 @@ def checkpoints(tmp_path_factory):
     made = {
         "llama3": LlamaForCausalLM(LlamaConfig(**SHAPE, rms_norm_eps=1e-6, rope_parameters=LLAMA3_ROPE)),
         "phi3": Phi3ForCausalLM(Phi3Config(**SHAPE)),
-        "mamba2": Mamba2ForCausalLM(Mamba2Config(vocab_size=VOCAB, hidden_size=32, state_size=8, head_dim=8,
-                                                 num_heads=8, n_groups=1, expand=2, conv_kernel=4, num_hidden_layers=2,
-                                                 layer_norm_epsilon=1e-5, tie_word_embeddings=True, chunk_size=8)),
+        "mamba2": Mamba2ForCausalLM(
+            Mamba2Config(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                state_size=8,
+                head_dim=8,
+                num_heads=8,
+                n_groups=1,
+                expand=2,
+                conv_kernel=4,
+                num_hidden_layers=2,
+                layer_norm_epsilon=1e-5,
+                tie_word_embeddings=True,
+                chunk_size=8,
+            )
+        ),
     }
     return {name: (str(root / name), _write(root / name, model)) for name, model in made.items()}
 
@@ -73,13 +110,16 @@ def _ids(seed=1):
 def test_inv_freq_matches_transformers_llama3():
     cfg = LlamaConfig(**SHAPE, rope_parameters=LLAMA3_ROPE)
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
-    rope = RopeSpec(theta=1e4, kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                    original_max_positions=64)
+    rope = RopeSpec(
+        theta=1e4, kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=64
+    )
     assert torch.equal(inv_freq(rope, 8), want)
     # The three bands are all present at this size: kept, blended, divided by the factor.
     plain = inv_freq(RopeSpec(theta=1e4), 8)
     ratio = (plain / want).tolist()
-    assert ratio[0] == 1.0 and 1.0 < ratio[1] < 8.0 and ratio[2] == pytest.approx(8.0) and ratio[3] == pytest.approx(8.0)
+    assert (
+        ratio[0] == 1.0 and 1.0 < ratio[1] < 8.0 and ratio[2] == pytest.approx(8.0) and ratio[3] == pytest.approx(8.0)
+    )
 
 
 def test_rotation_in_place_has_the_inverse_rotation_as_gradient():
@@ -94,8 +134,10 @@ def test_rotation_in_place_has_the_inverse_rotation_as_gradient():
     out = f(base).detach()
     assert torch.equal(out[..., 12:], base.detach()[..., 12:])  # v untouched
     # Rotations keep each pair's length; position 0 is not turned.
-    assert torch.allclose(out[..., :12].reshape(2, 3, 3, 2, 2).pow(2).sum(-2),
-                          base.detach()[..., :12].reshape(2, 3, 3, 2, 2).pow(2).sum(-2))
+    assert torch.allclose(
+        out[..., :12].reshape(2, 3, 3, 2, 2).pow(2).sum(-2),
+        base.detach()[..., :12].reshape(2, 3, 3, 2, 2).pow(2).sum(-2),
+    )
     assert torch.allclose(out[:, 0], base.detach()[:, 0])
 
 
@@ -117,12 +159,17 @@ def test_reference_reads_a_checkpoint_to_transformers_loss(checkpoints, name):
 
 def _check_all(rank, world, folder, layouts):
     spec = load_model(folder)
-    return [(text, mode, check_model(rank, world, spec, parse_layout(text), SEQ, BATCH, mode, weights=folder))
-            for text in layouts for mode in ("train", "decode")]
+    return [
+        (text, mode, check_model(rank, world, spec, parse_layout(text), SEQ, BATCH, mode, weights=folder))
+        for text in layouts
+        for mode in ("train", "decode")
+    ]
 
 
-@pytest.mark.parametrize("name, layouts", [("llama3", ["tp=2", "tsp=2", "sp=2", "pp=2", "dp=2,zero=3"]),
-                                           ("mamba2", ["tpssm=2", "tsp=2", "sp=2"])])
+@pytest.mark.parametrize(
+    "name, layouts",
+    [("llama3", ["tp=2", "tsp=2", "sp=2", "pp=2", "dp=2,zero=3"]), ("mamba2", ["tpssm=2", "tsp=2", "sp=2"])],
+)
 def test_every_rank_reads_its_shard(checkpoints, name, layouts):
     """Each rank's modules read their own slices from the files (not from the reference): the sharded
     loss, gradients and decoded log-probs equal the reference's, whose loss is transformers'."""
@@ -152,9 +199,30 @@ def test_execute_with_weights_records_transformers_loss(checkpoints, tmp_path):
     ids = _ids(seed=7)
     np.save(tmp_path / "ids.npy", ids.numpy())
     out = tmp_path / "run.json"
-    res = CliRunner().invoke(app, ["execute", "--model", folder, "--weights", folder, "--layout", "tp=2",
-                                   "--seq", str(SEQ), "--batch", str(BATCH), "--nproc", "2", "--steps", "1",
-                                   "--tokens", str(tmp_path / "ids.npy"), "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "execute",
+            "--model",
+            folder,
+            "--weights",
+            folder,
+            "--layout",
+            "tp=2",
+            "--seq",
+            str(SEQ),
+            "--batch",
+            str(BATCH),
+            "--nproc",
+            "2",
+            "--steps",
+            "1",
+            "--tokens",
+            str(tmp_path / "ids.npy"),
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     run = json.loads(out.read_text())
     with torch.no_grad():

@@ -27,8 +27,11 @@ CASES = {
 
 
 def _run_all(rank, world, model, layouts, seq, batch):
-    return [(text, mode, check_model(rank, world, model, parse_layout(text), seq, batch, mode))
-            for text in layouts for mode in ("train", "prefill", "decode")]
+    return [
+        (text, mode, check_model(rank, world, model, parse_layout(text), seq, batch, mode))
+        for text in layouts
+        for mode in ("train", "prefill", "decode")
+    ]
 
 
 @pytest.mark.parametrize("family, world", list(CASES))
@@ -43,8 +46,10 @@ def test_whole_model_matches_single_process_and_the_cost_model(family, world):
                 assert r["max_weight_grad_rel_err"] < 1e-9, (text, r)
                 if "zero" in text:
                     assert r["max_weight_after_step_rel_err"] < 1e-12, (text, r)
-                assert abs(r["saved_bytes"] - r["predicted_saved_bytes"]) <= 0.05 * r["predicted_saved_bytes"], \
-                    (text, r)
+                assert abs(r["saved_bytes"] - r["predicted_saved_bytes"]) <= 0.05 * r["predicted_saved_bytes"], (
+                    text,
+                    r,
+                )
             else:
                 assert r["max_out_err"] < 1e-10, (text, mode, r)
         # The loss was checked on every rank that holds the head (one per pipeline).
@@ -57,12 +62,16 @@ def test_whole_model_matches_single_process_and_the_cost_model(family, world):
 
 
 def _run_packed(rank, world, model, layouts, seq, batch):
-    return [(text, mode, check_model(rank, world, model, parse_layout(text), seq, batch, mode, packed=True))
-            for text in layouts for mode in ("train", "prefill", "decode")]
+    return [
+        (text, mode, check_model(rank, world, model, parse_layout(text), seq, batch, mode, packed=True))
+        for text in layouts
+        for mode in ("train", "prefill", "decode")
+    ]
 
 
-@pytest.mark.parametrize("world, layouts", [(2, ["tpssm=2", "sp=2", "tsp=2", "pp=2", "dp=2,zero=1"]),
-                                            (4, ["sp=4", "tsp=4", "tpssm=2,sp=2"])])
+@pytest.mark.parametrize(
+    "world, layouts", [(2, ["tpssm=2", "sp=2", "tsp=2", "pp=2", "dp=2,zero=1"]), (4, ["sp=4", "tsp=4", "tpssm=2,sp=2"])]
+)
 def test_packed_documents_in_mamba2_match_single_process(world, layouts):
     """Rows that pack several documents (executor.check_model.packed_documents: one continuing across a
     shard boundary and ending inside the next shard, one starting exactly at a shard boundary, a last

@@ -62,10 +62,18 @@ def attention_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
             items.append(Saved("k_repeated", e * attn.q_width, "heads", recomputed_by_selective=True))
             items.append(Saved("v_repeated", e * attn.q_width, "heads", recomputed_by_selective=True))
         if opts.dropout:
-            items.append(Saved("attn_softmax_dropout_mask", MASK * attn.heads, "heads", quadratic=True,
-                               recomputed_by_selective=True))
-            items.append(Saved("attn_softmax_dropout_out", e * attn.heads, "heads", quadratic=True,
-                               recomputed_by_selective=True))
+            items.append(
+                Saved(
+                    "attn_softmax_dropout_mask",
+                    MASK * attn.heads,
+                    "heads",
+                    quadratic=True,
+                    recomputed_by_selective=True,
+                )
+            )
+            items.append(
+                Saved("attn_softmax_dropout_out", e * attn.heads, "heads", quadratic=True, recomputed_by_selective=True)
+            )
     if opts.dropout:
         items.append(Saved("attn_dropout_mask", MASK * attn.out_hidden, "hidden"))
     return items
@@ -136,22 +144,28 @@ def head_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     # The loss keeps, a token, the fp32 sum of exponentials, the target's int64 column and whether this
     # rank's vocabulary holds it; the embedding its int64 ids (meshplan/executor/layouts/vocab.py). The
     # fp32 logits it keeps are the logits phase's (memory.memory_per_gpu).
-    return [Saved("final_norm_input", e * model.d_model, "hidden"), Saved("final_norm_stats", FP32, "hidden"),
-            Saved("lm_head_input", e * model.d_model, "hidden"), Saved("loss_stats", FP32 + 8 + 1, "hidden"),
-            Saved("embedding_ids", 8, "hidden")]
+    return [
+        Saved("final_norm_input", e * model.d_model, "hidden"),
+        Saved("final_norm_stats", FP32, "hidden"),
+        Saved("lm_head_input", e * model.d_model, "hidden"),
+        Saved("loss_stats", FP32 + 8 + 1, "hidden"),
+        Saved("embedding_ids", 8, "hidden"),
+    ]
 
 
 @functools.lru_cache(maxsize=1024)
 def block_saved(kind: str, model: ModelSpec, opts: MemoryOptions) -> tuple[Saved, ...]:
     """The tensors one `kind` block saves (a tuple: cached, the planner asks for the same ones a thousand
     times a ranking)."""
-    return tuple({
-        "attention": attention_saved,
-        "mlp": mlp_saved,
-        "mamba2": mamba2_saved,
-        "mamba1": mamba1_saved,
-        "hybrid_proj": hybrid_proj_saved,
-    }[kind](model, opts))
+    return tuple(
+        {
+            "attention": attention_saved,
+            "mlp": mlp_saved,
+            "mamba2": mamba2_saved,
+            "mamba1": mamba1_saved,
+            "hybrid_proj": hybrid_proj_saved,
+        }[kind](model, opts)
+    )
 
 
 def checkpoint_units(model: ModelSpec) -> list[tuple[tuple[str, ...], int, int]]:
@@ -164,5 +178,7 @@ def checkpoint_units(model: ModelSpec) -> list[tuple[tuple[str, ...], int, int]]
         return [(("attention", "mlp"), model.layers, model.d_model)]
     if model.family in ("mamba2", "mamba1"):
         return [((model.family,), model.layers, model.d_model)]
-    return [(("mamba2",), model.layers, model.d_model),
-            (("attention", "mlp", "hybrid_proj"), model.hybrid_invocations, model.attention.hidden)]
+    return [
+        (("mamba2",), model.layers, model.d_model),
+        (("attention", "mlp", "hybrid_proj"), model.hybrid_invocations, model.attention.hidden),
+    ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+
 def volume_factor(kind: str, n: int) -> float:
     if n <= 1:
         return 0.0
@@ -95,8 +96,15 @@ def tree_all_reduce_s(message_bytes: float, n: int, latency_s: float, bw: float)
     return 2 * depth * latency_s + 2 * message_bytes / bw
 
 
-def collective_time_s(kind: str, message_bytes: float, group: GroupPlacement, intra_bw: float, intra_lat: float,
-                      inter_bw: float, inter_lat: float) -> float:
+def collective_time_s(
+    kind: str,
+    message_bytes: float,
+    group: GroupPlacement,
+    intra_bw: float,
+    intra_lat: float,
+    inter_bw: float,
+    inter_lat: float,
+) -> float:
     """α-β time of one collective; bandwidths per direction per rank, in bytes/s."""
     n = group.size
     if n <= 1 or message_bytes <= 0:
@@ -112,14 +120,17 @@ def collective_time_s(kind: str, message_bytes: float, group: GroupPlacement, in
     local = GroupPlacement(group.per_node, group.per_node, 1)
     remote = GroupPlacement(group.nodes, 1, group.nodes)
     if kind == "all_reduce":
-        return (collective_time_s("reduce_scatter", message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat)
-                + collective_time_s("all_reduce", message_bytes / group.per_node, remote, intra_bw, intra_lat,
-                                    inter_bw, inter_lat)
-                + collective_time_s("all_gather", message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat))
+        return (
+            collective_time_s("reduce_scatter", message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat)
+            + collective_time_s(
+                "all_reduce", message_bytes / group.per_node, remote, intra_bw, intra_lat, inter_bw, inter_lat
+            )
+            + collective_time_s("all_gather", message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat)
+        )
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (collective_time_s(kind, message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat)
-                + collective_time_s(kind, message_bytes / group.per_node, remote, intra_bw, intra_lat, inter_bw,
-                                    inter_lat))
+        return collective_time_s(
+            kind, message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat
+        ) + collective_time_s(kind, message_bytes / group.per_node, remote, intra_bw, intra_lat, inter_bw, inter_lat)
     # broadcast and send/recv: the slowest hop is the network one.
     factor, steps = _time_factor_and_steps(kind, n)
     return steps * inter_lat + factor * message_bytes / inter_bw

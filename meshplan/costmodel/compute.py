@@ -126,9 +126,11 @@ DECODE_KERNEL_GPU_S = 6.4e-6
 # launched two, and no copy of z: they are 1-3 high).
 STEP_KERNEL_HOST_S = 53e-6
 DECODE_KERNEL_HOST_S = 46e-6
-STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 106.5},
-                          "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0},
-                          "decode": {"attention": 16.0, "mlp": 16.0, "mamba2": 32.0}}
+STEP_KERNELS_PER_BLOCK = {
+    "train": {"attention": 41.9, "mlp": 41.9, "mamba2": 106.5},
+    "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0},
+    "decode": {"attention": 16.0, "mlp": 16.0, "mamba2": 32.0},
+}
 # What sharding adds per block, from the same runs (degree 2): TP-SSM's collectives and their copies;
 # a sequence split — for Mamba-2 the shard's conv tail, the all-gather of the shards' summaries and the
 # correction for the entering state (forward, recomputed forward, their backward): 126 in training,
@@ -144,11 +146,19 @@ STEP_KERNELS_PER_BLOCK = {"train": {"attention": 41.9, "mlp": 41.9, "mamba2": 10
 # call and one weight shard). TP leaves a dense training layer within 2% of one GPU's count (82.5
 # against 83.8); in decode it adds one launch a layer. Dense prefill under SP or TSP was not profiled:
 # nothing is added there, so the floor is a lower bound.
-STEP_KERNELS_SHARDED = {"train": {"mamba2": {"tpssm": 6.5, "sp": 126.0, "tsp2": 137.0},
-                                  "attention": {"sp": 12.3, "tsp2": 117.0}, "mlp": {"sp": 12.3, "tsp2": 117.0}},
-                        "prefill": {"mamba2": {"tpssm": 2.0, "sp": 23.0, "tsp2": 35.0}},
-                        "decode": {"mamba2": {"tpssm": 1.0, "tsp2": 10.0}, "attention": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0},
-                                   "mlp": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0}}}
+STEP_KERNELS_SHARDED = {
+    "train": {
+        "mamba2": {"tpssm": 6.5, "sp": 126.0, "tsp2": 137.0},
+        "attention": {"sp": 12.3, "tsp2": 117.0},
+        "mlp": {"sp": 12.3, "tsp2": 117.0},
+    },
+    "prefill": {"mamba2": {"tpssm": 2.0, "sp": 23.0, "tsp2": 35.0}},
+    "decode": {
+        "mamba2": {"tpssm": 1.0, "tsp2": 10.0},
+        "attention": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0},
+        "mlp": {"tp": 0.5, "sp": 4.5, "tsp2": 33.0},
+    },
+}
 
 
 def step_kernels_per_block(kind: str, mode: str, layout) -> float:
@@ -229,11 +239,16 @@ class Device:
     @classmethod
     def _of(cls, cluster, stack) -> "Device":
         cal = cluster.calibration
-        dev = cls(cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s,
-                  hbm_rated_bytes_per_s=cluster.gpu.hbm_bytes_per_s)
+        dev = cls(
+            cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s, hbm_rated_bytes_per_s=cluster.gpu.hbm_bytes_per_s
+        )
         if stack is not None and stack.elementwise_factor is not None:
-            dev = replace(dev, elementwise_factor=stack.elementwise_factor,
-                          elementwise_factor_mamba2=stack.elementwise_factor, flash_attention=stack.flash_attention)
+            dev = replace(
+                dev,
+                elementwise_factor=stack.elementwise_factor,
+                elementwise_factor_mamba2=stack.elementwise_factor,
+                flash_attention=stack.flash_attention,
+            )
             gemm, attn = stack.gemm_rate(cluster.gpu.name), stack.attention_rate(cluster.gpu.name)
             if gemm:
                 dev = replace(dev, gemm_efficiency=gemm)
@@ -241,14 +256,17 @@ class Device:
                 dev = replace(dev, attention_causal=((1, attn),), attention_prefix=((1, attn),))
         if cal is None:
             return dev
-        return replace(dev, hbm_bytes_per_s=cal.hbm_bytes_per_s or dev.hbm_bytes_per_s,
-                       gemm_efficiency=cal.gemm_efficiency or dev.gemm_efficiency,
-                       attention_causal=cal.attention_causal or dev.attention_causal,
-                       attention_prefix=cal.attention_prefix or dev.attention_prefix,
-                       host_kernel_s=cal.host_kernel_s or dev.host_kernel_s,
-                       decode_host_kernel_s=cal.decode_host_kernel_s or dev.decode_host_kernel_s,
-                       mamba2_host_kernel_s=cal.mamba2_host_kernel_s,
-                       mamba2_decode_host_kernel_s=cal.mamba2_decode_host_kernel_s)
+        return replace(
+            dev,
+            hbm_bytes_per_s=cal.hbm_bytes_per_s or dev.hbm_bytes_per_s,
+            gemm_efficiency=cal.gemm_efficiency or dev.gemm_efficiency,
+            attention_causal=cal.attention_causal or dev.attention_causal,
+            attention_prefix=cal.attention_prefix or dev.attention_prefix,
+            host_kernel_s=cal.host_kernel_s or dev.host_kernel_s,
+            decode_host_kernel_s=cal.decode_host_kernel_s or dev.decode_host_kernel_s,
+            mamba2_host_kernel_s=cal.mamba2_host_kernel_s,
+            mamba2_decode_host_kernel_s=cal.mamba2_decode_host_kernel_s,
+        )
 
 
 @functools.lru_cache(maxsize=64)
@@ -298,8 +316,13 @@ class BlockCompute:
 
     @property
     def bwd_s(self) -> float:
-        return 2 * self.gemm_fwd_s + self.attn_bwd_factor * self.attn_fwd_s + 2 * self.mem_fwd_s + self.recompute_fwd_s \
+        return (
+            2 * self.gemm_fwd_s
+            + self.attn_bwd_factor * self.attn_fwd_s
+            + 2 * self.mem_fwd_s
+            + self.recompute_fwd_s
             + self.kernel_bwd_s
+        )
 
 
 def _gemms(model: ModelSpec, kind: str, head_div: int) -> list[tuple[float, float]]:
@@ -361,9 +384,20 @@ def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, d
     return float((t[:parts] + t[parts:]).max())
 
 
-def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: Sharding, e: int, dev: Device,
-                  recompute: str, training: bool, causal_fraction: float = 0.5, zigzag: int = 0,
-                  row_tokens: float | None = None) -> BlockCompute:
+def block_compute(
+    model: ModelSpec,
+    kind: str,
+    tokens: float,
+    keys: float,
+    sh: Sharding,
+    e: int,
+    dev: Device,
+    recompute: str,
+    training: bool,
+    causal_fraction: float = 0.5,
+    zigzag: int = 0,
+    row_tokens: float | None = None,
+) -> BlockCompute:
     """One invocation of `kind` on one rank: `tokens` local queries attending to `keys` keys, of which
     a query sees `causal_fraction` on average (0.5 for a balanced causal split); `zigzag`: the ranks a
     zigzag split deals the keys over (zigzag_attention_s), 0 for none; `row_tokens`: the local tokens
@@ -394,8 +428,9 @@ def block_compute(model: ModelSpec, kind: str, tokens: float, keys: float, sh: S
         flops += core_flops
     eager = dev.elementwise_factor_mamba2 if kind == "mamba2" else dev.elementwise_factor
     mem = tokens * _memory_bound_bytes_per_token(model, kind, head_div, e) * eager / dev.rated_hbm
-    kernel_fwd, kernel_bwd = (mamba2_kernel_s(model, tokens, head_div, e, dev, row_tokens) if kind == "mamba2"
-                              else (0.0, 0.0))
+    kernel_fwd, kernel_bwd = (
+        mamba2_kernel_s(model, tokens, head_div, e, dev, row_tokens) if kind == "mamba2" else (0.0, 0.0)
+    )
     if kind == "mamba2" and sh.token_div > 1:
         # A sequence shard corrects its zero-start scan for the state entering it, in forward and in the
         # recomputed forward, and differentiates the correction (meshplan/executor/layouts/mamba.py).
@@ -431,8 +466,9 @@ def unfused_attention_s(model: ModelSpec, tokens: float, keys: float, head_div: 
     return flops / (dev.peak_flops * dev.gemm_efficiency) + scores * UNFUSED_SCORE_BYTES * e / 2 / dev.rated_hbm
 
 
-def sp_correction_bytes(tokens: float, heads: float, headdim: int, groups: float, d_state: int,
-                        e: int) -> dict[str, float]:
+def sp_correction_bytes(
+    tokens: float, heads: float, headdim: int, groups: float, d_state: int, e: int
+) -> dict[str, float]:
     """HBM bytes of each kernel of a Mamba-2 sequence shard's correction for the state E entering it
     (meshplan/kernels/shard_state.py) over `tokens` tokens: forward, y0 read and y written; backward, dy
     read twice (once for dC and dcum, once for dE) — each with C (d_state a group and token, written
@@ -451,9 +487,11 @@ def sp_correction_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev:
     groups = local_bc_channels(m, head_div) / 2 / m.d_state  # the B/C groups this rank's heads use
     b = sp_correction_bytes(tokens, m.nheads / head_div, m.headdim, groups, m.d_state, e)
     hbm = dev.rated_hbm
-    return (b["entering_fwd"] / (hbm * SP_CORRECTION_FWD_HBM_FRACTION),
-            b["entering_bwd_dc"] / (hbm * SP_CORRECTION_DC_HBM_FRACTION)
-            + b["entering_bwd_de"] / (hbm * SP_CORRECTION_DE_HBM_FRACTION))
+    return (
+        b["entering_fwd"] / (hbm * SP_CORRECTION_FWD_HBM_FRACTION),
+        b["entering_bwd_dc"] / (hbm * SP_CORRECTION_DC_HBM_FRACTION)
+        + b["entering_bwd_de"] / (hbm * SP_CORRECTION_DE_HBM_FRACTION),
+    )
 
 
 def int8_allreduce_kernels_s(elements: float, ranks: int, dev: Device) -> float:
@@ -470,8 +508,9 @@ def int8_allreduce_kernels_s(elements: float, ranks: int, dev: Device) -> float:
     return elements * per_element / dev.rated_hbm
 
 
-def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d_state: int, e: int,
-                     chunk: int = 64) -> dict[str, dict[str, float]]:
+def ssd_kernel_bytes(
+    tokens: float, heads: float, headdim: int, groups: float, d_state: int, e: int, chunk: int = 64
+) -> dict[str, dict[str, float]]:
     """HBM bytes of each SSD scan kernel (meshplan/kernels/ssd.py, ssd_bwd.py) over `tokens` tokens of
     `heads` heads whose B and C come in `groups` groups, `e` bytes per input element: the token inputs and
     outputs once (B and C, shared by a group's heads, stay in L2), and each per-chunk state buffer at its
@@ -490,11 +529,20 @@ def ssd_kernel_bytes(tokens: float, heads: float, headdim: int, groups: float, d
     partials = 2 * 4 * tokens * groups * d_state * bwd_splits(chunks, int(heads), int(groups), d_state)
     passing = x + dt + bc + e * state  # x (or dy), its weights, B (or C) in; the entering states (or dS) out
     weights = 2 * dt  # dt in, one passing's weights out (fp32, like dt; the decays are a chunk's)
-    return {"forward": {"chunk_weights_kernel": weights, "state_passing": passing,
-                        "chunk_scan": 2 * x + dt + 2 * bc + e * state},
-            "backward": {"chunk_weights_kernel": 2 * weights, "state_passing": passing, "state_passing_bwd": passing,
-                         "chunk_bwd_dx": 3 * x + 2 * dt + 2 * bc + 2 * e * state + dcb,
-                         "chunk_bwd_dbc": 2 * x + dt + 2 * bc + 2 * e * state + dcb + partials}}
+    return {
+        "forward": {
+            "chunk_weights_kernel": weights,
+            "state_passing": passing,
+            "chunk_scan": 2 * x + dt + 2 * bc + e * state,
+        },
+        "backward": {
+            "chunk_weights_kernel": 2 * weights,
+            "state_passing": passing,
+            "state_passing_bwd": passing,
+            "chunk_bwd_dx": 3 * x + 2 * dt + 2 * bc + 2 * e * state + dcb,
+            "chunk_bwd_dbc": 2 * x + dt + 2 * bc + 2 * e * state + dcb + partials,
+        },
+    }
 
 
 def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) -> dict[str, float]:
@@ -512,12 +560,18 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
     conv = tokens * (h * m.headdim + 2 * gn) * e
     bwd = scan["backward"]
     fwd = scan["forward"]
-    return {"scan_pass": fwd["chunk_weights_kernel"] + fwd["state_passing"], "scan_fwd_chunks": fwd["chunk_scan"],
-            "scan_bwd_chunks": bwd["chunk_bwd_dx"] + bwd["chunk_bwd_dbc"], "conv_fwd": 2 * conv, "conv_bwd": 3 * conv}
+    return {
+        "scan_pass": fwd["chunk_weights_kernel"] + fwd["state_passing"],
+        "scan_fwd_chunks": fwd["chunk_scan"],
+        "scan_bwd_chunks": bwd["chunk_bwd_dx"] + bwd["chunk_bwd_dbc"],
+        "conv_fwd": 2 * conv,
+        "conv_bwd": 3 * conv,
+    }
 
 
-def scan_pass_s(rows: float, row_tokens: float, heads: float, headdim: int, d_state: int,
-                segment: bool = True) -> float:
+def scan_pass_s(
+    rows: float, row_tokens: float, heads: float, headdim: int, d_state: int, segment: bool = True
+) -> float:
     """Seconds of one SSD state passing (meshplan/kernels/ssd.py, with the kernel forming its weights)
     over `rows` sequence rows of `row_tokens` tokens and `heads` heads: each program takes its row's
     chunks (or its segment's, meshplan.kernels.launch.pass_segments, unless `segment` is False) in
@@ -531,8 +585,9 @@ def scan_pass_s(rows: float, row_tokens: float, heads: float, headdim: int, d_st
     return steps * max(SCAN_PASS_STEP_LATENCY_S, per_sm * SCAN_PASS_STEP_ISSUE_S) + join
 
 
-def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device,
-                    row_tokens: float | None = None) -> tuple[float, float]:
+def mamba2_kernel_s(
+    model: ModelSpec, tokens: float, head_div: int, e: int, dev: Device, row_tokens: float | None = None
+) -> tuple[float, float]:
     """(forward, backward) seconds of the scan and conv kernels: the chunk kernels and the conv at their
     measured HBM fractions, each state passing by `scan_pass_s` (`row_tokens` tokens a sequence row on
     this rank; `tokens` when not given). The backward runs the passing twice (the forward's again, and
@@ -546,9 +601,12 @@ def mamba2_kernel_s(model: ModelSpec, tokens: float, head_div: int, e: int, dev:
 
     shape = (tokens / row_tokens, row_tokens, m.nheads / head_div, m.headdim, m.d_state)
     passing, bwd_passing = scan_pass_s(*shape), scan_pass_s(*shape, segment=launch.PASS_SEGMENT_BACKWARD)
-    return (passing + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
-            2 * bwd_passing + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION)
-            + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION))
+    return (
+        passing + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
+        2 * bwd_passing
+        + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION)
+        + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION),
+    )
 
 
 def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: Device) -> BlockCompute:

@@ -22,8 +22,9 @@ def tp_layout_for(model: ModelSpec, degree: int) -> Layout:
     return Layout(tpssm=degree) if model.has_mamba and not model.has_attention else Layout(tp=degree)
 
 
-def layer_volume_bytes(model: ModelSpec, layout: Layout, tokens: float, opts: CostOptions,
-                       phases: tuple[str, ...] = ("fwd",)) -> float:
+def layer_volume_bytes(
+    model: ModelSpec, layout: Layout, tokens: float, opts: CostOptions, phases: tuple[str, ...] = ("fwd",)
+) -> float:
     """Bytes per rank per layer (averaged over the model's layers) for `tokens` = b·s."""
     ctx = ScheduleContext(model, layout, sharding_for(layout, opts), 1, tokens, opts)
     total = 0.0
@@ -33,8 +34,9 @@ def layer_volume_bytes(model: ModelSpec, layout: Layout, tokens: float, opts: Co
 
 
 @functools.lru_cache(maxsize=1024)  # pure, and asked once per candidate mesh by the planner
-def volume_crossover_tokens(model: ModelSpec, degree: int, opts: CostOptions = CostOptions(),
-                            phases: tuple[str, ...] = ("fwd",)) -> float:
+def volume_crossover_tokens(
+    model: ModelSpec, degree: int, opts: CostOptions = CostOptions(), phases: tuple[str, ...] = ("fwd",)
+) -> float:
     """b·s above which TSP moves fewer bytes per layer than TP at the same degree (inf: never)."""
     tp, tsp = tp_layout_for(model, degree), Layout(tsp=degree)
     x0, x1 = 1024.0, 2048.0
@@ -67,10 +69,12 @@ def time_crossover_tokens(model: ModelSpec, degree: int, cluster, opts: CostOpti
     tp, tsp = tp_layout_for(model, degree), Layout(tsp=degree)
 
     def tsp_wins(tokens: int) -> bool:
-        return (estimate_step(model, tsp, tokens, 1, opts, cluster).step_time_s
-                <= estimate_step(model, tp, tokens, 1, opts, cluster).step_time_s)
+        return (
+            estimate_step(model, tsp, tokens, 1, opts, cluster).step_time_s
+            <= estimate_step(model, tp, tokens, 1, opts, cluster).step_time_s
+        )
 
-    lo, hi = 2 * degree, 2 * degree * 2 ** 16  # token counts multiple of 2·D (zigzag chunks)
+    lo, hi = 2 * degree, 2 * degree * 2**16  # token counts multiple of 2·D (zigzag chunks)
     if not tsp_wins(hi):
         return math.inf
     if tsp_wins(lo):

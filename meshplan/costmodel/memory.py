@@ -36,12 +36,22 @@ ADAM_STATE_BYTES_FP32_PARAMS = 8  # m + v only: fp32 weights are their own maste
 # 64 MiB in training, whose backward runs on the autograd engine's own thread and handle
 # (`blas_workspace_bytes` in benchmarks/results/validation-h200-run17-x4-triton-norm.json). Older
 # GPUs get 4 MiB or less, so this over-counts them by under 60 MiB.
-BLAS_WORKSPACE_BYTES = 32 * 2 ** 20
+BLAS_WORKSPACE_BYTES = 32 * 2**20
 
 COMPONENTS = (
-    "parameters", "gradients", "optimizer_state", "activations", "kv_cache", "ssm_state_cache",
-    "transient_working", "transient_kv_gather", "transient_weight_shards", "transient_comm_buffers",
-    "transient_logits", "blas_workspace", "int8_peer_buffer",
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "kv_cache",
+    "ssm_state_cache",
+    "transient_working",
+    "transient_kv_gather",
+    "transient_weight_shards",
+    "transient_comm_buffers",
+    "transient_logits",
+    "blas_workspace",
+    "int8_peer_buffer",
 )
 
 
@@ -62,8 +72,9 @@ def _split_div(split: str, sh: Sharding, ngroups: int) -> int:
     return sh.hidden_div
 
 
-def _saved_bytes(items: list[Saved], tokens: float, keys: int, sh: Sharding, ngroups: int = 1,
-                 selective: bool = False) -> float:
+def _saved_bytes(
+    items: list[Saved], tokens: float, keys: int, sh: Sharding, ngroups: int = 1, selective: bool = False
+) -> float:
     """Bytes of `items` on one GPU for `tokens` tokens (all sequences of the micro-batch)."""
     total = 0.0
     for item in items:
@@ -78,8 +89,9 @@ def _unit_items(model: ModelSpec, opts: MemoryOptions, blocks: tuple[str, ...]) 
     return [item for kind in blocks for item in block_saved(kind, model, opts)]
 
 
-def saved_activation_bytes(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions,
-                           layers_fraction: float = 1.0) -> tuple[float, float]:
+def saved_activation_bytes(
+    model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions, layers_fraction: float = 1.0
+) -> tuple[float, float]:
     """(bytes saved for backward by the layers on one GPU, bytes of the largest unit's full set).
 
     The second is the working set of one layer: what a layer's forward keeps alive, and what its
@@ -99,8 +111,9 @@ def saved_activation_bytes(model: ModelSpec, layout: Layout, seq: int, batch: in
         if sh.token_div > 1 and opts.recompute != "full":
             # A sequence shard keeps the conv tail and SSM state it started from, and every shard's
             # summary it built that state from (per sequence).
-            saved += runs * sum(mamba_boundary_bytes(model, kind, batch, sh.head_div, opts, sh.token_div)
-                                for kind in blocks)
+            saved += runs * sum(
+                mamba_boundary_bytes(model, kind, batch, sh.head_div, opts, sh.token_div) for kind in blocks
+            )
         if opts.recompute == "full":
             saved += runs * tokens * e * width / (sh.token_div * sh.hidden_div)
         else:
@@ -108,8 +121,9 @@ def saved_activation_bytes(model: ModelSpec, layout: Layout, seq: int, batch: in
     return saved, largest
 
 
-def mamba_boundary_bytes(model: ModelSpec, kind: str, batch: int, head_div: int, opts: MemoryOptions,
-                         shards: int = 1) -> float:
+def mamba_boundary_bytes(
+    model: ModelSpec, kind: str, batch: int, head_div: int, opts: MemoryOptions, shards: int = 1
+) -> float:
     """Conv tail ((d_conv − 1) × conv channels, activation dtype) and SSM state (state dtype) of one
     Mamba block for `batch` sequences on one rank; 0 for other blocks. With `shards` > 1 (SP) also the
     gathered summaries the entering state was combined from — every shard's final state and log
@@ -126,7 +140,9 @@ def mamba_boundary_bytes(model: ModelSpec, kind: str, batch: int, head_div: int,
     else:
         return 0.0
     summaries = shards * (state + 2 * decay) if shards > 1 else 0.0
-    return batch * (conv * (m.d_conv - 1) * opts.nbytes("act_dtype") + (state + summaries) * opts.nbytes("ssm_state_dtype"))
+    return batch * (
+        conv * (m.d_conv - 1) * opts.nbytes("act_dtype") + (state + summaries) * opts.nbytes("ssm_state_dtype")
+    )
 
 
 def _largest_block_share(model: ModelSpec) -> float:
@@ -152,8 +168,9 @@ def largest_matrix(model: ModelSpec, sh: Sharding) -> float:
 _BLOCK_OUTPUT = {"attention": lambda m: m.attention.out_hidden, "mlp": lambda m: m.mlp.out_hidden}
 
 
-def _widest_gradient(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
-                     kind: str | None = None) -> float:
+def _widest_gradient(
+    model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions, kind: str | None = None
+) -> float:
     """Bytes of the widest per-token activation of `kind`'s blocks (or of every block) — its gradient
     is the backward's first big buffer."""
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
@@ -172,15 +189,17 @@ def _boundary_bytes(model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryO
     return tokens * opts.nbytes("act_dtype") * model.d_model / (sh.token_div * sh.hidden_div)
 
 
-def _backward_layer_bytes(model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryOptions,
-                          unit_full: float) -> float:
+def _backward_layer_bytes(
+    model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryOptions, unit_full: float
+) -> float:
     """What every phase of a layer's backward holds: its input, output and output gradient, and under
     full recompute the unit's rebuilt activations."""
     return 3 * _boundary_bytes(model, sh, tokens, opts) + (unit_full if opts.recompute == "full" else 0.0)
 
 
-def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
-                   unit_full: float, kv_gather: float = 0.0) -> float:
+def _working_bytes(
+    model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions, unit_full: float, kv_gather: float = 0.0
+) -> float:
     """Transient activations on top of what is kept.
 
     Forward (prefill, decode): the live set of the widest block — its inputs and intermediates (the
@@ -193,20 +212,28 @@ def _working_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: M
     tokens = batch * seq
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     if opts.training:
-        inner = max((_mixer_backward_bytes(model, kind, tokens, sh, e, batch) if kind == "mamba2"
-                     else _widest_gradient(model, sh, seq, batch, opts, kind)
-                     for kind, _ in model.block_invocations()), default=0.0)
+        inner = max(
+            (
+                _mixer_backward_bytes(model, kind, tokens, sh, e, batch)
+                if kind == "mamba2"
+                else _widest_gradient(model, sh, seq, batch, opts, kind)
+                for kind, _ in model.block_invocations()
+            ),
+            default=0.0,
+        )
         return _backward_layer_bytes(model, sh, tokens, opts, unit_full) + inner
     live = 0.0
     for kind, _ in model.block_invocations():
         out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
         block = _saved_bytes(block_saved(kind, model, opts), tokens, seq, sh, groups)
-        live = max(live, block + tokens * e * out_width / (sh.token_div * sh.hidden_div)
-                   + _mixer_forward_bytes(model, kind, tokens, sh, e, decode=opts.mode == "decode", rows=batch)
-                   + (kv_gather if kind == "attention" else 0.0))
+        live = max(
+            live,
+            block
+            + tokens * e * out_width / (sh.token_div * sh.hidden_div)
+            + _mixer_forward_bytes(model, kind, tokens, sh, e, decode=opts.mode == "decode", rows=batch)
+            + (kv_gather if kind == "attention" else 0.0),
+        )
     return live
-
-
 
 
 def scan_state_bytes(m, local_tokens: float, head_div: int, nbytes: int) -> float:
@@ -234,8 +261,9 @@ def scan_join_bytes(m, rows: int, local_tokens: float, head_div: int, nbytes: in
     return rows * heads * (segments * m.headdim * m.d_state * nbytes + chunks * 4)
 
 
-def _mixer_forward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int,
-                         decode: bool = False, rows: int = 1) -> float:
+def _mixer_forward_bytes(
+    model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int, decode: bool = False, rows: int = 1
+) -> float:
     """Forward without grad (prefill), Mamba-2: the mixer's transients on top of the in_proj output,
     as the larger of three phases (meshplan/executor/blocks.py mamba2_mixer). Scan: the conv output
     (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32), the states entering
@@ -298,7 +326,7 @@ def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Shardi
     if launch.PASS_SEGMENT_BACKWARD:
         narrow += scan_join_bytes(m, rows, t, sh.head_div, e)
     chunks = math.ceil(t / SSD_CHUNK)
-    dcb = chunks * nh * SSD_CHUNK ** 2 * e
+    dcb = chunks * nh * SSD_CHUNK**2 * e
     partials = bc * 4 * bwd_splits(chunks, int(nh), int(bc / 2 / m.d_state), m.d_state)  # fp32 dB and dC per split
     dz = t * di * e
     scan_phase = common + t * di * e + dz + 2 * narrow + dcb + t * (di * e + nh * 4 + partials)
@@ -337,8 +365,14 @@ def replicated_group_params(model: ModelSpec, head_div: int) -> float:
     return model.layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
 
 
-def local_params(model: ModelSpec, sh: Sharding, pp: int = 1, stage: str = "only", embeddings: bool = True,
-                 layer_share: float | None = None) -> float:
+def local_params(
+    model: ModelSpec,
+    sh: Sharding,
+    pp: int = 1,
+    stage: str = "only",
+    embeddings: bool = True,
+    layer_share: float | None = None,
+) -> float:
     """Parameters one rank holds: split weights / weight_div, plus the replicated norm scales and
     (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections. `layer_share`: the
     stage's share of the layers (1/pp unless the stages are uneven)."""
@@ -370,9 +404,15 @@ def int8_peer_buffer_bytes(model: ModelSpec, layout: Layout, opts: MemoryOptions
     return 2.0 * peer_slot_bytes(elements)
 
 
-def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
-                   opts: MemoryOptions = MemoryOptions(), num_gpus: int | None = None,
-                   embeddings: bool = True) -> MemoryBreakdown:
+def memory_per_gpu(
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: MemoryOptions = MemoryOptions(),
+    num_gpus: int | None = None,
+    embeddings: bool = True,
+) -> MemoryBreakdown:
     """Per-GPU bytes by component. `seq` is the context length (prompt + cache in decode), `batch`
     the micro-batch in sequences. `embeddings=False`: the bare layer stack the executor runs (no
     embedding, LM head or logits). In phases (docs/design.md §3): what every pipeline stage shares —
@@ -398,16 +438,23 @@ def memory_per_gpu(model: ModelSpec, layout: Layout, seq: int, batch: int,
         head_items=head_activation_bytes(model, sh, seq, batch, opts) if train and embeddings else 0.0,
         peer_buffer=int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div),
     )
-    results = [_stage_peak(model, layout, seq, batch, opts, sh, shared, index, stage_layers, microbatches, chunks,
-                           embeddings) for index in _stages_to_check(stage_layers, pp, microbatches, chunks)]
+    results = [
+        _stage_peak(model, layout, seq, batch, opts, sh, shared, index, stage_layers, microbatches, chunks, embeddings)
+        for index in _stages_to_check(stage_layers, pp, microbatches, chunks)
+    ]
     total, stage, phase, parts = max(results, key=lambda r: r[0])
     return MemoryBreakdown(
         per_gpu_bytes={k: int(round(v)) for k, v in parts.items()},
         total_bytes=int(round(total)),
         peak_phase=phase,
         pipeline_stage=stage,
-        assumptions={**opts.as_dict(), "pipeline_schedule": (opts.schedule if pp > 1 else "none"),
-                     "zero_stage": zero, "microbatches": microbatches, "stage_layers": list(stage_layers)},
+        assumptions={
+            **opts.as_dict(),
+            "pipeline_schedule": (opts.schedule if pp > 1 else "none"),
+            "zero_stage": zero,
+            "microbatches": microbatches,
+            "stage_layers": list(stage_layers),
+        },
     )
 
 
@@ -425,8 +472,9 @@ class _Shared:
     peer_buffer: float
 
 
-def _inference_caches(model: ModelSpec, layout: Layout, seq: int, batch: int, sh: Sharding,
-                      opts: MemoryOptions) -> tuple[float, float]:
+def _inference_caches(
+    model: ModelSpec, layout: Layout, seq: int, batch: int, sh: Sharding, opts: MemoryOptions
+) -> tuple[float, float]:
     """(KV cache, SSM state cache) bytes a rank keeps for inference: K/V per attention invocation, conv
     + SSM state per Mamba layer."""
     kv_cache = ssm_cache = 0.0
@@ -434,8 +482,15 @@ def _inference_caches(model: ModelSpec, layout: Layout, seq: int, batch: int, sh
         # Sliding-window layers keep only the window's keys (transformers' sliding-window cache).
         windowed = model.windowed_share(seq) * model.attention_layers
         kept = (model.attention_layers - windowed) * seq + windowed * model.attention_window
-        kv_cache = kept / layout.pp * batch * 2 * model.attention.kv_width \
-            * opts.nbytes("kv_cache_dtype") / (sh.token_div * sh.head_div)
+        kv_cache = (
+            kept
+            / layout.pp
+            * batch
+            * 2
+            * model.attention.kv_width
+            * opts.nbytes("kv_cache_dtype")
+            / (sh.token_div * sh.head_div)
+        )
     m = model.mamba2 or model.mamba1
     if m is not None:
         # Per sequence and layer: conv state (channels × (d_conv − 1)) and the SSM state.
@@ -449,8 +504,16 @@ def _inference_caches(model: ModelSpec, layout: Layout, seq: int, batch: int, sh
     return kv_cache, ssm_cache
 
 
-def _layer_transients(model: ModelSpec, layout: Layout, seq: int, batch: int, sh: Sharding, opts: MemoryOptions,
-                      unit_full: float, zero: int) -> dict:
+def _layer_transients(
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    sh: Sharding,
+    opts: MemoryOptions,
+    unit_full: float,
+    zero: int,
+) -> dict:
     """The layer phase's transients beside the saved activations: one layer's working set ("working"),
     the gathered K/V ("kv_gather"), the backward's attention moment ("attention_phase"), TSP's
     streamed weights ("weight_shards"), ZeRO 3's gathered layers ("comm_buffers")."""
@@ -499,12 +562,18 @@ def _layer_transients(model: ModelSpec, layout: Layout, seq: int, batch: int, sh
     comm_buffers = 0.0
     if zero == 3:
         comm_buffers = 2 * largest_block / sh.weight_div * p_bytes  # gathered layer + the prefetched next one
-    return {"working": working, "kv_gather": kv_gather, "attention_phase": attention_phase,
-            "weight_shards": weight_shards, "comm_buffers": comm_buffers}
+    return {
+        "working": working,
+        "kv_gather": kv_gather,
+        "attention_phase": attention_phase,
+        "weight_shards": weight_shards,
+        "comm_buffers": comm_buffers,
+    }
 
 
-def _logits_transient(model: ModelSpec, layout: Layout, seq: int, batch: int, sh: Sharding, opts: MemoryOptions,
-                      embeddings: bool) -> float:
+def _logits_transient(
+    model: ModelSpec, layout: Layout, seq: int, batch: int, sh: Sharding, opts: MemoryOptions, embeddings: bool
+) -> float:
     """The logits phase's transient on a rank that holds the head (none for the bare layer stack)."""
     if not embeddings:
         return 0.0
@@ -516,8 +585,9 @@ def _logits_transient(model: ModelSpec, layout: Layout, seq: int, batch: int, sh
         # H200, the whole model's peak is there, with these two copies live (4 + 2 bytes a logit:
         # benchmarks/results/memory-peak-whole-*-h200.json); counting two fp32 copies over-predicted
         # those peaks by 7-26%.
-        logits = loss_logits_bytes(model, sh, seq, batch, opts) * (1 + opts.nbytes("act_dtype")
-                                                                   / opts.nbytes("logits_dtype"))
+        logits = loss_logits_bytes(model, sh, seq, batch, opts) * (
+            1 + opts.nbytes("act_dtype") / opts.nbytes("logits_dtype")
+        )
     else:
         logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
     if sh.streams_weights:
@@ -529,9 +599,20 @@ def _logits_transient(model: ModelSpec, layout: Layout, seq: int, batch: int, sh
     return logits
 
 
-def _stage_peak(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions, sh: Sharding,
-                shared: _Shared, index: int, stage_layers: tuple[int, ...], microbatches: int, chunks: int,
-                embeddings: bool) -> tuple[float, str, str, dict]:
+def _stage_peak(
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: MemoryOptions,
+    sh: Sharding,
+    shared: _Shared,
+    index: int,
+    stage_layers: tuple[int, ...],
+    microbatches: int,
+    chunks: int,
+    embeddings: bool,
+) -> tuple[float, str, str, dict]:
     """Pipeline stage `index`: (its peak bytes, its name, the phase that sets the peak, its components):
     model states (ZeRO's shares), its in-flight micro-batches' activations, and the largest of the layer,
     logits, attention and optimizer phases."""
@@ -569,11 +650,19 @@ def _stage_peak(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: Me
     layer = shared.layer
     workspace = BLAS_WORKSPACE_BYTES * (2 if train else 1)
     parts = {
-        "parameters": param_b, "gradients": grad_b, "optimizer_state": opt_b, "activations": acts,
-        "kv_cache": kv_cache, "ssm_state_cache": ssm_cache, "transient_working": layer["working"],
-        "transient_kv_gather": layer["kv_gather"], "transient_weight_shards": layer["weight_shards"],
-        "transient_comm_buffers": layer["comm_buffers"], "transient_logits": shared.logits if has_logits else 0.0,
-        "blas_workspace": workspace, "int8_peer_buffer": shared.peer_buffer,
+        "parameters": param_b,
+        "gradients": grad_b,
+        "optimizer_state": opt_b,
+        "activations": acts,
+        "kv_cache": kv_cache,
+        "ssm_state_cache": ssm_cache,
+        "transient_working": layer["working"],
+        "transient_kv_gather": layer["kv_gather"],
+        "transient_weight_shards": layer["weight_shards"],
+        "transient_comm_buffers": layer["comm_buffers"],
+        "transient_logits": shared.logits if has_logits else 0.0,
+        "blas_workspace": workspace,
+        "int8_peer_buffer": shared.peer_buffer,
     }
     kept = param_b + opt_b + kv_cache + ssm_cache + workspace + shared.peer_buffer
     streaming = layer["weight_shards"] + layer["comm_buffers"]
@@ -605,8 +694,9 @@ def loss_logits_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts
     return batch * seq * model.vocab * opts.nbytes("logits_dtype") / (sh.token_div * sh.vocab_div)
 
 
-def boundary_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions,
-                              in_flight: int) -> float:
+def boundary_activation_bytes(
+    model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions, in_flight: int
+) -> float:
     """A pipeline stage's boundary tensors: each in-flight micro-batch's output, kept until its gradient
     comes back, and the gradient received (meshplan/executor/pipeline.py)."""
     return batch * seq / sh.token_div * model.d_model * opts.nbytes("act_dtype") * (in_flight + 1)
@@ -617,6 +707,7 @@ def _stages_to_check(stage_layers: tuple[int, ...], pp: int, microbatches: int, 
     (the output head and the logits) and the middle stage with the most layers in flight."""
     if pp == 1:
         return [0]
-    middle = max(range(1, pp - 1), default=None,
-                 key=lambda i: stage_layers[i] * in_flight_chunks(i, pp, microbatches, chunks))
+    middle = max(
+        range(1, pp - 1), default=None, key=lambda i: stage_layers[i] * in_flight_chunks(i, pp, microbatches, chunks)
+    )
     return sorted({0, pp - 1} | ({middle} if middle is not None else set()))

@@ -67,8 +67,10 @@ class CostOptions:
         get_stack(self.stack)
         for name in ("act_dtype", "grad_dtype", "logits_dtype", "kv_cache_dtype", "ssm_state_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
-                raise MeshplanError(f"--{name.replace('_', '-')}: unknown dtype {getattr(self, name)!r}; "
-                                    f"use one of {', '.join(DTYPE_BYTES)}")
+                raise MeshplanError(
+                    f"--{name.replace('_', '-')}: unknown dtype {getattr(self, name)!r}; "
+                    f"use one of {', '.join(DTYPE_BYTES)}"
+                )
 
     @property
     def training(self) -> bool:

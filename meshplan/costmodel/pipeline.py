@@ -63,21 +63,26 @@ def pipeline_time_s(stage_s: list[float], microbatches: int, chunks: int) -> tup
     return total, (fill / total if total > 0 else 0.0)
 
 
-def validate_batch(layers: int, pp: int, dp: int, micro_batch: int, global_batch: int, chunks: int,
-                   stage_layers: tuple[int, ...] = ()) -> tuple[int, ...]:
+def validate_batch(
+    layers: int, pp: int, dp: int, micro_batch: int, global_batch: int, chunks: int, stage_layers: tuple[int, ...] = ()
+) -> tuple[int, ...]:
     """The stages' layer counts, after checking what production schedules need: a global batch that
     DP × MBS divides, virtual stages that divide every stage's layers. One clear error otherwise."""
     if micro_batch < 1:
         raise MeshplanError(f"--micro-batch must be >= 1, got {micro_batch}")
     if global_batch and global_batch % (dp * micro_batch):
-        raise MeshplanError(f"--global-batch {global_batch} is not divisible by dp × micro-batch = {dp} × {micro_batch}"
-                            f" = {dp * micro_batch}; use a multiple of {dp * micro_batch}")
+        raise MeshplanError(
+            f"--global-batch {global_batch} is not divisible by dp × micro-batch = {dp} × {micro_batch}"
+            f" = {dp * micro_batch}; use a multiple of {dp * micro_batch}"
+        )
     stages = pipeline_stages(layers, pp, stage_layers)
     if chunks > 1:
         if pp == 1:
             raise MeshplanError("--schedule interleaved needs pp > 1")
         bad = [n for n in stages if n % chunks]
         if bad:
-            raise MeshplanError(f"--virtual-stages {chunks} does not divide a stage's {bad[0]} layers "
-                                f"(stages {list(stages)}); pick a divisor of every stage's layer count")
+            raise MeshplanError(
+                f"--virtual-stages {chunks} does not divide a stage's {bad[0]} layers "
+                f"(stages {list(stages)}); pick a divisor of every stage's layer count"
+            )
     return stages

@@ -17,8 +17,11 @@ def local_bc_channels(m, head_div: int) -> float:
 def streamed_block_params(model: ModelSpec, kind: str) -> int:
     """What TSP streams of a block: its weights less the input norm's scale (h elements, applied to the
     rank's own tokens before any GEMM, so every rank keeps a copy)."""
-    norm = {"attention": model.attention.hidden if model.attention else 0,
-            "mlp": model.mlp.hidden if model.mlp else 0, "hybrid_proj": 0}.get(kind, model.d_model)
+    norm = {
+        "attention": model.attention.hidden if model.attention else 0,
+        "mlp": model.mlp.hidden if model.mlp else 0,
+        "hybrid_proj": 0,
+    }.get(kind, model.d_model)
     return block_params(model, kind) - norm
 
 

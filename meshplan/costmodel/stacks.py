@@ -78,34 +78,74 @@ _FUSED = 1.0
 
 STACKS: dict[str, Stack] = {
     "megatron": Stack(
-        "megatron", "Megatron-Core with Transformer Engine (2024): fused kernels, flash attention, TP / DP / PP "
-        "communication overlapped, distributed optimizer", launch_floor=False, elementwise_factor=_FUSED,
-        flash_attention=True, tp_overlap=True, grad_overlap=True, zero3_prefetch=True, pp_scatter_gather=True,
-        pp_overlap=True, gemm_efficiency=(("H100", H100_GEMM_EFFICIENCY), ("H200", H100_GEMM_EFFICIENCY),
-                         ("A100", A100_GEMM_EFFICIENCY)),
+        "megatron",
+        "Megatron-Core with Transformer Engine (2024): fused kernels, flash attention, TP / DP / PP "
+        "communication overlapped, distributed optimizer",
+        launch_floor=False,
+        elementwise_factor=_FUSED,
+        flash_attention=True,
+        tp_overlap=True,
+        grad_overlap=True,
+        zero3_prefetch=True,
+        pp_scatter_gather=True,
+        pp_overlap=True,
+        gemm_efficiency=(
+            ("H100", H100_GEMM_EFFICIENCY),
+            ("H200", H100_GEMM_EFFICIENCY),
+            ("A100", A100_GEMM_EFFICIENCY),
+        ),
         attention_efficiency=(("H100", H100_ATTENTION_EFFICIENCY), ("H200", H100_ATTENTION_EFFICIENCY)),
         source="NVIDIA/Megatron-LM README at 937571cfd4 (--overlap-grad-reduce --overlap-param-gather "
-               "--tp-comm-overlap, PP overlap by default)"),
+        "--tp-comm-overlap, PP overlap by default)",
+    ),
     "megatron-2021": Stack(
-        "megatron-2021", "Megatron-LM of the PTD-P and selective-recompute papers (2021-22): fused elementwise "
+        "megatron-2021",
+        "Megatron-LM of the PTD-P and selective-recompute papers (2021-22): fused elementwise "
         "kernels, attention as batched GEMMs with a fused softmax, no TP or DP overlap, scatter/gather PP sends",
-        launch_floor=False, elementwise_factor=_FUSED, flash_attention=False, tp_overlap=False, grad_overlap=False,
-        zero3_prefetch=False, pp_scatter_gather=True,
-        gemm_efficiency=(("A100", A100_GEMM_EFFICIENCY), ("H100", H100_GEMM_EFFICIENCY),
-                         ("H200", H100_GEMM_EFFICIENCY)),
+        launch_floor=False,
+        elementwise_factor=_FUSED,
+        flash_attention=False,
+        tp_overlap=False,
+        grad_overlap=False,
+        zero3_prefetch=False,
+        pp_scatter_gather=True,
+        gemm_efficiency=(
+            ("A100", A100_GEMM_EFFICIENCY),
+            ("H100", H100_GEMM_EFFICIENCY),
+            ("H200", H100_GEMM_EFFICIENCY),
+        ),
         source="Narayanan et al. 2021 §4.1-4.2 (scatter/gather, fused kernels); Korthikanti et al. 2022 §6 "
-               "(gradient all-reduce not overlapped)"),
+        "(gradient all-reduce not overlapped)",
+    ),
     "deepspeed": Stack(
-        "deepspeed", "DeepSpeed ZeRO-3 inside Megatron-LM (2021): Megatron's kernels, parameter gathers "
-        "prefetched behind the layers, gradient reduce-scatter behind the backward", launch_floor=False,
-        elementwise_factor=_FUSED, flash_attention=False, tp_overlap=False, grad_overlap=True, zero3_prefetch=True,
-        pp_scatter_gather=False, gemm_efficiency=(("A100", A100_GEMM_EFFICIENCY),),
-        source="Rajbhandari et al. 2020 (ZeRO) §7; Narayanan et al. 2021 §5.2 (ZeRO-3 comparison)"),
+        "deepspeed",
+        "DeepSpeed ZeRO-3 inside Megatron-LM (2021): Megatron's kernels, parameter gathers "
+        "prefetched behind the layers, gradient reduce-scatter behind the backward",
+        launch_floor=False,
+        elementwise_factor=_FUSED,
+        flash_attention=False,
+        tp_overlap=False,
+        grad_overlap=True,
+        zero3_prefetch=True,
+        pp_scatter_gather=False,
+        gemm_efficiency=(("A100", A100_GEMM_EFFICIENCY),),
+        source="Rajbhandari et al. 2020 (ZeRO) §7; Narayanan et al. 2021 §5.2 (ZeRO-3 comparison)",
+    ),
     "meshplan": Stack(
-        "meshplan", "meshplan's own executor (eager PyTorch, torch SDPA, Triton kernels for norms and Mamba-2), "
-        "calibrated by its runs on H200s", launch_floor=True, elementwise_factor=None, flash_attention=True,
-        tp_overlap=False, grad_overlap=True, zero3_prefetch=False, pp_scatter_gather=False, grad_dtype="bf16", fused_swiglu=False,
-        source="docs/validation.md; the constants of meshplan/costmodel/compute.py"),
+        "meshplan",
+        "meshplan's own executor (eager PyTorch, torch SDPA, Triton kernels for norms and Mamba-2), "
+        "calibrated by its runs on H200s",
+        launch_floor=True,
+        elementwise_factor=None,
+        flash_attention=True,
+        tp_overlap=False,
+        grad_overlap=True,
+        zero3_prefetch=False,
+        pp_scatter_gather=False,
+        grad_dtype="bf16",
+        fused_swiglu=False,
+        source="docs/validation.md; the constants of meshplan/costmodel/compute.py",
+    ),
 }
 DEFAULT_STACK = "megatron"
 

@@ -21,9 +21,18 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
-from meshplan.costmodel.compute import (ATTENTION_EFFICIENCY, DECODE_ATTENTION_HBM_FRACTION, DECODE_KERNEL_GPU_S,
-                                        BlockCompute, Device, block_compute, int8_allreduce_kernels_s,
-                                        logits_compute, optimizer_time_s, step_kernels_per_block)
+from meshplan.costmodel.compute import (
+    ATTENTION_EFFICIENCY,
+    DECODE_ATTENTION_HBM_FRACTION,
+    DECODE_KERNEL_GPU_S,
+    BlockCompute,
+    Device,
+    block_compute,
+    int8_allreduce_kernels_s,
+    logits_compute,
+    optimizer_time_s,
+    step_kernels_per_block,
+)
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.layouts.tp import int8_block
 from meshplan.costmodel.memory import local_params
@@ -67,7 +76,9 @@ class _Links:
         self.groups["dp+sp"] = place_axis(layout.dp * layout.sp, inner, g)
         self.groups["pp"] = place_axis(layout.pp, inner * layout.sp * layout.dp, g)
         # The first and last stages (a tied embedding's two copies).
-        self.groups["pp_ends"] = place_axis(2 if layout.pp > 1 else 1, inner * layout.sp * layout.dp * (layout.pp - 1), g)
+        self.groups["pp_ends"] = place_axis(
+            2 if layout.pp > 1 else 1, inner * layout.sp * layout.dp * (layout.pp - 1), g
+        )
         self.cluster = cluster
 
     def time_s(self, c: Comm) -> float:
@@ -80,8 +91,15 @@ class _Links:
         intra = cl.intra_link.bandwidth_bytes_per_s
         if cl.fabric == "xgmi" and c.kind != "send_recv":
             intra *= max(1, group.per_node - 1)  # a full mesh: collectives drive every peer link at once
-        one = collective_time_s(c.kind, c.message_bytes, group, intra, cl.intra_link.latency_s,
-                                cl.inter_node_bandwidth(group.nodes), cl.nic_link.latency_s)
+        one = collective_time_s(
+            c.kind,
+            c.message_bytes,
+            group,
+            intra,
+            cl.intra_link.latency_s,
+            cl.inter_node_bandwidth(group.nodes),
+            cl.nic_link.latency_s,
+        )
         return one * c.count
 
 
@@ -109,8 +127,12 @@ def as_stack_runs(c: Comm, stack: Stack) -> Comm:
     """A schedule entry with the overlap the stack gives it: tensor-parallel collectives behind the
     neighbouring GEMMs (overlap "tp"), pipeline sends behind the compute ("compute"), ZeRO-3 gathers
     prefetched behind the layers, and gradient reductions exposed where the stack does not overlap them."""
-    if stack.tp_overlap and c.axis in ("tp", "tpssm") and c.overlap == "none" and c.block in (
-            "attention", "mlp", "mamba2", "mamba1"):
+    if (
+        stack.tp_overlap
+        and c.axis in ("tp", "tpssm")
+        and c.overlap == "none"
+        and c.block in ("attention", "mlp", "mamba2", "mamba1")
+    ):
         return replace(c, overlap="tp")
     if stack.pp_overlap and c.axis == "pp":
         return replace(c, overlap="compute")
@@ -149,8 +171,16 @@ def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: fl
     return serial + max(compute_s + waits + contention, busy) - compute_s
 
 
-def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
-                  cluster: ClusterSpec, schedule: StepSchedule | None = None, embeddings: bool = True) -> StepEstimate:
+def estimate_step(
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: CostOptions,
+    cluster: ClusterSpec,
+    schedule: StepSchedule | None = None,
+    embeddings: bool = True,
+) -> StepEstimate:
     """`embeddings=False`: the bare layer stack the executor runs (no embedding, LM head, logits). In
     phases (docs/design.md §5): one micro-batch through an average stage's blocks (_block_times), the
     head and the micro-batch's own collectives, the step's gradient sync and optimizer, then the
@@ -170,8 +200,9 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
         logits = BlockCompute(0.0, 0.0, 0.0, 0.0, 0.0)
     logit_s = logits.fwd_s + (logits.bwd_s if training else 0.0)
     mb_compute = blocks.compute_s + logit_s
-    own_comm, extra_exposed = _microbatch_collectives(schedule, links, stack, mb_compute - blocks.bwd_s, blocks.bwd_s,
-                                                      logits.gemm_fwd_s)
+    own_comm, extra_exposed = _microbatch_collectives(
+        schedule, links, stack, mb_compute - blocks.bwd_s, blocks.bwd_s, logits.gemm_fwd_s
+    )
     mb_comm = blocks.comm_s + own_comm
     bwd_total = blocks.bwd_s
 
@@ -180,8 +211,11 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, bwd_total * m, 0.0, 0.0)  # gradient sync behind the backward
     held = local_params(model, sh, pp, "only", embeddings)
-    opt_s = optimizer_time_s(held / (grad_group(layout)[1] if layout.zero >= 1 and layout.dp > 1 else 1), dev) \
-        if training else 0.0
+    opt_s = (
+        optimizer_time_s(held / (grad_group(layout)[1] if layout.zero >= 1 and layout.dp > 1 else 1), dev)
+        if training
+        else 0.0
+    )
 
     # Each stage: its layers' share of an average stage's blocks, the micro-batch's own collectives, and
     # on the last the output head and the loss (meshplan.costmodel.pipeline.pipeline_time_s).
@@ -209,22 +243,37 @@ def estimate_step(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: 
     mfu = model_flops / peak if step > 0 else 0.0
     # Exposed communication on the critical path: the passes at the slowest stage's exposed share.
     slowest = max(range(pp), key=lambda i: stage_s[i])
-    exposed_share = ((stages[slowest] / even * blocks_exposed + extra_exposed) / stage_s[slowest]
-                     if stage_s[slowest] > 0 else 0.0)
-    exposed_total = passes * exposed_share + step_exposed
-    breakdown.update({"optimizer_s": opt_s, "logits_compute_s": logit_s, "pipeline_slots": slots,
-                      "microbatches": m, "pipeline_passes_s": passes, "bubble_fraction": bubble,
-                      "gradient_sync_exposed_s": step_exposed})
-    return StepEstimate(
-        step_time_s=step, tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
-        compute_s=passes * (1 - exposed_share) + opt_s, comm_s=slots * mb_comm + step_comm,
-        exposed_comm_s=exposed_total, comm_bytes_per_step=schedule.comm_bytes_per_step, mfu=mfu,
-        tokens_per_step=tokens_per_step, bound=_bound(decode, exposed_total, step, schedule, links, host),
-        breakdown=breakdown, hfu=hardware_flops / peak if step > 0 else 0.0, bubble_fraction=bubble,
-        microbatches=m, stage_layers=stages,
+    exposed_share = (
+        (stages[slowest] / even * blocks_exposed + extra_exposed) / stage_s[slowest] if stage_s[slowest] > 0 else 0.0
     )
-
-
+    exposed_total = passes * exposed_share + step_exposed
+    breakdown.update(
+        {
+            "optimizer_s": opt_s,
+            "logits_compute_s": logit_s,
+            "pipeline_slots": slots,
+            "microbatches": m,
+            "pipeline_passes_s": passes,
+            "bubble_fraction": bubble,
+            "gradient_sync_exposed_s": step_exposed,
+        }
+    )
+    return StepEstimate(
+        step_time_s=step,
+        tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
+        compute_s=passes * (1 - exposed_share) + opt_s,
+        comm_s=slots * mb_comm + step_comm,
+        exposed_comm_s=exposed_total,
+        comm_bytes_per_step=schedule.comm_bytes_per_step,
+        mfu=mfu,
+        tokens_per_step=tokens_per_step,
+        bound=_bound(decode, exposed_total, step, schedule, links, host),
+        breakdown=breakdown,
+        hfu=hardware_flops / peak if step > 0 else 0.0,
+        bubble_fraction=bubble,
+        microbatches=m,
+        stage_layers=stages,
+    )
 
 
 @dataclass
@@ -238,8 +287,18 @@ class _Blocks:
     bwd_s: float = 0.0
 
 
-def _block_times(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, sh: Sharding,
-                 schedule: StepSchedule, dev: Device, links: "_Links", breakdown: dict) -> _Blocks:
+def _block_times(
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: CostOptions,
+    sh: Sharding,
+    schedule: StepSchedule,
+    dev: Device,
+    links: "_Links",
+    breakdown: dict,
+) -> _Blocks:
     """Each block kind's compute (compute.block_compute) beside its collectives on the other stream
     (_phase_exposed), times its invocations; per-kind seconds go into `breakdown`."""
     stack = opts.stack_spec
@@ -258,8 +317,20 @@ def _block_times(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: C
     zigzag = 0 if decode else zigzag_parts
     mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
     for kind, comms in schedule.per_block.items():
-        comp = block_compute(model, kind, tokens, keys, sh, e, dev, opts.recompute, training, causal, zigzag,
-                             row_tokens=1 if decode else seq / sh.token_div)
+        comp = block_compute(
+            model,
+            kind,
+            tokens,
+            keys,
+            sh,
+            e,
+            dev,
+            opts.recompute,
+            training,
+            causal,
+            zigzag,
+            row_tokens=1 if decode else seq / sh.token_div,
+        )
         if decode and kind == "attention":
             comp = _decode_attention(comp, model, batch, seq, sh, opts, dev)
         if decode and kind in ("mamba2", "mamba1"):
@@ -270,17 +341,27 @@ def _block_times(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: C
         timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
         mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]
         exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
-        exposed_bwd = _phase_exposed([x for x in timed if x[0].phase == "bwd"], bwd, 2 * comp.gemm_fwd_s,
-                                     comp.attn_bwd_factor * comp.attn_fwd_s) if training else 0.0
+        exposed_bwd = (
+            _phase_exposed(
+                [x for x in timed if x[0].phase == "bwd"],
+                bwd,
+                2 * comp.gemm_fwd_s,
+                comp.attn_bwd_factor * comp.attn_fwd_s,
+            )
+            if training
+            else 0.0
+        )
         exposed = exposed_fwd + exposed_bwd
         breakdown[f"{kind}_fwd_s"] = fwd + exposed_fwd  # one invocation, its exposed collectives included
         breakdown[f"{kind}_bwd_s"] = bwd + exposed_bwd
         n = schedule.invocations[kind]
-        for part, value in (("gemm", comp.gemm_fwd_s * (3 if training else 1)),
-                            ("attention", comp.attn_fwd_s * (1 + (2.5 if training else 0))),
-                            ("memory_bound", comp.mem_fwd_s * (3 if training else 1)),
-                            ("recompute", comp.recompute_fwd_s if training else 0.0),
-                            ("scan_conv", comp.kernel_fwd_s + comp.kernel_bwd_s)):
+        for part, value in (
+            ("gemm", comp.gemm_fwd_s * (3 if training else 1)),
+            ("attention", comp.attn_fwd_s * (1 + (2.5 if training else 0))),
+            ("memory_bound", comp.mem_fwd_s * (3 if training else 1)),
+            ("recompute", comp.recompute_fwd_s if training else 0.0),
+            ("scan_conv", comp.kernel_fwd_s + comp.kernel_bwd_s),
+        ):
             breakdown[f"{part}_s"] = breakdown.get(f"{part}_s", 0.0) + n * value
         mb_compute += n * (fwd + bwd)
         bwd_total += n * bwd
@@ -295,15 +376,17 @@ def _block_times(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: C
     return _Blocks(mb_compute, mb_exposed, mb_comm, bwd_total)
 
 
-def _microbatch_collectives(schedule: StepSchedule, links: "_Links", stack: Stack, fwd_s: float, bwd_s: float,
-                            head_gemm_s: float) -> tuple[float, float]:
+def _microbatch_collectives(
+    schedule: StepSchedule, links: "_Links", stack: Stack, fwd_s: float, bwd_s: float, head_gemm_s: float
+) -> tuple[float, float]:
     """(all seconds, exposed seconds) of a micro-batch's own collectives — embedding, loss, pipeline
     sends, ZeRO 3's gathers — on every stage: weight streams hide behind the LM head's GEMM, the rest
     behind the phase's compute."""
     comm = exposed = 0.0
     for phase, compute_s, gemm_s in (("fwd", fwd_s, head_gemm_s), ("bwd", bwd_s, 2 * head_gemm_s)):
-        timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_microbatch)
-                 if c.phase == phase]
+        timed = [
+            (c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_microbatch) if c.phase == phase
+        ]
         comm += sum(t for _, t in timed)
         stream = [(c, t) for c, t in timed if c.overlap == "gemm"]
         rest = [(c, t) for c, t in timed if c.overlap != "gemm"]
@@ -329,15 +412,15 @@ def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) 
     return total
 
 
-def _decode_attention(comp: BlockCompute, model: ModelSpec, batch: int, seq: int, sh: Sharding, opts: CostOptions,
-                      dev: Device) -> BlockCompute:
+def _decode_attention(
+    comp: BlockCompute, model: ModelSpec, batch: int, seq: int, sh: Sharding, opts: CostOptions, dev: Device
+) -> BlockCompute:
     """Decode attention reads the local KV cache once per token: memory-bound, at the rate torch's
     decode attention measured (compute.DECODE_ATTENTION_HBM_FRACTION)."""
     a = model.attention
     kv_bytes = batch * seq / sh.token_div * 2 * a.kv_width / sh.head_div * opts.nbytes("kv_cache_dtype")
     flops = 4 * batch * seq / sh.token_div * a.q_width / sh.head_div
-    t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY),
-            kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION))
+    t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY), kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION))
     return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
 
 
@@ -354,33 +437,40 @@ def _host_s(schedule, layout: Layout, mode: str, dev: Device) -> float:
     few launches are not counted."""
 
     decode = mode == "decode"
-    return sum(n * step_kernels_per_block(kind, mode, layout) * dev.host_kernel_cost(kind, decode)
-               for kind, n in schedule.invocations.items())
+    return sum(
+        n * step_kernels_per_block(kind, mode, layout) * dev.host_kernel_cost(kind, decode)
+        for kind, n in schedule.invocations.items()
+    )
 
 
-def _decode_state_io(comp: BlockCompute, model: ModelSpec, kind: str, batch: int, sh: Sharding, opts: CostOptions,
-                     dev: Device) -> BlockCompute:
+def _decode_state_io(
+    comp: BlockCompute, model: ModelSpec, kind: str, batch: int, sh: Sharding, opts: CostOptions, dev: Device
+) -> BlockCompute:
     """A decode step reads and writes the layer's SSM state (fp32) once."""
     m = model.mamba2 if kind == "mamba2" else model.mamba1
     state = batch * m.d_inner * m.d_state / sh.head_div * opts.nbytes("ssm_state_dtype")
-    return BlockCompute(comp.gemm_fwd_s, comp.attn_fwd_s, comp.mem_fwd_s + 2 * state / dev.hbm_bytes_per_s, 0.0,
-                        comp.flops_fwd)
+    return BlockCompute(
+        comp.gemm_fwd_s, comp.attn_fwd_s, comp.mem_fwd_s + 2 * state / dev.hbm_bytes_per_s, 0.0, comp.flops_fwd
+    )
 
 
-def _model_flops(model: ModelSpec, batch: int, seq: int, decode: bool, training: bool, embeddings: bool = True) -> float:
+def _model_flops(
+    model: ModelSpec, batch: int, seq: int, decode: bool, training: bool, embeddings: bool = True
+) -> float:
     """Model FLOPs of one micro-batch on one replica (no recompute, no sharding): 3× forward in training."""
     one = Sharding(1, 1, 1, 1, 1)
     dev = Device(1.0, 1.0)
     tokens = batch if decode else batch * seq
-    fwd = sum(n * block_compute(model, kind, tokens, seq, one, 2, dev, "none", False).flops_fwd
-              for kind, n in model.block_invocations())
+    fwd = sum(
+        n * block_compute(model, kind, tokens, seq, one, 2, dev, "none", False).flops_fwd
+        for kind, n in model.block_invocations()
+    )
     if embeddings:
         fwd += logits_compute(model, tokens, one, 2, dev).flops_fwd
     return fwd * (3 if training else 1)
 
 
-def _bound(decode: bool, exposed: float, step: float, schedule: StepSchedule, links: _Links,
-           host: float = 0.0) -> str:
+def _bound(decode: bool, exposed: float, step: float, schedule: StepSchedule, links: _Links, host: float = 0.0) -> str:
     if step <= 0:
         return "idle"
     if host >= step:

@@ -129,7 +129,7 @@ def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
 
 
 # The most elements one torch.cat in cat_last writes (the limit of torch's batched CUDA cat kernel).
-CAT_BLOCK_ELEMENTS = 2 ** 31 - 1
+CAT_BLOCK_ELEMENTS = 2**31 - 1
 
 
 def cat_last(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -144,7 +144,7 @@ def cat_last(parts: list[torch.Tensor]) -> torch.Tensor:
     out = torch.empty(flat[0].shape[0], width, device=parts[0].device, dtype=parts[0].dtype)
     step = max(1, CAT_BLOCK_ELEMENTS // width)
     for r0 in range(0, out.shape[0], step):
-        torch.cat([p[r0:r0 + step] for p in flat], dim=-1, out=out[r0:r0 + step])
+        torch.cat([p[r0 : r0 + step] for p in flat], dim=-1, out=out[r0 : r0 + step])
     return out.view(*lead, width)
 
 
@@ -170,8 +170,18 @@ def split_last(t: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
     return _SplitLast.apply(t, sizes)
 
 
-def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None, conv_state=None,
-                      conv_out: bool = False, conv_state_idx=None):
+def _conv_scan_inputs(
+    zxbcdt,
+    conv_w,
+    conv_b,
+    dt_bias,
+    a_log,
+    dims,
+    seq_idx=None,
+    conv_state=None,
+    conv_out: bool = False,
+    conv_state_idx=None,
+):
     """in_proj output → (x, dt, A, B, C) as the scan takes them (conv1d applied, dt softplus'd), and z;
     with `conv_out`, also the conv's output (b, s, channels), of which x, B and C are views.
     `conv_state_idx` (b, d_conv − 1): the packed sequence each conv_state column belongs to."""
@@ -183,12 +193,18 @@ def _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx=None
 
         xbc = causal_conv1d(xbc, conv_w, conv_b, seq_idx, initial_state=conv_state)
     else:
-        xbc = causal_conv1d_ref(xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state,
-                                initial_seq_idx=conv_state_idx)
+        xbc = causal_conv1d_ref(
+            xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state, initial_seq_idx=conv_state_idx
+        )
     x, B, C = split_last(xbc, [d_inner, ngroups * d_state, ngroups * d_state])
     dt = F.softplus(acc(dt) + acc(dt_bias))
-    scan_in = (x.reshape(b, s, nheads, headdim), dt, -torch.exp(acc(a_log)), B.reshape(b, s, ngroups, d_state),
-               C.reshape(b, s, ngroups, d_state))
+    scan_in = (
+        x.reshape(b, s, nheads, headdim),
+        dt,
+        -torch.exp(acc(a_log)),
+        B.reshape(b, s, ngroups, d_state),
+        C.reshape(b, s, ngroups, d_state),
+    )
     return (scan_in, z, xbc) if conv_out else (scan_in, z)
 
 
@@ -224,8 +240,21 @@ def gated_norm(y, z, weight, group_size: int):
     return gated_rmsnorm(y, z, weight, group_size)
 
 
-def mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, seq_idx=None,
-                 initial_state=None, conv_state=None, norm=None):
+def mamba2_mixer(
+    zxbcdt,
+    conv_w,
+    conv_b,
+    dt_bias,
+    a_log,
+    d_skip,
+    norm_w,
+    out_w,
+    dims,
+    seq_idx=None,
+    initial_state=None,
+    conv_state=None,
+    norm=None,
+):
     """in_proj output → conv1d → SSD scan → gated norm → out_proj. Returns (out, final_state).
 
     `conv_state` (b, conv channels, d_conv − 1) and `initial_state` continue a sequence from where a
@@ -244,11 +273,38 @@ class Mamba2CoreFn(torch.autograd.Function):
     sequence shard starts from) for backward. Returns (out, final SSM state)."""
 
     @staticmethod
-    def forward(ctx, zxbcdt, conv_state, init_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims,
-                norm, seq_idx=None):
+    def forward(
+        ctx,
+        zxbcdt,
+        conv_state,
+        init_state,
+        conv_w,
+        conv_b,
+        dt_bias,
+        a_log,
+        d_skip,
+        norm_w,
+        out_w,
+        dims,
+        norm,
+        seq_idx=None,
+    ):
         with torch.no_grad():
-            out, state = mamba2_mixer(zxbcdt, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims,
-                                      seq_idx=seq_idx, initial_state=init_state, conv_state=conv_state, norm=norm)
+            out, state = mamba2_mixer(
+                zxbcdt,
+                conv_w,
+                conv_b,
+                dt_bias,
+                a_log,
+                d_skip,
+                norm_w,
+                out_w,
+                dims,
+                seq_idx=seq_idx,
+                initial_state=init_state,
+                conv_state=conv_state,
+                norm=norm,
+            )
         ctx.dims, ctx.norm, ctx.seq_idx = dims, norm, seq_idx
         ctx.save_for_backward(zxbcdt, conv_state, init_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
         return out, state
@@ -259,8 +315,15 @@ class Mamba2CoreFn(torch.autograd.Function):
         inputs = [t.detach().requires_grad_(True) if t is not None else None for t in saved]
         zx, conv_state, init_state, *params = inputs
         with torch.enable_grad():
-            out, state = mamba2_mixer(zx, *params, ctx.dims, seq_idx=ctx.seq_idx, initial_state=init_state,
-                                      conv_state=conv_state, norm=ctx.norm)
+            out, state = mamba2_mixer(
+                zx,
+                *params,
+                ctx.dims,
+                seq_idx=ctx.seq_idx,
+                initial_state=init_state,
+                conv_state=conv_state,
+                norm=ctx.norm,
+            )
         wrt = [t for t in inputs if t is not None]
         outputs, grads_out = [out], [grad_out]
         if grad_state is not None:
@@ -291,8 +354,21 @@ class Mamba2Block(nn.Module):
     def forward(self, x, seq_idx=None):
         """`seq_idx` (b, s): packed sequences, each starting from a zero state and an empty conv window."""
         zxbcdt = F.linear(self.norm(x), self.in_proj)
-        out, _ = Mamba2CoreFn.apply(zxbcdt, None, None, self.conv_w, self.conv_b, self.dt_bias, self.a_log,
-                                    self.d_skip, self.norm_w, self.out_proj, self.dims, None, seq_idx)
+        out, _ = Mamba2CoreFn.apply(
+            zxbcdt,
+            None,
+            None,
+            self.conv_w,
+            self.conv_b,
+            self.dt_bias,
+            self.a_log,
+            self.d_skip,
+            self.norm_w,
+            self.out_proj,
+            self.dims,
+            None,
+            seq_idx,
+        )
         return x + out
 
 

@@ -14,8 +14,14 @@ from meshplan.costmodel.schedule import step_schedule
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import build_mesh, shard_of
 from meshplan.executor.optim import MixedAdam, make_optimizer
-from meshplan.executor.parallelize import (GradientSync, parallelize, run_layers, shard_weights, stage_of,
-                                           token_positions)
+from meshplan.executor.parallelize import (
+    GradientSync,
+    parallelize,
+    run_layers,
+    shard_weights,
+    stage_of,
+    token_positions,
+)
 from meshplan.executor.pipeline import Pipeline, stage_slice, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
@@ -65,8 +71,16 @@ def _max_rel_err(layers, ref_layers, pick) -> float:
     return max(errs)
 
 
-def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: int, batch: int,
-                 mode: str = "train", int8_allreduce: bool = False) -> dict:
+def check_layout(
+    rank: int,
+    world: int,
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    mode: str = "train",
+    int8_allreduce: bool = False,
+) -> dict:
     """With pipeline stages a training step runs the cost model's micro-batches of `batch` sequences
     each; the reference runs them all at once."""
     from dataclasses import replace
@@ -101,8 +115,9 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
                 y = run_layers(layers, xs[0])
             (y * weight[:, pos]).sum().backward()
             result["grad_reductions_before_input_grad"] = started[0]
-            result["grad_reductions_of_later_layers"] = sum(1 for p in sync.order if all(p is not q for q in
-                                                                                      layers[0].parameters()))
+            result["grad_reductions_of_later_layers"] = sum(
+                1 for p in sync.order if all(p is not q for q in layers[0].parameters())
+            )
             outs, grads = [y.detach()], [xs[0].grad]
         else:
             with count_saved_bytes(params) as saved:  # one micro-batch through this stage, on its own
@@ -111,16 +126,21 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
             grads, outs = pipe.train(xs, [weight[s][:, pos] for s in mb], sync)
         sync.finish()
         result["saved_bytes"] = saved["bytes"]
-        result["max_grad_x_err"] = max([(g - x.grad[s][:, pos]).abs().max().item() for g, s in zip(grads, mb)],
-                                       default=0.0)
-        result["max_weight_grad_rel_err"] = _max_rel_err(layers, ref_layers, lambda p, want, grad: (
-            _mine(sync, p, p.grad), _mine(sync, p, grad)))
+        result["max_grad_x_err"] = max(
+            [(g - x.grad[s][:, pos]).abs().max().item() for g, s in zip(grads, mb)], default=0.0
+        )
+        result["max_weight_grad_rel_err"] = _max_rel_err(
+            layers, ref_layers, lambda p, want, grad: (_mine(sync, p, p.grad), _mine(sync, p, grad))
+        )
         if sync.zero:  # the sharded step against MixedAdam's on the reference's whole gradients
             opt = make_optimizer(layers.parameters(), sync)
             opt.step()
             MixedAdam(ref.parameters()).step()
-            result["max_weight_after_step_rel_err"] = _max_rel_err(layers, ref_layers, lambda p, want, grad: (
-                (weights.shard(p), _slice_of(sync, want)) if weights else (p, want)))
+            result["max_weight_after_step_rel_err"] = _max_rel_err(
+                layers,
+                ref_layers,
+                lambda p, want, grad: (weights.shard(p), _slice_of(sync, want)) if weights else (p, want),
+            )
     else:
         shard_weights(layers, mesh)
         with torch.no_grad():
@@ -135,8 +155,9 @@ def check_layout(rank: int, world: int, model: ModelSpec, layout: Layout, seq: i
     # Every float the run moves is float64, twice the fp32 prediction; int8 payloads (and their fp32
     # scales) are the same size in any run.
     predicted = schedule.bytes_by_kind_and_axis(message=True)
-    result["predicted_counts"] = {k: v if k.startswith(("all_to_all", "all_gather")) and int8_allreduce else 2 * v
-                                  for k, v in predicted.items()}
+    result["predicted_counts"] = {
+        k: v if k.startswith(("all_to_all", "all_gather")) and int8_allreduce else 2 * v for k, v in predicted.items()
+    }
     if train:
         result["predicted_saved_bytes"] = 2 * saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0]
     return result
@@ -179,11 +200,14 @@ def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: 
     mesh.reset_counts()
     errs = []
     for i in range(DECODE_STEPS):
-        h = through(layers, pipe, x[:, seq + i:seq + i + 1], lambda layer, h: layer.decode(h))
+        h = through(layers, pipe, x[:, seq + i : seq + i + 1], lambda layer, h: layer.decode(h))
         if h is not None:
-            errs.append((h - y_ref[:, seq + i:seq + i + 1]).abs().max().item())
+            errs.append((h - y_ref[:, seq + i : seq + i + 1]).abs().max().item())
     opts = CostOptions(mode="decode", act_dtype="fp32", grad_dtype="fp32")
     schedule = step_schedule(model, layout, seq, batch, opts, embeddings=False)
-    return {"rank": rank, "max_out_err": max(errs, default=0.0),
-            "counts": {k: v / DECODE_STEPS for k, v in mesh.counts.items()},
-            "predicted_counts": {k: 2 * v for k, v in schedule.bytes_by_kind_and_axis(message=True).items()}}
+    return {
+        "rank": rank,
+        "max_out_err": max(errs, default=0.0),
+        "counts": {k: v / DECODE_STEPS for k, v in mesh.counts.items()},
+        "predicted_counts": {k: 2 * v for k, v in schedule.bytes_by_kind_and_axis(message=True).items()},
+    }

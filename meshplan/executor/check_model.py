@@ -69,12 +69,23 @@ def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int,
 
 def _predicted_counts(model, layout, seq, batch, opts) -> dict:
     # Every float the run moves is float64: twice the fp32 prediction.
-    return {k: 2 * v for k, v in step_schedule(model, layout, seq, batch, opts).bytes_by_kind_and_axis(
-        message=True).items()}
+    return {
+        k: 2 * v for k, v in step_schedule(model, layout, seq, batch, opts).bytes_by_kind_and_axis(message=True).items()
+    }
 
 
-def check_model(rank: int, world: int, model: ModelSpec, layout: Layout, seq: int, batch: int,
-                mode: str = "train", *, weights: str | None = None, packed: bool = False) -> dict:
+def check_model(
+    rank: int,
+    world: int,
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    mode: str = "train",
+    *,
+    weights: str | None = None,
+    packed: bool = False,
+) -> dict:
     """`weights`: a checkpoint folder (executor.checkpoint) instead of the seeded random weights; the
     result then also holds the reference's mean loss ("ref_loss") for a check against another library.
     `packed`: each row holds several documents (packed_documents), which the Mamba-2 blocks keep apart."""
@@ -124,17 +135,24 @@ def check_model(rank: int, world: int, model: ModelSpec, layout: Layout, seq: in
             want = ref_losses.detach()[:, head.positions].sum() / (m * batch * seq)
             result["loss_err"] = abs(float(sum(losses)) - float(want))
         result["saved_bytes"] = saved["bytes"]
-        result["max_weight_grad_rel_err"] = _max_rel_err(mods, ref_mods, lambda p, want, grad: (
-            _mine(sync, p, p.grad), _mine(sync, p, grad)))
+        result["max_weight_grad_rel_err"] = _max_rel_err(
+            mods, ref_mods, lambda p, want, grad: (_mine(sync, p, p.grad), _mine(sync, p, grad))
+        )
         if sync.zero:
             make_optimizer(mods.parameters(), sync).step()
             MixedAdam(ref.parameters()).step()
-            result["max_weight_after_step_rel_err"] = _max_rel_err(mods, ref_mods, lambda p, want, grad: (
-                (weights.shard(p), _slice_of(sync, want)) if weights else (p, want)))
+            result["max_weight_after_step_rel_err"] = _max_rel_err(
+                mods,
+                ref_mods,
+                lambda p, want, grad: (weights.shard(p), _slice_of(sync, want)) if weights else (p, want),
+            )
         sh = sharding_for(layout, opts)
         layers_saved = saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0]
-        ends = head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts) \
-            if head is not None else 0.0
+        ends = (
+            head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts)
+            if head is not None
+            else 0.0
+        )
         result["predicted_saved_bytes"] = 2 * (layers_saved + ends)
     else:
         shard_weights(mods, mesh)
@@ -152,11 +170,19 @@ def _logprob_err(got, want, head) -> float:
     that holds no last position) and the reference's."""
     if head is None or got is None or got.numel() == 0:
         return 0.0
-    return (got - want[:, head.start:head.start + got.shape[-1]]).abs().max().item()
+    return (got - want[:, head.start : head.start + got.shape[-1]]).abs().max().item()
 
 
-def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
-                  weights: str | None = None, packed: bool = False) -> dict:
+def _check_decode(
+    rank: int,
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: CostOptions,
+    weights: str | None = None,
+    packed: bool = False,
+) -> dict:
     """Prefill `seq` tokens, then decode DECODE_STEPS more one at a time; each step's log-probabilities
     against the reference's over all the tokens so far."""
     tokens, _ = synthetic_tokens(model.vocab, batch, seq + DECODE_STEPS, torch.Generator().manual_seed(1))
@@ -181,9 +207,12 @@ def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: 
     errs = []
     with torch.no_grad():
         for i in range(DECODE_STEPS):
-            got = through(mods, pipe, tokens[:, seq + i:seq + i + 1], lambda mod, h: mod.decode(h))
-            upto = all_docs[:, :seq + i + 1] if packed else None
-            errs.append(_logprob_err(got, ref.next_token_logprobs(tokens[:, :seq + i + 1], upto), head))
-    return {"rank": rank, "max_out_err": max(errs),
-            "counts": {k: v / DECODE_STEPS for k, v in mesh.counts.items()},
-            "predicted_counts": _predicted_counts(model, layout, seq, batch, opts)}
+            got = through(mods, pipe, tokens[:, seq + i : seq + i + 1], lambda mod, h: mod.decode(h))
+            upto = all_docs[:, : seq + i + 1] if packed else None
+            errs.append(_logprob_err(got, ref.next_token_logprobs(tokens[:, : seq + i + 1], upto), head))
+    return {
+        "rank": rank,
+        "max_out_err": max(errs),
+        "counts": {k: v / DECODE_STEPS for k, v in mesh.counts.items()},
+        "predicted_counts": _predicted_counts(model, layout, seq, batch, opts),
+    }

@@ -96,18 +96,24 @@ class Checkpoint:
             raise MeshplanError(f"--weights: {folder} has no config.json; give the checkpoint's folder")
         self.model_type = json.loads(config.read_text()).get("model_type")
         if self.model_type not in LAYOUTS:
-            raise MeshplanError(f"--weights: the executor reads {', '.join(LAYOUTS)} checkpoints, not model_type "
-                                f"{self.model_type!r}; run it without --weights (random weights)")
+            raise MeshplanError(
+                f"--weights: the executor reads {', '.join(LAYOUTS)} checkpoints, not model_type "
+                f"{self.model_type!r}; run it without --weights (random weights)"
+            )
         self._check_config(json.loads(config.read_text()))
         index = self.folder / "model.safetensors.index.json"
         if index.exists():
-            self.files = {name: self.folder / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+            self.files = {
+                name: self.folder / file for name, file in json.loads(index.read_text())["weight_map"].items()
+            }
         elif (self.folder / "model.safetensors").exists():
             with safe_open(self.folder / "model.safetensors", "pt") as f:
                 self.files = dict.fromkeys(f.keys(), self.folder / "model.safetensors")
         else:
-            raise MeshplanError(f"--weights: {folder} holds neither model.safetensors nor model.safetensors.index.json "
-                                f"(.bin checkpoints are not read)")
+            raise MeshplanError(
+                f"--weights: {folder} holds neither model.safetensors nor model.safetensors.index.json "
+                f"(.bin checkpoints are not read)"
+            )
         self.bytes_read = 0
         self._handles: dict = {}
 
@@ -126,11 +132,15 @@ class Checkpoint:
                 raise MeshplanError(f"{where}: use_bias true; the executor's in_proj and out_proj have no biases")
             low, high = (_number(v) for v in raw.get("time_step_limit", (0.0, float("inf"))))
             if low > 0 or high != float("inf"):
-                raise MeshplanError(f"{where}: time_step_limit {raw['time_step_limit']}; the executor leaves dt "
-                                    f"unclamped, as mamba_ssm's default")
+                raise MeshplanError(
+                    f"{where}: time_step_limit {raw['time_step_limit']}; the executor leaves dt "
+                    f"unclamped, as mamba_ssm's default"
+                )
             if raw.get("layer_norm_epsilon", 1e-5) != 1e-5:
-                raise MeshplanError(f"{where}: layer_norm_epsilon {raw['layer_norm_epsilon']}; the executor's gated "
-                                    f"norm takes mamba_ssm's 1e-5")
+                raise MeshplanError(
+                    f"{where}: layer_norm_epsilon {raw['layer_norm_epsilon']}; the executor's gated "
+                    f"norm takes mamba_ssm's 1e-5"
+                )
 
     def _slice(self, name: str):
         if name not in self.files:
@@ -156,13 +166,15 @@ class Checkpoint:
                 for (sl, _), lo, hi in zip(parts, offsets, offsets[1:]):
                     s, e = max(a, lo), min(b, hi)
                     if s < e:
-                        pieces.append(sl[s - lo:e - lo])
+                        pieces.append(sl[s - lo : e - lo])
             out = torch.cat(pieces, 0)
         else:
             raise MeshplanError(f"--weights: cannot read columns across the fused tensors {', '.join(names)}")
         if out.numel() != shape.numel():
-            raise MeshplanError(f"--weights: {', '.join(names)} give {out.numel()} values where the model needs "
-                                f"{tuple(shape)}; does --model describe this checkpoint?")
+            raise MeshplanError(
+                f"--weights: {', '.join(names)} give {out.numel()} values where the model needs "
+                f"{tuple(shape)}; does --model describe this checkpoint?"
+            )
         self.bytes_read += out.numel() * out.element_size()
         return out.reshape(shape)
 

@@ -77,8 +77,10 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
         mine = None
         for combo in itertools.product(*(range(sizes[n]) for n in others)):
             base = sum(c * strides[n] for n, c in zip(others, combo))
-            ranks = [members[base + sum(c * strides[n] for n, c in zip(outer, inner))]
-                     for inner in itertools.product(*(range(sizes[n]) for n in outer))]
+            ranks = [
+                members[base + sum(c * strides[n] for n, c in zip(outer, inner))]
+                for inner in itertools.product(*(range(sizes[n]) for n in outer))
+            ]
             ranks = pick(ranks)
             group = dist.new_group(ranks) if len(ranks) > 1 else None
             if me in ranks:
@@ -101,6 +103,7 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
 
 
 # -- raw collectives (counted) ------------------------------------------------------------------------
+
 
 def all_reduce(mesh: Mesh, t: torch.Tensor, axis: str, op: str = "sum") -> torch.Tensor:
     return all_reduce_start(mesh, t, axis, op)()
@@ -151,7 +154,7 @@ def all_gather_start(mesh: Mesh, t: torch.Tensor, axis: str, dim: int):
     def finish() -> torch.Tensor:
         work.wait()
         if all(size == 1 for size in t.shape[:dim]):
-            return buf.view(*t.shape[:dim], n * t.shape[dim], *t.shape[dim + 1:])
+            return buf.view(*t.shape[:dim], n * t.shape[dim], *t.shape[dim + 1 :])
         return torch.cat(buf.chunk(n, 0), dim=dim)
 
     return finish
@@ -176,8 +179,15 @@ def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Te
     return t.chunk(ax.size, dim=dim)[ax.rank].contiguous()
 
 
-def exchange(mesh: Mesh, axis: str, send: torch.Tensor | None, dst: int | None, recv_like: torch.Tensor | None,
-             src: int | None, tag: int) -> torch.Tensor | None:
+def exchange(
+    mesh: Mesh,
+    axis: str,
+    send: torch.Tensor | None,
+    dst: int | None,
+    recv_like: torch.Tensor | None,
+    src: int | None,
+    tag: int,
+) -> torch.Tensor | None:
     """Send to `dst` and/or receive from `src` (indices along the axis; None: not that way), counted,
     both in one batch so that neighbours doing the mirror image never deadlock. Returns what was
     received (zeros when the transfers are skipped)."""
@@ -209,7 +219,7 @@ def shard_of(t: torch.Tensor, n: int, rank: int) -> torch.Tensor:
     flat, s = t.reshape(-1), shard_len(t.numel(), n)
     if s * n != flat.numel():
         flat = torch.nn.functional.pad(flat, (0, s * n - flat.numel()))
-    return flat[rank * s:(rank + 1) * s]
+    return flat[rank * s : (rank + 1) * s]
 
 
 def reduce_scatter_start(mesh: Mesh, flat: torch.Tensor, axis: str, in_place: bool):
@@ -223,7 +233,7 @@ def reduce_scatter_start(mesh: Mesh, flat: torch.Tensor, axis: str, in_place: bo
     if pad:
         flat, in_place = torch.nn.functional.pad(flat, (0, pad)), False
     s = flat.numel() // n
-    mine = flat[ax.rank * s:(ax.rank + 1) * s]
+    mine = flat[ax.rank * s : (ax.rank + 1) * s]
     mesh.record("reduce_scatter", axis, flat.numel() * flat.element_size())
     out = mine if in_place else torch.empty_like(mine)
     if not mesh.enabled:
@@ -250,7 +260,7 @@ def all_gather_into_start(mesh: Mesh, out: torch.Tensor, shard: torch.Tensor, ax
     ax = mesh.axis(axis)
     mesh.record("all_gather", axis, shard.numel() * shard.element_size() * ax.size)
     if not mesh.enabled:
-        out[ax.rank * shard.numel():(ax.rank + 1) * shard.numel()].copy_(shard)
+        out[ax.rank * shard.numel() : (ax.rank + 1) * shard.numel()].copy_(shard)
         return lambda: out
     if mesh.nccl:
         work = dist.all_gather_into_tensor(out, shard, group=ax.group, async_op=True)
@@ -276,8 +286,9 @@ def all_to_all(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
 INT8_TRANSPORTS = ("auto", "nccl", "peer")
 
 
-def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 128,
-                         transport: str = "auto") -> torch.Tensor:
+def quantized_all_reduce(
+    mesh: Mesh, x: torch.Tensor, axis: str, group: int = 128, transport: str = "auto"
+) -> torch.Tensor:
     """Sum of x over the axis through int8 (meshplan/kernels/quant.py), per group of `group` elements
     (values, then fp32 scales, packed in one byte row per destination). Two ranks: quantize, all-gather
     the packed tensors, dequantize and sum (each rank sends its tensor once: as many bytes as the path
@@ -307,19 +318,26 @@ def quantized_all_reduce(mesh: Mesh, x: torch.Tensor, axis: str, group: int = 12
             out = peer.quantized_all_reduce_peer(flat, ax.group, group, x.dtype)
             if out is not None:
                 mesh.record("all_gather", axis, reference.packed_chunk_bytes(flat.numel(), group) * n)
-                return out[:x.numel()].view_as(x)
+                return out[: x.numel()].view_as(x)
     if n == 2:
-        packed = quant.quantize_int8_packed(flat, 1, group) if on_gpu else reference.quantize_int8_packed_ref(flat, 1, group)
+        packed = (
+            quant.quantize_int8_packed(flat, 1, group) if on_gpu else reference.quantize_int8_packed_ref(flat, 1, group)
+        )
         rows = all_gather(mesh, packed, axis, 0)
         out = quant.dequant_sum(rows, group, x.dtype) if on_gpu else reference.dequant_sum_ref(rows, group, x.dtype)
-        return out[:x.numel()].view_as(x)
-    packed = quant.quantize_int8_packed(flat, n, group) if on_gpu else reference.quantize_int8_packed_ref(flat, n, group)
+        return out[: x.numel()].view_as(x)
+    packed = (
+        quant.quantize_int8_packed(flat, n, group) if on_gpu else reference.quantize_int8_packed_ref(flat, n, group)
+    )
     got = all_to_all(mesh, packed, axis)  # row j: rank j's copy of this rank's slice
     mine = quant.dequant_sum_requant(got, group) if on_gpu else reference.dequant_sum_requant_ref(got, group)
     rows = all_gather(mesh, mine.unsqueeze(0), axis, 0)
-    out = quant.dequantize_packed(rows, group, x.dtype) if on_gpu else reference.dequantize_packed_ref(rows, group,
-                                                                                                      x.dtype)
-    return out[:x.numel()].view_as(x)
+    out = (
+        quant.dequantize_packed(rows, group, x.dtype)
+        if on_gpu
+        else reference.dequantize_packed_ref(rows, group, x.dtype)
+    )
+    return out[: x.numel()].view_as(x)
 
 
 class QuantizedReduceFromAxis(torch.autograd.Function):
@@ -359,6 +377,7 @@ def ring_shift(mesh: Mesh, t: torch.Tensor, axis: str) -> tuple[torch.Tensor, li
 
 
 # -- autograd functions ----------------------------------------------------------------------------
+
 
 class CopyToAxis(torch.autograd.Function):
     """Identity forward; all-reduce of the gradient backward (TP's "f")."""

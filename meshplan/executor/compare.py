@@ -12,10 +12,13 @@ def compare_run(run: dict, tolerance: float = 0.05) -> tuple[list[dict], bool]:
     try:
         pred, meas = run["predicted"], run["measured"]
     except (KeyError, TypeError):
-        raise MeshplanError("run file: expected an object with 'predicted' and 'measured' (from meshplan execute)") \
-            from None
+        raise MeshplanError(
+            "run file: expected an object with 'predicted' and 'measured' (from meshplan execute)"
+        ) from None
     if run.get("oom") or "error" in meas:
-        raise MeshplanError(f"run file: the run did not complete ({'out of memory' if run.get('oom') else meas['error'][:200]})")
+        raise MeshplanError(
+            f"run file: the run did not complete ({'out of memory' if run.get('oom') else meas['error'][:200]})"
+        )
     rows = []
 
     def add(name, p, m, tol):
@@ -31,6 +34,13 @@ def compare_run(run: dict, tolerance: float = 0.05) -> tuple[list[dict], bool]:
         if "step_time_s" in pred:
             add("step time", pred["step_time_s"], meas["step_time_s"], tolerance)
         if "exposed_comm_s" in pred and "exposed_comm_s" in meas:
-            rows.append({"quantity": "exposed communication (s)", "predicted": pred["exposed_comm_s"],
-                         "measured": meas["exposed_comm_s"], "relative_error": None, "ok": True})
+            rows.append(
+                {
+                    "quantity": "exposed communication (s)",
+                    "predicted": pred["exposed_comm_s"],
+                    "measured": meas["exposed_comm_s"],
+                    "relative_error": None,
+                    "ok": True,
+                }
+            )
     return rows, all(r["ok"] for r in rows)

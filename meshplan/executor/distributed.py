@@ -43,8 +43,13 @@ def run_distributed(fn, world: int, *args, timeout_s: float = 120.0) -> list:
     import pickle
 
     with tempfile.TemporaryDirectory() as result_dir:
-        ctx = mp.start_processes(_entry, args=(world, free_port(), fn, args, result_dir, timeout_s), nprocs=world,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _entry,
+            args=(world, free_port(), fn, args, result_dir, timeout_s),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
         deadline = timeout_s + 30
         import time
 

@@ -49,8 +49,9 @@ class CausalLM(nn.Module):
     def hidden(self, tokens: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         return self.stack(self.embed(tokens), seq_idx)
 
-    def token_losses(self, tokens: torch.Tensor, labels: torch.Tensor, seq_idx: torch.Tensor | None = None
-                     ) -> torch.Tensor:
+    def token_losses(
+        self, tokens: torch.Tensor, labels: torch.Tensor, seq_idx: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(b, s) cross-entropy of each position's prediction of its label, in fp32 (float64 stays).
         `seq_idx` (b, s): the document of each token, where documents are packed."""
         logits = self.head.logits(self.hidden(tokens, seq_idx))
@@ -61,8 +62,9 @@ class CausalLM(nn.Module):
         return torch.log_softmax(acc(self.head.logits(self.hidden(tokens, seq_idx)[:, -1])), dim=-1)
 
 
-def synthetic_tokens(vocab: int, batch: int, seq: int, generator: torch.Generator | None = None,
-                     device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_tokens(
+    vocab: int, batch: int, seq: int, generator: torch.Generator | None = None, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, labels) of `batch` sequences of `seq` uniform random token ids; each label is the next
     token (the one past the end drawn too)."""
     ids = torch.randint(0, vocab, (batch, seq + 1), generator=generator, device=device)
@@ -84,8 +86,10 @@ def tokens_from_file(path: str, vocab: int, batch: int, seq: int) -> tuple:
         if isinstance(data, np.lib.npyio.NpzFile):
             missing = {"tokens", "documents"} - set(data.files)
             if missing:
-                raise MeshplanError(f"--tokens: {path} lacks the array(s) {', '.join(sorted(missing))}; a .npz "
-                                    f"holds `tokens` and `documents` (each token's document id)")
+                raise MeshplanError(
+                    f"--tokens: {path} lacks the array(s) {', '.join(sorted(missing))}; a .npz "
+                    f"holds `tokens` and `documents` (each token's document id)"
+                )
             ids, docs = data["tokens"].reshape(-1), data["documents"].reshape(-1)
         else:
             ids, docs = data.reshape(-1), None
@@ -98,13 +102,16 @@ def tokens_from_file(path: str, vocab: int, batch: int, seq: int) -> tuple:
         raise MeshplanError(f"--tokens: {path} holds {ids.dtype} values; token ids must be integers")
     rows = torch.from_numpy(ids[:need].astype("int64")).view(batch, seq + 1)
     if int(rows.min()) < 0 or int(rows.max()) >= vocab:
-        raise MeshplanError(f"--tokens: ids in {path} run from {int(rows.min())} to {int(rows.max())}; "
-                            f"the model's vocabulary is 0..{vocab - 1}")
+        raise MeshplanError(
+            f"--tokens: ids in {path} run from {int(rows.min())} to {int(rows.max())}; "
+            f"the model's vocabulary is 0..{vocab - 1}"
+        )
     documents = None
     if docs is not None:
         if docs.size != ids.size or not np.issubdtype(docs.dtype, np.integer):
-            raise MeshplanError(f"--tokens: {path}'s documents must be integers, one per token ({docs.size} for "
-                                f"{ids.size} tokens)")
+            raise MeshplanError(
+                f"--tokens: {path}'s documents must be integers, one per token ({docs.size} for {ids.size} tokens)"
+            )
         documents = torch.from_numpy(docs[:need].astype("int32")).view(batch, seq + 1)[:, :-1].contiguous()
         if bool((documents[:, 1:] < documents[:, :-1]).any()):
             raise MeshplanError(f"--tokens: {path}'s document ids decrease along a row; number documents in order")

@@ -43,13 +43,26 @@ class MixedAdam:
             if fused is not None and w.is_cuda:
                 if w.device not in steps:
                     steps[w.device] = torch.full((), float(self.t), device=w.device)
-                fused([w], [g], [m], [v], [], [steps[w.device]], lr=self.lr, beta1=b1, beta2=b2, weight_decay=0.0,
-                      eps=self.eps, amsgrad=False, maximize=False)
+                fused(
+                    [w],
+                    [g],
+                    [m],
+                    [v],
+                    [],
+                    [steps[w.device]],
+                    lr=self.lr,
+                    beta1=b1,
+                    beta2=b2,
+                    weight_decay=0.0,
+                    eps=self.eps,
+                    amsgrad=False,
+                    maximize=False,
+                )
             else:
-                c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+                c1, c2 = 1 - b1**self.t, 1 - b2**self.t
                 m.mul_(b1).add_(g, alpha=1 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                w.addcdiv_(m, v.sqrt().div_(c2 ** 0.5).add_(self.eps), value=-self.lr / c1)
+                w.addcdiv_(m, v.sqrt().div_(c2**0.5).add_(self.eps), value=-self.lr / c1)
             self._write(p, w)
         self._written()
 
@@ -96,7 +109,7 @@ class ZeroAdam(MixedAdam):
     def _land(wait, p: torch.Tensor, whole: torch.Tensor) -> None:
         wait()
         if whole.data_ptr() != p.data_ptr():
-            p.data.view(-1).copy_(whole[:p.numel()])
+            p.data.view(-1).copy_(whole[: p.numel()])
 
     def _written(self) -> None:
         for item in self.waits:

@@ -137,16 +137,24 @@ class GradientSync:
     norm scales over tsp; under ZeRO those weights' reductions over the group wait for these sums (a
     shard of a partial sum cannot be completed afterwards)."""
 
-    def __init__(self, layers: nn.ModuleList, mesh: Mesh, weights: ShardedWeights | None = None,
-                 tied: bool = False):
+    def __init__(self, layers: nn.ModuleList, mesh: Mesh, weights: ShardedWeights | None = None, tied: bool = False):
         self.layers, self.mesh, self.weights = layers, mesh, weights
         layout = mesh.layout
         self.axis, size = grad_group(layout)
         self.zero = layout.zero if layout.dp > 1 else 0
         params = unique_params(reversed(layers)) if size > 1 else []
         # A tied matrix split over the first and last pipeline stages: the two copies' gradients summed.
-        self.tied = [p for layer in layers if isinstance(layer, (ParallelEmbedding, ParallelHead))
-                     for n, p in layer.named_parameters() if n == "weight"] if mesh.layout.pp > 1 and tied else []
+        self.tied = (
+            [
+                p
+                for layer in layers
+                if isinstance(layer, (ParallelEmbedding, ParallelHead))
+                for n, p in layer.named_parameters()
+                if n == "weight"
+            ]
+            if mesh.layout.pp > 1 and tied
+            else []
+        )
         held = {id(p) for p in self._summed_first()} if self.zero else set()
         self.order = [p for p in params if id(p) not in held]
         self.held = [p for p in params if id(p) in held]
@@ -228,8 +236,11 @@ class GradientSync:
             if isinstance(layer, ParallelMamba2):
                 layer.sync_replicated_grads()
         if self.mesh.layout.tsp > 1:  # TSP keeps the norm scales on every rank
-            _all_reduce_grads([p for layer in self.layers for n, p in layer.named_parameters()
-                               if n.endswith("norm.weight")], self.mesh, "tsp")
+            _all_reduce_grads(
+                [p for layer in self.layers for n, p in layer.named_parameters() if n.endswith("norm.weight")],
+                self.mesh,
+                "tsp",
+            )
         if self.tied and self.mesh.axis("pp_ends") is not None:
             _all_reduce_grads(self.tied, self.mesh, "pp_ends")
         for p in self.held:
@@ -284,7 +295,7 @@ def _all_reduce_grads(params: list, mesh: Mesh, axis: str) -> None:
     flat = all_reduce(mesh, torch.cat([g.flatten() for g in grads]), axis)
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 

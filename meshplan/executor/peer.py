@@ -35,10 +35,10 @@ class PeerBuffer:
         self.handle = symm_mem.rendezvous(self.local, group)
         self.rank = dist.get_rank(group)
         full = [self.handle.get_buffer(r, (2 * capacity,), torch.uint8) for r in range(self.handle.world_size)]
-        self.slots = [[v[s * capacity:(s + 1) * capacity] for v in full] for s in (0, 1)]
-        self.mine = [self.local[s * capacity + PEER_HEADER:(s + 1) * capacity] for s in (0, 1)]
+        self.slots = [[v[s * capacity : (s + 1) * capacity] for v in full] for s in (0, 1)]
+        self.mine = [self.local[s * capacity + PEER_HEADER : (s + 1) * capacity] for s in (0, 1)]
         for s in (0, 1):  # no peer may signal before every rank's words are zero
-            self.local[s * capacity:s * capacity + PEER_HEADER].zero_()
+            self.local[s * capacity : s * capacity + PEER_HEADER].zero_()
         torch.cuda.synchronize(device)
         dist.barrier(group=group)
         self.epoch = 0
@@ -80,8 +80,12 @@ def wanted(group, ranks: list[int]) -> bool:
     ranks fill a host before the next: LOCAL_WORLD_SIZE of them), peer access not switched off
     (NCCL_P2P_DISABLE stands for a host without NVLink), and symmetric memory working here."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or torch.cuda.device_count() or 1
-    return (len(ranks) == 2 and len({r // local for r in ranks}) == 1 and peer_access_allowed()
-            and id(group) not in _UNAVAILABLE)
+    return (
+        len(ranks) == 2
+        and len({r // local for r in ranks}) == 1
+        and peer_access_allowed()
+        and id(group) not in _UNAVAILABLE
+    )
 
 
 def _buffer(group, elements: int, group_size: int, device: torch.device) -> PeerBuffer:
@@ -128,10 +132,23 @@ def _plan(flat: torch.Tensor, group, group_size: int, dtype: torch.dtype, key: t
     nbytes = packed_chunk_bytes(flat.numel(), group_size)
     pb = _buffer(group, flat.numel(), group_size, flat.device)
     programs = PEER_PROGRAMS_PER_SM * torch.cuda.get_device_properties(flat.device).multi_processor_count
-    plan = [(quant.quantize_packed_launcher(flat, pb.row(s, nbytes), group_size),
-             quant.peer_sum_launcher(pb.slots[s], flat.numel(), group_size, dtype, PEER_GROUPS_PER_PROGRAM,
-                                     PEER_WARPS, rank=pb.rank, sync=True, programs=programs))
-            for s in (0, 1)]
+    plan = [
+        (
+            quant.quantize_packed_launcher(flat, pb.row(s, nbytes), group_size),
+            quant.peer_sum_launcher(
+                pb.slots[s],
+                flat.numel(),
+                group_size,
+                dtype,
+                PEER_GROUPS_PER_PROGRAM,
+                PEER_WARPS,
+                rank=pb.rank,
+                sync=True,
+                programs=programs,
+            ),
+        )
+        for s in (0, 1)
+    ]
     pb.plans[key] = plan
     return plan
 

@@ -11,8 +11,10 @@ CATEGORIES = (
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul", "wgmma")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
-    ("scan_conv", ("_conv_fwd", "_conv_bwd", "_conv_head", "state_update", "quantize", "dequantize", "_chunk_",
-                   "_state_passing")),
+    (
+        "scan_conv",
+        ("_conv_fwd", "_conv_bwd", "_conv_head", "state_update", "quantize", "dequantize", "_chunk_", "_state_passing"),
+    ),
 )
 
 

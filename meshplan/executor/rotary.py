@@ -30,7 +30,8 @@ def inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
         high_wavelen = rope.original_max_positions / rope.high_freq_factor
         wavelen = 2 * math.pi / freq
         smooth = (rope.original_max_positions / wavelen - rope.low_freq_factor) / (
-            rope.high_freq_factor - rope.low_freq_factor)
+            rope.high_freq_factor - rope.low_freq_factor
+        )
         blended = (1 - smooth) * freq / rope.factor + smooth * freq
         out = torch.where(wavelen > low_wavelen, freq / rope.factor, freq)
         middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
@@ -56,7 +57,7 @@ class Rotary:
         cos, sin = self._tables(positions, t.dtype)
         if inverse:
             sin = -sin
-        x1, x2 = t[..., :self.half], t[..., self.half:]
+        x1, x2 = t[..., : self.half], t[..., self.half :]
         first = x1 * cos - x2 * sin
         x2.mul_(cos).addcmul_(x1, sin)
         x1.copy_(first)
@@ -82,13 +83,14 @@ class _RotateQK(torch.autograd.Function):
 
 def _turn(qkv, rotary, positions, q_width, kv_width, head_dim, inverse=False):
     b, s, _ = qkv.shape
-    qk = qkv[..., :q_width + kv_width]
+    qk = qkv[..., : q_width + kv_width]
     # Queries and keys are both whole heads of head_dim: one (b, s, heads + kv heads, d) view.
     rotary.apply(qk.unflatten(-1, ((q_width + kv_width) // head_dim, head_dim)), positions, inverse)
 
 
-def rotate_qk(qkv: torch.Tensor, rotary: Rotary | None, positions: torch.Tensor, q_width: int, kv_width: int,
-              head_dim: int) -> torch.Tensor:
+def rotate_qk(
+    qkv: torch.Tensor, rotary: Rotary | None, positions: torch.Tensor, q_width: int, kv_width: int, head_dim: int
+) -> torch.Tensor:
     """qkv with its query and key heads rotated by `positions` (s,), in place; unchanged without a rotary."""
     if rotary is None:
         return qkv

@@ -18,8 +18,7 @@ from dataclasses import replace
 import torch
 
 from meshplan.costmodel.layouts import sharding_for
-from meshplan.costmodel.memory import (head_activation_bytes, loss_logits_bytes, memory_per_gpu,
-                                       saved_activation_bytes)
+from meshplan.costmodel.memory import head_activation_bytes, loss_logits_bytes, memory_per_gpu, saved_activation_bytes
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.costmodel.step import estimate_step
@@ -29,8 +28,16 @@ from meshplan.executor.comm import Mesh
 from meshplan.executor.optim import make_optimizer
 from meshplan.executor.layouts.vocab import ParallelHead
 from meshplan.executor.model import CausalLM, synthetic_tokens
-from meshplan.executor.parallelize import (GradientSync, parallelize, parallelize_model, run_layers, shard_weights,
-                                           stage_of, token_positions, unique_params)
+from meshplan.executor.parallelize import (
+    GradientSync,
+    parallelize,
+    parallelize_model,
+    run_layers,
+    shard_weights,
+    stage_of,
+    token_positions,
+    unique_params,
+)
 from meshplan.executor.pipeline import Pipeline, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
@@ -40,13 +47,24 @@ from meshplan.topologies.cluster import ClusterSpec
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, cluster: ClusterSpec | None, *,
-            act_dtype: str = "bf16", int8_allreduce: bool = False, sp_zigzag: bool = True,
-            whole: bool = False) -> dict:
+def predict(
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    mode: str,
+    cluster: ClusterSpec | None,
+    *,
+    act_dtype: str = "bf16",
+    int8_allreduce: bool = False,
+    sp_zigzag: bool = True,
+    whole: bool = False,
+) -> dict:
     """`sp_zigzag=False`: as for an executor that split SP contiguously (runs before run 36). `whole`:
     the whole model (embedding, head, logits and loss), not only its layers."""
-    opts = CostOptions(mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce,
-                       sp_zigzag=sp_zigzag)
+    opts = CostOptions(
+        mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce, sp_zigzag=sp_zigzag
+    )
     mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=whole)
     saved = 0.0
     if mode == "train":
@@ -59,7 +77,8 @@ def predict(model: ModelSpec, layout: Layout, seq: int, batch: int, mode: str, c
         "peak_bytes": mem.total_bytes,
         "memory_breakdown": mem.per_gpu_bytes,
         "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=whole).bytes_by_kind_and_axis(
-            message=True),
+            message=True
+        ),
         "saved_bytes": saved,
         "whole_model": whole,
     }
@@ -82,7 +101,7 @@ def use_expandable_segments() -> None:
 def copy_roofline_bytes_per_s(reps: int = 10, warmup: int = 2) -> float:
     """Bytes a second a device-to-device copy of 1 GiB moves (read and write): the roofline the kernel
     benchmarks divide their traffic by."""
-    big = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
+    big = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     return 2 * big.numel() / median_time_s(lambda: big.clone(), reps=reps, warmup=warmup)
 
 
@@ -130,10 +149,26 @@ def timed(fn, steps: int, cuda: bool) -> list[float]:
     return times
 
 
-def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, mode: str, *, steps: int = 5,
-            warmup: int = 2, device: str = "cuda", dtype: str = "bf16", exposed: bool = True,
-            profile: bool = False, int8_allreduce: bool = False, host_samples: int = 3, whole: bool = False,
-            tokens: tuple | None = None, checkpoint: str | None = None) -> dict:
+def measure(
+    model: ModelSpec,
+    layout: Layout,
+    mesh: Mesh,
+    seq: int,
+    batch: int,
+    mode: str,
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    device: str = "cuda",
+    dtype: str = "bf16",
+    exposed: bool = True,
+    profile: bool = False,
+    int8_allreduce: bool = False,
+    host_samples: int = 3,
+    whole: bool = False,
+    tokens: tuple | None = None,
+    checkpoint: str | None = None,
+) -> dict:
     """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
     model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None), else the layer
     stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
@@ -149,8 +184,9 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
             if checkpoint is not None:
                 load_into(layers, checkpoint, model)
         else:
-            layers = parallelize(stage_of(Stack(model, model.layers).to(DTYPES[dtype]), mesh), mesh, seq,
-                                 int8_allreduce)
+            layers = parallelize(
+                stage_of(Stack(model, model.layers).to(DTYPES[dtype]), mesh), mesh, seq, int8_allreduce
+            )
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
@@ -159,15 +195,19 @@ def measure(model: ModelSpec, layout: Layout, mesh: Mesh, seq: int, batch: int, 
     gen = torch.Generator(device=device).manual_seed(mesh.rank)
     # Hidden states: the stack's input; for the whole model, what a later pipeline stage receives (none
     # without pp, where an unused tensor of the sequence's width would count in the measured peak).
-    hidden = torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen) \
-        if not whole or layout.pp > 1 else None
+    hidden = (
+        torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
+        if not whole or layout.pp > 1
+        else None
+    )
     head = layers[-1] if isinstance(layers[-1], ParallelHead) else None
     micro = CostOptions().microbatches_for(layout.pp) if train else 1
     if whole:
         # One batch a data-parallel replica: the ranks that split one sequence must see the same ids.
         replica = torch.Generator(device=device).manual_seed(mesh.axis("dp").rank if layout.dp > 1 else 0)
-        ids, labels, documents = tokens if tokens is not None else (
-            *synthetic_tokens(model.vocab, batch, seq, replica, device), None)
+        ids, labels, documents = (
+            tokens if tokens is not None else (*synthetic_tokens(model.vocab, batch, seq, replica, device), None)
+        )
         x, labels = ids.to(device), labels.to(device)
         for layer in layers:  # packed documents: the Mamba-2 layers keep them apart
             if documents is not None and hasattr(layer, "packed"):
@@ -344,8 +384,11 @@ def environment() -> dict:
 
     env = {"torch": torch.__version__, "python": platform.python_version()}
     if torch.cuda.is_available():
-        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
-                   nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None)
+        env.update(
+            gpu=torch.cuda.get_device_name(0),
+            cuda=torch.version.cuda,
+            nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
+        )
     return env
 
 
@@ -354,9 +397,11 @@ def combine_ranks(ranks: list) -> dict:
     bad = [r for r in ranks if r is None or "error" in r or r.get("oom")]
     if bad:
         return bad[0] or {"error": "rank returned nothing"}
-    out = {"step_time_s": max(r["step_time_s"] for r in ranks),
-           "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None,
-           "loss": next((r["loss"] for r in ranks if r.get("loss") is not None), None)}
+    out = {
+        "step_time_s": max(r["step_time_s"] for r in ranks),
+        "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None,
+        "loss": next((r["loss"] for r in ranks if r.get("loss") is not None), None),
+    }
     keys = set().union(*(r["comm_bytes"] for r in ranks))
     out["comm_bytes"] = {k: sum(r["comm_bytes"].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
     if "blas_workspace_bytes" in ranks[0]:

@@ -16,32 +16,41 @@ def unsupported(layout: Layout, model: ModelSpec, whole: bool = True) -> str | N
     """Why the executor cannot run `layout` on `model` — the whole model, or with `whole=False` its
     layer stack alone — in one line naming the field and what it can run instead; None when it can."""
     if model.family not in ("dense", "mamba2"):
-        return (f"model: the executor builds dense and Mamba-2 models, not {model.family} ({model.name}) in "
-                f"{layout}; `meshplan memory` and `recommend` price it")
+        return (
+            f"model: the executor builds dense and Mamba-2 models, not {model.family} ({model.name}) in "
+            f"{layout}; `meshplan memory` and `recommend` price it"
+        )
     if layout.pp > 1 and model.layers % layout.pp:
-        return (f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its "
-                f"divisors")
+        return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"
     if layout.pp > 1 and layout.dp > 1 and layout.zero >= 2 and (layout.tsp > 1 or layout.tpssm > 1):
         # Their norm scales or replicated B/C weights are summed over the tensor axis once a step,
         # while ZeRO 2-3 under pp reduce-scatter every micro-batch's gradients.
-        return (f"layout: the executor pipelines ZeRO {layout.zero} without tsp or tpssm; execute zero=1 or "
-                f"drop the tensor axis")
+        return (
+            f"layout: the executor pipelines ZeRO {layout.zero} without tsp or tpssm; execute zero=1 or "
+            f"drop the tensor axis"
+        )
     if layout.dp > 1 and layout.zero >= 3 and layout.tsp > 1:
-        return (f"layout: the executor's TSP streams its own weight shards and does not also shard them "
-                f"for ZeRO 3; with tsp={layout.tsp} execute zero=2 or below")
+        return (
+            f"layout: the executor's TSP streams its own weight shards and does not also shard them "
+            f"for ZeRO 3; with tsp={layout.tsp} execute zero=2 or below"
+        )
     if layout.tsp > 1 and model.family == "mamba2":
         m = model.mamba2
         sizes = {"in_proj rows": m.in_proj_width, "conv channels": m.conv_dim, "heads": m.nheads, "d_inner": m.d_inner}
         bad = [f"{k} {v}" for k, v in sizes.items() if v % layout.tsp]
         if bad:
-            return (f"layout: tsp={layout.tsp} must divide {model.name}'s Mamba-2 weights ({', '.join(bad)}); "
-                    f"pick a tsp that divides them")
+            return (
+                f"layout: tsp={layout.tsp} must divide {model.name}'s Mamba-2 weights ({', '.join(bad)}); "
+                f"pick a tsp that divides them"
+            )
     if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:
         return f"layout: the executor's TSP ring is written for gated MLPs; {model.name}'s is not gated"
     t = layout.tpssm if layout.tpssm > 1 else layout.tp
     if model.family == "mamba2" and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
-        return (f"layout: the executor splits Mamba-2's {model.mamba2.ngroups} B/C groups over the tensor axis "
-                f"or replicates one group; {t} does not divide {model.mamba2.ngroups}")
+        return (
+            f"layout: the executor splits Mamba-2's {model.mamba2.ngroups} B/C groups over the tensor axis "
+            f"or replicates one group; {t} does not divide {model.mamba2.ngroups}"
+        )
     return _whole_model(layout, model) if whole else None
 
 
@@ -50,17 +59,25 @@ def _whole_model(layout: Layout, model: ModelSpec) -> str | None:
     ZeRO 3 does not shard."""
     t = layout.tpssm if layout.tpssm > 1 else layout.tp
     if t > 1 and model.vocab % t:
-        return (f"model: vocab {model.vocab} is not divisible by the tensor axis ({t}), which the vocab-parallel "
-                f"embedding splits evenly; pad vocab_size to a multiple of {t}, or run --layers-only")
+        return (
+            f"model: vocab {model.vocab} is not divisible by the tensor axis ({t}), which the vocab-parallel "
+            f"embedding splits evenly; pad vocab_size to a multiple of {t}, or run --layers-only"
+        )
     if layout.tsp > 1 and model.d_model % layout.tsp:
-        return (f"layout: tsp={layout.tsp} must divide hidden {model.d_model} (TSP splits the embedding by "
-                f"columns); pick a tsp that divides it, or run --layers-only")
+        return (
+            f"layout: tsp={layout.tsp} must divide hidden {model.d_model} (TSP splits the embedding by "
+            f"columns); pick a tsp that divides it, or run --layers-only"
+        )
     if model.tied_embeddings and layout.dp > 1 and layout.zero >= 3:
-        return (f"layout: the executor does not shard {model.name}'s tied embedding for ZeRO 3; execute zero=2 "
-                f"or below, or --layers-only")
+        return (
+            f"layout: the executor does not shard {model.name}'s tied embedding for ZeRO 3; execute zero=2 "
+            f"or below, or --layers-only"
+        )
     if model.tied_embeddings and layout.pp > 1 and layout.dp > 1 and layout.zero >= 2:
-        return (f"layout: the executor sums a tied embedding's two pipeline ends once a step, which ZeRO "
-                f"{layout.zero} under pp does not wait for; execute zero=1, or --layers-only")
+        return (
+            f"layout: the executor sums a tied embedding's two pipeline ends once a step, which ZeRO "
+            f"{layout.zero} under pp does not wait for; execute zero=1, or --layers-only"
+        )
     return None
 
 
@@ -79,8 +96,10 @@ def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
     if attn is not None and attn.post_norm:
         dropped.append("post-block norms")
     if model.window_layers:
-        dropped.append(f"the sliding window ({model.window_layers} layers of {model.attention_window} keys; "
-                       "run as full causal attention)")
+        dropped.append(
+            f"the sliding window ({model.window_layers} layers of {model.attention_window} keys; "
+            "run as full causal attention)"
+        )
     if model.norm != "rmsnorm":
         dropped.append("LayerNorm (run as RMSNorm)")
     if model.positions == "learned":
@@ -89,9 +108,19 @@ def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
         dropped.append(f"{model.rope.kind} rotary scaling (run with unscaled frequencies)")
     if not dropped:
         return model, []
-    spec = replace(model, norm="rmsnorm", positions="rotary", max_positions=0, attention_window=0, window_layers=0,
-                   rope=model.rope if model.rope.kind in RopeSpec.EXECUTED else replace(model.rope, kind="default"))
+    spec = replace(
+        model,
+        norm="rmsnorm",
+        positions="rotary",
+        max_positions=0,
+        attention_window=0,
+        window_layers=0,
+        rope=model.rope if model.rope.kind in RopeSpec.EXECUTED else replace(model.rope, kind="default"),
+    )
     if attn is not None:
-        spec = replace(spec, attention=replace(attn, bias=False, qkv_bias=False, qk_norm=0, post_norm=False),
-                       mlp=replace(mlp, bias=False, post_norm=False) if mlp is not None else None)
+        spec = replace(
+            spec,
+            attention=replace(attn, bias=False, qkv_bias=False, qk_norm=0, post_norm=False),
+            mlp=replace(mlp, bias=False, post_norm=False) if mlp is not None else None,
+        )
     return spec, dropped

@@ -42,8 +42,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true", help="record GPU time by kernel category (one extra step)")
     ap.add_argument("--int8-allreduce", action="store_true", help="TP-SSM: int8-quantized block all-reduce")
-    ap.add_argument("--layers-only", action="store_true", help="the layer stack on random hidden states, no "
-                    "embedding, head or loss")
+    ap.add_argument(
+        "--layers-only", action="store_true", help="the layer stack on random hidden states, no embedding, head or loss"
+    )
     ap.add_argument("--tokens", default="", help=".npy of token ids (the whole model; synthetic by default)")
     ap.add_argument("--weights", default="", help="a HF safetensors checkpoint folder (each rank reads its shard)")
     ap.add_argument("--out", required=True)
@@ -72,10 +73,23 @@ def main(argv=None) -> int:
     device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else "cpu"
     tokens = tokens_from_file(args.tokens, model.vocab, args.batch, args.seq) if args.tokens and whole else None
     try:
-        mine = measure(model, layout, mesh, args.seq, args.batch, args.mode, steps=args.steps, device=device,
-                       dtype=dtype, exposed=args.device == "cuda", profile=args.profile,
-                       int8_allreduce=args.int8_allreduce, whole=whole, tokens=tokens,
-                       checkpoint=args.weights or None)
+        mine = measure(
+            model,
+            layout,
+            mesh,
+            args.seq,
+            args.batch,
+            args.mode,
+            steps=args.steps,
+            device=device,
+            dtype=dtype,
+            exposed=args.device == "cuda",
+            profile=args.profile,
+            int8_allreduce=args.int8_allreduce,
+            whole=whole,
+            tokens=tokens,
+            checkpoint=args.weights or None,
+        )
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
         # Triton's kernels and NCCL report an exhausted GPU as a RuntimeError: record it as torch's is.
         if not isinstance(exc, torch.cuda.OutOfMemoryError) and "out of memory" not in str(exc).lower():
@@ -86,14 +100,36 @@ def main(argv=None) -> int:
     if rank == 0:
         cluster = load_cluster(args.cluster) if args.device == "cuda" else None
         act = "bf16" if dtype == "bf16" else "fp32"
-        run = {"model": model.name, "layout": str(layout), "seq": args.seq, "batch": args.batch, "mode": args.mode,
-               "device": args.device, "dtype": dtype, "world": layout.world_size, "layers": model.layers,
-               "int8_allreduce": args.int8_allreduce,
-               "whole_model": whole, "not_executed": dropped, "weights": args.weights or None,
-               "predicted": predict(model, layout, args.seq, args.batch, args.mode, cluster, act_dtype=act,
-                                    int8_allreduce=args.int8_allreduce, whole=whole),
-               "measured": combine_ranks(gathered), "per_rank": gathered, "environment": environment(),
-               "oom": any(r and r.get("oom") for r in gathered)}
+        run = {
+            "model": model.name,
+            "layout": str(layout),
+            "seq": args.seq,
+            "batch": args.batch,
+            "mode": args.mode,
+            "device": args.device,
+            "dtype": dtype,
+            "world": layout.world_size,
+            "layers": model.layers,
+            "int8_allreduce": args.int8_allreduce,
+            "whole_model": whole,
+            "not_executed": dropped,
+            "weights": args.weights or None,
+            "predicted": predict(
+                model,
+                layout,
+                args.seq,
+                args.batch,
+                args.mode,
+                cluster,
+                act_dtype=act,
+                int8_allreduce=args.int8_allreduce,
+                whole=whole,
+            ),
+            "measured": combine_ranks(gathered),
+            "per_rank": gathered,
+            "environment": environment(),
+            "oom": any(r and r.get("oom") for r in gathered),
+        }
         if run["oom"]:
             run["tried"] = {"layout": str(layout), "seq": args.seq, "batch": args.batch}
         with open(args.out, "w") as f:

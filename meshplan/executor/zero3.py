@@ -36,7 +36,8 @@ class ShardedWeights:
             for p in layer.parameters():
                 self.shards[id(p)] = shard_of(p.detach(), self.n, self.rank).clone()
                 p.register_post_accumulate_grad_hook(
-                    lambda p, at=weakref.ref(layer): (w := ref()) and w._grad_done(at()))
+                    lambda p, at=weakref.ref(layer): (w := ref()) and w._grad_done(at())
+                )
             self._free(layer)
             # The layer holds this object (a cycle the collector sees and frees with the layers), so
             # that no caller need keep it; the C++-held gradient hooks above hold it weakly.
@@ -92,4 +93,5 @@ class ShardedWeights:
                 return fn(*args, **kwargs)
             finally:
                 self._free(layer)
+
         return gathered

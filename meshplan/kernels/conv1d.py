@@ -41,8 +41,10 @@ def _pre_activation(x_ptr, w_ptr, b_ptr, idx_ptr, pid_b, pos, c, cm, T, C, K: tl
     """bias[c] + Σ_j w[c, j] · x[pos − (K−1) + j, c] over the taps in pos's own sequence, fp32 (BT, BC)."""
     base = pid_b * T * C
     pm = (pos >= 0) & (pos < T)
-    acc = tl.zeros((pos.shape[0], c.shape[0]), dtype=tl.float32) + \
-        tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)[None, :]
+    acc = (
+        tl.zeros((pos.shape[0], c.shape[0]), dtype=tl.float32)
+        + tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)[None, :]
+    )
     if HAS_IDX:
         me = tl.load(idx_ptr + pid_b * T + pos, mask=pm, other=-1)
     for j in tl.static_range(K):
@@ -57,8 +59,20 @@ def _pre_activation(x_ptr, w_ptr, b_ptr, idx_ptr, pid_b, pos, c, cm, T, C, K: tl
 
 
 @triton.jit
-def _conv_fwd(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, K: tl.constexpr, HAS_IDX: tl.constexpr,
-              SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+def _conv_fwd(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    idx_ptr,
+    out_ptr,
+    T,
+    C,
+    K: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    SILU: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+):
     pid_b, pid_t, pid_c, _ = _tile_ids(T, BT)  # pid_b int64: offsets pass 2^31
     t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)  # t · channels passes 2^31 at long context
     c = pid_c * BC + tl.arange(0, BC)
@@ -66,13 +80,28 @@ def _conv_fwd(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, K: tl.constexpr, HAS_
     acc = _pre_activation(x_ptr, w_ptr, b_ptr, idx_ptr, pid_b, t, c, cm, T, C, K, HAS_IDX)
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    tl.store(out_ptr + pid_b * T * C + t[:, None] * C + c[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(t < T)[:, None] & cm[None, :])
+    tl.store(
+        out_ptr + pid_b * T * C + t[:, None] * C + c[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=(t < T)[:, None] & cm[None, :],
+    )
 
 
 @triton.jit
-def _conv_dpre(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dpre_ptr, T, C, K: tl.constexpr, HAS_IDX: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr):
+def _conv_dpre(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    idx_ptr,
+    dout_ptr,
+    dpre_ptr,
+    T,
+    C,
+    K: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+):
     """dpre = dout · silu'(pre), fp32, the pre-activation rebuilt from x (the two-pass backward)."""
     pid_b, pid_t, pid_c, _ = _tile_ids(T, BT)  # pid_b int64: offsets pass 2^31
     t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)  # t · channels passes 2^31 at long context
@@ -87,9 +116,25 @@ def _conv_dpre(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dpre_ptr, T, C, K: tl.con
 
 
 @triton.jit
-def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, K: tl.constexpr,
-              HAS_IDX: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, STEPS: tl.constexpr,
-              KP: tl.constexpr):
+def _conv_bwd(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    idx_ptr,
+    dout_ptr,
+    dx_ptr,
+    dw_part_ptr,
+    db_part_ptr,
+    T,
+    C,
+    K: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    SILU: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    STEPS: tl.constexpr,
+    KP: tl.constexpr,
+):
     """STEPS blocks of BT time steps: the pre-activation gradient dpre = dout · silu'(pre) — with SILU
     rebuilt from x at the K positions each input feeds; without, dout_ptr already holds it (or there
     is no activation) —; then dx[t] = Σ_j w[c, j] · dpre[t + (K−1) − j] over outputs in the same
@@ -120,8 +165,9 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
             ok = tm & (dst < T)
             if HAS_IDX:
                 ok = ok & (tl.load(idx_ptr + pid_b * T + dst, mask=ok, other=-2) == me)
-            g = tl.load(dout_ptr + base + dst[:, None] * C + c[None, :], mask=ok[:, None] & cm[None, :],
-                        other=0.0).to(tl.float32)
+            g = tl.load(dout_ptr + base + dst[:, None] * C + c[None, :], mask=ok[:, None] & cm[None, :], other=0.0).to(
+                tl.float32
+            )
             if SILU:
                 pre = _pre_activation(x_ptr, w_ptr, b_ptr, idx_ptr, pid_b, dst, c, cm, T, C, K, HAS_IDX)
                 sig = tl.sigmoid(pre)
@@ -129,8 +175,9 @@ def _conv_bwd(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_pa
             dx += g * tl.load(w_ptr + c * K + j, mask=cm, other=0.0).to(tl.float32)[None, :]
             if j == K - 1:  # dst = t: this block's own pre-activation gradient
                 dpre = g
-        tl.store(dx_ptr + base + t[:, None] * C + c[None, :], dx.to(dx_ptr.dtype.element_ty),
-                 mask=tm[:, None] & cm[None, :])
+        tl.store(
+            dx_ptr + base + t[:, None] * C + c[None, :], dx.to(dx_ptr.dtype.element_ty), mask=tm[:, None] & cm[None, :]
+        )
         dsum += dpre
         for j in tl.static_range(K):
             src = t - (K - 1) + j  # the input that output t read through tap j
@@ -231,8 +278,13 @@ def _fwd_out(x0, x1, x2, x3, i0, i1, i2, i3, w0, w1, w2, w3, bias, SILU: tl.cons
     """One output row from its input x0 and the three before it (sequence ids i0..i3), fp32; without
     MASKED the caller knows the four rows are one sequence."""
     if MASKED:
-        acc = bias + w3 * x0 + w2 * tl.where(i1 == i0, x1, 0.0) + w1 * tl.where(i2 == i0, x2, 0.0) \
+        acc = (
+            bias
+            + w3 * x0
+            + w2 * tl.where(i1 == i0, x1, 0.0)
+            + w1 * tl.where(i2 == i0, x2, 0.0)
             + w0 * tl.where(i3 == i0, x3, 0.0)
+        )
     else:
         acc = bias + w3 * x0 + w2 * x1 + w1 * x2 + w0 * x3
     if SILU:
@@ -248,14 +300,37 @@ def _one_sequence(i0, i1, i2, i3, i4, i5, i6):
 
 
 @triton.jit
-def _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3, bias, SILU: tl.constexpr,
-              MASKED: tl.constexpr):
+def _fwd_rows(
+    xa,
+    xb,
+    xc,
+    xd,
+    x1,
+    x2,
+    x3,
+    ia,
+    ib,
+    ic,
+    id_,
+    i1,
+    i2,
+    i3,
+    w0,
+    w1,
+    w2,
+    w3,
+    bias,
+    SILU: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """A forward step's four output rows t..t+3 from inputs t−3..t+3 (xa..xd are rows t..t+3, x1..x3
     rows t−1..t−3)."""
-    return (_fwd_out(xa, x1, x2, x3, ia, i1, i2, i3, w0, w1, w2, w3, bias, SILU, MASKED),
-            _fwd_out(xb, xa, x1, x2, ib, ia, i1, i2, w0, w1, w2, w3, bias, SILU, MASKED),
-            _fwd_out(xc, xb, xa, x1, ic, ib, ia, i1, w0, w1, w2, w3, bias, SILU, MASKED),
-            _fwd_out(xd, xc, xb, xa, id_, ic, ib, ia, w0, w1, w2, w3, bias, SILU, MASKED))
+    return (
+        _fwd_out(xa, x1, x2, x3, ia, i1, i2, i3, w0, w1, w2, w3, bias, SILU, MASKED),
+        _fwd_out(xb, xa, x1, x2, ib, ia, i1, i2, w0, w1, w2, w3, bias, SILU, MASKED),
+        _fwd_out(xc, xb, xa, x1, ic, ib, ia, i1, w0, w1, w2, w3, bias, SILU, MASKED),
+        _fwd_out(xd, xc, xb, xa, id_, ic, ib, ia, w0, w1, w2, w3, bias, SILU, MASKED),
+    )
 
 
 @triton.jit
@@ -294,28 +369,131 @@ def _one_sequence_span(idx_ptr, pid_b, T, lo, n, SPAN: tl.constexpr):
 
 
 @triton.jit
-def _conv_fwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, out_ptr, T, C, L, XT, K: tl.constexpr, HAS_IDX: tl.constexpr,
-                    SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr, EVEN_C: tl.constexpr,
-                    SPAN: tl.constexpr):
+def _conv_fwd_march(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    idx_ptr,
+    out_ptr,
+    T,
+    C,
+    L,
+    XT,
+    K: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    SILU: tl.constexpr,
+    BC: tl.constexpr,
+    STAGES: tl.constexpr,
+    EVEN_C: tl.constexpr,
+    SPAN: tl.constexpr,
+):
     """Time-marching forward (see _fwd_march_body). With seq_idx, a program whose rows and the three
     before them are one sequence (most programs) runs the body that reads no ids."""
     pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, _ = _march_program(w_ptr, b_ptr, T, C, L, K, BC)
     xbase = pid_b * T * XT  # x's rows lie XT apart (a column slice of a wider tensor), the output's C
     if HAS_IDX:
         if _one_sequence_span(idx_ptr, pid_b, T, pid_t * L - 3, L + 3, SPAN):
-            _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
-                            XT, xbase, False, SILU, STAGES, EVEN_C)
+            _fwd_march_body(
+                x_ptr,
+                idx_ptr,
+                out_ptr,
+                T,
+                C,
+                L,
+                pid_b,
+                pid_t,
+                c,
+                cm,
+                base,
+                w0,
+                w1,
+                w2,
+                w3,
+                bias,
+                XT,
+                xbase,
+                False,
+                SILU,
+                STAGES,
+                EVEN_C,
+            )
         else:
-            _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
-                            XT, xbase, True, SILU, STAGES, EVEN_C)
+            _fwd_march_body(
+                x_ptr,
+                idx_ptr,
+                out_ptr,
+                T,
+                C,
+                L,
+                pid_b,
+                pid_t,
+                c,
+                cm,
+                base,
+                w0,
+                w1,
+                w2,
+                w3,
+                bias,
+                XT,
+                xbase,
+                True,
+                SILU,
+                STAGES,
+                EVEN_C,
+            )
     else:
-        _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias,
-                        XT, xbase, False, SILU, STAGES, EVEN_C)
+        _fwd_march_body(
+            x_ptr,
+            idx_ptr,
+            out_ptr,
+            T,
+            C,
+            L,
+            pid_b,
+            pid_t,
+            c,
+            cm,
+            base,
+            w0,
+            w1,
+            w2,
+            w3,
+            bias,
+            XT,
+            xbase,
+            False,
+            SILU,
+            STAGES,
+            EVEN_C,
+        )
 
 
 @triton.jit
-def _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base, w0, w1, w2, w3, bias, XT, xbase,
-                    HAS_IDX: tl.constexpr, SILU: tl.constexpr, STAGES: tl.constexpr, EVEN_C: tl.constexpr):
+def _fwd_march_body(
+    x_ptr,
+    idx_ptr,
+    out_ptr,
+    T,
+    C,
+    L,
+    pid_b,
+    pid_t,
+    c,
+    cm,
+    base,
+    w0,
+    w1,
+    w2,
+    w3,
+    bias,
+    XT,
+    xbase,
+    HAS_IDX: tl.constexpr,
+    SILU: tl.constexpr,
+    STAGES: tl.constexpr,
+    EVEN_C: tl.constexpr,
+):
     """Time-marching forward: one program walks L rows of BC channels four rows a step, keeping the
     last three inputs (and their sequence ids) in registers, so each input is read once and each
     output written once. A step's four input rows are loaded before any of its outputs is stored: a
@@ -328,10 +506,16 @@ def _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base,
     case); a last partial step (L or T not a multiple of 4) is masked."""
     t0 = pid_t * L
     end = tl.minimum(t0 + L, T)
-    x3, x2, x1 = _row(x_ptr, xbase, t0 - 3, XT, c, cm, T), _row(x_ptr, xbase, t0 - 2, XT, c, cm, T), \
-        _row(x_ptr, xbase, t0 - 1, XT, c, cm, T)
-    i3, i2, i1 = _seq_id(idx_ptr, pid_b, t0 - 3, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, t0 - 2, T, HAS_IDX, -1), \
-        _seq_id(idx_ptr, pid_b, t0 - 1, T, HAS_IDX, -1)
+    x3, x2, x1 = (
+        _row(x_ptr, xbase, t0 - 3, XT, c, cm, T),
+        _row(x_ptr, xbase, t0 - 2, XT, c, cm, T),
+        _row(x_ptr, xbase, t0 - 1, XT, c, cm, T),
+    )
+    i3, i2, i1 = (
+        _seq_id(idx_ptr, pid_b, t0 - 3, T, HAS_IDX, -1),
+        _seq_id(idx_ptr, pid_b, t0 - 2, T, HAS_IDX, -1),
+        _seq_id(idx_ptr, pid_b, t0 - 1, T, HAS_IDX, -1),
+    )
     full = t0 + (end - t0) // 4 * 4
     px = x_ptr + _row_offsets(xbase, t0, XT, c)[0]
     po = out_ptr + _row_offsets(base, t0, C, c)[0]
@@ -342,16 +526,19 @@ def _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base,
         if HAS_IDX:
             ia, ib, ic, id_ = tl.load(ps), tl.load(ps + 1), tl.load(ps + 2), tl.load(ps + 3)
             if _one_sequence(i3, i2, i1, ia, ib, ic, id_):  # no boundary in reach: no masks
-                ya, yb, yc, yd = _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3,
-                                           bias, SILU, False)
+                ya, yb, yc, yd = _fwd_rows(
+                    xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3, bias, SILU, False
+                )
             else:
-                ya, yb, yc, yd = _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3,
-                                           bias, SILU, True)
+                ya, yb, yc, yd = _fwd_rows(
+                    xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3, bias, SILU, True
+                )
         else:  # one sequence a row: the rows before the row's start were read as zeros
             ia = tl.zeros((1,), dtype=tl.int32)
             ib, ic, id_ = ia, ia, ia
-            ya, yb, yc, yd = _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3,
-                                       bias, SILU, False)
+            ya, yb, yc, yd = _fwd_rows(
+                xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3, bias, SILU, False
+            )
         _store_rows(po, ya, yb, yc, yd, C, cm, EVEN_C)
         x3, x2, x1 = xb, xc, xd
         i3, i2, i1 = ib, ic, id_
@@ -364,8 +551,9 @@ def _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base,
         xc, xd = _row(x_ptr, xbase, t + 2, XT, c, cm, end), _row(x_ptr, xbase, t + 3, XT, c, cm, end)
         ia, ib = _seq_id(idx_ptr, pid_b, t, T, HAS_IDX, -2), _seq_id(idx_ptr, pid_b, t + 1, T, HAS_IDX, -2)
         ic, id_ = _seq_id(idx_ptr, pid_b, t + 2, T, HAS_IDX, -2), _seq_id(idx_ptr, pid_b, t + 3, T, HAS_IDX, -2)
-        ya, yb, yc, yd = _fwd_rows(xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3, bias,
-                                   SILU, True)
+        ya, yb, yc, yd = _fwd_rows(
+            xa, xb, xc, xd, x1, x2, x3, ia, ib, ic, id_, i1, i2, i3, w0, w1, w2, w3, bias, SILU, True
+        )
         _store_row(out_ptr, ya, base, t, C, c, cm, 0, end)
         _store_row(out_ptr, yb, base, t + 1, C, c, cm, 0, end)
         _store_row(out_ptr, yc, base, t + 2, C, c, cm, 0, end)
@@ -373,8 +561,36 @@ def _fwd_march_body(x_ptr, idx_ptr, out_ptr, T, C, L, pid_b, pid_t, c, cm, base,
 
 
 @triton.jit
-def _bwd_row(xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3,
-             bias, own, SILU: tl.constexpr, MASKED: tl.constexpr):
+def _bwd_row(
+    xd,
+    idd,
+    gout,
+    xa,
+    xb,
+    xc,
+    ia,
+    ib,
+    ic,
+    g1,
+    g2,
+    g3,
+    j1,
+    j2,
+    j3,
+    dw0,
+    dw1,
+    dw2,
+    dw3,
+    db,
+    w0,
+    w1,
+    w2,
+    w3,
+    bias,
+    own,
+    SILU: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """One row t of the marching backward given its window (x[t..t−3] as xa, xb, xc, xd; dpre[t+1..t+3]
     as g1..g3, with sequence ids): dpre[t] rebuilt, dx[t], and the dw, db sums taken over the channels
     in `own` (MASKED; without it the caller knows the window is one sequence and the row its own).
@@ -385,8 +601,12 @@ def _bwd_row(xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0,
         sig = _sigmoid(pre)
         g = g * sig * (1 + pre * (1 - sig))
     if MASKED:
-        dx = w3 * g + w2 * tl.where(j1 == ia, g1, 0.0) + w1 * tl.where(j2 == ia, g2, 0.0) \
+        dx = (
+            w3 * g
+            + w2 * tl.where(j1 == ia, g1, 0.0)
+            + w1 * tl.where(j2 == ia, g2, 0.0)
             + w0 * tl.where(j3 == ia, g3, 0.0)
+        )
         go = tl.where(own, g, 0.0)
         dw0 += go * tl.where(idd == ia, xd, 0.0)
         dw1 += go * tl.where(ic == ia, xc, 0.0)
@@ -401,22 +621,167 @@ def _bwd_row(xd, idd, gout, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0,
 
 
 @triton.jit
-def _bwd_rows4(xd0, xd1, xd2, xd3, id0, id1, id2, id3, go0, go1, go2, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1,
-               j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias, own, SILU: tl.constexpr, MASKED: tl.constexpr):
+def _bwd_rows4(
+    xd0,
+    xd1,
+    xd2,
+    xd3,
+    id0,
+    id1,
+    id2,
+    id3,
+    go0,
+    go1,
+    go2,
+    go3,
+    xa,
+    xb,
+    xc,
+    ia,
+    ib,
+    ic,
+    g1,
+    g2,
+    g3,
+    j1,
+    j2,
+    j3,
+    dw0,
+    dw1,
+    dw2,
+    dw3,
+    db,
+    w0,
+    w1,
+    w2,
+    w3,
+    bias,
+    own,
+    SILU: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """A backward step: rows t .. t−3 through _bwd_row (x[t−3..t−6] as xd0..xd3, dout[t..t−3] as
     go0..go3). Returns the four dx rows, the window moved four rows down, and the sums."""
     dxa, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-        xd0, id0, go0, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias,
-        own, SILU, MASKED)
+        xd0,
+        id0,
+        go0,
+        xa,
+        xb,
+        xc,
+        ia,
+        ib,
+        ic,
+        g1,
+        g2,
+        g3,
+        j1,
+        j2,
+        j3,
+        dw0,
+        dw1,
+        dw2,
+        dw3,
+        db,
+        w0,
+        w1,
+        w2,
+        w3,
+        bias,
+        own,
+        SILU,
+        MASKED,
+    )
     dxb, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-        xd1, id1, go1, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias,
-        own, SILU, MASKED)
+        xd1,
+        id1,
+        go1,
+        xa,
+        xb,
+        xc,
+        ia,
+        ib,
+        ic,
+        g1,
+        g2,
+        g3,
+        j1,
+        j2,
+        j3,
+        dw0,
+        dw1,
+        dw2,
+        dw3,
+        db,
+        w0,
+        w1,
+        w2,
+        w3,
+        bias,
+        own,
+        SILU,
+        MASKED,
+    )
     dxc, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-        xd2, id2, go2, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias,
-        own, SILU, MASKED)
+        xd2,
+        id2,
+        go2,
+        xa,
+        xb,
+        xc,
+        ia,
+        ib,
+        ic,
+        g1,
+        g2,
+        g3,
+        j1,
+        j2,
+        j3,
+        dw0,
+        dw1,
+        dw2,
+        dw3,
+        db,
+        w0,
+        w1,
+        w2,
+        w3,
+        bias,
+        own,
+        SILU,
+        MASKED,
+    )
     dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-        xd3, id3, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias,
-        own, SILU, MASKED)
+        xd3,
+        id3,
+        go3,
+        xa,
+        xb,
+        xc,
+        ia,
+        ib,
+        ic,
+        g1,
+        g2,
+        g3,
+        j1,
+        j2,
+        j3,
+        dw0,
+        dw1,
+        dw2,
+        dw3,
+        db,
+        w0,
+        w1,
+        w2,
+        w3,
+        bias,
+        own,
+        SILU,
+        MASKED,
+    )
     return dxa, dxb, dxc, dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db
 
 
@@ -431,8 +796,12 @@ def _rows4(ptrs, step, mask, LOAD: tl.constexpr):
     """Rows ptrs, ptrs + step, ptrs + 2·step, ptrs + 3·step as stored (zeros where masked; not read
     without LOAD)."""
     if LOAD:
-        return (tl.load(ptrs, mask=mask, other=0.0), tl.load(ptrs + step, mask=mask, other=0.0),
-                tl.load(ptrs + 2 * step, mask=mask, other=0.0), tl.load(ptrs + 3 * step, mask=mask, other=0.0))
+        return (
+            tl.load(ptrs, mask=mask, other=0.0),
+            tl.load(ptrs + step, mask=mask, other=0.0),
+            tl.load(ptrs + 2 * step, mask=mask, other=0.0),
+            tl.load(ptrs + 3 * step, mask=mask, other=0.0),
+        )
     z = tl.zeros(ptrs.shape, dtype=ptrs.dtype.element_ty)
     return z, z, z, z
 
@@ -443,16 +812,39 @@ def _ids4(ps, steps, k, HAS_IDX: tl.constexpr):
     without HAS_IDX or past the last step)."""
     if HAS_IDX:
         m = (tl.zeros((1,), dtype=tl.int32) + steps) > k  # a vector mask: the interpreter takes no scalar
-        return tl.load(ps, mask=m, other=0), tl.load(ps - 1, mask=m, other=0), tl.load(ps - 2, mask=m, other=0), \
-            tl.load(ps - 3, mask=m, other=0)
+        return (
+            tl.load(ps, mask=m, other=0),
+            tl.load(ps - 1, mask=m, other=0),
+            tl.load(ps - 2, mask=m, other=0),
+            tl.load(ps - 3, mask=m, other=0),
+        )
     z = tl.zeros((1,), dtype=tl.int32)
     return z, z, z, z
 
 
 @triton.jit
-def _conv_bwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr, db_part_ptr, T, C, L, XT,
-                    K: tl.constexpr, HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-                    EVEN_C: tl.constexpr, PREFETCH: tl.constexpr, SPAN: tl.constexpr):
+def _conv_bwd_march(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    idx_ptr,
+    dout_ptr,
+    dx_ptr,
+    dw_part_ptr,
+    db_part_ptr,
+    T,
+    C,
+    L,
+    XT,
+    K: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    SILU: tl.constexpr,
+    BC: tl.constexpr,
+    STAGES: tl.constexpr,
+    EVEN_C: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    SPAN: tl.constexpr,
+):
     """Time-marching backward (see _bwd_march_body), then this program's dw, db partial sums. With
     seq_idx, a program whose rows, the three before them and the three after them are one sequence
     (most programs) runs the body that reads no ids."""
@@ -460,17 +852,89 @@ def _conv_bwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr,
     xbase = pid_b * T * XT  # x's rows lie XT apart; dout's and dx's C
     if HAS_IDX:
         if _one_sequence_span(idx_ptr, pid_b, T, pid_t * L - 3, L + 9, SPAN):
-            dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b,
-                                                     pid_t, c, cm, base, w0, w1, w2, w3, bias, False, SILU, BC,
-                                                     STAGES, EVEN_C, PREFETCH)
+            dw0, dw1, dw2, dw3, db = _bwd_march_body(
+                x_ptr,
+                idx_ptr,
+                dout_ptr,
+                dx_ptr,
+                T,
+                C,
+                L,
+                XT,
+                xbase,
+                pid_b,
+                pid_t,
+                c,
+                cm,
+                base,
+                w0,
+                w1,
+                w2,
+                w3,
+                bias,
+                False,
+                SILU,
+                BC,
+                STAGES,
+                EVEN_C,
+                PREFETCH,
+            )
         else:
-            dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b,
-                                                     pid_t, c, cm, base, w0, w1, w2, w3, bias, True, SILU, BC,
-                                                     STAGES, EVEN_C, PREFETCH)
+            dw0, dw1, dw2, dw3, db = _bwd_march_body(
+                x_ptr,
+                idx_ptr,
+                dout_ptr,
+                dx_ptr,
+                T,
+                C,
+                L,
+                XT,
+                xbase,
+                pid_b,
+                pid_t,
+                c,
+                cm,
+                base,
+                w0,
+                w1,
+                w2,
+                w3,
+                bias,
+                True,
+                SILU,
+                BC,
+                STAGES,
+                EVEN_C,
+                PREFETCH,
+            )
     else:
-        dw0, dw1, dw2, dw3, db = _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b, pid_t,
-                                                 c, cm, base, w0, w1, w2, w3, bias, False, SILU, BC, STAGES, EVEN_C,
-                                                 PREFETCH)
+        dw0, dw1, dw2, dw3, db = _bwd_march_body(
+            x_ptr,
+            idx_ptr,
+            dout_ptr,
+            dx_ptr,
+            T,
+            C,
+            L,
+            XT,
+            xbase,
+            pid_b,
+            pid_t,
+            c,
+            cm,
+            base,
+            w0,
+            w1,
+            w2,
+            w3,
+            bias,
+            False,
+            SILU,
+            BC,
+            STAGES,
+            EVEN_C,
+            PREFETCH,
+        )
     part = (pid_b * n_t + pid_t) * C
     tl.store(dw_part_ptr + (part + c) * 4, dw0, mask=cm)
     tl.store(dw_part_ptr + (part + c) * 4 + 1, dw1, mask=cm)
@@ -480,9 +944,33 @@ def _conv_bwd_march(x_ptr, w_ptr, b_ptr, idx_ptr, dout_ptr, dx_ptr, dw_part_ptr,
 
 
 @triton.jit
-def _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b, pid_t, c, cm, base, w0, w1, w2, w3,
-                    bias, HAS_IDX: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-                    EVEN_C: tl.constexpr, PREFETCH: tl.constexpr):
+def _bwd_march_body(
+    x_ptr,
+    idx_ptr,
+    dout_ptr,
+    dx_ptr,
+    T,
+    C,
+    L,
+    XT,
+    xbase,
+    pid_b,
+    pid_t,
+    c,
+    cm,
+    base,
+    w0,
+    w1,
+    w2,
+    w3,
+    bias,
+    HAS_IDX: tl.constexpr,
+    SILU: tl.constexpr,
+    BC: tl.constexpr,
+    STAGES: tl.constexpr,
+    EVEN_C: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
     """Time-marching backward, one pass: a program walks its L rows downwards from three rows above
     them, keeping x[t−3..t] and dpre[t+1..t+3] (with their sequence ids) in registers. At each row:
     pre (rebuilt), dpre = dout · silu'(pre), dx[t] = Σ_j w_j · dpre[t + 3 − j] over the same sequence,
@@ -497,10 +985,16 @@ def _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b,
     t0 = pid_t * L
     t_own = tl.minimum(t0 + L, T) - 1  # the last row this program writes
     top = tl.minimum(t0 + L + 2, T - 1)  # the highest row whose dpre its rows need
-    xa, xb, xc = _row(x_ptr, xbase, top, XT, c, cm, T), _row(x_ptr, xbase, top - 1, XT, c, cm, T), \
-        _row(x_ptr, xbase, top - 2, XT, c, cm, T)  # x[t], x[t−1], x[t−2] for t = top
-    ia, ib, ic = _seq_id(idx_ptr, pid_b, top, T, HAS_IDX, -1), _seq_id(idx_ptr, pid_b, top - 1, T, HAS_IDX, -1), \
-        _seq_id(idx_ptr, pid_b, top - 2, T, HAS_IDX, -1)
+    xa, xb, xc = (
+        _row(x_ptr, xbase, top, XT, c, cm, T),
+        _row(x_ptr, xbase, top - 1, XT, c, cm, T),
+        _row(x_ptr, xbase, top - 2, XT, c, cm, T),
+    )  # x[t], x[t−1], x[t−2] for t = top
+    ia, ib, ic = (
+        _seq_id(idx_ptr, pid_b, top, T, HAS_IDX, -1),
+        _seq_id(idx_ptr, pid_b, top - 1, T, HAS_IDX, -1),
+        _seq_id(idx_ptr, pid_b, top - 2, T, HAS_IDX, -1),
+    )
     g1 = tl.zeros((BC,), dtype=tl.float32)  # dpre[t+1], dpre[t+2], dpre[t+3]
     g2 = tl.zeros((BC,), dtype=tl.float32)
     g3 = tl.zeros((BC,), dtype=tl.float32)
@@ -516,9 +1010,35 @@ def _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b,
     for i in range(top - t_own):  # rows above this program's own
         t = top - i
         dx, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-            _row(x_ptr, xbase, t - 3, XT, c, cm, T), _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1),
-            _row(dout_ptr, base, t, C, c, cm, T), xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3,
-            db, w0, w1, w2, w3, bias, no, SILU, True)
+            _row(x_ptr, xbase, t - 3, XT, c, cm, T),
+            _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1),
+            _row(dout_ptr, base, t, C, c, cm, T),
+            xa,
+            xb,
+            xc,
+            ia,
+            ib,
+            ic,
+            g1,
+            g2,
+            g3,
+            j1,
+            j2,
+            j3,
+            dw0,
+            dw1,
+            dw2,
+            dw3,
+            db,
+            w0,
+            w1,
+            w2,
+            w3,
+            bias,
+            no,
+            SILU,
+            True,
+        )
     # Whole steps t .. t−3 from t = t_own down, while rows t−3 (own) and t−6 (read) exist.
     lowest = tl.maximum(t0 + 3, 6)
     steps = tl.where(t_own >= lowest, (t_own - lowest) // 4 + 1, 0)
@@ -554,12 +1074,84 @@ def _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b,
             masked = False
         if masked:
             dxa, dxb, dxc, dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_rows4(
-                xd0, xd1, xd2, xd3, id0, id1, id2, id3, go0, go1, go2, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1,
-                j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias, cm, SILU, True)
+                xd0,
+                xd1,
+                xd2,
+                xd3,
+                id0,
+                id1,
+                id2,
+                id3,
+                go0,
+                go1,
+                go2,
+                go3,
+                xa,
+                xb,
+                xc,
+                ia,
+                ib,
+                ic,
+                g1,
+                g2,
+                g3,
+                j1,
+                j2,
+                j3,
+                dw0,
+                dw1,
+                dw2,
+                dw3,
+                db,
+                w0,
+                w1,
+                w2,
+                w3,
+                bias,
+                cm,
+                SILU,
+                True,
+            )
         else:
             dxa, dxb, dxc, dxd, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_rows4(
-                xd0, xd1, xd2, xd3, id0, id1, id2, id3, go0, go1, go2, go3, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1,
-                j2, j3, dw0, dw1, dw2, dw3, db, w0, w1, w2, w3, bias, cm, SILU, False)
+                xd0,
+                xd1,
+                xd2,
+                xd3,
+                id0,
+                id1,
+                id2,
+                id3,
+                go0,
+                go1,
+                go2,
+                go3,
+                xa,
+                xb,
+                xc,
+                ia,
+                ib,
+                ic,
+                g1,
+                g2,
+                g3,
+                j1,
+                j2,
+                j3,
+                dw0,
+                dw1,
+                dw2,
+                dw3,
+                db,
+                w0,
+                w1,
+                w2,
+                w3,
+                bias,
+                cm,
+                SILU,
+                False,
+            )
         _store_rows(pdx, dxa, dxb, dxc, dxd, -C, cm, EVEN_C)
         px -= 4 * XT
         pg -= 4 * C
@@ -568,9 +1160,35 @@ def _bwd_march_body(x_ptr, idx_ptr, dout_ptr, dx_ptr, T, C, L, XT, xbase, pid_b,
     for i in range(t_own - 4 * steps - t0 + 1):  # the rows left at the bottom
         t = t_own - 4 * steps - i
         dx, xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3, db = _bwd_row(
-            _row(x_ptr, xbase, t - 3, XT, c, cm, T), _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1),
-            _row(dout_ptr, base, t, C, c, cm, T), xa, xb, xc, ia, ib, ic, g1, g2, g3, j1, j2, j3, dw0, dw1, dw2, dw3,
-            db, w0, w1, w2, w3, bias, cm, SILU, True)
+            _row(x_ptr, xbase, t - 3, XT, c, cm, T),
+            _seq_id(idx_ptr, pid_b, t - 3, T, HAS_IDX, -1),
+            _row(dout_ptr, base, t, C, c, cm, T),
+            xa,
+            xb,
+            xc,
+            ia,
+            ib,
+            ic,
+            g1,
+            g2,
+            g3,
+            j1,
+            j2,
+            j3,
+            dw0,
+            dw1,
+            dw2,
+            dw3,
+            db,
+            w0,
+            w1,
+            w2,
+            w3,
+            bias,
+            cm,
+            SILU,
+            True,
+        )
         _store_row(dx_ptr, dx, base, t, C, c, cm, 0, T)
     return dw0, dw1, dw2, dw3, db
 
@@ -643,8 +1261,20 @@ def _marching(weight, march, default):
     return (default if march is None else march) and weight.shape[1] <= 4
 
 
-def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TILE_C, march=None, rows=None,
-                      channels=None, warps=None, stages=None):
+def causal_conv1d_fwd(
+    x,
+    weight,
+    bias,
+    seq_idx=None,
+    silu=True,
+    bt=TILE_T,
+    bc=TILE_C,
+    march=None,
+    rows=None,
+    channels=None,
+    warps=None,
+    stages=None,
+):
     """out = act(conv(x)) (settings default to the module's)."""
     marching = _marching(weight, march, MARCH_FWD)
     x, xt = _rows_as_read(x, marching)
@@ -655,18 +1285,61 @@ def causal_conv1d_fwd(x, weight, bias, seq_idx=None, silu=True, bt=TILE_T, bc=TI
     if marching:
         rows, channels = rows or MARCH_FWD_ROWS, channels or MARCH_FWD_CHANNELS
         _conv_fwd_march[_launch_shape(x, rows, channels)](
-            x, weight.contiguous(), bias, idx, out, t, c, rows, xt, K=weight.shape[1], HAS_IDX=seq_idx is not None,
-            SILU=silu, BC=channels, STAGES=stages or MARCH_FWD_STAGES, EVEN_C=c % channels == 0,
-            SPAN=triton.next_power_of_2(rows + 3), num_warps=warps or MARCH_FWD_WARPS)
+            x,
+            weight.contiguous(),
+            bias,
+            idx,
+            out,
+            t,
+            c,
+            rows,
+            xt,
+            K=weight.shape[1],
+            HAS_IDX=seq_idx is not None,
+            SILU=silu,
+            BC=channels,
+            STAGES=stages or MARCH_FWD_STAGES,
+            EVEN_C=c % channels == 0,
+            SPAN=triton.next_power_of_2(rows + 3),
+            num_warps=warps or MARCH_FWD_WARPS,
+        )
         return out
-    _conv_fwd[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias.contiguous(), idx, out, t, c,
-                                        K=weight.shape[1], HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc)
+    _conv_fwd[_launch_shape(x, bt, bc)](
+        x,
+        weight.contiguous(),
+        bias.contiguous(),
+        idx,
+        out,
+        t,
+        c,
+        K=weight.shape[1],
+        HAS_IDX=seq_idx is not None,
+        SILU=silu,
+        BT=bt,
+        BC=bc,
+    )
     return out
 
 
-def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=None, bc=None, steps=None,
-                      two_pass: bool | None = None, march=None, rows=None, channels=None, warps=None, stages=None,
-                      prefetch=None, maxnreg=None):
+def causal_conv1d_bwd(
+    grad_out,
+    x,
+    weight,
+    bias,
+    seq_idx=None,
+    silu=True,
+    bt=None,
+    bc=None,
+    steps=None,
+    two_pass: bool | None = None,
+    march=None,
+    rows=None,
+    channels=None,
+    warps=None,
+    stages=None,
+    prefetch=None,
+    maxnreg=None,
+):
     """(dx, dw, db) of causal_conv1d_fwd given the output gradient (settings default to the module's)."""
     bt, bc, steps = bt or BWD_TILE_T, bc or BWD_TILE_C, steps or BWD_STEPS
     two_pass = TWO_PASS if two_pass is None else two_pass
@@ -683,24 +1356,71 @@ def causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx=None, silu=True, bt=Non
         grid = _launch_shape(x, rows, channels)
         dw_part = torch.empty(b * triton.cdiv(t, rows), c, 4, dtype=torch.float32, device=x.device)
         db_part = torch.empty(b * triton.cdiv(t, rows), c, dtype=torch.float32, device=x.device)
-        _conv_bwd_march[grid](x, weight.contiguous(), bias_in, idx, g, dx, dw_part, db_part, t, c, rows, xt, K=k,
-                              HAS_IDX=seq_idx is not None, SILU=silu, BC=channels, STAGES=stages or MARCH_STAGES,
-                              EVEN_C=c % channels == 0, PREFETCH=MARCH_PREFETCH if prefetch is None else prefetch,
-                              SPAN=triton.next_power_of_2(rows + 9), num_warps=warps or MARCH_WARPS,
-                              **_reg_cap(MARCH_MAXNREG if maxnreg is None else maxnreg))
-        dw = dw_part.sum(0)[:, 4 - k:]
+        _conv_bwd_march[grid](
+            x,
+            weight.contiguous(),
+            bias_in,
+            idx,
+            g,
+            dx,
+            dw_part,
+            db_part,
+            t,
+            c,
+            rows,
+            xt,
+            K=k,
+            HAS_IDX=seq_idx is not None,
+            SILU=silu,
+            BC=channels,
+            STAGES=stages or MARCH_STAGES,
+            EVEN_C=c % channels == 0,
+            PREFETCH=MARCH_PREFETCH if prefetch is None else prefetch,
+            SPAN=triton.next_power_of_2(rows + 9),
+            num_warps=warps or MARCH_WARPS,
+            **_reg_cap(MARCH_MAXNREG if maxnreg is None else maxnreg),
+        )
+        dw = dw_part.sum(0)[:, 4 - k :]
     else:
         grid = _launch_shape(x, bt * steps, bc)
         dw_part = torch.empty(b * triton.cdiv(t, bt * steps), c, k, dtype=torch.float32, device=x.device)
         db_part = torch.empty(b * triton.cdiv(t, bt * steps), c, dtype=torch.float32, device=x.device)
         if two_pass and silu:
             dpre = torch.empty(b, t, c, dtype=torch.float32, device=x.device)
-            _conv_dpre[_launch_shape(x, bt, bc)](x, weight.contiguous(), bias_in.contiguous(), idx, g, dpre, t, c,
-                                                 K=k, HAS_IDX=seq_idx is not None, BT=bt, BC=bc)
+            _conv_dpre[_launch_shape(x, bt, bc)](
+                x,
+                weight.contiguous(),
+                bias_in.contiguous(),
+                idx,
+                g,
+                dpre,
+                t,
+                c,
+                K=k,
+                HAS_IDX=seq_idx is not None,
+                BT=bt,
+                BC=bc,
+            )
             g, silu = dpre, False
-        _conv_bwd[grid](x, weight.contiguous(), bias_in.contiguous(), idx, g, dx, dw_part, db_part,
-                        t, c, K=k, HAS_IDX=seq_idx is not None, SILU=silu, BT=bt, BC=bc, STEPS=steps,
-                        KP=triton.next_power_of_2(k))
+        _conv_bwd[grid](
+            x,
+            weight.contiguous(),
+            bias_in.contiguous(),
+            idx,
+            g,
+            dx,
+            dw_part,
+            db_part,
+            t,
+            c,
+            K=k,
+            HAS_IDX=seq_idx is not None,
+            SILU=silu,
+            BT=bt,
+            BC=bc,
+            STEPS=steps,
+            KP=triton.next_power_of_2(k),
+        )
         dw = dw_part.sum(0)
     return dx, dw.to(weight.dtype), (db_part.sum(0).to(bias.dtype) if bias is not None else None)
 
@@ -743,8 +1463,14 @@ def _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K: tl.constex
     x1 = tl.load(xbase + XT, mask=_in_rows(c, cm, 1, T), other=0.0).to(tl.float32)
     x2 = tl.load(xbase + 2 * XT, mask=_in_rows(c, cm, 2, T), other=0.0).to(tl.float32)
     sbase = st_ptr + pid_b * SB + c * SC
-    return (x0, x1, x2, _state_row(sbase, c, cm, 1, SK, K), _state_row(sbase, c, cm, 2, SK, K),
-            _state_row(sbase, c, cm, 3, SK, K))
+    return (
+        x0,
+        x1,
+        x2,
+        _state_row(sbase, c, cm, 1, SK, K),
+        _state_row(sbase, c, cm, 2, SK, K),
+        _state_row(sbase, c, cm, 3, SK, K),
+    )
 
 
 @triton.jit
@@ -768,19 +1494,40 @@ def _head_program(x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT, SB, SC, SK, K: tl.c
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = c < C
     x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K)
-    w0, w1, w2, w3 = _tap(w_ptr, c, cm, 0, K), _tap(w_ptr, c, cm, 1, K), _tap(w_ptr, c, cm, 2, K), _tap(w_ptr, c, cm, 3, K)
+    w0, w1, w2, w3 = (
+        _tap(w_ptr, c, cm, 0, K),
+        _tap(w_ptr, c, cm, 1, K),
+        _tap(w_ptr, c, cm, 2, K),
+        _tap(w_ptr, c, cm, 3, K),
+    )
     bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
     return c, cm, pid_b * T * C + c, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias
 
 
 @triton.jit
-def _conv_head_fwd(x_ptr, st_ptr, w_ptr, b_ptr, out_ptr, T, C, XB, XT, SB, SC, SK, K: tl.constexpr,
-                   SILU: tl.constexpr, BC: tl.constexpr):
+def _conv_head_fwd(
+    x_ptr,
+    st_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    T,
+    C,
+    XB,
+    XT,
+    SB,
+    SC,
+    SK,
+    K: tl.constexpr,
+    SILU: tl.constexpr,
+    BC: tl.constexpr,
+):
     """Grid (batch, channel blocks): output rows 0..2 of a conv whose input continues an earlier
     shard's, from that shard's last K − 1 inputs (the initial state), over the zero-history rows the
     main kernel wrote."""
-    c, cm, base, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias = _head_program(x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT,
-                                                                              SB, SC, SK, K, BC)
+    c, cm, base, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias = _head_program(
+        x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT, SB, SC, SK, K, BC
+    )
     for t in tl.static_range(3):
         if t == 0:
             pre = _pre(x0, s1, s2, s3, w0, w1, w2, w3, bias)
@@ -794,15 +1541,35 @@ def _conv_head_fwd(x_ptr, st_ptr, w_ptr, b_ptr, out_ptr, T, C, XB, XT, SB, SC, S
 
 
 @triton.jit
-def _conv_head_bwd(x_ptr, st_ptr, w_ptr, b_ptr, dout_ptr, dx_ptr, dst_ptr, dw_ptr, db_ptr, T, C, XB, XT, SB, SC,
-                   SK, K: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr):
+def _conv_head_bwd(
+    x_ptr,
+    st_ptr,
+    w_ptr,
+    b_ptr,
+    dout_ptr,
+    dx_ptr,
+    dst_ptr,
+    dw_ptr,
+    db_ptr,
+    T,
+    C,
+    XB,
+    XT,
+    SB,
+    SC,
+    SK,
+    K: tl.constexpr,
+    SILU: tl.constexpr,
+    BC: tl.constexpr,
+):
     """Grid (batch, channel blocks): the backward of _conv_head_fwd over the main kernel's
     zero-history backward. Output rows 0..2's pre-activation gradients with the true history (dT) and
     with zeros before row 0 (dZ, what the main backward used) give dx rows 0..2 the difference, the
     initial state its gradient (b, c, K − 1, fp32), and dw, db their difference per batch row ((b, c,
     4) right-aligned taps and (b, c), fp32, for the caller to sum)."""
-    c, cm, base, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias = _head_program(x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT,
-                                                                              SB, SC, SK, K, BC)
+    c, cm, base, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias = _head_program(
+        x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT, SB, SC, SK, K, BC
+    )
     bc = tl.program_id(0).to(tl.int64) * C + c  # this batch row's channels in the (b, c, …) outputs
     g0 = tl.load(dout_ptr + base, mask=_in_rows(c, cm, 0, T), other=0.0).to(tl.float32)
     g1 = tl.load(dout_ptr + base + C, mask=_in_rows(c, cm, 1, T), other=0.0).to(tl.float32)
@@ -858,9 +1625,21 @@ class CausalConv1dHistoryFn(torch.autograd.Function):
         out = causal_conv1d_fwd(x, weight, bias, None, silu)
         xh = _channels_last(x)
         b, t, c = xh.shape
-        _conv_head_fwd[(b, triton.cdiv(c, HEAD_CHANNELS))](xh, state, weight.contiguous(), _bias_or_zeros(bias, weight),
-                                                           out, t, c, xh.stride(0), xh.stride(1), *state.stride(),
-                                                           K=weight.shape[1], SILU=silu, BC=HEAD_CHANNELS)
+        _conv_head_fwd[(b, triton.cdiv(c, HEAD_CHANNELS))](
+            xh,
+            state,
+            weight.contiguous(),
+            _bias_or_zeros(bias, weight),
+            out,
+            t,
+            c,
+            xh.stride(0),
+            xh.stride(1),
+            *state.stride(),
+            K=weight.shape[1],
+            SILU=silu,
+            BC=HEAD_CHANNELS,
+        )
         ctx.save_for_backward(x, state, weight, bias)
         ctx.silu = silu
         return out
@@ -875,11 +1654,26 @@ class CausalConv1dHistoryFn(torch.autograd.Function):
         d_state = torch.empty(b, c, k - 1, dtype=torch.float32, device=x.device)
         dw_fix = torch.empty(b, c, 4, dtype=torch.float32, device=x.device)
         db_fix = torch.empty(b, c, dtype=torch.float32, device=x.device)
-        _conv_head_bwd[(b, triton.cdiv(c, HEAD_CHANNELS))](xh, state, weight.contiguous(), _bias_or_zeros(bias, weight),
-                                                           grad_out.contiguous(), dx, d_state, dw_fix, db_fix, t, c,
-                                                           xh.stride(0), xh.stride(1), *state.stride(), K=k,
-                                                           SILU=ctx.silu, BC=HEAD_CHANNELS)
-        dw = (dw.float() + dw_fix.sum(0)[:, 4 - k:]).to(weight.dtype)
+        _conv_head_bwd[(b, triton.cdiv(c, HEAD_CHANNELS))](
+            xh,
+            state,
+            weight.contiguous(),
+            _bias_or_zeros(bias, weight),
+            grad_out.contiguous(),
+            dx,
+            d_state,
+            dw_fix,
+            db_fix,
+            t,
+            c,
+            xh.stride(0),
+            xh.stride(1),
+            *state.stride(),
+            K=k,
+            SILU=ctx.silu,
+            BC=HEAD_CHANNELS,
+        )
+        dw = (dw.float() + dw_fix.sum(0)[:, 4 - k :]).to(weight.dtype)
         db = (db.float() + db_fix.sum(0)).to(bias.dtype) if bias is not None else None
         return dx, d_state.to(state.dtype), dw, db, None
 
@@ -899,16 +1693,16 @@ def causal_conv1d(x, weight, bias=None, seq_idx=None, activation: str | None = "
 
 
 @triton.jit
-def _conv_update(x_ptr, state_ptr, w_ptr, b_ptr, out_ptr, C, K: tl.constexpr, SILU: tl.constexpr,
-                 BC: tl.constexpr):
+def _conv_update(x_ptr, state_ptr, w_ptr, b_ptr, out_ptr, C, K: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr):
     """One new token per row: out = act(bias + Σ_j w[:, j] · window[j]) over the window
     (state[0..K−2], x); then the state drops its oldest entry and takes x, in place."""
     pid_b, pid_c = tl.program_id(0), tl.program_id(1)
     c = pid_c * BC + tl.arange(0, BC)
     cm = c < C
     x = tl.load(x_ptr + pid_b * C + c, mask=cm, other=0.0)
-    acc = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32) + \
-        x.to(tl.float32) * tl.load(w_ptr + c * K + K - 1, mask=cm, other=0.0).to(tl.float32)
+    acc = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32) + x.to(tl.float32) * tl.load(
+        w_ptr + c * K + K - 1, mask=cm, other=0.0
+    ).to(tl.float32)
     base = pid_b * (K - 1) * C
     prev = tl.load(state_ptr + base + c, mask=cm, other=0.0)  # the oldest entry
     for j in tl.static_range(1, K - 1):
@@ -931,6 +1725,15 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation: str | Non
     assert conv_state.is_contiguous() and conv_state.shape == (b, k - 1, c)
     out = torch.empty_like(x)
     bias = _bias_or_zeros(bias, weight)
-    _conv_update[(b, triton.cdiv(c, bc))](x.contiguous(), conv_state, weight.contiguous(), bias.contiguous(), out, c,
-                                          K=k, SILU=activation == "silu", BC=bc)
+    _conv_update[(b, triton.cdiv(c, bc))](
+        x.contiguous(),
+        conv_state,
+        weight.contiguous(),
+        bias.contiguous(),
+        out,
+        c,
+        K=k,
+        SILU=activation == "silu",
+        BC=bc,
+    )
     return out

@@ -39,5 +39,5 @@ def bind(kernel, grid: tuple[int, ...], *args, **meta) -> Callable:
     # The runner takes every argument in declaration order, compile-time ones included (their defaults
     # where not given).
     defaults = {p.name: p.default for p in getattr(kernel, "params", ())}
-    tail = tuple(meta[name] if name in meta else defaults[name] for name in list(kernel.arg_names)[len(args):])
+    tail = tuple(meta[name] if name in meta else defaults[name] for name in list(kernel.arg_names)[len(args) :])
     return lambda *a: runner(*a, *tail)

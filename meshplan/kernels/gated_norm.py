@@ -49,8 +49,21 @@ def _gate(y_ptr, z_ptr, offs, mask, GATED: tl.constexpr):
 
 
 @triton.jit
-def _row_sums(y_ptr, z_ptr, dout_ptr, w_ptr, out_ptr, R, C, LOCAL, NG, DOT: tl.constexpr, GATED: tl.constexpr,
-              BR: tl.constexpr, BC: tl.constexpr):
+def _row_sums(
+    y_ptr,
+    z_ptr,
+    dout_ptr,
+    w_ptr,
+    out_ptr,
+    R,
+    C,
+    LOCAL,
+    NG,
+    DOT: tl.constexpr,
+    GATED: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+):
     """Grid (row blocks, local groups): per row and group Σ h² (or, with DOT, Σ dout·w·h)."""
     rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     g = tl.program_id(1)
@@ -70,8 +83,22 @@ def _row_sums(y_ptr, z_ptr, dout_ptr, w_ptr, out_ptr, R, C, LOCAL, NG, DOT: tl.c
 
 
 @triton.jit
-def _norm_out(y_ptr, z_ptr, w_ptr, ss_ptr, out_ptr, R, C, LOCAL, NG, GROUP, eps, GATED: tl.constexpr,
-              BR: tl.constexpr, BC: tl.constexpr):
+def _norm_out(
+    y_ptr,
+    z_ptr,
+    w_ptr,
+    ss_ptr,
+    out_ptr,
+    R,
+    C,
+    LOCAL,
+    NG,
+    GROUP,
+    eps,
+    GATED: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+):
     rows, cols, mask, offs = _tile(R, C, BR, BC)
     y, z, sig, h = _gate(y_ptr, z_ptr, offs, mask, GATED)
     ss = tl.load(ss_ptr + rows[:, None] * NG + cols[None, :] // LOCAL, mask=mask, other=0.0)
@@ -81,8 +108,26 @@ def _norm_out(y_ptr, z_ptr, w_ptr, ss_ptr, out_ptr, R, C, LOCAL, NG, GROUP, eps,
 
 
 @triton.jit
-def _norm_grads(y_ptr, z_ptr, w_ptr, ss_ptr, s_ptr, dout_ptr, dy_ptr, dz_ptr, dw_ptr, R, C, LOCAL, NG, GROUP, eps,
-                GATED: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+def _norm_grads(
+    y_ptr,
+    z_ptr,
+    w_ptr,
+    ss_ptr,
+    s_ptr,
+    dout_ptr,
+    dy_ptr,
+    dz_ptr,
+    dw_ptr,
+    R,
+    C,
+    LOCAL,
+    NG,
+    GROUP,
+    eps,
+    GATED: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+):
     rows, cols, mask, offs = _tile(R, C, BR, BC)
     y, z, sig, h = _gate(y_ptr, z_ptr, offs, mask, GATED)
     stat = rows[:, None] * NG + cols[None, :] // LOCAL
@@ -116,26 +161,65 @@ def _group_tile(y_ptr, z_ptr, rows, R, C, YT, ZT, LOCAL, GATED: tl.constexpr, BL
 
 
 @triton.jit
-def _norm_fwd_rows(y_ptr, z_ptr, w_ptr, out_ptr, R, C, YT, ZT, LOCAL, GROUP, eps, GATED: tl.constexpr,
-                   BR: tl.constexpr, BLOCK: tl.constexpr):
+def _norm_fwd_rows(
+    y_ptr,
+    z_ptr,
+    w_ptr,
+    out_ptr,
+    R,
+    C,
+    YT,
+    ZT,
+    LOCAL,
+    GROUP,
+    eps,
+    GATED: tl.constexpr,
+    BR: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Grid (row blocks, local groups), the group whole in one tile: y and z read once, the output
     written once (no statistics pass)."""
     rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     cols, mask, y, z, sig, h = _group_tile(y_ptr, z_ptr, rows, R, C, YT, ZT, LOCAL, GATED, BLOCK)
     r = tl.rsqrt(tl.sum(h * h, axis=1) / GROUP + eps)
     w = tl.load(w_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * C + cols[None, :], (h * r[:, None] * w[None, :]).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(
+        out_ptr + rows[:, None] * C + cols[None, :],
+        (h * r[:, None] * w[None, :]).to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 @triton.jit
-def _norm_bwd_rows(y_ptr, z_ptr, w_ptr, dout_ptr, dy_ptr, dz_ptr, dw_ptr, R, C, YT, ZT, DT, LOCAL, GROUP, eps,
-                   GATED: tl.constexpr, BR: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+def _norm_bwd_rows(
+    y_ptr,
+    z_ptr,
+    w_ptr,
+    dout_ptr,
+    dy_ptr,
+    dz_ptr,
+    dw_ptr,
+    R,
+    C,
+    YT,
+    ZT,
+    DT,
+    LOCAL,
+    GROUP,
+    eps,
+    GATED: tl.constexpr,
+    BR: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STAGES: tl.constexpr,
+):
     """Grid (programs, local groups): each program takes row blocks pid, pid + programs, … of its
     group whole, recomputes the statistics from y and z (nothing saved by the forward), writes dy and
     dz, and keeps its share of dw in registers, written once at the end (programs × C, fp32)."""
-    w = tl.load(w_ptr + tl.program_id(1) * LOCAL + tl.arange(0, BLOCK),
-                mask=tl.program_id(1) * LOCAL + tl.arange(0, BLOCK) < C, other=0.0).to(tl.float32)
+    w = tl.load(
+        w_ptr + tl.program_id(1) * LOCAL + tl.arange(0, BLOCK),
+        mask=tl.program_id(1) * LOCAL + tl.arange(0, BLOCK) < C,
+        other=0.0,
+    ).to(tl.float32)
     dw = tl.zeros((BLOCK,), dtype=tl.float32)
     for r0 in tl.range(tl.program_id(0) * BR, R, tl.num_programs(0) * BR, num_stages=STAGES):
         rows = (r0 + tl.arange(0, BR)).to(tl.int64)
@@ -162,8 +246,21 @@ def _stats(y, z, dout, w, local, dot: bool):
     R, C = y.shape
     ng = C // local
     out = torch.empty(R, ng, dtype=torch.float32, device=y.device)
-    _row_sums[(triton.cdiv(R, BR), ng)](y, y if z is None else z, dout if dot else y, w, out, R, C, local, ng,
-                                        DOT=dot, GATED=z is not None, BR=BR, BC=BC)
+    _row_sums[(triton.cdiv(R, BR), ng)](
+        y,
+        y if z is None else z,
+        dout if dot else y,
+        w,
+        out,
+        R,
+        C,
+        local,
+        ng,
+        DOT=dot,
+        GATED=z is not None,
+        BR=BR,
+        BC=BC,
+    )
     return out
 
 
@@ -209,9 +306,23 @@ class GatedRMSNormFn(torch.autograd.Function):
             R = y2.shape[0]
             out = torch.empty(R, C, dtype=y.dtype, device=y.device)
             br, block, warps = _fused_launch(local)
-            _norm_fwd_rows[(triton.cdiv(R, br), C // local)](y2, z2, w, out, R, C, yt, zt, local, group, eps,
-                                                             GATED=z is not None, BR=br, BLOCK=block,
-                                                             num_warps=warps)
+            _norm_fwd_rows[(triton.cdiv(R, br), C // local)](
+                y2,
+                z2,
+                w,
+                out,
+                R,
+                C,
+                yt,
+                zt,
+                local,
+                group,
+                eps,
+                GATED=z is not None,
+                BR=br,
+                BLOCK=block,
+                num_warps=warps,
+            )
             ctx.save_for_backward(y2, z2 if z is not None else None, w)
             return out.view(shape)
         y2 = y.reshape(-1, C).contiguous()
@@ -222,8 +333,22 @@ class GatedRMSNormFn(torch.autograd.Function):
             ss = reduce(ss)
         out = torch.empty_like(y2)
         grid = (triton.cdiv(R, BR), triton.cdiv(C, BC))
-        _norm_out[grid](y2, y2 if z2 is None else z2, w, ss, out, R, C, local, C // local, group, eps,
-                        GATED=z2 is not None, BR=BR, BC=BC)
+        _norm_out[grid](
+            y2,
+            y2 if z2 is None else z2,
+            w,
+            ss,
+            out,
+            R,
+            C,
+            local,
+            C // local,
+            group,
+            eps,
+            GATED=z2 is not None,
+            BR=BR,
+            BC=BC,
+        )
         ctx.save_for_backward(y2, z2, w, ss)
         return out.view(shape)
 
@@ -242,10 +367,35 @@ class GatedRMSNormFn(torch.autograd.Function):
         dz = torch.empty_like(z) if gated else None
         grid = (triton.cdiv(R, BR), triton.cdiv(C, BC))
         dw = torch.empty(grid[0], C, dtype=torch.float32, device=y.device)
-        _norm_grads[grid](y, z if gated else y, w, ss, S, d, dy, dz if gated else dy, dw, R, C, ctx.local,
-                          C // ctx.local, ctx.group, ctx.eps, GATED=gated, BR=BR, BC=BC)
-        return (dy.view(ctx.shape), dz.view(ctx.shape) if gated else None, dw.sum(0).to(w.dtype),
-                None, None, None, None)
+        _norm_grads[grid](
+            y,
+            z if gated else y,
+            w,
+            ss,
+            S,
+            d,
+            dy,
+            dz if gated else dy,
+            dw,
+            R,
+            C,
+            ctx.local,
+            C // ctx.local,
+            ctx.group,
+            ctx.eps,
+            GATED=gated,
+            BR=BR,
+            BC=BC,
+        )
+        return (
+            dy.view(ctx.shape),
+            dz.view(ctx.shape) if gated else None,
+            dw.sum(0).to(w.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def _fused_backward(ctx, dout):
@@ -258,12 +408,29 @@ def _fused_backward(ctx, dout):
     br, block, warps = _fused_launch(ctx.local)
     programs = min(triton.cdiv(R, br), FUSED_BWD_PROGRAMS)
     dw = torch.empty(programs, C, dtype=torch.float32, device=y.device)
-    _norm_bwd_rows[(programs, C // ctx.local)](y, z if gated else y, w, d, dy, dz if gated else dy, dw, R, C,
-                                               y.stride(0), (z if gated else y).stride(0), dt, ctx.local, ctx.group,
-                                               ctx.eps, GATED=gated, BR=br, BLOCK=block, STAGES=FUSED_BWD_STAGES,
-                                               num_warps=warps)
-    return (dy.view(ctx.shape), dz.view(ctx.shape) if gated else None, dw.sum(0).to(w.dtype),
-            None, None, None, None)
+    _norm_bwd_rows[(programs, C // ctx.local)](
+        y,
+        z if gated else y,
+        w,
+        d,
+        dy,
+        dz if gated else dy,
+        dw,
+        R,
+        C,
+        y.stride(0),
+        (z if gated else y).stride(0),
+        dt,
+        ctx.local,
+        ctx.group,
+        ctx.eps,
+        GATED=gated,
+        BR=br,
+        BLOCK=block,
+        STAGES=FUSED_BWD_STAGES,
+        num_warps=warps,
+    )
+    return (dy.view(ctx.shape), dz.view(ctx.shape) if gated else None, dw.sum(0).to(w.dtype), None, None, None, None)
 
 
 def rmsnorm_triton(x, weight, eps: float = 1e-5):

@@ -106,7 +106,7 @@ def bwd_splits(chunks: int, heads: int, groups: int, d_state: int, target: int |
 # — 1 byte an element and a 4-byte fp32 scale per 128 — and is rounded up to PEER_SLOT_ALIGN (the
 # buffer grows only when a larger tensor arrives). The memory model counts both slots.
 PEER_HEADER = 128
-PEER_SLOT_ALIGN = 2 * 2 ** 20
+PEER_SLOT_ALIGN = 2 * 2**20
 
 
 def peer_slot_bytes(elements: float, group: int = 128) -> int:
@@ -122,7 +122,7 @@ def token_rows(t):
     contiguous copy and its stride."""
     b, s, *inner = t.shape
     # The token's block is contiguous: each of its dimensions (but those of size 1) spans the ones after it.
-    block = all(stride == math.prod(inner[i + 1:]) for i, stride in enumerate(t.stride()[2:]) if inner[i] != 1)
+    block = all(stride == math.prod(inner[i + 1 :]) for i, stride in enumerate(t.stride()[2:]) if inner[i] != 1)
     if block and (b == 1 or t.stride(0) == s * t.stride(1)):
         return t, t.stride(1)
     t = t.contiguous()

@@ -41,8 +41,8 @@ def pack(seqs: list[torch.Tensor], row_len: int) -> Packed:
     counts = [0] * len(fill)
     for i in sorted(range(len(seqs)), key=lambda i: places[i][:2]):
         row, start, n = places[i]
-        rows[row, start:start + n] = seqs[i]
-        seq_idx[row, start:start + n] = counts[row]
+        rows[row, start : start + n] = seqs[i]
+        seq_idx[row, start : start + n] = counts[row]
         counts[row] += 1
     for row, used in enumerate(fill):
         seq_idx[row, used:] = counts[row]
@@ -51,4 +51,4 @@ def pack(seqs: list[torch.Tensor], row_len: int) -> Packed:
 
 def unpack(rows: torch.Tensor, packed: Packed) -> list[torch.Tensor]:
     """Cut per-token outputs of packed rows back into the input sequences, in input order."""
-    return [rows[row, start:start + n] for row, start, n in packed.places]
+    return [rows[row, start : start + n] for row, start, n in packed.places]

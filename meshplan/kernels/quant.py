@@ -68,8 +68,9 @@ def quantize_int8(x: torch.Tensor, group: int = GROUP, groups_per_program: int =
     return q, scale
 
 
-def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP, dtype=torch.float32,
-                    groups_per_program: int = 16) -> torch.Tensor:
+def dequantize_int8(
+    q: torch.Tensor, scale: torch.Tensor, group: int = GROUP, dtype=torch.float32, groups_per_program: int = 16
+) -> torch.Tensor:
     n_groups = scale.numel()
     out = torch.empty(q.numel(), dtype=dtype, device=q.device)
     grid = (triton.cdiv(n_groups, groups_per_program),)
@@ -98,8 +99,9 @@ def _packed_tile_at(tile, row, n_groups_row, chunk_bytes, GROUP: tl.constexpr, G
 
 
 @triton.jit
-def _quantize_packed_kernel(x_ptr, buf_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
-                            GROUPS_PER_PROGRAM: tl.constexpr):
+def _quantize_packed_kernel(
+    x_ptr, buf_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr
+):
     vals, scales, flat, ok = _packed_tile(tl.program_id(1), n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
     _store_packed(buf_ptr, tl.load(x_ptr + flat, mask=ok[:, None], other=0.0).to(tl.float32), vals, scales, ok)
 
@@ -118,8 +120,16 @@ def _load_packed(buf_ptr, vals, scales, ok):
 
 
 @triton.jit
-def _dequant_sum_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
-                        GROUPS_PER_PROGRAM: tl.constexpr, REQUANT: tl.constexpr):
+def _dequant_sum_kernel(
+    buf_ptr,
+    out_ptr,
+    n_rows,
+    n_groups_row,
+    chunk_bytes,
+    GROUP: tl.constexpr,
+    GROUPS_PER_PROGRAM: tl.constexpr,
+    REQUANT: tl.constexpr,
+):
     """The fp32 sum of n_rows packed copies of one slice: re-quantized into one packed row (REQUANT),
     or stored unpacked in out_ptr's dtype."""
     vals, scales, flat, ok = _packed_tile(0, n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
@@ -133,14 +143,16 @@ def _dequant_sum_kernel(buf_ptr, out_ptr, n_rows, n_groups_row, chunk_bytes, GRO
 
 
 @triton.jit
-def _dequantize_packed_kernel(buf_ptr, out_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr,
-                              GROUPS_PER_PROGRAM: tl.constexpr):
+def _dequantize_packed_kernel(
+    buf_ptr, out_ptr, n_groups_row, chunk_bytes, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr
+):
     vals, scales, flat, ok = _packed_tile(tl.program_id(1), n_groups_row, chunk_bytes, GROUP, GROUPS_PER_PROGRAM)
     tl.store(out_ptr + flat, _load_packed(buf_ptr, vals, scales, ok).to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
-def quantize_int8_packed(x: torch.Tensor, parts: int, group: int = GROUP, groups_per_program: int = 16,
-                         out: torch.Tensor | None = None):
+def quantize_int8_packed(
+    x: torch.Tensor, parts: int, group: int = GROUP, groups_per_program: int = 16, out: torch.Tensor | None = None
+):
     """Same contract as reference.quantize_int8_packed_ref: (parts, chunk bytes) uint8, written into
     `out` (contiguous uint8 of that shape, e.g. a slot of a buffer the peers read) when given."""
     from meshplan.kernels.reference import packed_chunk_bytes
@@ -162,7 +174,9 @@ def dequant_sum_requant(buf: torch.Tensor, group: int = GROUP, groups_per_progra
     return _sum_rows(buf, out, group, groups_per_program, requant=True)
 
 
-def dequant_sum(buf: torch.Tensor, group: int = GROUP, dtype=torch.float32, groups_per_program: int = 16) -> torch.Tensor:
+def dequant_sum(
+    buf: torch.Tensor, group: int = GROUP, dtype=torch.float32, groups_per_program: int = 16
+) -> torch.Tensor:
     """Same contract as reference.dequant_sum_ref: (n, chunk bytes) → (chunk,) in `dtype`."""
     out = torch.empty(buf.shape[1] // (group + 4) * group, dtype=dtype, device=buf.device)
     return _sum_rows(buf, out, group, groups_per_program, requant=False)
@@ -172,20 +186,23 @@ def _sum_rows(buf: torch.Tensor, out: torch.Tensor, group: int, groups_per_progr
     n, nbytes = buf.shape
     n_groups = nbytes // (group + 4)
     grid = (triton.cdiv(n_groups, groups_per_program), 1)
-    _dequant_sum_kernel[grid](buf.contiguous(), out, n, n_groups, nbytes, GROUP=group,
-                              GROUPS_PER_PROGRAM=groups_per_program, REQUANT=requant)
+    _dequant_sum_kernel[grid](
+        buf.contiguous(), out, n, n_groups, nbytes, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program, REQUANT=requant
+    )
     return out
 
 
-def dequantize_packed(buf: torch.Tensor, group: int = GROUP, dtype=torch.float32,
-                      groups_per_program: int = 16) -> torch.Tensor:
+def dequantize_packed(
+    buf: torch.Tensor, group: int = GROUP, dtype=torch.float32, groups_per_program: int = 16
+) -> torch.Tensor:
     """Same contract as reference.dequantize_packed_ref."""
     rows, nbytes = buf.shape
     n_groups = nbytes // (group + 4)
     out = torch.empty(rows * n_groups * group, dtype=dtype, device=buf.device)
     grid = (triton.cdiv(n_groups, groups_per_program), rows)
-    _dequantize_packed_kernel[grid](buf.contiguous(), out, n_groups, nbytes, GROUP=group,
-                                    GROUPS_PER_PROGRAM=groups_per_program)
+    _dequantize_packed_kernel[grid](
+        buf.contiguous(), out, n_groups, nbytes, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program
+    )
     return out
 
 
@@ -216,9 +233,27 @@ def _nth(i: tl.constexpr, b0, b1, b2, b3, b4, b5, b6, b7):
 
 
 @triton.jit(do_not_specialize=["epoch"])
-def _dequant_sum_peers_kernel(b0, b1, b2, b3, b4, b5, b6, b7, out_ptr, n_groups, chunk_bytes, n_tiles, epoch,
-                              GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr, WORLD: tl.constexpr,
-                              RANK: tl.constexpr, SYNC: tl.constexpr, HEADER: tl.constexpr):
+def _dequant_sum_peers_kernel(
+    b0,
+    b1,
+    b2,
+    b3,
+    b4,
+    b5,
+    b6,
+    b7,
+    out_ptr,
+    n_groups,
+    chunk_bytes,
+    n_tiles,
+    epoch,
+    GROUP: tl.constexpr,
+    GROUPS_PER_PROGRAM: tl.constexpr,
+    WORLD: tl.constexpr,
+    RANK: tl.constexpr,
+    SYNC: tl.constexpr,
+    HEADER: tl.constexpr,
+):
     """out = Σ_r dequantize(slot r's packed row), r = 0 … WORLD−1 in that order on every rank (so every
     rank's sum is bit-identical). Slot r (pointer b_r, perhaps another GPU's memory mapped here) holds
     one int32 word per rank, then at HEADER bytes the packed row. SYNC: first tell every peer that
@@ -230,8 +265,12 @@ def _dequant_sum_peers_kernel(b0, b1, b2, b3, b4, b5, b6, b7, out_ptr, n_groups,
         if tl.program_id(0) == 0:
             for r in tl.static_range(WORLD):
                 if r != RANK:
-                    tl.atomic_xchg(_nth(r, b0, b1, b2, b3, b4, b5, b6, b7).to(tl.pointer_type(tl.int32)) + RANK,
-                                   epoch, sem="release", scope="sys")
+                    tl.atomic_xchg(
+                        _nth(r, b0, b1, b2, b3, b4, b5, b6, b7).to(tl.pointer_type(tl.int32)) + RANK,
+                        epoch,
+                        sem="release",
+                        scope="sys",
+                    )
         mine = _nth(RANK, b0, b1, b2, b3, b4, b5, b6, b7).to(tl.pointer_type(tl.int32))
         for r in tl.static_range(WORLD):
             if r != RANK:
@@ -245,9 +284,17 @@ def _dequant_sum_peers_kernel(b0, b1, b2, b3, b4, b5, b6, b7, out_ptr, n_groups,
         tl.store(out_ptr + flat, total.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
-def peer_sum_launcher(slots: list[torch.Tensor], numel: int, group: int = GROUP, dtype=torch.float32,
-                      groups_per_program: int = 16, num_warps: int = 4, rank: int = 0, sync: bool = False,
-                      programs: int | None = None):
+def peer_sum_launcher(
+    slots: list[torch.Tensor],
+    numel: int,
+    group: int = GROUP,
+    dtype=torch.float32,
+    groups_per_program: int = 16,
+    num_warps: int = 4,
+    rank: int = 0,
+    sync: bool = False,
+    programs: int | None = None,
+):
     """A function (out, epoch) → out that writes into `out` (numel values of `dtype`) the fp32 sum of
     len(slots) packed rows of `numel` values, read where they lie: the one-shot reduce of a quantized
     all-reduce whose slots are other GPUs' memory mapped into this one. Each slot (1-D uint8) holds
@@ -268,9 +315,23 @@ def peer_sum_launcher(slots: list[torch.Tensor], numel: int, group: int = GROUP,
     tiles = triton.cdiv(n_groups, groups_per_program)
     grid = (min(tiles, programs) if programs else tiles,)
     example = torch.empty(numel, dtype=dtype, device=slots[0].device)
-    launch = bind(_dequant_sum_peers_kernel, grid, *padded, example, n_groups, nbytes, tiles, 2, GROUP=group,
-                  GROUPS_PER_PROGRAM=groups_per_program, WORLD=len(slots), RANK=rank, SYNC=sync, HEADER=PEER_HEADER,
-                  num_warps=num_warps)
+    launch = bind(
+        _dequant_sum_peers_kernel,
+        grid,
+        *padded,
+        example,
+        n_groups,
+        nbytes,
+        tiles,
+        2,
+        GROUP=group,
+        GROUPS_PER_PROGRAM=groups_per_program,
+        WORLD=len(slots),
+        RANK=rank,
+        SYNC=sync,
+        HEADER=PEER_HEADER,
+        num_warps=num_warps,
+    )
 
     def run(out: torch.Tensor, epoch: int) -> torch.Tensor:
         launch(*padded, out, n_groups, nbytes, tiles, epoch)
@@ -279,9 +340,18 @@ def peer_sum_launcher(slots: list[torch.Tensor], numel: int, group: int = GROUP,
     return run
 
 
-def dequant_sum_peers(slots: list[torch.Tensor], numel: int, group: int = GROUP, dtype=torch.float32,
-                      groups_per_program: int = 16, num_warps: int = 4, rank: int = 0, epoch: int = 0,
-                      sync: bool = False, programs: int | None = None) -> torch.Tensor:
+def dequant_sum_peers(
+    slots: list[torch.Tensor],
+    numel: int,
+    group: int = GROUP,
+    dtype=torch.float32,
+    groups_per_program: int = 16,
+    num_warps: int = 4,
+    rank: int = 0,
+    epoch: int = 0,
+    sync: bool = False,
+    programs: int | None = None,
+) -> torch.Tensor:
     """peer_sum_launcher's sum, once, into a new tensor."""
     run = peer_sum_launcher(slots, numel, group, dtype, groups_per_program, num_warps, rank, sync, programs)
     return run(torch.empty(numel, dtype=dtype, device=slots[0].device), epoch)
@@ -299,6 +369,7 @@ def quantize_packed_launcher(x: torch.Tensor, out: torch.Tensor, group: int = GR
     if out.numel() != nbytes:
         raise ValueError(f"quantize_packed_launcher: out holds {out.numel()} bytes; the row takes {nbytes}")
     grid = (triton.cdiv(n_groups, groups_per_program), 1)
-    launch = bind(_quantize_packed_kernel, grid, x, out, n_groups, nbytes, GROUP=group,
-                  GROUPS_PER_PROGRAM=groups_per_program)
+    launch = bind(
+        _quantize_packed_kernel, grid, x, out, n_groups, nbytes, GROUP=group, GROUPS_PER_PROGRAM=groups_per_program
+    )
     return lambda t: launch(t, out, n_groups, nbytes)

@@ -17,9 +17,15 @@ def acc(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      seq_idx: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
-                      activation: str | None = "silu", initial_seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+def causal_conv1d_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    initial_seq_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Depthwise causal conv over time. x (b, s, c), weight (c, k), initial_state (b, c, k-1).
 
     With `seq_idx`, a token never sees taps from an earlier packed sequence. `initial_seq_idx` (b, k-1):
@@ -36,9 +42,9 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     for tap in range(k):
         # output t uses input t - (k - 1 - tap)
         shift = k - 1 - tap
-        contrib = acc(xp[:, tap:tap + s, :]) * acc(weight[:, tap])
+        contrib = acc(xp[:, tap : tap + s, :]) * acc(weight[:, tap])
         if seq_idx is not None and shift > 0:
-            contrib = contrib * (padded_idx[:, tap:tap + s] == seq_idx).unsqueeze(-1)
+            contrib = contrib * (padded_idx[:, tap : tap + s] == seq_idx).unsqueeze(-1)
         out = out + contrib
     if bias is not None:
         out = out + acc(bias)
@@ -47,9 +53,16 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out.to(x.dtype)
 
 
-def ssd_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                 D: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
-                 seq_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_scan_ref(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The Mamba-2 recurrence, token by token, in fp32:
 
         h_t = exp(dt_t · A) · h_{t-1} + dt_t · x_t ⊗ B_t      y_t = h_t · C_t + D · x_t
@@ -60,8 +73,9 @@ def ssd_scan_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Te
     b, s, h, p = x.shape
     g = B.shape[2]
     heads_per_group = h // g
-    state = x.new_zeros(b, h, p, B.shape[-1], dtype=acc(x).dtype) if initial_state is None \
-        else acc(initial_state).clone()
+    state = (
+        x.new_zeros(b, h, p, B.shape[-1], dtype=acc(x).dtype) if initial_state is None else acc(initial_state).clone()
+    )
     Bh = acc(B).repeat_interleave(heads_per_group, dim=2)  # (b, s, h, n)
     Ch = acc(C).repeat_interleave(heads_per_group, dim=2)
     ys = []
@@ -88,9 +102,17 @@ def _segsum(a: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(~keep, float("-inf"))
 
 
-def ssd_chunked_ref(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                    D: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
-                    chunk: int = 64, seq_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_chunked_ref(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk: int = 64,
+    seq_idx: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same recurrence as `ssd_scan_ref`, computed chunk by chunk with matmuls (the SSD
     decomposition of Dao & Gu 2024, §6): quadratic attention-like form inside each chunk, the
     recurrence between chunks on their final states.
@@ -159,13 +181,21 @@ def quantize_int8_ref(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, 
     return q.reshape(-1), scale
 
 
-def dequantize_int8_ref(q: torch.Tensor, scale: torch.Tensor, group: int = 128,
-                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_int8_ref(
+    q: torch.Tensor, scale: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     return (q.reshape(-1, group).to(torch.float32) * scale[:, None]).reshape(-1).to(dtype)
 
 
-def selective_state_update_ref(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                               B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
+def selective_state_update_ref(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One decode step of the Mamba-2 recurrence, state updated in place.
 
     state (b, h, p, n) fp32; x (b, h, p); dt (b, h) after softplus; A (h,); B, C (b, g, n).
@@ -174,7 +204,9 @@ def selective_state_update_ref(state: torch.Tensor, x: torch.Tensor, dt: torch.T
     rep = h // B.shape[1]
     Bh, Ch = acc(B).repeat_interleave(rep, 1), acc(C).repeat_interleave(rep, 1)  # (b, h, n)
     dta = acc(dt)
-    new = state * torch.exp(dta * acc(A)).view(b, h, 1, 1) + (dta.view(b, h, 1) * acc(x)).unsqueeze(-1) * Bh.unsqueeze(2)
+    new = state * torch.exp(dta * acc(A)).view(b, h, 1, 1) + (dta.view(b, h, 1) * acc(x)).unsqueeze(-1) * Bh.unsqueeze(
+        2
+    )
     state.copy_(new)
     y = (new * Ch.unsqueeze(2)).sum(-1)
     if D is not None:
@@ -212,8 +244,9 @@ def _ssd_chunked_packed(x, dt, A, B, C, D, initial_state, chunk, seq_idx):
     y_off = torch.zeros_like(y)
     for k in range(c):
         reach = (sc[:, k] == prev_end[:, None]).to(y.dtype)  # (b, l)
-        y_off[:, k] = torch.einsum("blhn,bhpn,bhl->blhp", Cc[:, k], carried, torch.exp(a_cum[:, :, k])) * \
-            reach[:, :, None, None]
+        y_off[:, k] = (
+            torch.einsum("blhn,bhpn,bhl->blhp", Cc[:, k], carried, torch.exp(a_cum[:, :, k])) * reach[:, :, None, None]
+        )
         keep = (sc[:, k, -1] == prev_end).to(y.dtype).view(b, 1, 1, 1)  # no boundary up to this chunk's end
         carried = states[:, k] + chunk_decay[:, :, k].view(b, h, 1, 1) * carried * keep
         prev_end = sc[:, k, -1]
@@ -223,8 +256,13 @@ def _ssd_chunked_packed(x, dt, A, B, C, D, initial_state, chunk, seq_idx):
     return y.to(x.dtype), carried
 
 
-def causal_conv1d_update_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                             bias: torch.Tensor | None = None, activation: str | None = "silu") -> torch.Tensor:
+def causal_conv1d_update_ref(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+) -> torch.Tensor:
     """One decode step of the causal conv: x (b, c), conv_state (b, K−1, c) the previous K−1 inputs
     (oldest first), updated in place. Equals the last output of causal_conv1d_ref over (state, x)."""
     window = torch.cat([conv_state, x.unsqueeze(1)], dim=1)  # (b, K, c)

@@ -67,14 +67,30 @@ def _decay(cum_ptr, bi, h0, k, hpg, t, tm, S, H, HB: tl.constexpr, BP: tl.conste
     """exp(cum) of HB heads from h0 (k of the group's hpg heads before them) at tokens t, one value a
     token and head read, spread over each head's BP columns: (L, HB·BP)."""
     hb = tl.arange(0, HB)
-    cum = tl.load(cum_ptr + (bi * H + h0 + hb[None, :]) * S + t[:, None], mask=tm[:, None] & (k + hb < hpg)[None, :],
-                  other=0.0)
+    cum = tl.load(
+        cum_ptr + (bi * H + h0 + hb[None, :]) * S + t[:, None], mask=tm[:, None] & (k + hb < hpg)[None, :], other=0.0
+    )
     return tl.reshape(tl.broadcast_to(tl.exp(cum)[:, :, None], (t.shape[0], HB, BP)), (t.shape[0], HB * BP))
 
 
 @triton.jit
-def _entering_fwd(y0_ptr, c_ptr, cum_ptr, e_ptr, y_ptr, S, H, G, P, N, CT,
-                  L: tl.constexpr, HB: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+def _entering_fwd(
+    y0_ptr,
+    c_ptr,
+    cum_ptr,
+    e_ptr,
+    y_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    CT,
+    L: tl.constexpr,
+    HB: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+):
     """Grid (batch · token blocks, groups): y = y0 + exp(cum) · C · E_h for each head h of the group, HB
     heads a step, C's block loaded once for them all."""
     bi, t, tm = _tokens(tl.program_id(0), S, L)
@@ -86,8 +102,11 @@ def _entering_fwd(y0_ptr, c_ptr, cum_ptr, e_ptr, y_ptr, S, H, G, P, N, CT,
         h0 = g * hpg + k
         hh, p, cm = _heads(h0, (g + 1) * hpg, P, HB, BP)
         # E's rows of these heads, transposed (BN × HB·BP), in C's dtype: bf16 products, fp32 sums.
-        e = tl.load(e_ptr + ((bi * H + hh[None, :]) * P + p[None, :]) * N + n[:, None], mask=nm[:, None] & cm[None, :],
-                    other=0.0)
+        e = tl.load(
+            e_ptr + ((bi * H + hh[None, :]) * P + p[None, :]) * N + n[:, None],
+            mask=nm[:, None] & cm[None, :],
+            other=0.0,
+        )
         ce = tl.dot(cv, e)  # (L, HB·BP)
         mask = tm[:, None] & cm[None, :]
         ex = _decay(cum_ptr, bi, h0, k, hpg, t, tm, S, H, HB, BP)
@@ -97,8 +116,24 @@ def _entering_fwd(y0_ptr, c_ptr, cum_ptr, e_ptr, y_ptr, S, H, G, P, N, CT,
 
 
 @triton.jit
-def _entering_bwd_dc(dy_ptr, c_ptr, cum_ptr, e_ptr, dc_ptr, dcum_ptr, S, H, G, P, N, CT,
-                     L: tl.constexpr, HB: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+def _entering_bwd_dc(
+    dy_ptr,
+    c_ptr,
+    cum_ptr,
+    e_ptr,
+    dc_ptr,
+    dcum_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    CT,
+    L: tl.constexpr,
+    HB: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+):
     """Grid (batch · token blocks, groups): dC over the group's heads and dcum of each, HB heads a step."""
     bi, t, tm = _tokens(tl.program_id(0), S, L)
     g, n = tl.program_id(1), tl.arange(0, BN)
@@ -109,8 +144,11 @@ def _entering_bwd_dc(dy_ptr, c_ptr, cum_ptr, e_ptr, dc_ptr, dcum_ptr, S, H, G, P
     for k in tl.range(0, hpg, HB, num_stages=2):
         h0 = g * hpg + k
         hh, p, cm = _heads(h0, (g + 1) * hpg, P, HB, BP)
-        e = tl.load(e_ptr + ((bi * H + hh[:, None]) * P + p[:, None]) * N + n[None, :], mask=cm[:, None] & nm[None, :],
-                    other=0.0)  # (HB·BP, BN)
+        e = tl.load(
+            e_ptr + ((bi * H + hh[:, None]) * P + p[:, None]) * N + n[None, :],
+            mask=cm[:, None] & nm[None, :],
+            other=0.0,
+        )  # (HB·BP, BN)
         ce = tl.dot(cv, tl.trans(e))  # (L, HB·BP)
         mask = tm[:, None] & cm[None, :]
         ex = _decay(cum_ptr, bi, h0, k, hpg, t, tm, S, H, HB, BP)
@@ -119,16 +157,35 @@ def _entering_bwd_dc(dy_ptr, c_ptr, cum_ptr, e_ptr, dc_ptr, dcum_ptr, S, H, G, P
         # dcum: Σ over each head's headdim columns, (L, HB, BP) summed on its last axis.
         dcum = tl.sum(tl.reshape(g_t * ce, (L, HB, BP)), axis=2)
         hb = tl.arange(0, HB)
-        tl.store(dcum_ptr + (bi * H + h0 + hb[None, :]) * S + t[:, None], dcum,
-                 mask=tm[:, None] & (k + hb < hpg)[None, :])
+        tl.store(
+            dcum_ptr + (bi * H + h0 + hb[None, :]) * S + t[:, None], dcum, mask=tm[:, None] & (k + hb < hpg)[None, :]
+        )
         dc += tl.dot(g_t.to(cv.dtype), e)
-    tl.store(dc_ptr + (rows[:, None] * G + g) * N + n[None, :], dc.to(dc_ptr.dtype.element_ty),
-             mask=tm[:, None] & nm[None, :])
+    tl.store(
+        dc_ptr + (rows[:, None] * G + g) * N + n[None, :],
+        dc.to(dc_ptr.dtype.element_ty),
+        mask=tm[:, None] & nm[None, :],
+    )
 
 
 @triton.jit
-def _entering_bwd_de(dy_ptr, c_ptr, cum_ptr, part_ptr, S, H, G, P, N, CT, SPAN,
-                     L: tl.constexpr, HB: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+def _entering_bwd_de(
+    dy_ptr,
+    c_ptr,
+    cum_ptr,
+    part_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    CT,
+    SPAN,
+    L: tl.constexpr,
+    HB: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+):
     """Grid (batch · head steps, spans): Σ over the span's tokens of exp(cum) · dyᵀ C for HB heads of a
     group, fp32, into part[span, batch, head] (P × N)."""
     pid, span = tl.program_id(0), tl.program_id(1)
@@ -151,8 +208,11 @@ def _entering_bwd_de(dy_ptr, c_ptr, cum_ptr, part_ptr, S, H, G, P, N, CT, SPAN,
         dy = tl.load(dy_ptr + (rows[:, None] * H + hh[None, :]) * P + p[None, :], mask=mask, other=0.0)
         acc += tl.dot(tl.trans((dy.to(tl.float32) * ex).to(cv.dtype)), cv)
     nb = tl.num_programs(0) // (G * steps)
-    tl.store(part_ptr + (((span * nb + bi) * H + hh[:, None]) * P + p[:, None]) * N + n[None, :], acc,
-             mask=cm[:, None] & nm[None, :])
+    tl.store(
+        part_ptr + (((span * nb + bi) * H + hh[:, None]) * P + p[:, None]) * N + n[None, :],
+        acc,
+        mask=cm[:, None] & nm[None, :],
+    )
 
 
 def _blocks(p: int, n: int) -> tuple[int, int]:
@@ -174,8 +234,9 @@ def add_entering(y0: torch.Tensor, C: torch.Tensor, cum: torch.Tensor, E: torch.
     y0 = y0.contiguous()
     y = torch.empty_like(y0)
     bp, bn = _blocks(p, n)
-    _entering_fwd[(b * triton.cdiv(s, TOKEN_BLOCK), g)](y0, C, cum, E, y, s, h, g, p, n, ct, L=TOKEN_BLOCK,
-                                                         HB=HEADS_A_STEP, BP=bp, BN=bn, num_warps=WARPS)
+    _entering_fwd[(b * triton.cdiv(s, TOKEN_BLOCK), g)](
+        y0, C, cum, E, y, s, h, g, p, n, ct, L=TOKEN_BLOCK, HB=HEADS_A_STEP, BP=bp, BN=bn, num_warps=WARPS
+    )
     return y
 
 
@@ -189,16 +250,18 @@ def entering_backward(dy: torch.Tensor, C: torch.Tensor, cum: torch.Tensor, E: t
     hb = HEADS_A_STEP
     dc = torch.empty(b, s, g, n, device=dy.device, dtype=C.dtype)
     dcum = torch.empty(b, h, s, device=dy.device, dtype=torch.float32)
-    _entering_bwd_dc[(b * triton.cdiv(s, TOKEN_BLOCK), g)](dy, C, cum, E, dc, dcum, s, h, g, p, n, ct, L=TOKEN_BLOCK,
-                                                            HB=hb, BP=bp, BN=bn, num_warps=WARPS)
+    _entering_bwd_dc[(b * triton.cdiv(s, TOKEN_BLOCK), g)](
+        dy, C, cum, E, dc, dcum, s, h, g, p, n, ct, L=TOKEN_BLOCK, HB=hb, BP=bp, BN=bn, num_warps=WARPS
+    )
     blocks = triton.cdiv(s, TOKEN_BLOCK)
     head_programs = b * g * triton.cdiv(h // g, hb)
     spans = max(1, min(blocks, DE_PROGRAMS // head_programs))
     span = triton.cdiv(blocks, spans) * TOKEN_BLOCK
     spans = triton.cdiv(s, span)
     part = torch.empty(spans, b, h, p, n, device=dy.device, dtype=torch.float32)
-    _entering_bwd_de[(head_programs, spans)](dy, C, cum, part, s, h, g, p, n, ct, span, L=TOKEN_BLOCK, HB=hb, BP=bp,
-                                             BN=bn, num_warps=WARPS)
+    _entering_bwd_de[(head_programs, spans)](
+        dy, C, cum, part, s, h, g, p, n, ct, span, L=TOKEN_BLOCK, HB=hb, BP=bp, BN=bn, num_warps=WARPS
+    )
     return dc, dcum, part.sum(0)
 
 

@@ -36,8 +36,21 @@ def grid_ids(n1, n2):
 
 
 @triton.jit
-def _chunk_weights_kernel(dt_ptr, a_ptr, sid_ptr, prev_ptr, keep_ptr, w_ptr, decay_ptr, S, H,
-                          HAS_SID: tl.constexpr, REVERSE: tl.constexpr, L: tl.constexpr, BH: tl.constexpr):
+def _chunk_weights_kernel(
+    dt_ptr,
+    a_ptr,
+    sid_ptr,
+    prev_ptr,
+    keep_ptr,
+    w_ptr,
+    decay_ptr,
+    S,
+    H,
+    HAS_SID: tl.constexpr,
+    REVERSE: tl.constexpr,
+    L: tl.constexpr,
+    BH: tl.constexpr,
+):
     """Grid (batch · chunk, head block): the per-token weights and per-chunk decay a state passing
     takes (see _pass_chunks), for BH heads of one chunk — w (b, S, h) fp32 and decay (b, nc, h) fp32."""
     pid_bc, pid_h = tl.program_id(0), tl.program_id(1)
@@ -69,9 +82,33 @@ def _chunk_weights_kernel(dt_ptr, a_ptr, sid_ptr, prev_ptr, keep_ptr, w_ptr, dec
 
 
 @triton.jit
-def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P, N, XT,
-                 BT, K, NSEG, HAS_START: tl.constexpr, REVERSE: tl.constexpr, SEGMENTED: tl.constexpr, L: tl.constexpr,
-                 BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
+def _pass_chunks(
+    x_ptr,
+    w_ptr,
+    decay_ptr,
+    b_ptr,
+    start_ptr,
+    out_ptr,
+    end_ptr,
+    delta_ptr,
+    span_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    XT,
+    BT,
+    K,
+    NSEG,
+    HAS_START: tl.constexpr,
+    REVERSE: tl.constexpr,
+    SEGMENTED: tl.constexpr,
+    L: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+    STAGES: tl.constexpr,
+):
     """The chunk states and their recurrence in one loop over a row's chunks, for one (BP, BN) tile of
     one head's state; the carried state stays in registers (fp32) and only what the chunk kernels read
     is stored. Forward (REVERSE False): out[c] = E_c, the state entering chunk c, and
@@ -141,8 +178,9 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, de
             own = tl.dot(tl.trans(x), (bv.to(tl.float32) * w[:, None]).to(x.dtype))  # (BP, BN)
         # The state's offset in int64 (pid_b is): chunks · heads · P · N passes 2^31 from 512K tokens at 80
         # heads, and an int32 c · H · P · N wrapped there.
-        tl.store(out_ptr + ((pid_b * NC + c) * H + h) * P * N + st_offs, carried.to(out_ptr.dtype.element_ty),
-                 mask=st_mask)
+        tl.store(
+            out_ptr + ((pid_b * NC + c) * H + h) * P * N + st_offs, carried.to(out_ptr.dtype.element_ty), mask=st_mask
+        )
         carried = own + decay * carried
         if SEGMENTED:
             tl.store(delta_ptr + (pid_b * NC + c) * H + h, run, mask=pid_t == 0)
@@ -155,8 +193,9 @@ def _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, de
 
 
 @triton.jit
-def _join_segments(end_ptr, span_ptr, start_ptr, starts_ptr, final_ptr, H, PN, NSEG, HAS_START: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _join_segments(
+    end_ptr, span_ptr, start_ptr, starts_ptr, final_ptr, H, PN, NSEG, HAS_START: tl.constexpr, BLOCK: tl.constexpr
+):
     """Grid (batch · head, state block): the state entering each segment of a segmented passing
     (see _pass_chunks), S_0 = start (or 0) and S_{k+1} = end_k + span_k · S_k, stored in `starts` (b,
     NSEG, h, p, n) in its dtype; the last, S_NSEG, is the passing's end (fp32)."""
@@ -176,8 +215,9 @@ def _join_segments(end_ptr, span_ptr, start_ptr, starts_ptr, final_ptr, H, PN, N
 
 
 @triton.jit
-def state_tile(ptrs, mask, starts_ptr, delta_ptr, bc, h, offs, H, PN, NC, K, NSEG, REVERSE: tl.constexpr,
-               SEGMENTED: tl.constexpr):
+def state_tile(
+    ptrs, mask, starts_ptr, delta_ptr, bc, h, offs, H, PN, NC, K, NSEG, REVERSE: tl.constexpr, SEGMENTED: tl.constexpr
+):
     """A tile of the state a passing left for chunk `bc` (row · chunks + chunk, int64) and head h, at
     `ptrs` (the caller's addresses into the passing's output; `offs`, the same tile's offsets within
     one (p, n) state): as stored, or — from a segmented passing — its segment's part plus the decayed
@@ -202,25 +242,150 @@ def segment_start(starts_ptr, delta_ptr, bc, h, offs, mask, H, PN, NC, K, NSEG, 
 
 # The two directions as kernels of their own names, so that the profiler tells them apart.
 @triton.jit
-def _state_passing(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P, N,
-                   XT, BT, K, NSEG, HAS_START: tl.constexpr, SEGMENTED: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
-                   BN: tl.constexpr, STAGES: tl.constexpr):
-    _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P, N, XT, BT,
-                 K, NSEG, HAS_START, False, SEGMENTED, L, BP, BN, STAGES)
+def _state_passing(
+    x_ptr,
+    w_ptr,
+    decay_ptr,
+    b_ptr,
+    start_ptr,
+    out_ptr,
+    end_ptr,
+    delta_ptr,
+    span_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    XT,
+    BT,
+    K,
+    NSEG,
+    HAS_START: tl.constexpr,
+    SEGMENTED: tl.constexpr,
+    L: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    _pass_chunks(
+        x_ptr,
+        w_ptr,
+        decay_ptr,
+        b_ptr,
+        start_ptr,
+        out_ptr,
+        end_ptr,
+        delta_ptr,
+        span_ptr,
+        S,
+        H,
+        G,
+        P,
+        N,
+        XT,
+        BT,
+        K,
+        NSEG,
+        HAS_START,
+        False,
+        SEGMENTED,
+        L,
+        BP,
+        BN,
+        STAGES,
+    )
 
 
 @triton.jit
-def _state_passing_bwd(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P,
-                       N, XT, BT, K, NSEG, HAS_START: tl.constexpr, SEGMENTED: tl.constexpr, L: tl.constexpr,
-                       BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
-    _pass_chunks(x_ptr, w_ptr, decay_ptr, b_ptr, start_ptr, out_ptr, end_ptr, delta_ptr, span_ptr, S, H, G, P, N, XT, BT,
-                 K, NSEG, HAS_START, True, SEGMENTED, L, BP, BN, STAGES)
+def _state_passing_bwd(
+    x_ptr,
+    w_ptr,
+    decay_ptr,
+    b_ptr,
+    start_ptr,
+    out_ptr,
+    end_ptr,
+    delta_ptr,
+    span_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    XT,
+    BT,
+    K,
+    NSEG,
+    HAS_START: tl.constexpr,
+    SEGMENTED: tl.constexpr,
+    L: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    _pass_chunks(
+        x_ptr,
+        w_ptr,
+        decay_ptr,
+        b_ptr,
+        start_ptr,
+        out_ptr,
+        end_ptr,
+        delta_ptr,
+        span_ptr,
+        S,
+        H,
+        G,
+        P,
+        N,
+        XT,
+        BT,
+        K,
+        NSEG,
+        HAS_START,
+        True,
+        SEGMENTED,
+        L,
+        BP,
+        BN,
+        STAGES,
+    )
 
 
 @triton.jit
-def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, starts_ptr, delta_ptr, sid_ptr, prev_ptr, y_ptr, S,
-                H, G, P, N, XT, BT, CT, K, NSEG, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_SID: tl.constexpr,
-                SEGMENTED: tl.constexpr, L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr):
+def _chunk_scan(
+    x_ptr,
+    dt_ptr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    d_ptr,
+    enter_ptr,
+    starts_ptr,
+    delta_ptr,
+    sid_ptr,
+    prev_ptr,
+    y_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    XT,
+    BT,
+    CT,
+    K,
+    NSEG,
+    HPP: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_SID: tl.constexpr,
+    SEGMENTED: tl.constexpr,
+    L: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+    STAGES: tl.constexpr,
+):
     """y_i = Σ_{j ≤ i} (C_i · B_j) exp(cum_i − cum_j) dt_j x_j + exp(cum_i) C_i · entering + D x_i.
 
     Grid (batch · chunk, group · split, headdim block): each program takes HPP heads of one B/C group
@@ -251,8 +416,22 @@ def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, starts_ptr
         cum = tl.cumsum(dt * tl.load(a_ptr + h).to(tl.float32), axis=0)
         x = tl.load(x_ptr + (bi * S + t[:, None]) * XT + h * P + p[None, :], mask=pm[None, :], other=0.0)
         e_offs = (((bi * n_chunks + ci) * H + h) * P + p[None, :]) * N + n[:, None]  # (BN, BP): entering^T
-        e = state_tile(enter_ptr + e_offs, nm[:, None] & pm[None, :], starts_ptr, delta_ptr, bi * n_chunks + ci, h,
-                       p[None, :] * N + n[:, None], H, P * N, n_chunks, K, NSEG, False, SEGMENTED)
+        e = state_tile(
+            enter_ptr + e_offs,
+            nm[:, None] & pm[None, :],
+            starts_ptr,
+            delta_ptr,
+            bi * n_chunks + ci,
+            h,
+            p[None, :] * N + n[:, None],
+            H,
+            P * N,
+            n_chunks,
+            K,
+            NSEG,
+            False,
+            SEGMENTED,
+        )
         scores = cb * tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf"))) * dt[None, :]
         reach = tl.exp(cum)
         if HAS_SID:
@@ -263,12 +442,14 @@ def _chunk_scan(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, starts_ptr
         y += tl.dot(cv, e.to(cv.dtype)) * reach[:, None]
         if HAS_D:
             y += tl.load(d_ptr + h).to(tl.float32) * x.to(tl.float32)
-        tl.store(y_ptr + ((bi * S + t[:, None]) * H + h) * P + p[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=pm[None, :])
+        tl.store(
+            y_ptr + ((bi * S + t[:, None]) * H + h) * P + p[None, :], y.to(y_ptr.dtype.element_ty), mask=pm[None, :]
+        )
 
 
 class Packing(NamedTuple):
     """The padded, contiguous inputs and the per-chunk sequence bookkeeping both passes use."""
+
     x: torch.Tensor
     dt: torch.Tensor
     A: torch.Tensor
@@ -314,8 +495,23 @@ def prepare(x, dt, A, B, C, seq_idx, chunk: int, bp: int) -> Packing:
         keep = (ends == prev).float().contiguous()
     n = B.shape[3]
     (x, xt), (B, bt), (C, ct) = (launch.token_rows(t) for t in (x, B, C))
-    return Packing(x, dt.contiguous(), A.float().contiguous(), B, C, sid, prev, keep, s, xt, bt, ct, chunk,
-                   max(16, triton.next_power_of_2(n)), min(bp, max(16, triton.next_power_of_2(p))))
+    return Packing(
+        x,
+        dt.contiguous(),
+        A.float().contiguous(),
+        B,
+        C,
+        sid,
+        prev,
+        keep,
+        s,
+        xt,
+        bt,
+        ct,
+        chunk,
+        max(16, triton.next_power_of_2(n)),
+        min(bp, max(16, triton.next_power_of_2(p))),
+    )
 
 
 # Warps and pipeline stages of the state passings (_pass_chunks); their tile: meshplan.kernels.launch.pass_tile
@@ -329,6 +525,7 @@ class Passed(NamedTuple):
     stored, and — from a segmented passing (segments > 1) — the state entering each segment and each
     chunk's decay since its segment's start, which state_tile adds. Unsegmented, `starts` and `delta`
     are stand-ins the kernels do not read."""
+
     out: torch.Tensor
     starts: torch.Tensor
     delta: torch.Tensor
@@ -347,8 +544,17 @@ class Passed(NamedTuple):
 JOIN_BLOCK = 1024
 
 
-def pass_states(pk: Packing, x, b_or_c, start, out_dtype, reverse: bool = False, xt: int | None = None,
-                bt: int | None = None, segment: bool = True):
+def pass_states(
+    pk: Packing,
+    x,
+    b_or_c,
+    start,
+    out_dtype,
+    reverse: bool = False,
+    xt: int | None = None,
+    bt: int | None = None,
+    segment: bool = True,
+):
     """(passed, end): the chunks' states passed along each row (meshplan.kernels.ssd._pass_chunks) —
     forward, the state entering each chunk (b, nc, h, p, n) in `out_dtype` and the final state (b, h, p,
     n) fp32 from x and B; reverse (x ← dy, B ← C), each chunk's dS and the initial state's gradient.
@@ -364,8 +570,9 @@ def pass_states(pk: Packing, x, b_or_c, start, out_dtype, reverse: bool = False,
     decay = torch.empty(b, nc, h, device=x.device, dtype=torch.float32)
     sid, prev, keep = pk.bookkeeping(x)
     bh = min(WEIGHTS_HEAD_BLOCK, triton.next_power_of_2(h))
-    _chunk_weights_kernel[(b * nc, triton.cdiv(h, bh))](pk.dt, pk.A, sid, prev, keep, w, decay, S, h,
-                                                        HAS_SID=pk.sid is not None, REVERSE=reverse, L=pk.chunk, BH=bh)
+    _chunk_weights_kernel[(b * nc, triton.cdiv(h, bh))](
+        pk.dt, pk.A, sid, prev, keep, w, decay, S, h, HAS_SID=pk.sid is not None, REVERSE=reverse, L=pk.chunk, BH=bh
+    )
     bp, bn = launch.pass_tile(p, n)
     segments, per = launch.pass_segments(b, h, p, n, nc) if segment else (1, nc)
     start = start.float().contiguous() if start is not None else None
@@ -377,15 +584,47 @@ def pass_states(pk: Packing, x, b_or_c, start, out_dtype, reverse: bool = False,
         seg_end, span, delta = end, decay, decay
     kernel = _state_passing_bwd if reverse else _state_passing
     kernel[(b * segments * h * triton.cdiv(p, bp) * triton.cdiv(n, bn),)](
-        x, w, decay, b_or_c, start if start is not None else end, out, seg_end, delta, span, S, h, g, p, n,
-        xt or pk.xt, bt or pk.bt, per, segments, HAS_START=start is not None, SEGMENTED=segments > 1, L=pk.chunk,
-        BP=bp, BN=bn, STAGES=PASS_STAGES, num_warps=PASS_WARPS)
+        x,
+        w,
+        decay,
+        b_or_c,
+        start if start is not None else end,
+        out,
+        seg_end,
+        delta,
+        span,
+        S,
+        h,
+        g,
+        p,
+        n,
+        xt or pk.xt,
+        bt or pk.bt,
+        per,
+        segments,
+        HAS_START=start is not None,
+        SEGMENTED=segments > 1,
+        L=pk.chunk,
+        BP=bp,
+        BN=bn,
+        STAGES=PASS_STAGES,
+        num_warps=PASS_WARPS,
+    )
     if segments == 1:
         return Passed(out, out, decay, per, 1), end
     starts = torch.empty(b, segments, h, p, n, device=x.device, dtype=out_dtype)
-    _join_segments[(b * h, triton.cdiv(p * n, JOIN_BLOCK))](seg_end, span, start if start is not None else end,
-                                                             starts, end, h, p * n, segments,
-                                                             HAS_START=start is not None, BLOCK=JOIN_BLOCK)
+    _join_segments[(b * h, triton.cdiv(p * n, JOIN_BLOCK))](
+        seg_end,
+        span,
+        start if start is not None else end,
+        starts,
+        end,
+        h,
+        p * n,
+        segments,
+        HAS_START=start is not None,
+        BLOCK=JOIN_BLOCK,
+    )
     return Passed(out, starts, delta, per, segments), end
 
 
@@ -401,8 +640,19 @@ FWD_HEADDIM_BLOCK, FWD_WARPS = 64, 4
 FWD_STAGES = 3
 
 
-def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp: int | None = None, seq_idx=None,
-                split_target: int | None = None):
+def ssd_forward(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    initial_state=None,
+    chunk: int = 64,
+    bp: int | None = None,
+    seq_idx=None,
+    split_target: int | None = None,
+):
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or FWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
     # The output kernel reads the entering states in the inputs' dtype, as mamba_ssm's does; the
@@ -412,10 +662,35 @@ def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk: int = 64, bp:
     sid, prev, _ = pk.bookkeeping(x)
     p_blocks = triton.cdiv(p, pk.bp)
     splits = launch.head_splits(h // g, b * nc * g * p_blocks, split_target)
-    _chunk_scan[(b * nc, g * splits, p_blocks)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A,
-                                                *entering.args(), sid, prev, y, S, h, g, p, n, pk.xt, pk.bt, pk.ct,
-                                                entering.per, entering.segments, HPP=h // g // splits,
-                                                HAS_D=D is not None, HAS_SID=pk.sid is not None,
-                                                SEGMENTED=entering.segmented, L=chunk, BP=pk.bp, BN=pk.bn,
-                                                STAGES=FWD_STAGES, num_warps=FWD_WARPS)
-    return y[:, :pk.s], final
+    _chunk_scan[(b * nc, g * splits, p_blocks)](
+        pk.x,
+        pk.dt,
+        pk.A,
+        pk.B,
+        pk.C,
+        D if D is not None else pk.A,
+        *entering.args(),
+        sid,
+        prev,
+        y,
+        S,
+        h,
+        g,
+        p,
+        n,
+        pk.xt,
+        pk.bt,
+        pk.ct,
+        entering.per,
+        entering.segments,
+        HPP=h // g // splits,
+        HAS_D=D is not None,
+        HAS_SID=pk.sid is not None,
+        SEGMENTED=entering.segmented,
+        L=chunk,
+        BP=pk.bp,
+        BN=pk.bn,
+        STAGES=FWD_STAGES,
+        num_warps=FWD_WARPS,
+    )
+    return y[:, : pk.s], final

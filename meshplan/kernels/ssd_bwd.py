@@ -56,10 +56,45 @@ def _decay(sid_ptr, row0, cum, L: tl.constexpr, HAS_SID: tl.constexpr):
 
 
 @triton.jit
-def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, e_starts_ptr, e_delta_ptr, ds_ptr, ds_starts_ptr,
-                  ds_delta_ptr, dy_ptr, sid_ptr, prev_ptr, keep_ptr, dx_ptr, ddt_ptr, dcb_ptr, da_ptr, dd_ptr, S, H, G,
-                  P, N, XT, BT, CT, K, NSEG, HAS_D: tl.constexpr, HAS_SID: tl.constexpr, SEGMENTED: tl.constexpr,
-                  L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+def _chunk_bwd_dx(
+    x_ptr,
+    dt_ptr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    d_ptr,
+    enter_ptr,
+    e_starts_ptr,
+    e_delta_ptr,
+    ds_ptr,
+    ds_starts_ptr,
+    ds_delta_ptr,
+    dy_ptr,
+    sid_ptr,
+    prev_ptr,
+    keep_ptr,
+    dx_ptr,
+    ddt_ptr,
+    dcb_ptr,
+    da_ptr,
+    dd_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    XT,
+    BT,
+    CT,
+    K,
+    NSEG,
+    HAS_D: tl.constexpr,
+    HAS_SID: tl.constexpr,
+    SEGMENTED: tl.constexpr,
+    L: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+):
     """Grid (batch · chunk · head,). With M_ij = (C_i·B_j) exp(cum_i − cum_j) dt_j [same sequence,
     j ≤ i] and w_j = exp(cum_last − cum_j) dt_j [last sequence]: y_i = Σ_j M_ij x_j + reach_i C_i·E
     + D x_i and S = Σ_j w_j x_j ⊗ B_j. Writes dx, ddt, the gradient of C_i·B_j (for dB, dC) and
@@ -104,10 +139,38 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, e_starts
         x, dy = x_in.to(tl.float32), dy_in.to(tl.float32)
         st_offs = p[:, None] * N + n[None, :]
         st_mask = pm[:, None] & nm[None, :]
-        ds = state_tile(ds_ptr + st + st_offs, st_mask, ds_starts_ptr, ds_delta_ptr, pid_bc, h, st_offs, H, P * N,
-                        n_chunks, K, NSEG, True, SEGMENTED)
-        e = state_tile(enter_ptr + st + st_offs, st_mask, e_starts_ptr, e_delta_ptr, pid_bc, h, st_offs, H, P * N,
-                       n_chunks, K, NSEG, False, SEGMENTED)
+        ds = state_tile(
+            ds_ptr + st + st_offs,
+            st_mask,
+            ds_starts_ptr,
+            ds_delta_ptr,
+            pid_bc,
+            h,
+            st_offs,
+            H,
+            P * N,
+            n_chunks,
+            K,
+            NSEG,
+            True,
+            SEGMENTED,
+        )
+        e = state_tile(
+            enter_ptr + st + st_offs,
+            st_mask,
+            e_starts_ptr,
+            e_delta_ptr,
+            pid_bc,
+            h,
+            st_offs,
+            H,
+            P * N,
+            n_chunks,
+            K,
+            NSEG,
+            False,
+            SEGMENTED,
+        )
         dse += tl.sum(tl.sum(ds.to(tl.float32) * e.to(tl.float32), axis=1), axis=0)
         bds = tl.dot(bv, tl.trans(ds.to(bv.dtype)))  # (L, BP)
         dx = tl.dot(m_t, dy_in) + w[:, None] * bds
@@ -120,8 +183,10 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, e_starts
         dcum += tl.sum(dy * tl.dot(cv, tl.trans(e.to(cv.dtype))), axis=1)  # C_i · E[p]
     dm_decay = dm * _decay(sid_ptr, row0, cum, L, HAS_SID)
     cb = tl.dot(cv, tl.trans(bv))
-    tl.store(dcb_ptr + (pid_bc * H + h) * L * L + (i[:, None] * L + i[None, :]),
-             (dm_decay * dt[None, :]).to(dcb_ptr.dtype.element_ty))
+    tl.store(
+        dcb_ptr + (pid_bc * H + h) * L * L + (i[:, None] * L + i[None, :]),
+        (dm_decay * dt[None, :]).to(dcb_ptr.dtype.element_ty),
+    )
     # q = dm ∘ M is the gradient of log M_ij, and dcum_i = Σ_j q_ij − Σ_j q_ji − dw_i w_i (+ the entering
     # state's share). Σ_j q_ji + dw_i w_i = dt_i ddt_i, so two L × L reductions do where three did: the
     # kernel went 0.887 → 0.84 ms on an H200 at 16K × 80 heads with dA within 1e-6 of before
@@ -142,10 +207,41 @@ def _chunk_bwd_dx(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, enter_ptr, e_starts
 
 
 @triton.jit
-def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, e_starts_ptr, e_delta_ptr, ds_ptr, ds_starts_ptr,
-                   ds_delta_ptr, dy_ptr, sid_ptr, prev_ptr, dcb_ptr, db_ptr, dc_ptr, S, H, G, P, N, XT, BT, CT, K, NSEG,
-                   HPP: tl.constexpr, HAS_SID: tl.constexpr, SEGMENTED: tl.constexpr, L: tl.constexpr, BP: tl.constexpr,
-                   BN: tl.constexpr):
+def _chunk_bwd_dbc(
+    x_ptr,
+    dt_ptr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    enter_ptr,
+    e_starts_ptr,
+    e_delta_ptr,
+    ds_ptr,
+    ds_starts_ptr,
+    ds_delta_ptr,
+    dy_ptr,
+    sid_ptr,
+    prev_ptr,
+    dcb_ptr,
+    db_ptr,
+    dc_ptr,
+    S,
+    H,
+    G,
+    P,
+    N,
+    XT,
+    BT,
+    CT,
+    K,
+    NSEG,
+    HPP: tl.constexpr,
+    HAS_SID: tl.constexpr,
+    SEGMENTED: tl.constexpr,
+    L: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+):
     """Grid (batch · chunk · group · split · d_state block,): dB_j = Σ_h Σ_i dCB_ij C_i + w_j x_j·dS and
     dC_i = Σ_h Σ_j dCB_ij B_j + reach_i dy_i·E over HPP heads of one group (a split's partial sum)."""
     splits = H // G // HPP
@@ -164,8 +260,9 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, e_starts_ptr, 
     dc = tl.zeros((L, BN), dtype=tl.float32)
     for k in range(HPP):
         h = g * (H // G) + (pid_gs % splits) * HPP + k
-        dt, a_h, cum, reach, w_nodt = _chunk_weights(dt_ptr, a_ptr, sid_ptr, prev_ptr, bi * S + ci * L, pid_bc, h, H,
-                                                     L, HAS_SID)
+        dt, a_h, cum, reach, w_nodt = _chunk_weights(
+            dt_ptr, a_ptr, sid_ptr, prev_ptr, bi * S + ci * L, pid_bc, h, H, L, HAS_SID
+        )
         dcb = tl.load(dcb_ptr + (pid_bc * H + h) * L * L + i[:, None] * L + i[None, :])
         dc = tl.dot(dcb.to(bv.dtype), bv, dc)
         db = tl.dot(tl.trans(dcb).to(cv.dtype), cv, db)
@@ -182,11 +279,39 @@ def _chunk_bwd_dbc(x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, enter_ptr, e_starts_ptr, 
             # chunk-state kernel puts them onto B), so that each product adds straight into dC or dB:
             # no (L, BN) fp32 partial a head beside the two accumulators.
             in_state = p[:, None] * N + n[None, :]
-            e = state_tile(enter_ptr + st_offs, st_mask, e_starts_ptr, e_delta_ptr, pid_bc, h, in_state, H, P * N,
-                           n_chunks, K, NSEG, False, SEGMENTED).to(dy.dtype)
+            e = state_tile(
+                enter_ptr + st_offs,
+                st_mask,
+                e_starts_ptr,
+                e_delta_ptr,
+                pid_bc,
+                h,
+                in_state,
+                H,
+                P * N,
+                n_chunks,
+                K,
+                NSEG,
+                False,
+                SEGMENTED,
+            ).to(dy.dtype)
             dc = tl.dot((reach[:, None] * dy).to(dy.dtype), e, dc)
-            ds = state_tile(ds_ptr + st_offs, st_mask, ds_starts_ptr, ds_delta_ptr, pid_bc, h, in_state, H, P * N,
-                            n_chunks, K, NSEG, True, SEGMENTED).to(x.dtype)
+            ds = state_tile(
+                ds_ptr + st_offs,
+                st_mask,
+                ds_starts_ptr,
+                ds_delta_ptr,
+                pid_bc,
+                h,
+                in_state,
+                H,
+                P * N,
+                n_chunks,
+                K,
+                NSEG,
+                True,
+                SEGMENTED,
+            ).to(x.dtype)
             db = tl.dot((w[:, None] * x).to(x.dtype), ds, db)
     out_offs = ((bi * S + t[:, None]) * (G * splits) + pid_gs) * N + n[None, :]
     tl.store(db_ptr + out_offs, db, mask=nm[None, :])
@@ -208,8 +333,23 @@ BWD_DBC_WARPS = 4  # the dB/dC kernel's own warps
 BWD_STAGES = 3
 
 
-def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: int, bp: int | None = None,
-                 split_target: int | None = None, warps: int | None = None, dbc_warps: int | None = None):
+def ssd_backward(
+    dy,
+    dfinal,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    initial_state,
+    seq_idx,
+    chunk: int,
+    bp: int | None = None,
+    split_target: int | None = None,
+    warps: int | None = None,
+    dbc_warps: int | None = None,
+):
     """Gradients of (x, dt, A, B, C, D, initial_state) (None where the input is None).
 
     The per-chunk buffers the chunk kernels read — the recomputed entering states, dS and the C·B
@@ -222,8 +362,9 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     entering, _ = pass_states(pk, pk.x, pk.B, initial_state, io, segment=launch.PASS_SEGMENT_BACKWARD)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
-    d_states, d_init = pass_states(pk, dy, pk.C, dfinal, io, reverse=True, xt=h * p, bt=pk.ct,
-                                   segment=launch.PASS_SEGMENT_BACKWARD)  # dS_c
+    d_states, d_init = pass_states(
+        pk, dy, pk.C, dfinal, io, reverse=True, xt=h * p, bt=pk.ct, segment=launch.PASS_SEGMENT_BACKWARD
+    )  # dS_c
     sid, prev, keep = pk.bookkeeping(dy)
     dx = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)
@@ -234,24 +375,88 @@ def ssd_backward(dy, dfinal, x, dt, A, B, C, D, initial_state, seq_idx, chunk: i
     # kernel has, made this kernel slower (1.14 against 0.99 ms on an H200 at 16K × 80 heads; the
     # dB/dC kernel below keeps its loop): benchmarks/results/ssd-head-loops-h200.json.
     segs = (entering.per, entering.segments)  # both passings cut the rows alike
-    _chunk_bwd_dx[(b * nc * h,)](pk.x, pk.dt, pk.A, pk.B, pk.C, D if D is not None else pk.A, *entering.args(),
-                               *d_states.args(), dy, sid, prev, keep, dx, ddt, dcb, da, dd, S, h, g, p, n, pk.xt, pk.bt,
-                               pk.ct, *segs, HAS_D=D is not None, HAS_SID=pk.sid is not None,
-                               SEGMENTED=entering.segmented, L=chunk, BP=pk.bp, BN=pk.bn,
-                               num_warps=warps or BWD_WARPS, num_stages=BWD_STAGES)
+    _chunk_bwd_dx[(b * nc * h,)](
+        pk.x,
+        pk.dt,
+        pk.A,
+        pk.B,
+        pk.C,
+        D if D is not None else pk.A,
+        *entering.args(),
+        *d_states.args(),
+        dy,
+        sid,
+        prev,
+        keep,
+        dx,
+        ddt,
+        dcb,
+        da,
+        dd,
+        S,
+        h,
+        g,
+        p,
+        n,
+        pk.xt,
+        pk.bt,
+        pk.ct,
+        *segs,
+        HAS_D=D is not None,
+        HAS_SID=pk.sid is not None,
+        SEGMENTED=entering.segmented,
+        L=chunk,
+        BP=pk.bp,
+        BN=pk.bn,
+        num_warps=warps or BWD_WARPS,
+        num_stages=BWD_STAGES,
+    )
     hpg = h // g
     bn, n_blocks = launch.state_blocks(n)
     splits = launch.bwd_splits(b * nc, h, g, n, split_target)
     db = torch.empty(b, S, g * splits, n, device=x.device, dtype=torch.float32)
     dc = torch.empty_like(db)
-    _chunk_bwd_dbc[(b * nc * g * splits * n_blocks,)](pk.x, pk.dt, pk.A, pk.B, pk.C, *entering.args(),
-                                                   *d_states.args(), dy, sid, prev, dcb, db, dc, S, h, g, p, n, pk.xt,
-                                                   pk.bt, pk.ct, *segs, HPP=hpg // splits, HAS_SID=pk.sid is not None,
-                                                   SEGMENTED=entering.segmented, L=chunk, BP=pk.bp, BN=bn,
-                                                   num_warps=dbc_warps or BWD_DBC_WARPS, num_stages=BWD_STAGES)
+    _chunk_bwd_dbc[(b * nc * g * splits * n_blocks,)](
+        pk.x,
+        pk.dt,
+        pk.A,
+        pk.B,
+        pk.C,
+        *entering.args(),
+        *d_states.args(),
+        dy,
+        sid,
+        prev,
+        dcb,
+        db,
+        dc,
+        S,
+        h,
+        g,
+        p,
+        n,
+        pk.xt,
+        pk.bt,
+        pk.ct,
+        *segs,
+        HPP=hpg // splits,
+        HAS_SID=pk.sid is not None,
+        SEGMENTED=entering.segmented,
+        L=chunk,
+        BP=pk.bp,
+        BN=bn,
+        num_warps=dbc_warps or BWD_DBC_WARPS,
+        num_stages=BWD_STAGES,
+    )
     s = pk.s
     db = db.view(b, S, g, splits, n).sum(3)[:, :s].to(B.dtype)
     dc = dc.view(b, S, g, splits, n).sum(3)[:, :s].to(C.dtype)
-    return (dx[:, :s], ddt[:, :s].to(dt.dtype), da.sum((0, 1)).to(A.dtype), db, dc,
-            dd.sum((0, 1)).to(D.dtype) if D is not None else None,
-            d_init.to(initial_state.dtype) if initial_state is not None else None)
+    return (
+        dx[:, :s],
+        ddt[:, :s].to(dt.dtype),
+        da.sum((0, 1)).to(A.dtype),
+        db,
+        dc,
+        dd.sum((0, 1)).to(D.dtype) if D is not None else None,
+        d_init.to(initial_state.dtype) if initial_state is not None else None,
+    )

@@ -9,8 +9,23 @@ import triton.language as tl
 
 
 @triton.jit
-def _state_update_kernel(state_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, y_ptr, H, G, P, N,
-                         HAS_D: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+def _state_update_kernel(
+    state_ptr,
+    x_ptr,
+    dt_ptr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    d_ptr,
+    y_ptr,
+    H,
+    G,
+    P,
+    N,
+    HAS_D: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+):
     pid_b, pid_h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g = pid_h // (H // G)
     p = pid_p * BP + tl.arange(0, BP)
@@ -38,7 +53,21 @@ def selective_state_update(state, x, dt, A, B, C, D=None, bp: int = 16):
     g, n = B.shape[1], B.shape[2]
     y = torch.empty_like(x)
     grid = (b, h, triton.cdiv(p, bp))
-    _state_update_kernel[grid](state, x.contiguous(), dt.contiguous(), A.contiguous(), B.contiguous(), C.contiguous(),
-                               D if D is not None else A, y, h, g, p, n, HAS_D=D is not None, BP=bp,
-                               BN=triton.next_power_of_2(n))
+    _state_update_kernel[grid](
+        state,
+        x.contiguous(),
+        dt.contiguous(),
+        A.contiguous(),
+        B.contiguous(),
+        C.contiguous(),
+        D if D is not None else A,
+        y,
+        h,
+        g,
+        p,
+        n,
+        HAS_D=D is not None,
+        BP=bp,
+        BN=triton.next_power_of_2(n),
+    )
     return y

@@ -32,14 +32,25 @@ class Candidate:
 
     def as_dict(self) -> dict:
         e = self.estimate
-        return {"knobs": self.knobs, "hfu": e.hfu if e else None, "bubble_fraction": e.bubble_fraction if e else None,
-                "microbatches": e.microbatches if e else None,
-            "layout": str(self.layout), "kind": self.layout.kind, "total_bytes": self.total_bytes, "fits": self.fits,
-            "step_time_s": e.step_time_s if e else None, "tokens_per_s": e.tokens_per_s if e else None,
+        return {
+            "knobs": self.knobs,
+            "hfu": e.hfu if e else None,
+            "bubble_fraction": e.bubble_fraction if e else None,
+            "microbatches": e.microbatches if e else None,
+            "layout": str(self.layout),
+            "kind": self.layout.kind,
+            "total_bytes": self.total_bytes,
+            "fits": self.fits,
+            "step_time_s": e.step_time_s if e else None,
+            "tokens_per_s": e.tokens_per_s if e else None,
             "comm_bytes_per_step": e.comm_bytes_per_step if e else None,
-            "exposed_comm_s": e.exposed_comm_s if e else None, "compute_s": e.compute_s if e else None,
-            "mfu": e.mfu if e else None, "bound": e.bound if e else None, "regime": self.regime,
-            "executable": self.not_executed is None, "not_executed": self.not_executed,
+            "exposed_comm_s": e.exposed_comm_s if e else None,
+            "compute_s": e.compute_s if e else None,
+            "mfu": e.mfu if e else None,
+            "bound": e.bound if e else None,
+            "regime": self.regime,
+            "executable": self.not_executed is None,
+            "not_executed": self.not_executed,
         }
 
 
@@ -53,12 +64,13 @@ class Plan:
 
 
 def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
-def enumerate_layouts(model: ModelSpec, num_gpus: int, seq: int, batch: int, mode: str,
-                      global_batch: int = 0) -> list[Layout]:
+def enumerate_layouts(
+    model: ModelSpec, num_gpus: int, seq: int, batch: int, mode: str, global_batch: int = 0
+) -> list[Layout]:
     """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
     and the shape, with each ZeRO stage when training with dp > 1. Any pp up to the layer count (uneven
     stages); with a global batch fixed, only the DP degrees that divide it."""
@@ -98,8 +110,16 @@ KNOBS = ("recompute", "tp_sequence_parallel", "micro_batch", "virtual_stages")
 RECOMPUTE_ORDER = ("none", "selective", "full")  # each no faster than the one before, and no larger
 
 
-def plan(model: ModelSpec, cluster: ClusterSpec, seq: int, batch: int, opts: CostOptions = CostOptions(),
-         objective: str = "throughput", estimate_dropped: bool = False, search: frozenset = frozenset()) -> Plan:
+def plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    seq: int,
+    batch: int,
+    opts: CostOptions = CostOptions(),
+    objective: str = "throughput",
+    estimate_dropped: bool = False,
+    search: frozenset = frozenset(),
+) -> Plan:
     """Rank every mesh. `batch` is the micro-batch (sequences); with opts.global_batch the step's
     batch is fixed and DP changes the accumulation steps. `search`: the knobs (KNOBS) chosen per mesh
     rather than pinned to `opts` / `batch` (search_knobs says how)."""
@@ -110,8 +130,10 @@ def plan(model: ModelSpec, cluster: ClusterSpec, seq: int, batch: int, opts: Cos
     gbs = opts.global_batch if opts.training else 0
     layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode, gbs)
     if not layouts:
-        raise MeshplanError(f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}"
-                            + (f" --global-batch {gbs}" if gbs else ""))
+        raise MeshplanError(
+            f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}"
+            + (f" --global-batch {gbs}" if gbs else "")
+        )
     fitting: list[Candidate] = []
     dropped: list[Candidate] = []
     new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
@@ -122,8 +144,15 @@ def plan(model: ModelSpec, cluster: ClusterSpec, seq: int, batch: int, opts: Cos
         mem, est, fits, knobs, used = choice
         if est is None and estimate_dropped:
             est = estimate_step(model, layout, seq, knobs["micro_batch"], used, cluster)
-        cand = Candidate(layout, mem.total_bytes, fits, est, regime(model, layout, new_tokens, used),
-                         unsupported(layout, model), knobs)
+        cand = Candidate(
+            layout,
+            mem.total_bytes,
+            fits,
+            est,
+            regime(model, layout, new_tokens, used),
+            unsupported(layout, model),
+            knobs,
+        )
         (fitting if fits else dropped).append(cand)
     fitting.sort(key=_sort_key(objective, opts.mode))
     dropped.sort(key=lambda c: c.total_bytes)
@@ -155,8 +184,16 @@ def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOption
     return batches, sorted(set(chunks)), sp, recompute
 
 
-def search_knobs(model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: int, batch: int, opts: CostOptions,
-                 search: frozenset, objective: str = "throughput"):
+def search_knobs(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: CostOptions,
+    search: frozenset,
+    objective: str = "throughput",
+):
     """(memory, estimate or None, fits, knobs, options) for one mesh (valid for the model and the
     cluster: enumerate_layouts checks), its knobs chosen.
 
@@ -175,8 +212,9 @@ def search_knobs(model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: in
     for sp in sps:
         for mb in batches:
             for v in chunks:
-                used = replace(opts, tp_sequence_parallel=sp, virtual_stages=v,
-                               schedule="interleaved" if v > 1 else opts.schedule)
+                used = replace(
+                    opts, tp_sequence_parallel=sp, virtual_stages=v, schedule="interleaved" if v > 1 else opts.schedule
+                )
                 for rc in recomputes:
                     if rc == "selective" and used.flash_attention and len(recomputes) > 1:
                         continue
@@ -188,8 +226,11 @@ def search_knobs(model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: in
                     if mem.total_bytes > cluster.gpu.memory_bytes:
                         continue
                     est = estimate_step(model, layout, seq, mb, trial, cluster)
-                    key = (mem.total_bytes, est.step_time_s) if objective == "memory" else \
-                        (est.step_time_s / est.tokens_per_step, mem.total_bytes)
+                    key = (
+                        (mem.total_bytes, est.step_time_s)
+                        if objective == "memory"
+                        else (est.step_time_s / est.tokens_per_step, mem.total_bytes)
+                    )
                     if best is None or key < best[0]:
                         best = (key, (mem, est, True, knobs, trial))
                     break  # a later recompute is no faster
@@ -197,31 +238,38 @@ def search_knobs(model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: in
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2 ** 30:.1f} GiB"
+    return f"{n / 2**30:.1f} GiB"
 
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
 
 
-def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, opts: CostOptions,
-            cluster: ClusterSpec) -> str:
+def explain(
+    ranked: list[Candidate], dropped: list[Candidate], objective: str, opts: CostOptions, cluster: ClusterSpec
+) -> str:
     """One paragraph: why the winner wins, and what the runner-up lost on."""
     if not ranked:
         least = dropped[0] if dropped else None
         need = f"; the smallest, {least.layout}, needs {_gib(least.total_bytes)}" if least else ""
-        return (f"Nothing fits in {_gib(cluster.gpu.memory_bytes)} per GPU{need}. Use more GPUs (--nodes), "
-                f"a shorter --seq, a smaller --batch, or --recompute full.")
+        return (
+            f"Nothing fits in {_gib(cluster.gpu.memory_bytes)} per GPU{need}. Use more GPUs (--nodes), "
+            f"a shorter --seq, a smaller --batch, or --recompute full."
+        )
     w = ranked[0].estimate
     win = ranked[0]
     what = {"train": "step", "prefill": "time to first token", "decode": "time per output token"}[opts.mode]
     per = {"train": "step", "prefill": "prefill", "decode": "token"}[opts.mode]
-    text = [f"{win.layout} wins on {objective}: {w.tokens_per_s:,.0f} tokens/s, {what} {_ms(w.step_time_s)}, "
-            f"{_gib(win.total_bytes)} per GPU ({w.bound}; {win.regime})."]
+    text = [
+        f"{win.layout} wins on {objective}: {w.tokens_per_s:,.0f} tokens/s, {what} {_ms(w.step_time_s)}, "
+        f"{_gib(win.total_bytes)} per GPU ({w.bound}; {win.regime})."
+    ]
     if w.bound.startswith("launch-bound"):
-        text.append("The step is the host launching an eager PyTorch stack's kernels (measured per kernel): a "
-                    "larger --batch carries more tokens per launch, and --no-launch-floor prices the GPU work "
-                    "alone, as a stack that captures its steps in CUDA graphs would run.")
+        text.append(
+            "The step is the host launching an eager PyTorch stack's kernels (measured per kernel): a "
+            "larger --batch carries more tokens per launch, and --no-launch-floor prices the GPU work "
+            "alone, as a stack that captures its steps in CUDA graphs would run."
+        )
     if len(ranked) > 1:
         r_c = ranked[1]
         r = r_c.estimate
@@ -232,40 +280,53 @@ def explain(ranked: list[Candidate], dropped: list[Candidate], objective: str, o
         main = max(diffs, key=diffs.get)
         same_time = abs(r.step_time_s - w.step_time_s) <= 1e-3 * w.step_time_s
         if objective != "memory" and same_time and abs(r.tokens_per_s / w.tokens_per_s - 1) > 1e-3:
-            lost = (f"its step takes as long but carries {r.tokens_per_step:,.0f} tokens against "
-                    f"{w.tokens_per_step:,.0f}")
+            lost = (
+                f"its step takes as long but carries {r.tokens_per_step:,.0f} tokens against {w.tokens_per_step:,.0f}"
+            )
         elif objective == "memory" or (same_time and r_c.total_bytes >= win.total_bytes):
             tie = "" if objective == "memory" else "it ties on time and "
             lost = f"{tie}it needs {_gib(r_c.total_bytes)} per GPU against {_gib(win.total_bytes)}"
         elif same_time:  # a tie the winner takes by a hair, though the runner-up needs less memory
-            lost = (f"it is {r.step_time_s / w.step_time_s - 1:.2%} slower per {per}, a tie inside the cost "
-                    f"model's error, though it needs less memory ({_gib(r_c.total_bytes)} per GPU against "
-                    f"{_gib(win.total_bytes)})")
+            lost = (
+                f"it is {r.step_time_s / w.step_time_s - 1:.2%} slower per {per}, a tie inside the cost "
+                f"model's error, though it needs less memory ({_gib(r_c.total_bytes)} per GPU against "
+                f"{_gib(win.total_bytes)})"
+            )
         elif diffs[main] > 0:
-            lost = (f"its {main} costs {_ms(diffs[main])} more per {per} "
-                    f"({_ms(getattr(r, 'compute_s' if main == 'compute' else 'exposed_comm_s'))} against "
-                    f"{_ms(getattr(w, 'compute_s' if main == 'compute' else 'exposed_comm_s'))})")
+            lost = (
+                f"its {main} costs {_ms(diffs[main])} more per {per} "
+                f"({_ms(getattr(r, 'compute_s' if main == 'compute' else 'exposed_comm_s'))} against "
+                f"{_ms(getattr(w, 'compute_s' if main == 'compute' else 'exposed_comm_s'))})"
+            )
         else:
             lost = f"it is {r.step_time_s / w.step_time_s - 1:.1%} slower per {per}"
         text.append(f"The runner-up, {r_c.layout} ({r.tokens_per_s:,.0f} tokens/s), lost because {lost}.")
-    close = [c for c in ranked[1:] if c.estimate.step_time_s and
-             abs(c.estimate.tokens_per_s / w.tokens_per_s - 1) <= 0.02]
+    close = [
+        c for c in ranked[1:] if c.estimate.step_time_s and abs(c.estimate.tokens_per_s / w.tokens_per_s - 1) <= 0.02
+    ]
     if close:
         roomiest = min([win] + close, key=lambda c: c.total_bytes)
-        text.append(f"{len(close) + 1} meshes are within 2% of the winner's throughput, inside the cost model's "
-                    f"error: among them {roomiest.layout} leaves the most memory free ({_gib(roomiest.total_bytes)} "
-                    f"per GPU).")
+        text.append(
+            f"{len(close) + 1} meshes are within 2% of the winner's throughput, inside the cost model's "
+            f"error: among them {roomiest.layout} leaves the most memory free ({_gib(roomiest.total_bytes)} "
+            f"per GPU)."
+        )
     if opts.mode == "decode":
         streamed = [c for c in ranked + dropped if c.layout.tsp > 1 and c.estimate is not None]
         if streamed and win.layout.tsp == 1:
             best = max(streamed, key=lambda c: c.estimate.tokens_per_s)
-            text.append(f"TSP layouts stream every weight shard for every token: the fastest, {best.layout}, "
-                        f"reaches {best.estimate.tokens_per_s:,.0f} tokens/s ({best.estimate.bound}).")
+            text.append(
+                f"TSP layouts stream every weight shard for every token: the fastest, {best.layout}, "
+                f"reaches {best.estimate.tokens_per_s:,.0f} tokens/s ({best.estimate.bound})."
+            )
     if win.not_executed:
         runnable = next((c for c in ranked if c.not_executed is None), None)
-        then = (f" The fastest it runs is {runnable.layout} ({runnable.estimate.tokens_per_s:,.0f} tokens/s, "
-                f"{1 - runnable.estimate.tokens_per_s / w.tokens_per_s:.1%} behind)." if runnable else
-                " It runs none of the meshes that fit.")
+        then = (
+            f" The fastest it runs is {runnable.layout} ({runnable.estimate.tokens_per_s:,.0f} tokens/s, "
+            f"{1 - runnable.estimate.tokens_per_s / w.tokens_per_s:.1%} behind)."
+            if runnable
+            else " It runs none of the meshes that fit."
+        )
         text.append(f"meshplan execute cannot check {win.layout} on GPUs ({win.not_executed}).{then}")
     text.append(f"{len(ranked)} of {len(ranked) + len(dropped)} valid meshes fit.")
     return " ".join(text)

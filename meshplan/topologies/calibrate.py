@@ -65,7 +65,9 @@ def _time(fn, reps: int, cuda: bool, line_up=None) -> float:
     return statistics.median(batches)
 
 
-def _collective(kind: str, numel: int, group, ranks: list[int], me: int, device: str, dtype) -> tuple[callable, callable]:
+def _collective(
+    kind: str, numel: int, group, ranks: list[int], me: int, device: str, dtype
+) -> tuple[callable, callable]:
     """(run, check): run the collective once; check that its last result is right."""
     n = len(ranks)
     idx = ranks.index(me)
@@ -86,12 +88,14 @@ def _collective(kind: str, numel: int, group, ranks: list[int], me: int, device:
         chunk = numel // n
         out = torch.empty(chunk, device=device, dtype=dtype)
         if dist.get_backend() == "nccl":
-            run = lambda: dist.reduce_scatter(out, list(x[:chunk * n].chunk(n)), group=group)  # noqa: E731
+            run = lambda: dist.reduce_scatter(out, list(x[: chunk * n].chunk(n)), group=group)  # noqa: E731
         else:  # gloo: all-reduce and slice, as the executor does
+
             def run():
-                y = x[:chunk * n].clone()
+                y = x[: chunk * n].clone()
                 dist.all_reduce(y, group=group)
-                out.copy_(y[idx * chunk:(idx + 1) * chunk])
+                out.copy_(y[idx * chunk : (idx + 1) * chunk])
+
         check = lambda: bool((out == n * (n + 1) / 2).all())  # noqa: E731
     elif kind == "broadcast":
         y = x.clone()
@@ -105,10 +109,13 @@ def _collective(kind: str, numel: int, group, ranks: list[int], me: int, device:
         recv = torch.empty_like(x)
 
         def run():
-            ops = [dist.P2POp(dist.isend, x, ranks[(idx + 1) % n], group=group),
-                   dist.P2POp(dist.irecv, recv, ranks[(idx - 1) % n], group=group)]
+            ops = [
+                dist.P2POp(dist.isend, x, ranks[(idx + 1) % n], group=group),
+                dist.P2POp(dist.irecv, recv, ranks[(idx - 1) % n], group=group),
+            ]
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
+
         check = lambda: bool((recv == (idx - 1) % n + 1).all())  # noqa: E731
     else:
         out = torch.empty_like(x)
@@ -138,7 +145,7 @@ def measure_collectives(sizes: list[int], device: str, reps: int, progress=None)
                     out.setdefault(f"{kind}/{n}", []).append((numel * dtype.itemsize, t))
                 dist.barrier()
                 if progress:
-                    progress(f"{kind} on {n} ranks, {size / 2 ** 20:.2f} MiB")
+                    progress(f"{kind} on {n} ranks, {size / 2**20:.2f} MiB")
         n *= 2
     return out
 
@@ -149,17 +156,22 @@ def measure_compute(device: str, quick: bool) -> dict:
     from torch.nn.attention.bias import causal_lower_right
 
     peak = float(os.environ.get("MESHPLAN_PEAK_TFLOPS", "989.4")) * 1e12
-    a = torch.empty(2 ** 30, dtype=torch.uint8, device=device)
+    a = torch.empty(2**30, dtype=torch.uint8, device=device)
     copy_s = _time(lambda: a.clone(), 5, True)
     effs = []
     # tokens × hidden · (QKV, W_O, MLP in / out) of a 4096-wide layer, forward and a backward shape
-    for m, k, n in ((8192, 4096, 12288), (8192, 4096, 4096), (8192, 4096, 32768), (8192, 16384, 4096),
-                    (4096, 8192, 4096)):
+    for m, k, n in (
+        (8192, 4096, 12288),
+        (8192, 4096, 4096),
+        (8192, 4096, 32768),
+        (8192, 16384, 4096),
+        (4096, 8192, 4096),
+    ):
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         w = torch.randn(k, n, device=device, dtype=torch.bfloat16)
         effs.append(2 * m * n * k / _time(lambda: x @ w, 10, True) / peak)
     attn = {"causal": [], "prefix": []}
-    for keys in ((4096, 16384) if quick else (4096, 16384, 32768)):
+    for keys in (4096, 16384) if quick else (4096, 16384, 32768):
         for prefix in (False, True):
             q_len = keys // 2 if prefix else keys
             q = torch.randn(1, 32, q_len, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -167,22 +179,34 @@ def measure_compute(device: str, quick: bool) -> dict:
             mask = causal_lower_right(q_len, keys) if prefix else None
 
             def step():
-                o = (F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask) if prefix
-                     else F.scaled_dot_product_attention(q, kv, kv, is_causal=True))
+                o = (
+                    F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
+                    if prefix
+                    else F.scaled_dot_product_attention(q, kv, kv, is_causal=True)
+                )
                 o.sum().backward()
+
             visible = (keys - q_len / 2) / keys
             flops = 4 * q_len * keys * 32 * 128 * visible * 3.5
             attn["prefix" if prefix else "causal"].append((keys, flops / _time(step, 5, True) / peak))
-    return {"gemm_efficiency": statistics.median(effs), "hbm_bytes_per_s": 2 * a.numel() / copy_s,
-            "attention_causal": attn["causal"], "attention_prefix": attn["prefix"]}
+    return {
+        "gemm_efficiency": statistics.median(effs),
+        "hbm_bytes_per_s": 2 * a.numel() / copy_s,
+        "attention_causal": attn["causal"],
+        "attention_prefix": attn["prefix"],
+    }
 
 
 # Host cost per launched kernel: training steps and decode steps of 2-layer stacks of both families on
 # one GPU (each probe gives its family's and mode's cost).
 # The fastest of HOST_SAMPLES issues of a step: the host's own cost, not a stall beside it.
 HOST_SAMPLES = 9
-HOST_PROBES = (("dense-7b", "train", 4096, 1), ("mamba2-2.7b", "train", 4096, 1),
-               ("dense-7b", "decode", 4096, 8), ("mamba2-2.7b", "decode", 4096, 8))
+HOST_PROBES = (
+    ("dense-7b", "train", 4096, 1),
+    ("mamba2-2.7b", "train", 4096, 1),
+    ("dense-7b", "decode", 4096, 8),
+    ("mamba2-2.7b", "decode", 4096, 8),
+)
 
 
 def measure_host(device: str) -> dict:
@@ -201,14 +225,35 @@ def measure_host(device: str) -> dict:
     mesh = build_mesh(Layout(), members=[dist.get_rank()])
     out: dict = {"host_probes": []}
     for name, mode, seq, batch in HOST_PROBES:
-        r = measure(replace(PRESETS[name], layers=2), Layout(), mesh, seq, batch, mode, steps=3, warmup=3,
-                    device=device, exposed=False, profile=2, host_samples=HOST_SAMPLES)
+        r = measure(
+            replace(PRESETS[name], layers=2),
+            Layout(),
+            mesh,
+            seq,
+            batch,
+            mode,
+            steps=3,
+            warmup=3,
+            device=device,
+            exposed=False,
+            profile=2,
+            host_samples=HOST_SAMPLES,
+        )
         kernels = r["phases_s"]["kernels_per_step"]
         issue_s = min(r["host_enqueue_samples_s"])
         family = "mamba2_" if name.startswith("mamba2") else ""
         out[f"{family}{'decode_' if mode == 'decode' else ''}host_kernel_s"] = issue_s / kernels
-        out["host_probes"].append({"model": f"{name}/2L", "mode": mode, "seq": seq, "batch": batch, "kernels": kernels,
-                                   "host_enqueue_s": issue_s, "step_time_s": r["step_time_s"]})
+        out["host_probes"].append(
+            {
+                "model": f"{name}/2L",
+                "mode": mode,
+                "seq": seq,
+                "batch": batch,
+                "kernels": kernels,
+                "host_enqueue_s": issue_s,
+                "step_time_s": r["step_time_s"],
+            }
+        )
         del r
         torch.cuda.empty_cache()
     return out
@@ -218,21 +263,30 @@ def profile_toml(base_toml: str, measured: dict, command: str) -> str:
     """The preset's TOML with a [calibration] table appended."""
     lines = [base_toml.rstrip(), "", "[calibration]", f'date = "{date.today().isoformat()}"', f'command = "{command}"']
     if "gemm_efficiency" in measured:
-        lines += [f"gemm_efficiency = {measured['gemm_efficiency']:.4f}",
-                  f"hbm_tb_per_s = {measured['hbm_bytes_per_s'] / 1e12:.4f}",
-                  "attention_causal = [" + ", ".join(f"[{k}, {e:.4f}]" for k, e in measured["attention_causal"]) + "]",
-                  "attention_prefix = [" + ", ".join(f"[{k}, {e:.4f}]" for k, e in measured["attention_prefix"]) + "]"]
-    lines += [f"# {p['model']} {p['mode']} at {p['seq']} tokens, batch {p['batch']}: {p['kernels']:.0f} kernels "
-              f"issued in {p['host_enqueue_s'] * 1e3:.2f} ms (step {p['step_time_s'] * 1e3:.2f} ms)"
-              for p in measured.get("host_probes", [])]
-    lines += [f"{key} = {measured[key.replace('_us', '_s')] * 1e6:.2f}" for key in HOST_KEYS
-              if key.replace("_us", "_s") in measured]
+        lines += [
+            f"gemm_efficiency = {measured['gemm_efficiency']:.4f}",
+            f"hbm_tb_per_s = {measured['hbm_bytes_per_s'] / 1e12:.4f}",
+            "attention_causal = [" + ", ".join(f"[{k}, {e:.4f}]" for k, e in measured["attention_causal"]) + "]",
+            "attention_prefix = [" + ", ".join(f"[{k}, {e:.4f}]" for k, e in measured["attention_prefix"]) + "]",
+        ]
+    lines += [
+        f"# {p['model']} {p['mode']} at {p['seq']} tokens, batch {p['batch']}: {p['kernels']:.0f} kernels "
+        f"issued in {p['host_enqueue_s'] * 1e3:.2f} ms (step {p['step_time_s'] * 1e3:.2f} ms)"
+        for p in measured.get("host_probes", [])
+    ]
+    lines += [
+        f"{key} = {measured[key.replace('_us', '_s')] * 1e6:.2f}"
+        for key in HOST_KEYS
+        if key.replace("_us", "_s") in measured
+    ]
     if measured.get("collectives"):
         lines += ["", "[calibration.collectives]"]
         for key, points in sorted(measured["collectives"].items()):
             alpha, bw = fit_alpha_bandwidth(points)
             pts = ", ".join(f"[{b}, {t:.6g}]" for b, t in points)
-            lines.append(f'"{key}" = {{ alpha_us = {alpha * 1e6:.3f}, algbw_gb_per_s = {bw / 1e9:.3f}, points = [{pts}] }}')
+            lines.append(
+                f'"{key}" = {{ alpha_us = {alpha * 1e6:.3f}, algbw_gb_per_s = {bw / 1e9:.3f}, points = [{pts}] }}'
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -249,8 +303,8 @@ def main(argv=None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=300))
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    top = args.max_bytes or (2 ** 28 if args.quick else 2 ** 30)
-    sizes, s = [], 2 ** 16
+    top = args.max_bytes or (2**28 if args.quick else 2**30)
+    sizes, s = [], 2**16
     while s <= top:
         sizes.append(s)
         s *= 16 if args.quick else 4

@@ -91,12 +91,16 @@ class ClusterSpec:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise MeshplanError(f"cluster {self.name}: nodes and gpus_per_node must be >= 1")
         if self.fabric not in FABRICS:
-            raise MeshplanError(f"cluster {self.name}: intra_node.fabric {self.fabric!r} unknown; use {', '.join(FABRICS)}")
+            raise MeshplanError(
+                f"cluster {self.name}: intra_node.fabric {self.fabric!r} unknown; use {', '.join(FABRICS)}"
+            )
         if self.nics_per_node < 1:
             raise MeshplanError(f"cluster {self.name}: inter_node.nics_per_node must be >= 1")
         if self.oversubscription < 1:
-            raise MeshplanError(f"cluster {self.name}: inter_node.oversubscription must be >= 1 (uplinks : downlinks "
-                                f"as 2 for 2:1), got {self.oversubscription}")
+            raise MeshplanError(
+                f"cluster {self.name}: inter_node.oversubscription must be >= 1 (uplinks : downlinks "
+                f"as 2 for 2:1), got {self.oversubscription}"
+            )
 
     def inter_node_bandwidth(self, nodes_spanned: int) -> float:
         """Bytes/s each GPU gets across nodes for a group over `nodes_spanned` nodes: its share of the
@@ -121,20 +125,60 @@ class ClusterSpec:
 HOST_KEYS = ("host_kernel_us", "decode_host_kernel_us", "mamba2_host_kernel_us", "mamba2_decode_host_kernel_us")
 _SCHEMA: dict[str, tuple[str, ...]] = {
     "": ("name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "calibration"),
-    "calibration": ("date", "command", "gemm_efficiency", "hbm_tb_per_s", "attention_causal", "attention_prefix",
-                    "collectives") + HOST_KEYS,
+    "calibration": (
+        "date",
+        "command",
+        "gemm_efficiency",
+        "hbm_tb_per_s",
+        "attention_causal",
+        "attention_prefix",
+        "collectives",
+    )
+    + HOST_KEYS,
     "gpu": ("name", "memory_bytes", "bf16_tflops", "hbm_tb_per_s"),
     "intra_node": ("fabric", "link_gb_per_s", "latency_us"),
     "inter_node": ("nics_per_node", "nic_gb_per_s", "latency_us", "nodes_per_leaf", "oversubscription"),
 }
-_OPTIONAL = {("", "nodes"), ("", "calibration"), ("inter_node", "nodes_per_leaf"),
-             ("inter_node", "oversubscription")} | {("calibration", k) for k in (
-    "date", "command", "gemm_efficiency", "hbm_tb_per_s", "attention_causal", "attention_prefix", "collectives")
-    + HOST_KEYS}
-_NUMERIC = {"memory_bytes", "bf16_tflops", "hbm_tb_per_s", "link_gb_per_s", "latency_us", "nics_per_node",
-            "nodes_per_leaf", "oversubscription",
-            "nic_gb_per_s", "nodes", "gpus_per_node", "gemm_efficiency", *HOST_KEYS}
-_WHOLE = {"memory_bytes", "nics_per_node", "nodes", "gpus_per_node", "nodes_per_leaf"}  # counts: 1.5 nodes is a typo, not a cluster
+_OPTIONAL = {
+    ("", "nodes"),
+    ("", "calibration"),
+    ("inter_node", "nodes_per_leaf"),
+    ("inter_node", "oversubscription"),
+} | {
+    ("calibration", k)
+    for k in (
+        "date",
+        "command",
+        "gemm_efficiency",
+        "hbm_tb_per_s",
+        "attention_causal",
+        "attention_prefix",
+        "collectives",
+    )
+    + HOST_KEYS
+}
+_NUMERIC = {
+    "memory_bytes",
+    "bf16_tflops",
+    "hbm_tb_per_s",
+    "link_gb_per_s",
+    "latency_us",
+    "nics_per_node",
+    "nodes_per_leaf",
+    "oversubscription",
+    "nic_gb_per_s",
+    "nodes",
+    "gpus_per_node",
+    "gemm_efficiency",
+    *HOST_KEYS,
+}
+_WHOLE = {
+    "memory_bytes",
+    "nics_per_node",
+    "nodes",
+    "gpus_per_node",
+    "nodes_per_leaf",
+}  # counts: 1.5 nodes is a typo, not a cluster
 
 
 def _check_table(table: dict[str, Any], section: str, where: str) -> None:
@@ -198,17 +242,25 @@ def _calibration(cal: dict, where: str) -> Calibration:
     for key, entry in (cal.get("collectives") or {}).items():
         kind, _, n = key.partition("/")
         if not n.isdigit() or not isinstance(entry, dict) or "alpha_us" not in entry or "algbw_gb_per_s" not in entry:
-            raise MeshplanError(f"{where}: calibration.collectives.{key!r} must be 'kind/size' = "
-                                "{{alpha_us = …, algbw_gb_per_s = …}}")
+            raise MeshplanError(
+                f"{where}: calibration.collectives.{key!r} must be 'kind/size' = "
+                "{{alpha_us = …, algbw_gb_per_s = …}}"
+            )
         collectives.append((key, float(entry["alpha_us"]) * 1e-6, float(entry["algbw_gb_per_s"]) * 1e9))
     gemm = cal.get("gemm_efficiency")
     if gemm is not None and not 0 < gemm <= 1:
         raise MeshplanError(f"{where}: calibration.gemm_efficiency must be in (0, 1], got {gemm}")
     return Calibration(
-        date=str(cal.get("date", "")), command=str(cal.get("command", "")), gemm_efficiency=gemm,
+        date=str(cal.get("date", "")),
+        command=str(cal.get("command", "")),
+        gemm_efficiency=gemm,
         hbm_bytes_per_s=cal["hbm_tb_per_s"] * 1e12 if "hbm_tb_per_s" in cal else None,
-        attention_causal=_pairs(cal["attention_causal"], "attention_causal", where) if "attention_causal" in cal else None,
-        attention_prefix=_pairs(cal["attention_prefix"], "attention_prefix", where) if "attention_prefix" in cal else None,
+        attention_causal=_pairs(cal["attention_causal"], "attention_causal", where)
+        if "attention_causal" in cal
+        else None,
+        attention_prefix=_pairs(cal["attention_prefix"], "attention_prefix", where)
+        if "attention_prefix" in cal
+        else None,
         collectives=tuple(collectives),
         **{key.replace("_us", "_s"): cal[key] * 1e-6 for key in HOST_KEYS if key in cal},
     )
@@ -238,11 +290,13 @@ def load_cluster(name_or_path: str, nodes: int | None = None) -> ClusterSpec:
         cluster = load_toml(Path(name_or_path))
     else:
         raise MeshplanError(
-            f"--cluster: {name_or_path!r} is neither a preset ({', '.join(preset_names())}) nor an existing TOML path")
+            f"--cluster: {name_or_path!r} is neither a preset ({', '.join(preset_names())}) nor an existing TOML path"
+        )
     return cluster.with_nodes(nodes) if nodes is not None else cluster
 
 
 # -- graph ------------------------------------------------------------------------------------
+
 
 def gpu_id(node: int, local: int) -> str:
     return f"n{node}/gpu{local}"
@@ -269,22 +323,38 @@ def build_graph(cluster: ClusterSpec):
         if cluster.fabric == "xgmi":
             for a in range(len(gpus)):
                 for b in range(a + 1, len(gpus)):
-                    g.add_edge(gpus[a], gpus[b], link=link_name, bandwidth_bytes_per_s=intra.bandwidth_bytes_per_s,
-                               latency_s=intra.latency_s)
+                    g.add_edge(
+                        gpus[a],
+                        gpus[b],
+                        link=link_name,
+                        bandwidth_bytes_per_s=intra.bandwidth_bytes_per_s,
+                        latency_s=intra.latency_s,
+                    )
         else:
             switch = f"n{n}/{cluster.fabric}"
             g.add_node(switch, kind="switch", role=cluster.fabric, node=n)
             for gid in gpus:
-                g.add_edge(gid, switch, link=link_name, bandwidth_bytes_per_s=intra.bandwidth_bytes_per_s,
-                           latency_s=intra.latency_s)
+                g.add_edge(
+                    gid,
+                    switch,
+                    link=link_name,
+                    bandwidth_bytes_per_s=intra.bandwidth_bytes_per_s,
+                    latency_s=intra.latency_s,
+                )
         for k in range(cluster.nics_per_node):
             nic = f"n{n}/nic{k}"
             g.add_node(nic, kind="nic", node=n)
-            for gid in gpus[k * per_nic:(k + 1) * per_nic] or gpus[-1:]:
+            for gid in gpus[k * per_nic : (k + 1) * per_nic] or gpus[-1:]:
                 # GPUDirect RDMA: the NIC reads GPU memory over its PCIe switch at the NIC's rate.
-                g.add_edge(gid, nic, link="nic", bandwidth_bytes_per_s=cluster.nic_link.bandwidth_bytes_per_s,
-                           latency_s=0.0)
+                g.add_edge(
+                    gid, nic, link="nic", bandwidth_bytes_per_s=cluster.nic_link.bandwidth_bytes_per_s, latency_s=0.0
+                )
             if cluster.nodes > 1:
-                g.add_edge(nic, "network", link="network", bandwidth_bytes_per_s=cluster.nic_link.bandwidth_bytes_per_s,
-                           latency_s=cluster.nic_link.latency_s)
+                g.add_edge(
+                    nic,
+                    "network",
+                    link="network",
+                    bandwidth_bytes_per_s=cluster.nic_link.bandwidth_bytes_per_s,
+                    latency_s=cluster.nic_link.latency_s,
+                )
     return g

@@ -29,14 +29,17 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
         kv = ctx.batch * ctx.seq * 2 * ctx.model.attention.kv_width * ctx.act_bytes / head_div
         # Our executor gathers before attending (no ring attention yet): exposed. A ring-attention
         # implementation would mark these overlap="attention".
-        return [Comm("all_gather", axis, kv, sigma, phase="fwd", block=kind, what="K/V all-gather"),
-                Comm("all_gather", axis, kv, sigma, phase="bwd", block=kind, what="K/V re-gather"),
-                Comm("reduce_scatter", axis, kv, sigma, phase="bwd", block=kind, what="dK/dV reduce-scatter")]
+        return [
+            Comm("all_gather", axis, kv, sigma, phase="fwd", block=kind, what="K/V all-gather"),
+            Comm("all_gather", axis, kv, sigma, phase="bwd", block=kind, what="K/V re-gather"),
+            Comm("reduce_scatter", axis, kv, sigma, phase="bwd", block=kind, what="dK/dV reduce-scatter"),
+        ]
     if kind in ("mamba2", "mamba1"):
         summary, tail = ctx.mamba_shard_summary_bytes(head_div)
-        return [Comm("send_recv", axis, tail, sigma, phase="fwd", block=kind, what="conv tail", line=True),
-                Comm("all_gather", axis, sigma * summary, sigma, phase="fwd", block=kind, what="shard summaries"),
-                Comm("send_recv", axis, tail, sigma, phase="bwd", block=kind, what="conv-tail grad", line=True),
-                Comm("reduce_scatter", axis, sigma * summary, sigma, phase="bwd", block=kind,
-                     what="summary grads")]
+        return [
+            Comm("send_recv", axis, tail, sigma, phase="fwd", block=kind, what="conv tail", line=True),
+            Comm("all_gather", axis, sigma * summary, sigma, phase="fwd", block=kind, what="shard summaries"),
+            Comm("send_recv", axis, tail, sigma, phase="bwd", block=kind, what="conv-tail grad", line=True),
+            Comm("reduce_scatter", axis, sigma * summary, sigma, phase="bwd", block=kind, what="summary grads"),
+        ]
     return []

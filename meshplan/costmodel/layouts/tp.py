@@ -15,8 +15,9 @@ from meshplan.layout import Layout
 
 def sharding(layout: Layout, options: MemoryOptions):
     t = layout.tensor_degree
-    return Sharding(weight_div=t, token_div=1, head_div=t, hidden_div=t if options.tp_sequence_parallel else 1,
-                    vocab_div=t)
+    return Sharding(
+        weight_div=t, token_div=1, head_div=t, hidden_div=t if options.tp_sequence_parallel else 1, vocab_div=t
+    )
 
 
 INT8_GROUP = 128  # elements per fp32 scale in our int8 all-reduce (meshplan/kernels/quant.py)
@@ -42,26 +43,34 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
         fwd_bytes = ctx.tokens * w_out * (1 + 4 / INT8_GROUP)
     bwd_bytes = ctx.tokens * w_in * e
     if ctx.opts.tp_sequence_parallel:
-        out = [Comm("all_gather", axis, ctx.tokens * w_in * e, t, phase="fwd", block=kind, what="gather sequence shards"),
-               Comm("reduce_scatter", axis, fwd_bytes, t, phase="fwd", block=kind, what="reduce-scatter output"),
-               Comm("all_gather", axis, ctx.tokens * w_out * e, t, phase="bwd", block=kind, what="gather output grad"),
-               Comm("all_gather", axis, ctx.tokens * w_in * e, t, phase="bwd", block=kind, what="re-gather input"),
-               Comm("reduce_scatter", axis, bwd_bytes, t, phase="bwd", block=kind, what="reduce-scatter input grad")]
+        out = [
+            Comm("all_gather", axis, ctx.tokens * w_in * e, t, phase="fwd", block=kind, what="gather sequence shards"),
+            Comm("reduce_scatter", axis, fwd_bytes, t, phase="fwd", block=kind, what="reduce-scatter output"),
+            Comm("all_gather", axis, ctx.tokens * w_out * e, t, phase="bwd", block=kind, what="gather output grad"),
+            Comm("all_gather", axis, ctx.tokens * w_in * e, t, phase="bwd", block=kind, what="re-gather input"),
+            Comm("reduce_scatter", axis, bwd_bytes, t, phase="bwd", block=kind, what="reduce-scatter input grad"),
+        ]
     elif int8_forward and t == 2:
         # meshplan.executor.comm.quantized_all_reduce on two ranks: the int8 tensors (and their scales)
         # all-gathered, dequantized and summed on each rank — or, over peer-mapped memory
         # (meshplan/executor/peer.py), each rank's tensor read by the other: the same bytes each way.
-        out = [Comm("all_gather", axis, t * fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-gather"),
-               Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad")]
+        out = [
+            Comm("all_gather", axis, t * fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-gather"),
+            Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad"),
+        ]
     elif int8_forward:
         # On more ranks: int8 chunks (and their scales) all-to-all, summed in fp32 per rank,
         # re-quantized and all-gathered.
-        out = [Comm("all_to_all", axis, fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-to-all"),
-               Comm("all_gather", axis, fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-gather"),
-               Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad")]
+        out = [
+            Comm("all_to_all", axis, fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-to-all"),
+            Comm("all_gather", axis, fwd_bytes, t, phase="fwd", block=kind, what="int8 all-reduce: all-gather"),
+            Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad"),
+        ]
     else:
-        out = [Comm("all_reduce", axis, fwd_bytes, t, phase="fwd", block=kind, what="all-reduce output"),
-               Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad")]
+        out = [
+            Comm("all_reduce", axis, fwd_bytes, t, phase="fwd", block=kind, what="all-reduce output"),
+            Comm("all_reduce", axis, bwd_bytes, t, phase="bwd", block=kind, what="all-reduce input grad"),
+        ]
     if kind == "mamba2" and math.gcd(t, ctx.model.mamba2.ngroups) < t:
         # B/C groups fewer than ranks: the gated RMSNorm's group spans ranks (sum of squares, fp32,
         # all-reduced forward, again in the recomputed forward, and in its backward), and the B/C
@@ -71,13 +80,25 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
         share = t // math.gcd(t, m.ngroups)
         stats = ctx.tokens * 4 * max(1, m.ngroups * share // t)
         replicated = 2 * m.ngroups * m.d_state * (m.d_model + m.d_conv + 1) * ctx.grad_bytes
-        out += [Comm("all_reduce", axis, stats, share, phase="fwd", block=kind, what="gated-norm sum of squares"),
-                Comm("all_reduce", axis, stats, share, phase="bwd", block=kind, what="gated-norm (recompute)"),
-                Comm("all_reduce", axis, stats, share, phase="bwd", block=kind, what="gated-norm grad"),
-                Comm("all_reduce", axis, replicated, share, phase="step", block=kind, what="replicated B/C grads",
-                     overlap="backward")]
+        out += [
+            Comm("all_reduce", axis, stats, share, phase="fwd", block=kind, what="gated-norm sum of squares"),
+            Comm("all_reduce", axis, stats, share, phase="bwd", block=kind, what="gated-norm (recompute)"),
+            Comm("all_reduce", axis, stats, share, phase="bwd", block=kind, what="gated-norm grad"),
+            Comm(
+                "all_reduce",
+                axis,
+                replicated,
+                share,
+                phase="step",
+                block=kind,
+                what="replicated B/C grads",
+                overlap="backward",
+            ),
+        ]
     if kind == "mamba1":
         x_dbl = ctx.tokens * ctx.model.mamba1.x_proj_width * e
-        out += [Comm("all_reduce", axis, x_dbl, t, phase="fwd", block=kind, what="all-reduce x_proj (dt, B, C)"),
-                Comm("all_reduce", axis, x_dbl, t, phase="bwd", block=kind, what="all-reduce x_proj grad")]
+        out += [
+            Comm("all_reduce", axis, x_dbl, t, phase="fwd", block=kind, what="all-reduce x_proj (dt, B, C)"),
+            Comm("all_reduce", axis, x_dbl, t, phase="bwd", block=kind, what="all-reduce x_proj grad"),
+        ]
     return out

@@ -16,8 +16,9 @@ from meshplan.layout import Layout
 
 def sharding(layout: Layout, options: MemoryOptions):
     d = layout.tsp
-    return Sharding(weight_div=d, token_div=d, head_div=1, hidden_div=1, vocab_div=1, gathers_kv=True,
-                    streams_weights=True)
+    return Sharding(
+        weight_div=d, token_div=d, head_div=1, hidden_div=1, vocab_div=1, gathers_kv=True, streams_weights=True
+    )
 
 
 def block_comms(ctx, kind: str):
@@ -34,16 +35,44 @@ def block_comms(ctx, kind: str):
     shard = params * ctx.param_bytes / d
     grads = params * ctx.grad_bytes
     if kind == "attention":
-        stream = [Comm("broadcast", "tsp", shard, d, count=d, phase=phase, block=kind,
-                       what="attention weight shards", overlap="gemm") for phase in ("fwd", "bwd")]
+        stream = [
+            Comm(
+                "broadcast",
+                "tsp",
+                shard,
+                d,
+                count=d,
+                phase=phase,
+                block=kind,
+                what="attention weight shards",
+                overlap="gemm",
+            )
+            for phase in ("fwd", "bwd")
+        ]
     elif kind in ("mamba2", "mamba1"):
         # The executor's Mamba-2 block gathers every shard along the ring before its mixer runs, in
         # forward and again in backward (meshplan/executor/layouts/tsp_mamba.py): nothing hides it.
-        stream = [Comm("send_recv", "tsp", shard, d, count=d - 1, phase=phase, block=kind,
-                       what="weight shard ring (gathered)") for phase in ("fwd", "bwd")]
+        stream = [
+            Comm(
+                "send_recv", "tsp", shard, d, count=d - 1, phase=phase, block=kind, what="weight shard ring (gathered)"
+            )
+            for phase in ("fwd", "bwd")
+        ]
     else:
-        stream = [Comm("send_recv", "tsp", shard, d, count=d - 1, phase=phase, block=kind,
-                       what="weight shard ring", overlap="gemm") for phase in ("fwd", "bwd")]
+        stream = [
+            Comm(
+                "send_recv",
+                "tsp",
+                shard,
+                d,
+                count=d - 1,
+                phase=phase,
+                block=kind,
+                what="weight shard ring",
+                overlap="gemm",
+            )
+            for phase in ("fwd", "bwd")
+        ]
     # Issued when the block's backward ends, and waited on (the executor does not overlap it yet).
     grad_rs = Comm("reduce_scatter", "tsp", grads, d, phase="bwd", block=kind, what="weight-grad reduce-scatter")
     return stream + [grad_rs] + sp.block_comms(ctx, kind, axis="tsp")

@@ -22,8 +22,9 @@ class Sharded(nn.Module):
         super().__init__()
         self.index: dict[str, tuple[str, int | None, torch.Tensor | None]] = {}
 
-    def take(self, local: str, ref_module: nn.Module, ref_name: str, dim: int | None = None,
-             idx: torch.Tensor | None = None) -> None:
+    def take(
+        self, local: str, ref_module: nn.Module, ref_name: str, dim: int | None = None, idx: torch.Tensor | None = None
+    ) -> None:
         full = dict(ref_module.named_parameters())[ref_name].detach()
         value = full if dim is None else full.index_select(dim, idx)
         # Register nested names (e.g. "attn_norm.weight") on the right submodule.
@@ -59,8 +60,9 @@ def contiguous_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
 def zigzag_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
     """TSP's causal load balance: 2·parts chunks, rank i takes chunks i and 2·parts − 1 − i."""
     c = seq // (2 * parts)
-    return torch.cat([torch.arange(index * c, (index + 1) * c),
-                      torch.arange((2 * parts - 1 - index) * c, (2 * parts - index) * c)])
+    return torch.cat(
+        [torch.arange(index * c, (index + 1) * c), torch.arange((2 * parts - 1 - index) * c, (2 * parts - index) * c)]
+    )
 
 
 class ZigzagKeys:
@@ -163,7 +165,7 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tupl
     b, _, a, d = q.shape
     a_kv = k.shape[1]
     qg = q.view(b, a_kv, a // a_kv, d)
-    scores = acc(qg @ k.transpose(-1, -2)) / d ** 0.5  # (b, a_kv, rep, S)
+    scores = acc(qg @ k.transpose(-1, -2)) / d**0.5  # (b, a_kv, rep, S)
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.softmax(scores, dim=-1).to(v.dtype) @ v  # (b, a_kv, rep, d)
     return out.reshape(b, 1, a, d), lse.reshape(b, a, 1)

@@ -37,8 +37,16 @@ from meshplan.executor.rotary import rotate_qk
 
 
 class ParallelDense(Sharded):
-    def __init__(self, ref: DenseLayer, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None,
-                 q_positions: torch.Tensor, seq: int, zigzag: bool = False):
+    def __init__(
+        self,
+        ref: DenseLayer,
+        mesh: Mesh,
+        tensor_axis: str | None,
+        seq_axis: str | None,
+        q_positions: torch.Tensor,
+        seq: int,
+        zigzag: bool = False,
+    ):
         super().__init__()
         self.mesh, self.tensor_axis, self.seq_axis = mesh, tensor_axis, seq_axis
         t = mesh.axis(tensor_axis).size if tensor_axis else 1
@@ -67,8 +75,14 @@ class ParallelDense(Sharded):
 
     def _qkv(self, xn, positions):
         """This rank's heads of q, k, v for tokens at `positions`, q and k turned by the rotary."""
-        return rotate_qk(F.linear(xn, self.w_qkv), self.rotary, positions, self.heads * self.head_dim,
-                         self.kv_heads * self.head_dim, self.head_dim)
+        return rotate_qk(
+            F.linear(xn, self.w_qkv),
+            self.rotary,
+            positions,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.head_dim,
+        )
 
     def _attend(self, q, k, v):
         """q (b, t, a, d); k, v local (b, t, a_kv, d): gather K/V over the sequence axis, attend causally."""
@@ -81,15 +95,17 @@ class ParallelDense(Sharded):
             # Contiguous shards: this rank's queries see every key up to the end of its own shard.
             return attend_prefix(q, k, v, self.kv_len).reshape(b, t, a * d)
         else:
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=True, enable_gqa=k.shape[2] != a)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=k.shape[2] != a
+            )
         return out.transpose(1, 2).reshape(b, t, a * d)
 
     def attention(self, x):
         b, t, _ = x.shape
         qkv = self._qkv(self._enter(self.attn_norm(x)), self.q_positions)
-        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
-                             self.kv_heads * self.head_dim], dim=-1)
+        q, k, v = qkv.split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
         q = q.view(b, t, self.heads, self.head_dim)
         k = k.view(b, t, self.kv_heads, self.head_dim)
         v = v.view(b, t, self.kv_heads, self.head_dim)
@@ -116,7 +132,6 @@ class ParallelDense(Sharded):
         x = x + self.attention(x)
         return x + self.mlp(x)
 
-
     @torch.no_grad()
     def decode(self, x):
         """One new token per sequence (b, 1, h) against the cache prefill left: on SP, each rank
@@ -125,8 +140,9 @@ class ParallelDense(Sharded):
         b = x.shape[0]
         qkv = self._qkv(self.attn_norm(x), self.q_positions.new_full((1,), self.next_position))
         self.next_position += 1
-        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
-                             self.kv_heads * self.head_dim], dim=-1)
+        q, k, v = qkv.split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
         q = q.view(b, 1, self.heads, self.head_dim)
         k = k.view(b, 1, self.kv_heads, self.head_dim)
         v = v.view(b, 1, self.kv_heads, self.head_dim)

@@ -20,10 +20,27 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import (Mamba2Block, Mamba2CoreFn, _conv_scan_inputs, _scan, _scan_grads,
-                                      cat_last, gated_norm)
-from meshplan.executor.comm import (AllReduceBoth, CopyToAxis, Mesh, QuantizedReduceFromAxis, ReduceFromAxis,
-                                   all_gather, all_reduce, broadcast, exchange, reduce_scatter)
+from meshplan.executor.blocks import (
+    Mamba2Block,
+    Mamba2CoreFn,
+    _conv_scan_inputs,
+    _scan,
+    _scan_grads,
+    cat_last,
+    gated_norm,
+)
+from meshplan.executor.comm import (
+    AllReduceBoth,
+    CopyToAxis,
+    Mesh,
+    QuantizedReduceFromAxis,
+    ReduceFromAxis,
+    all_gather,
+    all_reduce,
+    broadcast,
+    exchange,
+    reduce_scatter,
+)
 from meshplan.executor.layouts.common import Sharded
 from meshplan.executor.layouts.splits import mamba2_splits
 from meshplan.kernels.reference import acc, entering_state_ref
@@ -67,8 +84,15 @@ class _SpanningGatedNorm:
         if y.is_cuda:  # Triton kernels; the per-row statistics (sum of squares, backward's dot) all-reduced
             from meshplan.kernels.gated_norm import gated_rmsnorm_triton
 
-            return gated_rmsnorm_triton(y, z, weight, self.group_size, self.eps, local=y.shape[-1],
-                                        reduce=lambda t: all_reduce(self.mesh, t, self.axis))
+            return gated_rmsnorm_triton(
+                y,
+                z,
+                weight,
+                self.group_size,
+                self.eps,
+                local=y.shape[-1],
+                reduce=lambda t: all_reduce(self.mesh, t, self.axis),
+            )
         h = acc(y) * F.silu(acc(z))
         ss = AllReduceBoth.apply(h.pow(2).sum(-1, keepdim=True), self.mesh, self.axis)
         return (h * torch.rsqrt(ss / self.group_size + self.eps) * acc(weight)).to(y.dtype)
@@ -85,8 +109,13 @@ def _entering(gathered: torch.Tensor, rank: int, state_shape, decay_shape) -> to
     # Σ_{q<k<r} as sums from the rank down (suffix sums of rows 1..r−1), not as differences of one
     # cumulative sum, which a −inf row would turn into NaN.
     inner = decay[1:rank]
-    log_w = torch.cat([inner.flip(0).cumsum(0).flip(0), torch.zeros_like(decay[:1]),
-                       torch.full_like(decay[rank:], -float("inf"))]) if rank else torch.full_like(decay, -float("inf"))
+    log_w = (
+        torch.cat(
+            [inner.flip(0).cumsum(0).flip(0), torch.zeros_like(decay[:1]), torch.full_like(decay[rank:], -float("inf"))]
+        )
+        if rank
+        else torch.full_like(decay, -float("inf"))
+    )
     return torch.einsum("qbh,qbhpn->bhpn", torch.exp(log_w), finals)
 
 
@@ -136,14 +165,14 @@ class ShardDocs:
         if packed is None:
             return None
         start = index * t
-        local = packed[:, start:start + t]
+        local = packed[:, start : start + t]
         k = d_conv - 1
-        tail = packed[:, max(start - k, 0):start]
+        tail = packed[:, max(start - k, 0) : start]
         tail = torch.cat([tail.new_full((tail.shape[0], k - tail.shape[1]), -1), tail], 1)
         if start == 0:
             keep = torch.zeros_like(local, dtype=torch.bool)
         else:
-            keep = local == packed[:, start - 1:start]
+            keep = local == packed[:, start - 1 : start]
         return cls(local, tail, keep, ~keep.all(1))
 
 
@@ -161,7 +190,7 @@ def last_document_tail(tail: torch.Tensor, packed: torch.Tensor | None) -> torch
     an earlier document than the last."""
     tail = tail.clone()
     if packed is not None:
-        same = packed[:, -tail.shape[1]:] == packed[:, -1:]
+        same = packed[:, -tail.shape[1] :] == packed[:, -1:]
         tail *= same.unsqueeze(-1).to(tail.dtype)
     return tail
 
@@ -176,8 +205,9 @@ def seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis, docs=
     conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w = weights
     seq_idx, tail_idx = (docs.seq_idx, docs.tail_idx) if docs is not None else (None, None)
     with torch.no_grad():
-        (x, dt, A, B, C), z = _conv_scan_inputs(zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx,
-                                                conv_state=conv_state, conv_state_idx=tail_idx)
+        (x, dt, A, B, C), z = _conv_scan_inputs(
+            zxbcdt, conv_w, conv_b, dt_bias, a_log, dims, seq_idx, conv_state=conv_state, conv_state_idx=tail_idx
+        )
         y0, final0 = _scan(x, dt, A, B, C, d_skip, seq_idx=seq_idx)
         flat = torch.cat([final0.flatten(), _shard_decay(dt, A, docs).flatten()]).unsqueeze(0)
         gathered = all_gather(mesh, flat, axis, 0)  # (Σ, state + decay)
@@ -186,8 +216,7 @@ def seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis, docs=
     return out, final, E, gathered
 
 
-def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_final, dims, norm, mesh, axis,
-                       docs=None):
+def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_final, dims, norm, mesh, axis, docs=None):
     """Gradients of seq_shard_forward's (out, final) in its inputs: (zxbcdt, conv_state, conv_w, conv_b,
     dt_bias, a_log, d_skip, norm_w, out_w). The scan forward once more (its output as data only); the
     gradient of E, through _entering, gives every shard's final state and decay a gradient, which one
@@ -198,8 +227,9 @@ def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_fina
     inputs = [t.detach().requires_grad_(True) for t in (zx, conv_state, conv_w, conv_b, dt_bias, a_log)]
     seq_idx, tail_idx = (docs.seq_idx, docs.tail_idx) if docs is not None else (None, None)
     with torch.enable_grad():
-        (x, dt, A, B, C), z, xbc = _conv_scan_inputs(inputs[0], *inputs[2:], dims, seq_idx, conv_state=inputs[1],
-                                                     conv_out=True, conv_state_idx=tail_idx)
+        (x, dt, A, B, C), z, xbc = _conv_scan_inputs(
+            inputs[0], *inputs[2:], dims, seq_idx, conv_state=inputs[1], conv_out=True, conv_state_idx=tail_idx
+        )
         decay = _shard_decay(dt, A, docs)
     # The scan once more, outside autograd: its output y0 is only data for the correction (dropped
     # before the scan's backward, which recomputes from the inputs what it needs).
@@ -221,11 +251,12 @@ def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_fina
     with torch.enable_grad():
         (d_gathered,) = torch.autograd.grad(_entering(g_leaf, ax.rank, E.shape, decay.shape), g_leaf, dE)
     d_mine = reduce_scatter(mesh, d_gathered.contiguous(), axis, 0)[0]
-    d_final0 = d_mine[:final0.numel()].view_as(final0)
+    d_final0 = d_mine[: final0.numel()].view_as(final0)
     if d_final_out is not None:
         d_final0 = d_final0 + d_final_out
-    sx, sdt, sA, sB, sC, sD = _scan_grads(x.detach(), dt.detach(), A.detach(), B.detach(), C.detach(), d_skip,
-                                          dy0, d_final0, seq_idx)
+    sx, sdt, sA, sB, sC, sD = _scan_grads(
+        x.detach(), dt.detach(), A.detach(), B.detach(), C.detach(), d_skip, dy0, d_final0, seq_idx
+    )
     del dy0, d_mid
     if dC is not None:
         sC = sC + dC
@@ -233,8 +264,13 @@ def seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_fina
     b, s = xbc.shape[:2]
     d_xbc = cat_last([g.reshape(b, s, -1) for g in (sx, sB, sC)])
     del sx, sB, sC
-    pairs = [(xbc, d_xbc), (dt, sdt + ddt if ddt is not None else sdt), (A, sA + dA if dA is not None else sA),
-             (z, dz), (decay, d_mine[final0.numel():].view_as(decay))]
+    pairs = [
+        (xbc, d_xbc),
+        (dt, sdt + ddt if ddt is not None else sdt),
+        (A, sA + dA if dA is not None else sA),
+        (z, dz),
+        (decay, d_mine[final0.numel() :].view_as(decay)),
+    ]
     pairs = [(o, g) for o, g in pairs if g is not None]
     with torch.enable_grad():
         d_in = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
@@ -246,8 +282,23 @@ class Mamba2SeqShardFn(torch.autograd.Function):
     summaries; backward is seq_shard_backward. Returns (out, the state leaving this shard)."""
 
     @staticmethod
-    def forward(ctx, zxbcdt, conv_state, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w, dims, norm, mesh,
-                axis, docs=None):
+    def forward(
+        ctx,
+        zxbcdt,
+        conv_state,
+        conv_w,
+        conv_b,
+        dt_bias,
+        a_log,
+        d_skip,
+        norm_w,
+        out_w,
+        dims,
+        norm,
+        mesh,
+        axis,
+        docs=None,
+    ):
         weights = (conv_w, conv_b, dt_bias, a_log, d_skip, norm_w, out_w)
         out, final, E, gathered = seq_shard_forward(zxbcdt, conv_state, weights, dims, norm, mesh, axis, docs)
         ctx.dims, ctx.norm, ctx.mesh, ctx.axis, ctx.docs = dims, norm, mesh, axis, docs
@@ -257,8 +308,9 @@ class Mamba2SeqShardFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_final):
         zx, conv_state, *weights, E, gathered = ctx.saved_tensors
-        grads = seq_shard_backward(zx, conv_state, weights, E, gathered, grad_out, grad_final, ctx.dims, ctx.norm,
-                                   ctx.mesh, ctx.axis, ctx.docs)
+        grads = seq_shard_backward(
+            zx, conv_state, weights, E, gathered, grad_out, grad_final, ctx.dims, ctx.norm, ctx.mesh, ctx.axis, ctx.docs
+        )
         return (*grads, None, None, None, None, None)
 
 
@@ -311,8 +363,9 @@ def decode_step(x, norm, in_proj, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w
 
 
 class ParallelMamba2(Sharded):
-    def __init__(self, ref: Mamba2Block, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None,
-                 int8_allreduce: bool = False):
+    def __init__(
+        self, ref: Mamba2Block, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None, int8_allreduce: bool = False
+    ):
         super().__init__()
         self.reduce = QuantizedReduceFromAxis if int8_allreduce else ReduceFromAxis
         self.mesh, self.tensor_axis, self.seq_axis = mesh, tensor_axis, seq_axis
@@ -343,7 +396,11 @@ class ParallelMamba2(Sharded):
 
     def sync_replicated_grads(self) -> None:
         """All-reduce the partial gradients of the B/C weights every tensor rank holds (ngroups < T)."""
-        rows = {id(self.in_proj): self.bc_in_rows, id(self.conv_w): self.bc_conv_rows, id(self.conv_b): self.bc_conv_rows}
+        rows = {
+            id(self.in_proj): self.bc_in_rows,
+            id(self.conv_w): self.bc_conv_rows,
+            id(self.conv_b): self.bc_conv_rows,
+        }
         for param in self.replicated_grad_params():
             sl = rows[id(param)]
             if param.grad is not None:
@@ -357,18 +414,43 @@ class ParallelMamba2(Sharded):
         zxbcdt = F.linear(xn, self.in_proj)
         di_l, ng_l, ds, nh_l, hd = self.dims
         if self.seq_axis:
-            xbc = zxbcdt[..., di_l:2 * di_l + 2 * ng_l * ds]
-            tail = _ShiftTail.apply(xbc[:, -(self.d_conv - 1):, :], self.mesh, self.seq_axis)
+            xbc = zxbcdt[..., di_l : 2 * di_l + 2 * ng_l * ds]
+            tail = _ShiftTail.apply(xbc[:, -(self.d_conv - 1) :, :], self.mesh, self.seq_axis)
             docs = ShardDocs.of(self.packed, self.mesh.axis(self.seq_axis).rank, x.shape[1], self.d_conv)
-            out, state = Mamba2SeqShardFn.apply(zxbcdt, tail.transpose(1, 2), self.conv_w, self.conv_b, self.dt_bias,
-                                                self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims,
-                                                self.norm_fn, self.mesh, self.seq_axis, docs)
+            out, state = Mamba2SeqShardFn.apply(
+                zxbcdt,
+                tail.transpose(1, 2),
+                self.conv_w,
+                self.conv_b,
+                self.dt_bias,
+                self.a_log,
+                self.d_skip,
+                self.norm_w,
+                self.out_proj,
+                self.dims,
+                self.norm_fn,
+                self.mesh,
+                self.seq_axis,
+                docs,
+            )
         else:
-            out, state = Mamba2CoreFn.apply(zxbcdt, None, None, self.conv_w, self.conv_b, self.dt_bias, self.a_log,
-                                            self.d_skip, self.norm_w, self.out_proj, self.dims, self.norm_fn,
-                                            self.packed)
+            out, state = Mamba2CoreFn.apply(
+                zxbcdt,
+                None,
+                None,
+                self.conv_w,
+                self.conv_b,
+                self.dt_bias,
+                self.a_log,
+                self.d_skip,
+                self.norm_w,
+                self.out_proj,
+                self.dims,
+                self.norm_fn,
+                self.packed,
+            )
         if self.keep_cache:  # prefill: the conv tail and SSM state decode continues from
-            tail = zxbcdt[:, -(self.d_conv - 1):, di_l:2 * di_l + 2 * ng_l * ds]
+            tail = zxbcdt[:, -(self.d_conv - 1) :, di_l : 2 * di_l + 2 * ng_l * ds]
             self.ssm_cache = (state, last_document_tail(tail, self.packed))
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
@@ -382,9 +464,21 @@ class ParallelMamba2(Sharded):
     @torch.no_grad()
     def decode(self, x):
         """One new token per sequence: conv window and SSM state updated in place (heads split by TP)."""
-        out, self.ssm_cache = decode_step(x, self.norm, self.in_proj, self.conv_w, self.conv_b, self.dt_bias,
-                                          self.a_log, self.d_skip, self.norm_w, self.out_proj, self.dims,
-                                          self.ssm_cache, self.norm_fn)
+        out, self.ssm_cache = decode_step(
+            x,
+            self.norm,
+            self.in_proj,
+            self.conv_w,
+            self.conv_b,
+            self.dt_bias,
+            self.a_log,
+            self.d_skip,
+            self.norm_w,
+            self.out_proj,
+            self.dims,
+            self.ssm_cache,
+            self.norm_fn,
+        )
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
         return x + out

@@ -18,8 +18,15 @@ import torch.nn.functional as F
 from meshplan.executor.blocks import DenseLayer
 from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
 from meshplan.executor.layouts.splits import dense_splits
-from meshplan.executor.layouts.common import (KVCache, Sharded, attend_zigzag, combine_partials, partial_attention,
-                                              ZigzagKeys, zigzag_tokens)
+from meshplan.executor.layouts.common import (
+    KVCache,
+    Sharded,
+    attend_zigzag,
+    combine_partials,
+    partial_attention,
+    ZigzagKeys,
+    zigzag_tokens,
+)
 
 
 def _attend(q, k, v, layer):
@@ -104,7 +111,7 @@ class _TSPAttention(torch.autograd.Function):
 
         def gather(j):
             """Start gathering shard j's K/V (saved from the forward: nothing to wait for)."""
-            return tuple(all_gather_start(mesh, t[:, :, j * nkv:(j + 1) * nkv], "tsp", 1) for t in (k_all, v_all))
+            return tuple(all_gather_start(mesh, t[:, :, j * nkv : (j + 1) * nkv], "tsp", 1) for t in (k_all, v_all))
 
         # Backward streams the shards again in the same order: shard j's weights and gathered K/V in
         # hand while shard j + 1's broadcast and gather travel.
@@ -118,8 +125,8 @@ class _TSPAttention(torch.autograd.Function):
                 pending = _start_broadcast(mesh, packed, j + 1)
                 upcoming = gather(j + 1)  # the next shard's K/V travel while this one is differentiated
             wq, wk, wv, wo = layer.unpack_attention(w)
-            q = q_all[:, :, j * nq:(j + 1) * nq]
-            o = o_all[..., j * lq:(j + 1) * lq]
+            q = q_all[:, :, j * nq : (j + 1) * nq]
+            o = o_all[..., j * lq : (j + 1) * lq]
             kk, vv = (finish() for finish in gathers)
             if j + 1 < ax.size:
                 gathers = upcoming
@@ -142,7 +149,7 @@ class _TSPAttention(torch.autograd.Function):
             grads[j] = torch.cat([dwq.flatten(), dwk.flatten(), dwv.flatten(), dwo.flatten()])
         # Every rank holds partial gradients of all D shards: one reduce-scatter sums each onto its owner.
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
-        return dxn, own[:w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel():].view_as(w_o), None
+        return dxn, own[: w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel() :].view_as(w_o), None
 
 
 class _TSPMlp(torch.autograd.Function):
@@ -190,7 +197,7 @@ class _TSPMlp(torch.autograd.Function):
                 nxt, reqs = ring_shift(mesh, cur, "tsp")
             j = (ax.rank - hop) % ax.size
             gate, up, down = layer.unpack_mlp(cur)
-            g, sg, u, p = saved[4 * hop:4 * hop + 4]
+            g, sg, u, p = saved[4 * hop : 4 * hop + 4]
             dp = dy @ down
             ddown = torch.einsum("bth,btf->hf", dy, p)
             du = dp * sg
@@ -204,7 +211,7 @@ class _TSPMlp(torch.autograd.Function):
             if hop < ax.size - 1:
                 cur = nxt
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
-        return dxn, own[:w_in.numel()].view_as(w_in), own[w_in.numel():].view_as(w_down), None
+        return dxn, own[: w_in.numel()].view_as(w_in), own[w_in.numel() :].view_as(w_down), None
 
 
 class TSPDense(Sharded):
@@ -231,12 +238,12 @@ class TSPDense(Sharded):
         h, lq, lkv = self.hidden, self.lq, self.lkv
         n_qkv = (lq + 2 * lkv) * h
         qkv = w[:n_qkv].view(lq + 2 * lkv, h)
-        return qkv[:lq], qkv[lq:lq + lkv], qkv[lq + lkv:], w[n_qkv:].view(h, lq)
+        return qkv[:lq], qkv[lq : lq + lkv], qkv[lq + lkv :], w[n_qkv:].view(h, lq)
 
     def unpack_mlp(self, w):
         h, lf = self.hidden, self.lf
-        w_in = w[:2 * lf * h].view(2 * lf, h)
-        return w_in[:lf], w_in[lf:], w[2 * lf * h:].view(h, lf)
+        w_in = w[: 2 * lf * h].view(2 * lf, h)
+        return w_in[:lf], w_in[lf:], w[2 * lf * h :].view(h, lf)
 
     def forward(self, x):
         x = x + _TSPAttention.apply(self.attn_norm(x), self.w_qkv, self.w_o, self)

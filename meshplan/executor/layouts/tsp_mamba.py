@@ -27,13 +27,28 @@ from meshplan.executor.blocks import Mamba2Block
 from meshplan.executor.comm import Mesh, exchange, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import Sharded
 from meshplan.executor.layouts.splits import WHOLE, contiguous_splits
-from meshplan.executor.layouts.mamba import (TAG_TAIL, ShardDocs, decode_step, last_document_tail,
-                                             seq_shard_backward, seq_shard_forward, share_last_shard_state)
+from meshplan.executor.layouts.mamba import (
+    TAG_TAIL,
+    ShardDocs,
+    decode_step,
+    last_document_tail,
+    seq_shard_backward,
+    seq_shard_forward,
+    share_last_shard_state,
+)
 
 AXIS = "tsp"
 # The block's weights in the order each rank packs its shard, and the dimension each is split along.
-SPLIT = (("in_proj", 0), ("conv_w", 0), ("conv_b", 0), ("dt_bias", 0), ("a_log", 0), ("d_skip", 0), ("norm_w", 0),
-         ("out_proj", 1))
+SPLIT = (
+    ("in_proj", 0),
+    ("conv_w", 0),
+    ("conv_b", 0),
+    ("dt_bias", 0),
+    ("a_log", 0),
+    ("d_skip", 0),
+    ("norm_w", 0),
+    ("out_proj", 1),
+)
 
 
 def ring_gather(mesh: Mesh, own: torch.Tensor) -> torch.Tensor:
@@ -57,8 +72,9 @@ class _TSPMamba2Fn(torch.autograd.Function):
         zx = F.linear(xn, full["in_proj"])
         tail = layer.shift_tail(zx)
         docs = ShardDocs.of(layer.packed, layer.mesh.axis(AXIS).rank, xn.shape[1], layer.d_conv)
-        out, state, E, gathered = seq_shard_forward(zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]],
-                                                    layer.dims, None, layer.mesh, AXIS, docs)
+        out, state, E, gathered = seq_shard_forward(
+            zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]], layer.dims, None, layer.mesh, AXIS, docs
+        )
         ctx.layer, ctx.docs = layer, docs
         ctx.save_for_backward(xn, zx, tail, E, gathered, *own)
         if layer.keep_cache:  # prefill: the SSM state and conv tail decode continues from
@@ -70,9 +86,20 @@ class _TSPMamba2Fn(torch.autograd.Function):
         xn, zx, tail, E, gathered, *own = ctx.saved_tensors
         layer = ctx.layer
         full = layer.gather(own)
-        d_zx, d_state_in, *d_small = seq_shard_backward(zx, tail.transpose(1, 2), [full[n] for n, _ in SPLIT[1:]], E,
-                                                        gathered, dout.contiguous(), None, layer.dims, None,
-                                                        layer.mesh, AXIS, ctx.docs)
+        d_zx, d_state_in, *d_small = seq_shard_backward(
+            zx,
+            tail.transpose(1, 2),
+            [full[n] for n, _ in SPLIT[1:]],
+            E,
+            gathered,
+            dout.contiguous(),
+            None,
+            layer.dims,
+            None,
+            layer.mesh,
+            AXIS,
+            ctx.docs,
+        )
         d_zx = d_zx.clone()
         layer.tail_grad_back(d_zx, d_state_in.transpose(1, 2))
         grads = dict(zip([n for n, _ in SPLIT[1:]], d_small))
@@ -106,7 +133,7 @@ class TSPMamba2(Sharded):
         """A packed shard back into the rank's weight shapes."""
         out, at = [], 0
         for p in self.own():
-            out.append(flat[at:at + p.numel()].view_as(p))
+            out.append(flat[at : at + p.numel()].view_as(p))
             at += p.numel()
         return out
 
@@ -127,7 +154,7 @@ class TSPMamba2(Sharded):
 
     def xbc_tail(self, zx: torch.Tensor) -> torch.Tensor:
         di = self.dims[0]
-        return zx[:, -(self.d_conv - 1):, di:di + self.conv_channels]
+        return zx[:, -(self.d_conv - 1) :, di : di + self.conv_channels]
 
     def shift_tail(self, zx: torch.Tensor) -> torch.Tensor:
         """The previous rank's last d_conv − 1 conv inputs (zeros on the first rank)."""

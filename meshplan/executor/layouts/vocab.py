@@ -146,8 +146,9 @@ class ParallelEmbedding(Sharded):
     """`positions[i]`: the positions rank i of the token axis holds (one entry without a token split);
     `index`: this rank's."""
 
-    def __init__(self, ref: TokenEmbedding, mesh: Mesh, tensor_axis: str | None, positions: list[torch.Tensor],
-                 index: int):
+    def __init__(
+        self, ref: TokenEmbedding, mesh: Mesh, tensor_axis: str | None, positions: list[torch.Tensor], index: int
+    ):
         super().__init__()
         self.mesh, self.tensor_axis = mesh, tensor_axis
         self.columns = mesh.layout.tsp > 1
@@ -219,4 +220,3 @@ class ParallelHead(Sharded):
     def decode(self, h: torch.Tensor) -> torch.Tensor:
         """h (b, 1, hidden), the same on every rank."""
         return self._next_token(h[:, -1])
-
