@@ -7,7 +7,8 @@ reads x and dy and writes dx (bf16) — it rebuilds the pre-activation in regist
 device-to-device copy measured in the same run. Two times per call: the whole call's (CUDA events
 around it: its launches and the small torch ops around the kernel — the seq_idx cast, the dw and db
 partial sums — included), and the kernel's own (torch.profiler), over which the backward's bytes also
-count the fp32 dw, db partial sums it writes — as benchmarks/bench_ssd.py counts the scan's. The main rows run the module's settings (the
+count the fp32 dw, db partial sums it writes — as benchmarks/bench_ssd.py counts the scan's. The main rows run the
+module's settings (the
 time-marching kernels for d_conv ≤ 4); --tiles also times the tiled kernels' tiles, --march the
 marching kernels' settings.
 """
@@ -203,7 +204,8 @@ def main() -> int:
     for r in rows:
         kf, kb = r["kernels_s"]["forward"]["_conv_fwd_march"], r["kernels_s"]["backward"]["_conv_bwd_march"]
         print(
-            f"b {r['b']} t {r['t']} c {r['c']}: fwd {r['fwd_s'] * 1e3:.3f} ms ({r['fwd_bandwidth_fraction']:.0%} of roofline; "
+            f"b {r['b']} t {r['t']} c {r['c']}: fwd {r['fwd_s'] * 1e3:.3f} ms ({r['fwd_bandwidth_fraction']:.0%} of "
+            f"roofline; "
             f"kernel {kf * 1e3:.3f} ms, {r['fwd_kernel_bandwidth_fraction']:.0%}), bwd {r['bwd_s'] * 1e3:.3f} ms "
             f"({r['bwd_bandwidth_fraction']:.0%}; kernel {kb * 1e3:.3f} ms, {r['bwd_kernel_bandwidth_fraction']:.0%}), "
             f"max |err| {r['max_abs_err_vs_ref']:.2e}"

@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tomllib
 from pathlib import Path
 
+import tomllib
 import torch
 import torch.nn.functional as F
 

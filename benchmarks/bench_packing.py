@@ -83,7 +83,8 @@ def main() -> int:
     }
     json.dump(out, open(args.out, "w"), indent=1)
     print(
-        f"{len(lens)} sequences, {real:,} real tokens; padded {len(lens)} rows ({out['padding_overhead']:.2f}× tokens), "
+        f"{len(lens)} sequences, {real:,} real tokens; padded {len(lens)} rows ({out['padding_overhead']:.2f}× "
+        f"tokens), "
         f"packed {packed.rows.shape[0]} rows"
     )
     print(f"epoch: padded {t_padded:.2f} s, packed {t_packed:.2f} s → {out['packed_over_padded_speedup']:.2f}×")

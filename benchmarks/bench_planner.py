@@ -19,9 +19,8 @@ from rich.table import Table
 from meshplan.costmodel.options import CostOptions
 from meshplan.models import PRESETS
 from meshplan.planner import plan
-from meshplan.topologies import load_cluster
-
 from meshplan.planner.plan import KNOBS
+from meshplan.topologies import load_cluster
 
 # (model, cluster, nodes, seq, micro-batch, mode, stack, global batch, knobs searched)
 CASES = [

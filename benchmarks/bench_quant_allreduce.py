@@ -30,7 +30,6 @@ from meshplan.executor.comm import build_mesh, quantized_all_reduce
 from meshplan.executor.run import timed
 from meshplan.layout import Layout
 
-
 BATCH = 10  # calls per back-to-back timing
 
 
@@ -114,7 +113,8 @@ def main() -> int:
                     for p in paths
                 )
                 + f"  speedup int8 {r['speedup']:.2f}x, peer {r.get('speedup_int8_peer', float('nan')):.2f}x"
-                + f"  (max rel err {r['int8_max_rel_err']:.1e}, peer {r.get('int8_peer_max_rel_err', float('nan')):.1e},"
+                + f"  (max rel err {r['int8_max_rel_err']:.1e}, peer "
+                f"{r.get('int8_peer_max_rel_err', float('nan')):.1e},"
                 + f" bit-equal {r.get('int8_peer_equals_nccl_path')})"
             )
         print(f"TP-SSM prefill: {e2e}")

@@ -150,7 +150,8 @@ def main() -> int:
             f"backward {r['backward_s'] * 1e3:.2f} ms; forward+backward {r['train_speedup_over_reference']:.1f}x "
             f"autograd through the reference (1.69 and 5.86 ms with fp32 operands, one program per head: "
             f"ssd-h200.json at commit 0fd0ed8; steps between: ssd-bf16-forward-h200.json, "
-            f"ssd-bf16-operands-h200.json, ssd-head-loops-h200.json, ssd-bwd-dbc-ab-h200.json; the dx kernel: ssd-dx-ablation-h200.json, ssd-bwd-rowsums2-ab-h200.json, and variants not kept: "
+            f"ssd-bf16-operands-h200.json, ssd-head-loops-h200.json, ssd-bwd-dbc-ab-h200.json; the dx kernel: "
+            f"ssd-dx-ablation-h200.json, ssd-bwd-rowsums2-ab-h200.json, and variants not kept: "
             f"ssd-dx-strips-ab-h200.json, ssd-bwd-split-ddt-ab-h200.json, ssd-bwd-rowsums-ab-h200.json). Relative "
             f"error against float64: output {r['rel_err_vs_fp64']:.1e}, gradients "
             f"{max(grads['plain'].values()):.1e} at most (packed rows {max(grads['packed_every_700'].values()):.1e}). "
@@ -166,7 +167,8 @@ def main() -> int:
             f"programs' instruction issue in its sequential steps (ncu-state-passing-h200.txt), not by HBM, "
             f"so the fractions fell while the time did too. Source: ssd-h200.json; launch settings: "
             f"ssd-pass-tune-h200.json, "
-            f"ssd-fwd-tune-h200.json, ssd-bwd-tune-h200.json, ssd-head-loops-h200.json; grid order: ssd-grid-order-h200.json"
+            f"ssd-fwd-tune-h200.json, ssd-bwd-tune-h200.json, ssd-head-loops-h200.json; grid order: "
+            f"ssd-grid-order-h200.json"
         ),
         "conv_bandwidth_fraction": c0["fwd_kernel_bandwidth_fraction"],
         "conv_backward_bandwidth_fraction": c0["bwd_kernel_bandwidth_fraction"],
@@ -254,7 +256,8 @@ def main() -> int:
             f"{norm['runs'][0]['torch_fwd_bwd_s'] * 1e3:.2f} ms of torch ops. Source: gated-norm-h200.json"
         ),
         **sp_correction(load("shard-state-h200.json")),
-        "command": "python benchmarks/make_kernels_summary.py (from the raw files named in each note; each names its command)",
+        "command": "python benchmarks/make_kernels_summary.py (from the raw files named in each note; each names "
+        "its command)",
     }
     (RESULTS / "kernels-h200.json").write_text(json.dumps(out, indent=1) + "\n")
     for k, v in out.items():

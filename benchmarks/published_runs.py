@@ -19,9 +19,10 @@ import argparse
 import json
 import math
 import sys
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import tomllib
 
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
@@ -43,7 +44,7 @@ MEMORY_TOLERANCE = 0.05
 
 def paper_flops(formula: str, gbs: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
     """FLOPs of one iteration by the paper's own formula (B the global batch, s, l, h, V)."""
-    b, s, l, h, v = gbs, seq, layers, hidden, vocab
+    b, s, l, h, v = gbs, seq, layers, hidden, vocab  # noqa: E741 (the paper's symbols)
     if formula == "narayanan_eq3":  # Narayanan et al. 2021 Eq. 3 (full recompute counted: 4 passes)
         return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
     if formula in ("korthikanti_eq7", "megatron_2024"):  # Korthikanti Eq. 7; Megatron-LM training.py (4h MLP, MHA)
@@ -498,7 +499,8 @@ def main() -> int:
     for r in results:
         print(
             f"{r['id']:{width}}  {r['metric']:26} published {r['published']:10.4g}  predicted {r['predicted']:10.4g}"
-            f"  {r['relative_error']:+7.1%} {'ok' if r['within'] else 'MISS'}{' (calib)' if r['role'] != 'test' else ''}"
+            f"  {r['relative_error']:+7.1%} "
+            f"{'ok' if r['within'] else 'MISS'}{' (calib)' if r['role'] != 'test' else ''}"
         )
     print(
         f"{summary['within_tolerance']} of {summary['test_rows']} test rows within tolerance; median |error| "

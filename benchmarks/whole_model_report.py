@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshplan.executor.run import predict
-from meshplan.layout import parse_layout
 from meshplan.hf_config import load_model
+from meshplan.layout import parse_layout
 from meshplan.topologies.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,8 @@ def section(table: list[dict]) -> str:
         "prediction is `meshplan memory`'s for the whole model. Every peak is in the loss's forward, where",
         "the head's bf16 logits and the loss's fp32 copy stand together.",
         "",
-        "| model | tokens | measured peak | predicted | error | of it logits | step (measured) | step (predicted, meshplan stack) |",
+        "| model | tokens | measured peak | predicted | error | of it logits | step (measured) | step (predicted, "
+        "meshplan stack) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in table:

@@ -116,8 +116,8 @@ def memory(
 ):
     """Per-GPU memory, broken down, for one or more layouts (a dry run: nothing is allocated)."""
     from meshplan.costmodel.options import MemoryOptions
-    from meshplan.layout import parse_layout
     from meshplan.hf_config import load_model
+    from meshplan.layout import parse_layout
     from meshplan.reports import memory_records, parse_token_list, parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
@@ -441,8 +441,8 @@ def predict(
 ):
     """Cost of one given plan — memory, step time, throughput, MFU/HFU, exposed communication, the
     pipeline bubble — with no search."""
-    from meshplan.layout import parse_layout
     from meshplan.hf_config import load_model
+    from meshplan.layout import parse_layout
     from meshplan.predict import predict as predict_plan
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
@@ -525,8 +525,8 @@ def crossover(
 
     from meshplan.costmodel.crossover import time_crossover_tokens, volume_crossover_tokens
     from meshplan.costmodel.options import CostOptions
-    from meshplan.layout import Layout, validate_layout
     from meshplan.hf_config import load_model
+    from meshplan.layout import Layout, validate_layout
     from meshplan.topologies.cluster import load_cluster
 
     spec = load_model(model)
@@ -621,8 +621,8 @@ def execute(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from meshplan.layout import parse_layout, validate_layout, validate_seq
     from meshplan.hf_config import load_model
+    from meshplan.layout import parse_layout, validate_layout, validate_seq
     from meshplan.reports import parse_tokens
 
     for flag, value, low in (

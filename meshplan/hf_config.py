@@ -1,7 +1,8 @@
 """Read a local HuggingFace `config.json` into a ModelSpec, without network access.
 
 Field names follow transformers' configuration classes (LlamaConfig, MistralConfig, MambaConfig,
-Mamba2Config, FalconMambaConfig, Zamba2Config, GPT2Config, GPTNeoXConfig, GPTBigCodeConfig, OPTConfig). Unknown fields are ignored; a missing required one
+Mamba2Config, FalconMambaConfig, Zamba2Config, GPT2Config, GPTNeoXConfig, GPTBigCodeConfig, OPTConfig). Unknown fields
+are ignored; a missing required one
 is a MeshplanError naming it.
 """
 

@@ -5,7 +5,8 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from meshplan.cli import app
@@ -366,7 +367,8 @@ def test_time_crossover_exists_when_communication_dominates():
 def test_mamba2_kernel_bytes_by_hand():
     """mamba2-2.7b (80 heads of 64, d_state 128, one group) at 16384 tokens in bf16: 256 chunks of 64,
     each state buffer 256 · 80 · 64 · 128 elements; conv channels 5120 + 2 · 128. Forward: the passing's
-    weights (dt in, fp32 weights out), the passing (x, weights, B in; bf16 entering states out), the outputs (x, dt, B, C, bf16 entering states in; y out).
+    weights (dt in, fp32 weights out), the passing (x, weights, B in; bf16 entering states out), the outputs (x, dt,
+    B, C, bf16 entering states in; y out).
     Backward: the passing again, the backward passing (dy, dt, C in; bf16 dS out: as many bytes as the
     forward's), the dx kernel (x, dy, dt, B, C, bf16 E and dS in; dx, ddt and the bf16 C·B gradient
     out) and the dB/dC kernel (x, dy, dt, B, C, E, dS and the C·B gradient in; fp32 dB and dC for 4

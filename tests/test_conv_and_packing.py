@@ -3,7 +3,8 @@ invisible: a packed row gives each sequence what it gets alone."""
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplan.kernels import conv1d
 from meshplan.kernels.conv1d import causal_conv1d
@@ -23,7 +24,8 @@ def _inputs(b, t, c, k, seed, dtype=torch.float32):
 
 
 # The time-marching kernels with 16- and 18-row, 8-channel programs (several per sequence and per row;
-# 18 rows stop in the middle of a four-row step; the 18-row backward loads its rows a step ahead), and the tiled ones: 8-step tiles, 2 steps — several
+# 18 rows stop in the middle of a four-row step; the 18-row backward loads its rows a step ahead), and the tiled ones:
+# 8-step tiles, 2 steps — several
 # backward programs, each walking two tiles (dw summed across both), in the one-pass backward
 # (pre-activation rebuilt at each shift) and the two-pass one.
 @pytest.mark.parametrize("bwd_tiles", [16, 18, (8, 2, False), (8, 2, True)])

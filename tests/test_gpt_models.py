@@ -112,7 +112,7 @@ def test_bigcode_multi_query_keeps_one_kv_head(tmp_path):
 
 def test_gpt_matches_megatron_eq2():
     # Narayanan et al. 2021 Eq. 2: P = 12·l·h² + 13·l·h + (V + s)·h; plus the final LayerNorm (2h).
-    for h, l, a in ((12288, 96, 96), (2304, 24, 24), (25600, 128, 160)):
+    for h, l, a in ((12288, 96, 96), (2304, 24, 24), (25600, 128, 160)):  # noqa: E741 (Eq. 2's symbols)
         m = gpt("g", h, l, a, 51200, 2048)
         assert m.param_count() == 12 * l * h * h + 13 * l * h + (51200 + 2048) * h + 2 * h
 

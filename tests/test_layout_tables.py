@@ -10,8 +10,8 @@ import torch
 from meshplan.costmodel.layouts import sharding_for
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
-from meshplan.executor.blocks import DenseLayer, Mamba2Block
-from meshplan.executor.layouts.splits import dense_splits, mamba2_splits, contiguous_splits, vocab_split
+from meshplan.executor.blocks import DenseLayer
+from meshplan.executor.layouts.splits import contiguous_splits, dense_splits, mamba2_splits, vocab_split
 from meshplan.executor.layouts.tsp_mamba import SPLIT
 from meshplan.executor.model import CausalLM
 from meshplan.layout import parse_layout

@@ -1,6 +1,7 @@
 """Invariants of the memory model over random models, layouts and shapes (hypothesis)."""
 
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import MemoryOptions

@@ -4,10 +4,12 @@ public test set: hand-computed cases, properties, and one-line errors."""
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from meshplan.cli import app
+from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import (
@@ -19,7 +21,6 @@ from meshplan.costmodel.pipeline import (
 )
 from meshplan.costmodel.stacks import STACKS
 from meshplan.costmodel.step import as_stack_runs, estimate_step
-from meshplan.costmodel.collectives import Comm
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout
 from meshplan.models import gpt
@@ -207,7 +208,7 @@ def _dp(layout: str) -> int:
     return int(parts.get("dp", 1))
 
 
-def _gpt_config(tmp=[]):
+def _gpt_config(tmp=[]):  # noqa: B006 (a cache of the file written once)
     import tempfile
     from pathlib import Path
 

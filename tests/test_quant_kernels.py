@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplan.kernels.quant import dequantize_int8, quantize_int8
 from meshplan.kernels.reference import dequantize_int8_ref, quantize_int8_ref

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplan.kernels.reference import causal_conv1d_ref, ssd_chunked_ref, ssd_scan_ref
 
@@ -47,9 +49,6 @@ def test_conv_restarts_at_sequence_boundaries_and_continues_from_a_state():
     whole = causal_conv1d_ref(x, w)
     tail = x[:, 5 - 3 : 5].transpose(1, 2)
     torch.testing.assert_close(causal_conv1d_ref(x[:, 5:], w, initial_state=tail), whole[:, 5:])
-
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None)

@@ -41,8 +41,9 @@ def test_saved_bytes_match_activation_term(name, recompute, flash):
 
 
 def test_mamba2_recompute_gives_the_same_gradients_as_plain_autograd():
-    from meshplan.executor.blocks import Mamba2Block, mamba2_mixer
     import torch.nn.functional as F
+
+    from meshplan.executor.blocks import Mamba2Block, mamba2_mixer
 
     torch.manual_seed(0)
     block = Mamba2Block(MODELS["mamba2"]).double()

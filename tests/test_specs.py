@@ -5,8 +5,8 @@ import json
 import pytest
 
 from meshplan.errors import MeshplanError
-from meshplan.layout import Layout, parse_layout, validate_layout, validate_seq
 from meshplan.hf_config import load_model
+from meshplan.layout import Layout, parse_layout, validate_layout, validate_seq
 from meshplan.models import PRESETS
 from meshplan.topologies.cluster import build_graph, load_cluster, preset_names
 

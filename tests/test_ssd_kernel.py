@@ -3,11 +3,12 @@ autograd through the chunked reference (float64)."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from meshplan.kernels import launch
-from meshplan.kernels.reference import ssd_chunked_ref, ssd_scan_ref
+from meshplan.kernels import launch, ssd
 from meshplan.kernels.launch import token_rows
-from meshplan.kernels import ssd
+from meshplan.kernels.reference import ssd_chunked_ref, ssd_scan_ref
 from meshplan.kernels.ssd_combined import ssd_chunked
 
 # Outputs come from torch.empty poisoned with NaN: an element a kernel leaves unwritten fails.
@@ -48,9 +49,6 @@ def test_triton_ssd_matches_the_recurrence(monkeypatch, split_target, s, h, p, g
     y, st = ssd_chunked(x, dt, A, B, C, D, initial_state=h0, chunk=chunk)
     torch.testing.assert_close(y.double(), y_ref, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(st.double(), st_ref, rtol=2e-3, atol=2e-3)
-
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=10, deadline=None)

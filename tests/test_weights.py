@@ -32,8 +32,8 @@ from meshplan.executor.checkpoint import Checkpoint, load_into
 from meshplan.executor.distributed import run_distributed
 from meshplan.executor.model import CausalLM
 from meshplan.executor.rotary import Rotary, inv_freq, rotate_qk
-from meshplan.layout import parse_layout
 from meshplan.hf_config import load_model
+from meshplan.layout import parse_layout
 from meshplan.models import RopeSpec
 
 VOCAB, SEQ, BATCH = 64, 16, 2
@@ -62,7 +62,7 @@ SHAPE = dict(
 def _perturb_norms(model):
     """Scales that are not all ones, so that a norm read from the wrong tensor shows."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
     return model

@@ -99,7 +99,8 @@ DECODE_ATTENTION_HBM_FRACTION = 0.38
 # ms in elementwise kernels, where the model puts 0.224 and 0.002 ms, and 0.285 ms idle — 0.595 ms more
 # than the model's work, 6.4 µs a kernel. Charged per launched kernel of a decode step (the launch
 # floor's count), on top of the GPU work; checked on runs 53-55
-# (benchmarks/results/validation-h200-run5{3,4,5}-*.json), which were not used to set it: dense decode at one GPU 3.14-3.31 ms measured.
+# (benchmarks/results/validation-h200-run5{3,4,5}-*.json), which were not used to set it: dense decode at one GPU
+# 3.14-3.31 ms measured.
 DECODE_KERNEL_GPU_S = 6.4e-6
 # The eager executor's kernel launches, a host-side floor under every step. Kernels per block
 # invocation counted by torch.profiler on 2 × H200 over 2-layer stacks (training and prefill at
@@ -135,7 +136,8 @@ STEP_KERNELS_PER_BLOCK = {
 # a sequence split — for Mamba-2 the shard's conv tail, the all-gather of the shards' summaries and the
 # correction for the entering state (forward, recomputed forward, their backward): 126 in training,
 # from 465 kernels a 2-layer SP step at 16K and 128K
-# (benchmarks/results/validation-h200-run64-x2-mamba2-sp-correction-cat.json, `kernels_per_step`) less one GPU's 213, a block; 23 in prefill (92 a 2-layer
+# (benchmarks/results/validation-h200-run64-x2-mamba2-sp-correction-cat.json, `kernels_per_step`) less one GPU's 213,
+# a block; 23 in prefill (92 a 2-layer
 # step, less twice the 23 above). With the correction as torch ops it was 142 and 30
 # (profile-sp-mamba2-128k-conv-head-h200x2.json; validation-h200-run4{0,1}-x2-mamba2-sp-one-scan.json);
 # TSP's Mamba-2 block (the ring's hops, the gathered weights' unpacking, SP's shard steps, the gradients'

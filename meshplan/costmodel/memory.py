@@ -19,15 +19,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from meshplan.costmodel.activations import block_saved, checkpoint_units, head_saved, Saved
+from meshplan.costmodel.activations import Saved, block_saved, checkpoint_units, head_saved
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
 from meshplan.costmodel.shapes import block_params, local_bc_channels, streamed_block_params
-from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
-from meshplan.models import ModelSpec
 from meshplan.kernels import launch
 from meshplan.kernels.launch import SSD_CHUNK, bwd_splits, peer_slot_bytes
+from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
+from meshplan.models import ModelSpec
 
 ADAM_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m + v (ZeRO, Rajbhandari et al. 2020 §3)
 ADAM_STATE_BYTES_FP32_PARAMS = 8  # m + v only: fp32 weights are their own master copy

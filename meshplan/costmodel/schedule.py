@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.layouts import ScheduleContext, Sharding, block_comms, sharding_for
 from meshplan.costmodel.memory import mean_local_params
-from meshplan.costmodel.shapes import block_params
 from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.shapes import block_params
 from meshplan.layout import Layout, grad_group
 from meshplan.models import ModelSpec
 

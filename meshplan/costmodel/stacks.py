@@ -18,7 +18,8 @@ from meshplan.errors import MeshplanError
 # Achieved / peak of a transformer layer's bf16 GEMMs (forward, input-gradient and weight-gradient
 # shapes) on an H100 SXM at the shapes of the Megatron-LM README's H100 models (h 2048-18432, TP 1-8,
 # micro-batch 1-2 × 4096 tokens): 638-720 TFLOP/s, median 0.679 of 989.4
-# (benchmarks/results/gemm-shapes-h100.json, `python benchmarks/bench_gemm_shapes.py --gpu-kind h100`). The same run put torch
+# (benchmarks/results/gemm-shapes-h100.json, `python benchmarks/bench_gemm_shapes.py --gpu-kind h100`). The same run
+# put torch
 # SDPA's causal flash attention (forward + backward) at 0.20-0.39, median 0.31. Under sustained load (a
 # minute of large GEMMs first, then 2 s a shape) the same shapes at micro-batch 1 ran at 0.689 against
 # 0.712 in 20-call bursts on one machine (gemm-shapes-h100-sustained.json, gemm-shapes-h100-burst.json):

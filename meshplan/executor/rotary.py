@@ -18,7 +18,8 @@ from meshplan.models import RopeSpec
 
 
 def inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
-    """(head_dim / 2,) fp32 angular frequencies, computed as transformers does; "linear" divides them by the factor, "llama3" by
+    """(head_dim / 2,) fp32 angular frequencies, computed as transformers does; "linear" divides them by the factor,
+    "llama3" by
     the factor below its low-frequency wavelength, not at all above the high one, and blends between
     (transformers' _compute_llama3_parameters). Other kinds fall back to the default frequencies
     (executor.support.executed_spec names them as not executed)."""

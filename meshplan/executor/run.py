@@ -25,9 +25,9 @@ from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
 from meshplan.executor.checkpoint import load_into
 from meshplan.executor.comm import Mesh
-from meshplan.executor.optim import make_optimizer
 from meshplan.executor.layouts.vocab import ParallelHead
 from meshplan.executor.model import CausalLM, synthetic_tokens
+from meshplan.executor.optim import make_optimizer
 from meshplan.executor.parallelize import (
     GradientSync,
     parallelize,
@@ -170,7 +170,8 @@ def measure(
     checkpoint: str | None = None,
 ) -> dict:
     """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
-    model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None), else the layer
+    model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None), else the
+    layer
     stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
     meshplan.executor.comm.quantized_all_reduce). `host_samples`: times the host's issue time of a
     step is taken (their median is reported). `checkpoint`: a checkpoint folder each rank reads its shard of

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.executor.comm import build_mesh
+from meshplan.executor.model import tokens_from_file
 from meshplan.executor.run import (
     combine_ranks,
     environment,
@@ -20,10 +21,9 @@ from meshplan.executor.run import (
     predict,
     use_expandable_segments,
 )
-from meshplan.executor.model import tokens_from_file
 from meshplan.executor.support import executed_spec, unsupported
-from meshplan.layout import parse_layout, validate_layout, validate_seq
 from meshplan.hf_config import load_model
+from meshplan.layout import parse_layout, validate_layout, validate_seq
 from meshplan.topologies.cluster import load_cluster
 
 

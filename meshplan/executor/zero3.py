@@ -36,7 +36,8 @@ class ShardedWeights:
             for p in layer.parameters():
                 self.shards[id(p)] = shard_of(p.detach(), self.n, self.rank).clone()
                 p.register_post_accumulate_grad_hook(
-                    lambda p, at=weakref.ref(layer): (w := ref()) and w._grad_done(at())
+                    # `at` binds this iteration's layer, weakly (the hook outlives no module).
+                    lambda p, at=weakref.ref(layer): (w := ref()) and w._grad_done(at())  # noqa: B008
                 )
             self._free(layer)
             # The layer holds this object (a cycle the collector sees and frees with the layers), so

@@ -520,7 +520,7 @@ def _fwd_march_body(
     px = x_ptr + _row_offsets(xbase, t0, XT, c)[0]
     po = out_ptr + _row_offsets(base, t0, C, c)[0]
     ps = idx_ptr + pid_b * T + t0 + tl.zeros((1,), dtype=tl.int32)
-    for t in tl.range(t0, full, 4, num_stages=STAGES):
+    for _ in tl.range(t0, full, 4, num_stages=STAGES):
         xa, xb = _load_row(px, cm, EVEN_C), _load_row(px + XT, cm, EVEN_C)
         xc, xd = _load_row(px + 2 * XT, cm, EVEN_C), _load_row(px + 3 * XT, cm, EVEN_C)
         if HAS_IDX:

@@ -95,10 +95,10 @@ def ssd_scan_ref(
 
 def _segsum(a: torch.Tensor) -> torch.Tensor:
     """(..., l) → (..., l, l): sum of a[j+1..i] below the diagonal, 0 on it, -inf above."""
-    l = a.shape[-1]
+    n = a.shape[-1]
     cs = torch.cumsum(a, dim=-1)
     out = cs[..., :, None] - cs[..., None, :]
-    keep = torch.ones(l, l, dtype=torch.bool, device=a.device).tril()
+    keep = torch.ones(n, n, dtype=torch.bool, device=a.device).tril()
     return out.masked_fill(~keep, float("-inf"))
 
 

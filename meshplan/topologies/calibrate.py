@@ -28,8 +28,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_
 
 def fit_alpha_bandwidth(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares fit of t = α + M / β over (message bytes, seconds); α ≥ 0, β > 0."""
-    from scipy.optimize import nnls
     import numpy as np
+    from scipy.optimize import nnls
 
     m = np.array([p[0] for p in points], dtype=float)
     t = np.array([p[1] for p in points], dtype=float)

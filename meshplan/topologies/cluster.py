@@ -17,11 +17,12 @@ Bandwidths are per direction, in GB/s (1e9 bytes/s).
 from __future__ import annotations
 
 import difflib
-import tomllib
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from meshplan.errors import MeshplanError
 

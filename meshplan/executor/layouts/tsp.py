@@ -17,16 +17,16 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import DenseLayer
 from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
-from meshplan.executor.layouts.splits import dense_splits
 from meshplan.executor.layouts.common import (
     KVCache,
     Sharded,
+    ZigzagKeys,
     attend_zigzag,
     combine_partials,
     partial_attention,
-    ZigzagKeys,
     zigzag_tokens,
 )
+from meshplan.executor.layouts.splits import dense_splits
 
 
 def _attend(q, k, v, layer):

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from meshplan.executor.blocks import Mamba2Block
 from meshplan.executor.comm import Mesh, exchange, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import Sharded
-from meshplan.executor.layouts.splits import WHOLE, contiguous_splits
 from meshplan.executor.layouts.mamba import (
     TAG_TAIL,
     ShardDocs,
@@ -36,6 +35,7 @@ from meshplan.executor.layouts.mamba import (
     seq_shard_forward,
     share_last_shard_state,
 )
+from meshplan.executor.layouts.splits import WHOLE, contiguous_splits
 
 AXIS = "tsp"
 # The block's weights in the order each rank packs its shard, and the dimension each is split along.

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.executor.comm import AllToAll, CopyToAxis, Mesh, ReduceFromAxis, all_reduce, reduce_scatter, ring_shift
-from meshplan.executor.layouts.splits import vocab_split
 from meshplan.executor.layouts.common import Sharded
+from meshplan.executor.layouts.splits import vocab_split
 from meshplan.executor.model import OutputHead, TokenEmbedding
 
 
