@@ -616,9 +616,6 @@ def execute(
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
 ):
     """Run a layout for real under torchrun and record what it costs (one JSON file)."""
-    import os
-    import subprocess
-
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from meshplan.hf_config import load_model
@@ -676,63 +673,34 @@ def execute(
             )
     if device == "cuda":
         _warn_if_over_gpu_memory(spec, lay, tokens, batch, mode, not layers_only)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
-    if nnodes > 1:
-        if not rdzv_endpoint:
-            raise MeshplanError("--rdzv-endpoint is required with --nnodes > 1 (host:port of node 0)")
-        cmd += [f"--node-rank={node_rank}", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-backend=c10d"]
-    else:
-        cmd += ["--standalone"]
-    cmd += [
-        "-m",
-        "meshplan.executor.worker",
-        "--model",
-        model,
-        "--layout",
-        layout,
-        "--seq",
-        str(tokens),
-        "--batch",
-        str(batch),
-        "--mode",
-        mode,
-        "--device",
-        device,
-        "--steps",
-        str(steps),
-        "--out",
-        out,
-        "--timeout",
-        str(timeout),
-    ]
-    if layers:
-        cmd += ["--layers", str(layers)]
-    if layers_only:
-        cmd.append("--layers-only")
-    if tokens_file:
-        cmd += ["--tokens", tokens_file]
-    if weights:
-        cmd += ["--weights", weights]
-    if do_profile:
-        cmd.append("--profile")
-    if int8_allreduce:
-        cmd.append("--int8-allreduce")
-    env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
+    from meshplan.executor.torchrun import run_workers, worker_command
+
+    cmd = worker_command(
+        model=model,
+        layout=layout,
+        seq=tokens,
+        batch=batch,
+        mode=mode,
+        device=device,
+        steps=steps,
+        out=out,
+        timeout=timeout,
+        nproc=nproc,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        layers=layers,
+        layers_only=layers_only,
+        tokens_file=tokens_file,
+        weights=weights,
+        profile=do_profile,
+        int8_allreduce=int8_allreduce,
+    )
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=True
     ) as progress:
         progress.add_task(f"running {lay} on {nproc * nnodes} {device} processes", total=None)
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 60)
-        except subprocess.TimeoutExpired:
-            raise MeshplanError(
-                f"the run did not finish in {timeout + 60:.0f} s (--timeout); a rank may be hung"
-            ) from None
-    if proc.returncode != 0:
-        tail = [line for line in (proc.stderr or "").splitlines() if "Error" in line or "error" in line]
-        raise MeshplanError(
-            f"a rank failed (exit {proc.returncode}): {tail[-1].strip() if tail else 'see torchrun output'}"
-        )
+        run_workers(cmd, timeout)
     if not do_compare:
         console.print(run_summary(read_json(out)))
     console.print(f"wrote {out}" + ("" if do_compare else f"; `meshplan compare {out}` sets it against the prediction"))

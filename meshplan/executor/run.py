@@ -170,27 +170,14 @@ def measure(
     checkpoint: str | None = None,
 ) -> dict:
     """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
-    model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None), else the
-    layer
-    stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
+    model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None),
+    else the layer stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
     meshplan.executor.comm.quantized_all_reduce). `host_samples`: times the host's issue time of a
     step is taken (their median is reported). `checkpoint`: a checkpoint folder each rank reads its shard of
     (executor.checkpoint); the result then holds the loss of the first batch before any step ("loss")."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
-    torch.manual_seed(1234)  # every rank builds the same reference weights, then keeps its shard
-    with torch.device(device):
-        if whole:
-            layers = parallelize_model(CausalLM(model).to(DTYPES[dtype]), mesh, seq, int8_allreduce)
-            if checkpoint is not None:
-                load_into(layers, checkpoint, model)
-        else:
-            layers = parallelize(
-                stage_of(Stack(model, model.layers).to(DTYPES[dtype]), mesh), mesh, seq, int8_allreduce
-            )
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
+    layers = _build(model, mesh, seq, device, whole=whole, int8_allreduce=int8_allreduce, checkpoint=checkpoint)
     t_local = len(token_positions(mesh, seq))
     train = mode == "train"
     gen = torch.Generator(device=device).manual_seed(mesh.rank)
@@ -294,16 +281,10 @@ def measure(
         result["peak_bytes"] += result["peer_buffer_bytes"]
     if train:
         feed(1)
-        first = pipe is None or pipe.first
-        inp = x if first else hidden.detach().clone().requires_grad_()  # a later stage's input alone
-        with count_saved_bytes(unique_params(layers)) as saved:
-            y = run_layers(layers, inp)
-        y.backward(dy if head is not None or not whole else torch.randn_like(y))
-        sync.finish()  # the reductions its hooks started
-        sync.clear()
-        opt.zero_grad()
+        # One micro-batch through this rank's layers alone (a later stage's input a copy of its own).
+        inp = x if pipe is None or pipe.first else hidden.detach().clone().requires_grad_()
+        result["saved_bytes"] = _saved_bytes(layers, inp, dy if head is not None or not whole else None, sync, opt)
         x.grad = None
-        result["saved_bytes"] = saved["bytes"]
     # With the transfers skipped, ZeRO 3 would compute on weights it never gathered (run 49 read 22 ms
     # "exposed" at 16K that way), and pipeline stages would stop waiting for each other (their bubbles
     # gone: run 51 read 134 ms at 16K): neither's exposed communication is measured.
@@ -315,6 +296,38 @@ def measure(
 
         peer.release([ax.group for ax in mesh.axes.values() if ax is not None and ax.group is not None])
     return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
+
+
+def _build(
+    model: ModelSpec, mesh: Mesh, seq: int, device: str, *, whole: bool, int8_allreduce: bool, checkpoint: str | None
+) -> torch.nn.ModuleList:
+    """This rank's modules: every rank builds the same seeded reference and keeps its shard; with a
+    `checkpoint`, each rank then reads its slices of the real weights."""
+    torch.manual_seed(1234)
+    with torch.device(device):
+        if whole:
+            layers = parallelize_model(CausalLM(model).to(DTYPES[model.param_dtype]), mesh, seq, int8_allreduce)
+            if checkpoint is not None:
+                load_into(layers, checkpoint, model)
+        else:
+            stack = Stack(model, model.layers).to(DTYPES[model.param_dtype])
+            layers = parallelize(stage_of(stack, mesh), mesh, seq, int8_allreduce)
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return layers
+
+
+def _saved_bytes(layers, inp: torch.Tensor, dy: torch.Tensor | None, sync, opt) -> float:
+    """Bytes autograd saves for backward in one forward of `layers` (executor.saved); the backward
+    after it (with `dy`, or a random gradient on a stage's hidden output) leaves no gradient behind."""
+    with count_saved_bytes(unique_params(layers)) as saved:
+        y = run_layers(layers, inp)
+    y.backward(dy if dy is not None else torch.randn_like(y))
+    sync.finish()  # the reductions its hooks started
+    sync.clear()
+    opt.zero_grad()
+    return saved["bytes"]
 
 
 def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | None:
