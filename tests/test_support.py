@@ -83,3 +83,14 @@ def test_recommend_marks_what_execute_cannot_run():
     if not rows[0]["executable"]:
         best = next(r for r in rows if r["executable"])
         assert "meshplan execute cannot check" in text and f"The fastest it runs is {best['layout']}" in text
+
+
+def test_a_gpu_run_is_predicted_for_its_own_gpu():
+    """execute on an H100 was compared with an H200's time: the worker now takes the preset of the GPU
+    torch names (an H200's where none matches)."""
+    from meshplan.executor.worker import gpu_preset
+
+    assert gpu_preset("NVIDIA H100 80GB HBM3") == "h100-sxm-8"
+    assert gpu_preset("NVIDIA H200") == "h200-8"
+    assert gpu_preset("NVIDIA A100-SXM4-80GB") == "a100-sxm-8"
+    assert gpu_preset("Tesla T4") == "h200-8"

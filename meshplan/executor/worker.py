@@ -38,7 +38,12 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--dtype", default="", help="bf16 on cuda, fp32 on cpu by default")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--cluster", default="h200-8", help="cluster whose links the time prediction assumes")
+    ap.add_argument(
+        "--cluster",
+        default="",
+        help="cluster whose GPU and links the time prediction assumes "
+        "(default: the preset of the GPU the run is on, h200-8 or h100-sxm-8)",
+    )
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true", help="record GPU time by kernel category (one extra step)")
     ap.add_argument("--int8-allreduce", action="store_true", help="TP-SSM: int8-quantized block all-reduce")
@@ -49,6 +54,16 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--weights", default="", help="a HF safetensors checkpoint folder (each rank reads its shard)")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
+
+
+# The cluster preset whose GPU a run's time is predicted for, by the name torch reports.
+GPU_PRESETS = {"H100": "h100-sxm-8", "H200": "h200-8", "A100": "a100-sxm-8", "MI300X": "mi300x-8"}
+
+
+def gpu_preset(device_name: str) -> str:
+    """The preset for the GPU named `device_name` (an H200's when none matches: the GPUs the time model
+    was calibrated on)."""
+    return next((preset for key, preset in GPU_PRESETS.items() if key in device_name.upper()), "h200-8")
 
 
 def main(argv=None) -> int:
@@ -98,7 +113,9 @@ def main(argv=None) -> int:
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank == 0:
-        cluster = load_cluster(args.cluster) if args.device == "cuda" else None
+        cluster = (
+            load_cluster(args.cluster or gpu_preset(torch.cuda.get_device_name(0))) if args.device == "cuda" else None
+        )
         act = "bf16" if dtype == "bf16" else "fp32"
         run = {
             "model": model.name,
