@@ -394,6 +394,7 @@ def block_compute(
     sh: Sharding,
     e: int,
     dev: Device,
+    *,
     recompute: str,
     training: bool,
     causal_fraction: float = 0.5,

@@ -439,7 +439,20 @@ def memory_per_gpu(
         peer_buffer=int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div),
     )
     results = [
-        _stage_peak(model, layout, seq, batch, opts, sh, shared, index, stage_layers, microbatches, chunks, embeddings)
+        _stage_peak(
+            model,
+            layout,
+            seq,
+            batch,
+            opts,
+            sh,
+            shared,
+            index=index,
+            stage_layers=stage_layers,
+            microbatches=microbatches,
+            chunks=chunks,
+            embeddings=embeddings,
+        )
         for index in _stages_to_check(stage_layers, pp, microbatches, chunks)
     ]
     total, stage, phase, parts = max(results, key=lambda r: r[0])
@@ -607,6 +620,7 @@ def _stage_peak(
     opts: MemoryOptions,
     sh: Sharding,
     shared: _Shared,
+    *,
     index: int,
     stage_layers: tuple[int, ...],
     microbatches: int,

@@ -192,7 +192,9 @@ def estimate_step(
     links = _Links(layout, cluster)
     training, decode = opts.training, opts.mode == "decode"
     breakdown: dict[str, float] = {}
-    blocks = _block_times(model, layout, seq, batch, opts, sh, schedule, dev, links, breakdown)
+    blocks = _block_times(
+        model, layout, seq, batch, opts, sh, schedule=schedule, dev=dev, links=links, breakdown=breakdown
+    )
     blocks_compute, blocks_exposed = blocks.compute_s, blocks.exposed_s  # one average stage's share of the layers
     tokens = batch if decode else batch * seq / sh.token_div
     logits = logits_compute(model, batch if decode or not training else tokens, sh, opts.nbytes("act_dtype"), dev)
@@ -294,6 +296,7 @@ def _block_times(
     batch: int,
     opts: CostOptions,
     sh: Sharding,
+    *,
     schedule: StepSchedule,
     dev: Device,
     links: "_Links",
@@ -325,10 +328,10 @@ def _block_times(
             sh,
             e,
             dev,
-            opts.recompute,
-            training,
-            causal,
-            zigzag,
+            recompute=opts.recompute,
+            training=training,
+            causal_fraction=causal,
+            zigzag=zigzag,
             row_tokens=1 if decode else seq / sh.token_div,
         )
         if decode and kind == "attention":
@@ -404,7 +407,7 @@ def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) 
     tokens = batch * seq
     total = 0.0
     for kind, n in model.block_invocations():
-        comp = block_compute(model, kind, tokens, seq, one, 2, dev, "none", False)
+        comp = block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False)
         if opts.recompute == "full":
             total += n * comp.flops_fwd
         elif kind == "attention":
@@ -462,7 +465,7 @@ def _model_flops(
     dev = Device(1.0, 1.0)
     tokens = batch if decode else batch * seq
     fwd = sum(
-        n * block_compute(model, kind, tokens, seq, one, 2, dev, "none", False).flops_fwd
+        n * block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False).flops_fwd
         for kind, n in model.block_invocations()
     )
     if embeddings:
