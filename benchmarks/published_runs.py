@@ -186,7 +186,9 @@ def predict_row(row: Row) -> dict:
     )
     micro = row.get("micro_batch", 1)
     validate_layout(layout, model, cluster.num_gpus, cluster.name)
-    chosen = search_knobs(model, cluster, layout, row["seq"], 1 if micro == "searched" else micro, pinned, search)
+    chosen = search_knobs(
+        model, cluster, layout, row["seq"], 1 if micro == "searched" else micro, pinned, search=search
+    )
     mem, est, fits, chosen_knobs, opts = chosen
     if est is None:
         est = estimate_step(model, layout, row["seq"], chosen_knobs["micro_batch"], opts, cluster)

@@ -361,7 +361,9 @@ def recommend(
         sp_split=sp_split,
     )
     micro = batch or 1
-    result = plan(spec, cluster_spec, tokens, micro, opts, objective, estimate_dropped=show_all, search=search)
+    result = plan(
+        spec, cluster_spec, tokens, micro, opts, objective=objective, estimate_dropped=show_all, search=search
+    )
     if as_json:
         rows = result.ranked + (result.dropped if show_all else [])
         _print_json([c.as_dict() for c in (rows if show_all else rows[:top])])

@@ -215,7 +215,9 @@ def test_small_model_at_short_context_is_not_told_to_use_tsp():
 
 def test_decode_with_small_batches_does_not_stream_weights():
     for objective in ("throughput", "latency"):
-        result = plan(PRESETS["llama3-8b"], load_cluster("h100-sxm-8"), 8192, 2, CostOptions(mode="decode"), objective)
+        result = plan(
+            PRESETS["llama3-8b"], load_cluster("h100-sxm-8"), 8192, 2, CostOptions(mode="decode"), objective=objective
+        )
         assert result.ranked[0].layout.tsp == 1
         assert "stream every weight shard" in result.reason
 
@@ -223,7 +225,9 @@ def test_decode_with_small_batches_does_not_stream_weights():
 def test_decode_runner_up_with_fewer_replicas_is_explained_by_its_tokens():
     """dp=4,pp=2 decodes a token as fast as dp=8 (each stage holds half the layers) but for half the
     sequences: the explanation says so rather than blaming memory."""
-    result = plan(PRESETS["llama3-8b"], load_cluster("h200-8"), 32768, 8, CostOptions(mode="decode"), "throughput")
+    result = plan(
+        PRESETS["llama3-8b"], load_cluster("h200-8"), 32768, 8, CostOptions(mode="decode"), objective="throughput"
+    )
     first, second = result.ranked[0], result.ranked[1]
     assert (str(first.layout), str(second.layout)) == ("dp=8", "dp=4,pp=2")
     assert second.estimate.step_time_s == pytest.approx(first.estimate.step_time_s, rel=1e-3)
@@ -233,7 +237,7 @@ def test_decode_runner_up_with_fewer_replicas_is_explained_by_its_tokens():
 def test_a_runner_up_that_ties_in_less_memory_is_not_said_to_lose_on_memory():
     """mamba2-2.7b at 256K on 8 H200s: sp=8 and tsp=8 tie on time (tsp=8 0.03% slower) and tsp=8 needs
     less memory: the explanation gives the hair it lost by, not its memory."""
-    result = plan(PRESETS["mamba2-2.7b"], load_cluster("h200-8"), 262144, 1, CostOptions(), "throughput")
+    result = plan(PRESETS["mamba2-2.7b"], load_cluster("h200-8"), 262144, 1, CostOptions(), objective="throughput")
     first, second = result.ranked[0], result.ranked[1]
     assert second.estimate.step_time_s == pytest.approx(first.estimate.step_time_s, rel=1e-3)
     assert second.total_bytes < first.total_bytes

@@ -187,7 +187,7 @@ def test_every_rank_reads_its_shard(checkpoints, name, layouts):
     # The reference's loss on check_model's ids is transformers' loss on them.
     from meshplan.executor.model import synthetic_tokens
 
-    tokens, labels = synthetic_tokens(VOCAB, BATCH, SEQ, torch.Generator().manual_seed(1))
+    tokens, labels = synthetic_tokens(VOCAB, BATCH, SEQ, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = hf(input_ids=tokens).logits.double()
     want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()

@@ -90,7 +90,7 @@ def _unit_items(model: ModelSpec, opts: MemoryOptions, blocks: tuple[str, ...]) 
 
 
 def saved_activation_bytes(
-    model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions, layers_fraction: float = 1.0
+    model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions, *, layers_fraction: float = 1.0
 ) -> tuple[float, float]:
     """(bytes saved for backward by the layers on one GPU, bytes of the largest unit's full set).
 
@@ -368,6 +368,7 @@ def replicated_group_params(model: ModelSpec, head_div: int) -> float:
 def local_params(
     model: ModelSpec,
     sh: Sharding,
+    *,
     pp: int = 1,
     stage: str = "only",
     embeddings: bool = True,
@@ -386,7 +387,7 @@ def mean_local_params(model: ModelSpec, sh: Sharding, pp: int = 1, embeddings: b
     """A rank's parameters averaged over the pipeline stages (the first holds the embedding, the last
     the output head — a copy of the embedding when tied — and the final norm): what the executor's
     ranks hold on average, and what a step's collectives over them move per rank on average."""
-    whole = local_params(model, sh, 1, "only", embeddings)
+    whole = local_params(model, sh, embeddings=embeddings)
     if pp > 1 and embeddings and model.tied_embeddings:
         whole += model.vocab * model.d_model / sh.weight_div
     return whole / pp
@@ -410,6 +411,7 @@ def memory_per_gpu(
     seq: int,
     batch: int,
     opts: MemoryOptions = MemoryOptions(),
+    *,
     num_gpus: int | None = None,
     embeddings: bool = True,
 ) -> MemoryBreakdown:
@@ -428,7 +430,7 @@ def memory_per_gpu(
     microbatches = opts.steps_for(layout.dp, pp, batch) if train else 1
     chunks = opts.chunks if pp > 1 else 1
     # Saved activations of an even stage (1/pp of the layers); an uneven one scales by its layers.
-    saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, 1.0 / pp)
+    saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1.0 / pp)
     step_tokens = 1 if opts.mode == "decode" else seq
     shared = _Shared(
         caches=(0.0, 0.0) if train else _inference_caches(model, layout, seq, batch, sh, opts),
@@ -639,7 +641,7 @@ def _stage_peak(
     shards = grad_group(layout)[1] if zero else 1
     stage = "only" if pp == 1 else "first" if index == 0 else "last" if index == pp - 1 else "middle"
     share = stage_layers[index] / model.layers
-    params = local_params(model, sh, pp, stage, embeddings, share)
+    params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share)
     param_b = params * p_bytes / (shards if zero >= 3 else 1)
     grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
     opt_bytes = 0

@@ -146,7 +146,7 @@ def _embedding_comms(ctx: ScheduleContext, training: bool) -> list[Comm]:
 
 
 def step_schedule(
-    model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, embeddings: bool = True
+    model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, *, embeddings: bool = True
 ) -> StepSchedule:
     """Every collective of one step (train), one prefill, or one decoded token, on one rank.
 

@@ -178,6 +178,7 @@ def estimate_step(
     batch: int,
     opts: CostOptions,
     cluster: ClusterSpec,
+    *,
     schedule: StepSchedule | None = None,
     embeddings: bool = True,
 ) -> StepEstimate:
@@ -186,7 +187,7 @@ def estimate_step(
     head and the micro-batch's own collectives, the step's gradient sync and optimizer, then the
     pipeline's passes and the launch floor."""
     sh = sharding_for(layout, opts)
-    schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings)
+    schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings=embeddings)
     stack = opts.stack_spec
     dev = Device.of(cluster, stack)
     links = _Links(layout, cluster)
@@ -212,7 +213,7 @@ def estimate_step(
     timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_step)]
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, bwd_total * m, 0.0, 0.0)  # gradient sync behind the backward
-    held = local_params(model, sh, pp, "only", embeddings)
+    held = local_params(model, sh, pp=pp, embeddings=embeddings)
     opt_s = (
         optimizer_time_s(held / (grad_group(layout)[1] if layout.zero >= 1 and layout.dp > 1 else 1), dev)
         if training

@@ -159,7 +159,9 @@ def check_layout(
         k: v if k.startswith(("all_to_all", "all_gather")) and int8_allreduce else 2 * v for k, v in predicted.items()
     }
     if train:
-        result["predicted_saved_bytes"] = 2 * saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0]
+        result["predicted_saved_bytes"] = (
+            2 * saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp)[0]
+        )
     return result
 
 

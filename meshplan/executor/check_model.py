@@ -95,7 +95,7 @@ def check_model(
         return _check_decode(rank, model, layout, seq, batch, opts, weights, packed)
     train = mode == "train"
     m = opts.microbatches_for(layout.pp) if train else 1
-    tokens, labels = synthetic_tokens(model.vocab, m * batch, seq, torch.Generator().manual_seed(1))
+    tokens, labels = synthetic_tokens(model.vocab, m * batch, seq, generator=torch.Generator().manual_seed(1))
     ref, mesh, mods, ref_mods, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree, weights)
     head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
     mb = [slice(i * batch, (i + 1) * batch) for i in range(m)]
@@ -147,7 +147,7 @@ def check_model(
                 lambda p, want, grad: (weights.shard(p), _slice_of(sync, want)) if weights else (p, want),
             )
         sh = sharding_for(layout, opts)
-        layers_saved = saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0]
+        layers_saved = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp)[0]
         ends = (
             head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts)
             if head is not None
@@ -185,7 +185,7 @@ def _check_decode(
 ) -> dict:
     """Prefill `seq` tokens, then decode DECODE_STEPS more one at a time; each step's log-probabilities
     against the reference's over all the tokens so far."""
-    tokens, _ = synthetic_tokens(model.vocab, batch, seq + DECODE_STEPS, torch.Generator().manual_seed(1))
+    tokens, _ = synthetic_tokens(model.vocab, batch, seq + DECODE_STEPS, generator=torch.Generator().manual_seed(1))
     ref, mesh, mods, _, pipe = _build(model, layout, seq, batch, seq // layout.token_shard_degree, weights)
     head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
     shard_weights(mods, mesh)

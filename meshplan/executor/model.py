@@ -63,7 +63,7 @@ class CausalLM(nn.Module):
 
 
 def synthetic_tokens(
-    vocab: int, batch: int, seq: int, generator: torch.Generator | None = None, device: str | torch.device = "cpu"
+    vocab: int, batch: int, seq: int, *, generator: torch.Generator | None = None, device: str | torch.device = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, labels) of `batch` sequences of `seq` uniform random token ids; each label is the next
     token (the one past the end drawn too)."""

@@ -69,7 +69,7 @@ def predict(
     saved = 0.0
     if mode == "train":
         # One micro-batch through this rank's layers (a pipeline stage's share), and the head's.
-        saved = saved_activation_bytes(model, layout, seq, batch, opts, 1 / layout.pp)[0]
+        saved = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp)[0]
         if whole:  # the last stage's, the fullest (a run reports its fullest rank's)
             sh = sharding_for(layout, opts)
             saved += head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts)
@@ -194,7 +194,9 @@ def measure(
         # One batch a data-parallel replica: the ranks that split one sequence must see the same ids.
         replica = torch.Generator(device=device).manual_seed(mesh.axis("dp").rank if layout.dp > 1 else 0)
         ids, labels, documents = (
-            tokens if tokens is not None else (*synthetic_tokens(model.vocab, batch, seq, replica, device), None)
+            tokens
+            if tokens is not None
+            else (*synthetic_tokens(model.vocab, batch, seq, generator=replica, device=device), None)
         )
         x, labels = ids.to(device), labels.to(device)
         for layer in layers:  # packed documents: the Mamba-2 layers keep them apart

@@ -69,7 +69,7 @@ def divisors(n: int) -> list[int]:
 
 
 def enumerate_layouts(
-    model: ModelSpec, num_gpus: int, seq: int, batch: int, mode: str, global_batch: int = 0
+    model: ModelSpec, num_gpus: int, seq: int, batch: int, mode: str, *, global_batch: int = 0
 ) -> list[Layout]:
     """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
     and the shape, with each ZeRO stage when training with dp > 1. Any pp up to the layer count (uneven
@@ -116,6 +116,7 @@ def plan(
     seq: int,
     batch: int,
     opts: CostOptions = CostOptions(),
+    *,
     objective: str = "throughput",
     estimate_dropped: bool = False,
     search: frozenset = frozenset(),
@@ -128,7 +129,7 @@ def plan(
     if unknown := set(search) - set(KNOBS):
         raise MeshplanError(f"search: unknown knob {sorted(unknown)[0]!r}; use {', '.join(KNOBS)}")
     gbs = opts.global_batch if opts.training else 0
-    layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode, gbs)
+    layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode, global_batch=gbs)
     if not layouts:
         raise MeshplanError(
             f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}"
@@ -138,7 +139,7 @@ def plan(
     dropped: list[Candidate] = []
     new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
     for layout in layouts:
-        choice = search_knobs(model, cluster, layout, seq, batch, opts, search, objective)
+        choice = search_knobs(model, cluster, layout, seq, batch, opts, search=search, objective=objective)
         if choice is None:
             continue
         mem, est, fits, knobs, used = choice
@@ -191,6 +192,7 @@ def search_knobs(
     seq: int,
     batch: int,
     opts: CostOptions,
+    *,
     search: frozenset,
     objective: str = "throughput",
 ):
