@@ -191,17 +191,7 @@ def measure(
     head = layers[-1] if isinstance(layers[-1], ParallelHead) else None
     micro = CostOptions().microbatches_for(layout.pp) if train else 1
     if whole:
-        # One batch a data-parallel replica: the ranks that split one sequence must see the same ids.
-        replica = torch.Generator(device=device).manual_seed(mesh.axis("dp").rank if layout.dp > 1 else 0)
-        ids, labels, documents = (
-            tokens
-            if tokens is not None
-            else (*synthetic_tokens(model.vocab, batch, seq, generator=replica, device=device), None)
-        )
-        x, labels = ids.to(device), labels.to(device)
-        for layer in layers:  # packed documents: the Mamba-2 layers keep them apart
-            if documents is not None and hasattr(layer, "packed"):
-                layer.packed = documents.to(device)
+        x, labels = _token_inputs(model, mesh, layers, seq, batch, device, tokens)
         # The loss on the last stage starts the backward; between stages, hidden-state gradients.
         dy = torch.ones((), dtype=torch.float32, device=device) if train else None
         if head is not None:
@@ -225,19 +215,7 @@ def measure(
         layer.keep_cache = not train
     decode = mode == "decode"
     if decode:  # prefill once (not timed); the timed steps decode one token per sequence each
-        with torch.no_grad():
-            through(layers, pipe, x)
-        for layer in layers:
-            layer.keep_cache = False
-            if hasattr(layer, "share_final_state"):
-                layer.share_final_state()
-        one = torch.randn(batch, 1, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
-        if whole:
-            x = torch.randint(0, model.vocab, (batch, 1), device=device, generator=gen)
-            if pipe is not None:
-                pipe.like = one
-        else:
-            x = one
+        x = _prefill(layers, pipe, x, model, batch, device, DTYPES[dtype], gen, whole=whole)
 
     def step():
         if decode:
@@ -330,6 +308,39 @@ def _saved_bytes(layers, inp: torch.Tensor, dy: torch.Tensor | None, sync, opt) 
     sync.clear()
     opt.zero_grad()
     return saved["bytes"]
+
+
+def _token_inputs(model: ModelSpec, mesh: Mesh, layers, seq: int, batch: int, device: str, tokens: tuple | None):
+    """(ids, labels) on the device — `tokens`, or one synthetic batch a data-parallel replica (the ranks
+    that split one sequence must see the same ids) — with packed documents handed to the Mamba-2 layers."""
+    layout = mesh.layout
+    replica = torch.Generator(device=device).manual_seed(mesh.axis("dp").rank if layout.dp > 1 else 0)
+    ids, labels, documents = (
+        tokens
+        if tokens is not None
+        else (*synthetic_tokens(model.vocab, batch, seq, generator=replica, device=device), None)
+    )
+    for layer in layers:  # packed documents: the Mamba-2 layers keep them apart
+        if documents is not None and hasattr(layer, "packed"):
+            layer.packed = documents.to(device)
+    return ids.to(device), labels.to(device)
+
+
+def _prefill(layers, pipe, x, model: ModelSpec, batch: int, device: str, dtype, gen, *, whole: bool):
+    """Prefill once (not timed) and keep the caches; returns the decode steps' input: one new token id
+    (or hidden state, for the layer stack) per sequence."""
+    with torch.no_grad():
+        through(layers, pipe, x)
+    for layer in layers:
+        layer.keep_cache = False
+        if hasattr(layer, "share_final_state"):
+            layer.share_final_state()
+    one = torch.randn(batch, 1, model.d_model, dtype=dtype, device=device, generator=gen)
+    if not whole:
+        return one
+    if pipe is not None:
+        pipe.like = one
+    return torch.randint(0, model.vocab, (batch, 1), device=device, generator=gen)
 
 
 def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | None:
