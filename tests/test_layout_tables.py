@@ -11,7 +11,7 @@ from meshplan.costmodel.layouts import sharding_for
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.executor.blocks import DenseLayer
-from meshplan.executor.layouts.splits import contiguous_splits, dense_splits, mamba2_splits, vocab_split
+from meshplan.executor.layouts.splits import WHOLE, contiguous_splits, dense_splits, mamba2_splits, vocab_split
 from meshplan.executor.layouts.tsp_mamba import SPLIT
 from meshplan.executor.model import CausalLM
 from meshplan.layout import parse_layout
@@ -38,7 +38,7 @@ def _layer_table(layer, layout):
     if layout.tsp > 1:
         shapes = {name: tuple(getattr(layer, name).shape) for name, _ in SPLIT}
         return {
-            "norm.weight": dense_splits(1, 1, 1, True)["attn_norm.weight"],
+            "norm.weight": WHOLE,
             **contiguous_splits(shapes, dict(SPLIT)),
         }, layout.tsp
     di, ng, ds, nh, _ = layer.dims

@@ -20,7 +20,14 @@ from meshplan.executor.comm import build_mesh
 from meshplan.executor.layouts.vocab import ParallelHead
 from meshplan.executor.model import CausalLM, synthetic_tokens
 from meshplan.executor.optim import MixedAdam, make_optimizer
-from meshplan.executor.parallelize import GradientSync, parallelize_model, run_layers, shard_weights, unique_params
+from meshplan.executor.parallelize import (
+    GradientSync,
+    parallelize_model,
+    run_layers,
+    set_documents,
+    shard_weights,
+    unique_params,
+)
 from meshplan.executor.pipeline import Pipeline, stage_slice, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
@@ -38,12 +45,6 @@ def packed_documents(batch: int, seq: int) -> torch.Tensor:
     if ids.shape[1] != seq:
         raise ValueError(f"packed_documents is written for seq 16, not {seq}")
     return ids
-
-
-def _set_packed(mods, seq_idx) -> None:
-    for mod in mods:
-        if hasattr(mod, "packed"):
-            mod.packed = seq_idx
 
 
 def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int, weights: str | None = None):
@@ -100,7 +101,7 @@ def check_model(
     head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
     mb = [slice(i * batch, (i + 1) * batch) for i in range(m)]
     docs = packed_documents(batch, seq) if packed else None  # every micro-batch packs alike
-    _set_packed(mods, docs)
+    set_documents(mods, docs)
     ref_docs = docs.repeat(m, 1) if packed else None
     result: dict = {"rank": rank}
     if train:
@@ -190,7 +191,7 @@ def _check_decode(
     head = mods[-1] if isinstance(mods[-1], ParallelHead) else None
     shard_weights(mods, mesh)
     docs = packed_documents(batch, seq) if packed else None
-    _set_packed(mods, docs)
+    set_documents(mods, docs)
     # The decoded tokens continue the last document.
     all_docs = torch.cat([docs, docs[:, -1:].expand(-1, DECODE_STEPS)], 1) if packed else None
     for mod in mods:

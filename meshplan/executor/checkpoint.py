@@ -94,13 +94,14 @@ class Checkpoint:
         config = self.folder / "config.json"
         if not config.exists():
             raise MeshplanError(f"--weights: {folder} has no config.json; give the checkpoint's folder")
-        self.model_type = json.loads(config.read_text()).get("model_type")
+        raw = json.loads(config.read_text())
+        self.model_type = raw.get("model_type")
         if self.model_type not in LAYOUTS:
             raise MeshplanError(
                 f"--weights: the executor reads {', '.join(LAYOUTS)} checkpoints, not model_type "
                 f"{self.model_type!r}; run it without --weights (random weights)"
             )
-        self._check_config(json.loads(config.read_text()))
+        self._check_config(raw)
         index = self.folder / "model.safetensors.index.json"
         if index.exists():
             self.files = {

@@ -109,6 +109,14 @@ def parallelize_model(ref: CausalLM, mesh: Mesh, seq: int, int8_allreduce: bool 
     return nn.ModuleList(modules)
 
 
+def set_documents(layers, documents: torch.Tensor | None) -> None:
+    """Hand the whole sequence's document ids (b, s) — packed documents, or None — to the layers that
+    keep documents apart (the Mamba-2 layers: each takes its shard's ids)."""
+    for layer in layers:
+        if hasattr(layer, "packed"):
+            layer.packed = documents
+
+
 def unique_params(layers) -> list:
     """The parameters of `layers` in order, a tied one once."""
     return list({id(p): p for layer in layers for p in layer.parameters()}.values())

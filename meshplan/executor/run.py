@@ -33,6 +33,7 @@ from meshplan.executor.parallelize import (
     parallelize,
     parallelize_model,
     run_layers,
+    set_documents,
     shard_weights,
     stage_of,
     token_positions,
@@ -320,9 +321,8 @@ def _token_inputs(model: ModelSpec, mesh: Mesh, layers, seq: int, batch: int, de
         if tokens is not None
         else (*synthetic_tokens(model.vocab, batch, seq, generator=replica, device=device), None)
     )
-    for layer in layers:  # packed documents: the Mamba-2 layers keep them apart
-        if documents is not None and hasattr(layer, "packed"):
-            layer.packed = documents.to(device)
+    if documents is not None:
+        set_documents(layers, documents.to(device))
     return ids.to(device), labels.to(device)
 
 
