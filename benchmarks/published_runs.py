@@ -26,7 +26,7 @@ import tomllib
 
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.pipeline import pipeline_stages
+from meshplan.costmodel.pipeline import pipeline_stages, schedule_violation
 from meshplan.costmodel.stacks import get_stack
 from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
@@ -198,6 +198,9 @@ def predict_row(row: Row) -> dict:
     fitting_steps = []
     for choice in knob_choices(row, layout):
         trial = base_options(row, **choice)
+        steps = trial.steps_for(layout.dp, layout.pp, choice["micro_batch"])
+        if schedule_violation(trial.stack_spec, layout.pp, layout.zero, steps, trial.chunks):
+            continue  # a schedule the row's stack does not run
         if (
             memory_per_gpu(model, layout, row["seq"], choice["micro_batch"], trial).total_bytes
             <= cluster.gpu.memory_bytes

@@ -493,11 +493,21 @@ def predict(
             f"({'fits' if out['fits'] else 'does NOT fit'}; peak: {out['pipeline_stage']} stage, {out['peak_phase']})",
         ),
         ("step time", _fmt_s(out["step_time_s"])),
+        (
+            "  = compute + bubble + exposed comm + optimizer + launch wait",
+            " + ".join(
+                _fmt_s(out[k]) for k in ("compute_s", "bubble_s", "exposed_comm_s", "optimizer_s", "launch_wait_s")
+            ),
+        ),
         ("tokens/s", f"{out['tokens_per_s']:,.0f}"),
         ("MFU / HFU", f"{out['mfu']:.1%} / {out['hfu']:.1%}"),
         ("model TFLOP/s per GPU", f"{out['tflops_per_gpu']:.1f}"),
         ("exposed communication", _fmt_s(out["exposed_comm_s"])),
-        ("pipeline bubble", f"{out['bubble_fraction']:.1%}"),
+        (
+            "pipeline bubble",
+            f"{out['bubble_fraction']:.1%} of the passes"
+            + (" (schedule simulated: uneven stages)" if out["pipeline_simulated"] else ""),
+        ),
         ("bound", out["bound"]),
     ]
     for label, value in rows:
@@ -525,7 +535,7 @@ def crossover(
     """The b·s above which TSP moves fewer bytes per layer than TP (and, on a cluster, is faster)."""
     import math
 
-    from meshplan.costmodel.crossover import time_crossover_tokens, volume_crossover_tokens
+    from meshplan.costmodel.crossover import time_crossover_limit, time_crossover_tokens, volume_crossover_tokens
     from meshplan.costmodel.options import CostOptions
     from meshplan.hf_config import load_model
     from meshplan.layout import Layout, validate_layout
@@ -563,9 +573,13 @@ def crossover(
         highlight=False,
     )
     if cluster:
+        t = out["time_crossover_tokens"]
         console.print(
-            f"On {out['cluster']}, a TSP training step is no slower than TP's from "
-            f"{show(out['time_crossover_tokens'])} tokens per sequence (batch 1).",
+            f"On {out['cluster']}, a TSP training step is slower than TP's at every length up to "
+            f"{time_crossover_limit(degree):,} tokens a sequence (batch 1)."
+            if t is None
+            else f"On {out['cluster']}, a TSP training step is no slower than TP's from {t:,.0f} tokens a sequence "
+            f"({t / spec.d_model:.2f}h, batch 1) on.",
             highlight=False,
         )
 

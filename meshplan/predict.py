@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from meshplan.costmodel.memory import MemoryBreakdown, memory_per_gpu
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.pipeline import validate_batch
+from meshplan.costmodel.pipeline import schedule_violation, validate_batch
 from meshplan.costmodel.step import StepEstimate, estimate_step
+from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
@@ -65,9 +66,13 @@ class Prediction:
             "hfu": e.hfu,
             "tflops_per_gpu": self.tflops_per_gpu,
             "compute_s": e.compute_s,
+            "bubble_s": e.bubble_s,
             "exposed_comm_s": e.exposed_comm_s,
+            "optimizer_s": e.optimizer_s,
+            "launch_wait_s": e.launch_wait_s,
             "comm_bytes_per_step": e.comm_bytes_per_step,
             "bubble_fraction": e.bubble_fraction,
+            "pipeline_simulated": e.pipeline_simulated,
             "bound": e.bound,
         }
 
@@ -88,6 +93,11 @@ def predict(
         opts.chunks,
         opts.stage_layers,
     )
+    if opts.training:
+        m = opts.steps_for(layout.dp, layout.pp, micro_batch)
+        violation = schedule_violation(opts.stack_spec, layout.pp, layout.zero, m, opts.chunks)
+        if violation:
+            raise MeshplanError(violation)
     memory = memory_per_gpu(model, layout, seq, micro_batch, opts)
     step = estimate_step(model, layout, seq, micro_batch, opts, cluster)
     return Prediction(model, cluster, layout, seq, micro_batch, opts, memory, step)

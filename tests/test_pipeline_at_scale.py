@@ -15,8 +15,8 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import (
     in_flight_chunks,
     interleaved_memory_factor,
+    pipeline_passes,
     pipeline_stages,
-    pipeline_time_s,
     validate_batch,
 )
 from meshplan.costmodel.stacks import STACKS
@@ -31,14 +31,33 @@ GPT = gpt("gpt-1b", 2048, 24, 16, 51200, 2048)
 
 
 def test_bubble_by_hand():
-    # Even stages of 1 s, 8 micro-batches: (m + p − 1)·t = 11 s, bubble 3/11 (Narayanan et al. 2021 §2.2.1).
-    total, bubble = pipeline_time_s([1.0] * 4, 8, 1)
-    assert total == pytest.approx(11.0) and bubble == pytest.approx(3 / 11)
+    # Even stages of 1 s (1/3 forward, 2/3 backward), 8 micro-batches: (m + p − 1)·t = 11 s, bubble 3/11
+    # (Narayanan et al. 2021 §2.2.1).
+    f, b = [1 / 3] * 4, [2 / 3] * 4
+    passes = pipeline_passes(f, b, 8, 1)
+    assert passes.total_s == pytest.approx(11.0) and passes.bubble_fraction == pytest.approx(3 / 11)
+    assert not passes.simulated
     # Interleaved, 2 chunks a rank: the fill is (p − 1)/v stages: 8 + 1.5.
-    total, bubble = pipeline_time_s([1.0] * 4, 8, 2)
-    assert total == pytest.approx(9.5) and bubble == pytest.approx(1.5 / 9.5)
-    # Uneven: the slowest stage sets the steady state, the rest fill and drain: 4·3 + (10 − 3).
-    assert pipeline_time_s([2.0, 3.0, 3.0, 2.0], 4, 1)[0] == pytest.approx(19.0)
+    passes = pipeline_passes(f, b, 8, 2)
+    assert passes.total_s == pytest.approx(9.5) and passes.bubble_fraction == pytest.approx(1.5 / 9.5)
+    # A head of 0.5 s on the last stage makes it the slowest: 8 × 1.5 + 3 × 1.
+    assert pipeline_passes(f, b, 8, 1, 0.2, 0.3).total_s == pytest.approx(15.0)
+    # One micro-batch through 2 stages of 8 chunks: it visits the 16 chunks in turn, 2 s in all; each
+    # rank computes 1 s of it — a 50% bubble, not (p − 1)/(v·m + p − 1) = 1/9.
+    passes = pipeline_passes([1 / 3] * 2, [2 / 3] * 2, 1, 8)
+    assert passes.total_s == pytest.approx(2.0) and passes.bubble_fraction == pytest.approx(0.5)
+    assert passes.simulated
+
+
+def test_slow_first_stage_hides_the_fill():
+    """p = 2, m = 2, stage 0 takes 2 s forward and 2 s backward, stage 1 1 s and 1 s. Rank 0 warms up with
+    F0 [0, 2], runs F1 [2, 4] while rank 1 runs F0 [2, 3] and B0 [3, 4], then B0 [4, 6] and B1 [6, 8]
+    (rank 1: F1 [4, 5], B1 [5, 6]): 8 s, rank 0 never idle. The closed form's m·max + (sum − max) says 10."""
+    passes = pipeline_passes([2.0, 1.0], [2.0, 1.0], 2, 1)
+    assert passes.simulated
+    assert passes.total_s == pytest.approx(8.0)
+    assert passes.bubble_s == pytest.approx(0.0)
+    assert passes.critical_stage == 0
 
 
 def test_uneven_stages():

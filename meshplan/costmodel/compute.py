@@ -367,14 +367,17 @@ def _memory_bound_bytes_per_token(model: ModelSpec, kind: str, head_div: int, e:
 
 
 def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, dev: Device) -> float:
-    """Seconds of the slowest rank's attention forward under a zigzag split of `keys` tokens over
-    `parts` ranks: each rank runs two prefix attentions of tokens/2 queries, over (i+1)·c and (2D−i)·c
-    keys (c = keys / 2D), at the prefix kernel's rate for that many keys — shorter prefixes run at a
-    lower rate, so the balanced FLOPs do not take balanced time."""
+    """Seconds of the slowest rank's attention forward under a zigzag split of each sequence of `keys`
+    tokens over `parts` ranks, for the rank's `tokens` local queries (keys / parts of each sequence, so
+    tokens·parts/keys sequences): on each sequence a rank runs two prefix attentions of keys/2D queries,
+    over (i+1)·c and (2D−i)·c keys (c = keys / 2D), at the prefix kernel's rate for that many keys —
+    shorter prefixes run at a lower rate, so the balanced FLOPs do not take balanced time. Attention is
+    per sequence: the time is linear in the sequences a micro-batch holds."""
     import numpy as np  # here, not at the top: importing the planner loads no numpy
 
     c = keys / (2 * parts)
-    q = tokens / 2
+    q = c  # each half-shard holds keys / 2D queries of one sequence
+    sequences = tokens * parts / keys
     i = np.arange(parts)
     ends = np.concatenate([(i + 1) * c, (2 * parts - i) * c])  # each rank's two prefixes, rank by rank
     # attention_efficiency at every end at once (np.interp clamps at the table's ends as it does): the
@@ -383,7 +386,7 @@ def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, d
     eff = np.interp(np.log(ends), np.log([k for k, _ in table]), [e for _, e in table])
     # q queries, the last q of `end` positions, lower-right causal
     t = 4 * q_width * (q * ends - q * q / 2) / (dev.peak_flops * eff)
-    return float((t[:parts] + t[parts:]).max())
+    return sequences * float((t[:parts] + t[parts:]).max())
 
 
 def block_compute(

@@ -63,6 +63,11 @@ def regime(model: ModelSpec, layout: Layout, tokens: int, opts: CostOptions = Co
     return f"b·s = {tokens:,} {sign} {label} = {cross:,.0f}"
 
 
+def time_crossover_limit(degree: int) -> int:
+    """The longest sequence time_crossover_tokens tries: 2·D·2¹⁶ tokens."""
+    return 2 * degree * 2**16
+
+
 def time_crossover_tokens(model: ModelSpec, degree: int, cluster, opts: CostOptions = CostOptions()) -> float:
     """Smallest b·s (per replica, one sequence) where a TSP training step is no slower than TP's, or inf."""
 
@@ -74,7 +79,7 @@ def time_crossover_tokens(model: ModelSpec, degree: int, cluster, opts: CostOpti
             <= estimate_step(model, tp, tokens, 1, opts, cluster).step_time_s
         )
 
-    lo, hi = 2 * degree, 2 * degree * 2**16  # token counts multiple of 2·D (zigzag chunks)
+    lo, hi = 2 * degree, time_crossover_limit(degree)  # token counts multiple of 2·D (zigzag chunks)
     if not tsp_wins(hi):
         return math.inf
     if tsp_wins(lo):

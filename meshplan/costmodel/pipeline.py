@@ -9,6 +9,10 @@ schedule (megatron/core/pipeline_parallel/schedules.py: rank r warms up (p − r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from meshplan.costmodel.pipeline_sim import simulate
+from meshplan.costmodel.stacks import Stack
 from meshplan.errors import MeshplanError
 
 
@@ -50,17 +54,71 @@ def interleaved_memory_factor(pp: int, chunks: int) -> float:
     return 1 + (pp - 1) / (pp * chunks) if chunks > 1 else 1.0
 
 
-def pipeline_time_s(stage_s: list[float], microbatches: int, chunks: int) -> tuple[float, float]:
-    """(seconds of a step's forward and backward passes through the pipeline, the bubble's share of it).
+@dataclass(frozen=True)
+class PipelinePasses:
+    """A training step's forward and backward passes through the pipeline, seen from its busiest
+    stage: the passes take `total_s`, of which that stage computes `busy_s` and waits `bubble_s`."""
 
-    `stage_s`: each stage's time for one micro-batch's forward and backward. The slowest stage sets the
-    steady state, m of its micro-batches; the others fill and drain around it, in chunks of 1/v of a
-    stage under the interleaved schedule — for even stages (m + (p − 1)/v)·t, the bubble (p − 1)/(v·m)
-    of the ideal (Narayanan et al. 2021 §2.2)."""
-    slowest = max(stage_s)
-    fill = (sum(stage_s) - slowest) / chunks
-    total = microbatches * slowest + fill
-    return total, (fill / total if total > 0 else 0.0)
+    total_s: float
+    busy_s: float
+    critical_stage: int
+    simulated: bool  # priced by the simulator (meshplan.costmodel.pipeline_sim), not the closed form
+
+    @property
+    def bubble_s(self) -> float:
+        return self.total_s - self.busy_s
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.bubble_s / self.total_s if self.total_s > 0 else 0.0
+
+
+def closed_form_holds(fwd_s: list[float], bwd_s: list[float], microbatches: int, chunks: int) -> bool:
+    """Where the closed form is the schedule's exact time (tests/test_pipeline_sim.py holds it to the
+    simulator there): every stage's layers take the same time, the last adding its head; under the
+    interleaved schedule, micro-batches in whole groups of p (Megatron-Core's default
+    microbatch_group_size_per_vp_stage). Stages of unequal bodies — an uneven split of the layers —
+    are not: 1F1B's warm-up hides part of the fill behind a slow first stage, and the closed form
+    comes out up to 20% long (and, interleaved, up to 7% short)."""
+    pp = len(fwd_s)
+    even = all(_close(f, fwd_s[0]) and _close(b, bwd_s[0]) for f, b in zip(fwd_s, bwd_s))
+    return even and (chunks == 1 or microbatches % pp == 0)
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-30)
+
+
+def pipeline_passes(
+    fwd_s: list[float],
+    bwd_s: list[float],
+    microbatches: int,
+    chunks: int,
+    head_fwd_s: float = 0.0,
+    head_bwd_s: float = 0.0,
+) -> PipelinePasses:
+    """The passes of `microbatches` micro-batches through stages whose layers take `fwd_s[r]` and
+    `bwd_s[r]` a micro-batch (in `chunks` equal model chunks a rank under the interleaved schedule),
+    the last stage's last chunk adding the output head and loss (`head_fwd_s`, `head_bwd_s`).
+
+    Closed form where it is exact (closed_form_holds): the last stage, slowest, sets the steady
+    state, m of its micro-batches; the others fill and drain around it in chunks of 1/v of a stage —
+    for stages of t and a head of h, m·(t + h) + (p − 1)·t/v, the bubble (p − 1)/(v·m + p − 1) of the
+    passes without a head (Narayanan et al. 2021 §2.2). Elsewhere the schedule is simulated
+    (meshplan.costmodel.pipeline_sim, Megatron-Core's order)."""
+    pp, m = len(fwd_s), microbatches
+    stage_s = [f + b for f, b in zip(fwd_s, bwd_s)]
+    stage_s[-1] += head_fwd_s + head_bwd_s
+    critical = max(range(pp), key=lambda r: (stage_s[r], r))
+    busy = m * stage_s[critical]
+    if closed_form_holds(fwd_s, bwd_s, m, chunks):
+        return PipelinePasses(busy + (sum(stage_s) - stage_s[critical]) / chunks, busy, critical, False)
+    fwd = [[f / chunks] * chunks for f in fwd_s]
+    bwd = [[b / chunks] * chunks for b in bwd_s]
+    fwd[-1][-1] += head_fwd_s
+    bwd[-1][-1] += head_bwd_s
+    result = simulate(fwd, bwd, m, chunks=chunks)
+    return PipelinePasses(result.total_s, busy, critical, True)
 
 
 def validate_batch(
@@ -86,3 +144,35 @@ def validate_batch(
                 f"(stages {list(stages)}); pick a divisor of every stage's layer count"
             )
     return stages
+
+
+def schedule_violation(stack: Stack, pp: int, zero: int, microbatches: int, chunks: int, group: int = 0) -> str | None:
+    """Why `stack` cannot run this pipeline and data-parallel sharding, in one line (None: it can).
+
+    Interleaving with v chunks a rank (Megatron-Core's forward_backward_pipelining_with_interleaving):
+    micro-batches in groups of N = microbatch_group_size_per_vp_stage (default p), p <= N <= m, and a
+    last group of none or at least p (a shorter one stalls on its dependencies) — with the default N,
+    m a multiple of p; the Megatron-LM of 2021 asked m % p == 0 outright."""
+    if chunks > 1:
+        if not stack.interleaved_min_pp:
+            return f"--stack {stack.name} has no interleaved pipeline schedule; use --virtual-stages 1"
+        if pp < stack.interleaved_min_pp:
+            return (
+                f"--stack {stack.name} interleaves pipelines of at least {stack.interleaved_min_pp} stages, "
+                f"not pp={pp}; use --virtual-stages 1"
+            )
+        n = group or pp
+        if not pp <= n <= microbatches or 0 < microbatches % n < pp:
+            return (
+                f"the interleaved schedule takes micro-batches in groups of {n} (at least pp={pp}): "
+                f"{microbatches} a step leave a group of {microbatches % n or microbatches}; use a number of "
+                f"micro-batches (global batch / (dp × micro-batch)) that is a multiple of {pp}, or --virtual-stages 1"
+            )
+    if zero > stack.max_zero:
+        return f"--stack {stack.name} runs ZeRO up to stage {stack.max_zero}, not zero={zero}"
+    if pp > 1 and zero > stack.max_zero_with_pp:
+        return (
+            f"--stack {stack.name} runs ZeRO up to stage {stack.max_zero_with_pp} with pipeline parallelism, "
+            f"not zero={zero} with pp={pp}; use zero<={stack.max_zero_with_pp} or pp=1"
+        )
+    return None

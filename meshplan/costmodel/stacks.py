@@ -54,6 +54,12 @@ class Stack:
     # SwiGLU as one fused op that recomputes silu(gate) in its backward (Megatron's bias_swiglu_impl):
     # it saves gate and up, not silu(gate) too, as an eager torch SwiGLU does.
     fused_swiglu: bool = True
+    # The pipeline schedules and data-parallel sharding the stack runs (each stack's entry names its
+    # sources; meshplan.costmodel.pipeline.schedule_violation applies them): the fewest stages its
+    # interleaved schedule takes (0: it has none), the highest ZeRO stage it runs, and with pp > 1.
+    interleaved_min_pp: int = 0
+    max_zero: int = 3
+    max_zero_with_pp: int = 3
     gemm_efficiency: tuple[tuple[str, float], ...] = ()  # (GPU name substring, achieved / peak)
     attention_efficiency: tuple[tuple[str, float], ...] = ()
     source: str = ""
@@ -90,6 +96,16 @@ STACKS: dict[str, Stack] = {
         zero3_prefetch=True,
         pp_scatter_gather=True,
         pp_overlap=True,
+        # Interleaving from pp = 2: Megatron-Core >= 0.8 asserts pp > 1 with --overlap-p2p-comm, which
+        # arguments.py turns on by default (pp > 2 without it; NVIDIA/Megatron-LM commit 3ee489d9).
+        # ZeRO: the distributed optimizer shards the optimizer states only (ZeRO-1: its full fp32
+        # gradient buffer stays; docs/user-guide/features/dist_optimizer.md) and runs with pipelines;
+        # gradient and parameter sharding (ZeRO-2/3) is Megatron-FSDP or torch FSDP2, and FSDP2 asserts
+        # pipeline_model_parallel_size == 1 (arguments.py, core_v0.11+); Megatron-FSDP has no pipelined
+        # configuration in its tests.
+        interleaved_min_pp=2,
+        max_zero=3,
+        max_zero_with_pp=1,
         gemm_efficiency=(
             ("H100", H100_GEMM_EFFICIENCY),
             ("H200", H100_GEMM_EFFICIENCY),
@@ -110,6 +126,11 @@ STACKS: dict[str, Stack] = {
         grad_overlap=False,
         zero3_prefetch=False,
         pp_scatter_gather=True,
+        # Interleaving needs pp > 2 (arguments.py's assertion, Megatron-LM commit 182841f7, 2021-03);
+        # no ZeRO (the distributed optimizer came in 2022).
+        interleaved_min_pp=3,
+        max_zero=0,
+        max_zero_with_pp=0,
         gemm_efficiency=(
             ("A100", A100_GEMM_EFFICIENCY),
             ("H100", H100_GEMM_EFFICIENCY),
@@ -129,6 +150,12 @@ STACKS: dict[str, Stack] = {
         grad_overlap=True,
         zero3_prefetch=True,
         pp_scatter_gather=False,
+        # One pipeline schedule, synchronous 1F1B (deepspeed/runtime/pipe/schedule.py TrainSchedule); its
+        # PipelineEngine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
+        # parallelism", deepspeed/runtime/pipe/engine.py).
+        interleaved_min_pp=0,
+        max_zero=3,
+        max_zero_with_pp=1,
         gemm_efficiency=(("A100", A100_GEMM_EFFICIENCY),),
         source="Rajbhandari et al. 2020 (ZeRO) §7; Narayanan et al. 2021 §5.2 (ZeRO-3 comparison)",
     ),
@@ -145,6 +172,8 @@ STACKS: dict[str, Stack] = {
         pp_scatter_gather=False,
         grad_dtype="bf16",
         fused_swiglu=False,
+        # The executor's pipeline runs 1F1B only (meshplan/executor/pipeline.py), with ZeRO 0-3.
+        interleaved_min_pp=0,
         source="docs/validation.md; the constants of meshplan/costmodel/compute.py",
     ),
 }

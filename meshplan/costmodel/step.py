@@ -33,13 +33,15 @@ from meshplan.costmodel.compute import (
     optimizer_time_s,
     step_kernels_per_block,
 )
+from meshplan.costmodel.invariants import check_block, check_passes, check_step
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.layouts.tp import int8_block
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.pipeline import pipeline_stages, pipeline_time_s
+from meshplan.costmodel.pipeline import PipelinePasses, pipeline_passes, pipeline_stages, schedule_violation
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
 from meshplan.costmodel.stacks import Stack
+from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, grad_group, sp_zigzag
 from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
@@ -47,11 +49,14 @@ from meshplan.topologies.cluster import ClusterSpec
 
 @dataclass(frozen=True)
 class StepEstimate:
+    # step_time_s = compute_s + bubble_s + exposed_comm_s + optimizer_s + launch_wait_s, each >= 0
+    # (meshplan.costmodel.invariants checks it on every estimate). Training: the busiest pipeline
+    # stage's rank; inference: the request's path through every stage.
     step_time_s: float  # train: one optimizer step; prefill: time to first token; decode: time per token
     tokens_per_s: float  # whole cluster
-    compute_s: float  # on the critical path of one rank, per step
+    compute_s: float  # busy computing: blocks, head and loss (no bubble, no optimizer)
     comm_s: float  # all communication time, hidden or not
-    exposed_comm_s: float
+    exposed_comm_s: float  # communication the compute does not hide
     comm_bytes_per_step: float  # per rank
     mfu: float
     tokens_per_step: float
@@ -61,6 +66,10 @@ class StepEstimate:
     bubble_fraction: float = 0.0  # the pipeline's fill and drain, as a share of its passes
     microbatches: int = 1
     stage_layers: tuple[int, ...] = ()
+    bubble_s: float = 0.0  # the busiest stage waiting inside the pipeline's passes
+    optimizer_s: float = 0.0
+    launch_wait_s: float = 0.0  # the host launching kernels beyond the GPU's work (the launch floor)
+    pipeline_simulated: bool = False  # the passes priced by the schedule simulator, not the closed form
 
 
 class _Links:
@@ -196,23 +205,22 @@ def estimate_step(
     blocks = _block_times(
         model, layout, seq, batch, opts, sh, schedule=schedule, dev=dev, links=links, breakdown=breakdown
     )
-    blocks_compute, blocks_exposed = blocks.compute_s, blocks.exposed_s  # one average stage's share of the layers
     tokens = batch if decode else batch * seq / sh.token_div
     logits = logits_compute(model, batch if decode or not training else tokens, sh, opts.nbytes("act_dtype"), dev)
     if not embeddings:
         logits = BlockCompute(0.0, 0.0, 0.0, 0.0, 0.0)
-    logit_s = logits.fwd_s + (logits.bwd_s if training else 0.0)
-    mb_compute = blocks.compute_s + logit_s
-    own_comm, extra_exposed = _microbatch_collectives(
-        schedule, links, stack, mb_compute - blocks.bwd_s, blocks.bwd_s, logits.gemm_fwd_s
+    head_fwd, head_bwd = logits.fwd_s, (logits.bwd_s if training else 0.0)
+    own_comm, extra_fwd, extra_bwd = _microbatch_collectives(
+        schedule, links, stack, blocks.fwd_s + head_fwd, blocks.bwd_s + head_bwd, logits.gemm_fwd_s
     )
     mb_comm = blocks.comm_s + own_comm
-    bwd_total = blocks.bwd_s
 
     m, pp = schedule.microbatches, layout.pp
+    if training and (violation := schedule_violation(stack, pp, layout.zero, m, opts.chunks if pp > 1 else 1)):
+        raise MeshplanError(violation)  # priced only as a stack runs it
     timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_step)]
     step_comm = sum(t for _, t in timed)
-    step_exposed = _phase_exposed(timed, bwd_total * m, 0.0, 0.0)  # gradient sync behind the backward
+    step_exposed = _phase_exposed(timed, blocks.bwd_s * m, 0.0, 0.0)  # gradient sync behind the backward
     held = local_params(model, sh, pp=pp, embeddings=embeddings)
     opt_s = (
         optimizer_time_s(held / (grad_group(layout)[1] if layout.zero >= 1 and layout.dp > 1 else 1), dev)
@@ -220,16 +228,28 @@ def estimate_step(
         else 0.0
     )
 
-    # Each stage: its layers' share of an average stage's blocks, the micro-batch's own collectives, and
-    # on the last the output head and the loss (meshplan.costmodel.pipeline.pipeline_time_s).
+    # Each stage: its layers' share of an average stage's blocks and the micro-batch's own collectives,
+    # forward and backward; on the last the output head and the loss (pipeline.pipeline_passes).
     stages = pipeline_stages(model.layers, pp, opts.stage_layers)
-    even = model.layers / pp
-    stage_s = [n / even * (blocks_compute + blocks_exposed) + extra_exposed for n in stages]
-    stage_s[-1] += logit_s
-    chunks = opts.chunks if pp > 1 else 1
-    passes, bubble = pipeline_time_s(stage_s, m if training else 1, chunks if training else 1)
-    step = passes + step_exposed + opt_s
-    slots = (m + pp - 1) if training else pp  # inference: one request crosses every stage in turn
+    share = [n / (model.layers / pp) for n in stages]
+    fwd = [k * (blocks.fwd_s + blocks.exposed_fwd_s) + extra_fwd for k in share]
+    bwd = [k * (blocks.bwd_s + blocks.exposed_bwd_s) + extra_bwd for k in share]
+    if training:
+        passes = pipeline_passes(fwd, bwd, m, opts.chunks if pp > 1 else 1, head_fwd, head_bwd)
+        # The busiest stage's rank: its compute, its exposed collectives, and its wait for the others.
+        stage_s = [f + b for f, b in zip(fwd, bwd)]
+        stage_s[-1] += head_fwd + head_bwd
+        check_passes(stage_s, m, passes.total_s, passes.busy_s)
+        r = passes.critical_stage
+        compute = m * (share[r] * (blocks.fwd_s + blocks.bwd_s) + (head_fwd + head_bwd if r == pp - 1 else 0.0))
+        exposed = m * (share[r] * blocks.exposed_s + extra_fwd + extra_bwd)
+    else:
+        # Inference: one request crosses every stage in turn; no stage waits on another's work.
+        total = sum(fwd) + head_fwd
+        passes = PipelinePasses(total, total, pp - 1, False)
+        compute = blocks.fwd_s * sum(share) + head_fwd
+        exposed = total - compute
+    slots = (m + pp - 1) if training else pp  # micro-batch slots a rank launches kernels for
     # The eager executor's kernel launches: a host-side floor under a small step.
     host = slots * _host_s(schedule, layout, opts.mode, dev) if opts.floors_launches else 0.0
     if decode:
@@ -238,56 +258,66 @@ def estimate_step(
     else:
         breakdown["host_s"] = host
         tokens_per_step = layout.dp * m * batch * seq
-    step = max(step, host)
+    gpu_step = passes.total_s + step_exposed + opt_s
+    step = max(gpu_step, host)
     flops_one = _model_flops(model, batch, seq, decode, training, embeddings)
     model_flops = flops_one * layout.dp * m
     hardware_flops = (flops_one + _recompute_flops(model, batch, seq, opts) if training else flops_one) * layout.dp * m
     peak = step * layout.world_size * dev.peak_flops
-    mfu = model_flops / peak if step > 0 else 0.0
-    # Exposed communication on the critical path: the passes at the slowest stage's exposed share.
-    slowest = max(range(pp), key=lambda i: stage_s[i])
-    exposed_share = (
-        (stages[slowest] / even * blocks_exposed + extra_exposed) / stage_s[slowest] if stage_s[slowest] > 0 else 0.0
-    )
-    exposed_total = passes * exposed_share + step_exposed
     breakdown.update(
         {
             "optimizer_s": opt_s,
-            "logits_compute_s": logit_s,
+            "logits_compute_s": head_fwd + head_bwd,
             "pipeline_slots": slots,
             "microbatches": m,
-            "pipeline_passes_s": passes,
-            "bubble_fraction": bubble,
+            "pipeline_passes_s": passes.total_s,
+            "bubble_fraction": passes.bubble_fraction,
             "gradient_sync_exposed_s": step_exposed,
         }
     )
-    return StepEstimate(
+    est = StepEstimate(
         step_time_s=step,
         tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
-        compute_s=passes * (1 - exposed_share) + opt_s,
+        compute_s=compute,
         comm_s=slots * mb_comm + step_comm,
-        exposed_comm_s=exposed_total,
+        exposed_comm_s=exposed + step_exposed,
         comm_bytes_per_step=schedule.comm_bytes_per_step,
-        mfu=mfu,
+        mfu=model_flops / peak if step > 0 else 0.0,
         tokens_per_step=tokens_per_step,
-        bound=_bound(decode, exposed_total, step, schedule, links, host),
+        bound="",
         breakdown=breakdown,
         hfu=hardware_flops / peak if step > 0 else 0.0,
-        bubble_fraction=bubble,
+        bubble_fraction=passes.bubble_fraction,
         microbatches=m,
         stage_layers=stages,
+        bubble_s=passes.bubble_s,
+        optimizer_s=opt_s,
+        launch_wait_s=step - gpu_step,
+        pipeline_simulated=passes.simulated,
     )
+    est = replace(est, bound=_bound(est, decode, schedule, links))
+    check_step(est, dev, world_size=layout.world_size, hardware_flops=hardware_flops, model_flops=model_flops)
+    return est
 
 
 @dataclass
 class _Blocks:
-    """One micro-batch through an average pipeline stage's blocks: compute, exposed and all
-    communication seconds, and the backward's share of the compute."""
+    """One micro-batch through an average pipeline stage's blocks: compute and exposed communication
+    seconds of the forward and the backward, and all communication seconds."""
 
-    compute_s: float = 0.0
-    exposed_s: float = 0.0
-    comm_s: float = 0.0
+    fwd_s: float = 0.0
     bwd_s: float = 0.0
+    exposed_fwd_s: float = 0.0
+    exposed_bwd_s: float = 0.0
+    comm_s: float = 0.0
+
+    @property
+    def compute_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+    @property
+    def exposed_s(self) -> float:
+        return self.exposed_fwd_s + self.exposed_bwd_s
 
 
 def _block_times(
@@ -319,7 +349,7 @@ def _block_times(
     causal = 1 - 1 / (2 * layout.sp) if layout.sp > 1 and not sp_balanced else 0.5
     zigzag_parts = layout.tsp if layout.tsp > 1 else layout.sp if sp_balanced else 0
     zigzag = 0 if decode else zigzag_parts
-    mb_compute = mb_exposed = mb_comm = bwd_total = 0.0
+    out = _Blocks()
     for kind, comms in schedule.per_block.items():
         comp = block_compute(
             model,
@@ -335,6 +365,7 @@ def _block_times(
             zigzag=zigzag,
             row_tokens=1 if decode else seq / sh.token_div,
         )
+        check_block(kind, comp, dev)
         if decode and kind == "attention":
             comp = _decode_attention(comp, model, batch, seq, sh, opts, dev)
         if decode and kind in ("mamba2", "mamba1"):
@@ -343,7 +374,7 @@ def _block_times(
         if int8_block(opts, layout, kind) and not decode:
             fwd += int8_allreduce_kernels_s(tokens * model.d_model, layout.tpssm, dev)
         timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
-        mb_comm += sum(t for _, t in timed) * schedule.invocations[kind]
+        out.comm_s += sum(t for _, t in timed) * schedule.invocations[kind]
         exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
         exposed_bwd = (
             _phase_exposed(
@@ -367,26 +398,27 @@ def _block_times(
             ("scan_conv", comp.kernel_fwd_s + comp.kernel_bwd_s),
         ):
             breakdown[f"{part}_s"] = breakdown.get(f"{part}_s", 0.0) + n * value
-        mb_compute += n * (fwd + bwd)
-        bwd_total += n * bwd
-        mb_exposed += n * exposed
+        out.fwd_s += n * fwd
+        out.bwd_s += n * bwd
+        out.exposed_fwd_s += n * exposed_fwd
+        out.exposed_bwd_s += n * exposed_bwd
         breakdown[f"{kind}_compute_s"] = n * (fwd + bwd)
         breakdown[f"{kind}_exposed_comm_s"] = n * exposed
 
     if decode:  # the GPU's own cost of each tiny decode kernel (compute.DECODE_KERNEL_GPU_S)
         kernel_gpu = _kernels(schedule, layout, opts.mode) * DECODE_KERNEL_GPU_S
-        mb_compute += kernel_gpu
+        out.fwd_s += kernel_gpu
         breakdown["decode_kernel_gpu_s"] = kernel_gpu
-    return _Blocks(mb_compute, mb_exposed, mb_comm, bwd_total)
+    return out
 
 
 def _microbatch_collectives(
     schedule: StepSchedule, links: "_Links", stack: Stack, fwd_s: float, bwd_s: float, head_gemm_s: float
-) -> tuple[float, float]:
-    """(all seconds, exposed seconds) of a micro-batch's own collectives — embedding, loss, pipeline
-    sends, ZeRO 3's gathers — on every stage: weight streams hide behind the LM head's GEMM, the rest
-    behind the phase's compute."""
-    comm = exposed = 0.0
+) -> tuple[float, float, float]:
+    """(all seconds, exposed forward, exposed backward) of a micro-batch's own collectives —
+    embedding, loss, pipeline sends, ZeRO 3's gathers — on every stage: weight streams hide behind the
+    LM head's GEMM, the rest behind the phase's compute."""
+    comm, exposed = 0.0, {}
     for phase, compute_s, gemm_s in (("fwd", fwd_s, head_gemm_s), ("bwd", bwd_s, 2 * head_gemm_s)):
         timed = [
             (c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_microbatch) if c.phase == phase
@@ -394,8 +426,8 @@ def _microbatch_collectives(
         comm += sum(t for _, t in timed)
         stream = [(c, t) for c, t in timed if c.overlap == "gemm"]
         rest = [(c, t) for c, t in timed if c.overlap != "gemm"]
-        exposed += _phase_exposed(stream, gemm_s, gemm_s, 0.0) + _phase_exposed(rest, compute_s, 0, 0)
-    return comm, exposed
+        exposed[phase] = _phase_exposed(stream, gemm_s, gemm_s, 0.0) + _phase_exposed(rest, compute_s, 0, 0)
+    return comm, exposed["fwd"], exposed["bwd"]
 
 
 def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) -> float:
@@ -474,16 +506,32 @@ def _model_flops(
     return fwd * (3 if training else 1)
 
 
-def _bound(decode: bool, exposed: float, step: float, schedule: StepSchedule, links: _Links, host: float = 0.0) -> str:
+def _bound(est: StepEstimate, decode: bool, schedule: StepSchedule, links: _Links) -> str:
+    """What limits the step: the largest of its shares (compute, exposed communication, the pipeline's
+    bubble, the host's launches beyond the GPU's work), and for decode what the compute waits on."""
+    step = est.step_time_s
     if step <= 0:
         return "idle"
-    if host >= step:
+    shares = {
+        "compute": est.compute_s,
+        "communication": est.exposed_comm_s,
+        "pipeline": est.bubble_s,
+        "launch": est.launch_wait_s,
+        "optimizer": est.optimizer_s,
+    }
+    largest = max(shares, key=shares.get)
+    if largest == "launch" or est.breakdown.get("host_s", est.breakdown.get("decode_host_s", 0.0)) >= step:
         return "launch-bound: the host issues kernels slower than the GPU runs them"
-    if decode:
+    if decode and largest in ("compute", "communication"):
         streamed = sum(links.time_s(c) * n for c, n in schedule.all_comms() if c.overlap == "gemm")
         if streamed > 0.5 * step:
             return "bandwidth-bound: weights streamed every token"
-        if exposed > 0.5 * step:
+        if largest == "communication":
             return "latency-bound: small collectives every token"
         return "HBM-bound: weights and cache read every token"
-    return "communication-bound" if exposed > 0.5 * step else "compute-bound"
+    return {
+        "compute": "compute-bound",
+        "communication": "communication-bound",
+        "pipeline": "pipeline-bound: stages wait in the fill and drain",
+        "optimizer": "optimizer-bound",
+    }[largest]

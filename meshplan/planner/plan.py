@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 from meshplan.costmodel.crossover import regime
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.pipeline import pipeline_stages
+from meshplan.costmodel.pipeline import pipeline_stages, schedule_violation
+from meshplan.costmodel.stacks import Stack
 from meshplan.costmodel.step import StepEstimate, estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.executor.support import unsupported
@@ -69,11 +70,19 @@ def divisors(n: int) -> list[int]:
 
 
 def enumerate_layouts(
-    model: ModelSpec, num_gpus: int, seq: int, batch: int, mode: str, *, global_batch: int = 0
+    model: ModelSpec,
+    num_gpus: int,
+    seq: int,
+    batch: int,
+    mode: str,
+    *,
+    global_batch: int = 0,
+    stack: Stack | None = None,
 ) -> list[Layout]:
     """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
-    and the shape, with each ZeRO stage when training with dp > 1. Any pp up to the layer count (uneven
-    stages); with a global batch fixed, only the DP degrees that divide it."""
+    and the shape, with each ZeRO stage when training with dp > 1 that `stack` runs at that pp (all of
+    them when None). Any pp up to the layer count (uneven stages); with a global batch fixed, only the
+    DP degrees that divide it."""
     tensor_axis = "tpssm" if model.has_mamba else "tp"
     out: list[Layout] = []
     for dp in divisors(num_gpus):
@@ -86,6 +95,8 @@ def enumerate_layouts(
             shapes = [{}] if mp == 1 else [{tensor_axis: mp}, {"sp": mp}, {"tsp": mp}]
             shapes += [{tensor_axis: t, "sp": mp // t} for t in divisors(mp) if 1 < t < mp]
             zeros = (0, 1, 2, 3) if mode == "train" and dp > 1 else (0,)
+            if stack is not None:
+                zeros = tuple(z for z in zeros if z <= (stack.max_zero_with_pp if pp > 1 else stack.max_zero))
             for shape in shapes:
                 for zero in zeros:
                     layout = Layout(dp=dp, pp=pp, zero=zero, **shape)
@@ -129,7 +140,7 @@ def plan(
     if unknown := set(search) - set(KNOBS):
         raise MeshplanError(f"search: unknown knob {sorted(unknown)[0]!r}; use {', '.join(KNOBS)}")
     gbs = opts.global_batch if opts.training else 0
-    layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode, global_batch=gbs)
+    layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode, global_batch=gbs, stack=opts.stack_spec)
     if not layouts:
         raise MeshplanError(
             f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}"
@@ -214,8 +225,12 @@ def search_knobs(
     for sp in sps:
         for mb in batches:
             for v in chunks:
+                if opts.training and schedule_violation(
+                    opts.stack_spec, layout.pp, layout.zero, opts.steps_for(layout.dp, layout.pp, mb), v
+                ):
+                    continue  # a schedule the stack cannot run
                 used = replace(
-                    opts, tp_sequence_parallel=sp, virtual_stages=v, schedule="interleaved" if v > 1 else opts.schedule
+                    opts, tp_sequence_parallel=sp, virtual_stages=v, schedule="interleaved" if v > 1 else "1f1b"
                 )
                 for rc in recomputes:
                     if rc == "selective" and used.flash_attention and len(recomputes) > 1:
@@ -273,36 +288,7 @@ def explain(
             "alone, as a stack that captures its steps in CUDA graphs would run."
         )
     if len(ranked) > 1:
-        r_c = ranked[1]
-        r = r_c.estimate
-        diffs = {
-            "compute": r.compute_s - w.compute_s,
-            "exposed communication": r.exposed_comm_s - w.exposed_comm_s,
-        }
-        main = max(diffs, key=diffs.get)
-        same_time = abs(r.step_time_s - w.step_time_s) <= 1e-3 * w.step_time_s
-        if objective != "memory" and same_time and abs(r.tokens_per_s / w.tokens_per_s - 1) > 1e-3:
-            lost = (
-                f"its step takes as long but carries {r.tokens_per_step:,.0f} tokens against {w.tokens_per_step:,.0f}"
-            )
-        elif objective == "memory" or (same_time and r_c.total_bytes >= win.total_bytes):
-            tie = "" if objective == "memory" else "it ties on time and "
-            lost = f"{tie}it needs {_gib(r_c.total_bytes)} per GPU against {_gib(win.total_bytes)}"
-        elif same_time:  # a tie the winner takes by a hair, though the runner-up needs less memory
-            lost = (
-                f"it is {r.step_time_s / w.step_time_s - 1:.2%} slower per {per}, a tie inside the cost "
-                f"model's error, though it needs less memory ({_gib(r_c.total_bytes)} per GPU against "
-                f"{_gib(win.total_bytes)})"
-            )
-        elif diffs[main] > 0:
-            lost = (
-                f"its {main} costs {_ms(diffs[main])} more per {per} "
-                f"({_ms(getattr(r, 'compute_s' if main == 'compute' else 'exposed_comm_s'))} against "
-                f"{_ms(getattr(w, 'compute_s' if main == 'compute' else 'exposed_comm_s'))})"
-            )
-        else:
-            lost = f"it is {r.step_time_s / w.step_time_s - 1:.1%} slower per {per}"
-        text.append(f"The runner-up, {r_c.layout} ({r.tokens_per_s:,.0f} tokens/s), lost because {lost}.")
+        text.append(_runner_up(win, ranked[1], objective, per))
     close = [
         c for c in ranked[1:] if c.estimate.step_time_s and abs(c.estimate.tokens_per_s / w.tokens_per_s - 1) <= 0.02
     ]
@@ -332,3 +318,49 @@ def explain(
         text.append(f"meshplan execute cannot check {win.layout} on GPUs ({win.not_executed}).{then}")
     text.append(f"{len(ranked)} of {len(ranked) + len(dropped)} valid meshes fit.")
     return " ".join(text)
+
+
+# The parts a step is the sum of (StepEstimate), as the reason text names them.
+STEP_PARTS = (
+    ("compute", "compute_s"),
+    ("pipeline bubble", "bubble_s"),
+    ("exposed communication", "exposed_comm_s"),
+    ("optimizer step", "optimizer_s"),
+    ("kernel launches beyond the GPU's work", "launch_wait_s"),
+)
+
+
+def _runner_up(win: Candidate, run: Candidate, objective: str, per: str) -> str:
+    """Why the runner-up lost, comparing like with like: time per token under the throughput objective
+    (the two steps may carry different tokens), per step under latency — the part of the step whose
+    difference is largest, each side's value beside it; a tie inside the model's error goes to memory."""
+    w, r = win.estimate, run.estimate
+    head = f"The runner-up, {run.layout} ({r.tokens_per_s:,.0f} tokens/s)"
+    if objective == "memory":
+        return f"{head}, lost because it needs {_gib(run.total_bytes)} per GPU against {_gib(win.total_bytes)}."
+    # Seconds of each part for the winner's tokens (throughput) or for one step (latency).
+    scale = w.tokens_per_step / r.tokens_per_step if objective == "throughput" and r.tokens_per_step else 1.0
+    w_total, r_total = w.step_time_s, r.step_time_s * scale
+    slower = r_total / w_total - 1 if w_total > 0 else 0.0
+    unit = per if scale == 1.0 else f"{w.tokens_per_step:,.0f} tokens"
+    if slower <= 1e-3:
+        if run.total_bytes >= win.total_bytes:
+            need = f"{_gib(run.total_bytes)} per GPU against {_gib(win.total_bytes)}"
+            return f"{head}, lost because it ties on time and needs {need}."
+        return (
+            f"{head}, is {slower:.2%} slower per {unit}, a tie inside the cost model's error, though it needs less "
+            f"memory ({_gib(run.total_bytes)} per GPU against {_gib(win.total_bytes)})."
+        )
+    diffs = {name: getattr(r, attr) * scale - getattr(w, attr) for name, attr in STEP_PARTS}
+    main = max(diffs, key=diffs.get)
+    attr = dict(STEP_PARTS)[main]
+    carries = (
+        f" (its step carries {r.tokens_per_step:,.0f} tokens against {w.tokens_per_step:,.0f}; times are for the "
+        f"winner's {w.tokens_per_step:,.0f})"
+        if scale != 1.0
+        else ""
+    )
+    return (
+        f"{head}, is {slower:.1%} slower per {unit}{carries}: the largest difference is its {main}, "
+        f"{_ms(getattr(r, attr) * scale)} against {_ms(getattr(w, attr))}."
+    )

@@ -1,0 +1,119 @@
+"""A discrete-event simulator of the pipeline schedules: the independent reference the closed forms in
+meshplan.costmodel.pipeline are held to (tests/test_pipeline_sim.py), and what prices a schedule where
+no closed form holds.
+
+Each pipeline rank runs its forward and backward units in the fixed order its schedule gives; a unit
+starts when the rank is free and its input is there:
+- the forward of micro-batch i on virtual stage k needs i's forward on stage k − 1 (sent from the
+  rank before it, `p2p_s` later);
+- the backward on stage k needs i's backward on stage k + 1 (likewise sent), and on the last virtual
+  stage i's own forward (the loss).
+Virtual stage k = c·p + r is model chunk c of rank r (Megatron-Core's interleaving: a rank holds
+chunks r, p + r, 2p + r, …). Sends are asynchronous and buffered: a rank never waits on its
+receiver, which is the schedule's ideal; a blocking exchange can only add to it.
+
+Orders (Megatron-Core, megatron/core/pipeline_parallel/schedules.py):
+- 1F1B (forward_backward_pipelining_without_interleaving): rank r runs min(p − r − 1, m) warm-up
+  forwards, then alternates one forward and one backward, then drains the remaining backwards.
+- Interleaved 1F1B (forward_backward_pipelining_with_interleaving): the (micro-batch, chunk) units in
+  the order of the schedule table (get_schedule_table: groups of N micro-batches, N =
+  microbatch_group_size_per_vp_stage, default p; within a group every chunk in turn, each over the
+  group's micro-batches; the last group takes the rest), backwards over the same table with the chunks
+  reversed; (p − r − 1)·2 + (v − 1)·N warm-up forwards (all of them when that reaches m·v), then one
+  forward and one backward in turn, then the remaining backwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import MeshplanError
+
+
+@dataclass(frozen=True)
+class SimResult:
+    total_s: float  # from the first forward's start to the last backward's end
+    busy_s: tuple[float, ...]  # each rank's compute
+    idle_s: tuple[float, ...]  # each rank's waiting inside total_s
+
+
+def schedule_table(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of each forward in a rank's order under the interleaved schedule."""
+    table: list[tuple[int, int]] = []
+    for start in range(0, microbatches, group):
+        end = microbatches if start + group >= microbatches else start + group
+        table += [(i, c) for c in range(chunks) for i in range(start, end)]
+    return table
+
+
+def rank_order(rank: int, pp: int, microbatches: int, chunks: int, group: int = 0) -> list[tuple[str, int, int]]:
+    """The units ("F" or "B", micro-batch, chunk) rank `rank` runs, in order."""
+    m, v = microbatches, chunks
+    if v == 1:
+        fwd = [(i, 0) for i in range(m)]
+        bwd = fwd
+        warmup = min(pp - rank - 1, m)
+    else:
+        group = group or pp
+        fwd = schedule_table(m, v, group)
+        bwd = [(i, v - 1 - c) for i, c in fwd]
+        warmup = min((pp - rank - 1) * 2 + (v - 1) * group, m * v)
+    order = [("F", *fwd[k]) for k in range(warmup)]
+    for k in range(len(fwd) - warmup):
+        order += [("F", *fwd[warmup + k]), ("B", *bwd[k])]
+    order += [("B", *bwd[k]) for k in range(len(fwd) - warmup, len(fwd))]
+    return order
+
+
+def simulate(
+    fwd_s: list[list[float]] | list[float],
+    bwd_s: list[list[float]] | list[float],
+    microbatches: int,
+    *,
+    chunks: int = 1,
+    group: int = 0,
+    p2p_s: float = 0.0,
+) -> SimResult:
+    """Run one training step's pipeline: `fwd_s[r][c]` and `bwd_s[r][c]` are rank r's chunk c's
+    seconds for one micro-batch (a flat list: one chunk a rank); `group`: Megatron's
+    microbatch_group_size_per_vp_stage (0: pp); `p2p_s`: a send's latency between consecutive ranks."""
+    fwd = [list(x) if isinstance(x, (list, tuple)) else [x] for x in fwd_s]
+    bwd = [list(x) if isinstance(x, (list, tuple)) else [x] for x in bwd_s]
+    pp, v, m = len(fwd), chunks, microbatches
+    if any(len(row) != v for row in fwd + bwd) or len(bwd) != pp:
+        raise MeshplanError(f"pipeline simulator: give {v} chunk times for each of {pp} ranks, forward and backward")
+    if m < 1:
+        raise MeshplanError(f"pipeline simulator: microbatches must be >= 1, got {m}")
+    last = pp * v - 1
+    orders = [rank_order(r, pp, m, v, group) for r in range(pp)]
+    done: dict[tuple[str, int, int], float] = {}  # (F|B, micro-batch, virtual stage) -> end time
+    free = [0.0] * pp
+    busy = [0.0] * pp
+    pos = [0] * pp
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while pos[r] < len(orders[r]):
+                kind, i, c = orders[r][pos[r]]
+                k = c * pp + r
+                if kind == "F":
+                    dep = ("F", i, k - 1) if k > 0 else None
+                    cost = fwd[r][c]
+                else:
+                    dep = ("B", i, k + 1) if k < last else ("F", i, k)
+                    cost = bwd[r][c]
+                if dep is not None and dep not in done:
+                    break
+                ready = 0.0 if dep is None else done[dep] + (p2p_s if dep[2] != k else 0.0)
+                start = max(free[r], ready)
+                free[r] = start + cost
+                busy[r] += cost
+                done[(kind, i, k)] = free[r]
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # the orders above never deadlock; a wrong order would
+            raise MeshplanError("pipeline simulator: the schedule deadlocks")
+    total = max(free)
+    return SimResult(total, tuple(busy), tuple(total - b for b in busy))
