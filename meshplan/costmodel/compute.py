@@ -414,7 +414,7 @@ def block_compute(
     attn = 0.0
     if kind == "attention":
         core_flops = 4 * tokens * keys * model.attention.q_width / head_div * causal_fraction
-        if tokens == 1 or keys <= 1:
+        if keys <= 1:
             attn = 0.0
         elif not dev.flash_attention:
             attn = unfused_attention_s(model, tokens, keys, head_div, e, dev)
@@ -422,7 +422,7 @@ def block_compute(
             attn = zigzag_attention_s(model.attention.q_width / head_div, tokens, keys, zigzag, dev)
         else:
             attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
-        windowed = model.windowed_share(keys) if tokens > 1 else 0.0
+        windowed = model.windowed_share(keys) if keys > 1 else 0.0
         if windowed:
             # A sliding window of w keys: a query sees min(i, w) of them, w − w²/2s on average over s
             # positions, instead of s/2; one invocation here is the mean over the window and full layers.

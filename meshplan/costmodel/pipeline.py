@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel.pipeline_sim import simulate
+from meshplan.costmodel.pipeline_sim import one_f_one_b, simulate
 from meshplan.costmodel.stacks import Stack
 from meshplan.errors import MeshplanError
 
@@ -113,6 +113,11 @@ def pipeline_passes(
     busy = m * stage_s[critical]
     if closed_form_holds(fwd_s, bwd_s, m, chunks):
         return PipelinePasses(busy + (sum(stage_s) - stage_s[critical]) / chunks, busy, critical, False)
+    if chunks == 1:  # the same schedule solved cycle by cycle (pipeline_sim.one_f_one_b): fast at scale
+        f, b = list(fwd_s), list(bwd_s)
+        f[-1] += head_fwd_s
+        b[-1] += head_bwd_s
+        return PipelinePasses(one_f_one_b(f, b, m).total_s, busy, critical, True)
     fwd = [[f / chunks] * chunks for f in fwd_s]
     bwd = [[b / chunks] * chunks for b in bwd_s]
     fwd[-1][-1] += head_fwd_s

@@ -117,3 +117,64 @@ def simulate(
             raise MeshplanError("pipeline simulator: the schedule deadlocks")
     total = max(free)
     return SimResult(total, tuple(busy), tuple(total - b for b in busy))
+
+
+def one_f_one_b(fwd_s: list[float], bwd_s: list[float], microbatches: int, *, p2p_s: float = 0.0) -> SimResult:
+    """The 1F1B schedule of `simulate` (one chunk a rank), solved cycle by cycle over all ranks at once.
+
+    Rank r runs w_r = min(p − r − 1, m) warm-up forwards, then in cycle j = 0 … m − 1 the forward of
+    micro-batch w_r + j (while there is one) and the backward of j. A cycle's forwards wait for the
+    rank before (its previous cycle's forward), its backwards for the rank after in the same cycle —
+    a running maximum down the ranks. Once every rank runs both units, a cycle is the one before
+    shifted by a constant (the schedule's steady state, a max-plus recurrence): from the first cycle
+    that repeats its predecessor shifted, the remaining full cycles are added at once, exactly."""
+    import numpy as np
+
+    f, b = np.asarray(fwd_s, float), np.asarray(bwd_s, float)
+    pp, m, lat = len(f), microbatches, p2p_s
+    ranks = np.arange(pp)
+    warm = np.minimum(pp - 1 - ranks, m)
+    fend = np.full((pp, m), -np.inf)
+    # Warm-up forward i on every rank that has one: a chain down the ranks (Q: the chain's offsets).
+    q = np.concatenate([[0.0], np.cumsum(f[:-1] + lat)])  # Σ_{t<r} (f_t + lat)
+    prev = np.zeros(pp)  # each rank's last end time
+    for i in range(int(warm.max(initial=0))):
+        has = warm > i
+        start = np.where(has, prev, -np.inf)
+        end = np.maximum.accumulate(start - q) + q + f  # max(rank before + lat, own previous) + f
+        fend[has, i] = end[has]
+        prev = np.where(has, end, prev)
+    # Cycles: forward of w_r + j (while < m), then backward of j.
+    suffix = np.concatenate([np.cumsum((b + lat)[::-1])[::-1], [0.0]])  # Σ_{t>=r} (b_t + lat)
+    full = m - int(warm[0]) if pp > 1 else m  # cycles where every rank runs a forward
+    last_shift = None
+    bend_prev = None
+    j = 0
+    while j < m:
+        mb = warm + j
+        has = mb < m
+        before = np.concatenate([[-np.inf], fend[ranks[:-1], np.minimum(mb[1:], m - 1)]]) + lat
+        before = np.where(has & (ranks > 0), before, -np.inf)
+        fwd_end = np.where(has, np.maximum(prev, before) + f, prev)
+        fend[ranks[has], mb[has]] = fwd_end[has]
+        # Backward of j: B_r = max(F_r, B_{r+1} + lat) + b_r, a running maximum up the ranks.
+        start = fwd_end - suffix[1:] + lat  # the rank's own ready time, in the chain's offsets
+        bend = np.maximum.accumulate(start[::-1])[::-1] + suffix[1:] - lat + b
+        if bend_prev is not None and j < full:
+            shift = bend - bend_prev
+            tol = 1e-12 * abs(float(bend[0]))
+            steady = last_shift is not None and np.ptp(shift) <= tol and np.abs(last_shift - shift).max() <= tol
+            skip = full - 1 - j  # full cycles left after this one: each this one shifted by λ more
+            if steady and skip > 0:
+                lam = float(shift[0])
+                later = np.arange(1, skip + 1)
+                fend[ranks[:, None], warm[:, None] + j + later] = fwd_end[:, None] + later * lam
+                bend, fwd_end = bend + skip * lam, fwd_end + skip * lam
+                j += skip
+            last_shift = shift
+        bend_prev = bend
+        prev = bend
+        j += 1
+    total = float(prev.max())
+    busy = m * (f + b)
+    return SimResult(total, tuple(busy.tolist()), tuple((total - busy).tolist()))

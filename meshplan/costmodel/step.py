@@ -55,7 +55,7 @@ class StepEstimate:
     step_time_s: float  # train: one optimizer step; prefill: time to first token; decode: time per token
     tokens_per_s: float  # whole cluster
     compute_s: float  # busy computing: blocks, head and loss (no bubble, no optimizer)
-    comm_s: float  # all communication time, hidden or not
+    comm_s: float  # all communication time, hidden or not (the same rank's, or the request's path)
     exposed_comm_s: float  # communication the compute does not hide
     comm_bytes_per_step: float  # per rank
     mfu: float
@@ -213,7 +213,6 @@ def estimate_step(
     own_comm, extra_fwd, extra_bwd = _microbatch_collectives(
         schedule, links, stack, blocks.fwd_s + head_fwd, blocks.bwd_s + head_bwd, logits.gemm_fwd_s
     )
-    mb_comm = blocks.comm_s + own_comm
 
     m, pp = schedule.microbatches, layout.pp
     if training and (violation := schedule_violation(stack, pp, layout.zero, m, opts.chunks if pp > 1 else 1)):
@@ -243,12 +242,14 @@ def estimate_step(
         r = passes.critical_stage
         compute = m * (share[r] * (blocks.fwd_s + blocks.bwd_s) + (head_fwd + head_bwd if r == pp - 1 else 0.0))
         exposed = m * (share[r] * blocks.exposed_s + extra_fwd + extra_bwd)
+        comm = m * (share[r] * blocks.comm_s + own_comm) + step_comm
     else:
         # Inference: one request crosses every stage in turn; no stage waits on another's work.
         total = sum(fwd) + head_fwd
         passes = PipelinePasses(total, total, pp - 1, False)
         compute = blocks.fwd_s * sum(share) + head_fwd
         exposed = total - compute
+        comm = sum(share) * blocks.comm_s + pp * own_comm
     slots = (m + pp - 1) if training else pp  # micro-batch slots a rank launches kernels for
     # The eager executor's kernel launches: a host-side floor under a small step.
     host = slots * _host_s(schedule, layout, opts.mode, dev) if opts.floors_launches else 0.0
@@ -279,7 +280,7 @@ def estimate_step(
         step_time_s=step,
         tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
         compute_s=compute,
-        comm_s=slots * mb_comm + step_comm,
+        comm_s=comm,
         exposed_comm_s=exposed + step_exposed,
         comm_bytes_per_step=schedule.comm_bytes_per_step,
         mfu=model_flops / peak if step > 0 else 0.0,
@@ -501,14 +502,15 @@ def _model_flops(
         n * block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False).flops_fwd
         for kind, n in model.block_invocations()
     )
-    if embeddings:
-        fwd += logits_compute(model, tokens, one, 2, dev).flops_fwd
+    if embeddings:  # inference takes the logits of each sequence's last position only
+        fwd += logits_compute(model, tokens if training else batch, one, 2, dev).flops_fwd
     return fwd * (3 if training else 1)
 
 
 def _bound(est: StepEstimate, decode: bool, schedule: StepSchedule, links: _Links) -> str:
-    """What limits the step: the largest of its shares (compute, exposed communication, the pipeline's
-    bubble, the host's launches beyond the GPU's work), and for decode what the compute waits on."""
+    """What limits the step: the host when its kernel launches set it, else the largest of its shares
+    (compute, exposed communication, the pipeline's bubble, the optimizer), and for decode what the
+    compute waits on."""
     step = est.step_time_s
     if step <= 0:
         return "idle"
@@ -516,12 +518,11 @@ def _bound(est: StepEstimate, decode: bool, schedule: StepSchedule, links: _Link
         "compute": est.compute_s,
         "communication": est.exposed_comm_s,
         "pipeline": est.bubble_s,
-        "launch": est.launch_wait_s,
         "optimizer": est.optimizer_s,
     }
-    largest = max(shares, key=shares.get)
-    if largest == "launch" or est.breakdown.get("host_s", est.breakdown.get("decode_host_s", 0.0)) >= step:
+    if est.launch_wait_s > 0:  # the host's launches set the step: the GPU's work hides under them
         return "launch-bound: the host issues kernels slower than the GPU runs them"
+    largest = max(shares, key=shares.get)
     if decode and largest in ("compute", "communication"):
         streamed = sum(links.time_s(c) * n for c, n in schedule.all_comms() if c.overlap == "gemm")
         if streamed > 0.5 * step:

@@ -1,0 +1,230 @@
+"""Random plans a user could ask about — HF-shaped models (dense, GQA, Mamba-2, hybrid), clusters of
+1 to 4,096 nodes, meshes, knobs, global batches, modes and stacks — and the rules every answer obeys,
+checked from the outside: the estimates' own numbers against physics and an independent schedule
+simulator, not against meshplan.costmodel.invariants (which checks the same rules from inside).
+
+Used by tests/test_invariants.py (hypothesis draws the choices) and benchmarks/invariant_sweep.py
+(a seeded random.Random draws them: the same sweep runs on any commit of the code, to count what
+broke before a fix)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from meshplan.costmodel.compute import ATTENTION_EFFICIENCY, Device
+from meshplan.costmodel.memory import memory_per_gpu
+from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.pipeline import validate_batch
+from meshplan.costmodel.pipeline_sim import simulate
+from meshplan.costmodel.stacks import STACKS
+from meshplan.costmodel.step import estimate_step
+from meshplan.errors import MeshplanError
+from meshplan.layout import Layout, validate_layout, validate_seq
+from meshplan.models import PRESETS, dense, mamba2
+from meshplan.topologies import load_cluster
+
+CLUSTERS = ("h100-sxm-8", "h200-8", "a100-sxm-8", "mi300x-8", "v100-dgx2-16")
+
+
+@dataclass(frozen=True)
+class RandomPlan:
+    model: object
+    cluster_name: str
+    nodes: int
+    layout: Layout
+    seq: int
+    micro_batch: int
+    opts: CostOptions
+
+    def __str__(self) -> str:
+        o = self.opts
+        return (
+            f"{self.model.name} on {self.nodes}×{self.cluster_name} {self.layout} seq {self.seq} mb {self.micro_batch} "
+            f"{o.mode} stack {o.stack} gbs {o.global_batch} v {o.virtual_stages} rc {o.recompute} "
+            f"tp-sp {o.tp_sequence_parallel}"
+        )
+
+
+def random_model(choose, integer):
+    """A dense (MHA or GQA), Mamba-2 or hybrid model of random HF-like shape."""
+    family = choose(["dense", "dense", "mamba2", "hybrid", "mamba1"])
+    layers = integer(1, 128)
+    if family == "dense":
+        head_dim = choose([64, 128])
+        heads = choose([8, 16, 32, 40, 64, 96, 128])
+        kv = choose([h for h in (1, 2, 4, 8, heads) if heads % h == 0])
+        ffn = head_dim * heads * choose([2, 3, 4]) + choose([0, 256])
+        vocab = choose([32000, 50304, 128256, 151936])
+        return dense(
+            f"dense-{heads}x{head_dim}-{layers}L", heads * head_dim, layers, heads, kv, ffn, vocab, tied=choose([0, 1])
+        )
+    if family == "mamba2":
+        d_model = 256 * integer(2, 24)
+        return mamba2(f"mamba2-{d_model}-{layers}L", d_model, layers, 50288, ngroups=choose([1, 2, 8]))
+    preset = PRESETS["zamba2-7b" if family == "hybrid" else "falcon-mamba-7b"]
+    if family == "hybrid":
+        layers = max(layers, preset.hybrid_layers)
+    return replace(preset, layers=layers, name=f"{preset.name}-{layers}L")
+
+
+def random_plan(choose, integer) -> RandomPlan:
+    """One plan; `choose(options)` picks one of a list, `integer(lo, hi)` an integer in [lo, hi]. Plans
+    that do not validate raise MeshplanError (the caller draws again)."""
+    model = random_model(choose, integer)
+    name = choose(CLUSTERS)
+    nodes = choose([1, 1, 2, 4, 8, 16, 64, 128, 1024, 4096])
+    cluster = load_cluster(name, nodes)
+    n = cluster.num_gpus
+    dp = choose(_divisors(n))
+    pp = choose([p for p in _divisors(n // dp) if p <= max(model.layers, 1)])
+    mp = n // dp // pp
+    tensor = "tpssm" if model.has_mamba else "tp"
+    shapes = [{}] if mp == 1 else [{tensor: mp}, {"sp": mp}, {"tsp": mp}]
+    shapes += [{tensor: t, "sp": mp // t} for t in _divisors(mp) if 1 < t < mp]
+    mode = choose(["train", "train", "train", "prefill", "decode"])
+    zero = choose([0, 1, 2, 3]) if mode == "train" and dp > 1 else 0
+    layout = Layout(dp=dp, pp=pp, zero=zero, **choose(shapes))
+    validate_layout(layout, model, n)
+    seq = 1024 * choose([1, 2, 4, 8, 16, 32, 128])
+    micro_batch = choose([1, 1, 2, 4, 8])
+    validate_seq(layout, seq, micro_batch)
+    v = choose([1, 1, 2, 3, 4, 8]) if pp > 1 and mode == "train" else 1
+    steps = choose([1, 2, 3, 4, 8, 16, 32])
+    opts = CostOptions(
+        mode=mode,
+        stack=choose(sorted(STACKS)),
+        recompute=choose(["none", "selective", "full"]),
+        tp_sequence_parallel=bool(choose([0, 1])),
+        global_batch=dp * micro_batch * steps if mode == "train" else 0,
+        schedule="interleaved" if v > 1 else "1f1b",
+        virtual_stages=v,
+    )
+    validate_batch(model.layers, pp, dp, micro_batch, opts.global_batch, opts.chunks)
+    return RandomPlan(model, name, nodes, layout, seq, micro_batch, opts)
+
+
+def _divisors(n: int) -> list[int]:
+    return (
+        [d for d in range(1, n + 1) if n % d == 0] if n <= 4096 else [d for d in (1, 2, 4, 8, 16, 64, n) if n % d == 0]
+    )
+
+
+def best_rate(dev: Device) -> float:
+    attention = [e for _, e in dev.attention_causal] + [e for _, e in dev.attention_prefix]
+    return max([dev.gemm_efficiency, ATTENTION_EFFICIENCY] + attention)
+
+
+PARTS = ("compute_s", "bubble_s", "exposed_comm_s", "optimizer_s", "launch_wait_s")
+
+
+def violations(plan: RandomPlan) -> list[str]:
+    """The rules the plan's answer breaks (empty: none). A plan the stack cannot run must be refused
+    (a MeshplanError naming the rule), never priced."""
+    cluster = load_cluster(plan.cluster_name, plan.nodes)
+    model, layout, seq, mb, opts = plan.model, plan.layout, plan.seq, plan.micro_batch, plan.opts
+    try:
+        est = estimate_step(model, layout, seq, mb, opts, cluster)
+    except MeshplanError:
+        return []  # refused in one line: nothing priced, nothing to break
+    out: list[str] = []
+    if opts.training and _stack_cannot_run(plan, est.microbatches):
+        out.append("priced a schedule its stack cannot run")
+    step = est.step_time_s
+    tol = 1e-9 * step
+    parts = {k: getattr(est, k, 0.0) for k in PARTS}
+    if any(v < -tol for v in parts.values()) or any(v < -tol for k, v in est.breakdown.items() if k.endswith("_s")):
+        out.append("a negative time")
+    if abs(sum(parts.values()) - step) > 1e-6 * step:
+        out.append("step is not the sum of its parts")
+    if est.exposed_comm_s > est.comm_s * (1 + 1e-6) + tol:
+        out.append("exposed communication above all communication")
+    dev = Device.of(cluster, opts.stack_spec)
+    if est.hfu > best_rate(dev) * (1 + 1e-6):
+        out.append("HFU above the stack's best achieved rate")
+    if est.mfu > est.hfu * (1 + 1e-9):
+        out.append("MFU above HFU")
+    # The label: the host when its launches set the step, else the largest share.
+    largest = "launch_wait_s" if parts["launch_wait_s"] > 0 else max(parts, key=parts.get)
+    label = {"compute_s": "compute", "bubble_s": "pipeline", "exposed_comm_s": "communication"}.get(largest)
+    if largest == "launch_wait_s":
+        label = "launch"
+    if label and not est.bound.startswith(label) and not opts.mode == "decode":
+        out.append("the label is not the largest share")
+    if opts.training and layout.pp > 1:
+        out += _bubble_violations(plan, cluster)
+    if model.attention is not None and opts.mode != "decode":
+        out += _attention_linear(plan, cluster, est)
+    return out
+
+
+def _stack_cannot_run(plan: RandomPlan, microbatches: int) -> bool:
+    """The stacks' own rules, restated from their sources (meshplan.costmodel.stacks cites them)."""
+    stack, layout, v = plan.opts.stack_spec, plan.layout, plan.opts.chunks
+    min_pp = {"megatron": 2, "megatron-2021": 3}.get(stack.name, 0)  # 0: no interleaved schedule
+    if v > 1 and (not min_pp or layout.pp < min_pp or microbatches % layout.pp or microbatches < layout.pp):
+        return True
+    max_zero = {"megatron-2021": 0}.get(stack.name, 3)
+    max_zero_pp = {"megatron": 1, "megatron-2021": 0, "deepspeed": 1}.get(stack.name, 3)
+    return layout.zero > max_zero or (layout.pp > 1 and layout.zero > max_zero_pp)
+
+
+def _bubble_violations(plan: RandomPlan, cluster) -> list[str]:
+    """The layer stack alone on stages of equal layers: every stage takes the same time, so the bubble
+    is the schedule's own, which the simulator gives for (p, m, v) whatever the stage's time."""
+    model, layout = plan.model, plan.layout
+    if model.layers % layout.pp or (plan.opts.chunks > 1 and (model.layers // layout.pp) % plan.opts.chunks):
+        return []
+    try:
+        est = estimate_step(model, layout, plan.seq, plan.micro_batch, plan.opts, cluster, embeddings=False)
+    except MeshplanError:
+        return []
+    m, v = est.microbatches, plan.opts.chunks
+    sim = simulate([[1 / v] * v] * layout.pp, [[2 / v] * v] * layout.pp, m, chunks=v)
+    truth = 1 - sim.busy_s[0] / sim.total_s
+    if abs(est.bubble_fraction - truth) > 1e-6:
+        return [f"bubble {est.bubble_fraction:.4f} is not the schedule's {truth:.4f} (p={layout.pp}, m={m}, v={v})"]
+    return []
+
+
+def _attention_linear(plan: RandomPlan, cluster, est) -> list[str]:
+    """Attention is per sequence: twice the micro-batch, twice the attention time."""
+    opts = replace(plan.opts, global_batch=plan.opts.global_batch * 2) if plan.opts.global_batch else plan.opts
+    try:
+        twice = estimate_step(plan.model, plan.layout, plan.seq, 2 * plan.micro_batch, opts, cluster)
+    except MeshplanError:
+        return []
+    one, two = est.breakdown.get("attention_s", 0.0), twice.breakdown.get("attention_s", 0.0)
+    if not math.isclose(two, 2 * one, rel_tol=1e-9, abs_tol=1e-15):
+        return [f"attention not linear in the micro-batch ({one:.3e} s at {plan.micro_batch}, {two:.3e} s at twice)"]
+    return []
+
+
+def memory_violations(plan: RandomPlan) -> list[str]:
+    """Memory never shrinks when work grows: twice the sequence needs no fewer bytes in all, nor
+    fewer activation bytes at the same peak phase; twice the ranks on a weight-splitting axis hold no
+    more parameter bytes."""
+    model, layout, seq, mb, opts = plan.model, plan.layout, plan.seq, plan.micro_batch, plan.opts
+    out = []
+    try:
+        base = memory_per_gpu(model, layout, seq, mb, opts)
+        longer = memory_per_gpu(model, layout, 2 * seq, mb, opts)
+    except MeshplanError:
+        return []
+    if longer.total_bytes < base.total_bytes * (1 - 1e-12):
+        out.append("memory shrinks when the sequence grows")
+    same_phase = getattr(longer, "peak_phase", None) == getattr(base, "peak_phase", None)
+    if same_phase and longer.per_gpu_bytes["activations"] < base.per_gpu_bytes["activations"] * (1 - 1e-12):
+        out.append("activations shrink when the sequence grows")
+    for axis in ("tp", "tpssm", "tsp"):
+        if getattr(layout, axis) > 1:
+            wider = replace(layout, **{axis: getattr(layout, axis) * 2})
+            try:
+                validate_layout(wider, model)
+                validate_seq(wider, seq, mb)
+                split = memory_per_gpu(model, wider, seq, mb, opts)
+            except MeshplanError:
+                continue
+            if split.per_gpu_bytes["parameters"] > base.per_gpu_bytes["parameters"] * (1 + 1e-12):
+                out.append(f"parameters grow when {axis} doubles")
+    return out
