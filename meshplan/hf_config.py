@@ -339,7 +339,7 @@ def _opt(f: _Fields, name: str) -> ModelSpec:
         bias=bool(f.get("enable_bias", True)),
         norm="layernorm",
         positions="learned",
-        max_positions=f.whole("max_position_embeddings") + OPT_POSITION_OFFSET,
+        max_positions=f.whole("max_position_embeddings", default=2048) + OPT_POSITION_OFFSET,  # OPTConfig's
     )
     proj = f.whole("word_embed_proj_dim", default=hidden)
     if proj != hidden:
