@@ -1,15 +1,17 @@
 """Read a local HuggingFace `config.json` into a ModelSpec, without network access.
 
-Field names follow transformers' configuration classes (LlamaConfig, MistralConfig, MambaConfig,
-Mamba2Config, FalconMambaConfig, Zamba2Config, GPT2Config, GPTNeoXConfig, GPTBigCodeConfig, OPTConfig). Unknown fields
-are ignored; a missing required one
-is a MeshplanError naming it.
+Field names and defaults follow transformers' configuration classes (LlamaConfig, MistralConfig,
+MambaConfig, Mamba2Config, FalconMambaConfig, Zamba2Config, GPT2Config, GPTNeoXConfig,
+GPTBigCodeConfig, OPTConfig, …), and the shapes what their modeling files build from them:
+tests/test_hf_families.py holds every family's parameter count to transformers' own model, built on
+the meta device. Unknown fields are ignored; a missing or malformed one is a MeshplanError naming the
+file and the key.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,37 +20,88 @@ from meshplan.models import PRESETS, AttentionSpec, Mamba1Spec, Mamba2Spec, MlpS
 
 
 class _Fields:
-    def __init__(self, raw: dict[str, Any], where: str):
-        self.raw, self.where = raw, where
+    """A config's fields, and the file they came from; `prefix` names where a nested config sits in it
+    (a multimodal Gemma3's `text_config.`), so that an error names the key as the file spells it."""
+
+    def __init__(self, raw: dict[str, Any], where: str, prefix: str = ""):
+        self.raw, self.where, self.prefix = raw, where, prefix
+
+    def error(self, message: str) -> MeshplanError:
+        return MeshplanError(f"{self.where}: {message}")
 
     def need(self, *names: str) -> Any:
         """The first of `names` present (aliases across config versions); error if none is."""
         for name in names:
             if name in self.raw and self.raw[name] is not None:
                 return self.raw[name]
-        raise MeshplanError(
-            f"{self.where}: missing required field {names[0]!r} for model_type {self.raw.get('model_type')!r}"
+        raise self.error(
+            f"missing required field {self.prefix + names[0]!r} for model_type {self.raw.get('model_type')!r}"
         )
 
     def get(self, name: str, default: Any) -> Any:
         value = self.raw.get(name)
         return default if value is None else value
 
-    def as_whole(self, name: str, value: Any) -> int:
-        """`value` of field `name` as an int: a JSON integer (or a float with nothing after the point);
-        anything else — 32.5, "4096", true — is a malformed config, not a number to round."""
+    def as_whole(self, name: str, value: Any, minimum: int = 1) -> int:
+        """`value` of field `name` as an int of at least `minimum` (a size: positive, unless the field
+        may be 0): a JSON integer, or a float with nothing after the point; anything else — 32.5, "4096",
+        true — is a malformed config, not a number to round."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-            raise MeshplanError(f"{self.where}: {name} must be a whole number, got {value!r}")
+            raise self.error(f"{self.prefix}{name} must be a whole number, got {value!r}")
+        if value < minimum:
+            kind = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+            raise self.error(f"{self.prefix}{name} must be {kind}, got {value!r}")
         return int(value)
 
-    def whole(self, *names: str, default: Any = None) -> int:
-        """The first of `names` present, as a whole number; `default` where none is (required when None)."""
+    def whole(self, *names: str, default: Any = None, minimum: int = 1) -> int:
+        """The first of `names` present, as a whole number of at least `minimum`; `default` where none
+        is (required when None)."""
         for name in names:
             if self.raw.get(name) is not None:
-                return self.as_whole(name, self.raw[name])
+                return self.as_whole(name, self.raw[name], minimum)
         if default is None:
-            return self.as_whole(names[0], self.need(*names))
+            return self.as_whole(names[0], self.need(*names), minimum)
         return default
+
+    def flag(self, name: str, default: bool) -> bool:
+        return bool(self.get(name, default))
+
+    def refuse_unless(self, name: str, modelled: bool, what: str) -> None:
+        """A flag whose other value changes shapes that meshplan does not model: one line naming it."""
+        if self.flag(name, modelled) != modelled:
+            raise self.error(
+                f"{self.prefix}{name} {str(not modelled).lower()} ({what}) is not modelled; "
+                f"meshplan prices the published shapes, with {name} {str(modelled).lower()}"
+            )
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    """What transformers does where a Llama-shaped family's config.json is silent, and which bias flags
+    its modeling file reads (transformers 5: configuration_<family>.py and modeling_<family>.py). A
+    config that transformers saves omits the values equal to these (save_pretrained writes a diff)."""
+
+    kv_heads: int | None = None  # num_key_value_heads when absent (None: num_attention_heads)
+    head_dim: int | None = None  # head_dim when absent (None: hidden_size / num_attention_heads)
+    window: int | None = None  # sliding_window when absent (an explicit null: no window)
+    windowed: bool = True  # whether the family reads sliding_window at all
+    attention_bias: bool = True  # whether attention_bias puts biases on Q, K, V and O
+    mlp_bias: bool = False  # whether mlp_bias puts biases on the MLP's projections
+    tied: bool = False  # tie_word_embeddings when absent
+
+
+_GEMMA = _Defaults(kv_heads=4, head_dim=256, window=4096, tied=True)
+_DENSE = {
+    "llama": _Defaults(windowed=False, mlp_bias=True),
+    "granite": _Defaults(windowed=False, mlp_bias=True),
+    "mistral": _Defaults(kv_heads=8, window=4096, attention_bias=False),
+    "phi3": _Defaults(attention_bias=False),
+    "qwen2": _Defaults(kv_heads=32, window=4096, attention_bias=False),  # Q, K, V always biased, O never
+    "qwen3": _Defaults(kv_heads=32, head_dim=128, window=4096),
+    "gemma2": _GEMMA,
+    "gemma3_text": _GEMMA,
+    "olmo2": _Defaults(windowed=False),
+}
 
 
 def _llama(
@@ -58,35 +111,46 @@ def _llama(
     qkv_bias: bool = False,
     qk_norm: str = "",
     post_norms: bool = False,
-    tied_default: bool = False,
     window_layers: int | None = None,
 ) -> ModelSpec:
     """Llama and the decoders shaped like it. `qk_norm`: "head" (a head_dim scale each for queries and
     keys: Qwen3, Gemma3) or "width" (over the whole query and key widths: OLMo2); `post_norms`: the
     attention and MLP outputs normed too (Gemma2/3); `window_layers`: the attention layers a sliding
     window applies to (None: all of them when the config sets sliding_window)."""
-    heads = f.whole("num_attention_heads")
+    family = _DENSE[f.raw["model_type"]]
+    hidden, heads = f.whole("hidden_size"), f.whole("num_attention_heads")
+    kv = f.raw.get("num_key_value_heads", family.kv_heads)
+    kv_heads = heads if kv is None else f.as_whole("num_key_value_heads", kv)
+    if heads % kv_heads:
+        raise f.error(
+            f"{f.prefix}num_key_value_heads ({kv_heads}) must divide {f.prefix}num_attention_heads ({heads}); "
+            "pick a divisor of the query heads"
+        )
     # An explicit head_dim (Mistral-Nemo: hidden 5120, 32 heads of 128) sets the attention's width.
-    head_dim = f.whole("head_dim", default=0) or None
+    head_dim = f.whole("head_dim", default=0) or family.head_dim
+    if head_dim is None and hidden % heads:
+        raise f.error(
+            f"{f.prefix}num_attention_heads ({heads}) must divide {f.prefix}hidden_size ({hidden}); or give head_dim"
+        )
     spec = dense(
         name,
-        f.whole("hidden_size"),
+        hidden,
         f.whole("num_hidden_layers"),
         heads,
-        f.whole("num_key_value_heads", default=heads),
+        kv_heads,
         f.whole("intermediate_size"),
         f.whole("vocab_size"),
         gated=True,
-        tied=bool(f.get("tie_word_embeddings", tied_default)),
+        tied=f.flag("tie_word_embeddings", family.tied),
         source=f.where,
         head_dim=head_dim,
-        bias=bool(f.get("attention_bias", False)),
+        bias=family.attention_bias and f.flag("attention_bias", False),
     )
     attn = spec.attention
     norm = {"": 0, "head": 2 * attn.head_dim, "width": attn.q_width + attn.kv_width}[qk_norm]
     attention = replace(attn, qkv_bias=qkv_bias, qk_norm=norm, post_norm=post_norms)
-    mlp = replace(spec.mlp, post_norm=post_norms, bias=bool(f.get("mlp_bias", False)))
-    window = f.get("sliding_window", None)
+    mlp = replace(spec.mlp, post_norm=post_norms, bias=family.mlp_bias and f.flag("mlp_bias", False))
+    window = f.raw.get("sliding_window", family.window) if family.windowed else None
     if window_layers is None:
         window_layers = spec.layers if window else 0
     if window and window_layers:
@@ -154,7 +218,8 @@ def _qwen(f: _Fields, name: str) -> ModelSpec:
     sliding = bool(f.get("use_sliding_window", False))
     window_layers = _layer_types(f, layers)
     if window_layers is None:
-        window_layers = layers - min(layers, f.whole("max_window_layers", default=layers)) if sliding else 0
+        # Qwen2Config / Qwen3Config: max_window_layers 28 when absent.
+        window_layers = layers - min(layers, f.whole("max_window_layers", default=28, minimum=0)) if sliding else 0
     qwen3 = f.raw.get("model_type") == "qwen3"
     return _llama(f, name, qkv_bias=not qwen3, qk_norm="head" if qwen3 else "", window_layers=window_layers)
 
@@ -168,7 +233,7 @@ def _gemma(f: _Fields, name: str) -> ModelSpec:
         text = f.raw.get("text_config")
         if not isinstance(text, dict):
             raise MeshplanError(f"{f.where}: a gemma3 config needs its text_config; or give the gemma3_text config")
-        f = _Fields({"model_type": "gemma3_text", **text}, f.where)
+        f = _Fields({**text, "model_type": "gemma3_text"}, f.where, prefix="text_config.")
     layers = f.whole("num_hidden_layers")
     gemma3 = f.raw.get("model_type") == "gemma3_text"
     window_layers = _layer_types(f, layers)
@@ -177,9 +242,7 @@ def _gemma(f: _Fields, name: str) -> ModelSpec:
             window_layers = layers - layers // f.whole("sliding_window_pattern", default=6)
         else:  # Gemma2: the even layers slide
             window_layers = (layers + 1) // 2
-    return _llama(
-        f, name, qk_norm="head" if gemma3 else "", post_norms=True, tied_default=True, window_layers=window_layers
-    )
+    return _llama(f, name, qk_norm="head" if gemma3 else "", post_norms=True, window_layers=window_layers)
 
 
 def _olmo2(f: _Fields, name: str) -> ModelSpec:
@@ -224,28 +287,29 @@ def _gpt2(f: _Fields, name: str) -> ModelSpec:
         bias=True,
         norm="layernorm",
         positions="learned",
-        max_positions=f.whole("n_positions", "max_position_embeddings"),
+        max_positions=f.whole("n_positions", "max_position_embeddings", default=1024),  # GPT2Config's default
     )
 
 
 def _gpt_neox(f: _Fields, name: str) -> ModelSpec:
-    """GPT-NeoX / Pythia: LayerNorm, biases (attention_bias, default true), a non-gated GeLU MLP,
-    rotary positions, untied head. The parallel residual changes no shape."""
-    hidden = f.whole("hidden_size")
-    return dense(
+    """GPT-NeoX / Pythia: LayerNorm, biases (attention_bias, default true, on the attention; the MLP's
+    always), a non-gated GeLU MLP, rotary positions, untied head. The parallel residual changes no
+    shape."""
+    spec = dense(
         name,
-        hidden,
+        f.whole("hidden_size"),
         f.whole("num_hidden_layers"),
         f.whole("num_attention_heads"),
         f.whole("num_attention_heads"),
-        f.whole("intermediate_size", default=4 * hidden),
+        f.whole("intermediate_size", default=24576),  # GPTNeoXConfig's default (not 4 · hidden_size)
         f.whole("vocab_size"),
         gated=False,
-        tied=bool(f.get("tie_word_embeddings", False)),
+        tied=f.flag("tie_word_embeddings", False),
         source=f.where,
-        bias=bool(f.get("attention_bias", True)),
+        bias=f.flag("attention_bias", True),
         norm="layernorm",
     )
+    return replace(spec, mlp=replace(spec.mlp, bias=True))  # modeling_gpt_neox.py: dense_h_to_4h, dense_4h_to_h
 
 
 # OPT's learned position table has 2 rows past max_position_embeddings (OPTLearnedPositionalEmbedding's
@@ -258,6 +322,9 @@ def _opt(f: _Fields, name: str) -> ModelSpec:
     head. A word_embed_proj_dim unlike hidden_size (opt-350m) adds two small projections, counted
     here as part of the embedding."""
     hidden = f.whole("hidden_size")
+    f.refuse_unless("do_layer_norm_before", True, "opt-350m's post-norm, which drops the final LayerNorm")
+    f.refuse_unless("_remove_final_layer_norm", False, "no final LayerNorm")
+    f.refuse_unless("layer_norm_elementwise_affine", True, "LayerNorms without scales or biases")
     spec = dense(
         name,
         hidden,
@@ -272,7 +339,7 @@ def _opt(f: _Fields, name: str) -> ModelSpec:
         bias=bool(f.get("enable_bias", True)),
         norm="layernorm",
         positions="learned",
-        max_positions=f.whole("max_position_embeddings") + OPT_POSITION_OFFSET,
+        max_positions=f.whole("max_position_embeddings", default=2048) + OPT_POSITION_OFFSET,  # OPTConfig's
     )
     proj = f.whole("word_embed_proj_dim", default=hidden)
     if proj != hidden:
@@ -283,15 +350,23 @@ def _opt(f: _Fields, name: str) -> ModelSpec:
     return spec
 
 
+def _mamba_biases(f: _Fields) -> None:
+    """Every published Mamba keeps the conv's bias and no projection biases; the specs price those."""
+    f.refuse_unless("use_bias", False, "biases on in_proj and out_proj")
+    f.refuse_unless("use_conv_bias", True, "a conv1d without its bias")
+
+
 def _mamba1(f: _Fields, name: str) -> ModelSpec:
+    """Mamba and Falcon-Mamba (MambaConfig / FalconMambaConfig: expand 2, state 16, conv 4,
+    time_step_rank ceil(hidden / 16), tied)."""
     hidden = f.whole("hidden_size")
-    expand = f.whole("expand", default=2)
+    _mamba_biases(f)
     rank = f.get("time_step_rank", "auto")
     dt_rank = math.ceil(hidden / 16) if rank == "auto" else f.as_whole("time_step_rank", rank)
     spec = Mamba1Spec(
         hidden,
         d_state=f.whole("state_size", default=16),
-        expand=expand,
+        expand=f.whole("expand", default=2),
         dt_rank=dt_rank,
         d_conv=f.whole("conv_kernel", default=4),
     )
@@ -301,60 +376,93 @@ def _mamba1(f: _Fields, name: str) -> ModelSpec:
         d_model=hidden,
         layers=f.whole("num_hidden_layers"),
         vocab=f.whole("vocab_size"),
-        tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        tied_embeddings=f.flag("tie_word_embeddings", True),
         mamba1=spec,
         source=f.where,
     )
 
 
 def _mamba2(f: _Fields, name: str) -> ModelSpec:
+    """Mamba-2 (Mamba2Config: state 128, expand 2, head_dim 64, n_groups 8, conv 4, untied). num_heads
+    may be left out: expand · hidden_size / head_dim."""
     hidden = f.whole("hidden_size")
+    _mamba_biases(f)
+    expand, headdim = f.whole("expand", default=2), f.whole("head_dim", default=64)
+    _divides(f, "head_dim", headdim, "expand · hidden_size", expand * hidden)
+    nheads = f.whole("num_heads", default=expand * hidden // headdim)
+    if nheads * headdim != expand * hidden:
+        raise f.error(
+            f"num_heads ({nheads}) disagrees with expand · hidden_size / head_dim "
+            f"({expand} · {hidden} / {headdim} = {expand * hidden // headdim}); fix one of them"
+        )
+    ngroups = f.whole("n_groups", default=8)
+    _divides(f, "n_groups", ngroups, "num_heads", nheads)
     spec = Mamba2Spec(
         hidden,
         d_state=f.whole("state_size", default=128),
-        expand=f.whole("expand", default=2),
-        headdim=f.whole("head_dim", default=64),
-        ngroups=f.whole("n_groups", default=1),
+        expand=expand,
+        headdim=headdim,
+        ngroups=ngroups,
         d_conv=f.whole("conv_kernel", default=4),
         chunk_size=f.whole("chunk_size", default=256),
     )
-    nheads = f.whole("num_heads", default=spec.nheads)
-    if nheads != spec.nheads:
-        raise MeshplanError(
-            f"{f.where}: num_heads ({nheads}) disagrees with expand · hidden_size / head_dim "
-            f"({spec.expand} · {hidden} / {spec.headdim} = {spec.nheads}); fix one of them"
-        )
     return ModelSpec(
         name=name,
         family="mamba2",
         d_model=hidden,
         layers=f.whole("num_hidden_layers"),
         vocab=f.whole("vocab_size"),
-        tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        tied_embeddings=f.flag("tie_word_embeddings", False),  # Mamba2Config: untied unless told
         mamba2=spec,
         norm_eps=_eps(f, "layer_norm_epsilon"),
         source=f.where,
     )
 
 
+def _divides(f: _Fields, name: str, value: int, what: str, total: int) -> None:
+    """An error naming field `name` unless its `value` divides `total` (named `what`)."""
+    if total % value:
+        raise f.error(f"{name} ({value}) must divide {what} ({total}); pick a divisor")
+
+
 def _zamba2(f: _Fields, name: str) -> ModelSpec:
+    """Zamba2 (transformers' modeling_zamba2.py): a Mamba-2 backbone; after each "hybrid" layer's
+    Mamba block runs a shared transformer block (num_mem_blocks copies, used in turn). The block's
+    attention reads concat(hidden, embeddings), 2 · hidden_size wide (heads of 2 · hidden_size /
+    num_attention_heads), and its o_proj writes hidden_size; its MLP is hidden_size → intermediate_size →
+    hidden_size (gated). Each hybrid layer owns a hidden_size² linear after the block and rank
+    adapter_rank LoRA adapters on the MLP's gate/up (always) and on Q, K, V
+    (use_shared_attention_adapter)."""
     hidden = f.whole("hidden_size")
     layers = f.whole("num_hidden_layers")
+    f.refuse_unless("add_bias_linear", False, "biases on the projections")
+    f.refuse_unless("use_conv_bias", True, "a conv1d without its bias")
     expand = f.whole("mamba_expand", default=2)
-    n_mamba_heads = f.whole("n_mamba_heads")
-    block_types = f.need("layers_block_type")
-    if len(block_types) != layers:
-        raise MeshplanError(
-            f"{f.where}: layers_block_type has {len(block_types)} entries but num_hidden_layers is {layers}"
-        )
+    n_mamba_heads = f.whole("n_mamba_heads", default=8)  # Zamba2Config's default
+    _divides(f, "n_mamba_heads", n_mamba_heads, "mamba_expand · hidden_size", expand * hidden)
+    block_types = f.need("layers_block_type", "layer_types")
+    if not isinstance(block_types, list) or len(block_types) != layers:
+        count = f"{len(block_types)} entries" if isinstance(block_types, list) else repr(block_types)
+        raise f.error(f"layers_block_type has {count} but num_hidden_layers is {layers}; give one type a layer")
+    hybrid_layers = sum(1 for t in block_types if t == "hybrid")
+    if not hybrid_layers:
+        raise f.error('layers_block_type names no "hybrid" layer; without its shared block a Zamba2 is a mamba2 model')
     heads = f.whole("num_attention_heads")
+    kv_heads = f.whole("num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        raise f.error(
+            f"num_key_value_heads ({kv_heads}) must divide num_attention_heads ({heads}); "
+            "pick a divisor of the query heads"
+        )
     attn_hidden = 2 * hidden  # Zamba2Config: attention_hidden_size = 2 · hidden_size
+    ngroups = f.whole("mamba_ngroups", default=1)
+    _divides(f, "mamba_ngroups", ngroups, "n_mamba_heads", n_mamba_heads)
     mamba = Mamba2Spec(
         hidden,
         d_state=f.whole("mamba_d_state", default=64),
         expand=expand,
-        headdim=expand * hidden // n_mamba_heads,
-        ngroups=f.whole("mamba_ngroups", default=1),
+        headdim=expand * hidden // n_mamba_heads,  # Zamba2Config: mamba_headdim, whatever the file says
+        ngroups=ngroups,
         d_conv=f.whole("mamba_d_conv", default=4),
         chunk_size=f.whole("chunk_size", default=256),
     )
@@ -364,14 +472,15 @@ def _zamba2(f: _Fields, name: str) -> ModelSpec:
         d_model=hidden,
         layers=layers,
         vocab=f.whole("vocab_size"),
-        tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        tied_embeddings=f.flag("tie_word_embeddings", True),
         mamba2=mamba,
-        attention=AttentionSpec(
-            attn_hidden, heads, f.whole("num_key_value_heads", default=heads), attn_hidden // heads, attn_hidden
-        ),
-        mlp=MlpSpec(attn_hidden, f.whole("intermediate_size", default=4 * hidden), gated=True),
-        hybrid_layers=sum(1 for t in block_types if t == "hybrid"),
-        shared_blocks=f.whole("num_mem_blocks", default=1),
+        attention=AttentionSpec(attn_hidden, heads, kv_heads, attn_hidden // heads, hidden),
+        mlp=MlpSpec(hidden, f.whole("intermediate_size", default=4 * hidden), gated=True),
+        hybrid_layers=hybrid_layers,
+        # transformers builds a copy only for each of the first num_mem_blocks hybrid layers.
+        shared_blocks=min(f.whole("num_mem_blocks", default=1), hybrid_layers),
+        adapter_rank=f.whole("adapter_rank", default=128, minimum=0),
+        attention_adapters=f.flag("use_shared_attention_adapter", False),
         source=f.where,
     )
 
@@ -416,7 +525,13 @@ def model_from_hf_config(path: Path) -> ModelSpec:
             f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(sorted(_READERS))}"
         )
     name = raw.get("_name_or_path") or Path(path).parent.name or model_type
-    return _READERS[model_type](_Fields(raw, where), str(name))
+    try:
+        return _READERS[model_type](_Fields(raw, where), str(name))
+    except MeshplanError as err:
+        if str(err).startswith(f"{where}: "):
+            raise
+        # A shape the readers' checks let through and a spec refuses: name the file it came from.
+        raise MeshplanError(f"{where}: {err}") from None
 
 
 def load_model(name_or_path: str) -> ModelSpec:

@@ -55,7 +55,7 @@ class AttentionSpec:
     heads: int
     kv_heads: int
     head_dim: int
-    out_hidden: int  # width written back to the residual stream
+    out_hidden: int  # W_O's output width (Zamba2's shared block: d_model, though it reads 2·d_model)
     bias: bool = False  # GPT-2 / NeoX / OPT style: biases on the QKV and output projections
     qkv_bias: bool = False  # Qwen2: biases on Q, K and V only
     qk_norm: int = 0  # scale elements of the query / key norms (Qwen3, Gemma3: 2·head_dim; OLMo2: q + kv width)
@@ -250,6 +250,8 @@ class ModelSpec:
     mamba1: Mamba1Spec | None = None
     hybrid_layers: int = 0  # hybrid: how many Mamba layers are followed by a shared-block invocation
     shared_blocks: int = 0  # hybrid: distinct copies of the shared block, used in turn (ABAB…)
+    adapter_rank: int = 0  # hybrid: rank of each invocation's own LoRA adapter on the shared MLP's gate/up (0: none)
+    attention_adapters: bool = False  # hybrid: adapters of that rank on the shared Q, K and V too
     norm: str = "rmsnorm"  # "rmsnorm" | "layernorm" (LayerNorm has a bias beside its scale)
     positions: str = "rotary"  # "rotary" | "learned" (GPT-2 / OPT: a max_positions × d_model table)
     max_positions: int = 0  # rows of the learned position table
@@ -292,6 +294,16 @@ class ModelSpec:
                 raise MeshplanError(
                     f"model {self.name}: hybrid_layers ({self.hybrid_layers}) exceeds layers ({self.layers})"
                 )
+        if not isinstance(self.adapter_rank, int) or isinstance(self.adapter_rank, bool) or self.adapter_rank < 0:
+            raise MeshplanError(
+                f"model {self.name}: adapter_rank must be a non-negative integer (0: no adapters), "
+                f"got {self.adapter_rank!r}"
+            )
+        if (self.adapter_rank or self.attention_adapters) and self.family != "hybrid":
+            raise MeshplanError(
+                f"model {self.name}: adapter_rank and attention_adapters belong to a hybrid's shared block; "
+                f"family {self.family} has none — leave them at 0 / False"
+            )
 
     # -- structure ---------------------------------------------------------------------------
     @property
@@ -357,10 +369,23 @@ class ModelSpec:
         return self.layers * self.mamba2.param_count() + shared + self.hybrid_invocations * self.hybrid_proj_params()
 
     def hybrid_proj_params(self) -> int:
-        """Zamba2: each hybrid layer owns a linear from the shared block's output back to d_model."""
+        """Zamba2: the weights each hybrid layer owns, beside the shared block it invokes — a linear from
+        the block's output back to d_model (transformers' Zamba2HybridLayer.linear) and its adapters."""
         if self.family != "hybrid":
             return 0
-        return self.mlp.out_hidden * self.d_model
+        return self.mlp.out_hidden * self.d_model + self.adapter_params()
+
+    def adapter_params(self) -> int:
+        """One hybrid invocation's LoRA adapters (transformers' modeling_zamba2.py): on the shared MLP's
+        gate/up, d_model → rank → the gate and up widths (Zamba2MLP.gate_up_proj_adapter_list); with
+        `attention_adapters`, on Q, K and V, each attention input → rank → attention input
+        (Zamba2Attention.linear_{q,k,v}_adapter_list)."""
+        rank = self.adapter_rank
+        if self.family != "hybrid" or not rank:
+            return 0
+        mlp = rank * (self.mlp.hidden + self.mlp.n_input_matrices * self.mlp.ffn_hidden)
+        attention = 3 * rank * 2 * self.attention.hidden if self.attention_adapters else 0
+        return mlp + attention
 
     def param_count(self) -> int:
         return self.embedding_params() + self.layer_params()
@@ -544,8 +569,11 @@ PRESETS: dict[str, ModelSpec] = {
     ),
     # Zyphra/Zamba2-7B config.json: hidden 3584, 81 Mamba-2 layers (d_state 64, headdim 64,
     # ngroups 2, expand 2), 2 shared transformer blocks used ABAB in 13 hybrid layers; the shared
-    # block reads concat(hidden, embedding) = 7168 wide, 32 heads of 224, intermediate 14336;
-    # vocab 32000, tied. Simplified here: the per-invocation LoRA adapters are left out (<1% of params).
+    # block's attention reads concat(hidden, embedding) = 7168 wide (32 heads of 224) and writes 3584,
+    # its MLP is 3584 → 14336 → 3584 (transformers' modeling_zamba2.py); each hybrid layer owns a
+    # 3584 × 3584 linear and a rank-128 LoRA adapter on the shared MLP's gate/up (the attention has
+    # none: use_shared_attention_adapter false); vocab 32000, tied. 7,356,749,648 parameters, what
+    # transformers builds from that config (the Zamba2 report's "7.4B").
     "zamba2-7b": ModelSpec(
         name="zamba2-7b",
         family="hybrid",
@@ -554,10 +582,11 @@ PRESETS: dict[str, ModelSpec] = {
         vocab=32000,
         tied_embeddings=True,
         mamba2=Mamba2Spec(3584, d_state=64, expand=2, headdim=64, ngroups=2, d_conv=4),
-        attention=AttentionSpec(7168, 32, 32, 224, 7168),
-        mlp=MlpSpec(7168, 14336, gated=True),
+        attention=AttentionSpec(7168, 32, 32, 224, 3584),
+        mlp=MlpSpec(3584, 14336, gated=True),
         hybrid_layers=13,
         shared_blocks=2,
-        source="Zyphra/Zamba2-7B config.json (LoRA adapters omitted)",
+        adapter_rank=128,
+        source="Zyphra/Zamba2-7B config.json",
     ),
 }

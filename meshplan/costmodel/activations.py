@@ -135,7 +135,14 @@ def mamba1_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
 
 
 def hybrid_proj_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
-    return [Saved("hybrid_proj_input", opts.nbytes("act_dtype") * model.mlp.out_hidden, "hidden")]
+    """The linear's input, and each LoRA adapter's rank-wide middle (their inputs are the shared
+    block's, saved there)."""
+    e = opts.nbytes("act_dtype")
+    items = [Saved("hybrid_proj_input", e * model.mlp.out_hidden, "hidden")]
+    if model.adapter_rank:
+        adapters = 1 + (3 if model.attention_adapters else 0)
+        items.append(Saved("adapter_rank_out", e * adapters * model.adapter_rank, "hidden"))
+    return items
 
 
 def head_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:

@@ -342,7 +342,16 @@ def _gemms(model: ModelSpec, kind: str, head_div: int) -> list[tuple[float, floa
         m = model.mamba1
         di = m.d_inner / head_div
         return [(2 * di, m.d_model), (m.x_proj_width, di), (di, m.dt_rank), (m.d_model, di)]
-    return [(model.d_model, model.mlp.out_hidden)]  # hybrid_proj
+    # hybrid_proj: the invocation's linear back to d_model, and its LoRA adapters (down to the rank and
+    # up again) beside the shared MLP's gate/up and, if any, the shared Q, K and V (models.adapter_params).
+    gemms = [(model.d_model, model.mlp.out_hidden)]
+    rank = model.adapter_rank
+    if rank:
+        f, a = model.mlp, model.attention
+        gemms += [(rank, f.hidden), (f.n_input_matrices * f.ffn_hidden, rank)]
+        if model.attention_adapters:
+            gemms += 3 * [(rank, a.hidden), (a.hidden, rank)]
+    return gemms
 
 
 def _memory_bound_bytes_per_token(model: ModelSpec, kind: str, head_div: int, e: int) -> float:
