@@ -83,3 +83,58 @@ def test_one_f_one_b_solver_is_the_simulator(fwd, ratio, m, latency):
     bwd = [f * ratio for f in fwd]
     want = simulate(fwd, bwd, m, p2p_s=latency).total_s
     assert one_f_one_b(fwd, bwd, m, p2p_s=latency).total_s == pytest.approx(want, rel=1e-12)
+
+
+LLAMA_70B = dict(hidden=8192, layers=80, heads=64, kv=8, ffn=28672, vocab=128256)
+LLAMA_405B = dict(hidden=16384, layers=126, heads=128, kv=8, ffn=53248, vocab=128256)
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        # The issue's question: Llama-3.1-70B, 8K, 64 H100s, global batch 128 (its winner had run one
+        # micro-batch through a 2-stage interleaved pipeline at an 11% bubble, attention time negative).
+        ("llama-70b", LLAMA_70B, "h100-sxm-8", 8, 8192, 128),
+        ("llama-405b", LLAMA_405B, "h100-sxm-8", 1024, 8192, 2048),
+        ("dense-7b", None, "h200-8", 1, 131072, 0),  # README's question
+    ],
+    ids=lambda q: q[0],
+)
+def test_every_row_of_the_plain_questions_obeys_the_rules(question):
+    """Every mesh `recommend --all` prices for these questions — the fitting and the dropped — obeys
+    every rule, with the knobs the planner chose for it."""
+    from dataclasses import replace
+
+    from random_plans import RandomPlan
+
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.models import PRESETS, dense
+    from meshplan.planner import plan
+    from meshplan.planner.plan import KNOBS
+    from meshplan.topologies import load_cluster
+
+    name, shape, cluster, nodes, seq, gbs = question
+    model = (
+        PRESETS[name]
+        if shape is None
+        else dense(name, shape["hidden"], shape["layers"], shape["heads"], shape["kv"], shape["ffn"], shape["vocab"])
+    )
+    opts = CostOptions(stack="megatron", global_batch=gbs)
+    result = plan(model, load_cluster(cluster, nodes), seq, 1, opts, estimate_dropped=True, search=frozenset(KNOBS))
+    rows = result.ranked + result.dropped
+    assert len(rows) > 10
+    for cand in rows:
+        k = cand.knobs
+        used = replace(
+            opts,
+            recompute=k["recompute"],
+            tp_sequence_parallel=k["tp_sequence_parallel"],
+            virtual_stages=k["virtual_stages"],
+            schedule="interleaved" if k["virtual_stages"] > 1 else "1f1b",
+        )
+        found = violations(RandomPlan(model, cluster, nodes, cand.layout, seq, k["micro_batch"], used))
+        assert found == [], f"{cand.layout} {k}: {found}"
+    import re
+
+    slower = [float(x) for x in re.findall(r"(-?[\d.]+)% slower", result.reason)]
+    assert all(x >= 0 for x in slower), result.reason  # never a negative "% slower"
