@@ -127,7 +127,8 @@ def one_f_one_b(fwd_s: list[float], bwd_s: list[float], microbatches: int, *, p2
     rank before (its previous cycle's forward), its backwards for the rank after in the same cycle —
     a running maximum down the ranks. Once every rank runs both units, a cycle is the one before
     shifted by a constant (the schedule's steady state, a max-plus recurrence): from the first cycle
-    that repeats its predecessor shifted, the remaining full cycles are added at once, exactly."""
+    whose state — every rank's backward and forward end — is its predecessor's shifted by one
+    constant, every later full cycle is shifted by it again, so they are added at once, exactly."""
     import numpy as np
 
     f, b = np.asarray(fwd_s, float), np.asarray(bwd_s, float)
@@ -147,8 +148,7 @@ def one_f_one_b(fwd_s: list[float], bwd_s: list[float], microbatches: int, *, p2
     # Cycles: forward of w_r + j (while < m), then backward of j.
     suffix = np.concatenate([np.cumsum((b + lat)[::-1])[::-1], [0.0]])  # Σ_{t>=r} (b_t + lat)
     full = m - int(warm[0]) if pp > 1 else m  # cycles where every rank runs a forward
-    last_shift = None
-    bend_prev = None
+    state_prev = None
     j = 0
     while j < m:
         mb = warm + j
@@ -160,10 +160,10 @@ def one_f_one_b(fwd_s: list[float], bwd_s: list[float], microbatches: int, *, p2
         # Backward of j: B_r = max(F_r, B_{r+1} + lat) + b_r, a running maximum up the ranks.
         start = fwd_end - suffix[1:] + lat  # the rank's own ready time, in the chain's offsets
         bend = np.maximum.accumulate(start[::-1])[::-1] + suffix[1:] - lat + b
-        if bend_prev is not None and j < full:
-            shift = bend - bend_prev
-            tol = 1e-12 * abs(float(bend[0]))
-            steady = last_shift is not None and np.ptp(shift) <= tol and np.abs(last_shift - shift).max() <= tol
+        state = np.concatenate([bend, fwd_end])  # all the next cycle reads
+        if state_prev is not None and j < full:
+            shift = state - state_prev
+            steady = np.ptp(shift) <= 1e-12 * abs(float(state.max()))
             skip = full - 1 - j  # full cycles left after this one: each this one shifted by λ more
             if steady and skip > 0:
                 lam = float(shift[0])
@@ -171,8 +171,8 @@ def one_f_one_b(fwd_s: list[float], bwd_s: list[float], microbatches: int, *, p2
                 fend[ranks[:, None], warm[:, None] + j + later] = fwd_end[:, None] + later * lam
                 bend, fwd_end = bend + skip * lam, fwd_end + skip * lam
                 j += skip
-            last_shift = shift
-        bend_prev = bend
+                state = np.concatenate([bend, fwd_end])
+        state_prev = state
         prev = bend
         j += 1
     total = float(prev.max())

@@ -1,0 +1,164 @@
+"""Achieved rates a production stack runs at on this GPU: causal attention by SDPA backend (FlashAttention-2,
+cuDNN, memory-efficient), whole-sequence and on a sequence shard's key prefix, and FP8 GEMMs
+(torch._scaled_mm, e4m3 inputs, per-tensor and row-wise scales) beside bf16 at transformer layer shapes.
+
+Attention's useful FLOPs: causal forward 4·s²·d·heads/2 a sequence, backward 2.5× (FlashAttention-2's 5
+matmuls to 2), so forward + backward counts 3.5× the forward. A shard's prefix attention: q queries, the
+last q of k keys, lower-right causal: 4·d·heads·(q·k − q²/2) forward.
+
+    python benchmarks/bench_rates.py --out $OUT/rates-h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from meshplan.executor.run import median_time_s
+
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+# (seq, query heads, KV heads, head dim, batch): Llama-3-8B/70B heads per rank at TP 1-8, 2K-32K tokens.
+ATTENTION_SHAPES = [
+    (2048, 24, 24, 128, 4),
+    (4096, 32, 8, 128, 2),
+    (8192, 32, 8, 128, 1),
+    (8192, 16, 4, 128, 1),
+    (8192, 8, 1, 128, 1),
+    (16384, 32, 8, 128, 1),
+    (32768, 32, 8, 128, 1),
+    (8192, 64, 8, 128, 1),
+]
+# (name, m, n, k): layer GEMMs at 8K tokens for hidden 4096 / 8192 (TP 1 and 8), and a square one.
+GEMM_SHAPES = [
+    ("h4096 qkv", 8192, 6144, 4096),
+    ("h4096 fc1", 8192, 28672, 4096),
+    ("h4096 fc2", 8192, 4096, 14336),
+    ("h8192 qkv tp8", 8192, 1280, 8192),
+    ("h8192 fc1 tp8", 8192, 7168, 8192),
+    ("h8192 fc2 tp8", 8192, 8192, 3584),
+    ("h8192 fc1", 8192, 57344, 8192),
+    ("square 8192", 8192, 8192, 8192),
+]
+
+
+def attention_rate(seq, heads, kv, d, batch, backend, prefix_q=0):
+    """Forward + backward TFLOP/s of causal SDPA (GQA K/V repeated to the query heads, as the
+    executor passes them), or of a shard's `prefix_q` queries over all `seq` keys (lower-right)."""
+    q_len = prefix_q or seq
+    q = torch.randn(batch, heads, q_len, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(batch, kv, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (x.repeat_interleave(heads // kv, dim=1).requires_grad_() for x in (k, v))
+    go = torch.randn_like(q)
+    if prefix_q:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(q_len, seq)
+        flops = 4 * d * heads * batch * (q_len * seq - q_len * q_len / 2)
+    else:
+        mask = None
+        flops = 4 * d * heads * batch * seq * seq / 2
+
+    def step():
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out.backward(go)
+
+    with sdpa_kernel([BACKENDS[backend]]):
+        try:
+            t = median_time_s(step, reps=10, warmup=3)
+        except RuntimeError as exc:  # the backend does not take this shape or mask
+            return None, str(exc).splitlines()[0][:160]
+    return flops * 3.5 / t / 1e12, None
+
+
+def gemm_rates(m, n, k):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * m * n * k
+    out = {"bf16": flops / median_time_s(lambda: a @ b.t(), reps=20, warmup=5) / 1e12}
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    one = torch.tensor(1.0, device="cuda")
+    try:
+        out["fp8_tensorwise"] = (
+            flops
+            / median_time_s(
+                lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                reps=20,
+                warmup=5,
+            )
+            / 1e12
+        )
+    except RuntimeError as exc:
+        out["fp8_tensorwise_error"] = str(exc).splitlines()[0][:160]
+    sa = torch.ones(m, 1, device="cuda")
+    sb = torch.ones(1, n, device="cuda")
+    try:
+        out["fp8_rowwise"] = (
+            flops
+            / median_time_s(
+                lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+                reps=20,
+                warmup=5,
+            )
+            / 1e12
+        )
+    except RuntimeError as exc:
+        out["fp8_rowwise_error"] = str(exc).splitlines()[0][:160]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    rows = []
+    for seq, heads, kv, d, batch in ATTENTION_SHAPES:
+        for backend in BACKENDS:
+            for prefix in (0, seq // 4):
+                rate, err = attention_rate(seq, heads, kv, d, batch, backend, prefix)
+                rows.append(
+                    {
+                        "case": "attention",
+                        "seq": seq,
+                        "heads": heads,
+                        "kv_heads": kv,
+                        "head_dim": d,
+                        "batch": batch,
+                        "backend": backend,
+                        "prefix_queries": prefix,
+                        "tflops": rate,
+                        "error": err,
+                    }
+                )
+                print(f"attention s {seq} h {heads}/{kv} {backend:9} prefix {prefix:5}: {rate or 0:7.1f} TFLOP/s", flush=True)
+                torch.cuda.empty_cache()
+    for name, m, n, k in GEMM_SHAPES:
+        r = gemm_rates(m, n, k)
+        rows.append({"case": "gemm", "name": name, "m": m, "n": n, "k": k, **r})
+        print(f"gemm {name:14}: " + ", ".join(f"{k} {v:.0f}" for k, v in r.items() if isinstance(v, float)), flush=True)
+    out = {
+        "command": f"python benchmarks/bench_rates.py --out {args.out}",
+        "gpu": torch.cuda.get_device_name(0),
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
