@@ -142,7 +142,8 @@ def main() -> int:
                         "error": err,
                     }
                 )
-                print(f"attention s {seq} h {heads}/{kv} {backend:9} prefix {prefix:5}: {rate or 0:7.1f} TFLOP/s", flush=True)
+                what = f"attention s {seq} h {heads}/{kv} {backend:9} prefix {prefix:5}"
+                print(f"{what}: {rate or 0:7.1f} TFLOP/s", flush=True)
                 torch.cuda.empty_cache()
     for name, m, n, k in GEMM_SHAPES:
         r = gemm_rates(m, n, k)
