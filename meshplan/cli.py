@@ -28,10 +28,26 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
+STACK_HELP = (
+    "Whose kernels and overlap rules: megatron (Megatron-Core, the default) | megatron-2021 | deepspeed | "
+    "meshplan (this project's executor, as its runs calibrate it)."
+)
+
+
 def _at_least(flag: str, value: int, low: int) -> None:
     """A numeric option below its least sensible value: one line naming it and the bound."""
     if value < low:
         raise MeshplanError(f"{flag} must be >= {low}, got {value}")
+
+
+def _at_least_float(flag: str, value: float, low: float) -> None:
+    if not value >= low:  # NaN too
+        raise MeshplanError(f"{flag} must be >= {low:g}, got {value:g}")
+
+
+def _positive_seconds(flag: str, value: float) -> None:
+    if not value > 0:
+        raise MeshplanError(f"{flag} must be a positive number of seconds, got {value:g}")
 
 
 def user_errors(fn):
@@ -85,6 +101,29 @@ COMPONENT_LABELS = {
 }
 
 
+# What each memory column holds, for the legend under the table (docs/design.md §3 has the formulas).
+COMPONENT_MEANINGS = {
+    "parameters": "weights",
+    "gradients": "gradients (the grads dtype)",
+    "optimizer_state": "Adam's fp32 master weights and two moments",
+    "activations": "activations saved for backward",
+    "kv_cache": "attention KV cache",
+    "ssm_state_cache": "Mamba state cache",
+    "transient_working": "one layer's working tensors",
+    "transient_kv_gather": "K/V gathered from the sequence shards",
+    "transient_weight_shards": "weight shards gathered for a layer (TSP, ZeRO-3)",
+    "transient_comm_buffers": "ZeRO-3 gather buffers",
+    "transient_logits": "the output layer's logits",
+    "blas_workspace": "cuBLAS workspaces",
+    "int8_peer_buffer": "the int8 all-reduce's peer buffer",
+}
+
+
+def memory_legend(shown: list[str]) -> str:
+    parts = [f"{COMPONENT_LABELS[k]} = {COMPONENT_MEANINGS[k]}" for k in shown]
+    return "legend: " + "; ".join(parts) + "; GiB = 2^30 bytes; seq in tokens (k = 1024, m = 1024²)"
+
+
 @app.command()
 @user_errors
 def memory(
@@ -95,15 +134,22 @@ def memory(
     mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Preset or TOML: check the fit, and the GPU count."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Replicate the cluster's node N times."),
+    stack: str = typer.Option("megatron", "--stack", help=STACK_HELP + " Sets the defaults below."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-    flash: bool = typer.Option(True, "--flash/--no-flash", help="Fused attention (no s² scores kept)."),
+    flash: Optional[bool] = typer.Option(
+        None, "--flash/--no-flash", help="Fused attention, no s² scores kept (default: as the stack runs attention)."
+    ),
     dropout: bool = typer.Option(False, "--dropout/--no-dropout", help="Count dropout masks."),
     act_dtype: str = typer.Option("bf16", "--act-dtype"),
-    grad_dtype: str = typer.Option("bf16", "--grad-dtype", help="bf16 (16 B/param with Adam) or fp32 (18)."),
+    grad_dtype: Optional[str] = typer.Option(
+        None, "--grad-dtype", help="bf16 (16 B/param with Adam) or fp32 (18); default: the stack's (fp32 under megatron)."
+    ),
     optimizer: str = typer.Option("adam", "--optimizer", help="adam (mixed precision) | none"),
     logits_dtype: str = typer.Option("fp32", "--logits-dtype"),
-    tp_sequence_parallel: bool = typer.Option(
-        False, "--tp-sequence-parallel/--no-tp-sequence-parallel", help="Megatron-SP on the TP axis."
+    tp_sequence_parallel: Optional[bool] = typer.Option(
+        None,
+        "--tp-sequence-parallel/--no-tp-sequence-parallel",
+        help="Megatron-SP on the TP axis (default: the stack's; on under megatron).",
     ),
     int8_allreduce: bool = typer.Option(
         False,
@@ -111,25 +157,33 @@ def memory(
         help="TP-SSM: int8-quantized block all-reduce (2 ranks: its peer buffer).",
     ),
     sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
-    plot: Optional[str] = typer.Option(None, "--plot", help="Write memory vs sequence length to this PNG."),
+    plot: Optional[str] = typer.Option(
+        None, "--plot", help="Write memory by component against sequence length to this image (.png, .pdf, .svg)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ):
     """Per-GPU memory, broken down, for one or more layouts (a dry run: nothing is allocated)."""
-    from meshplan.costmodel.options import MemoryOptions
     from meshplan.hf_config import load_model
-    from meshplan.layout import parse_layout
+    from meshplan.layout import parse_layout, validate_int8_allreduce
     from meshplan.reports import memory_records, parse_token_list, parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
+    _at_least("--batch", batch, 1)
     spec = load_model(model)
     layouts = [parse_layout(text) for text in layout]
     seqs = parse_token_list(sweep_seq) if sweep_seq else [parse_tokens(seq)]
     if plot:
+        from meshplan.plots import check_plot_path
+
         _check_folder("--plot", plot)
-    opts = MemoryOptions(
+        check_plot_path("--plot", plot)
+    if int8_allreduce:
+        validate_int8_allreduce(layouts, spec)
+    opts = stack_options(
+        stack,
         mode=mode,
         recompute=recompute,
-        flash_attention=flash,
+        flash=flash,
         dropout=dropout,
         act_dtype=act_dtype,
         grad_dtype=grad_dtype,
@@ -162,13 +216,12 @@ def fmt_tokens(n: int) -> str:
 def _render_memory(records, spec, opts, cluster_spec) -> None:
     shown = [k for k in COMPONENT_LABELS if any(r["per_gpu_bytes"][k] for r in records)]
     gib = 2**30
-    title = f"{spec.name} · {opts.mode} · batch {records[0]['batch']} · per-GPU memory (GiB)"
+    title = f"{spec.name} · {opts.mode} · batch {records[0]['batch']} · stack {opts.stack} · per-GPU memory (GiB)"
     table = Table(
         title=title,
         caption="total = params + optim + caches + BLAS (+ int8buf) + the largest phase: a layer (acts, "
         "the grads built so far, its transients; in training the MLP's work and the "
-        "attention's KVgath peak apart), the logits or the optimizer step; $ = cache; "
-        "int8buf = the int8 all-reduce's peer buffer",
+        "attention's KVgath peak apart), the logits or the optimizer step",
         pad_edge=False,
     )
     table.add_column("layout")
@@ -187,12 +240,11 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
     console.print(table)
     a = records[0]["assumptions"]
     console.print(
-        f"assumptions: recompute={a['recompute']}, flash_attention={a['flash_attention']}, dropout={a['dropout']}, "
-        f"activations {a['act_dtype']}, grads {a['grad_dtype']}, optimizer {a['optimizer']}, "
-        f"logits {a['logits_dtype']}, tp_sequence_parallel={a['tp_sequence_parallel']}"
-        + (", int8 all-reduce" if a.get("int8_allreduce") else ""),
+        f"assumed: {fmt_assumed(opts)}, dropout {'on' if a['dropout'] else 'off'}, optimizer {a['optimizer']}, "
+        f"logits {a['logits_dtype']} (--stack sets grads, Megatron-SP and attention; an option overrides it)",
         highlight=False,
     )
+    console.print(memory_legend(shown), highlight=False)
 
 
 # -- recommend and crossover ------------------------------------------------------------------------
@@ -205,7 +257,7 @@ def stack_options(
     recompute: str = "none",
     flash: Optional[bool] = None,
     grad_dtype: Optional[str] = None,
-    tp_sequence_parallel: bool = False,
+    tp_sequence_parallel: Optional[bool] = None,
     int8_allreduce: bool = False,
     global_batch: int = 0,
     microbatches: int = 0,
@@ -214,23 +266,39 @@ def stack_options(
     stage_layers: str = "",
     launch_floor: bool = True,
     sp_split: str = "zigzag",
+    dropout: bool = False,
+    act_dtype: str = "bf16",
+    optimizer: Optional[str] = None,
+    logits_dtype: str = "fp32",
 ):
-    """CostOptions for a stack: where an option is not given, the stack's own (flash attention, the
-    gradients' dtype)."""
+    """CostOptions for a stack, as every command builds them: where an option is not given (None), the
+    stack's own — flash attention, the gradients' dtype, Megatron-SP on the TP axis — so that one
+    layout costs the same in `memory`, `predict` and `recommend`."""
     from meshplan.costmodel.options import CostOptions
     from meshplan.costmodel.stacks import get_stack
 
     spec = get_stack(stack)
     if sp_split not in ("zigzag", "contiguous"):
         raise MeshplanError(f"--sp-split: use zigzag or contiguous, not {sp_split!r}")
+    if tp_sequence_parallel is None:
+        # The int8 all-reduce quantizes the all-reduce that Megatron-SP replaces by a reduce-scatter.
+        tp_sequence_parallel = spec.tp_sequence_parallel and not int8_allreduce
+    elif tp_sequence_parallel and int8_allreduce:
+        raise MeshplanError(
+            "--int8-allreduce quantizes TP-SSM's all-reduce, which --tp-sequence-parallel replaces by a "
+            "reduce-scatter; drop one of them"
+        )
     if virtual_stages > 1 and schedule == "1f1b":
         schedule = "interleaved"  # --virtual-stages alone asks for the interleaved schedule
     return CostOptions(
         mode=mode,
         recompute=recompute,
         flash_attention=spec.flash_attention if flash is None else flash,
+        dropout=dropout,
+        act_dtype=act_dtype,
         grad_dtype=grad_dtype or spec.grad_dtype,
-        optimizer="adam" if mode == "train" else "none",
+        optimizer=optimizer or ("adam" if mode == "train" else "none"),
+        logits_dtype=logits_dtype,
         tp_sequence_parallel=tp_sequence_parallel,
         int8_allreduce=int8_allreduce,
         microbatches=microbatches,
@@ -244,6 +312,37 @@ def stack_options(
     )
 
 
+def assumed(opts) -> dict:
+    """The stack and the knobs a number was computed under, as every output names them."""
+    return {
+        "stack": opts.stack,
+        "grad_dtype": opts.grad_dtype,
+        "tp_sequence_parallel": opts.tp_sequence_parallel,
+        "flash_attention": opts.flash_attention,
+        "recompute": opts.recompute,
+        "act_dtype": opts.act_dtype,
+        "optimizer": opts.optimizer,
+        "int8_allreduce": opts.int8_allreduce,
+    }
+
+
+def fmt_assumed(opts, *, searched: frozenset = frozenset()) -> str:
+    """One line: 'stack megatron: grads fp32, Megatron-SP on, flash attention, recompute none, …'; a knob
+    the planner searches per mesh is said to be searched instead."""
+    sp = "searched" if "tp_sequence_parallel" in searched else ("on" if opts.tp_sequence_parallel else "off")
+    rc = "searched" if "recompute" in searched else opts.recompute
+    parts = [
+        f"grads {opts.grad_dtype}",
+        f"Megatron-SP {sp}",
+        "flash attention" if opts.flash_attention else "attention as batched GEMMs",
+        f"recompute {rc}",
+        f"activations {opts.act_dtype}",
+    ]
+    if opts.int8_allreduce:
+        parts.append("int8 all-reduce")
+    return f"stack {opts.stack}: " + ", ".join(parts)
+
+
 def parse_stage_layers(text: str) -> tuple[int, ...]:
     if not text:
         return ()
@@ -251,12 +350,6 @@ def parse_stage_layers(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise MeshplanError(f"--stage-layers: {text!r} is not a comma list of layer counts, e.g. 7,8,8,7") from None
-
-
-STACK_HELP = (
-    "Whose kernels and overlap rules: megatron (Megatron-Core, the default) | megatron-2021 | deepspeed | "
-    "meshplan (this project's executor, as its runs calibrate it)."
-)
 
 
 @app.command()
@@ -323,6 +416,7 @@ def recommend(
     """Rank every mesh of the cluster for a model and shape — with recompute, Megatron-SP, micro-batch and
     virtual stages chosen per mesh — and say why the winner wins."""
     from meshplan.hf_config import load_model
+    from meshplan.layout import validate_int8_allreduce
     from meshplan.planner import plan
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
@@ -330,9 +424,15 @@ def recommend(
     _at_least("--top", top, 1)
     if batch is not None:
         _at_least("--batch", batch, 1)
+    if virtual_stages is not None:
+        _at_least("--virtual-stages", virtual_stages, 1)
     spec = load_model(model)
     cluster_spec = load_cluster(cluster, nodes)
     tokens = parse_tokens(seq)
+    if int8_allreduce:
+        validate_int8_allreduce(None, spec)  # the planner's TP-SSM meshes use it
+        if tp_sequence_parallel is None:
+            tp_sequence_parallel = False  # it quantizes the all-reduce Megatron-SP would replace
     pinned = {name.strip().replace("-", "_") for name in fixed.split(",") if name.strip()}
     given = {
         "recompute": recompute is not None,
@@ -366,7 +466,11 @@ def recommend(
     )
     if as_json:
         rows = result.ranked + (result.dropped if show_all else [])
-        _print_json([c.as_dict() for c in (rows if show_all else rows[:top])])
+        # The stack's assumptions beside each mesh's own knobs (recompute and Megatron-SP among them).
+        common = {k: v for k, v in assumed(opts).items() if k not in ("recompute", "tp_sequence_parallel")}
+        _print_json([{**c.as_dict(), "assumptions": common} for c in (rows if show_all else rows[:top])])
+        if not result.ranked:
+            raise typer.Exit(NOTHING_FITS_EXIT)
         return
     what = {"train": "step", "prefill": "TTFT", "decode": "TPOT"}[mode]
     shape = f"global batch {global_batch}" if global_batch else f"micro-batch {micro} a replica"
@@ -395,9 +499,34 @@ def recommend(
     if any(c.not_executed for c in result.ranked[:top]):
         caption.append("* priced by the cost model; meshplan execute does not run it")
     table.caption = "; ".join(caption)
-    if result.ranked:  # nothing fits: the reason alone, which names the smallest mesh and what it needs
-        console.print(table)
+    if not result.ranked:  # the reason alone, which names the smallest mesh and what it needs
+        console.print(result.reason, highlight=False)
+        console.print(f"assumed: {fmt_assumed(opts, searched=search)}", highlight=False)
+        raise typer.Exit(NOTHING_FITS_EXIT)
+    console.print(table)
     console.print(result.reason, highlight=False)
+    console.print(f"assumed: {fmt_assumed(opts, searched=search)}", highlight=False)
+    console.print(RECOMMEND_LEGEND.format(what=WHAT_LEGEND[what]), highlight=False)
+
+
+# `recommend`'s exit status when no mesh fits the GPUs' memory (2 is a bad input, 1 a failed compare).
+NOTHING_FITS_EXIT = 3
+
+RECOMMEND_LEGEND = (
+    "legend: knobs chosen per mesh — rc = activation recompute (none | selective: attention's core | full: "
+    "whole layers), mbs = micro-batch size in sequences, tp-sp = Megatron sequence parallelism on the TP "
+    "axis (norms and dropouts split by sequence), v = interleaved virtual pipeline stages a rank; "
+    "* = not runnable by meshplan execute. mem/GPU = predicted peak memory a GPU; {what}; exposed comm = "
+    "transfer time not hidden behind compute; comm/step = bytes a GPU sends a step; MFU = model FLOPs "
+    "over the GPUs' bf16 peak; regime = the tokens a micro-batch puts through a layer (b·s) against the "
+    "b·s above which TSP moves fewer bytes than TP at the mesh's tensor degree, in units of the hidden "
+    "size h (`meshplan crossover` explains it); `no weight split` = no tensor axis."
+)
+WHAT_LEGEND = {
+    "step": "step = time of one training step (all its micro-batches)",
+    "TTFT": "TTFT = time to first token (the prefill of one batch)",
+    "TPOT": "TPOT = time per output token (one decode step)",
+}
 
 
 def _fmt_knobs(knobs: dict, layout) -> str:
@@ -434,7 +563,11 @@ def predict(
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Model chunks a pipeline rank holds (interleaved)."),
     stage_layers: str = typer.Option("", "--stage-layers", help="Layers of each stage, e.g. 7,8,8,7 (default: even)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-    tp_sequence_parallel: bool = typer.Option(False, "--tp-sequence-parallel/--no-tp-sequence-parallel"),
+    tp_sequence_parallel: Optional[bool] = typer.Option(
+        None,
+        "--tp-sequence-parallel/--no-tp-sequence-parallel",
+        help="Megatron-SP on the TP axis (default: the stack's; on under megatron).",
+    ),
     stack: str = typer.Option("megatron", "--stack", help=STACK_HELP),
     mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
     flash: Optional[bool] = typer.Option(None, "--flash/--no-flash", help="Default: as the stack runs attention."),
@@ -467,6 +600,7 @@ def predict(
         load_model(model), load_cluster(cluster, nodes), parse_layout(layout), parse_tokens(seq), micro_batch, opts
     )
     out = result.as_dict()
+    out["assumptions"] = assumed(opts)
     if as_json:
         _print_json(out)
         return
@@ -505,6 +639,17 @@ def predict(
     console.print(table)
     parts = ", ".join(f"{COMPONENT_LABELS[k]} {v / 2**30:.2f}" for k, v in out["memory_bytes"].items() if v)
     console.print(f"memory (GiB): {parts}", highlight=False)
+    console.print(f"assumed: {fmt_assumed(opts)}", highlight=False)
+    console.print(memory_legend([k for k, v in out["memory_bytes"].items() if v]), highlight=False)
+    console.print(PREDICT_LEGEND, highlight=False)
+
+
+PREDICT_LEGEND = (
+    "MFU = model FLOPs a second over the GPUs' bf16 peak; HFU counts recomputed FLOPs too; exposed "
+    "communication = transfer time not hidden behind compute; pipeline bubble = the share of a step pipeline "
+    "stages sit idle; bound = what limits the step (compute, exposed communication, HBM reads, collective latency "
+    "or the host's kernel launches)"
+)
 
 
 def _fmt_stages(stages: list[int]) -> str:
@@ -520,13 +665,13 @@ def crossover(
     degree: int = typer.Option(..., "--degree", help="D for TSP, T for TP."),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Also find where time crosses over."),
     nodes: Optional[int] = typer.Option(None, "--nodes"),
+    stack: str = typer.Option("megatron", "--stack", help=STACK_HELP + " (the time crossover's)"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """The b·s above which TSP moves fewer bytes per layer than TP (and, on a cluster, is faster)."""
     import math
 
     from meshplan.costmodel.crossover import time_crossover_tokens, volume_crossover_tokens
-    from meshplan.costmodel.options import CostOptions
     from meshplan.hf_config import load_model
     from meshplan.layout import Layout, validate_layout
     from meshplan.topologies.cluster import load_cluster
@@ -535,6 +680,13 @@ def crossover(
     if degree < 2:
         raise MeshplanError(f"--degree must be >= 2, got {degree}")
     validate_layout(Layout(tsp=degree), spec)
+    cl = load_cluster(cluster, nodes) if cluster else None
+    if cl is not None and (degree > cl.num_gpus or cl.num_gpus % degree):
+        raise MeshplanError(
+            f"--degree {degree}: {cl.name} has {cl.num_gpus} GPUs, and a TP or TSP group of {degree} must divide "
+            f"them; pick a degree that divides {cl.num_gpus}, or add nodes (--nodes)"
+        )
+    opts = stack_options(stack)
     fwd = volume_crossover_tokens(spec, degree)
     train = volume_crossover_tokens(spec, degree, phases=("fwd", "bwd"))
     out = {
@@ -544,11 +696,11 @@ def crossover(
         "volume_crossover_tokens_train": None if math.isinf(train) else train,
         "volume_crossover_over_h": None if math.isinf(fwd) else fwd / spec.d_model,
     }
-    if cluster:
-        cl = load_cluster(cluster, nodes)
-        t = time_crossover_tokens(spec, degree, cl, CostOptions())
+    if cl is not None:
+        t = time_crossover_tokens(spec, degree, cl, opts)
         out["cluster"] = cl.name
         out["time_crossover_tokens"] = None if math.isinf(t) else t
+        out["assumptions"] = assumed(opts)
     if as_json:
         _print_json(out)
         return
@@ -562,12 +714,24 @@ def crossover(
         f"{show(out['volume_crossover_tokens_train'])} for forward + backward.",
         highlight=False,
     )
-    if cluster:
+    if cl is not None:
+        when = (
+            "never, at any length up to "
+            f"{fmt_tokens(2 * degree * 2**16)} tokens"
+            if out["time_crossover_tokens"] is None
+            else f"from {show(out['time_crossover_tokens'])} tokens per sequence"
+        )
         console.print(
-            f"On {out['cluster']}, a TSP training step is no slower than TP's from "
-            f"{show(out['time_crossover_tokens'])} tokens per sequence (batch 1).",
+            f"On {out['cluster']}, a TSP training step (batch 1) is no slower than TP's {when}; "
+            f"assumed: {fmt_assumed(opts)}.",
             highlight=False,
         )
+    console.print(
+        "(b·s = tokens a micro-batch puts through a layer; h = the hidden size. TP all-reduces activations, "
+        "b·s·h per layer; TSP streams weight shards, a fixed cost, and gathers K/V, so it moves less above "
+        "the crossover.)",
+        highlight=False,
+    )
 
 
 # -- execute and compare --------------------------------------------------------------------------
@@ -621,7 +785,7 @@ def execute(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from meshplan.hf_config import load_model
-    from meshplan.layout import parse_layout, validate_layout, validate_seq
+    from meshplan.layout import parse_layout, validate_int8_allreduce, validate_layout, validate_seq
     from meshplan.reports import parse_tokens
 
     for flag, value, low in (
@@ -639,16 +803,23 @@ def execute(
         raise MeshplanError(f"--mode: use train, prefill or decode, not {mode!r}")
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
+    _positive_seconds("--timeout", timeout)
+    _at_least_float("--tolerance", tolerance, 0.0)
     validate_layout(lay, spec, nproc * nnodes)
     validate_seq(lay, tokens, batch)
+    if int8_allreduce:
+        validate_int8_allreduce([lay], spec)
     from meshplan.executor.support import unsupported
 
-    if layers:
-        from dataclasses import replace
-
-        spec = replace(spec, layers=layers, name=f"{spec.name}/{layers}L")  # what the workers build
+    # What the model is (a hybrid, say) is refused before what --layers would cut it to.
     if (reason := unsupported(lay, spec, not layers_only)) is not None:
         raise MeshplanError(reason)
+    if layers:
+        from meshplan.models import first_layers
+
+        spec = first_layers(spec, layers)  # what the workers build
+        if (reason := unsupported(lay, spec, not layers_only)) is not None:
+            raise MeshplanError(reason)
     from meshplan.executor.support import executed_spec
 
     spec, dropped = executed_spec(spec)
@@ -782,6 +953,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Predicted against measured for a run; exit 1 beyond the tolerance."""
+    _at_least_float("--tolerance", tolerance, 0.0)
     _compare_file(run_file, tolerance, as_json)
 
 

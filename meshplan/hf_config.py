@@ -34,20 +34,25 @@ class _Fields:
         value = self.raw.get(name)
         return default if value is None else value
 
-    def as_whole(self, name: str, value: Any) -> int:
-        """`value` of field `name` as an int: a JSON integer (or a float with nothing after the point);
-        anything else — 32.5, "4096", true — is a malformed config, not a number to round."""
+    def as_whole(self, name: str, value: Any, low: int = 1) -> int:
+        """`value` of field `name` as an int of at least `low`: a JSON integer (or a float with nothing
+        after the point); anything else — 32.5, "4096", true, a width of 0 — is a malformed config,
+        named by its file and key, not a number to round or a shape to build."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
             raise MeshplanError(f"{self.where}: {name} must be a whole number, got {value!r}")
+        if value < low:
+            what = "a positive whole number" if low == 1 else f"a whole number >= {low}"
+            raise MeshplanError(f"{self.where}: {name} must be {what}, got {value!r}; fix it in the config")
         return int(value)
 
-    def whole(self, *names: str, default: Any = None) -> int:
-        """The first of `names` present, as a whole number; `default` where none is (required when None)."""
+    def whole(self, *names: str, default: Any = None, low: int = 1) -> int:
+        """The first of `names` present, as a whole number of at least `low`; `default` where none is
+        (required when None)."""
         for name in names:
             if self.raw.get(name) is not None:
-                return self.as_whole(name, self.raw[name])
+                return self.as_whole(name, self.raw[name], low)
         if default is None:
-            return self.as_whole(names[0], self.need(*names))
+            return self.as_whole(names[0], self.need(*names), low)
         return default
 
 
@@ -67,7 +72,7 @@ def _llama(
     window applies to (None: all of them when the config sets sliding_window)."""
     heads = f.whole("num_attention_heads")
     # An explicit head_dim (Mistral-Nemo: hidden 5120, 32 heads of 128) sets the attention's width.
-    head_dim = f.whole("head_dim", default=0) or None
+    head_dim = f.whole("head_dim", default=0, low=0) or None
     spec = dense(
         name,
         f.whole("hidden_size"),
@@ -154,7 +159,7 @@ def _qwen(f: _Fields, name: str) -> ModelSpec:
     sliding = bool(f.get("use_sliding_window", False))
     window_layers = _layer_types(f, layers)
     if window_layers is None:
-        window_layers = layers - min(layers, f.whole("max_window_layers", default=layers)) if sliding else 0
+        window_layers = layers - min(layers, f.whole("max_window_layers", default=layers, low=0)) if sliding else 0
     qwen3 = f.raw.get("model_type") == "qwen3"
     return _llama(f, name, qkv_bias=not qwen3, qk_norm="head" if qwen3 else "", window_layers=window_layers)
 
@@ -416,7 +421,14 @@ def model_from_hf_config(path: Path) -> ModelSpec:
             f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(sorted(_READERS))}"
         )
     name = raw.get("_name_or_path") or Path(path).parent.name or model_type
-    return _READERS[model_type](_Fields(raw, where), str(name))
+    try:
+        return _READERS[model_type](_Fields(raw, where), str(name))
+    except MeshplanError as exc:
+        # A shape the config's fields make and the spec refuses (heads that do not divide the width…):
+        # the message names the spec's field; the file says where to fix it.
+        if str(exc).startswith(where):
+            raise
+        raise MeshplanError(f"{where}: {exc}") from None
 
 
 def load_model(name_or_path: str) -> ModelSpec:

@@ -23,6 +23,7 @@ from meshplan.executor.run import (
 )
 from meshplan.executor.support import executed_spec, unsupported
 from meshplan.hf_config import load_model
+from meshplan.models import first_layers
 from meshplan.layout import parse_layout, validate_layout, validate_seq
 from meshplan.topologies.cluster import load_cluster
 
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     model = load_model(args.model)
     if args.layers:
-        model = replace(model, layers=args.layers, name=f"{model.name}/{args.layers}L")
+        model = first_layers(model, args.layers)
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     model, dropped = executed_spec(replace(model, param_dtype=dtype))
     layout = parse_layout(args.layout)
