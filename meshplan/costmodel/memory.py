@@ -62,6 +62,9 @@ class MemoryBreakdown:
     peak_phase: str  # "layer", "logits" or "optimizer": the moment that decides the peak
     pipeline_stage: str  # "only", "first" or "last": the stage reported
     assumptions: dict = field(default_factory=dict)
+    # COMPONENTS → bytes held at the peak moment (peak_phase): they sum to total_bytes, where
+    # per_gpu_bytes gives each component at its own largest, moments that need not coincide.
+    at_peak_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def _split_div(split: str, sh: Sharding, ngroups: int) -> int:
@@ -457,9 +460,10 @@ def memory_per_gpu(
         )
         for index in _stages_to_check(stage_layers, pp, microbatches, chunks)
     ]
-    total, stage, phase, parts = max(results, key=lambda r: r[0])
+    total, stage, phase, parts, at_peak = max(results, key=lambda r: r[0])
     return MemoryBreakdown(
         per_gpu_bytes={k: int(round(v)) for k, v in parts.items()},
+        at_peak_bytes=_rounded_to(at_peak, int(round(total))),
         total_bytes=int(round(total)),
         peak_phase=phase,
         pipeline_stage=stage,
@@ -696,7 +700,34 @@ def _stage_peak(
         if layer["attention_phase"]:
             phases["attention"] = acts + grads_at_peak + layer["attention_phase"] + streaming
     phase = max(phases, key=phases.get)
-    return kept + phases[phase], stage if stage in ("only", "first", "last") else f"stage {index}", phase, parts
+    # The same sums, by component: what is held at the peak moment.
+    at_peak = dict.fromkeys(parts, 0.0)
+    for key in ("parameters", "optimizer_state", "kv_cache", "ssm_state_cache", "blas_workspace", "int8_peer_buffer"):
+        at_peak[key] = parts[key]
+    if phase == "optimizer":
+        at_peak["gradients"] = grad_b
+        at_peak["transient_working"] = phases["optimizer"] - grad_b  # the step's fp32 temporaries
+    else:
+        at_peak["activations"], at_peak["gradients"] = acts, grads_at_peak
+    if phase == "logits":
+        at_peak["transient_logits"] = parts["transient_logits"]
+    elif phase in ("layer", "attention"):
+        at_peak["transient_weight_shards"] = layer["weight_shards"]
+        at_peak["transient_comm_buffers"] = layer["comm_buffers"]
+        if phase == "layer":
+            at_peak["transient_working"] = layer["working"]
+        else:
+            at_peak["transient_kv_gather"] = layer["kv_gather"]
+            at_peak["transient_working"] = layer["attention_phase"] - layer["kv_gather"]
+    name = stage if stage in ("only", "first", "last") else f"stage {index}"
+    return kept + phases[phase], name, phase, parts, at_peak
+
+
+def _rounded_to(parts: dict[str, float], total: int) -> dict[str, int]:
+    """Whole bytes per component that sum to `total` exactly (the rounding error put on the largest)."""
+    out = {k: int(round(v)) for k, v in parts.items()}
+    out[max(out, key=out.get)] += total - sum(out.values())
+    return out
 
 
 def head_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:
