@@ -142,7 +142,9 @@ def memory(
     dropout: bool = typer.Option(False, "--dropout/--no-dropout", help="Count dropout masks."),
     act_dtype: str = typer.Option("bf16", "--act-dtype"),
     grad_dtype: Optional[str] = typer.Option(
-        None, "--grad-dtype", help="bf16 (16 B/param with Adam) or fp32 (18); default: the stack's (fp32 under megatron)."
+        None,
+        "--grad-dtype",
+        help="bf16 (16 B/param with Adam) or fp32 (18); default: the stack's (fp32 under megatron).",
     ),
     optimizer: str = typer.Option("adam", "--optimizer", help="adam (mixed precision) | none"),
     logits_dtype: str = typer.Option("fp32", "--logits-dtype"),
@@ -716,8 +718,7 @@ def crossover(
     )
     if cl is not None:
         when = (
-            "never, at any length up to "
-            f"{fmt_tokens(2 * degree * 2**16)} tokens"
+            f"never, at any length up to {fmt_tokens(2 * degree * 2**16)} tokens"
             if out["time_crossover_tokens"] is None
             else f"from {show(out['time_crossover_tokens'])} tokens per sequence"
         )
@@ -782,8 +783,6 @@ def execute(
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
 ):
     """Run a layout for real under torchrun and record what it costs (one JSON file)."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from meshplan.hf_config import load_model
     from meshplan.layout import parse_layout, validate_int8_allreduce, validate_layout, validate_seq
     from meshplan.reports import parse_tokens
@@ -845,8 +844,9 @@ def execute(
                 f"blocks only ({spec.name}'s attention would see across them); give a .npy of ids"
             )
     if device == "cuda":
+        _check_gpus("--device", nproc)
         _warn_if_over_gpu_memory(spec, lay, tokens, batch, mode, not layers_only)
-    from meshplan.executor.torchrun import run_workers, worker_command
+    from meshplan.executor.torchrun import worker_command
 
     cmd = worker_command(
         model=model,
@@ -869,16 +869,77 @@ def execute(
         profile=do_profile,
         int8_allreduce=int8_allreduce,
     )
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=True
-    ) as progress:
-        progress.add_task(f"running {lay} on {nproc * nnodes} {device} processes", total=None)
-        run_workers(cmd, timeout)
+    from meshplan.executor.torchrun import WorkersFailed
+
+    try:
+        run_with_progress(cmd, timeout, f"{lay} on {nproc * nnodes} {device} processes")
+    except WorkersFailed as exc:
+        failed = failed_run(
+            exc,
+            model=spec.name,
+            layout=str(lay),
+            seq=tokens,
+            batch=batch,
+            mode=mode,
+            device=device,
+            world=nproc * nnodes,
+            layers=spec.layers,
+            steps=steps,
+        )
+        if node_rank == 0:
+            with open(out, "w") as f:
+                json.dump(failed, f, indent=1)
+            raise MeshplanError(f"{exc}; wrote {out} with status failed and the steps that finished") from None
+        raise
     if not do_compare:
         console.print(run_summary(read_json(out)))
     console.print(f"wrote {out}" + ("" if do_compare else f"; `meshplan compare {out}` sets it against the prediction"))
     if do_compare:
         _compare_file(out, tolerance, False)
+
+
+def run_with_progress(cmd: list[str], timeout: float, label: str) -> list[dict]:
+    """Run torchrun's workers under a progress bar of their finished steps (on stderr, gone when done);
+    returns the progress records. A failure is executor.torchrun.WorkersFailed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from meshplan.executor.torchrun import run_workers
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn(f"(stopped at {timeout:g} s)"),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"{label}: starting", total=None)
+
+        def show(record: dict) -> None:
+            progress.update(
+                task, total=record["total"], completed=record["done"], description=f"{label}: {record['what']}"
+            )
+
+        return run_workers(cmd, timeout, show)
+
+
+def failed_run(exc, **run) -> dict:
+    """The run file of a run that did not finish: what ran, how it failed, and the units of work that
+    finished (each step's seconds on rank 0), so that the time spent is not lost."""
+    finished = [{"what": r["what"], "seconds": r["seconds"]} for r in exc.finished]
+    timed = [r["seconds"] for r in exc.finished if r["what"].startswith("step ") and r["seconds"] is not None]
+    return {
+        "status": "failed",
+        **run,
+        "error": str(exc),
+        "failure": exc.failure,
+        "finished": finished,
+        "measured": {"error": str(exc), "step_times_s": timed},
+        "predicted": {},
+        "command": "meshplan " + " ".join(sys.argv[1:]),
+    }
 
 
 def _check_weights(folder: str, model: str, spec, dropped: list, layers: int, layers_only: bool) -> None:
@@ -904,14 +965,12 @@ def _check_weights(folder: str, model: str, spec, dropped: list, layers: int, la
 
 
 def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: bool) -> None:
-    """No visible GPU: one line, before torchrun starts. A predicted peak above the GPU's memory: a
-    warning (the run goes on, and records its out-of-memory as a result)."""
+    """A predicted peak above the GPU's memory: a warning before torchrun starts (the run goes on, and
+    records its out-of-memory as a result)."""
     import torch
 
     from meshplan.executor.run import predict
 
-    if not torch.cuda.is_available():
-        raise MeshplanError("--device: cuda was asked for but no GPU is visible here; use --device cpu (gloo)")
     have = torch.cuda.get_device_properties(0).total_memory
     need = predict(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
     if need > have:
@@ -998,50 +1057,39 @@ def calibrate(
     timeout: float = typer.Option(1800.0, "--timeout"),
 ):
     """Measure this machine's GEMM, HBM, attention, host launch cost and collectives; write a profile for --cluster."""
-    import subprocess
-
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
+    from meshplan.executor.torchrun import launcher
     from meshplan.topologies.cluster import preset_names
 
     _at_least("--nproc", nproc, 1)
+    _positive_seconds("--timeout", timeout)
     if cluster not in preset_names():
         raise MeshplanError(f"--cluster: {cluster!r} is not a preset ({', '.join(preset_names())})")
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        "--standalone",
-        "-m",
-        "meshplan.topologies.calibrate",
-        "--cluster",
-        cluster,
-        "--out",
-        out,
-        "--device",
-        device,
-    ]
+    _check_folder("--out", out)
+    if device == "cuda":
+        _check_gpus("--device", nproc)
+    cmd = launcher(nproc) + ["-m", "meshplan.topologies.calibrate", "--cluster", cluster, "--out", out]
+    cmd += ["--device", device]
     if quick:
         cmd.append("--quick")
     if max_bytes:
         cmd += ["--max-bytes", str(max_bytes)]
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=True
-    ) as progress:
-        task = progress.add_task("calibrating", total=None)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        last = ""
-        for line in proc.stdout:
-            if line.startswith("calibrate: "):
-                progress.update(task, description=line.strip())
-            elif "Error" in line:
-                last = line.strip()
-        if proc.wait(timeout=timeout) != 0:
-            raise MeshplanError(f"calibration failed: {last or 'see torchrun output'}")
+    run_with_progress(cmd, timeout, f"calibrating {nproc} {device} processes")
     console.print(f"wrote {out}; use it with --cluster {out}")
+
+
+def _check_gpus(flag: str, nproc: int) -> None:
+    """Enough visible GPUs for `nproc` processes, or one line before anything launches."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise MeshplanError(f"{flag}: cuda was asked for but no GPU is visible here; use --device cpu (gloo)")
+    if torch.cuda.device_count() < nproc:
+        raise MeshplanError(
+            f"--nproc {nproc}: only {torch.cuda.device_count()} GPU(s) are visible here; give --nproc "
+            f"{torch.cuda.device_count()} or fewer"
+        )
 
 
 # -- listings ------------------------------------------------------------------------------------
@@ -1055,7 +1103,7 @@ def models(as_json: bool = typer.Option(False, "--json")):
 
     rows = []
     for name, m in PRESETS.items():
-        attn = m.attention
+        attn, mlp = m.attention, m.mlp
         rows.append(
             {
                 "name": name,
@@ -1065,6 +1113,8 @@ def models(as_json: bool = typer.Option(False, "--json")):
                 "layers": m.layers,
                 "heads": attn.heads if attn else None,
                 "kv_heads": attn.kv_heads if attn else None,
+                "ffn_hidden": mlp.ffn_hidden if mlp else None,
+                "mlp_gated": mlp.gated if mlp else None,
                 "vocab": m.vocab,
                 "source": m.source,
             }
@@ -1073,7 +1123,7 @@ def models(as_json: bool = typer.Option(False, "--json")):
         _print_json(rows)
         return
     table = Table(title="model presets")
-    for col in ("name", "family", "params", "d_model", "layers", "heads/kv", "vocab", "source"):
+    for col in ("name", "family", "params", "d_model", "layers", "heads/kv", "MLP", "vocab", "source"):
         table.add_column(col)
     for r in rows:
         heads = f"{r['heads']}/{r['kv_heads']}" if r["heads"] else "-"
@@ -1084,10 +1134,25 @@ def models(as_json: bool = typer.Option(False, "--json")):
             str(r["d_model"]),
             str(r["layers"]),
             heads,
+            _fmt_mlp(r),
             str(r["vocab"]),
             r["source"],
         )
     console.print(table)
+    console.print(
+        "legend: params = every weight, embeddings included (B = 10⁹); heads/kv = query heads / key-value "
+        "heads; MLP = the MLP's inner width and its multiple of d_model; gated = SwiGLU's three "
+        "matrices, not two. dense-7b is the TSP paper's 7B shape with a 4×-wide gated "
+        "MLP, so 8.85B parameters: Llama-2-7B's gated MLP is 2.69× wide (11008) and has 6.74B.",
+        highlight=False,
+    )
+
+
+def _fmt_mlp(row: dict) -> str:
+    if not row["ffn_hidden"]:
+        return "-"
+    ratio = row["ffn_hidden"] / row["d_model"]
+    return f"{'gated' if row['mlp_gated'] else 'plain'} {row['ffn_hidden']} ({ratio:.3g}×)"
 
 
 @app.command()
@@ -1160,9 +1225,7 @@ def cluster_show(
     # Every node is built alike: draw the first ones from a graph of just them.
     drawn = min(spec.nodes, SHOWN_NODES)
     graph = build_graph(spec.with_nodes(drawn) if drawn < spec.nodes else spec)
-    tree = Tree(
-        f"[bold]{spec.name}[/] — {spec.num_gpus:,} × {spec.gpu.name}, {fmt_bytes(spec.gpu.memory_bytes)} each"
-    )
+    tree = Tree(f"[bold]{spec.name}[/] — {spec.num_gpus:,} × {spec.gpu.name}, {fmt_bytes(spec.gpu.memory_bytes)} each")
     bw = spec.intra_link.bandwidth_bytes_per_s / 1e9
     gpus_of: dict[int, list] = {}
     for g, d in graph.nodes(data=True):
