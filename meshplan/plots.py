@@ -66,6 +66,15 @@ def describe_assumptions(record: dict) -> str:
 
 
 def plot_memory_vs_seq(records: list[dict], path: str) -> None:
+    """memory_figure(records), written to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = memory_figure(records)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def memory_figure(records: list[dict]):
     """Per-GPU memory at its peak against sequence length: for each length a bar per layout, stacked by
     component (records' at_peak_bytes, which sum to the total), the GPU's capacity as a line, and what
     the numbers assume in the caption."""
@@ -137,5 +146,4 @@ def plot_memory_vs_seq(records: list[dict], path: str) -> None:
     )
     fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", wrap=True)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    return fig

@@ -545,7 +545,7 @@ def _layer_transients(
             kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
     step_tokens = 1 if opts.mode == "decode" else seq
     working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full, 0.0 if train else kv_gather)
-    attention_phase = 0.0
+    attention_phase = backward_working = mlp_saved = 0.0
     if train and kv_gather:
         # The backward reaches a layer's attention after its MLP, whose saved tensors are freed by then:
         # the gathered K/V and their gradients stand beside the layer's input, output and output
@@ -554,7 +554,8 @@ def _layer_transients(
         # (benchmarks/results/memory-peak-4xh200.json); charging both at once over-predicted them by 9-14% at 64K-256K
         # (memory-curves-4xh200-run16.json).
         mlp_saved = _saved_bytes(block_saved("mlp", model, opts), batch * seq, seq, sh, 1) if model.mlp else 0.0
-        attention_phase = _backward_layer_bytes(model, sh, batch * seq, opts, unit_full) + kv_gather - mlp_saved
+        backward_working = _backward_layer_bytes(model, sh, batch * seq, opts, unit_full)
+        attention_phase = backward_working + kv_gather - mlp_saved
     block_kinds = [k for k, _ in model.block_invocations()]
     largest_block = max(block_params(model, k) for k in block_kinds)
     largest_streamed = max(streamed_block_params(model, k) for k in block_kinds)
@@ -585,6 +586,8 @@ def _layer_transients(
         "working": working,
         "kv_gather": kv_gather,
         "attention_phase": attention_phase,
+        "attention_working": backward_working,  # the attention phase's pieces, for at_peak_bytes
+        "attention_mlp_freed": mlp_saved,
         "weight_shards": weight_shards,
         "comm_buffers": comm_buffers,
     }
@@ -632,8 +635,9 @@ def _stage_peak(
     microbatches: int,
     chunks: int,
     embeddings: bool,
-) -> tuple[float, str, str, dict]:
-    """Pipeline stage `index`: (its peak bytes, its name, the phase that sets the peak, its components):
+) -> tuple[float, str, str, dict, dict]:
+    """Pipeline stage `index`: (its peak bytes, its name, the phase that sets the peak, its components,
+    what each holds at the peak):
     model states (ZeRO's shares), its in-flight micro-batches' activations, and the largest of the layer,
     logits, attention and optimizer phases."""
     train, pp = opts.training, layout.pp
@@ -716,9 +720,10 @@ def _stage_peak(
         at_peak["transient_comm_buffers"] = layer["comm_buffers"]
         if phase == "layer":
             at_peak["transient_working"] = layer["working"]
-        else:
+        else:  # the layer's MLP activations freed by then, its backward's working set and the K/V gathered
+            at_peak["activations"] -= layer["attention_mlp_freed"]
             at_peak["transient_kv_gather"] = layer["kv_gather"]
-            at_peak["transient_working"] = layer["attention_phase"] - layer["kv_gather"]
+            at_peak["transient_working"] = layer["attention_working"]
     name = stage if stage in ("only", "first", "last") else f"stage {index}"
     return kept + phases[phase], name, phase, parts, at_peak
 
