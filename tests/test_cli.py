@@ -461,49 +461,6 @@ def _one_line_error(r, *words):
         assert word in text, (word, text)
 
 
-def test_bad_inputs_a_newcomer_tried_are_one_line_naming_the_field(tmp_path):
-    """Issue 29: each of these was a traceback or a wrong answer with exit 0."""
-    _one_line_error(
-        invoke("memory", "--model", "dense-7b", "--layout", "tp=8", "--seq", "4k", "--plot", str(tmp_path / "x.txt")),
-        "--plot",
-        ".txt",
-        ".png",
-    )
-    assert not (tmp_path / "x.txt").exists()
-    _one_line_error(
-        invoke("crossover", "--model", "dense-7b", "--degree", "16", "--cluster", "h100-sxm-8"),
-        "--degree 16",
-        "8 GPUs",
-    )
-    _one_line_error(
-        invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--virtual-stages", "0"),
-        "--virtual-stages must be >= 1",
-    )
-    _one_line_error(invoke("compare", str(tmp_path / "run.json"), "--tolerance", "-1"), "--tolerance must be >= 0")
-    # No data-parallel size makes 128 sequences out of micro-batches of 3: the batch, not memory.
-    r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--global-batch", "128", "--micro-batch", "3")
-    _one_line_error(r, "--global-batch 128", "--micro-batch 3")
-    assert "Nothing fits" not in r.output
-    # The int8 all-reduce quantizes TP-SSM's all-reduce: nothing to quantize here.
-    _one_line_error(
-        invoke("memory", "--model", "mamba2-130m", "--layout", "tp=2", "--seq", "4k", "--int8-allreduce"),
-        "--int8-allreduce",
-        "tpssm",
-    )
-    _one_line_error(
-        invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--int8-allreduce"),
-        "--int8-allreduce",
-        "dense-7b has none",
-    )
-    # A width of 0 in a config: the file and its key, not the spec's field.
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({**TINY_LLAMA, "hidden_size": 0}))
-    _one_line_error(invoke("memory", "--model", str(config), "--layout", "tp=2"), str(config), "hidden_size")
-    # A shape the spec refuses, built from a config: the file named too.
-    config.write_text(json.dumps({**TINY_LLAMA, "num_key_value_heads": 3}))
-    _one_line_error(invoke("memory", "--model", str(config), "--layout", "tp=2"), str(config), "kv_heads")
-
-
 TINY_LLAMA = {
     "model_type": "llama",
     "hidden_size": 64,
@@ -513,6 +470,72 @@ TINY_LLAMA = {
     "intermediate_size": 128,
     "vocab_size": 100,
 }
+
+# Issue 29: what a newcomer typed, each a traceback or a wrong answer with exit 0 before; now one line
+# naming the field (and the fix). {tmp} is the test's folder; {config} a llama config.json with `config`.
+NEWCOMER_CASES = {
+    "plot-format": (
+        ["memory", "--model", "dense-7b", "--layout", "tp=8", "--seq", "4k", "--plot", "{tmp}/x.txt"],
+        None,
+        ["--plot", ".txt", ".png"],
+    ),
+    "crossover-degree-past-cluster": (
+        ["crossover", "--model", "dense-7b", "--degree", "16", "--cluster", "h100-sxm-8"],
+        None,
+        ["--degree 16", "8 GPUs"],
+    ),
+    "virtual-stages-0": (
+        ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--virtual-stages", "0"],
+        None,
+        ["--virtual-stages must be >= 1"],
+    ),
+    "negative-tolerance": (["compare", "{tmp}/run.json", "--tolerance", "-1"], None, ["--tolerance must be >= 0"]),
+    # No data-parallel size makes 128 sequences of micro-batches of 3: the batch, not the memory.
+    "global-batch-no-dp-divides": (
+        ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--global-batch", "128", "--micro-batch", "3"],
+        None,
+        ["--global-batch 128", "--micro-batch 3"],
+    ),
+    # The int8 all-reduce quantizes TP-SSM's all-reduce: nothing to quantize in these.
+    "int8-without-tpssm": (
+        ["memory", "--model", "mamba2-130m", "--layout", "tp=2", "--seq", "4k", "--int8-allreduce"],
+        None,
+        ["--int8-allreduce", "tpssm"],
+    ),
+    "int8-on-a-dense-model": (
+        ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--int8-allreduce"],
+        None,
+        ["--int8-allreduce", "dense-7b has none"],
+    ),
+    # A width of 0 in a config: the file and its key, not the spec's field.
+    "config-width-0": (
+        ["memory", "--model", "{config}", "--layout", "tp=2"],
+        {"hidden_size": 0},
+        ["{config}", "hidden_size"],
+    ),
+    # A shape the spec refuses, built from a config: the file named too.
+    "config-kv-heads": (
+        ["memory", "--model", "{config}", "--layout", "tp=2"],
+        {"num_key_value_heads": 3},
+        ["{config}", "kv_heads"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NEWCOMER_CASES))
+def test_bad_inputs_a_newcomer_tried_are_one_line_naming_the_field(tmp_path, case):
+    args, config, words = NEWCOMER_CASES[case]
+    path = tmp_path / "config.json"
+    if config is not None:
+        path.write_text(json.dumps({**TINY_LLAMA, **config}))
+
+    def fill(text):
+        return text.replace("{tmp}", str(tmp_path)).replace("{config}", str(path))
+
+    r = invoke(*map(fill, args))
+    assert "Nothing fits" not in r.output
+    _one_line_error(r, *map(fill, words))
+    assert not (tmp_path / "x.txt").exists()
 
 
 def test_calibrate_checks_its_inputs_before_launching(tmp_path):
