@@ -91,55 +91,56 @@ def _one_line_error(r, *words):
         assert word in text, (word, text)
 
 
-def test_execute_refuses_what_it_would_run_wrongly_before_launching(tmp_path):
-    """Issue 29: each of these ran (or failed) as something else than asked."""
+# Issue 29: each of these ran (or failed) as something else than asked; now one line before launching.
+# {config} is a 2-layer llama config.json, {ids} a 3-D array of token ids.
+_RUN = ["--seq", "64", "--out", "{tmp}/run.json"]
+EXECUTE_CASES = {
+    # 5 layers of a 2-layer model ran 5 layers.
+    "layers-past-the-model": (
+        ["--model", "{config}", "--layout", "tp=2", "--nproc", "2", "--layers", "5"],
+        ["--layers", "has 2 layers"],
+    ),
+    # The int8 all-reduce is TP-SSM's: under tp=2 it was silently ignored.
+    "int8-on-tp": (
+        ["--model", "{config}", "--layout", "tp=2", "--nproc", "2", "--int8-allreduce"],
+        ["--int8-allreduce"],
+    ),
+    "int8-on-mamba-tp": (
+        ["--model", "mamba2-130m", "--layout", "tp=2", "--nproc", "2", "--int8-allreduce"],
+        ["--int8-allreduce", "tpssm"],
+    ),
+    # A 3-D array of ids was read flat.
+    "tokens-3d": (
+        ["--model", "{config}", "--layout", "single", "--nproc", "1", "--tokens", "{ids}"],
+        ["--tokens", "3-D"],
+    ),
+    "negative-tolerance": (
+        ["--model", "{config}", "--layout", "single", "--nproc", "1", "--tolerance", "-1"],
+        ["--tolerance"],
+    ),
+    "zero-timeout": (["--model", "{config}", "--layout", "single", "--nproc", "1", "--timeout", "0"], ["--timeout"]),
+    # A hybrid cut to one layer: what the executor cannot build, not a spec's complaint about the cut.
+    "hybrid-layers": (
+        ["--model", "zamba2-7b", "--layers", "1", "--layout", "tp=2", "--nproc", "2"],
+        ["not hybrid (zamba2-7b)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(EXECUTE_CASES))
+def test_execute_refuses_what_it_would_run_wrongly_before_launching(tmp_path, case):
     import numpy as np
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY))
-    base = ["execute", "--model", str(config), "--seq", "64", "--out", str(tmp_path / "run.json")]
-    # 5 layers of a 2-layer model ran 5 layers.
-    _one_line_error(
-        runner.invoke(app, [*base, "--layout", "tp=2", "--nproc", "2", "--layers", "5"]), "--layers", "has 2 layers"
-    )
-    # The int8 all-reduce is TP-SSM's; under tp=2 it was ignored.
-    _one_line_error(
-        runner.invoke(app, [*base, "--layout", "tp=2", "--nproc", "2", "--int8-allreduce"]), "--int8-allreduce"
-    )
-    _one_line_error(
-        runner.invoke(
-            app,
-            [
-                "execute",
-                "--model",
-                "mamba2-130m",
-                "--layout",
-                "tp=2",
-                "--seq",
-                "64",
-                "--nproc",
-                "2",
-                "--int8-allreduce",
-            ],
-        ),
-        "--int8-allreduce",
-        "tpssm",
-    )
-    # A 3-D array of ids was read flat.
     ids = tmp_path / "ids.npy"
     np.save(ids, np.zeros((2, 3, 65), dtype=np.int64))
-    _one_line_error(
-        runner.invoke(app, [*base, "--layout", "single", "--nproc", "1", "--tokens", str(ids)]), "--tokens", "3-D"
-    )
-    _one_line_error(
-        runner.invoke(app, [*base, "--layout", "single", "--nproc", "1", "--tolerance", "-1"]), "--tolerance"
-    )
-    _one_line_error(runner.invoke(app, [*base, "--layout", "single", "--nproc", "1", "--timeout", "0"]), "--timeout")
-    # A hybrid cut to one layer: what the executor cannot build, not a spec's complaint about the cut.
-    r = runner.invoke(
-        app, ["execute", "--model", "zamba2-7b", "--layers", "1", "--layout", "tp=2", "--seq", "1k", "--nproc", "2"]
-    )
-    _one_line_error(r, "not hybrid (zamba2-7b)")
+    args, words = EXECUTE_CASES[case]
+
+    def fill(text):
+        return text.replace("{config}", str(config)).replace("{ids}", str(ids)).replace("{tmp}", str(tmp_path))
+
+    _one_line_error(runner.invoke(app, ["execute", *map(fill, args + _RUN)]), *words)
     assert not (tmp_path / "run.json").exists()
 
 
