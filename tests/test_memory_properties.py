@@ -61,7 +61,8 @@ def test_never_negative_and_total_covers_persistent(model, layout, seq, batch, o
     assert sum(at.values()) == r.total_bytes and min(at.values()) >= 0
     for key in ("parameters", "optimizer_state", "kv_cache", "ssm_state_cache"):
         assert at[key] == b[key]
-    assert at["activations"] <= b["activations"] and at["gradients"] <= b["gradients"]
+    slack = len(at)  # whole bytes: each component's rounding is half a byte at most
+    assert at["activations"] <= b["activations"] + slack and at["gradients"] <= b["gradients"] + slack
 
 
 @settings(max_examples=150, deadline=None)

@@ -706,7 +706,7 @@ def _stage_peak(
     phase = max(phases, key=phases.get)
     # The same sums, by component: what is held at the peak moment.
     at_peak = dict.fromkeys(parts, 0.0)
-    for key in ("parameters", "optimizer_state", "kv_cache", "ssm_state_cache", "blas_workspace", "int8_peer_buffer"):
+    for key in _KEPT:
         at_peak[key] = parts[key]
     if phase == "optimizer":
         at_peak["gradients"] = grad_b
@@ -728,10 +728,16 @@ def _stage_peak(
     return kept + phases[phase], name, phase, parts, at_peak
 
 
+# Held whole from step to step: at the peak as in per_gpu_bytes, to the byte.
+_KEPT = ("parameters", "optimizer_state", "kv_cache", "ssm_state_cache", "blas_workspace", "int8_peer_buffer")
+
+
 def _rounded_to(parts: dict[str, float], total: int) -> dict[str, int]:
-    """Whole bytes per component that sum to `total` exactly (the rounding error put on the largest)."""
+    """Whole bytes per component that sum to `total` exactly: the rounding's few bytes go to the largest
+    of what the peak moment adds (the kept components stay as per_gpu_bytes rounds them)."""
     out = {k: int(round(v)) for k, v in parts.items()}
-    out[max(out, key=out.get)] += total - sum(out.values())
+    moment = [k for k in out if k not in _KEPT] or list(out)
+    out[max(moment, key=out.get)] += total - sum(out.values())
     return out
 
 
