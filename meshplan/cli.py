@@ -869,7 +869,7 @@ def execute(
         profile=do_profile,
         int8_allreduce=int8_allreduce,
     )
-    from meshplan.executor.torchrun import WorkersFailed
+    from meshplan.executor.torchrun import WorkersFailed, failed_run
 
     try:
         run_with_progress(cmd, timeout, f"{lay} on {nproc * nnodes} {device} processes")
@@ -923,23 +923,6 @@ def run_with_progress(cmd: list[str], timeout: float, label: str) -> list[dict]:
             )
 
         return run_workers(cmd, timeout, show)
-
-
-def failed_run(exc, **run) -> dict:
-    """The run file of a run that did not finish: what ran, how it failed, and the units of work that
-    finished (each step's seconds on rank 0), so that the time spent is not lost."""
-    finished = [{"what": r["what"], "seconds": r["seconds"]} for r in exc.finished]
-    timed = [r["seconds"] for r in exc.finished if r["what"].startswith("step ") and r["seconds"] is not None]
-    return {
-        "status": "failed",
-        **run,
-        "error": str(exc),
-        "failure": exc.failure,
-        "finished": finished,
-        "measured": {"error": str(exc), "step_times_s": timed},
-        "predicted": {},
-        "command": "meshplan " + " ".join(sys.argv[1:]),
-    }
 
 
 def _check_weights(folder: str, model: str, spec, dropped: list, layers: int, layers_only: bool) -> None:

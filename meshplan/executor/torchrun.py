@@ -147,6 +147,27 @@ class WorkersFailed(MeshplanError):
         self.finished, self.failure = finished, failure
 
 
+def failed_run(exc: WorkersFailed, **run) -> dict:
+    """The run file of a run that did not finish: what ran (`run`: model, layout, seq, …), how it failed,
+    and the units of work that finished with rank 0's seconds for each, so that the time spent is not
+    lost. Its measured part holds the error, which `meshplan compare` refuses in one line."""
+    finished = [{"what": r["what"], "seconds": r["seconds"]} for r in exc.finished]
+    timed = [  # the timed steps (not the ones timed again without communication)
+        r["seconds"]
+        for r in exc.finished
+        if r["what"].startswith("step ") and "without" not in r["what"] and r["seconds"] is not None
+    ]
+    return {
+        "status": "failed",
+        **run,
+        "error": str(exc),
+        "failure": exc.failure,
+        "finished": finished,
+        "measured": {"error": str(exc), "step_times_s": timed},
+        "predicted": {},
+    }
+
+
 def describe_failure(cause: dict | None, output_lines: list[str], returncode: int) -> str:
     """One line: which rank failed first and how."""
     if cause is None:
