@@ -215,6 +215,15 @@ def run_workers(cmd: list[str], timeout: float, on_progress=None) -> list[dict]:
         lines.put(None)
 
     threading.Thread(target=read, daemon=True).start()
+    try:
+        return _follow(proc, lines, timeout, on_progress)
+    except BaseException:
+        _stop(proc, grace_s=5.0)  # Ctrl-C or a bug here: the run's own session would outlive the CLI
+        raise
+
+
+def _follow(proc: subprocess.Popen, lines: queue.Queue, timeout: float, on_progress) -> list[dict]:
+    """run_workers' loop: progress lines to `on_progress`, the rest kept for the failure report."""
     finished: list[dict] = []
     tail: deque = deque(maxlen=400)
     deadline = time.monotonic() + timeout
@@ -263,10 +272,14 @@ def run_workers(cmd: list[str], timeout: float, on_progress=None) -> list[dict]:
 
 
 def _steps_done(finished: list[dict]) -> str:
-    steps = [r for r in finished if r["what"].startswith(("step ", "warm-up step "))]
+    """'203 steps (step 201/100000 the last to finish)', or a calibration's '7 of 12 measurements (…)'."""
     if not finished:
-        return "no step had finished"
-    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} ({finished[-1]['what']} the last to finish)"
+        return "nothing had finished"
+    last = f"({finished[-1]['what']} the last to finish)"
+    steps = [r for r in finished if r["what"].startswith(("step ", "warm-up step "))]
+    if steps:
+        return f"{len(steps)} step{'s' if len(steps) != 1 else ''} {last}"
+    return f"{len(finished)} of {finished[-1]['total']} measurements {last}"
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
