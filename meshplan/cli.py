@@ -1024,6 +1024,12 @@ def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
                 "[green]yes[/]" if r["ok"] else "[red]no[/]",
             )
         console.print(table)
+        console.print(
+            f"legend: error = (measured − predicted) / predicted; ok = within --tolerance {tolerance:g} "
+            "(bytes moved must match exactly); bytes KIND/AXIS = a rank's bytes a step in that collective on "
+            "that mesh axis; peak memory and step time are compared on GPU runs only",
+            highlight=False,
+        )
     if not ok:
         raise typer.Exit(1)
 
@@ -1176,6 +1182,12 @@ def clusters(as_json: bool = typer.Option(False, "--json")):
             f"{r['nics_per_node']} × {r['nic_gb_per_s']:g} GB/s",
         )
     console.print(table)
+    console.print(
+        "legend: memory = each GPU's; bf16 TFLOP/s = each GPU's dense peak; intra-node = the fabric and each "
+        "GPU's bandwidth on it, each way; NICs = a node's network cards and each one's bandwidth, each way "
+        "(GB = 10⁹ bytes)",
+        highlight=False,
+    )
 
 
 # Nodes `cluster show` draws in full; the rest are alike and said in one line. And the most nodes

@@ -610,6 +610,9 @@ def test_tables_explain_their_words():
     mem = " ".join(invoke("memory", "--model", "dense-7b", "--layout", "tsp=8", "--seq", "32k").output.split())
     for label in ("params = weights", "optim = Adam", "acts = activations", "KVgath = K/V gathered"):
         assert label in mem, label
+    pred = invoke("predict", "--model", "dense-7b", "--cluster", "h200-8", "--layout", "tp=8", "--seq", "4k")
+    assert "MFU = model FLOPs" in " ".join(pred.output.split()) and "stack megatron: grads fp32" in pred.output
+    assert "bf16 TFLOP/s = each GPU's dense peak" in " ".join(invoke("clusters").output.split())
 
 
 def test_memory_plot_stacks_components_in_tokens_under_the_gpus_capacity():

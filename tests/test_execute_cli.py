@@ -64,7 +64,9 @@ def test_compare_fails_beyond_tolerance_and_on_bad_input(tmp_path):
     }
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
-    assert runner.invoke(app, ["compare", str(path)]).exit_code == 1  # saved activations 20% off
+    r = runner.invoke(app, ["compare", str(path)])
+    assert r.exit_code == 1  # saved activations 20% off
+    assert "error = (measured − predicted) / predicted; ok = within --tolerance 0.05" in " ".join(r.output.split())
     assert runner.invoke(app, ["compare", str(path), "--tolerance", "0.25"]).exit_code == 0
     run["measured"]["comm_bytes"]["all_reduce/tp"] = 101.0  # bytes must match exactly
     path.write_text(json.dumps(run))
