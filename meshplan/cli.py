@@ -28,10 +28,26 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
+STACK_HELP = (
+    "Whose kernels and overlap rules: megatron (Megatron-Core, the default) | megatron-2021 | deepspeed | "
+    "meshplan (this project's executor, as its runs calibrate it)."
+)
+
+
 def _at_least(flag: str, value: int, low: int) -> None:
     """A numeric option below its least sensible value: one line naming it and the bound."""
     if value < low:
         raise MeshplanError(f"{flag} must be >= {low}, got {value}")
+
+
+def _at_least_float(flag: str, value: float, low: float) -> None:
+    if not value >= low:  # NaN too
+        raise MeshplanError(f"{flag} must be >= {low:g}, got {value:g}")
+
+
+def _positive_seconds(flag: str, value: float) -> None:
+    if not value > 0:
+        raise MeshplanError(f"{flag} must be a positive number of seconds, got {value:g}")
 
 
 def user_errors(fn):
@@ -85,6 +101,29 @@ COMPONENT_LABELS = {
 }
 
 
+# What each memory column holds, for the legend under the table (docs/design.md §3 has the formulas).
+COMPONENT_MEANINGS = {
+    "parameters": "weights",
+    "gradients": "gradients (the grads dtype)",
+    "optimizer_state": "Adam's fp32 master weights and two moments",
+    "activations": "activations saved for backward",
+    "kv_cache": "attention KV cache",
+    "ssm_state_cache": "Mamba state cache",
+    "transient_working": "one layer's working tensors",
+    "transient_kv_gather": "K/V gathered from the sequence shards",
+    "transient_weight_shards": "weight shards gathered for a layer (TSP, ZeRO-3)",
+    "transient_comm_buffers": "ZeRO-3 gather buffers",
+    "transient_logits": "the output layer's logits",
+    "blas_workspace": "cuBLAS workspaces",
+    "int8_peer_buffer": "the int8 all-reduce's peer buffer",
+}
+
+
+def memory_legend(shown: list[str]) -> str:
+    parts = [f"{COMPONENT_LABELS[k]} = {COMPONENT_MEANINGS[k]}" for k in shown]
+    return "legend: " + "; ".join(parts) + "; GiB = 2^30 bytes; seq in tokens (k = 1024, m = 1024²)"
+
+
 @app.command()
 @user_errors
 def memory(
@@ -95,15 +134,24 @@ def memory(
     mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Preset or TOML: check the fit, and the GPU count."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Replicate the cluster's node N times."),
+    stack: str = typer.Option("megatron", "--stack", help=STACK_HELP + " Sets the defaults below."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-    flash: bool = typer.Option(True, "--flash/--no-flash", help="Fused attention (no s² scores kept)."),
+    flash: Optional[bool] = typer.Option(
+        None, "--flash/--no-flash", help="Fused attention, no s² scores kept (default: as the stack runs attention)."
+    ),
     dropout: bool = typer.Option(False, "--dropout/--no-dropout", help="Count dropout masks."),
     act_dtype: str = typer.Option("bf16", "--act-dtype"),
-    grad_dtype: str = typer.Option("bf16", "--grad-dtype", help="bf16 (16 B/param with Adam) or fp32 (18)."),
+    grad_dtype: Optional[str] = typer.Option(
+        None,
+        "--grad-dtype",
+        help="bf16 (16 B/param with Adam) or fp32 (18); default: the stack's (fp32 under megatron).",
+    ),
     optimizer: str = typer.Option("adam", "--optimizer", help="adam (mixed precision) | none"),
     logits_dtype: str = typer.Option("fp32", "--logits-dtype"),
-    tp_sequence_parallel: bool = typer.Option(
-        False, "--tp-sequence-parallel/--no-tp-sequence-parallel", help="Megatron-SP on the TP axis."
+    tp_sequence_parallel: Optional[bool] = typer.Option(
+        None,
+        "--tp-sequence-parallel/--no-tp-sequence-parallel",
+        help="Megatron-SP on the TP axis (default: the stack's; on under megatron).",
     ),
     int8_allreduce: bool = typer.Option(
         False,
@@ -111,25 +159,33 @@ def memory(
         help="TP-SSM: int8-quantized block all-reduce (2 ranks: its peer buffer).",
     ),
     sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
-    plot: Optional[str] = typer.Option(None, "--plot", help="Write memory vs sequence length to this PNG."),
+    plot: Optional[str] = typer.Option(
+        None, "--plot", help="Write memory by component against sequence length to this image (.png, .pdf, .svg)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ):
     """Per-GPU memory, broken down, for one or more layouts (a dry run: nothing is allocated)."""
-    from meshplan.costmodel.options import MemoryOptions
     from meshplan.hf_config import load_model
-    from meshplan.layout import parse_layout
+    from meshplan.layout import parse_layout, validate_int8_allreduce
     from meshplan.reports import memory_records, parse_token_list, parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
+    _at_least("--batch", batch, 1)
     spec = load_model(model)
     layouts = [parse_layout(text) for text in layout]
     seqs = parse_token_list(sweep_seq) if sweep_seq else [parse_tokens(seq)]
     if plot:
+        from meshplan.plots import check_plot_path
+
         _check_folder("--plot", plot)
-    opts = MemoryOptions(
+        check_plot_path("--plot", plot)
+    if int8_allreduce:
+        validate_int8_allreduce(layouts, spec)
+    opts = stack_options(
+        stack,
         mode=mode,
         recompute=recompute,
-        flash_attention=flash,
+        flash=flash,
         dropout=dropout,
         act_dtype=act_dtype,
         grad_dtype=grad_dtype,
@@ -162,13 +218,12 @@ def fmt_tokens(n: int) -> str:
 def _render_memory(records, spec, opts, cluster_spec) -> None:
     shown = [k for k in COMPONENT_LABELS if any(r["per_gpu_bytes"][k] for r in records)]
     gib = 2**30
-    title = f"{spec.name} · {opts.mode} · batch {records[0]['batch']} · per-GPU memory (GiB)"
+    title = f"{spec.name} · {opts.mode} · batch {records[0]['batch']} · stack {opts.stack} · per-GPU memory (GiB)"
     table = Table(
         title=title,
         caption="total = params + optim + caches + BLAS (+ int8buf) + the largest phase: a layer (acts, "
         "the grads built so far, its transients; in training the MLP's work and the "
-        "attention's KVgath peak apart), the logits or the optimizer step; $ = cache; "
-        "int8buf = the int8 all-reduce's peer buffer",
+        "attention's KVgath peak apart), the logits or the optimizer step",
         pad_edge=False,
     )
     table.add_column("layout")
@@ -187,12 +242,11 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
     console.print(table)
     a = records[0]["assumptions"]
     console.print(
-        f"assumptions: recompute={a['recompute']}, flash_attention={a['flash_attention']}, dropout={a['dropout']}, "
-        f"activations {a['act_dtype']}, grads {a['grad_dtype']}, optimizer {a['optimizer']}, "
-        f"logits {a['logits_dtype']}, tp_sequence_parallel={a['tp_sequence_parallel']}"
-        + (", int8 all-reduce" if a.get("int8_allreduce") else ""),
+        f"assumed: {fmt_assumed(opts)}, dropout {'on' if a['dropout'] else 'off'}, optimizer {a['optimizer']}, "
+        f"logits {a['logits_dtype']} (--stack sets grads, Megatron-SP and attention; an option overrides it)",
         highlight=False,
     )
+    console.print(memory_legend(shown), highlight=False)
 
 
 # -- recommend and crossover ------------------------------------------------------------------------
@@ -205,7 +259,7 @@ def stack_options(
     recompute: str = "none",
     flash: Optional[bool] = None,
     grad_dtype: Optional[str] = None,
-    tp_sequence_parallel: bool = False,
+    tp_sequence_parallel: Optional[bool] = None,
     int8_allreduce: bool = False,
     global_batch: int = 0,
     microbatches: int = 0,
@@ -214,23 +268,39 @@ def stack_options(
     stage_layers: str = "",
     launch_floor: bool = True,
     sp_split: str = "zigzag",
+    dropout: bool = False,
+    act_dtype: str = "bf16",
+    optimizer: Optional[str] = None,
+    logits_dtype: str = "fp32",
 ):
-    """CostOptions for a stack: where an option is not given, the stack's own (flash attention, the
-    gradients' dtype)."""
+    """CostOptions for a stack, as every command builds them: where an option is not given (None), the
+    stack's own — flash attention, the gradients' dtype, Megatron-SP on the TP axis — so that one
+    layout costs the same in `memory`, `predict` and `recommend`."""
     from meshplan.costmodel.options import CostOptions
     from meshplan.costmodel.stacks import get_stack
 
     spec = get_stack(stack)
     if sp_split not in ("zigzag", "contiguous"):
         raise MeshplanError(f"--sp-split: use zigzag or contiguous, not {sp_split!r}")
+    if tp_sequence_parallel is None:
+        # The int8 all-reduce quantizes the all-reduce that Megatron-SP replaces by a reduce-scatter.
+        tp_sequence_parallel = spec.tp_sequence_parallel and not int8_allreduce
+    elif tp_sequence_parallel and int8_allreduce:
+        raise MeshplanError(
+            "--int8-allreduce quantizes TP-SSM's all-reduce, which --tp-sequence-parallel replaces by a "
+            "reduce-scatter; drop one of them"
+        )
     if virtual_stages > 1 and schedule == "1f1b":
         schedule = "interleaved"  # --virtual-stages alone asks for the interleaved schedule
     return CostOptions(
         mode=mode,
         recompute=recompute,
         flash_attention=spec.flash_attention if flash is None else flash,
+        dropout=dropout,
+        act_dtype=act_dtype,
         grad_dtype=grad_dtype or spec.grad_dtype,
-        optimizer="adam" if mode == "train" else "none",
+        optimizer=optimizer or ("adam" if mode == "train" else "none"),
+        logits_dtype=logits_dtype,
         tp_sequence_parallel=tp_sequence_parallel,
         int8_allreduce=int8_allreduce,
         microbatches=microbatches,
@@ -244,6 +314,37 @@ def stack_options(
     )
 
 
+def assumed(opts) -> dict:
+    """The stack and the knobs a number was computed under, as every output names them."""
+    return {
+        "stack": opts.stack,
+        "grad_dtype": opts.grad_dtype,
+        "tp_sequence_parallel": opts.tp_sequence_parallel,
+        "flash_attention": opts.flash_attention,
+        "recompute": opts.recompute,
+        "act_dtype": opts.act_dtype,
+        "optimizer": opts.optimizer,
+        "int8_allreduce": opts.int8_allreduce,
+    }
+
+
+def fmt_assumed(opts, *, searched: frozenset = frozenset()) -> str:
+    """One line: 'stack megatron: grads fp32, Megatron-SP on, flash attention, recompute none, …'; a knob
+    the planner searches per mesh is said to be searched instead."""
+    sp = "searched" if "tp_sequence_parallel" in searched else ("on" if opts.tp_sequence_parallel else "off")
+    rc = "searched" if "recompute" in searched else opts.recompute
+    parts = [
+        f"grads {opts.grad_dtype}",
+        f"Megatron-SP {sp}",
+        "flash attention" if opts.flash_attention else "attention as batched GEMMs",
+        f"recompute {rc}",
+        f"activations {opts.act_dtype}",
+    ]
+    if opts.int8_allreduce:
+        parts.append("int8 all-reduce")
+    return f"stack {opts.stack}: " + ", ".join(parts)
+
+
 def parse_stage_layers(text: str) -> tuple[int, ...]:
     if not text:
         return ()
@@ -251,12 +352,6 @@ def parse_stage_layers(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise MeshplanError(f"--stage-layers: {text!r} is not a comma list of layer counts, e.g. 7,8,8,7") from None
-
-
-STACK_HELP = (
-    "Whose kernels and overlap rules: megatron (Megatron-Core, the default) | megatron-2021 | deepspeed | "
-    "meshplan (this project's executor, as its runs calibrate it)."
-)
 
 
 @app.command()
@@ -323,6 +418,7 @@ def recommend(
     """Rank every mesh of the cluster for a model and shape — with recompute, Megatron-SP, micro-batch and
     virtual stages chosen per mesh — and say why the winner wins."""
     from meshplan.hf_config import load_model
+    from meshplan.layout import validate_int8_allreduce
     from meshplan.planner import plan
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
@@ -330,9 +426,15 @@ def recommend(
     _at_least("--top", top, 1)
     if batch is not None:
         _at_least("--batch", batch, 1)
+    if virtual_stages is not None:
+        _at_least("--virtual-stages", virtual_stages, 1)
     spec = load_model(model)
     cluster_spec = load_cluster(cluster, nodes)
     tokens = parse_tokens(seq)
+    if int8_allreduce:
+        validate_int8_allreduce(None, spec)  # the planner's TP-SSM meshes use it
+        if tp_sequence_parallel is None:
+            tp_sequence_parallel = False  # it quantizes the all-reduce Megatron-SP would replace
     pinned = {name.strip().replace("-", "_") for name in fixed.split(",") if name.strip()}
     given = {
         "recompute": recompute is not None,
@@ -366,7 +468,11 @@ def recommend(
     )
     if as_json:
         rows = result.ranked + (result.dropped if show_all else [])
-        _print_json([c.as_dict() for c in (rows if show_all else rows[:top])])
+        # The stack's assumptions beside each mesh's own knobs (recompute and Megatron-SP among them).
+        common = {k: v for k, v in assumed(opts).items() if k not in ("recompute", "tp_sequence_parallel")}
+        _print_json([{**c.as_dict(), "assumptions": common} for c in (rows if show_all else rows[:top])])
+        if not result.ranked:
+            raise typer.Exit(NOTHING_FITS_EXIT)
         return
     what = {"train": "step", "prefill": "TTFT", "decode": "TPOT"}[mode]
     shape = f"global batch {global_batch}" if global_batch else f"micro-batch {micro} a replica"
@@ -395,9 +501,34 @@ def recommend(
     if any(c.not_executed for c in result.ranked[:top]):
         caption.append("* priced by the cost model; meshplan execute does not run it")
     table.caption = "; ".join(caption)
-    if result.ranked:  # nothing fits: the reason alone, which names the smallest mesh and what it needs
-        console.print(table)
+    if not result.ranked:  # the reason alone, which names the smallest mesh and what it needs
+        console.print(result.reason, highlight=False)
+        console.print(f"assumed: {fmt_assumed(opts, searched=search)}", highlight=False)
+        raise typer.Exit(NOTHING_FITS_EXIT)
+    console.print(table)
     console.print(result.reason, highlight=False)
+    console.print(f"assumed: {fmt_assumed(opts, searched=search)}", highlight=False)
+    console.print(RECOMMEND_LEGEND.format(what=WHAT_LEGEND[what]), highlight=False)
+
+
+# `recommend`'s exit status when no mesh fits the GPUs' memory (2 is a bad input, 1 a failed compare).
+NOTHING_FITS_EXIT = 3
+
+RECOMMEND_LEGEND = (
+    "legend: knobs chosen per mesh — rc = activation recompute (none | selective: attention's core | full: "
+    "whole layers), mbs = micro-batch size in sequences, tp-sp = Megatron sequence parallelism on the TP "
+    "axis (norms and dropouts split by sequence), v = interleaved virtual pipeline stages a rank; "
+    "* = not runnable by meshplan execute. mem/GPU = predicted peak memory a GPU; {what}; exposed comm = "
+    "transfer time not hidden behind compute; comm/step = bytes a GPU sends a step; MFU = model FLOPs "
+    "over the GPUs' bf16 peak; regime = the tokens a micro-batch puts through a layer (b·s) against the "
+    "b·s above which TSP moves fewer bytes than TP at the mesh's tensor degree, in units of the hidden "
+    "size h (`meshplan crossover` explains it); `no weight split` = no tensor axis."
+)
+WHAT_LEGEND = {
+    "step": "step = time of one training step (all its micro-batches)",
+    "TTFT": "TTFT = time to first token (the prefill of one batch)",
+    "TPOT": "TPOT = time per output token (one decode step)",
+}
 
 
 def _fmt_knobs(knobs: dict, layout) -> str:
@@ -434,7 +565,11 @@ def predict(
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Model chunks a pipeline rank holds (interleaved)."),
     stage_layers: str = typer.Option("", "--stage-layers", help="Layers of each stage, e.g. 7,8,8,7 (default: even)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-    tp_sequence_parallel: bool = typer.Option(False, "--tp-sequence-parallel/--no-tp-sequence-parallel"),
+    tp_sequence_parallel: Optional[bool] = typer.Option(
+        None,
+        "--tp-sequence-parallel/--no-tp-sequence-parallel",
+        help="Megatron-SP on the TP axis (default: the stack's; on under megatron).",
+    ),
     stack: str = typer.Option("megatron", "--stack", help=STACK_HELP),
     mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
     flash: Optional[bool] = typer.Option(None, "--flash/--no-flash", help="Default: as the stack runs attention."),
@@ -467,6 +602,7 @@ def predict(
         load_model(model), load_cluster(cluster, nodes), parse_layout(layout), parse_tokens(seq), micro_batch, opts
     )
     out = result.as_dict()
+    out["assumptions"] = assumed(opts)
     if as_json:
         _print_json(out)
         return
@@ -515,6 +651,17 @@ def predict(
     console.print(table)
     parts = ", ".join(f"{COMPONENT_LABELS[k]} {v / 2**30:.2f}" for k, v in out["memory_bytes"].items() if v)
     console.print(f"memory (GiB): {parts}", highlight=False)
+    console.print(f"assumed: {fmt_assumed(opts)}", highlight=False)
+    console.print(memory_legend([k for k, v in out["memory_bytes"].items() if v]), highlight=False)
+    console.print(PREDICT_LEGEND, highlight=False)
+
+
+PREDICT_LEGEND = (
+    "MFU = model FLOPs a second over the GPUs' bf16 peak; HFU counts recomputed FLOPs too; exposed "
+    "communication = transfer time not hidden behind compute; pipeline bubble = the share of a step pipeline "
+    "stages sit idle; bound = what limits the step (compute, exposed communication, HBM reads, collective latency "
+    "or the host's kernel launches)"
+)
 
 
 def _fmt_stages(stages: list[int]) -> str:
@@ -530,13 +677,13 @@ def crossover(
     degree: int = typer.Option(..., "--degree", help="D for TSP, T for TP."),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Also find where time crosses over."),
     nodes: Optional[int] = typer.Option(None, "--nodes"),
+    stack: str = typer.Option("megatron", "--stack", help=STACK_HELP + " (the time crossover's)"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """The b·s above which TSP moves fewer bytes per layer than TP (and, on a cluster, is faster)."""
     import math
 
     from meshplan.costmodel.crossover import time_crossover_limit, time_crossover_tokens, volume_crossover_tokens
-    from meshplan.costmodel.options import CostOptions
     from meshplan.hf_config import load_model
     from meshplan.layout import Layout, validate_layout
     from meshplan.topologies.cluster import load_cluster
@@ -545,6 +692,13 @@ def crossover(
     if degree < 2:
         raise MeshplanError(f"--degree must be >= 2, got {degree}")
     validate_layout(Layout(tsp=degree), spec)
+    cl = load_cluster(cluster, nodes) if cluster else None
+    if cl is not None and (degree > cl.num_gpus or cl.num_gpus % degree):
+        raise MeshplanError(
+            f"--degree {degree}: {cl.name} has {cl.num_gpus} GPUs, and a TP or TSP group of {degree} must divide "
+            f"them; pick a degree that divides {cl.num_gpus}, or add nodes (--nodes)"
+        )
+    opts = stack_options(stack)
     fwd = volume_crossover_tokens(spec, degree)
     train = volume_crossover_tokens(spec, degree, phases=("fwd", "bwd"))
     out = {
@@ -554,11 +708,11 @@ def crossover(
         "volume_crossover_tokens_train": None if math.isinf(train) else train,
         "volume_crossover_over_h": None if math.isinf(fwd) else fwd / spec.d_model,
     }
-    if cluster:
-        cl = load_cluster(cluster, nodes)
-        t = time_crossover_tokens(spec, degree, cl, CostOptions())
+    if cl is not None:
+        t = time_crossover_tokens(spec, degree, cl, opts)
         out["cluster"] = cl.name
         out["time_crossover_tokens"] = None if math.isinf(t) else t
+        out["assumptions"] = assumed(opts)
     if as_json:
         _print_json(out)
         return
@@ -572,16 +726,23 @@ def crossover(
         f"{show(out['volume_crossover_tokens_train'])} for forward + backward.",
         highlight=False,
     )
-    if cluster:
+    if cl is not None:
         t = out["time_crossover_tokens"]
-        console.print(
-            f"On {out['cluster']}, a TSP training step is slower than TP's at every length up to "
-            f"{time_crossover_limit(degree):,} tokens a sequence (batch 1)."
+        when = (
+            f"is slower than TP's at every length up to {time_crossover_limit(degree):,} tokens a sequence"
             if t is None
-            else f"On {out['cluster']}, a TSP training step is no slower than TP's from {t:,.0f} tokens a sequence "
-            f"({t / spec.d_model:.2f}h, batch 1) on.",
+            else f"is no slower than TP's from {t:,.0f} tokens a sequence ({t / spec.d_model:.2f}h) on"
+        )
+        console.print(
+            f"On {out['cluster']}, a TSP training step (batch 1) {when}; assumed: {fmt_assumed(opts)}.",
             highlight=False,
         )
+    console.print(
+        "(b·s = tokens a micro-batch puts through a layer; h = the hidden size. TP all-reduces activations, "
+        "b·s·h per layer; TSP streams weight shards, a fixed cost, and gathers K/V, so it moves less above "
+        "the crossover.)",
+        highlight=False,
+    )
 
 
 # -- execute and compare --------------------------------------------------------------------------
@@ -632,10 +793,8 @@ def execute(
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
 ):
     """Run a layout for real under torchrun and record what it costs (one JSON file)."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from meshplan.hf_config import load_model
-    from meshplan.layout import parse_layout, validate_layout, validate_seq
+    from meshplan.layout import parse_layout, validate_int8_allreduce, validate_layout, validate_seq
     from meshplan.reports import parse_tokens
 
     for flag, value, low in (
@@ -653,16 +812,23 @@ def execute(
         raise MeshplanError(f"--mode: use train, prefill or decode, not {mode!r}")
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
+    _positive_seconds("--timeout", timeout)
+    _at_least_float("--tolerance", tolerance, 0.0)
     validate_layout(lay, spec, nproc * nnodes)
     validate_seq(lay, tokens, batch)
+    if int8_allreduce:
+        validate_int8_allreduce([lay], spec)
     from meshplan.executor.support import unsupported
 
-    if layers:
-        from dataclasses import replace
-
-        spec = replace(spec, layers=layers, name=f"{spec.name}/{layers}L")  # what the workers build
+    # What the model is (a hybrid, say) is refused before what --layers would cut it to.
     if (reason := unsupported(lay, spec, not layers_only)) is not None:
         raise MeshplanError(reason)
+    if layers:
+        from meshplan.models import first_layers
+
+        spec = first_layers(spec, layers)  # what the workers build
+        if (reason := unsupported(lay, spec, not layers_only)) is not None:
+            raise MeshplanError(reason)
     from meshplan.executor.support import executed_spec
 
     spec, dropped = executed_spec(spec)
@@ -688,8 +854,9 @@ def execute(
                 f"blocks only ({spec.name}'s attention would see across them); give a .npy of ids"
             )
     if device == "cuda":
+        _check_gpus("--device", nproc)
         _warn_if_over_gpu_memory(spec, lay, tokens, batch, mode, not layers_only)
-    from meshplan.executor.torchrun import run_workers, worker_command
+    from meshplan.executor.torchrun import worker_command
 
     cmd = worker_command(
         model=model,
@@ -712,16 +879,60 @@ def execute(
         profile=do_profile,
         int8_allreduce=int8_allreduce,
     )
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=True
-    ) as progress:
-        progress.add_task(f"running {lay} on {nproc * nnodes} {device} processes", total=None)
-        run_workers(cmd, timeout)
+    from meshplan.executor.torchrun import WorkersFailed, failed_run
+
+    try:
+        run_with_progress(cmd, timeout, f"{lay} on {nproc * nnodes} {device} processes")
+    except WorkersFailed as exc:
+        failed = failed_run(
+            exc,
+            model=spec.name,
+            layout=str(lay),
+            seq=tokens,
+            batch=batch,
+            mode=mode,
+            device=device,
+            world=nproc * nnodes,
+            layers=spec.layers,
+            steps=steps,
+        )
+        if node_rank == 0:
+            with open(out, "w") as f:
+                json.dump(failed, f, indent=1)
+            raise MeshplanError(f"{exc}; wrote {out} with status failed and the steps that finished") from None
+        raise
     if not do_compare:
         console.print(run_summary(read_json(out)))
     console.print(f"wrote {out}" + ("" if do_compare else f"; `meshplan compare {out}` sets it against the prediction"))
     if do_compare:
         _compare_file(out, tolerance, False)
+
+
+def run_with_progress(cmd: list[str], timeout: float, label: str) -> list[dict]:
+    """Run torchrun's workers under a progress bar of their finished steps (on stderr, gone when done);
+    returns the progress records. A failure is executor.torchrun.WorkersFailed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from meshplan.executor.torchrun import run_workers
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn(f"(stopped at {timeout:g} s)"),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"{label}: starting", total=None)
+
+        def show(record: dict) -> None:
+            progress.update(
+                task, total=record["total"], completed=record["done"], description=f"{label}: {record['what']}"
+            )
+
+        return run_workers(cmd, timeout, show)
 
 
 def _check_weights(folder: str, model: str, spec, dropped: list, layers: int, layers_only: bool) -> None:
@@ -747,14 +958,12 @@ def _check_weights(folder: str, model: str, spec, dropped: list, layers: int, la
 
 
 def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: bool) -> None:
-    """No visible GPU: one line, before torchrun starts. A predicted peak above the GPU's memory: a
-    warning (the run goes on, and records its out-of-memory as a result)."""
+    """A predicted peak above the GPU's memory: a warning before torchrun starts (the run goes on, and
+    records its out-of-memory as a result)."""
     import torch
 
     from meshplan.executor.run import predict
 
-    if not torch.cuda.is_available():
-        raise MeshplanError("--device: cuda was asked for but no GPU is visible here; use --device cpu (gloo)")
     have = torch.cuda.get_device_properties(0).total_memory
     need = predict(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
     if need > have:
@@ -796,6 +1005,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Predicted against measured for a run; exit 1 beyond the tolerance."""
+    _at_least_float("--tolerance", tolerance, 0.0)
     _compare_file(run_file, tolerance, as_json)
 
 
@@ -824,6 +1034,12 @@ def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
                 "[green]yes[/]" if r["ok"] else "[red]no[/]",
             )
         console.print(table)
+        console.print(
+            f"legend: error = (measured − predicted) / predicted; ok = within --tolerance {tolerance:g} "
+            "(bytes moved must match exactly); bytes KIND/AXIS = a rank's bytes a step in that collective on "
+            "that mesh axis; peak memory and step time are compared on GPU runs only",
+            highlight=False,
+        )
     if not ok:
         raise typer.Exit(1)
 
@@ -840,50 +1056,39 @@ def calibrate(
     timeout: float = typer.Option(1800.0, "--timeout"),
 ):
     """Measure this machine's GEMM, HBM, attention, host launch cost and collectives; write a profile for --cluster."""
-    import subprocess
-
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
+    from meshplan.executor.torchrun import launcher
     from meshplan.topologies.cluster import preset_names
 
     _at_least("--nproc", nproc, 1)
+    _positive_seconds("--timeout", timeout)
     if cluster not in preset_names():
         raise MeshplanError(f"--cluster: {cluster!r} is not a preset ({', '.join(preset_names())})")
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device: use cpu or cuda, not {device!r}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        "--standalone",
-        "-m",
-        "meshplan.topologies.calibrate",
-        "--cluster",
-        cluster,
-        "--out",
-        out,
-        "--device",
-        device,
-    ]
+    _check_folder("--out", out)
+    if device == "cuda":
+        _check_gpus("--device", nproc)
+    cmd = launcher(nproc) + ["-m", "meshplan.topologies.calibrate", "--cluster", cluster, "--out", out]
+    cmd += ["--device", device]
     if quick:
         cmd.append("--quick")
     if max_bytes:
         cmd += ["--max-bytes", str(max_bytes)]
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=True
-    ) as progress:
-        task = progress.add_task("calibrating", total=None)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        last = ""
-        for line in proc.stdout:
-            if line.startswith("calibrate: "):
-                progress.update(task, description=line.strip())
-            elif "Error" in line:
-                last = line.strip()
-        if proc.wait(timeout=timeout) != 0:
-            raise MeshplanError(f"calibration failed: {last or 'see torchrun output'}")
+    run_with_progress(cmd, timeout, f"calibrating {nproc} {device} processes")
     console.print(f"wrote {out}; use it with --cluster {out}")
+
+
+def _check_gpus(flag: str, nproc: int) -> None:
+    """Enough visible GPUs for `nproc` processes, or one line before anything launches."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise MeshplanError(f"{flag}: cuda was asked for but no GPU is visible here; use --device cpu (gloo)")
+    if torch.cuda.device_count() < nproc:
+        raise MeshplanError(
+            f"--nproc {nproc}: only {torch.cuda.device_count()} GPU(s) are visible here; give --nproc "
+            f"{torch.cuda.device_count()} or fewer"
+        )
 
 
 # -- listings ------------------------------------------------------------------------------------
@@ -897,7 +1102,7 @@ def models(as_json: bool = typer.Option(False, "--json")):
 
     rows = []
     for name, m in PRESETS.items():
-        attn = m.attention
+        attn, mlp = m.attention, m.mlp
         rows.append(
             {
                 "name": name,
@@ -907,6 +1112,8 @@ def models(as_json: bool = typer.Option(False, "--json")):
                 "layers": m.layers,
                 "heads": attn.heads if attn else None,
                 "kv_heads": attn.kv_heads if attn else None,
+                "ffn_hidden": mlp.ffn_hidden if mlp else None,
+                "mlp_gated": mlp.gated if mlp else None,
                 "vocab": m.vocab,
                 "source": m.source,
             }
@@ -915,7 +1122,7 @@ def models(as_json: bool = typer.Option(False, "--json")):
         _print_json(rows)
         return
     table = Table(title="model presets")
-    for col in ("name", "family", "params", "d_model", "layers", "heads/kv", "vocab", "source"):
+    for col in ("name", "family", "params", "d_model", "layers", "heads/kv", "MLP", "vocab", "source"):
         table.add_column(col)
     for r in rows:
         heads = f"{r['heads']}/{r['kv_heads']}" if r["heads"] else "-"
@@ -926,10 +1133,25 @@ def models(as_json: bool = typer.Option(False, "--json")):
             str(r["d_model"]),
             str(r["layers"]),
             heads,
+            _fmt_mlp(r),
             str(r["vocab"]),
             r["source"],
         )
     console.print(table)
+    console.print(
+        "legend: params = every weight, embeddings included (B = 10⁹); heads/kv = query heads / key-value "
+        "heads; MLP = the MLP's inner width and its multiple of d_model; gated = SwiGLU's three "
+        "matrices, not two. dense-7b is the TSP paper's 7B shape with a 4×-wide gated "
+        "MLP, so 8.85B parameters: Llama-2-7B's gated MLP is 2.69× wide (11008) and has 6.74B.",
+        highlight=False,
+    )
+
+
+def _fmt_mlp(row: dict) -> str:
+    if not row["ffn_hidden"]:
+        return "-"
+    ratio = row["ffn_hidden"] / row["d_model"]
+    return f"{'gated' if row['mlp_gated'] else 'plain'} {row['ffn_hidden']} ({ratio:.3g}×)"
 
 
 @app.command()
@@ -970,6 +1192,18 @@ def clusters(as_json: bool = typer.Option(False, "--json")):
             f"{r['nics_per_node']} × {r['nic_gb_per_s']:g} GB/s",
         )
     console.print(table)
+    console.print(
+        "legend: memory = each GPU's; bf16 TFLOP/s = each GPU's dense peak; intra-node = the fabric and each "
+        "GPU's bandwidth on it, each way; NICs = a node's network cards and each one's bandwidth, each way "
+        "(GB = 10⁹ bytes)",
+        highlight=False,
+    )
+
+
+# Nodes `cluster show` draws in full; the rest are alike and said in one line. And the most nodes
+# whose graph --json prints (4,096 nodes: 17 MB of JSON in about 2 s).
+SHOWN_NODES = 2
+JSON_MAX_NODES = 4096
 
 
 @cluster_app.command("show")
@@ -979,24 +1213,34 @@ def cluster_show(
     nodes: Optional[int] = typer.Option(None, "--nodes"),
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """Draw a cluster's topology as a tree."""
+    """Draw a cluster's topology as a tree (the first nodes in full: every node is alike)."""
     from networkx.readwrite import json_graph
 
     from meshplan.topologies.cluster import build_graph, load_cluster
 
     spec = load_cluster(name, nodes)
-    graph = build_graph(spec)
     if as_json:
-        _print_json(json_graph.node_link_data(graph, edges="links"))
+        if spec.nodes > JSON_MAX_NODES:
+            raise MeshplanError(
+                f"--json: {spec.nodes:,} nodes make a graph of {spec.num_gpus:,} GPUs, too large to print; "
+                f"give --nodes {JSON_MAX_NODES} or fewer (every node is alike)"
+            )
+        _print_json(json_graph.node_link_data(build_graph(spec), edges="links"))
         return
-    tree = Tree(f"[bold]{spec.name}[/] — {spec.num_gpus} × {spec.gpu.name}, {fmt_bytes(spec.gpu.memory_bytes)} each")
+    # Every node is built alike: draw the first ones from a graph of just them.
+    drawn = min(spec.nodes, SHOWN_NODES)
+    graph = build_graph(spec.with_nodes(drawn) if drawn < spec.nodes else spec)
+    tree = Tree(f"[bold]{spec.name}[/] — {spec.num_gpus:,} × {spec.gpu.name}, {fmt_bytes(spec.gpu.memory_bytes)} each")
     bw = spec.intra_link.bandwidth_bytes_per_s / 1e9
-    for n in range(spec.nodes):
+    gpus_of: dict[int, list] = {}
+    for g, d in graph.nodes(data=True):
+        if d["kind"] == "gpu":
+            gpus_of.setdefault(d["node"], []).append(g)
+    nic_bw = spec.nic_link.bandwidth_bytes_per_s / 1e9
+    target = "network switch" if spec.nodes > 1 else "no other node"
+    for n in range(drawn):
         node = tree.add(f"node {n}")
-        gpus = sorted(
-            (g for g, d in graph.nodes(data=True) if d["kind"] == "gpu" and d["node"] == n),
-            key=lambda g: graph.nodes[g]["local_rank"],
-        )
+        gpus = sorted(gpus_of[n], key=lambda g: graph.nodes[g]["local_rank"])
         if spec.fabric == "xgmi":
             fabric = node.add(f"xGMI full mesh: {len(gpus) * (len(gpus) - 1) // 2} links, {bw:g} GB/s each way")
         else:
@@ -1004,9 +1248,13 @@ def cluster_show(
         for g in gpus:
             nics = [x for x in graph.neighbors(g) if graph.nodes[x]["kind"] == "nic"]
             fabric.add(f"{g} (rank {graph.nodes[g]['rank']}) → {', '.join(nics)}")
-        nic_bw = spec.nic_link.bandwidth_bytes_per_s / 1e9
-        target = "network switch" if spec.nodes > 1 else "no other node"
         node.add(f"{spec.nics_per_node} NICs × {nic_bw:g} GB/s → {target}")
+    if spec.nodes > drawn:
+        first, per = drawn, spec.gpus_per_node
+        tree.add(
+            f"nodes {first}–{spec.nodes - 1} ({spec.nodes - first:,} more): each as node {first - 1}, "
+            f"GPUs n<node>/gpu0–{per - 1} holding ranks {first * per:,}–{spec.num_gpus - 1:,}"
+        )
     console.print(tree)
 
 

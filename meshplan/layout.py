@@ -177,6 +177,22 @@ def validate_seq(layout: Layout, seq: int, batch: int) -> None:
         )
 
 
+def validate_int8_allreduce(layouts: list[Layout] | None, model: ModelSpec) -> None:
+    """--int8-allreduce quantizes TP-SSM's block all-reduce (meshplan.costmodel.layouts.tp): a model
+    without Mamba blocks, or `layouts` without a tpssm axis (None: the planner's, which has them),
+    would run and price it in bf16 as if the flag were not there — one line instead."""
+    if not model.has_mamba:
+        raise MeshplanError(
+            f"--int8-allreduce: it quantizes TP-SSM's all-reduce in Mamba blocks, and {model.name} has none; drop it"
+        )
+    if layouts is not None and not any(layout.tpssm > 1 for layout in layouts):
+        given = ", ".join(str(layout) for layout in layouts)
+        raise MeshplanError(
+            f"--int8-allreduce: it quantizes the tpssm axis's all-reduce, and {given} has no tpssm axis; "
+            f"use a layout with tpssm=N (e.g. tpssm=2) or drop the flag"
+        )
+
+
 def sp_zigzag(layout: Layout, seq: int, attention_only: bool) -> bool:
     """Whether the sequence axis deals the tokens out in zigzag — 2Σ chunks, rank i taking chunks i
     and 2Σ−1−i — so that every rank does the same causal attention work (as TSP does, and as

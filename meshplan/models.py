@@ -425,6 +425,32 @@ def _norm_params(model: ModelSpec, embeddings: bool, scales_only: bool) -> int:
     return model._norm_params(embeddings, scales_only)
 
 
+def first_layers(model: ModelSpec, layers: int, field_name: str = "--layers") -> ModelSpec:
+    """The model cut to its first `layers` layers (`meshplan execute --layers`), named "<model>/<k>L".
+    What is counted over the layers keeps its share of them: a hybrid's shared-block invocations and
+    the sliding-window layers (at least one of each where the model has any). More layers than the
+    model has is an error naming `field_name`."""
+    if not isinstance(layers, int) or not 1 <= layers <= model.layers:
+        raise MeshplanError(
+            f"{field_name}: {model.name} has {model.layers} layers; give 1 to {model.layers} (0 runs all of them)"
+        )
+    if layers == model.layers:
+        return model
+
+    def share(count: int, most: int) -> int:
+        return min(most, max(1, round(count * layers / model.layers))) if count else 0
+
+    hybrid = share(model.hybrid_layers, layers)
+    attention = layers if model.family == "dense" else hybrid
+    return replace(
+        model,
+        name=f"{model.name}/{layers}L",
+        layers=layers,
+        hybrid_layers=hybrid,
+        window_layers=share(model.window_layers, attention),
+    )
+
+
 # -- presets ----------------------------------------------------------------------------------
 
 

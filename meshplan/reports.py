@@ -42,6 +42,7 @@ def memory_record(
         "batch": batch,
         "mode": opts.mode,
         "per_gpu_bytes": result.per_gpu_bytes,
+        "at_peak_bytes": result.at_peak_bytes,
         "total_bytes": result.total_bytes,
         "peak_phase": result.peak_phase,
         "pipeline_stage": result.pipeline_stage,

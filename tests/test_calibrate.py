@@ -63,12 +63,27 @@ def test_profile_typos_are_named(tmp_path):
         load_toml(path)
 
 
-def test_calibrate_cli_on_cpu(tmp_path):
+def test_calibrate_cli_on_cpu(tmp_path, monkeypatch):
+    """The CPU calibration writes a profile; its progress bar is fed one record a measurement (every
+    collective at 64 KiB and 1 MiB on the one group of 2), counted against the whole."""
+    from meshplan.executor import torchrun
+
+    seen = []
+    run_workers = torchrun.run_workers
+
+    def recording(cmd, timeout, on_progress=None):
+        return run_workers(cmd, timeout, lambda r: (seen.append(r), on_progress(r)))
+
+    monkeypatch.setattr(torchrun, "run_workers", recording)
     out = tmp_path / "p.toml"
     r = CliRunner().invoke(
         app, ["calibrate", "--nproc", "2", "--device", "cpu", "--quick", "--max-bytes", "1048576", "--out", str(out)]
     )
     assert r.exit_code == 0, r.output
+    assert [x["done"] for x in seen] == list(range(1, 13)) and {x["total"] for x in seen} == {12}
+    assert (
+        seen[0]["what"] == "all_reduce on 2 ranks, 0.06 MiB" and seen[-1]["what"] == "all_to_all on 2 ranks, 1.00 MiB"
+    )
     cal = load_toml(out).calibration
     kinds = {key.split("/")[0] for key, _, _ in cal.collectives}
     assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"}

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from meshplan.cli import app
@@ -144,28 +145,22 @@ def test_recommend_sp_split_option():
 
 
 def test_memory_shows_the_int8_peer_buffer():
-    """TP-SSM 2 with --int8-allreduce: the peer buffer has its own column, and the total includes it."""
+    """TP-SSM 2 with --int8-allreduce: the peer buffer has its own column, and the total includes it.
+    Megatron-SP (the megatron stack's default) replaces the all-reduce it quantizes: the flag turns it
+    off where not given, and the two given together are one line."""
     from meshplan.cli import app
 
-    args = [
-        "memory",
-        "--model",
-        "mamba2-2.7b",
-        "--layout",
-        "tpssm=2",
-        "--seq",
-        "16k",
-        "--batch",
-        "4",
-        "--mode",
-        "prefill",
-        "--json",
-    ]
+    base = ["memory", "--model", "mamba2-2.7b", "--layout", "tpssm=2", "--seq", "16k", "--batch", "4"]
+    args = base + ["--mode", "prefill", "--no-tp-sequence-parallel", "--json"]
     plain = json.loads(runner.invoke(app, args).stdout)
     int8 = json.loads(runner.invoke(app, args + ["--int8-allreduce"]).stdout)
     buf = int8["per_gpu_bytes"]["int8_peer_buffer"]
     assert buf == 2 * 174_063_616 and plain["per_gpu_bytes"]["int8_peer_buffer"] == 0
     assert int8["total_bytes"] - plain["total_bytes"] == buf
+    default = json.loads(runner.invoke(app, base + ["--mode", "prefill", "--int8-allreduce", "--json"]).stdout)
+    assert default["total_bytes"] == int8["total_bytes"] and not default["assumptions"]["tp_sequence_parallel"]
+    both = runner.invoke(app, base + ["--int8-allreduce", "--tp-sequence-parallel"])
+    assert both.exit_code == 2 and "drop one of them" in both.output
     table = runner.invoke(app, args[:-1] + ["--int8-allreduce"]).stdout
     assert "int8buf" in table and "int8 all-reduce" in table
 
@@ -205,11 +200,14 @@ def test_recommend_when_nothing_fits_says_why_without_an_empty_table():
     # The executor's stack with nothing searched (recompute none): the old defaults.
     pinned = ("--stack", "meshplan", "--fixed", "recompute,tp-sequence-parallel,virtual-stages")
     r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "256k", *pinned)
-    assert r.exit_code == 0, r.output
+    # Its own exit status (3), not success: a script must not read "nothing fits" as an answer.
+    assert r.exit_code == 3, r.output
     assert "Nothing fits in" in r.output and "needs" in r.output
     assert "layout" not in r.output  # no table header with no rows under it
+    r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "256k", "--json", *pinned)
+    assert r.exit_code == 3 and json.loads(r.stdout) == []
     r = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k", *pinned)
-    assert "layout" in r.output and "tsp=8" in r.output
+    assert r.exit_code == 0 and "layout" in r.output and "tsp=8" in r.output
 
 
 def test_python_m_meshplan_runs_the_cli():
@@ -452,3 +450,232 @@ def test_execute_keeps_packed_documents_apart_in_mamba2(tmp_path):
         ],
     )
     assert r.exit_code == 2 and "decrease" in r.output
+
+
+def _one_line_error(r, *words):
+    """Exit status 2, one line starting `error:`, no traceback, naming each of `words`."""
+    text = r.output.strip()
+    assert r.exit_code == 2, r.output
+    assert text.startswith("error:") and len(text.splitlines()) == 1 and "Traceback" not in text, r.output
+    for word in words:
+        assert word in text, (word, text)
+
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+}
+
+# Issue 29: what a newcomer typed, each a traceback or a wrong answer with exit 0 before; now one line
+# naming the field (and the fix). {tmp} is the test's folder; {config} a llama config.json with `config`.
+NEWCOMER_CASES = {
+    "plot-format": (
+        ["memory", "--model", "dense-7b", "--layout", "tp=8", "--seq", "4k", "--plot", "{tmp}/x.txt"],
+        None,
+        ["--plot", ".txt", ".png"],
+    ),
+    "crossover-degree-past-cluster": (
+        ["crossover", "--model", "dense-7b", "--degree", "16", "--cluster", "h100-sxm-8"],
+        None,
+        ["--degree 16", "8 GPUs"],
+    ),
+    "virtual-stages-0": (
+        ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--virtual-stages", "0"],
+        None,
+        ["--virtual-stages must be >= 1"],
+    ),
+    "negative-tolerance": (["compare", "{tmp}/run.json", "--tolerance", "-1"], None, ["--tolerance must be >= 0"]),
+    # No data-parallel size makes 128 sequences of micro-batches of 3: the batch, not the memory.
+    "global-batch-no-dp-divides": (
+        ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--global-batch", "128", "--micro-batch", "3"],
+        None,
+        ["--global-batch 128", "--micro-batch 3"],
+    ),
+    # The int8 all-reduce quantizes TP-SSM's all-reduce: nothing to quantize in these.
+    "int8-without-tpssm": (
+        ["memory", "--model", "mamba2-130m", "--layout", "tp=2", "--seq", "4k", "--int8-allreduce"],
+        None,
+        ["--int8-allreduce", "tpssm"],
+    ),
+    "int8-on-a-dense-model": (
+        ["recommend", "--model", "dense-7b", "--cluster", "h200-8", "--int8-allreduce"],
+        None,
+        ["--int8-allreduce", "dense-7b has none"],
+    ),
+    # A width of 0 in a config: the file and its key, not the spec's field.
+    "config-width-0": (
+        ["memory", "--model", "{config}", "--layout", "tp=2"],
+        {"hidden_size": 0},
+        ["{config}", "hidden_size"],
+    ),
+    # A shape the spec refuses, built from a config: the file named too.
+    "config-kv-heads": (
+        ["memory", "--model", "{config}", "--layout", "tp=2"],
+        {"num_key_value_heads": 3},
+        ["{config}", "kv_heads"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NEWCOMER_CASES))
+def test_bad_inputs_a_newcomer_tried_are_one_line_naming_the_field(tmp_path, case):
+    args, config, words = NEWCOMER_CASES[case]
+    path = tmp_path / "config.json"
+    if config is not None:
+        path.write_text(json.dumps({**TINY_LLAMA, **config}))
+
+    def fill(text):
+        return text.replace("{tmp}", str(tmp_path)).replace("{config}", str(path))
+
+    r = invoke(*map(fill, args))
+    assert "Nothing fits" not in r.output
+    _one_line_error(r, *map(fill, words))
+    assert not (tmp_path / "x.txt").exists()
+
+
+def test_calibrate_checks_its_inputs_before_launching(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    r = invoke("calibrate", "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "missing" / "p.toml"))
+    _one_line_error(r, "--out", "does not exist")
+    import torch
+
+    if not torch.cuda.is_available():
+        _one_line_error(invoke("calibrate", "--nproc", "2", "--out", str(tmp_path / "p.toml")), "no GPU is visible")
+    assert time.perf_counter() - t0 < 10  # nothing launched (a launch alone takes longer)
+
+
+def test_one_layout_costs_the_same_in_memory_predict_and_recommend():
+    """Defaults come from --stack in every command: the megatron stack's fp32 gradients and Megatron-SP,
+    the meshplan stack's bf16 gradients without it; each output names the stack it assumed."""
+    shape = ["--model", "dense-7b", "--seq", "32k"]
+    for stack, grad_bytes, sp in (("megatron", 4, True), ("meshplan", 2, False)):
+        mem = json.loads(invoke("memory", *shape, "--layout", "tp=8", "--stack", stack, "--json").stdout)
+        pred = json.loads(
+            invoke("predict", *shape, "--layout", "tp=8", "--cluster", "h200-8", "--stack", stack, "--json").stdout
+        )
+        # Megatron-SP searched is on; under meshplan it is pinned at the stack's default (off).
+        fixed = "micro-batch,virtual-stages" + ("" if sp else ",tp-sequence-parallel")
+        rec = invoke(
+            "recommend", *shape, "--cluster", "h200-8", "--stack", stack, "--recompute", "none", "--fixed", fixed
+        )
+        rows = json.loads(
+            invoke(
+                "recommend",
+                *shape,
+                "--cluster",
+                "h200-8",
+                "--stack",
+                stack,
+                "--recompute",
+                "none",
+                "--fixed",
+                fixed,
+                "--json",
+                "--all",
+            ).stdout
+        )
+        tp8 = next(r for r in rows if r["layout"] == "tp=8")
+        assert mem["total_bytes"] == pred["total_bytes"] == tp8["total_bytes"], stack
+        # Gradients in the stack's dtype: bytes per weight against the bf16 weights' 2.
+        assert mem["per_gpu_bytes"]["gradients"] == mem["per_gpu_bytes"]["parameters"] * grad_bytes // 2
+        assert mem["assumptions"]["stack"] == pred["assumptions"]["stack"] == tp8["assumptions"]["stack"] == stack
+        assert mem["assumptions"]["tp_sequence_parallel"] == pred["assumptions"]["tp_sequence_parallel"] == sp
+        assert tp8["knobs"]["tp_sequence_parallel"] == sp
+        assert f"stack {stack}" in rec.output and f"grads {'fp32' if grad_bytes == 4 else 'bf16'}" in rec.output
+        table = invoke("memory", *shape, "--layout", "tp=8", "--stack", stack).output
+        assert f"stack {stack}" in table and f"Megatron-SP {'on' if sp else 'off'}" in table
+
+
+def test_tables_explain_their_words():
+    """Every abbreviation a table prints has a legend under it."""
+    rec = invoke("recommend", "--model", "dense-7b", "--cluster", "h200-8", "--seq", "128k", "--top", "3")
+    assert rec.exit_code == 0, rec.output
+    for word in ("rc=", "mbs=", "tp-sp", "regime"):
+        assert word in rec.output
+    for meaning in ("rc = activation recompute", "mbs = micro-batch size", "tp-sp = Megatron sequence parallel"):
+        assert meaning in " ".join(rec.output.split()), meaning
+    assert "v = interleaved virtual pipeline stages" in " ".join(rec.output.split())
+    assert "regime = the tokens a micro-batch puts through a layer" in " ".join(rec.output.split())
+    models = " ".join(invoke("models").output.split())
+    assert "8.85B" in models and "gated 16384 (4×)" in models and "4×-wide gated MLP" in models
+    rows = {m["name"]: m for m in json.loads(invoke("models", "--json").stdout)}
+    assert rows["dense-7b"]["ffn_hidden"] == 4 * rows["dense-7b"]["d_model"] and rows["dense-7b"]["mlp_gated"]
+    mem = " ".join(invoke("memory", "--model", "dense-7b", "--layout", "tsp=8", "--seq", "32k").output.split())
+    for label in ("params = weights", "optim = Adam", "acts = activations", "KVgath = K/V gathered"):
+        assert label in mem, label
+    pred = invoke("predict", "--model", "dense-7b", "--cluster", "h200-8", "--layout", "tp=8", "--seq", "4k")
+    assert "MFU = model FLOPs" in " ".join(pred.output.split()) and "stack megatron: grads fp32" in pred.output
+    assert "bf16 TFLOP/s = each GPU's dense peak" in " ".join(invoke("clusters").output.split())
+
+
+def test_memory_plot_stacks_components_in_tokens_under_the_gpus_capacity():
+    """The plot a practitioner reads without the README: ticks in tokens (8K, not 2¹³), one stacked bar
+    per layout and length whose components sum to the total, the GPU's capacity, the assumptions."""
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.layout import parse_layout
+    from meshplan.models import PRESETS
+    from meshplan.plots import memory_figure
+    from meshplan.reports import memory_records
+    from meshplan.topologies.cluster import load_cluster
+
+    opts = CostOptions(stack="megatron", grad_dtype="fp32", tp_sequence_parallel=True)
+    layouts = [parse_layout(x) for x in ("tp=8", "tsp=8")]
+    records = memory_records(PRESETS["dense-7b"], layouts, [8192, 32768], 1, opts, load_cluster("h200-8"))
+    for r in records:
+        assert sum(r["at_peak_bytes"].values()) == r["total_bytes"]
+    fig = memory_figure(records)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["8K", "32K"]
+    gib = 2**30
+    heights = [p.get_height() for p in ax.patches if p.get_height() > 0]
+    assert sum(heights) * gib == pytest.approx(sum(r["total_bytes"] for r in records), rel=1e-9)
+    assert any(list(line.get_ydata()) == [140.4 * 2**30 / gib] * 2 for line in ax.lines) or any(
+        abs(line.get_ydata()[0] - records[0]["gpu_memory_bytes"] / gib) < 1e-9 for line in ax.lines
+    )
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "activations saved for backward" in legend and "optimizer state (Adam)" in legend
+    caption = " ".join(t.get_text() for t in fig.texts)
+    assert "stack megatron" in caption and "grads fp32" in caption and "Megatron-SP on" in caption
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_cluster_show_summarises_large_clusters_quickly():
+    import time
+
+    t0 = time.perf_counter()
+    r = invoke("cluster", "show", "h100-sxm-8", "--nodes", "100000")
+    assert r.exit_code == 0, r.output
+    assert time.perf_counter() - t0 < 10  # was past 120 s
+    assert "800,000 ×" in r.output and "n1/gpu7 (rank 15)" in r.output and "n2/gpu0" not in r.output
+    assert "nodes 2–99999 (99,998 more)" in r.output and "799,999" in r.output
+    _one_line_error(invoke("cluster", "show", "h100-sxm-8", "--nodes", "100000", "--json"), "--json", "--nodes")
+    small = json.loads(invoke("cluster", "show", "h100-sxm-8", "--nodes", "2", "--json").stdout)
+    assert sum(1 for n in small["nodes"] if n["kind"] == "gpu") == 16
+
+
+def test_first_layers_keeps_a_models_proportions():
+    """execute --layers cuts a model to its first layers: a hybrid keeps at least one shared-block
+    invocation, a windowed model its share of windowed layers; more layers than the model has is one
+    line naming --layers."""
+    from dataclasses import replace
+
+    from meshplan.errors import MeshplanError
+    from meshplan.models import PRESETS, first_layers
+
+    zamba = first_layers(PRESETS["zamba2-7b"], 1)
+    assert zamba.layers == 1 and zamba.hybrid_layers == 1 and zamba.name == "zamba2-7b/1L"
+    assert first_layers(PRESETS["zamba2-7b"], 40).hybrid_layers == round(13 * 40 / 81)
+    windowed = replace(PRESETS["dense-7b"], attention_window=4096, window_layers=16)
+    assert first_layers(windowed, 2).window_layers == 1 and first_layers(windowed, 1).window_layers == 1
+    assert first_layers(PRESETS["dense-7b"], 32) is PRESETS["dense-7b"]
+    with pytest.raises(MeshplanError, match="--layers: dense-7b has 32 layers; give 1 to 32"):
+        first_layers(PRESETS["dense-7b"], 33)

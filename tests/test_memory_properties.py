@@ -55,6 +55,14 @@ def test_never_negative_and_total_covers_persistent(model, layout, seq, batch, o
     # all activations, but every kept term and the larger of the two must fit under the total.
     kept = b["parameters"] + b["optimizer_state"] + b["kv_cache"] + b["ssm_state_cache"]
     assert r.total_bytes >= kept + max(b["activations"], b["gradients"])
+    # What is held at the peak moment (the plot's stacked bars): the kept terms whole, activations and
+    # gradients at most their largest, none negative, and together the total.
+    at = r.at_peak_bytes
+    assert sum(at.values()) == r.total_bytes and min(at.values()) >= 0
+    for key in ("parameters", "optimizer_state", "kv_cache", "ssm_state_cache"):
+        assert at[key] == b[key]
+    slack = len(at)  # whole bytes: each component's rounding is half a byte at most
+    assert at["activations"] <= b["activations"] + slack and at["gradients"] <= b["gradients"] + slack
 
 
 @settings(max_examples=150, deadline=None)

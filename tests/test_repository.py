@@ -124,3 +124,31 @@ def test_leaf_modules_stay_leaves(leaf):
         "meshplan.costmodel.shapes",
     }
     assert set(_import_graph().successors(leaf)) <= allowed
+
+
+def test_readme_setup_installs_the_cpu_build_and_ci_runs_its_test_command():
+    """README's two set-up commands install torch's CPU build from PyTorch's CPU wheel index (the public
+    index's torch==2.13.0 is the CUDA build on Linux), and .ci/run runs the same install and the same
+    test command."""
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("## Set up and run", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```bash\n(.*?)\n```", setup, flags=re.S)
+    assert len(commands) == 2, commands
+    install = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    for command in commands:
+        assert command.startswith(install + " && pip install -e "), command
+    assert "meshplan recommend" in commands[0] and commands[1].endswith("&& python -m pytest -q")
+    ci = (ROOT / ".ci" / "run").read_text().replace("pip install -q ", "pip install ")  # quiet in CI
+    assert f"python -m {install}" in ci
+    assert "python -m pip install -e '.[test]'" in ci and re.search(r"^python -m pytest -q$", ci, flags=re.M)
+
+
+def test_readme_names_every_option_its_set_up_command_uses():
+    """The set-up command's `recommend --batch` is in the table of recommend's options; the exit status
+    of "nothing fits" is documented."""
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `meshplan recommend"))
+    setup = re.search(r"meshplan recommend (.*)", readme).group(1)
+    for flag in re.findall(r"--[\w-]+", setup.split("```")[0]):
+        assert flag in row.split("|")[1], flag
+    assert "## What the numbers mean" in readme and "3 `recommend` found no mesh" in readme

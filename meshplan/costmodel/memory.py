@@ -62,6 +62,9 @@ class MemoryBreakdown:
     peak_phase: str  # "layer", "logits" or "optimizer": the moment that decides the peak
     pipeline_stage: str  # "only", "first" or "last": the stage reported
     assumptions: dict = field(default_factory=dict)
+    # COMPONENTS → bytes held at the peak moment (peak_phase): they sum to total_bytes, where
+    # per_gpu_bytes gives each component at its own largest, moments that need not coincide.
+    at_peak_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def _split_div(split: str, sh: Sharding, ngroups: int) -> int:
@@ -457,9 +460,10 @@ def memory_per_gpu(
         )
         for index in _stages_to_check(stage_layers, pp, microbatches, chunks)
     ]
-    total, stage, phase, parts = max(results, key=lambda r: r[0])
+    total, stage, phase, parts, at_peak = max(results, key=lambda r: r[0])
     return MemoryBreakdown(
         per_gpu_bytes={k: int(round(v)) for k, v in parts.items()},
+        at_peak_bytes=_rounded_to(at_peak, int(round(total))),
         total_bytes=int(round(total)),
         peak_phase=phase,
         pipeline_stage=stage,
@@ -541,7 +545,7 @@ def _layer_transients(
             kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
     step_tokens = 1 if opts.mode == "decode" else seq
     working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full, 0.0 if train else kv_gather)
-    attention_phase = 0.0
+    attention_phase = backward_working = mlp_saved = 0.0
     if train and kv_gather:
         # The backward reaches a layer's attention after its MLP, whose saved tensors are freed by then:
         # the gathered K/V and their gradients stand beside the layer's input, output and output
@@ -550,7 +554,8 @@ def _layer_transients(
         # (benchmarks/results/memory-peak-4xh200.json); charging both at once over-predicted them by 9-14% at 64K-256K
         # (memory-curves-4xh200-run16.json).
         mlp_saved = _saved_bytes(block_saved("mlp", model, opts), batch * seq, seq, sh, 1) if model.mlp else 0.0
-        attention_phase = _backward_layer_bytes(model, sh, batch * seq, opts, unit_full) + kv_gather - mlp_saved
+        backward_working = _backward_layer_bytes(model, sh, batch * seq, opts, unit_full)
+        attention_phase = backward_working + kv_gather - mlp_saved
     block_kinds = [k for k, _ in model.block_invocations()]
     largest_block = max(block_params(model, k) for k in block_kinds)
     largest_streamed = max(streamed_block_params(model, k) for k in block_kinds)
@@ -581,6 +586,8 @@ def _layer_transients(
         "working": working,
         "kv_gather": kv_gather,
         "attention_phase": attention_phase,
+        "attention_working": backward_working,  # the attention phase's pieces, for at_peak_bytes
+        "attention_mlp_freed": mlp_saved,
         "weight_shards": weight_shards,
         "comm_buffers": comm_buffers,
     }
@@ -628,8 +635,9 @@ def _stage_peak(
     microbatches: int,
     chunks: int,
     embeddings: bool,
-) -> tuple[float, str, str, dict]:
-    """Pipeline stage `index`: (its peak bytes, its name, the phase that sets the peak, its components):
+) -> tuple[float, str, str, dict, dict]:
+    """Pipeline stage `index`: (its peak bytes, its name, the phase that sets the peak, its components,
+    what each holds at the peak):
     model states (ZeRO's shares), its in-flight micro-batches' activations, and the largest of the layer,
     logits, attention and optimizer phases."""
     train, pp = opts.training, layout.pp
@@ -696,7 +704,41 @@ def _stage_peak(
         if layer["attention_phase"]:
             phases["attention"] = acts + grads_at_peak + layer["attention_phase"] + streaming
     phase = max(phases, key=phases.get)
-    return kept + phases[phase], stage if stage in ("only", "first", "last") else f"stage {index}", phase, parts
+    # The same sums, by component: what is held at the peak moment.
+    at_peak = dict.fromkeys(parts, 0.0)
+    for key in _KEPT:
+        at_peak[key] = parts[key]
+    if phase == "optimizer":
+        at_peak["gradients"] = grad_b
+        at_peak["transient_working"] = phases["optimizer"] - grad_b  # the step's fp32 temporaries
+    else:
+        at_peak["activations"], at_peak["gradients"] = acts, grads_at_peak
+    if phase == "logits":
+        at_peak["transient_logits"] = parts["transient_logits"]
+    elif phase in ("layer", "attention"):
+        at_peak["transient_weight_shards"] = layer["weight_shards"]
+        at_peak["transient_comm_buffers"] = layer["comm_buffers"]
+        if phase == "layer":
+            at_peak["transient_working"] = layer["working"]
+        else:  # the layer's MLP activations freed by then, its backward's working set and the K/V gathered
+            at_peak["activations"] -= layer["attention_mlp_freed"]
+            at_peak["transient_kv_gather"] = layer["kv_gather"]
+            at_peak["transient_working"] = layer["attention_working"]
+    name = stage if stage in ("only", "first", "last") else f"stage {index}"
+    return kept + phases[phase], name, phase, parts, at_peak
+
+
+# Held whole from step to step: at the peak as in per_gpu_bytes, to the byte.
+_KEPT = ("parameters", "optimizer_state", "kv_cache", "ssm_state_cache", "blas_workspace", "int8_peer_buffer")
+
+
+def _rounded_to(parts: dict[str, float], total: int) -> dict[str, int]:
+    """Whole bytes per component that sum to `total` exactly: the rounding's few bytes go to the largest
+    of what the peak moment adds (the kept components stay as per_gpu_bytes rounds them)."""
+    out = {k: int(round(v)) for k, v in parts.items()}
+    moment = [k for k in out if k not in _KEPT] or list(out)
+    out[max(moment, key=out.get)] += total - sum(out.values())
+    return out
 
 
 def head_activation_bytes(model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:

@@ -51,6 +51,10 @@ class Stack:
     # Gradients kept in fp32 (Megatron's main_grad buffers, --accumulate-allreduce-grads-in-fp32, the
     # default under bf16: 18 B a parameter with Adam); meshplan's executor keeps them in bf16.
     grad_dtype: str = "fp32"
+    # Megatron-SP on the tensor axis (Korthikanti et al. 2022 §4.2.2) unless an option says otherwise:
+    # the Megatron-LM README's H100 runs use it wherever tp > 1 (benchmarks/published/megatron_readme.toml);
+    # the 2021 PTD-P code predates it, and meshplan's executor does not run it.
+    tp_sequence_parallel: bool = False
     # SwiGLU as one fused op that recomputes silu(gate) in its backward (Megatron's bias_swiglu_impl):
     # it saves gate and up, not silu(gate) too, as an eager torch SwiGLU does.
     fused_swiglu: bool = True
@@ -106,6 +110,7 @@ STACKS: dict[str, Stack] = {
         interleaved_min_pp=2,
         max_zero=3,
         max_zero_with_pp=1,
+        tp_sequence_parallel=True,
         gemm_efficiency=(
             ("H100", H100_GEMM_EFFICIENCY),
             ("H200", H100_GEMM_EFFICIENCY),

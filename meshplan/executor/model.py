@@ -72,11 +72,12 @@ def synthetic_tokens(
 
 
 def tokens_from_file(path: str, vocab: int, batch: int, seq: int) -> tuple:
-    """(tokens, labels, documents) from a .npy array of token ids (any shape; read flat), or from a .npz
-    with arrays `tokens` and `documents` (each token's document id, non-decreasing along a row: packed
-    documents, which the Mamba-2 blocks keep apart): the first batch·(seq + 1) ids, each row's labels
-    its next ids; documents is None for a .npy. A short file, an id past the vocabulary or documents
-    out of order is a MeshplanError."""
+    """(tokens, labels, documents) from a .npy array of token ids, or from a .npz with arrays `tokens`
+    and `documents` (each token's document id, non-decreasing along a row: packed documents, which the
+    Mamba-2 blocks keep apart): `batch` rows of seq + 1 ids, each row's labels its next ids; documents
+    is None for a .npy. A 1-D array is one stream of ids, cut into rows; a 2-D array is rows of ids
+    (sequences × tokens), each row's first seq + 1 taken. A short file, an array of more dimensions,
+    an id past the vocabulary or documents out of order is a MeshplanError."""
     import numpy as np
 
     from meshplan.errors import MeshplanError
@@ -90,11 +91,31 @@ def tokens_from_file(path: str, vocab: int, batch: int, seq: int) -> tuple:
                     f"--tokens: {path} lacks the array(s) {', '.join(sorted(missing))}; a .npz "
                     f"holds `tokens` and `documents` (each token's document id)"
                 )
-            ids, docs = data["tokens"].reshape(-1), data["documents"].reshape(-1)
+            ids, docs = data["tokens"], data["documents"]
         else:
-            ids, docs = data.reshape(-1), None
+            ids, docs = data, None
     except (OSError, ValueError) as exc:
         raise MeshplanError(f"--tokens: cannot read {path} as a .npy or .npz array of token ids ({exc})") from None
+    if ids.ndim > 2:
+        raise MeshplanError(
+            f"--tokens: {path} holds a {ids.ndim}-D array of shape {tuple(ids.shape)}; give a 1-D stream of "
+            f"ids or a 2-D array of rows (sequences × tokens)"
+        )
+    if docs is not None and docs.shape != ids.shape:
+        raise MeshplanError(
+            f"--tokens: {path}'s documents have shape {tuple(docs.shape)} and its tokens {tuple(ids.shape)}; "
+            f"give one document id per token"
+        )
+    if ids.ndim == 2 and ids.shape[0] > 1:
+        if ids.shape[0] < batch or ids.shape[1] < seq + 1:
+            raise MeshplanError(
+                f"--tokens: {path} holds {ids.shape[0]} rows of {ids.shape[1]} ids; batch {batch} × "
+                f"(seq {seq} + 1) needs {batch} rows of at least {seq + 1}"
+            )
+        ids = ids[:batch, : seq + 1]
+        docs = docs[:batch, : seq + 1] if docs is not None else None
+    ids = ids.reshape(-1)
+    docs = docs.reshape(-1) if docs is not None else None
     need = batch * (seq + 1)
     if ids.size < need:
         raise MeshplanError(f"--tokens: {path} holds {ids.size} ids; batch {batch} × (seq {seq} + 1) needs {need}")

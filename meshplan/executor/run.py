@@ -132,10 +132,11 @@ def kernel_times(fn, names, reps: int = 5) -> dict:
     return out
 
 
-def timed(fn, steps: int, cuda: bool) -> list[float]:
-    """Seconds per call of fn, with CUDA events on the GPU (after the caller's warm-up)."""
+def timed(fn, steps: int, cuda: bool, after=None) -> list[float]:
+    """Seconds per call of fn, with CUDA events on the GPU (after the caller's warm-up); `after(i, s)`
+    is called outside the timed region once call i has taken s seconds."""
     times = []
-    for _ in range(steps):
+    for i in range(steps):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -147,7 +148,31 @@ def timed(fn, steps: int, cuda: bool) -> list[float]:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
+        if after is not None:
+            after(i, times[-1])
     return times
+
+
+class Ticks:
+    """A run's units of work (warm-up and timed steps, the extra measurements) as they finish:
+    `report(done, total, what, seconds)` after each, for `meshplan execute`'s progress bar."""
+
+    def __init__(self, report, total: int, cuda: bool):
+        self.report, self.total, self.cuda, self.done = report, total, cuda, 0
+
+    def __call__(self, what: str, seconds: float | None = None) -> None:
+        self.done += 1
+        if self.report is not None:
+            self.report(self.done, self.total, what, seconds)
+
+    def run(self, fn, what: str):
+        """fn(), timed on the host (after the GPU has finished it), then reported."""
+        t0 = time.perf_counter()
+        out = fn()
+        if self.cuda:
+            torch.cuda.synchronize()
+        self(what, time.perf_counter() - t0)
+        return out
 
 
 def measure(
@@ -169,13 +194,15 @@ def measure(
     whole: bool = False,
     tokens: tuple | None = None,
     checkpoint: str | None = None,
+    progress=None,
 ) -> dict:
     """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
     model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None),
     else the layer stack on random hidden states. `int8_allreduce`: TP-SSM's block all-reduce in int8 (forward;
     meshplan.executor.comm.quantized_all_reduce). `host_samples`: times the host's issue time of a
     step is taken (their median is reported). `checkpoint`: a checkpoint folder each rank reads its shard of
-    (executor.checkpoint); the result then holds the loss of the first batch before any step ("loss")."""
+    (executor.checkpoint); the result then holds the loss of the first batch before any step ("loss").
+    `progress(done, total, what, seconds)`: called as each step or measurement finishes (Ticks)."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
     layers = _build(model, mesh, seq, device, whole=whole, int8_allreduce=int8_allreduce, checkpoint=checkpoint)
@@ -242,14 +269,32 @@ def measure(
             # would time the pipeline's throughput (half the latency at pp=2: run 51).
             torch.distributed.barrier(group=mesh.axis("pp").group)
 
-    first_loss = _first_loss(layers, pipe, x, head, mesh, micro, feed) if whole and train else None
-    for _ in range(warmup):
-        step()
+    # With the transfers skipped, ZeRO 3 would compute on weights it never gathered (run 49 read 22 ms
+    # "exposed" at 16K that way), and pipeline stages would stop waiting for each other (their bubbles
+    # gone: run 51 read 134 ms at 16K): neither's exposed communication is measured.
+    no_comm = exposed and mesh.world > 1 and weights is None and pipe is None
+    tick = Ticks(
+        progress,
+        (1 if whole and train else 0)
+        + warmup
+        + steps
+        + (1 if train else 0)
+        + ((warmup + steps) if no_comm else 0)
+        + ((host_samples + (1 if profile else 0)) if cuda else 0),
+        cuda,
+    )
+    first_loss = (
+        tick.run(lambda: _first_loss(layers, pipe, x, head, mesh, micro, feed), "first-batch loss")
+        if whole and train
+        else None
+    )
+    for i in range(warmup):
+        tick.run(step, f"warm-up step {i + 1}/{warmup}")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     mesh.reset_counts()
-    times = timed(step, steps, cuda)
+    times = timed(step, steps, cuda, after=lambda i, t: tick(f"step {i + 1}/{steps}", t))
     result = {
         "step_time_s": statistics.median(times),
         "step_times_s": times,
@@ -258,19 +303,19 @@ def measure(
         "loss": first_loss,
     }
     if cuda:
-        result.update(_gpu_extras(step, host_samples, profile))
+        result.update(_gpu_extras(step, host_samples, profile, tick))
         result["peak_bytes"] += result["peer_buffer_bytes"]
     if train:
         feed(1)
         # One micro-batch through this rank's layers alone (a later stage's input a copy of its own).
         inp = x if pipe is None or pipe.first else hidden.detach().clone().requires_grad_()
-        result["saved_bytes"] = _saved_bytes(layers, inp, dy if head is not None or not whole else None, sync, opt)
+        result["saved_bytes"] = tick.run(
+            lambda: _saved_bytes(layers, inp, dy if head is not None or not whole else None, sync, opt),
+            "saved activations counted",
+        )
         x.grad = None
-    # With the transfers skipped, ZeRO 3 would compute on weights it never gathered (run 49 read 22 ms
-    # "exposed" at 16K that way), and pipeline stages would stop waiting for each other (their bubbles
-    # gone: run 51 read 134 ms at 16K): neither's exposed communication is measured.
-    if exposed and mesh.world > 1 and weights is None and pipe is None:
-        result["step_time_no_comm_s"] = _time_without_comm(step, mesh, warmup, steps, cuda)
+    if no_comm:
+        result["step_time_no_comm_s"] = _time_without_comm(step, mesh, warmup, steps, cuda, tick)
         result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
     if cuda:  # the next run, perhaps on other groups, starts without this one's peer buffers
         from meshplan.executor import peer
@@ -360,7 +405,7 @@ def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | 
     return float(total) / layout.dp
 
 
-def _gpu_extras(step, host_samples: int, profile) -> dict:
+def _gpu_extras(step, host_samples: int, profile, tick) -> dict:
     """What a GPU run records beside time and peak: the int8 all-reduce's peer buffer (device memory
     outside torch's allocator, added to the peak), the host's issue time of a step, the cuBLAS
     workspaces, and with `profile` one more step's GPU time by kernel category."""
@@ -368,7 +413,9 @@ def _gpu_extras(step, host_samples: int, profile) -> dict:
 
     out = {"peer_buffer_bytes": peer.buffer_bytes()}
     # The host's share: seconds to issue one step from an idle GPU, not waiting for it.
-    out["host_enqueue_samples_s"] = [_host_enqueue_s(step) for _ in range(host_samples)]
+    out["host_enqueue_samples_s"] = [
+        tick.run(lambda: _host_enqueue_s(step), f"host issue time {i + 1}/{host_samples}") for i in range(host_samples)
+    ]
     out["host_enqueue_s"] = statistics.median(out["host_enqueue_samples_s"])
     if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
         # cuBLAS / cuBLASLt workspaces come from the caching allocator and count in the peak: measure them.
@@ -378,18 +425,22 @@ def _gpu_extras(step, host_samples: int, profile) -> dict:
     if profile:
         from meshplan.executor.profiling import profile_step
 
-        out["phases_s"] = profile_step(step, top=profile if isinstance(profile, int) and profile > 1 else 0)
+        out["phases_s"] = tick.run(
+            lambda: profile_step(step, top=profile if isinstance(profile, int) and profile > 1 else 0), "profiled step"
+        )
     return out
 
 
-def _time_without_comm(step, mesh: Mesh, warmup: int, steps: int, cuda: bool) -> float:
+def _time_without_comm(step, mesh: Mesh, warmup: int, steps: int, cuda: bool, tick) -> float:
     """The median step with every transfer counted but not sent (the exposed communication is the
     difference from the real step)."""
     mesh.enabled = False
     try:
-        for _ in range(warmup):
-            step()
-        return statistics.median(timed(step, steps, cuda))
+        for i in range(warmup):
+            tick.run(step, f"warm-up step {i + 1}/{warmup} without communication")
+        return statistics.median(
+            timed(step, steps, cuda, after=lambda i, t: tick(f"step {i + 1}/{steps} without communication", t))
+        )
     finally:
         mesh.enabled = True
 

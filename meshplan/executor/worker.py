@@ -22,8 +22,10 @@ from meshplan.executor.run import (
     use_expandable_segments,
 )
 from meshplan.executor.support import executed_spec, unsupported
+from meshplan.executor.torchrun import progress_line
 from meshplan.hf_config import load_model
 from meshplan.layout import parse_layout, validate_layout, validate_seq
+from meshplan.models import first_layers
 from meshplan.topologies.cluster import load_cluster
 
 
@@ -66,12 +68,17 @@ def gpu_preset(device_name: str) -> str:
     return next((preset for key, preset in GPU_PRESETS.items() if key in device_name.upper()), "h200-8")
 
 
+def _say(done: int, total: int, what: str, seconds: float | None) -> None:
+    """Rank 0's progress, a line a finished unit of work, for the CLI's progress bar."""
+    print(progress_line(done, total, what, seconds), flush=True)
+
+
 def main(argv=None) -> int:
     use_expandable_segments()
     args = parse(argv)
     model = load_model(args.model)
     if args.layers:
-        model = replace(model, layers=args.layers, name=f"{model.name}/{args.layers}L")
+        model = first_layers(model, args.layers)
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     model, dropped = executed_spec(replace(model, param_dtype=dtype))
     layout = parse_layout(args.layout)
@@ -104,6 +111,7 @@ def main(argv=None) -> int:
             whole=whole,
             tokens=tokens,
             checkpoint=args.weights or None,
+            progress=_say if rank == 0 else None,
         )
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
         # Triton's kernels and NCCL report an exhausted GPU as a RuntimeError: record it as torch's is.
@@ -118,6 +126,7 @@ def main(argv=None) -> int:
         )
         act = "bf16" if dtype == "bf16" else "fp32"
         run = {
+            "status": "out of memory" if any(r and r.get("oom") for r in gathered) else "ok",
             "model": model.name,
             "layout": str(layout),
             "seq": args.seq,

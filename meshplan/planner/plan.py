@@ -140,6 +140,14 @@ def plan(
     if unknown := set(search) - set(KNOBS):
         raise MeshplanError(f"search: unknown knob {sorted(unknown)[0]!r}; use {', '.join(KNOBS)}")
     gbs = opts.global_batch if opts.training else 0
+    if gbs and "micro_batch" not in search and not any(gbs % (dp * batch) == 0 for dp in divisors(cluster.num_gpus)):
+        # Every mesh would be skipped for its batch, not its memory: say so rather than "nothing fits".
+        fits = [m for m in divisors(gbs) if m <= 16]
+        raise MeshplanError(
+            f"--global-batch {gbs} is not --micro-batch {batch} × any data-parallel size of the "
+            f"{cluster.num_gpus} GPUs ({', '.join(map(str, divisors(cluster.num_gpus)))}); give a micro-batch "
+            f"that divides it ({', '.join(map(str, fits))}), or leave --micro-batch out to search it"
+        )
     layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode, global_batch=gbs, stack=opts.stack_spec)
     if not layouts:
         raise MeshplanError(

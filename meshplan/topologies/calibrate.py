@@ -21,6 +21,7 @@ from datetime import date, timedelta
 import torch
 import torch.distributed as dist
 
+from meshplan.executor.torchrun import progress_line
 from meshplan.topologies.cluster import HOST_KEYS
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all")
@@ -310,12 +311,24 @@ def main(argv=None) -> int:
         s *= 16 if args.quick else 4
     reps = 5 if args.quick else 10
     rank = dist.get_rank()
-    say = (lambda what: print(f"calibrate: {what}", flush=True)) if rank == 0 else None
+    # Rank 0 says what has finished, for the CLI's progress bar: each collective at each size on each
+    # group, then (on GPUs) the compute rates and the host's launch cost.
+    groups = len([n for n in (2**k for k in range(1, 31)) if n <= dist.get_world_size()])
+    total = groups * len(COLLECTIVES) * len(sizes) + (2 if cuda else 0)
+    done = 0
+
+    def say(what: str) -> None:
+        nonlocal done
+        done += 1
+        if rank == 0:
+            print(progress_line(done, total, what), flush=True)
+
     measured = {"collectives": measure_collectives(sizes, device, reps, say)}
     if cuda and rank == 0:
         measured.update(measure_compute(device, args.quick))
-        say("the host's time per launched kernel")
+        say("GEMM, HBM and attention rates")
         measured.update(measure_host(device))
+        say("the host's time per launched kernel")
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(measured["collectives"], gathered, dst=0)
     if rank == 0:
