@@ -513,11 +513,11 @@ NEWCOMER_CASES = {
         {"hidden_size": 0},
         ["{config}", "hidden_size"],
     ),
-    # A shape the spec refuses, built from a config: the file named too.
+    # A shape the config cannot make: the file and its keys named.
     "config-kv-heads": (
         ["memory", "--model", "{config}", "--layout", "tp=2"],
         {"num_key_value_heads": 3},
-        ["{config}", "kv_heads"],
+        ["{config}", "num_key_value_heads"],
     ),
 }
 
