@@ -60,6 +60,16 @@ class Layout:
         return "sp" if self.sp > 1 else "none"
 
     @property
+    def weight_axis(self) -> str:
+        """The axis that splits each layer's weights: tsp, tpssm, or tp (also when nothing is split)."""
+        return "tsp" if self.tsp > 1 else "tpssm" if self.tpssm > 1 else "tp"
+
+    @property
+    def sequence_axis(self) -> str | None:
+        """The axis that splits the sequence: sp or tsp; None when every rank sees every token."""
+        return "tsp" if self.tsp > 1 else "sp" if self.sp > 1 else None
+
+    @property
     def tensor_degree(self) -> int:
         """T: the head / channel split of the TP axis (tp or tpssm); 1 for SP and TSP."""
         return self.tp * self.tpssm

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 
+from meshplan import rank_order
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
 from meshplan.costmodel.compute import (
     ATTENTION_EFFICIENCY,
@@ -73,21 +74,18 @@ class StepEstimate:
 
 
 class _Links:
-    """Group placement of each mesh axis, and the α-β parameters of the cluster."""
+    """Group placement of each mesh axis (meshplan.rank_order: the executor's rank order), and the
+    α-β parameters of the cluster."""
 
     def __init__(self, layout: Layout, cluster: ClusterSpec):
         g = cluster.gpus_per_node
-        inner = layout.tensor_degree * layout.tsp
-        sizes = {"tp": layout.tp, "tpssm": layout.tpssm, "tsp": layout.tsp}
-        self.groups: dict[str, GroupPlacement] = {k: place_axis(v, 1, g) for k, v in sizes.items()}
-        self.groups["sp"] = place_axis(layout.sp, inner, g)
-        self.groups["dp"] = place_axis(layout.dp, inner * layout.sp, g)
-        self.groups["dp+sp"] = place_axis(layout.dp * layout.sp, inner, g)
-        self.groups["pp"] = place_axis(layout.pp, inner * layout.sp * layout.dp, g)
-        # The first and last stages (a tied embedding's two copies).
-        self.groups["pp_ends"] = place_axis(
-            2 if layout.pp > 1 else 1, inner * layout.sp * layout.dp * (layout.pp - 1), g
-        )
+        tensor = place_axis(*rank_order.group(layout, ("tensor",)), g)
+        self.groups: dict[str, GroupPlacement] = {
+            name: tensor if name == layout.weight_axis else place_axis(1, 1, g) for name in ("tp", "tpssm", "tsp")
+        }
+        for name, axes in (("sp", ("sp",)), ("dp", ("dp",)), ("dp+sp", ("sp", "dp")), ("pp", ("pp",))):
+            self.groups[name] = place_axis(*rank_order.group(layout, axes), g)
+        self.groups["pp_ends"] = place_axis(*rank_order.pipeline_ends(layout), g)
         self.cluster = cluster
 
     def time_s(self, c: Comm) -> float:
