@@ -16,7 +16,7 @@ import json
 
 import torch
 
-from meshplan.costmodel.compute import sp_correction_bytes
+from meshplan.costmodel.blocks.mamba2 import sp_correction_bytes
 from meshplan.executor.run import copy_roofline_bytes_per_s, kernel_times, median_time_s
 from meshplan.kernels.reference import entering_state_ref
 from meshplan.kernels.shard_state import EnteringStateFn

@@ -17,7 +17,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from meshplan.costmodel.compute import ssd_kernel_bytes
+from meshplan.costmodel.blocks.mamba2 import ssd_kernel_bytes
 from meshplan.executor.run import copy_roofline_bytes_per_s, kernel_times, median_time_s
 from meshplan.kernels import launch, ssd_bwd
 from meshplan.kernels.reference import ssd_chunked_ref

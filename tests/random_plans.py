@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from meshplan.costmodel.compute import ATTENTION_EFFICIENCY, Device
+from meshplan.costmodel.device import ATTENTION_EFFICIENCY, Device
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import validate_batch

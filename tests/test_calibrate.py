@@ -95,7 +95,7 @@ def test_calibrated_hbm_replaces_the_streaming_rate_not_the_rated_one():
     calibrated profile changes what streams at full speed, not what those fractions apply to."""
     from pathlib import Path
 
-    from meshplan.costmodel.compute import Device
+    from meshplan.costmodel.device import Device
     from meshplan.topologies import load_cluster
 
     profile = Path(__file__).parent.parent / "meshplan/topologies/profiles/h200-2gpu-2026-11-22.toml"
@@ -107,7 +107,8 @@ def test_calibrated_hbm_replaces_the_streaming_rate_not_the_rated_one():
 def test_calibrated_host_cost_sets_the_launch_floor(tmp_path):
     """A profile's measured host time per kernel replaces the constants in the launch floor, per block
     family: a launch-bound step scales with it, by hand: kernels × cost."""
-    from meshplan.costmodel.compute import STEP_KERNEL_HOST_S, step_kernels_per_block
+    from meshplan.costmodel.blocks.launches import step_kernels_per_block
+    from meshplan.costmodel.device import STEP_KERNEL_HOST_S
 
     measured = {
         "collectives": {},

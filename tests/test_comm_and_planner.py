@@ -377,7 +377,7 @@ def test_mamba2_kernel_bytes_by_hand():
     forward's), the dx kernel (x, dy, dt, B, C, bf16 E and dS in; dx, ddt and the bf16 C·B gradient
     out) and the dB/dC kernel (x, dy, dt, B, C, E, dS and the C·B gradient in; fp32 dB and dC for 4
     head splits out: 256 programs need 4 to reach 1024)."""
-    from meshplan.costmodel.compute import mamba2_kernel_bytes
+    from meshplan.costmodel.blocks.mamba2 import mamba2_kernel_bytes
 
     def expected(t, heads):
         x, bc, dt, E = t * heads * 64 * 2, t * 128 * 2, 4 * t * heads, 256 * heads * 64 * 128
@@ -422,7 +422,7 @@ def test_decode_kernels_cost_the_gpu_too():
     (compute.DECODE_KERNEL_GPU_S): a 2-layer dense stack launches 2 · (16 + 16), by hand."""
     from dataclasses import replace as _replace
 
-    from meshplan.costmodel.compute import DECODE_KERNEL_GPU_S
+    from meshplan.costmodel.blocks.launches import DECODE_KERNEL_GPU_S
 
     dense = _replace(PRESETS["dense-7b"], layers=2)
     est = estimate_step(
@@ -498,7 +498,8 @@ def test_zigzag_attention_by_hand():
     slower (the measured table), the slowest rank takes longer than the balanced FLOPs say."""
     from dataclasses import replace
 
-    from meshplan.costmodel.compute import Device, zigzag_attention_s
+    from meshplan.costmodel.blocks.attention import zigzag_attention_s
+    from meshplan.costmodel.device import Device
 
     flat = Device(1e15, 4e12, attention_prefix=((1, 0.5),))
     w, seq, parts = 4096, 16384, 2
@@ -525,7 +526,8 @@ def test_zigzag_attention_by_hand():
 def test_zigzag_attention_is_the_slowest_rank_of_scalar_calls(parts, log2_keys, effs):
     """The vectorized slowest rank equals a loop over the ranks of attention_efficiency's scalar
     interpolation, for tables of 1-4 points spanning the prefix lengths."""
-    from meshplan.costmodel.compute import Device, attention_efficiency, zigzag_attention_s
+    from meshplan.costmodel.blocks.attention import zigzag_attention_s
+    from meshplan.costmodel.device import Device, attention_efficiency
 
     table = tuple((2.0 ** (8 + 3 * j), e) for j, e in enumerate(effs))
     dev = Device(1e15, 4e12, attention_prefix=table)
@@ -544,7 +546,8 @@ def test_sp_correction_by_hand():
     8192 · 5120 · 2 bytes, C 8192 · 128 · 2 and cum 8192 · 80 · 4. Forward (the Triton kernel): y0 read,
     y written, C and cum read, at 0.561 of the rate; backward: dy, C twice (dC written) and cum twice
     (dcum written) at 0.316, and dy, C and cum at 0.458."""
-    from meshplan.costmodel.compute import Device, sp_correction_s
+    from meshplan.costmodel.blocks.mamba2 import sp_correction_s
+    from meshplan.costmodel.device import Device
 
     dev = Device(1e15, 4e12, gemm_efficiency=0.5, hbm_rated_bytes_per_s=4e12)
     y, c, cum = 8192 * 5120 * 2, 8192 * 128 * 2, 8192 * 80 * 4
@@ -560,9 +563,10 @@ def test_scan_passing_pays_its_steps_per_row():
     """mamba2-2.7b, 16384 tokens on one H200: one row of 256 chunks runs 80 heads × 2 state tiles = 160
     programs (two on some of the 132 SMs), four rows of 64 chunks run 640 (five an SM). The forward
     has one passing, the backward two; the rest of the kernels move the same bytes either way."""
-    from meshplan.costmodel import compute
+    from meshplan.costmodel.blocks import mamba2 as compute
+    from meshplan.costmodel.device import Device
 
-    dev = compute.Device.of(load_cluster("h200-8"))
+    dev = Device.of(load_cluster("h200-8"))
     model = PRESETS["mamba2-2.7b"]
     lat, issue = compute.SCAN_PASS_STEP_LATENCY_S, compute.SCAN_PASS_STEP_ISSUE_S
     one, four = 256 * max(lat, 2 * issue), 64 * max(lat, 5 * issue)
@@ -583,7 +587,8 @@ def test_segmented_scan_passing_pays_a_segment_and_the_join(monkeypatch):
     programs): one row of 256 chunks × 80 heads × 2 tiles becomes 4 segments of 64 chunks, 640
     programs (five an SM), as four rows of 4096 tokens, plus the join's 4 steps; 40 heads, 7 segments
     of 37 chunks, 560 programs (five an SM)."""
-    from meshplan.costmodel import compute
+    from meshplan.costmodel.blocks import mamba2 as compute
+    from meshplan.costmodel.device import Device
     from meshplan.kernels import launch
 
     monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
@@ -592,7 +597,7 @@ def test_segmented_scan_passing_pays_a_segment_and_the_join(monkeypatch):
     assert compute.scan_pass_s(1, 16384, 40, 64, 128) == pytest.approx(37 * max(lat, 5 * issue) + 7 * lat)
     assert compute.scan_pass_s(4, 4096, 80, 64, 128) == pytest.approx(64 * max(lat, 5 * issue))  # enough already
     # The backward's two passings whole (launch.PASS_SEGMENT_BACKWARD off): the forward gains, the backward not.
-    dev = compute.Device.of(load_cluster("h200-8"))
+    dev = Device.of(load_cluster("h200-8"))
     model = PRESETS["mamba2-2.7b"]
     seg = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
     monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", False)
@@ -605,12 +610,12 @@ def test_segmented_scan_passing_pays_a_segment_and_the_join(monkeypatch):
 
 
 def test_scan_constants_are_the_committed_fit():
-    """compute.py's scan and SP-correction constants are kernels-h200.json's, which make_kernels_summary.py
+    """blocks/mamba2.py's scan and SP-correction constants are kernels-h200.json's, which make_kernels_summary.py
     fits from the committed ssd-h200.json and shard-state-h200.json."""
     import json
     from pathlib import Path
 
-    from meshplan.costmodel import compute
+    from meshplan.costmodel.blocks import mamba2 as compute
 
     fit = json.loads((Path(__file__).parents[1] / "benchmarks/results/kernels-h200.json").read_text())
     for name, value in fit["scan_cost_model_constants"].items():

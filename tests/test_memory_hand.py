@@ -182,22 +182,22 @@ def saved_head_bytes(model, seq):
     ],
 )
 def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
+    from meshplan.costmodel.blocks.mamba2 import mixer_backward_bytes
     from meshplan.costmodel.layouts import sharding_for
-    from meshplan.costmodel.memory import _mixer_backward_bytes
 
     sh = sharding_for(parse_layout(layout), MemoryOptions())
-    assert _mixer_backward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
+    assert mixer_backward_bytes(PRESETS["mamba2-2.7b"], 16384, sh, 2) == want
 
 
 def test_mamba2_prefill_transient_is_the_scan_phase():
     """mamba2-2.7b, 16384 tokens, bf16, one GPU: conv output (5120 + 256) and dt (80 fp32) per token,
     the entering states (256 chunks · 80 · 64 · 128, bf16) and the scan output (5120 per token)."""
+    from meshplan.costmodel.blocks.mamba2 import mixer_forward_bytes
     from meshplan.costmodel.layouts import sharding_for
-    from meshplan.costmodel.memory import _mixer_forward_bytes
 
     sh = sharding_for(parse_layout("single"), MemoryOptions())
     want = 16384 * ((5120 + 256) * 2 + 80 * 4 + 5120 * 2) + 256 * 80 * 64 * 128 * 2
-    assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
+    assert mixer_forward_bytes(PRESETS["mamba2-2.7b"], 16384, sh, 2) == want
 
 
 def test_segmented_passing_keeps_segment_states_beside_the_chunk_states(monkeypatch):
@@ -205,20 +205,20 @@ def test_segmented_passing_keeps_segment_states_beside_the_chunk_states(monkeypa
     80 heads passes in 4 segments, whose entering states (bf16) and 256 chunks' fp32 decays from their
     segment's start sit beside the prefill's states; training holds them twice (both passings), once
     with the backward's passings whole; 4 rows of 4096 pass whole."""
+    from meshplan.costmodel.blocks.mamba2 import mixer_backward_bytes, mixer_forward_bytes
     from meshplan.costmodel.layouts import sharding_for
-    from meshplan.costmodel.memory import _mixer_backward_bytes, _mixer_forward_bytes
     from meshplan.kernels import launch
 
     model, sh = PRESETS["mamba2-2.7b"], sharding_for(parse_layout("single"), MemoryOptions())
-    whole_fwd = _mixer_forward_bytes(model, "mamba2", 16384, sh, 2)
-    whole_bwd = _mixer_backward_bytes(model, "mamba2", 16384, sh, 2)
+    whole_fwd = mixer_forward_bytes(model, 16384, sh, 2)
+    whole_bwd = mixer_backward_bytes(model, 16384, sh, 2)
     monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
     join = 80 * (4 * 64 * 128 * 2 + 256 * 4)
-    assert _mixer_forward_bytes(model, "mamba2", 16384, sh, 2) == whole_fwd + join
-    assert _mixer_forward_bytes(model, "mamba2", 16384, sh, 2, rows=4) == whole_fwd
-    assert _mixer_backward_bytes(model, "mamba2", 16384, sh, 2) == whole_bwd + 2 * join
+    assert mixer_forward_bytes(model, 16384, sh, 2) == whole_fwd + join
+    assert mixer_forward_bytes(model, 16384, sh, 2, rows=4) == whole_fwd
+    assert mixer_backward_bytes(model, 16384, sh, 2) == whole_bwd + 2 * join
     monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", False)
-    assert _mixer_backward_bytes(model, "mamba2", 16384, sh, 2) == whole_bwd
+    assert mixer_backward_bytes(model, 16384, sh, 2) == whole_bwd
 
 
 def test_mamba2_prefill_transient_under_sp():
@@ -227,19 +227,19 @@ def test_mamba2_prefill_transient_under_sp():
     the norm's output — three of 8192 · 5120 bf16 — as many as the scan phase holds (y0 and 128 chunks'
     entering states, 2 · 8192 · 5120 bytes). With C·E a torch tensor and z copied, the norm phase held
     five (memory-peak-mamba2-prefill-sp2-h200.json)."""
+    from meshplan.costmodel.blocks.mamba2 import mixer_forward_bytes
     from meshplan.costmodel.layouts import sharding_for
-    from meshplan.costmodel.memory import _mixer_forward_bytes
 
     sh = sharding_for(parse_layout("sp=2"), MemoryOptions())
     want = 8192 * ((5120 + 256) * 2 + 80 * 4) + 3 * 8192 * 5120 * 2
-    assert _mixer_forward_bytes(PRESETS["mamba2-2.7b"], "mamba2", 16384, sh, 2) == want
+    assert mixer_forward_bytes(PRESETS["mamba2-2.7b"], 16384, sh, 2) == want
 
 
 def test_training_peak_at_attention_frees_the_layers_mlp_first():
     """SP training with K/V much wider than the MLP: the backward's peak is the last layer's attention,
     where the whole sequence's K, V and their gradients stand beside the layer's input, output and
     output gradient — after the MLP's saved tensors of that layer are freed."""
-    from meshplan.costmodel.memory import block_params
+    from meshplan.costmodel.blocks import block_params
 
     model = dense("wide-kv", 1024, 2, 8, 8, 512, 1000)
     seq, local = 8192, 8192 // 4

@@ -8,7 +8,8 @@ of random plans.
 
 from __future__ import annotations
 
-from meshplan.costmodel.compute import ATTENTION_EFFICIENCY, BlockCompute, Device
+from meshplan.costmodel.blocks import BlockCompute
+from meshplan.costmodel.device import ATTENTION_EFFICIENCY, Device
 
 # Relative slack for floating-point sums of many terms.
 _EPS = 1e-9

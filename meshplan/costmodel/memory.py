@@ -19,13 +19,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from meshplan.costmodel.activations import Saved, block_saved, checkpoint_units, head_saved
+from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
+from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
-from meshplan.costmodel.shapes import block_params, local_bc_channels, streamed_block_params
-from meshplan.kernels import launch
-from meshplan.kernels.launch import SSD_CHUNK, bwd_splits, peer_slot_bytes
+from meshplan.costmodel.shapes import local_bc_channels
+from meshplan.kernels.launch import peer_slot_bytes
 from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
 from meshplan.models import ModelSpec
 
@@ -115,37 +115,13 @@ def saved_activation_bytes(
             # A sequence shard keeps the conv tail and SSM state it started from, and every shard's
             # summary it built that state from (per sequence).
             saved += runs * sum(
-                mamba_boundary_bytes(model, kind, batch, sh.head_div, opts, sh.token_div) for kind in blocks
+                BLOCKS[kind].boundary_bytes(model, batch, sh.head_div, opts, sh.token_div) for kind in blocks
             )
         if opts.recompute == "full":
             saved += runs * tokens * e * width / (sh.token_div * sh.hidden_div)
         else:
             saved += runs * _saved_bytes(items, tokens, seq, sh, groups, selective=opts.recompute == "selective")
     return saved, largest
-
-
-def mamba_boundary_bytes(
-    model: ModelSpec, kind: str, batch: int, head_div: int, opts: MemoryOptions, shards: int = 1
-) -> float:
-    """Conv tail ((d_conv − 1) × conv channels, activation dtype) and SSM state (state dtype) of one
-    Mamba block for `batch` sequences on one rank; 0 for other blocks. With `shards` > 1 (SP) also the
-    gathered summaries the entering state was combined from — every shard's final state and log
-    decay, and the combination's weights (one per shard and decay) — which its backward keeps."""
-    if kind == "mamba2":
-        m = model.mamba2
-        conv = m.d_inner / head_div + local_bc_channels(m, head_div)
-        state = m.nheads * m.headdim * m.d_state / head_div
-        decay = m.nheads / head_div
-    elif kind == "mamba1":
-        m = model.mamba1
-        conv, state = m.d_inner / head_div, m.d_inner * m.d_state / head_div
-        decay = state
-    else:
-        return 0.0
-    summaries = shards * (state + 2 * decay) if shards > 1 else 0.0
-    return batch * (
-        conv * (m.d_conv - 1) * opts.nbytes("act_dtype") + (state + summaries) * opts.nbytes("ssm_state_dtype")
-    )
 
 
 def _largest_block_share(model: ModelSpec) -> float:
@@ -168,9 +144,6 @@ def largest_matrix(model: ModelSpec, sh: Sharding) -> float:
     return max(sizes)
 
 
-_BLOCK_OUTPUT = {"attention": lambda m: m.attention.out_hidden, "mlp": lambda m: m.mlp.out_hidden}
-
-
 def _widest_gradient(
     model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions, kind: str | None = None
 ) -> float:
@@ -185,6 +158,13 @@ def _widest_gradient(
             if not item.quadratic:
                 widest = max(widest, _saved_bytes([item], batch * seq, seq, sh, groups))
     return widest
+
+
+def _block_backward_bytes(model: ModelSpec, kind: str, sh: Sharding, seq: int, batch: int, opts: MemoryOptions):
+    """The peak inside one `kind` block's backward: the phases it lists itself (Mamba-2's,
+    blocks.mamba2.mixer_backward_bytes), else its widest gradient buffer."""
+    own = BLOCKS[kind].backward_transient_bytes(model, batch * seq, sh, opts.nbytes("act_dtype"), batch)
+    return _widest_gradient(model, sh, seq, batch, opts, kind) if own is None else own
 
 
 def _boundary_bytes(model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryOptions) -> float:
@@ -209,138 +189,29 @@ def _working_bytes(
     tensors training would save) and its output; an attention block's includes the gathered K/V
     (`kv_gather`), which are gone before the MLP runs. Training: the layer's input, output and output
     gradient plus, for the block whose backward holds the most, its widest gradient buffer — or, for a
-    Mamba-2 block, the phases of its backward, which list their own gradients (`_mixer_backward_bytes`);
+    Mamba-2 block, the phases of its backward, which list their own gradients (`_block_backward_bytes`);
     full recompute rebuilds one unit's activations first."""
     e = opts.nbytes("act_dtype")
     tokens = batch * seq
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     if opts.training:
         inner = max(
-            (
-                _mixer_backward_bytes(model, kind, tokens, sh, e, batch)
-                if kind == "mamba2"
-                else _widest_gradient(model, sh, seq, batch, opts, kind)
-                for kind, _ in model.block_invocations()
-            ),
+            (_block_backward_bytes(model, kind, sh, seq, batch, opts) for kind, _ in model.block_invocations()),
             default=0.0,
         )
         return _backward_layer_bytes(model, sh, tokens, opts, unit_full) + inner
     live = 0.0
     for kind, _ in model.block_invocations():
-        out_width = _BLOCK_OUTPUT.get(kind, lambda m: m.d_model)(model)
+        b = BLOCKS[kind]
         block = _saved_bytes(block_saved(kind, model, opts), tokens, seq, sh, groups)
         live = max(
             live,
             block
-            + tokens * e * out_width / (sh.token_div * sh.hidden_div)
-            + _mixer_forward_bytes(model, kind, tokens, sh, e, decode=opts.mode == "decode", rows=batch)
-            + (kv_gather if kind == "attention" else 0.0),
+            + tokens * e * b.output_width(model) / (sh.token_div * sh.hidden_div)
+            + b.forward_transient_bytes(model, tokens, sh, e, decode=opts.mode == "decode", rows=batch)
+            + (kv_gather if b.attends else 0.0),
         )
     return live
-
-
-def scan_state_bytes(m, local_tokens: float, head_div: int, nbytes: int) -> float:
-    """One buffer of per-chunk SSM states (b, chunks, heads, headdim, d_state) on one rank holding
-    `local_tokens` tokens and 1/head_div of the heads, `nbytes` per element (meshplan/kernels/ssd.py:
-    the entering states and their gradient dS, in the activations' dtype)."""
-    return math.ceil(local_tokens / SSD_CHUNK) * m.nheads / head_div * m.headdim * m.d_state * nbytes
-
-
-def _scan_state_bytes(model: ModelSpec, tokens: float, sh: Sharding, nbytes: int) -> float:
-    return scan_state_bytes(model.mamba2, tokens / sh.token_div, sh.head_div, nbytes)
-
-
-def scan_join_bytes(m, rows: int, local_tokens: float, head_div: int, nbytes: int) -> float:
-    """What a state passing in segments (meshplan/kernels/ssd.py pass_states, launch.pass_segments)
-    leaves beside its states for the chunk kernels, on one rank holding `rows` sequence rows of
-    `local_tokens` tokens in all: each segment's entering state in the activations' dtype and each
-    chunk's decay from its segment's start (fp32). 0 for rows passed whole."""
-    rows = max(int(rows), 1)
-    chunks = math.ceil(local_tokens / rows / SSD_CHUNK)
-    heads = m.nheads / head_div
-    segments, _ = launch.pass_segments(rows, heads, m.headdim, m.d_state, chunks)
-    if segments == 1:
-        return 0.0
-    return rows * heads * (segments * m.headdim * m.d_state * nbytes + chunks * 4)
-
-
-def _mixer_forward_bytes(
-    model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int, decode: bool = False, rows: int = 1
-) -> float:
-    """Forward without grad (prefill), Mamba-2: the mixer's transients on top of the in_proj output,
-    as the larger of three phases (meshplan/executor/blocks.py mamba2_mixer). Scan: the conv output
-    (d_inner + B/C columns; the scan reads x, B, C from it in place), dt (fp32), the states entering
-    each chunk (in the activations' dtype: meshplan/kernels/ssd.py; the passing keeps each chunk's own
-    state in registers; passed in segments, with scan_join_bytes) and the scan output beside them.
-    Gated norm (Triton, meshplan/kernels/gated_norm.py, which reads z where it lies in the in_proj
-    output): conv output, dt, scan output and the norm's output; under SP also the shard's zero-start
-    scan output. Decode (`tokens` = the batch): no chunked scan; the state update's
-    torch ops hold three state-sized fp32 temporaries (decayed state, the dt·x ⊗ B update, the new
-    state) next to the cached one (meshplan/executor/layouts/mamba.py decode)."""
-    if kind != "mamba2":
-        return 0.0
-    m = model.mamba2
-    if decode:
-        return 3 * tokens * m.nheads / sh.head_div * m.headdim * m.d_state * 4
-    t = tokens / sh.token_div
-    di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
-    bc = local_bc_channels(m, sh.head_div)
-    scan_in = t * ((di + bc) * e + nh * 4)  # conv output (x, B, C) and dt
-    y = t * di * e  # the scan's output
-    norm = scan_in + 2 * y  # the scan's output and the norm's (which reads z where it lies)
-    if sh.token_div > 1:
-        # A sequence shard's zero-start output lives through the norm too (_finish_shard; the Triton
-        # correction, meshplan/kernels/shard_state.py, writes the corrected output and nothing else of
-        # its width). With C·E as a torch tensor beside it: benchmarks/results/memory-peak-mamba2-prefill-sp2-h200.json
-        # (0.95 GiB at sp=2, 16K, when the norm still copied z: five such tensors).
-        norm += y
-    states = _scan_state_bytes(model, tokens, sh, e) + scan_join_bytes(m, rows, t, sh.head_div, e)
-    return max(scan_in + y + states, norm)
-
-
-def _mixer_backward_bytes(model: ModelSpec, kind: str, tokens: float, sh: Sharding, e: int, rows: int = 1) -> float:
-    """Training, Mamba-2: the peak inside one block's backward, where Mamba2CoreFn recomputes the core
-    with grad and differentiates it (meshplan/executor/blocks.py), as the largest of three phases.
-
-    Gated-norm phase (backward starts): what the recomputed graph saved — conv output (d_inner + B/C
-    columns), dt (fp32), the scan output and out_proj's input (d_inner each; the Triton gated norm
-    keeps nothing wider, meshplan/kernels/gated_norm.py) — out_proj's input gradient, and the norm's
-    dy and dz.
-    Its in_proj output's gradient comes last, assembled after the conv's backward; until then only its
-    z part, the norm's dz, waits (in the scan and conv phases): at 128K tokens on one GPU the full-width
-    gradient the model once added here over-predicted the peak by 5%
-    (benchmarks/results/memory-peak-mamba2-train-128k-h200.json).
-    Scan phase (meshplan/kernels/ssd_bwd.py): conv output, dt, the scan's output gradient dy and dz, the
-    recomputed entering states and dS in the activations' dtype (with, passed in segments, what each
-    passing leaves beside them: scan_join_bytes), and what the chunk kernels write: the
-    C·B gradient (chunk² per head and chunk in the activations' dtype), dx, ddt, and fp32 dB/dC partial
-    sums, one pair per head split (meshplan.kernels.launch.bwd_splits). Conv
-    phase (meshplan/kernels/conv1d.py, two-pass backward): the conv output's gradient, the fp32
-    pre-activation gradient, and dx."""
-    if kind != "mamba2":
-        return 0.0
-    m = model.mamba2
-    t = tokens / sh.token_div
-    di, nh = m.d_inner / sh.head_div, m.nheads / sh.head_div
-    bc = local_bc_channels(m, sh.head_div)
-    common = t * ((di + bc) * e + nh * 4)
-    norm_phase = common + t * di * 5 * e
-    narrow = _scan_state_bytes(model, tokens, sh, e)
-    if launch.PASS_SEGMENT_BACKWARD:
-        narrow += scan_join_bytes(m, rows, t, sh.head_div, e)
-    chunks = math.ceil(t / SSD_CHUNK)
-    dcb = chunks * nh * SSD_CHUNK**2 * e
-    partials = bc * 4 * bwd_splits(chunks, int(nh), int(bc / 2 / m.d_state), m.d_state)  # fp32 dB and dC per split
-    dz = t * di * e
-    scan_phase = common + t * di * e + dz + 2 * narrow + dcb + t * (di * e + nh * 4 + partials)
-    conv_phase = common + dz + t * (di + bc) * (2 * e + 4)
-    if sh.token_div > 1:
-        # SP: the correction for the entering state (meshplan/executor/layouts/mamba.py, _finish_shard)
-        # keeps the corrected output beside the zero-start scan's output; its Triton backward
-        # (meshplan/kernels/shard_state.py) passes dy on as the zero-start output's gradient and writes
-        # nothing else of the shard's width.
-        norm_phase += t * di * e
-    return max(norm_phase, scan_phase, conv_phase)
 
 
 def _stage_params(model: ModelSpec, pp: int, stage: str, layer_share: float | None = None) -> float:

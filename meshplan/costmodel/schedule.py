@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from meshplan.costmodel.blocks import block_params
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.layouts import ScheduleContext, Sharding, block_comms, sharding_for
 from meshplan.costmodel.memory import mean_local_params
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.shapes import block_params
 from meshplan.layout import Layout, grad_group
 from meshplan.models import ModelSpec
 

@@ -21,19 +21,11 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from meshplan import rank_order
+from meshplan.costmodel.blocks import BLOCKS, BlockCompute
+from meshplan.costmodel.blocks.launches import DECODE_KERNEL_GPU_S, step_kernels_per_block
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
-from meshplan.costmodel.compute import (
-    ATTENTION_EFFICIENCY,
-    DECODE_ATTENTION_HBM_FRACTION,
-    DECODE_KERNEL_GPU_S,
-    BlockCompute,
-    Device,
-    block_compute,
-    int8_allreduce_kernels_s,
-    logits_compute,
-    optimizer_time_s,
-    step_kernels_per_block,
-)
+from meshplan.costmodel.compute import block_compute, int8_allreduce_kernels_s, logits_compute, optimizer_time_s
+from meshplan.costmodel.device import Device
 from meshplan.costmodel.invariants import check_block, check_passes, check_step
 from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.layouts.tp import int8_block
@@ -134,12 +126,7 @@ def as_stack_runs(c: Comm, stack: Stack) -> Comm:
     """A schedule entry with the overlap the stack gives it: tensor-parallel collectives behind the
     neighbouring GEMMs (overlap "tp"), pipeline sends behind the compute ("compute"), ZeRO-3 gathers
     prefetched behind the layers, and gradient reductions exposed where the stack does not overlap them."""
-    if (
-        stack.tp_overlap
-        and c.axis in ("tp", "tpssm")
-        and c.overlap == "none"
-        and c.block in ("attention", "mlp", "mamba2", "mamba1")
-    ):
+    if stack.tp_overlap and c.axis in ("tp", "tpssm") and c.overlap == "none" and c.block in BLOCKS:
         return replace(c, overlap="tp")
     if stack.pp_overlap and c.axis == "pp":
         return replace(c, overlap="compute")
@@ -365,10 +352,8 @@ def _block_times(
             row_tokens=1 if decode else seq / sh.token_div,
         )
         check_block(kind, comp, dev)
-        if decode and kind == "attention":
-            comp = _decode_attention(comp, model, batch, seq, sh, opts, dev)
-        if decode and kind in ("mamba2", "mamba1"):
-            comp = _decode_state_io(comp, model, kind, batch, sh, opts, dev)
+        if decode:  # what the block reads a token: the KV cache, the SSM state
+            comp = BLOCKS[kind].decode(comp, model, batch, seq, sh, opts, dev)
         fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
         if int8_block(opts, layout, kind) and not decode:
             fwd += int8_allreduce_kernels_s(tokens * model.d_model, layout.tpssm, dev)
@@ -404,7 +389,7 @@ def _block_times(
         breakdown[f"{kind}_compute_s"] = n * (fwd + bwd)
         breakdown[f"{kind}_exposed_comm_s"] = n * exposed
 
-    if decode:  # the GPU's own cost of each tiny decode kernel (compute.DECODE_KERNEL_GPU_S)
+    if decode:  # the GPU's own cost of each tiny decode kernel (blocks.launches.DECODE_KERNEL_GPU_S)
         kernel_gpu = _kernels(schedule, layout, opts.mode) * DECODE_KERNEL_GPU_S
         out.fwd_s += kernel_gpu
         breakdown["decode_kernel_gpu_s"] = kernel_gpu
@@ -442,32 +427,20 @@ def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) 
         comp = block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False)
         if opts.recompute == "full":
             total += n * comp.flops_fwd
-        elif kind == "attention":
-            total += n * 4 * tokens * seq * model.attention.q_width * 0.5
+        else:
+            total += n * BLOCKS[kind].selective_recompute_flops(model, tokens, seq)
     return total
 
 
-def _decode_attention(
-    comp: BlockCompute, model: ModelSpec, batch: int, seq: int, sh: Sharding, opts: CostOptions, dev: Device
-) -> BlockCompute:
-    """Decode attention reads the local KV cache once per token: memory-bound, at the rate torch's
-    decode attention measured (compute.DECODE_ATTENTION_HBM_FRACTION)."""
-    a = model.attention
-    kv_bytes = batch * seq / sh.token_div * 2 * a.kv_width / sh.head_div * opts.nbytes("kv_cache_dtype")
-    flops = 4 * batch * seq / sh.token_div * a.q_width / sh.head_div
-    t = max(flops / (dev.peak_flops * ATTENTION_EFFICIENCY), kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION))
-    return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
-
-
 def _kernels(schedule, layout: Layout, mode: str) -> float:
-    """Kernels the eager executor launches for one micro-batch (compute.step_kernels_per_block)."""
+    """Kernels the eager executor launches for one micro-batch (blocks.launches.step_kernels_per_block)."""
     return sum(n * step_kernels_per_block(kind, mode, layout) for kind, n in schedule.invocations.items())
 
 
 def _host_s(schedule, layout: Layout, mode: str, dev: Device) -> float:
     """Host time to launch one micro-batch: the measured kernels of each block invocation under this
-    layout (compute.step_kernels_per_block), each at the device's host cost per kernel for that block
-    and mode (Device.host_kernel_cost: compute.STEP_KERNEL_HOST_S and DECODE_KERNEL_HOST_S unless
+    layout (blocks.launches.step_kernels_per_block), each at the device's host cost per kernel for that block
+    and mode (Device.host_kernel_cost: device.STEP_KERNEL_HOST_S and DECODE_KERNEL_HOST_S unless
     `meshplan calibrate` measured them). The executor's stacks have no embedding or LM head: their
     few launches are not counted."""
 
@@ -475,17 +448,6 @@ def _host_s(schedule, layout: Layout, mode: str, dev: Device) -> float:
     return sum(
         n * step_kernels_per_block(kind, mode, layout) * dev.host_kernel_cost(kind, decode)
         for kind, n in schedule.invocations.items()
-    )
-
-
-def _decode_state_io(
-    comp: BlockCompute, model: ModelSpec, kind: str, batch: int, sh: Sharding, opts: CostOptions, dev: Device
-) -> BlockCompute:
-    """A decode step reads and writes the layer's SSM state (fp32) once."""
-    m = model.mamba2 if kind == "mamba2" else model.mamba1
-    state = batch * m.d_inner * m.d_state / sh.head_div * opts.nbytes("ssm_state_dtype")
-    return BlockCompute(
-        comp.gemm_fwd_s, comp.attn_fwd_s, comp.mem_fwd_s + 2 * state / dev.hbm_bytes_per_s, 0.0, comp.flops_fwd
     )
 
 

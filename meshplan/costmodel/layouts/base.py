@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.shapes import local_bc_channels, streamed_block_params
+from meshplan.costmodel.shapes import local_bc_channels
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
 
@@ -58,9 +58,6 @@ class ScheduleContext:
         if kind == "mlp":
             return m.mlp.hidden, m.mlp.out_hidden
         return m.d_model, m.d_model
-
-    def streamed_params(self, kind: str) -> int:
-        return streamed_block_params(self.model, kind)
 
     def mamba_shard_summary_bytes(self, head_div: int) -> tuple[float, float]:
         """Per rank and micro-batch: (a sequence shard's summary — its zero-start final SSM state and

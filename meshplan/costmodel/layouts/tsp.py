@@ -7,6 +7,7 @@ outputs accumulated locally (no all-reduce). So weight memory is TP's at degree 
 memory is SP's at degree D; the extra is in flight: double-buffered weight shards and the gathered K/V.
 """
 
+from meshplan.costmodel.blocks import streamed_block_params
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.layouts import sp
 from meshplan.costmodel.layouts.base import Sharding
@@ -31,7 +32,7 @@ def block_comms(ctx, kind: str):
     d = ctx.layout.tsp
     if kind == "hybrid_proj":
         return []
-    params = ctx.streamed_params(kind)
+    params = streamed_block_params(ctx.model, kind)
     shard = params * ctx.param_bytes / d
     grads = params * ctx.grad_bytes
     if kind == "attention":

@@ -1,0 +1,181 @@
+"""Attention blocks: QKV and output projections around a causal attention core — fused (SDPA's flash
+or cuDNN kernel, at the device's measured rate by key length) or unfused (Megatron's batched GEMMs around
+a fused softmax); on sequence shards each rank attends its queries over the gathered keys (zigzag: the
+slowest rank of two prefix attentions); a decode step reads the local KV cache once.
+"""
+
+from __future__ import annotations
+
+from meshplan.costmodel.activations import FP32, MASK, NORM_STATS, Saved
+from meshplan.costmodel.blocks.base import ATTENTION_BWD_FACTOR, BlockCompute, BlockKind
+from meshplan.costmodel.device import ATTENTION_EFFICIENCY, Device, _efficiency_table, attention_efficiency
+from meshplan.costmodel.options import MemoryOptions
+from meshplan.models import ModelSpec
+
+# Unfused attention saves its scores and probabilities, so its backward recomputes nothing: the two batched
+# GEMMs' input and weight-side gradients (4 matmuls to forward's 2) and the softmax and dropout gradients,
+# which read and write about as many score bytes as their forward (Narayanan et al. 2021 §4.2's kernels).
+UNFUSED_ATTENTION_BWD_FACTOR = 2.0
+
+
+# Decode, measured on an H200 at batch 8 after a 16K prefill (2 layers, one GPU;
+# benchmarks/results/decode-profile-h200.json, `torchrun --nproc-per-node 1 benchmarks/gpu_validation.py --modes decode
+# --only single --profile 3 --steps 20`): torch's attention over the KV cache runs as two cuBLAS gemv
+# kernels (q·Kᵀ, then ·V) reading 4.29 GB in 2.34 ms, 1.84e12 B/s — 0.38 of the datasheet HBM rate.
+DECODE_ATTENTION_HBM_FRACTION = 0.38
+
+
+def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, dev: Device) -> float:
+    """Seconds of the slowest rank's attention forward under a zigzag split of each sequence of `keys`
+    tokens over `parts` ranks, for the rank's `tokens` local queries (keys / parts of each sequence, so
+    tokens·parts/keys sequences): on each sequence a rank runs two prefix attentions of keys/2D queries,
+    over (i+1)·c and (2D−i)·c keys (c = keys / 2D), at the prefix kernel's rate for that many keys —
+    shorter prefixes run at a lower rate, so the balanced FLOPs do not take balanced time. Attention is
+    per sequence: the time is linear in the sequences a micro-batch holds."""
+    import numpy as np  # here, not at the top: importing the planner loads no numpy
+
+    c = keys / (2 * parts)
+    q = c  # each half-shard holds keys / 2D queries of one sequence
+    sequences = tokens * parts / keys
+    i = np.arange(parts)
+    ends = np.concatenate([(i + 1) * c, (2 * parts - i) * c])  # each rank's two prefixes, rank by rank
+    # attention_efficiency at every end at once (np.interp clamps at the table's ends as it does): the
+    # planner meets splits over thousands of ranks, where a loop of scalar calls took most of its time.
+    table = _efficiency_table(True, dev)
+    eff = np.interp(np.log(ends), np.log([k for k, _ in table]), [e for _, e in table])
+    # q queries, the last q of `end` positions, lower-right causal
+    t = 4 * q_width * (q * ends - q * q / 2) / (dev.peak_flops * eff)
+    return sequences * float((t[:parts] + t[parts:]).max())
+
+
+# Megatron-LM's core attention without a fused kernel (Narayanan et al. 2021 §4.2: baddbmm for QKᵀ,
+# a fused scale-mask-softmax, dropout, bmm for PV): the full s × s scores of every head are computed and
+# then masked, and cross HBM as fp16 — written by QKᵀ (2 B), read and written by the softmax (4 B), by
+# dropout with its 1-byte mask (5 B), read by PV (2 B): 13 bytes a score forward.
+UNFUSED_SCORE_BYTES = 13
+
+
+def unfused_attention_s(model: ModelSpec, tokens: float, keys: float, head_div: int, e: int, dev: Device) -> float:
+    """Forward seconds of unfused attention over all `keys` (no causal saving): its two batched GEMMs at
+    the GEMM rate and the scores' HBM traffic (UNFUSED_SCORE_BYTES)."""
+    a = model.attention
+    flops = 4 * tokens * keys * a.q_width / head_div
+    scores = tokens * keys * a.heads / head_div
+    return flops / (dev.peak_flops * dev.gemm_efficiency) + scores * UNFUSED_SCORE_BYTES * e / 2 / dev.rated_hbm
+
+
+def attention_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
+    attn = model.attention
+    e = opts.nbytes("act_dtype")
+    items = [
+        Saved("attn_norm_input", e * attn.hidden, "hidden"),
+        Saved("attn_norm_stats", NORM_STATS[model.norm], "hidden"),
+        Saved("qkv_input", e * attn.hidden, "hidden"),
+        Saved("q", e * attn.q_width, "heads"),
+        Saved("k", e * attn.kv_width, "heads"),
+        Saved("v", e * attn.kv_width, "heads"),
+        # The attention output is the out-projection's input; fused kernels save it once for both.
+        Saved("attn_out", e * attn.q_width, "heads"),
+    ]
+    if opts.flash_attention:
+        items.append(Saved("attn_logsumexp", FP32 * attn.heads, "heads"))
+    else:
+        # softmax output (a·s² per sequence), and with dropout its mask and the dropped-out copy.
+        items.append(Saved("attn_softmax", e * attn.heads, "heads", quadratic=True, recomputed_by_selective=True))
+        if attn.kv_heads < attn.heads:
+            # GQA without a fused kernel: K and V are repeated to every query head before the matmuls.
+            items.append(Saved("k_repeated", e * attn.q_width, "heads", recomputed_by_selective=True))
+            items.append(Saved("v_repeated", e * attn.q_width, "heads", recomputed_by_selective=True))
+        if opts.dropout:
+            items.append(
+                Saved(
+                    "attn_softmax_dropout_mask",
+                    MASK * attn.heads,
+                    "heads",
+                    quadratic=True,
+                    recomputed_by_selective=True,
+                )
+            )
+            items.append(
+                Saved("attn_softmax_dropout_out", e * attn.heads, "heads", quadratic=True, recomputed_by_selective=True)
+            )
+    if opts.dropout:
+        items.append(Saved("attn_dropout_mask", MASK * attn.out_hidden, "hidden"))
+    return items
+
+
+class Attention(BlockKind):
+    name = "attention"
+    attends = True
+
+    def params(self, model):
+        return model.attention.param_count()
+
+    def norm_width(self, model):
+        return model.attention.hidden
+
+    def output_width(self, model):
+        return model.attention.out_hidden
+
+    def gemms(self, model, head_div):
+        a = model.attention
+        return [((a.q_width + 2 * a.kv_width) / head_div, a.hidden), (a.out_hidden, a.q_width / head_div)]
+
+    def memory_bound_bytes_per_token(self, model, head_div, e):
+        a = model.attention
+        return e * (5 * a.hidden + 2 * (a.q_width + a.kv_width) / head_div)  # + rotary on q, k
+
+    def saved(self, model, opts):
+        return attention_saved(model, opts)
+
+    def core_s(self, model, tokens, keys, sh, e, dev, *, causal_fraction, zigzag):
+        """Causal attention of `tokens` local queries over `keys` keys, a query seeing `causal_fraction`
+        of them on average: 4·t·s·(a·d)·fraction FLOPs at the fused kernel's rate (the prefix kernel's
+        on sequence shards), or under a zigzag split the slowest rank's two prefix attentions; sliding
+        windows see min(i, w) keys."""
+        head_div = sh.head_div
+        core_flops = 4 * tokens * keys * model.attention.q_width / head_div * causal_fraction
+        if keys <= 1:
+            attn = 0.0
+        elif not dev.flash_attention:
+            attn = unfused_attention_s(model, tokens, keys, head_div, e, dev)
+        elif zigzag > 1:
+            attn = zigzag_attention_s(model.attention.q_width / head_div, tokens, keys, zigzag, dev)
+        else:
+            attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
+        windowed = model.windowed_share(keys) if keys > 1 else 0.0
+        if windowed:
+            # A sliding window of w keys: a query sees min(i, w) of them, w − w²/2s on average over s
+            # positions, instead of s/2; one invocation here is the mean over the window and full layers.
+            w = model.attention_window
+            window_flops = 4 * tokens * (w - w * w / (2 * keys)) * model.attention.q_width / head_div
+            window_s = window_flops / (dev.peak_flops * attention_efficiency(w, sh.token_div > 1, dev))
+            attn = (1 - windowed) * attn + windowed * window_s
+            core_flops = (1 - windowed) * core_flops + windowed * window_flops
+        return attn, core_flops
+
+    def core_bwd_factor(self, dev):
+        return ATTENTION_BWD_FACTOR if dev.flash_attention else UNFUSED_ATTENTION_BWD_FACTOR
+
+    def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
+        # Selective recompute redoes the core; sequence shards keep only their local q, k, v, so the
+        # core is recomputed in backward there too.
+        return core if recompute == "selective" or sh.gathers_kv else 0.0
+
+    def selective_recompute_flops(self, model, tokens, seq):
+        """Korthikanti et al. 2022 Eq. 8: selective recompute redoes the attention core's forward."""
+        return 4 * tokens * seq * model.attention.q_width * 0.5
+
+    def decode(self, comp, model, batch, seq, sh, opts, dev):
+        """Decode attention reads the local KV cache once per token: memory-bound, at the rate torch's
+        decode attention measured (DECODE_ATTENTION_HBM_FRACTION)."""
+        a = model.attention
+        kv_bytes = batch * seq / sh.token_div * 2 * a.kv_width / sh.head_div * opts.nbytes("kv_cache_dtype")
+        flops = 4 * batch * seq / sh.token_div * a.q_width / sh.head_div
+        t = max(
+            flops / (dev.peak_flops * ATTENTION_EFFICIENCY), kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION)
+        )
+        return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
+
+
+ATTENTION = Attention()

@@ -1,0 +1,115 @@
+"""What every block kind supplies to the cost model (docs/design.md §8, "add a block kind"): its
+parameters, its projections, its memory-bound bytes, the tensors it saves, and — where the kind has
+them — its own kernels, transients, decode traffic, recompute and collectives. The defaults are a
+block with nothing of its own beyond GEMMs and elementwise work; each kind's module overrides what it
+has. BlockCompute is one invocation's time on one rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# FlashAttention-2 (Dao 2023): the attention core's backward runs 5 matmuls to forward's 2.
+ATTENTION_BWD_FACTOR = 2.5
+
+
+@dataclass(frozen=True)
+class BlockCompute:
+    gemm_fwd_s: float  # projections (what TSP's weight stream can hide behind)
+    attn_fwd_s: float  # the attention core
+    mem_fwd_s: float  # memory-bound work
+    recompute_fwd_s: float  # extra forward work redone in backward
+    flops_fwd: float  # model FLOPs (no recompute)
+    kernel_fwd_s: float = 0.0  # Mamba-2's scan and conv kernels
+    kernel_bwd_s: float = 0.0
+    attn_bwd_factor: float = ATTENTION_BWD_FACTOR  # backward / forward time of the attention core
+
+    @property
+    def fwd_s(self) -> float:
+        return self.gemm_fwd_s + self.attn_fwd_s + self.mem_fwd_s + self.kernel_fwd_s
+
+    @property
+    def bwd_s(self) -> float:
+        return (
+            2 * self.gemm_fwd_s
+            + self.attn_bwd_factor * self.attn_fwd_s
+            + 2 * self.mem_fwd_s
+            + self.recompute_fwd_s
+            + self.kernel_bwd_s
+        )
+
+
+class BlockKind:
+    """One kind of block; subclasses override what their kind has."""
+
+    name = ""
+    attends = False  # attends over the sequence: K/V gathered on sequence shards, a KV cache
+    recurrent = False  # carries state along the sequence: conv tails and SSM states at shard edges
+
+    # -- shapes --------------------------------------------------------------------------------
+    def params(self, model) -> int:
+        raise NotImplementedError
+
+    def norm_width(self, model) -> int:
+        """Elements of the block's input norm scale (every rank keeps a copy under TSP)."""
+        return model.d_model
+
+    def streamed_params(self, model) -> int:
+        """What TSP streams of the block: its weights less the input norm's scale."""
+        return self.params(model) - self.norm_width(model)
+
+    def output_width(self, model) -> int:
+        return model.d_model
+
+    def gemms(self, model, head_div: int) -> list[tuple[float, float]]:
+        """(n, k) of each projection on one rank (m is the token count)."""
+        raise NotImplementedError
+
+    def memory_bound_bytes_per_token(self, model, head_div: int, e: int) -> float:
+        """HBM traffic of the non-GEMM work a token: norm, residual, the block's elementwise ops."""
+        raise NotImplementedError
+
+    def saved(self, model, opts) -> list:
+        """The tensors one invocation saves for backward (meshplan.costmodel.activations.Saved)."""
+        raise NotImplementedError
+
+    # -- compute -------------------------------------------------------------------------------
+    def eager_factor(self, dev) -> float:
+        return dev.elementwise_factor
+
+    def core_s(self, model, tokens, keys, sh, e, dev, *, causal_fraction, zigzag) -> tuple[float, float]:
+        """(seconds, FLOPs) of a core beyond the projections (attention's); none by default."""
+        return 0.0, 0.0
+
+    def core_bwd_factor(self, dev) -> float:
+        """The core's backward time over its forward's."""
+        return ATTENTION_BWD_FACTOR
+
+    def kernels_s(self, model, tokens, sh, e, dev, row_tokens) -> tuple[float, float]:
+        """(forward, backward) seconds of the block's own kernels (Mamba-2's scan and conv)."""
+        return 0.0, 0.0
+
+    def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev) -> float:
+        """Forward work redone in backward short of full recompute (selective, or what the block's
+        own autograd recomputes)."""
+        return 0.0
+
+    def selective_recompute_flops(self, model, tokens: float, seq: int) -> float:
+        return 0.0
+
+    def decode(self, comp: BlockCompute, model, batch, seq, sh, opts, dev) -> BlockCompute:
+        """A decode step's time, given the projections' (`comp`): what the block reads per token."""
+        return comp
+
+    # -- memory --------------------------------------------------------------------------------
+    def boundary_bytes(self, model, batch, head_div, opts, shards=1) -> float:
+        """State a sequence shard keeps at its edges (conv tail, SSM state, gathered summaries)."""
+        return 0.0
+
+    def forward_transient_bytes(self, model, tokens, sh, e, *, decode=False, rows=1) -> float:
+        """Transients of the block's own kernels in a forward without grad, beyond what it saves."""
+        return 0.0
+
+    def backward_transient_bytes(self, model, tokens, sh, e, rows=1) -> float | None:
+        """The peak inside the block's own backward, where it lists its phases; None: the widest
+        gradient of what it saved."""
+        return None

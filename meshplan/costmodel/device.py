@@ -1,0 +1,189 @@
+"""What a GPU achieves under a stack (docs/design.md §4): the Device the compute model prices with —
+its peak, its HBM rate, and the achieved fractions of them (GEMM rate, attention's by key length, the
+eager elementwise passes, the host's time a launched kernel) — with the executor's measured values as
+defaults, a stack's (meshplan.costmodel.stacks) where it states its own, and `meshplan calibrate`'s
+where a profile measured them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+# Achieved / peak of the bf16 GEMMs in a training step of the 7B-shaped layers (forward and backward
+# shapes, cuBLAS nvjet kernels) on an H200: 0.73 at 32K tokens, 0.74 at 16K, 0.78 at 4K
+# (benchmarks/results/profile-step-h200.json, `python benchmarks/profile_step.py`); a square 8192³
+# GEMM reaches 0.80 (benchmarks/results/attention-h200.json). Replaced by `meshplan calibrate` profiles.
+GEMM_EFFICIENCY = 0.74
+
+
+# HBM traffic of the executor's eager elementwise work (SwiGLU, residual adds, layout copies; RMSNorm
+# runs as Triton kernels) against the single pass per tensor the byte counts below assume: 3.1× at 32K
+# and 3.4× at 16K tokens on an H200 (kernels other than GEMM, attention and the optimizer;
+# benchmarks/results/profile-step-h200-triton-norm.json, `python benchmarks/profile_step.py`). With the
+# torch RMSNorm and its fp32 upcasts it was 5.9× (profile-step-h200.json). A fused SwiGLU would lower it.
+EAGER_ELEMENTWISE_FACTOR = 3.3
+
+
+# Achieved / peak of torch SDPA forward + backward (bf16, 32 heads of 128) by key length, measured on
+# an H200 with torch 2.11 (benchmarks/results/attention-h200.json, `python benchmarks/bench_attention.py`):
+# the fused causal kernel (queries and keys aligned: one GPU, TP) and the lower-right causal bias over
+# a key prefix that sequence shards use (SP, TSP), which torch runs on its memory-efficient kernel.
+# Other GPUs get the same fractions of their own peak until `meshplan calibrate` measures them.
+ATTENTION_EFFICIENCY_CAUSAL = ((4096, 0.39), (16384, 0.54), (32768, 0.56))
+
+
+ATTENTION_EFFICIENCY_PREFIX = ((8192, 0.27), (16384, 0.31), (32768, 0.33))
+
+
+ATTENTION_EFFICIENCY = 0.35  # decode and anything off the tables' shapes
+
+
+# Mamba-2's eager work (dt softplus and its fp32 casts, the SP window concatenation, dtype copies,
+# partial-sum reductions; the gated RMSNorm runs as Triton kernels, meshplan/kernels/gated_norm.py)
+# against the one pass per tensor counted below, over the four passes a training step makes
+# (forward, the core's recompute, backward at twice forward): 2.89× at 16K and 2.64× at 32K tokens in a
+# 2-layer mamba2-2.7b training step on an H200 (kernels other than GEMM, scan, conv and the optimizer;
+# benchmarks/results/profile-step-mamba2-h200-norm-one-pass.json, `python benchmarks/profile_step.py
+# --model mamba2-2.7b`: each measured time over the model's at 4.36, times 4.36), once the gated norm ran
+# one pass a direction. Before that, with the conv reading xBC in place, 4.5× and 4.2×
+# (profile-step-mamba2-h200-conv-in-place.json); before that, and before the executor's later launch
+# cuts, 6.1× and 5.8× (profile-step-mamba2-h200-triton-norm.json); with the torch RMSNorm 6.7×, with the
+# torch gated norm too 13.2×. (At 4K the step's small kernels set it: 4.8×.)
+EAGER_ELEMENTWISE_FACTOR_MAMBA2 = 2.77
+
+
+# The eager executor's kernel launches, a host-side floor under every step. Kernels per block
+# invocation counted by torch.profiler on 2 × H200 over 2-layer stacks (training and prefill at
+# 4K-32K tokens, decode at batch 8 after 16K), the optimizer's per-parameter kernels included
+# (benchmarks/results/validation-h200-run30-x2-fewer-launches.json, `bash
+# benchmarks/sweeps/h200x2-profiled.sh`: `phases_s.kernels_per_step`, divided by the layers). The
+# host's time per kernel: median 53 µs over the 30 training and prefill runs, on two 2-GPU machines,
+# whose host did not wait on the GPU (issuing a step took under 0.9 of the step; `host_enqueue_s` over
+# the kernels): 48-72 µs on one (run 28), 29-69 µs on the other (run 30). A decode step's kernels
+# (no autograd, small tensors) cost less: median 46 µs over the 14 decode runs of runs 28 and 30
+# (24-106 µs). Not split by family: the profiled runs' dense decode steps are GPU-bound and their host
+# time includes waiting (medians by family 60.5 against 37.3 µs), while on runs 54 and 55, whose host
+# never waited on a dense decode step, it issued its kernels at 22 µs each against Mamba-2's 20, and
+# `meshplan calibrate`'s probes on five machines put the two 0.95-1.37 of each other
+# (benchmarks/results/calibration-*.toml). What the pooled cost hides there is the dense decode's GPU
+# time, which the model puts 1.22x low (2.58 against 3.14-3.17 ms measured, runs 54-55). Host time
+# depends on the host's CPU: a single-GPU machine issued the Mamba-2 decode step's kernels at 23 µs each
+# (decode-profile-h200.json). A dense layer's count is split evenly
+# between its two blocks (only the sum is measured); blocks the executor does not run (Mamba-1,
+# Zamba2's projection) are assumed to launch what an MLP block does. Mamba-2 training counted again
+# once the gated norm took one pass a direction: 213 a 2-layer step at 16K and 32K (was 227), 106.5 a
+# block (benchmarks/results/profile-step-mamba2-h200-norm-one-pass.json, `kernels_per_step`); its
+# prefill and decode counts were not profiled again (the norm's forward launches one kernel where it
+# launched two, and no copy of z: they are 1-3 high).
+STEP_KERNEL_HOST_S = 53e-6
+
+
+DECODE_KERNEL_HOST_S = 46e-6
+
+
+@dataclass(frozen=True)
+class Device:
+    peak_flops: float
+    hbm_bytes_per_s: float
+    gemm_efficiency: float = GEMM_EFFICIENCY
+    attention_causal: tuple = ATTENTION_EFFICIENCY_CAUSAL
+    attention_prefix: tuple = ATTENTION_EFFICIENCY_PREFIX
+    # The datasheet HBM rate the measured fractions above (eager factors, Mamba-2 kernel rates, decode
+    # attention) are relative to; `meshplan calibrate` replaces hbm_bytes_per_s, not this.
+    hbm_rated_bytes_per_s: float = 0.0
+    # Host seconds per launched kernel (the launch floor): this workplace's H200 hosts unless
+    # `meshplan calibrate` measured the cluster's own, then per block family (Mamba-2's are mostly
+    # Triton launches, which cost the host more: 42 against 34 µs in its probes, 49 against 40 µs in
+    # run 30, benchmarks/results/validation-h200-run30-x2-fewer-launches.json).
+    host_kernel_s: float = STEP_KERNEL_HOST_S
+    decode_host_kernel_s: float = DECODE_KERNEL_HOST_S
+    mamba2_host_kernel_s: float | None = None  # None: as the other blocks
+    mamba2_decode_host_kernel_s: float | None = None
+    # The stack's elementwise work against one pass per tensor (meshplan.costmodel.stacks): the eager
+    # executor's measured factors by default, 1 for fused kernels.
+    elementwise_factor: float = EAGER_ELEMENTWISE_FACTOR
+    elementwise_factor_mamba2: float = EAGER_ELEMENTWISE_FACTOR_MAMBA2
+    flash_attention: bool = True  # False: QKᵀ and PV as batched GEMMs around a fused softmax (Megatron ≤ 2022)
+
+    def host_kernel_cost(self, kind: str, decode: bool) -> float:
+        """Host seconds per kernel a block of this kind launches."""
+        if kind == "mamba2":
+            own = self.mamba2_decode_host_kernel_s if decode else self.mamba2_host_kernel_s
+            if own:
+                return own
+        return self.decode_host_kernel_s if decode else self.host_kernel_s
+
+    @property
+    def rated_hbm(self) -> float:
+        return self.hbm_rated_bytes_per_s or self.hbm_bytes_per_s
+
+    @classmethod
+    def of(cls, cluster, stack=None) -> "Device":
+        """The cluster's GPU under a stack (meshplan.costmodel.stacks; None: meshplan's executor), with
+        what `meshplan calibrate` measured where it measured it (made once per cluster and stack: the
+        planner asks thousands of times a ranking)."""
+        return _device_of(cls, cluster, stack)
+
+    @classmethod
+    def _of(cls, cluster, stack) -> "Device":
+        cal = cluster.calibration
+        dev = cls(
+            cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s, hbm_rated_bytes_per_s=cluster.gpu.hbm_bytes_per_s
+        )
+        if stack is not None and stack.elementwise_factor is not None:
+            dev = replace(
+                dev,
+                elementwise_factor=stack.elementwise_factor,
+                elementwise_factor_mamba2=stack.elementwise_factor,
+                flash_attention=stack.flash_attention,
+            )
+            gemm, attn = stack.gemm_rate(cluster.gpu.name), stack.attention_rate(cluster.gpu.name)
+            if gemm:
+                dev = replace(dev, gemm_efficiency=gemm)
+            if attn:
+                dev = replace(dev, attention_causal=((1, attn),), attention_prefix=((1, attn),))
+        if cal is None:
+            return dev
+        return replace(
+            dev,
+            hbm_bytes_per_s=cal.hbm_bytes_per_s or dev.hbm_bytes_per_s,
+            gemm_efficiency=cal.gemm_efficiency or dev.gemm_efficiency,
+            attention_causal=cal.attention_causal or dev.attention_causal,
+            attention_prefix=cal.attention_prefix or dev.attention_prefix,
+            host_kernel_s=cal.host_kernel_s or dev.host_kernel_s,
+            decode_host_kernel_s=cal.decode_host_kernel_s or dev.decode_host_kernel_s,
+            mamba2_host_kernel_s=cal.mamba2_host_kernel_s,
+            mamba2_decode_host_kernel_s=cal.mamba2_decode_host_kernel_s,
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _device_of(cls, cluster, stack) -> Device:
+    return cls._of(cluster, stack)
+
+
+def _efficiency_table(prefix: bool, dev: "Device | None"):
+    if dev is not None:
+        return dev.attention_prefix if prefix else dev.attention_causal
+    return ATTENTION_EFFICIENCY_PREFIX if prefix else ATTENTION_EFFICIENCY_CAUSAL
+
+
+def attention_efficiency(keys: float, prefix: bool, dev: "Device | None" = None) -> float:
+    """Interpolate the measured table in log(keys), clamped at its ends."""
+    table = _efficiency_table(prefix, dev)
+    if keys <= table[0][0]:
+        return table[0][1]
+    for (k0, e0), (k1, e1) in zip(table, table[1:]):
+        if keys <= k1:
+            f = (math.log(keys) - math.log(k0)) / (math.log(k1) - math.log(k0))
+            return e0 + f * (e1 - e0)
+    return table[-1][1]
+
+
+def gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> float:
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    flops = 2 * m * n * k
+    return max(flops / (dev.peak_flops * dev.gemm_efficiency), (m * k + k * n + m * n) * e / dev.hbm_bytes_per_s)
