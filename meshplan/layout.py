@@ -188,7 +188,7 @@ def validate_seq(layout: Layout, seq: int, batch: int) -> None:
 
 
 def validate_int8_allreduce(layouts: list[Layout] | None, model: ModelSpec) -> None:
-    """--int8-allreduce quantizes TP-SSM's block all-reduce (meshplan.costmodel.layouts.tp): a model
+    """--int8-allreduce quantizes TP-SSM's block all-reduce (meshplan.costmodel.axes.tp): a model
     without Mamba blocks, or `layouts` without a tpssm axis (None: the planner's, which has them),
     would run and price it in bf16 as if the flag were not there — one line instead."""
     if not model.has_mamba:

@@ -7,7 +7,7 @@ modules against the single process.)"""
 import pytest
 import torch
 
-from meshplan.costmodel.layouts import sharding_for
+from meshplan.costmodel.axes import sharding_for
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.executor.blocks import DenseLayer

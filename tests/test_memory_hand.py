@@ -182,8 +182,8 @@ def saved_head_bytes(model, seq):
     ],
 )
 def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
+    from meshplan.costmodel.axes import sharding_for
     from meshplan.costmodel.blocks.mamba2 import mixer_backward_bytes
-    from meshplan.costmodel.layouts import sharding_for
 
     sh = sharding_for(parse_layout(layout), MemoryOptions())
     assert mixer_backward_bytes(PRESETS["mamba2-2.7b"], 16384, sh, 2) == want
@@ -192,8 +192,8 @@ def test_mamba2_backward_transient_is_the_scan_phase(layout, want):
 def test_mamba2_prefill_transient_is_the_scan_phase():
     """mamba2-2.7b, 16384 tokens, bf16, one GPU: conv output (5120 + 256) and dt (80 fp32) per token,
     the entering states (256 chunks · 80 · 64 · 128, bf16) and the scan output (5120 per token)."""
+    from meshplan.costmodel.axes import sharding_for
     from meshplan.costmodel.blocks.mamba2 import mixer_forward_bytes
-    from meshplan.costmodel.layouts import sharding_for
 
     sh = sharding_for(parse_layout("single"), MemoryOptions())
     want = 16384 * ((5120 + 256) * 2 + 80 * 4 + 5120 * 2) + 256 * 80 * 64 * 128 * 2
@@ -205,8 +205,8 @@ def test_segmented_passing_keeps_segment_states_beside_the_chunk_states(monkeypa
     80 heads passes in 4 segments, whose entering states (bf16) and 256 chunks' fp32 decays from their
     segment's start sit beside the prefill's states; training holds them twice (both passings), once
     with the backward's passings whole; 4 rows of 4096 pass whole."""
+    from meshplan.costmodel.axes import sharding_for
     from meshplan.costmodel.blocks.mamba2 import mixer_backward_bytes, mixer_forward_bytes
-    from meshplan.costmodel.layouts import sharding_for
     from meshplan.kernels import launch
 
     model, sh = PRESETS["mamba2-2.7b"], sharding_for(parse_layout("single"), MemoryOptions())
@@ -227,8 +227,8 @@ def test_mamba2_prefill_transient_under_sp():
     the norm's output — three of 8192 · 5120 bf16 — as many as the scan phase holds (y0 and 128 chunks'
     entering states, 2 · 8192 · 5120 bytes). With C·E a torch tensor and z copied, the norm phase held
     five (memory-peak-mamba2-prefill-sp2-h200.json)."""
+    from meshplan.costmodel.axes import sharding_for
     from meshplan.costmodel.blocks.mamba2 import mixer_forward_bytes
-    from meshplan.costmodel.layouts import sharding_for
 
     sh = sharding_for(parse_layout("sp=2"), MemoryOptions())
     want = 8192 * ((5120 + 256) * 2 + 80 * 4) + 3 * 8192 * 5120 * 2

@@ -8,9 +8,9 @@ FLOPs per op (docs/design.md §4): a GEMM of (m × k)·(k × n) is 2·m·n·k; c
 
 from __future__ import annotations
 
+from meshplan.costmodel.axes import Sharding
 from meshplan.costmodel.blocks import BLOCKS, BlockCompute
 from meshplan.costmodel.device import Device, gemm_time_s
-from meshplan.costmodel.layouts import Sharding
 from meshplan.models import ModelSpec
 
 # Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
@@ -57,20 +57,6 @@ def block_compute(
     return BlockCompute(
         gemm, core, mem, recompute_s, flops, kernel_fwd, kernel_bwd if training else 0.0, b.core_bwd_factor(dev)
     )
-
-
-def int8_allreduce_kernels_s(elements: float, ranks: int, dev: Device) -> float:
-    """HBM time on one rank of our int8 all-reduce's kernels (meshplan/kernels/quant.py) over a tensor
-    of `elements`. Two ranks: quantize (bf16 in, int8 out), dequantize-sum (both int8 copies in, bf16
-    out) — 3 + (2 + 2) bytes per element. More: quantize, dequantize-sum-requantize (the group's int8
-    copies of this rank's 1/n in, 1/n out), dequantize (int8 in, bf16 out) — 3 + (1 + 1/n) + 3. The
-    fp32 scales (4 B per 128) aside. Two ranks over peer-mapped memory (meshplan/executor/peer.py) read
-    and write the same bytes. Launches and the collectives' latency are not in it: on NVLink over
-    NCCL that fixed cost, not these bytes, made the int8 path slower on 4 ranks
-    (benchmarks/results/quant-allreduce-h200x4.json); the 2-rank peer path issues in 33 us
-    (quant-allreduce-peer-h200x2.json)."""
-    per_element = 3 + (2 + 2) if ranks == 2 else 3 + (1 + 1 / ranks) + 3
-    return elements * per_element / dev.rated_hbm
 
 
 def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: Device) -> BlockCompute:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 
-from meshplan.costmodel.layouts import ScheduleContext, block_comms, sharding_for
+from meshplan.costmodel.axes import ScheduleContext, block_comms, sharding_for
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.step import estimate_step
 from meshplan.layout import Layout
@@ -51,7 +51,7 @@ def volume_crossover_tokens(
 
 def regime(model: ModelSpec, layout: Layout, tokens: int, opts: CostOptions = CostOptions()) -> str:
     """'b·s = 131,072 > 8h = 32,768': which side of the TP/TSP volume crossover a shape is on."""
-    degree = layout.tensor_degree * layout.tsp
+    degree = layout.weight_shard_degree
     if degree <= 1:
         return "no weight split"
     cross = volume_crossover_tokens(model, degree, opts)

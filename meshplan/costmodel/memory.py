@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
+from meshplan.costmodel.axes import Sharding, sharding_for, tp
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
-from meshplan.costmodel.layouts import Sharding, sharding_for
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
 from meshplan.costmodel.shapes import local_bc_channels
@@ -273,7 +273,7 @@ def int8_peer_buffer_bytes(model: ModelSpec, layout: Layout, opts: MemoryOptions
     d_model (meshplan.kernels.launch.peer_slot_bytes). It stays allocated once made. More ranks, or
     bf16, take NCCL's path and hold none. A host without peer access (NCCL_P2P_DISABLE=1) does not
     take this path either: there this over-counts by these bytes."""
-    if not (opts.int8_allreduce and layout.tpssm == 2 and model.mamba_layers and not opts.tp_sequence_parallel):
+    if not (tp.uses_int8_peer_buffer(layout, opts) and model.mamba_layers):
         return 0.0
     elements = -(-tokens * model.d_model // 256) * 256  # padded to the 2 ranks × 128-element groups
     return 2.0 * peer_slot_bytes(elements)
@@ -441,7 +441,7 @@ def _layer_transients(
         block = largest_streamed * p_bytes
         weight_shards = max(2 * block - working, block) if opts.mode == "decode" else block
     elif sh.streams_weights:
-        shard = largest_streamed / layout.tsp
+        shard = largest_streamed / sh.weight_div  # TSP: D shards
         # The rank's own shard packed for sending, the shard in use and the one arriving.
         weight_shards = 3 * shard * p_bytes
         if train:
@@ -488,7 +488,7 @@ def _logits_transient(
         # backward holds this rank's partial gradient of every shard until the reduce-scatter
         # (meshplan/executor/layouts/vocab.py, _TSPLogits).
         matrix = model.vocab * model.d_model
-        logits += 2 * matrix / layout.tsp * p_bytes + (matrix * opts.nbytes("grad_dtype") if opts.training else 0.0)
+        logits += 2 * matrix / sh.weight_div * p_bytes + (matrix * opts.nbytes("grad_dtype") if opts.training else 0.0)
     return logits
 
 

@@ -21,21 +21,21 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from meshplan import rank_order
+from meshplan.costmodel import axes
+from meshplan.costmodel.axes import ScheduleContext, Sharding, sharding_for
 from meshplan.costmodel.blocks import BLOCKS, BlockCompute
 from meshplan.costmodel.blocks.launches import DECODE_KERNEL_GPU_S, step_kernels_per_block
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
-from meshplan.costmodel.compute import block_compute, int8_allreduce_kernels_s, logits_compute, optimizer_time_s
+from meshplan.costmodel.compute import block_compute, logits_compute, optimizer_time_s
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.invariants import check_block, check_passes, check_step
-from meshplan.costmodel.layouts import Sharding, sharding_for
-from meshplan.costmodel.layouts.tp import int8_block
 from meshplan.costmodel.memory import local_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import PipelinePasses, pipeline_passes, pipeline_stages, schedule_violation
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
 from meshplan.costmodel.stacks import Stack
 from meshplan.errors import MeshplanError
-from meshplan.layout import Layout, grad_group, sp_zigzag
+from meshplan.layout import Layout, grad_group
 from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
 
@@ -75,8 +75,8 @@ class _Links:
         self.groups: dict[str, GroupPlacement] = {
             name: tensor if name == layout.weight_axis else place_axis(1, 1, g) for name in ("tp", "tpssm", "tsp")
         }
-        for name, axes in (("sp", ("sp",)), ("dp", ("dp",)), ("dp+sp", ("sp", "dp")), ("pp", ("pp",))):
-            self.groups[name] = place_axis(*rank_order.group(layout, axes), g)
+        for name, spans in (("sp", ("sp",)), ("dp", ("dp",)), ("dp+sp", ("sp", "dp")), ("pp", ("pp",))):
+            self.groups[name] = place_axis(*rank_order.group(layout, spans), g)
         self.groups["pp_ends"] = place_axis(*rank_order.pipeline_ends(layout), g)
         self.cluster = cluster
 
@@ -327,14 +327,9 @@ def _block_times(
     tokens = batch if decode else batch * seq / sh.token_div
     keys = seq
 
-    # Contiguous sequence shards are not balanced under a causal mask: the last shard's queries see
-    # nearly every key, and every rank waits for it (measured: benchmarks/results/validation-h200-run2-x2.json).
-    # A zigzag split — TSP's, and SP's for attention-only stacks (meshplan.layout.sp_zigzag) — gives
-    # every rank the same causal work.
-    sp_balanced = opts.sp_zigzag and sp_zigzag(layout, seq, model.mamba_layers == 0)
-    causal = 1 - 1 / (2 * layout.sp) if layout.sp > 1 and not sp_balanced else 0.5
-    zigzag_parts = layout.tsp if layout.tsp > 1 else layout.sp if sp_balanced else 0
+    causal, zigzag_parts = axes.attention_split(layout, seq, model.mamba_layers == 0, opts.sp_zigzag)
     zigzag = 0 if decode else zigzag_parts
+    ctx = ScheduleContext(model, layout, sh, batch, seq, opts)
     out = _Blocks()
     for kind, comms in schedule.per_block.items():
         comp = block_compute(
@@ -355,8 +350,8 @@ def _block_times(
         if decode:  # what the block reads a token: the KV cache, the SSM state
             comp = BLOCKS[kind].decode(comp, model, batch, seq, sh, opts, dev)
         fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
-        if int8_block(opts, layout, kind) and not decode:
-            fwd += int8_allreduce_kernels_s(tokens * model.d_model, layout.tpssm, dev)
+        if not decode:
+            fwd += axes.tp.int8_kernels_s(ctx, kind, tokens, dev)
         timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
         out.comm_s += sum(t for _, t in timed) * schedule.invocations[kind]
         exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from meshplan.costmodel.layouts import sharding_for
+from meshplan.costmodel.axes import sharding_for
 from meshplan.costmodel.memory import head_activation_bytes, loss_logits_bytes, saved_activation_bytes
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule

@@ -1,4 +1,5 @@
-"""TSP (Shyam, Golubeva, Anthony — arXiv 2604.26294): tensor and sequence folded onto one axis D.
+"""The TSP axis, D ranks (Shyam, Golubeva, Anthony — arXiv 2604.26294): tensor and sequence folded onto
+one axis.
 
 Each rank owns 1/D of every weight matrix and 1/D of the tokens. Attention: the packed
 W_Q,W_K,W_V,W_O shards are broadcast in turn and K/V are all-gathered in zigzag order; gated MLP:
@@ -7,15 +8,19 @@ outputs accumulated locally (no all-reduce). So weight memory is TP's at degree 
 memory is SP's at degree D; the extra is in flight: double-buffered weight shards and the gathered K/V.
 """
 
+from meshplan.costmodel.axes import sp
+from meshplan.costmodel.axes.base import Sharding
 from meshplan.costmodel.blocks import streamed_block_params
 from meshplan.costmodel.collectives import Comm
-from meshplan.costmodel.layouts import sp
-from meshplan.costmodel.layouts.base import Sharding
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout
 
 
-def sharding(layout: Layout, options: MemoryOptions):
+def active(layout: Layout) -> bool:
+    return layout.tsp > 1
+
+
+def sharding(layout: Layout, options: MemoryOptions, kind: str | None = None) -> Sharding:
     d = layout.tsp
     return Sharding(
         weight_div=d, token_div=d, head_div=1, hidden_div=1, vocab_div=1, gathers_kv=True, streams_weights=True
@@ -30,7 +35,7 @@ def block_comms(ctx, kind: str):
     the weight gradients (every rank holds partial gradients of every shard from its own tokens).
     Mamba blocks also hand the chunk-final state along the sequence, as SP does."""
     d = ctx.layout.tsp
-    if kind == "hybrid_proj":
+    if d == 1 or kind == "hybrid_proj":
         return []
     params = streamed_block_params(ctx.model, kind)
     shard = params * ctx.param_bytes / d
@@ -77,3 +82,78 @@ def block_comms(ctx, kind: str):
     # Issued when the block's backward ends, and waited on (the executor does not overlap it yet).
     grad_rs = Comm("reduce_scatter", "tsp", grads, d, phase="bwd", block=kind, what="weight-grad reduce-scatter")
     return stream + [grad_rs] + sp.block_comms(ctx, kind, axis="tsp")
+
+
+def end_comms(ctx, training: bool) -> list[Comm]:
+    """The LM head's column shards around the ring (behind its GEMM), the embedding rows sent to the
+    tokens' owners, and the head's gradient reduce-scatter."""
+    d = ctx.layout.tsp
+    if d == 1:
+        return []
+    model, e, h = ctx.model, ctx.act_bytes, ctx.model.d_model
+    shard = model.vocab * h * ctx.param_bytes / d
+    phases = ("fwd", "bwd") if training else ("fwd",)
+    out = [
+        Comm(
+            "send_recv",
+            "tsp",
+            shard,
+            d,
+            count=d - 1,
+            phase=p,
+            block="logits",
+            what="LM head shard ring",
+            overlap="gemm",
+        )
+        for p in phases
+    ]
+    out += [
+        Comm(
+            "all_to_all",
+            "tsp",
+            ctx.tokens * h * e,
+            d,
+            phase=p,
+            block="embedding",
+            what="embedding rows to token owners",
+        )
+        for p in phases
+    ]
+    if training:
+        out.append(
+            Comm(
+                "reduce_scatter",
+                "tsp",
+                model.vocab * h * ctx.grad_bytes,
+                d,
+                phase="bwd",
+                block="logits",
+                what="LM head grad reduce-scatter",
+                overlap="backward",
+            )
+        )
+    return out
+
+
+def step_comms(ctx, embeddings: bool) -> list[Comm]:
+    """TSP keeps the norm scales on every rank; each rank's gradient comes from its own tokens."""
+    layout = ctx.layout
+    if layout.tsp == 1 or not ctx.opts.training:
+        return []
+    norms = ctx.model.norm_params(embeddings) / layout.pp * ctx.grad_bytes
+    return [
+        Comm(
+            "all_reduce",
+            "tsp",
+            norms,
+            layout.tsp,
+            phase="step",
+            block="model",
+            what="norm-scale grads",
+            overlap="backward",
+        )
+    ]
+
+
+def decode_comms(ctx, kind: str) -> list[Comm]:
+    return sp.decode_comms(ctx, kind, axis="tsp")

@@ -1,17 +1,21 @@
-"""SP (sequence / context split): tokens split Σ ways, weights replicated.
+"""The sequence axis, Σ ranks (sp: sequence / context split): tokens split Σ ways, weights replicated.
 
 Each rank keeps the activations of its b·s/Σ tokens; attention gathers the whole sequence's K/V per
 layer (a transient; re-gathered in backward rather than saved), and weight gradients are
 all-reduced over Σ once per step.
 """
 
+from meshplan.costmodel.axes.base import Sharding
 from meshplan.costmodel.collectives import Comm
-from meshplan.costmodel.layouts.base import Sharding
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout
 
 
-def sharding(layout: Layout, options: MemoryOptions):
+def active(layout: Layout) -> bool:
+    return layout.sp > 1
+
+
+def sharding(layout: Layout, options: MemoryOptions, kind: str | None = None) -> Sharding:
     return Sharding(weight_div=1, token_div=layout.sp, head_div=1, hidden_div=1, vocab_div=1, gathers_kv=True)
 
 
@@ -43,3 +47,14 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
             Comm("reduce_scatter", axis, sigma * summary, sigma, phase="bwd", block=kind, what="summary grads"),
         ]
     return []
+
+
+def decode_comms(ctx, kind: str, axis: str = "sp") -> list[Comm]:
+    """A decode step over KV shards: every shard's partial attention output and log-sum-exp (fp32),
+    gathered and combined on each rank."""
+    sigma = ctx.layout.sp * ctx.layout.tsp
+    if kind != "attention" or sigma == 1:
+        return []
+    attn = ctx.model.attention
+    partial = ctx.batch * (attn.q_width * ctx.act_bytes + attn.heads * 4) / ctx.sharding.head_div
+    return [Comm("all_gather", axis, sigma * partial, sigma, block=kind, what="partial attention over KV shards")]

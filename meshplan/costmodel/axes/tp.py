@@ -1,19 +1,35 @@
-"""TP (Megatron): weights split T ways by heads / FFN columns; every rank sees every token.
+"""The tensor axis, T ranks (tp, or tpssm for models with Mamba blocks): Megatron TP. Weights split T ways
+by heads / FFN columns / Mamba heads and groups; every rank sees every token of its sequence shard.
 
 Memory: Korthikanti et al. 2022 §4.2.1 — without Megatron-SP the full-width tensors (norm inputs,
 QKV / MLP inputs, dropout masks) are replicated on every TP rank (the "10" in s·b·h·(10 + 24/T));
-with Megatron-SP they are split along the sequence too (34/T).
+with Megatron-SP they are split along the sequence too (34/T). TP-SSM (Dutt et al., arXiv
+2602.21144): Mamba heads, B/C groups and dt split T ways, so conv1d and the scan stay local; in_proj
+column-parallel (z, x, B, C, dt), out_proj row-parallel; its forward all-reduce may run in int8.
+The vocabulary: the embedding and the LM head are split by vocab rows (Megatron's vocab-parallel
+embedding and cross-entropy).
 """
+
+from __future__ import annotations
 
 import math
 
+from meshplan.costmodel.axes.base import Sharding
 from meshplan.costmodel.collectives import Comm
-from meshplan.costmodel.layouts.base import Sharding
+from meshplan.costmodel.device import Device
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout
 
 
-def sharding(layout: Layout, options: MemoryOptions):
+def active(layout: Layout) -> bool:
+    return layout.tensor_degree > 1
+
+
+def name(layout: Layout) -> str:
+    return "tpssm" if layout.tpssm > 1 else "tp"
+
+
+def sharding(layout: Layout, options: MemoryOptions, kind: str | None = None) -> Sharding:
     t = layout.tensor_degree
     return Sharding(
         weight_div=t, token_div=1, head_div=t, hidden_div=t if options.tp_sequence_parallel else 1, vocab_div=t
@@ -28,7 +44,41 @@ def int8_block(opts, layout, kind: str) -> bool:
     return opts.int8_allreduce and layout.tpssm > 1 and kind in ("mamba2", "mamba1")
 
 
-def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
+def int8_allreduce_kernels_s(elements: float, ranks: int, dev: Device) -> float:
+    """HBM time on one rank of our int8 all-reduce's kernels (meshplan/kernels/quant.py) over a tensor
+    of `elements`. Two ranks: quantize (bf16 in, int8 out), dequantize-sum (both int8 copies in, bf16
+    out) — 3 + (2 + 2) bytes per element. More: quantize, dequantize-sum-requantize (the group's int8
+    copies of this rank's 1/n in, 1/n out), dequantize (int8 in, bf16 out) — 3 + (1 + 1/n) + 3. The
+    fp32 scales (4 B per 128) aside. Two ranks over peer-mapped memory (meshplan/executor/peer.py) read
+    and write the same bytes. Launches and the collectives' latency are not in it: on NVLink over
+    NCCL that fixed cost, not these bytes, made the int8 path slower on 4 ranks
+    (benchmarks/results/quant-allreduce-h200x4.json); the 2-rank peer path issues in 33 us
+    (quant-allreduce-peer-h200x2.json)."""
+    per_element = 3 + (2 + 2) if ranks == 2 else 3 + (1 + 1 / ranks) + 3
+    return elements * per_element / dev.rated_hbm
+
+
+def int8_kernels_s(ctx, kind: str, tokens: float, dev) -> float:
+    """HBM seconds of the int8 all-reduce's own kernels in a block's forward (0 unless it runs)."""
+    if not int8_block(ctx.opts, ctx.layout, kind):
+        return 0.0
+    return int8_allreduce_kernels_s(tokens * ctx.model.d_model, ctx.layout.tpssm, dev)
+
+
+def uses_int8_peer_buffer(layout: Layout, opts) -> bool:
+    """The int8 all-reduce over peer-mapped memory: TP-SSM on two ranks, without Megatron-SP."""
+    return opts.int8_allreduce and layout.tpssm == 2 and not opts.tp_sequence_parallel
+
+
+def block_comms(ctx, kind: str):
+    """Megatron TP's collectives of one block on the tensor axis (a Mamba block's forward all-reduce
+    in int8 when asked)."""
+    if not active(ctx.layout):
+        return []
+    return _layer_comms(ctx, kind, name(ctx.layout), int8_block(ctx.opts, ctx.layout, kind))
+
+
+def _layer_comms(ctx, kind: str, axis: str, int8_forward: bool):
     """Megatron TP: one all-reduce after the row-parallel projection (forward) and one of the input
     gradient after the column-parallel one (backward). Megatron-SP swaps each for an all-gather and a
     reduce-scatter of the same total size; the backward re-gathers the saved sequence shard.
@@ -101,4 +151,37 @@ def block_comms(ctx, kind: str, axis: str = "tp", int8_forward: bool = False):
             Comm("all_reduce", axis, x_dbl, t, phase="fwd", block=kind, what="all-reduce x_proj (dt, B, C)"),
             Comm("all_reduce", axis, x_dbl, t, phase="bwd", block=kind, what="all-reduce x_proj grad"),
         ]
+    return out
+
+
+def end_comms(ctx, training: bool) -> list[Comm]:
+    """The vocab-parallel embedding's all-reduce, the loss's statistics over the split vocabulary (row
+    max, then sum of exponentials and the target's logit, fp32), and the LM head input's gradient."""
+    layout = ctx.layout
+    t = layout.tensor_degree
+    if t == 1:
+        return []
+    e, h = ctx.act_bytes, ctx.model.d_model
+    axis = name(layout)
+    # The loss takes every token's logits (training); inference only the last position's.
+    rows = ctx.tokens if training else ctx.batch
+    # A prefill's last position is on one rank of a sequence split: only its tensor group predicts.
+    share = 1 / layout.token_shard_degree if ctx.opts.mode == "prefill" else 1.0
+    out = [
+        Comm("all_reduce", axis, ctx.tokens * h * e, t, block="embedding", what="vocab-parallel embedding"),
+        Comm("all_reduce", axis, rows * 4, t, block="logits", what="logits row max (fp32)", ranks_share=share),
+        Comm(
+            "all_reduce",
+            axis,
+            rows * (2 if training else 1) * 4,
+            t,
+            block="logits",
+            what="sum of exponentials" + (" and target logit (fp32)" if training else " (fp32)"),
+            ranks_share=share,
+        ),
+    ]
+    if training:
+        out.append(
+            Comm("all_reduce", axis, ctx.tokens * h * e, t, phase="bwd", block="logits", what="LM head input grad")
+        )
     return out

@@ -1,0 +1,71 @@
+"""The data-parallel axis, DP ranks, with ZeRO (Rajbhandari et al. 2020) over it — and, for weights the
+sequence axis replicates, over DP × Σ (meshplan.layout.grad_group). What it adds to a step's
+communication: the gradient sync (an all-reduce, or ZeRO's reduce-scatter and the updated
+parameters' all-gather) behind the backward but for the last-ready weights; ZeRO-3's gathers of every
+layer's parameters each micro-batch; under pipeline stages ZeRO-2 reduce-scatters each micro-batch.
+"""
+
+from meshplan.costmodel.collectives import Comm
+from meshplan.layout import Layout, grad_group
+
+
+def comms(ctx, local_params: float, last_ready: float) -> tuple[list[Comm], list[Comm]]:
+    """(per micro-batch, per step) of a training step or a prefill; `local_params`: a rank's parameters
+    (averaged over the stages), `last_ready`: those whose gradients the backward completes last."""
+    layout: Layout = ctx.layout
+    training = ctx.opts.training
+    axis, group = grad_group(layout)
+    per_mb: list[Comm] = []
+    per_step: list[Comm] = []
+    if group == 1 or not (training or layout.zero == 3):
+        return per_mb, per_step
+    p_bytes, g_bytes = local_params * ctx.param_bytes, local_params * ctx.grad_bytes
+    zero = layout.zero if layout.dp > 1 else 0
+    # Under pipeline stages the micro-batches' gradients stay sharded only if each micro-batch
+    # reduce-scatters its own (ZeRO 2 as ZeRO 3 always does): once per micro-batch there.
+    per_mb_grads = zero == 3 or (zero == 2 and layout.pp > 1)
+    if per_mb_grads and training:
+        per_mb.append(
+            Comm(
+                "reduce_scatter",
+                axis,
+                g_bytes,
+                group,
+                phase="bwd",
+                block="model",
+                what=f"ZeRO-{zero} grad reduce-scatter",
+                overlap="backward",
+            )
+        )
+    if zero == 3:
+        per_mb.append(Comm("all_gather", axis, p_bytes, group, phase="fwd", block="model", what="ZeRO-3 gather params"))
+        if training:
+            per_mb.append(
+                Comm("all_gather", axis, p_bytes, group, phase="bwd", block="model", what="ZeRO-3 re-gather params")
+            )
+    elif per_mb_grads:  # ZeRO 2 under pp: its gradients went per micro-batch
+        per_step.append(
+            Comm("all_gather", axis, p_bytes, group, phase="step", block="model", what="updated params all-gather")
+        )
+    else:
+        tail = min(g_bytes, last_ready * ctx.grad_bytes)
+        kind = "reduce_scatter" if zero >= 1 else "all_reduce"
+        what = "grad reduce-scatter" if zero >= 1 else "grad all-reduce"
+        per_step += [
+            Comm(kind, axis, g_bytes - tail, group, phase="step", block="model", what=what, overlap="backward"),
+            Comm(kind, axis, tail, group, phase="step", block="model", what=what + " of the last-ready weights"),
+        ]
+        if zero >= 1:
+            per_step.append(
+                Comm("all_gather", axis, p_bytes, group, phase="step", block="model", what="updated params all-gather")
+            )
+    return per_mb, per_step
+
+
+def decode_comms(ctx, local_params: float) -> list[Comm]:
+    """ZeRO-3 gathers every weight for every decoded token."""
+    layout = ctx.layout
+    axis, group = grad_group(layout)
+    if not (layout.zero == 3 and layout.dp > 1 and group > 1):
+        return []
+    return [Comm("all_gather", axis, local_params * ctx.param_bytes, group, block="model", what="ZeRO-3 gather params")]
