@@ -107,9 +107,10 @@ class Device:
     elementwise_factor_mamba2: float = EAGER_ELEMENTWISE_FACTOR_MAMBA2
     flash_attention: bool = True  # False: QKᵀ and PV as batched GEMMs around a fused softmax (Megatron ≤ 2022)
 
-    def host_kernel_cost(self, kind: str, decode: bool) -> float:
-        """Host seconds per kernel a block of this kind launches."""
-        if kind == "mamba2":
+    def host_kernel_cost(self, triton_launches: bool, decode: bool) -> float:
+        """Host seconds per kernel a block launches; `triton_launches`: mostly Triton kernels (Mamba-2's),
+        which `meshplan calibrate` times apart."""
+        if triton_launches:
             own = self.mamba2_decode_host_kernel_s if decode else self.mamba2_host_kernel_s
             if own:
                 return own

@@ -441,7 +441,7 @@ def _host_s(schedule, layout: Layout, mode: str, dev: Device) -> float:
 
     decode = mode == "decode"
     return sum(
-        n * step_kernels_per_block(kind, mode, layout) * dev.host_kernel_cost(kind, decode)
+        n * step_kernels_per_block(kind, mode, layout) * dev.host_kernel_cost(BLOCKS[kind].triton_launches, decode)
         for kind, n in schedule.invocations.items()
     )
 

@@ -308,8 +308,8 @@ def explain(
             f"per GPU)."
         )
     if opts.mode == "decode":
-        streamed = [c for c in ranked + dropped if c.layout.tsp > 1 and c.estimate is not None]
-        if streamed and win.layout.tsp == 1:
+        streamed = [c for c in ranked + dropped if c.layout.weight_axis == "tsp" and c.estimate is not None]
+        if streamed and win.layout.weight_axis != "tsp":
             best = max(streamed, key=lambda c: c.estimate.tokens_per_s)
             text.append(
                 f"TSP layouts stream every weight shard for every token: the fastest, {best.layout}, "

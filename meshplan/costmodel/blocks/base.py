@@ -44,6 +44,7 @@ class BlockKind:
     name = ""
     attends = False  # attends over the sequence: K/V gathered on sequence shards, a KV cache
     recurrent = False  # carries state along the sequence: conv tails and SSM states at shard edges
+    triton_launches = False  # launches mostly Triton kernels, whose host cost calibrate measures apart
 
     # -- shapes --------------------------------------------------------------------------------
     def params(self, model) -> int:

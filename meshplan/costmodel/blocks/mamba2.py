@@ -318,6 +318,7 @@ def mamba2_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
 class Mamba2(BlockKind):
     name = "mamba2"
     recurrent = True
+    triton_launches = True
 
     def params(self, model):
         return model.mamba2.param_count()
