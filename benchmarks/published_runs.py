@@ -339,19 +339,20 @@ def rank_agreement(results: list[dict]) -> dict:
 def fit_a100(rows: list[Row]) -> float:
     """The A100 GEMM rate that best fits Korthikanti Table 4's ten layer timings (least squares of the
     relative errors, golden-section over 0.4-1.0)."""
-    import meshplan.costmodel.stacks as stacks
+    from meshplan import hardware
+    from meshplan.costmodel.device import _device_of
 
     calib = [r for r in rows if r.get("role") == "calibration"]
+    kept = dict(hardware.gpu_kind("A100").rates)["megatron-2021"]
 
     def loss(eff: float) -> float:
-        saved = stacks.A100_GEMM_EFFICIENCY
-        table = tuple((k, eff if k == "A100" else v) for k, v in stacks.STACKS["megatron-2021"].gemm_efficiency)
-        stacks.STACKS["megatron-2021"] = replace(stacks.STACKS["megatron-2021"], gemm_efficiency=table)
+        hardware.replace_rates("A100", "megatron-2021", replace(kept, gemm=eff))
+        _device_of.cache_clear()
         try:
             return sum((predicted_value(r, predict_row(r)) / r["measured"] - 1) ** 2 for r in calib)
         finally:
-            table = tuple((k, saved if k == "A100" else v) for k, v in stacks.STACKS["megatron-2021"].gemm_efficiency)
-            stacks.STACKS["megatron-2021"] = replace(stacks.STACKS["megatron-2021"], gemm_efficiency=table)
+            hardware.replace_rates("A100", "megatron-2021", kept)
+            _device_of.cache_clear()
 
     lo, hi = 0.4, 1.0
     g = (math.sqrt(5) - 1) / 2

@@ -417,6 +417,7 @@ def recommend(
 ):
     """Rank every mesh of the cluster for a model and shape — with recompute, Megatron-SP, micro-batch and
     virtual stages chosen per mesh — and say why the winner wins."""
+    from meshplan.costmodel.device import Device
     from meshplan.hf_config import load_model
     from meshplan.layout import validate_int8_allreduce
     from meshplan.planner import plan
@@ -466,10 +467,12 @@ def recommend(
     result = plan(
         spec, cluster_spec, tokens, micro, opts, objective=objective, estimate_dropped=show_all, search=search
     )
+    rates_note = Device.of(cluster_spec, opts.stack_spec).rates_note
     if as_json:
         rows = result.ranked + (result.dropped if show_all else [])
         # The stack's assumptions beside each mesh's own knobs (recompute and Megatron-SP among them).
         common = {k: v for k, v in assumed(opts).items() if k not in ("recompute", "tp_sequence_parallel")}
+        common["rates_note"] = rates_note
         _print_json([{**c.as_dict(), "assumptions": common} for c in (rows if show_all else rows[:top])])
         if not result.ranked:
             raise typer.Exit(NOTHING_FITS_EXIT)
@@ -508,6 +511,8 @@ def recommend(
     console.print(table)
     console.print(result.reason, highlight=False)
     console.print(f"assumed: {fmt_assumed(opts, searched=search)}", highlight=False)
+    if rates_note:
+        console.print(f"note: {rates_note}", highlight=False)
     console.print(RECOMMEND_LEGEND.format(what=WHAT_LEGEND[what]), highlight=False)
 
 
@@ -652,6 +657,8 @@ def predict(
     parts = ", ".join(f"{COMPONENT_LABELS[k]} {v / 2**30:.2f}" for k, v in out["memory_bytes"].items() if v)
     console.print(f"memory (GiB): {parts}", highlight=False)
     console.print(f"assumed: {fmt_assumed(opts)}", highlight=False)
+    if out["rates_note"]:
+        console.print(f"note: {out['rates_note']}", highlight=False)
     console.print(memory_legend([k for k, v in out["memory_bytes"].items() if v]), highlight=False)
     console.print(PREDICT_LEGEND, highlight=False)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.costmodel.device import Device
 from meshplan.costmodel.memory import MemoryBreakdown, memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import schedule_violation, validate_batch
@@ -73,6 +74,7 @@ class Prediction:
             "comm_bytes_per_step": e.comm_bytes_per_step,
             "bubble_fraction": e.bubble_fraction,
             "pipeline_simulated": e.pipeline_simulated,
+            "rates_note": Device.of(self.cluster, self.opts.stack_spec).rates_note,
             "bound": e.bound,
         }
 

@@ -1,5 +1,5 @@
 """The public test set: every row with a measured figure is predicted, and the A100 GEMM rate in
-meshplan/costmodel/stacks.py is what Korthikanti et al. 2022 Table 4 gives (its calibration rows)."""
+meshplan/hardware.py is what Korthikanti et al. 2022 Table 4 gives (its calibration rows)."""
 
 import importlib.util
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.costmodel import stacks
+from meshplan import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def test_every_published_row_is_predicted():
 
 def test_a100_rate_is_the_table4_fit():
     pr = _script()
-    assert pr.fit_a100(pr.load_rows()) == pytest.approx(stacks.A100_GEMM_EFFICIENCY, abs=0.002)
+    assert pr.fit_a100(pr.load_rows()) == pytest.approx(hardware.A100_GEMM_EFFICIENCY, abs=0.002)
 
 
 def test_paper_flops_formulas_by_hand():

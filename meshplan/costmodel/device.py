@@ -11,6 +11,8 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
+from meshplan import hardware
+
 # Achieved / peak of the bf16 GEMMs in a training step of the 7B-shaped layers (forward and backward
 # shapes, cuBLAS nvjet kernels) on an H200: 0.73 at 32K tokens, 0.74 at 16K, 0.78 at 4K
 # (benchmarks/results/profile-step-h200.json, `python benchmarks/profile_step.py`); a square 8192³
@@ -106,6 +108,9 @@ class Device:
     elementwise_factor: float = EAGER_ELEMENTWISE_FACTOR
     elementwise_factor_mamba2: float = EAGER_ELEMENTWISE_FACTOR_MAMBA2
     flash_attention: bool = True  # False: QKᵀ and PV as batched GEMMs around a fused softmax (Megatron ≤ 2022)
+    # Where the rates are borrowed (meshplan.hardware.rates): the note a prediction prints; "" when the
+    # table or a calibration has this GPU's own.
+    rates_note: str = ""
 
     def host_kernel_cost(self, triton_launches: bool, decode: bool) -> float:
         """Host seconds per kernel a block launches; `triton_launches`: mostly Triton kernels (Mamba-2's),
@@ -133,6 +138,7 @@ class Device:
         dev = cls(
             cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s, hbm_rated_bytes_per_s=cluster.gpu.hbm_bytes_per_s
         )
+        rates, note = hardware.rates(cluster.gpu.name, stack.name if stack is not None else "meshplan")
         if stack is not None and stack.elementwise_factor is not None:
             dev = replace(
                 dev,
@@ -140,11 +146,13 @@ class Device:
                 elementwise_factor_mamba2=stack.elementwise_factor,
                 flash_attention=stack.flash_attention,
             )
-            gemm, attn = stack.gemm_rate(cluster.gpu.name), stack.attention_rate(cluster.gpu.name)
-            if gemm:
-                dev = replace(dev, gemm_efficiency=gemm)
-            if attn:
-                dev = replace(dev, attention_causal=((1, attn),), attention_prefix=((1, attn),))
+            if rates.gemm:
+                dev = replace(dev, gemm_efficiency=rates.gemm)
+            if rates.attention:
+                dev = replace(dev, attention_causal=((1, rates.attention),), attention_prefix=((1, rates.attention),))
+        if cal is not None and cal.gemm_efficiency:
+            note = ""  # `meshplan calibrate` measured this cluster
+        dev = replace(dev, rates_note=note)
         if cal is None:
             return dev
         return replace(

@@ -1,6 +1,7 @@
 """Which training stack a prediction assumes: its kernels' rates and its overlap rules, in one place.
 
-The same mesh runs at different speeds under different software. A stack says how the block's
+The same mesh runs at different speeds under different software (what each GPU achieves under each
+stack is meshplan/hardware.py's table). A stack says how the block's
 elementwise work is done (eager torch ops or fused kernels), how attention's core runs (a fused flash
 kernel, or Megatron's batched GEMMs around a fused softmax), which collectives hide behind compute
 (tensor-parallel ones behind the GEMMs, gradient reductions behind the backward, ZeRO-3 gathers
@@ -14,25 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-
-# Achieved / peak of a transformer layer's bf16 GEMMs (forward, input-gradient and weight-gradient
-# shapes) on an H100 SXM at the shapes of the Megatron-LM README's H100 models (h 2048-18432, TP 1-8,
-# micro-batch 1-2 × 4096 tokens): 638-720 TFLOP/s, median 0.679 of 989.4
-# (benchmarks/results/gemm-shapes-h100.json, `python benchmarks/bench_gemm_shapes.py --gpu-kind h100`). The same run
-# put torch
-# SDPA's causal flash attention (forward + backward) at 0.20-0.39, median 0.31. Under sustained load (a
-# minute of large GEMMs first, then 2 s a shape) the same shapes at micro-batch 1 ran at 0.689 against
-# 0.712 in 20-call bursts on one machine (gemm-shapes-h100-sustained.json, gemm-shapes-h100-burst.json):
-# the power-limited clock costs ~3%, inside this constant's spread across machines.
-H100_GEMM_EFFICIENCY = 0.679
-H100_ATTENTION_EFFICIENCY = 0.31
-# A100 GEMM rate under Megatron-LM (fp16): no A100 is lent to this project, so it is set from the
-# published per-layer timings of the same software on the same cluster — Korthikanti et al. 2022 Table 4,
-# one 22B layer (h 6144, TP 8, MBS 4, s 2048) forward and backward under five recompute / SP settings:
-# the rate that makes the model's layer time match those ten timings in the least-squares sense
-# (benchmarks/published_runs.py --fit-a100 recomputes it; Table 4's rows are marked role = "calibration"
-# and are not counted as tests).
-A100_GEMM_EFFICIENCY = 0.736
 
 
 @dataclass(frozen=True)
@@ -64,22 +46,7 @@ class Stack:
     interleaved_min_pp: int = 0
     max_zero: int = 3
     max_zero_with_pp: int = 3
-    gemm_efficiency: tuple[tuple[str, float], ...] = ()  # (GPU name substring, achieved / peak)
-    attention_efficiency: tuple[tuple[str, float], ...] = ()
     source: str = ""
-
-    def gemm_rate(self, gpu_name: str) -> float | None:
-        return _lookup(self.gemm_efficiency, gpu_name)
-
-    def attention_rate(self, gpu_name: str) -> float | None:
-        return _lookup(self.attention_efficiency, gpu_name)
-
-
-def _lookup(table: tuple[tuple[str, float], ...], gpu_name: str) -> float | None:
-    for key, value in table:
-        if key in gpu_name:
-            return value
-    return None
 
 
 # Megatron-LM's fused kernels (fused LayerNorm, bias-GeLU, bias-dropout-add, scaled masked softmax:
@@ -111,12 +78,6 @@ STACKS: dict[str, Stack] = {
         max_zero=3,
         max_zero_with_pp=1,
         tp_sequence_parallel=True,
-        gemm_efficiency=(
-            ("H100", H100_GEMM_EFFICIENCY),
-            ("H200", H100_GEMM_EFFICIENCY),
-            ("A100", A100_GEMM_EFFICIENCY),
-        ),
-        attention_efficiency=(("H100", H100_ATTENTION_EFFICIENCY), ("H200", H100_ATTENTION_EFFICIENCY)),
         source="NVIDIA/Megatron-LM README at 937571cfd4 (--overlap-grad-reduce --overlap-param-gather "
         "--tp-comm-overlap, PP overlap by default)",
     ),
@@ -136,11 +97,6 @@ STACKS: dict[str, Stack] = {
         interleaved_min_pp=3,
         max_zero=0,
         max_zero_with_pp=0,
-        gemm_efficiency=(
-            ("A100", A100_GEMM_EFFICIENCY),
-            ("H100", H100_GEMM_EFFICIENCY),
-            ("H200", H100_GEMM_EFFICIENCY),
-        ),
         source="Narayanan et al. 2021 §4.1-4.2 (scatter/gather, fused kernels); Korthikanti et al. 2022 §6 "
         "(gradient all-reduce not overlapped)",
     ),
@@ -161,7 +117,6 @@ STACKS: dict[str, Stack] = {
         interleaved_min_pp=0,
         max_zero=3,
         max_zero_with_pp=1,
-        gemm_efficiency=(("A100", A100_GEMM_EFFICIENCY),),
         source="Rajbhandari et al. 2020 (ZeRO) §7; Narayanan et al. 2021 §5.2 (ZeRO-3 comparison)",
     ),
     "meshplan": Stack(

@@ -1,0 +1,117 @@
+"""What each GPU achieves under each stack, in one table: the fraction of its bf16 peak its layer GEMMs
+and its attention reach, where it was measured or published. The cost model's Device
+(meshplan.costmodel.device) reads its rates here; the executor's worker finds the cluster preset of the
+GPU it runs on here. A GPU or stack the table lacks is priced at the executor's rates measured on an
+H200 (the defaults in meshplan.costmodel.device), and the prediction says so in a note — never
+silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Achieved / peak under one stack on one GPU kind; None: the executor's measured defaults."""
+
+    gemm: float | None
+    attention: float | None  # one rate for every key length; None: the executor's tables by length
+    source: str
+
+
+@dataclass(frozen=True)
+class GpuKind:
+    key: str  # found in the GPU's name (the cluster file's or torch's device name), upper case
+    preset: str  # the cluster preset of one node of it
+    rates: tuple[tuple[str, Rates], ...]  # (stack, its rates here)
+
+
+# Achieved / peak of a transformer layer's bf16 GEMMs (forward, input-gradient and weight-gradient
+# shapes) on an H100 SXM at the shapes of the Megatron-LM README's H100 models (h 2048-18432, TP 1-8,
+# micro-batch 1-2 × 4096 tokens): 638-720 TFLOP/s, median 0.679 of 989.4
+# (benchmarks/results/gemm-shapes-h100.json, `python benchmarks/bench_gemm_shapes.py --gpu-kind h100`). The
+# same run put torch SDPA's causal flash attention (forward + backward) at 0.20-0.39, median 0.31. Under
+# sustained load (a minute of large GEMMs first, then 2 s a shape) the same shapes at micro-batch 1 ran
+# at 0.689 against 0.712 in 20-call bursts on one machine (gemm-shapes-h100-sustained.json,
+# gemm-shapes-h100-burst.json): the power-limited clock costs ~3%, inside this constant's spread across
+# machines.
+H100_GEMM_EFFICIENCY = 0.679
+H100_ATTENTION_EFFICIENCY = 0.31
+# A100 GEMM rate under Megatron-LM (fp16): no A100 is lent to this project, so it is set from the
+# published per-layer timings of the same software on the same cluster — Korthikanti et al. 2022 Table 4,
+# one 22B layer (h 6144, TP 8, MBS 4, s 2048) forward and backward under five recompute / SP settings:
+# the rate that makes the model's layer time match those ten timings in the least-squares sense
+# (benchmarks/published_runs.py --fit-a100 recomputes it; Table 4's rows are marked role = "calibration"
+# and are not counted as tests).
+A100_GEMM_EFFICIENCY = 0.736
+
+_H100_MEGATRON = Rates(H100_GEMM_EFFICIENCY, H100_ATTENTION_EFFICIENCY, "benchmarks/results/gemm-shapes-h100.json")
+# An H200 is an H100's SM at the same clocks with more and faster HBM: its GEMM and attention rates are
+# the H100's (the executor's own rates were measured on H200s and priced H100 runs within 2-7%:
+# benchmarks/results/smoke-*-h100.json).
+_H200_AS_H100 = Rates(H100_GEMM_EFFICIENCY, H100_ATTENTION_EFFICIENCY, "the H100's (same SM and clocks)")
+_A100 = Rates(A100_GEMM_EFFICIENCY, None, "Korthikanti et al. 2022 Table 4 (fitted)")
+_EXECUTOR = Rates(None, None, "meshplan's executor measured on H200 (meshplan/costmodel/device.py)")
+
+GPUS: tuple[GpuKind, ...] = (
+    GpuKind(
+        "H100",
+        "h100-sxm-8",
+        (
+            ("megatron", _H100_MEGATRON),
+            ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H100_MEGATRON.source)),
+            ("meshplan", Rates(None, None, "the executor's H200 rates (H100 smoke runs within 2-7%)")),
+        ),
+    ),
+    GpuKind(
+        "H200",
+        "h200-8",
+        (
+            ("megatron", _H200_AS_H100),
+            ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H200_AS_H100.source)),
+            ("meshplan", _EXECUTOR),
+        ),
+    ),
+    GpuKind("A100", "a100-sxm-8", (("megatron", _A100), ("megatron-2021", _A100), ("deepspeed", _A100))),
+    GpuKind("MI300X", "mi300x-8", ()),
+    GpuKind("V100", "v100-dgx2-16", ()),
+    GpuKind("A6000", "a6000-pcie-4", ()),
+)
+
+
+def gpu_kind(name: str) -> GpuKind | None:
+    """The table's entry for a GPU named `name`, or None."""
+    upper = name.upper()
+    return next((g for g in GPUS if g.key in upper), None)
+
+
+def rates(gpu_name: str, stack: str) -> tuple[Rates, str]:
+    """(the rates `stack` achieves on the GPU named `gpu_name`, a note when they are borrowed — empty
+    when the table has them)."""
+    kind = gpu_kind(gpu_name)
+    found = dict(kind.rates).get(stack) if kind else None
+    if found is not None:
+        return found, ""
+    return _EXECUTOR, (
+        f"no measured rates for {gpu_name} under --stack {stack}: its GEMMs and attention are priced at the "
+        f"fractions of peak meshplan's executor reached on an H200 (`meshplan calibrate` measures them)"
+    )
+
+
+def preset_for_device(device_name: str) -> tuple[str, str]:
+    """(the cluster preset of the GPU torch names `device_name`, a note when the table does not know it:
+    then an H200 node's, the GPUs the time model was calibrated on)."""
+    kind = gpu_kind(device_name)
+    if kind is not None:
+        return kind.preset, ""
+    return "h200-8", f"{device_name} is not in meshplan/hardware.py: its run is predicted as an H200's"
+
+
+def replace_rates(gpu_key: str, stack: str, new: Rates) -> None:
+    """Swap one entry of the table (benchmarks/published_runs.py fits the A100 rate this way)."""
+    global GPUS
+    GPUS = tuple(
+        GpuKind(g.key, g.preset, tuple((s, new if (g.key, s) == (gpu_key, stack) else r) for s, r in g.rates))
+        for g in GPUS
+    )
