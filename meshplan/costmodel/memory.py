@@ -25,7 +25,6 @@ from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streame
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
 from meshplan.costmodel.shapes import local_bc_channels
-from meshplan.kernels.launch import peer_slot_bytes
 from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
 from meshplan.models import ModelSpec
 
@@ -267,18 +266,6 @@ def mean_local_params(model: ModelSpec, sh: Sharding, pp: int = 1, embeddings: b
     return whole / pp
 
 
-def int8_peer_buffer_bytes(model: ModelSpec, layout: Layout, opts: MemoryOptions, tokens: float) -> float:
-    """The int8 all-reduce's double buffer over peer-mapped memory (meshplan/executor/peer.py), which
-    the executor takes for TP-SSM on two ranks: two slots sized for a block output of `tokens` ×
-    d_model (meshplan.kernels.launch.peer_slot_bytes). It stays allocated once made. More ranks, or
-    bf16, take NCCL's path and hold none. A host without peer access (NCCL_P2P_DISABLE=1) does not
-    take this path either: there this over-counts by these bytes."""
-    if not (tp.uses_int8_peer_buffer(layout, opts) and model.mamba_layers):
-        return 0.0
-    elements = -(-tokens * model.d_model // 256) * 256  # padded to the 2 ranks × 128-element groups
-    return 2.0 * peer_slot_bytes(elements)
-
-
 def memory_per_gpu(
     model: ModelSpec,
     layout: Layout,
@@ -312,7 +299,7 @@ def memory_per_gpu(
         logits=_logits_transient(model, layout, seq, batch, sh, opts, embeddings),
         saved_all=saved_all,
         head_items=head_activation_bytes(model, sh, seq, batch, opts) if train and embeddings else 0.0,
-        peer_buffer=int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div),
+        peer_buffer=tp.int8_peer_buffer_bytes(model, layout, opts, batch * step_tokens / sh.token_div),
     )
     results = [
         _stage_peak(

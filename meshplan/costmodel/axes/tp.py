@@ -18,6 +18,7 @@ from meshplan.costmodel.axes.base import Sharding
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.options import MemoryOptions
+from meshplan.kernels.launch import peer_slot_bytes
 from meshplan.layout import Layout
 
 
@@ -68,6 +69,18 @@ def int8_kernels_s(ctx, kind: str, tokens: float, dev) -> float:
 def uses_int8_peer_buffer(layout: Layout, opts) -> bool:
     """The int8 all-reduce over peer-mapped memory: TP-SSM on two ranks, without Megatron-SP."""
     return opts.int8_allreduce and layout.tpssm == 2 and not opts.tp_sequence_parallel
+
+
+def int8_peer_buffer_bytes(model, layout: Layout, opts: MemoryOptions, tokens: float) -> float:
+    """The int8 all-reduce's double buffer over peer-mapped memory (meshplan/executor/peer.py), which
+    the executor takes for TP-SSM on two ranks: two slots sized for a block output of `tokens` ×
+    d_model (meshplan.kernels.launch.peer_slot_bytes). It stays allocated once made. More ranks, or
+    bf16, take NCCL's path and hold none. A host without peer access (NCCL_P2P_DISABLE=1) does not
+    take this path either: there this over-counts by these bytes."""
+    if not (uses_int8_peer_buffer(layout, opts) and model.mamba_layers):
+        return 0.0
+    elements = -(-tokens * model.d_model // 256) * 256  # padded to the 2 ranks × 128-element groups
+    return 2.0 * peer_slot_bytes(elements)
 
 
 def block_comms(ctx, kind: str):
