@@ -477,6 +477,7 @@ def _zamba2(f: _Fields, name: str) -> ModelSpec:
         attention=AttentionSpec(attn_hidden, heads, kv_heads, attn_hidden // heads, hidden),
         mlp=MlpSpec(hidden, f.whole("intermediate_size", default=4 * hidden), gated=True),
         hybrid_layers=hybrid_layers,
+        hybrid_layer_ids=tuple(i for i, t in enumerate(block_types) if t == "hybrid"),
         # transformers builds a copy only for each of the first num_mem_blocks hybrid layers.
         shared_blocks=min(f.whole("num_mem_blocks", default=1), hybrid_layers),
         adapter_rank=f.whole("adapter_rank", default=128, minimum=0),

@@ -249,6 +249,9 @@ class ModelSpec:
     mamba2: Mamba2Spec | None = None
     mamba1: Mamba1Spec | None = None
     hybrid_layers: int = 0  # hybrid: how many Mamba layers are followed by a shared-block invocation
+    # hybrid: which layers (0-based) invoke the shared block (config.json layers_block_type); (): spread
+    # evenly, the last layer one of them
+    hybrid_layer_ids: tuple[int, ...] = ()
     shared_blocks: int = 0  # hybrid: distinct copies of the shared block, used in turn (ABAB…)
     adapter_rank: int = 0  # hybrid: rank of each invocation's own LoRA adapter on the shared MLP's gate/up (0: none)
     attention_adapters: bool = False  # hybrid: adapters of that rank on the shared Q, K and V too
@@ -294,6 +297,16 @@ class ModelSpec:
                 raise MeshplanError(
                     f"model {self.name}: hybrid_layers ({self.hybrid_layers}) exceeds layers ({self.layers})"
                 )
+            ids = self.hybrid_layer_ids
+            if ids and (
+                len(ids) != self.hybrid_layers
+                or list(ids) != sorted(set(ids))
+                or not 0 <= ids[0] <= ids[-1] < self.layers
+            ):
+                raise MeshplanError(
+                    f"model {self.name}: hybrid_layer_ids must be {self.hybrid_layers} distinct layers in "
+                    f"0..{self.layers - 1}, in order; got {list(ids)}"
+                )
         if not isinstance(self.adapter_rank, int) or isinstance(self.adapter_rank, bool) or self.adapter_rank < 0:
             raise MeshplanError(
                 f"model {self.name}: adapter_rank must be a non-negative integer (0: no adapters), "
@@ -317,6 +330,36 @@ class ModelSpec:
     @property
     def hybrid_invocations(self) -> int:
         return self.hybrid_layers if self.family == "hybrid" else 0
+
+    def layer_blocks(self) -> tuple[tuple[str, ...], ...]:
+        """The model as an ordered list of layers, each the block kinds it runs (a dense layer:
+        attention then MLP; a Zamba2 hybrid layer: its Mamba-2 block and an invocation of the shared
+        block — attention, MLP and its own projection)."""
+        return _layer_blocks(self)
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Every layer runs the same blocks (a pipeline stage is then its share of an average layer)."""
+        return len(set(self.layer_blocks())) == 1
+
+    def stage_block_counts(self, stage_layers: tuple[int, ...]) -> list[dict[str, int]]:
+        """Invocations of each block kind on each pipeline stage of `stage_layers` consecutive layers."""
+        out, start = [], 0
+        layers = self.layer_blocks()
+        for n in stage_layers:
+            counts: dict[str, int] = {}
+            for blocks in layers[start : start + n]:
+                for kind in blocks:
+                    counts[kind] = counts.get(kind, 0) + 1
+            out.append(counts)
+            start += n
+        return out
+
+    def _hybrid_ids(self) -> tuple[int, ...]:
+        if self.hybrid_layer_ids:
+            return self.hybrid_layer_ids
+        h = self.hybrid_invocations
+        return tuple((k + 1) * self.layers // h - 1 for k in range(h)) if h else ()
 
     def block_invocations(self) -> tuple[tuple[str, int], ...]:
         """(block kind, times it runs per forward pass). Activations scale with these counts."""
@@ -425,6 +468,18 @@ def _norm_params(model: ModelSpec, embeddings: bool, scales_only: bool) -> int:
     return model._norm_params(embeddings, scales_only)
 
 
+@functools.lru_cache(maxsize=256)
+def _layer_blocks(model: ModelSpec) -> tuple[tuple[str, ...], ...]:
+    if model.family == "dense":
+        return (("attention", "mlp"),) * model.layers
+    if model.family in ("mamba2", "mamba1"):
+        return ((model.family,),) * model.layers
+    shared = set(model._hybrid_ids())
+    return tuple(
+        ("mamba2", "attention", "mlp", "hybrid_proj") if i in shared else ("mamba2",) for i in range(model.layers)
+    )
+
+
 def first_layers(model: ModelSpec, layers: int, field_name: str = "--layers") -> ModelSpec:
     """The model cut to its first `layers` layers (`meshplan execute --layers`), named "<model>/<k>L".
     What is counted over the layers keeps its share of them: a hybrid's shared-block invocations and
@@ -447,6 +502,7 @@ def first_layers(model: ModelSpec, layers: int, field_name: str = "--layers") ->
         name=f"{model.name}/{layers}L",
         layers=layers,
         hybrid_layers=hybrid,
+        hybrid_layer_ids=(),  # the cut's shared-block layers spread evenly, in the model's proportion
         window_layers=share(model.window_layers, attention),
     )
 

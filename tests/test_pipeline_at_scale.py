@@ -247,3 +247,31 @@ def _gpt_config(tmp=[]):  # noqa: B006 (a cache of the file written once)
         )
         tmp.append(path)
     return tmp[0]
+
+
+def test_stages_sum_their_own_layers():
+    """A hybrid's stages are priced by the blocks their layers run, not as shares of an average layer:
+    Zamba2-7B with its 13 shared-block invocations all in the first 13 layers puts them all on the
+    first of 2 stages, which then sets the pipeline's pace."""
+    from dataclasses import replace
+
+    from meshplan.models import PRESETS
+
+    base = PRESETS["zamba2-7b"]
+    front = replace(base, hybrid_layer_ids=tuple(range(13)))
+    assert front.stage_block_counts((41, 40)) == [
+        {"mamba2": 41, "attention": 13, "mlp": 13, "hybrid_proj": 13},
+        {"mamba2": 40},
+    ]
+    assert base.stage_block_counts((41, 40))[0]["attention"] == 6  # layers 5, 11, …, 36: spread evenly
+    assert not base.uniform_layers and PRESETS["dense-7b"].uniform_layers
+    opts = CostOptions(stack="megatron", global_batch=16)
+    cluster = load_cluster("h100-sxm-8", 2)
+    spread = estimate_step(base, Layout(dp=1, pp=2, tpssm=8), 4096, 1, opts, cluster)
+    lumped = estimate_step(front, Layout(dp=1, pp=2, tpssm=8), 4096, 1, opts, cluster)
+    # Same FLOPs, but the lumped model's first stage holds every shared-block invocation.
+    assert lumped.step_time_s > spread.step_time_s * 1.05
+    one = estimate_step(front, Layout(dp=2, tpssm=8), 4096, 1, opts, cluster)
+    assert one.step_time_s == pytest.approx(
+        estimate_step(base, Layout(dp=2, tpssm=8), 4096, 1, opts, cluster).step_time_s
+    )

@@ -212,12 +212,29 @@ def estimate_step(
         else 0.0
     )
 
-    # Each stage: its layers' share of an average stage's blocks and the micro-batch's own collectives,
-    # forward and backward; on the last the output head and the loss (pipeline.pipeline_passes).
+    # Each stage: its own layers' blocks and the micro-batch's own collectives, forward and backward; on
+    # the last the output head and the loss (pipeline.pipeline_passes). Layers alike: a stage is its
+    # share of an average stage's blocks.
     stages = pipeline_stages(model.layers, pp, opts.stage_layers)
-    share = [n / (model.layers / pp) for n in stages]
-    fwd = [k * (blocks.fwd_s + blocks.exposed_fwd_s) + extra_fwd for k in share]
-    bwd = [k * (blocks.bwd_s + blocks.exposed_bwd_s) + extra_bwd for k in share]
+    if model.uniform_layers:
+        share = [n / (model.layers / pp) for n in stages]
+        body_fwd = [k * (blocks.fwd_s + blocks.exposed_fwd_s) for k in share]
+        body_bwd = [k * (blocks.bwd_s + blocks.exposed_bwd_s) for k in share]
+        stage_compute = [k * (blocks.fwd_s + blocks.bwd_s) for k in share]
+        stage_exposed = [k * blocks.exposed_s for k in share]
+        stage_comm = [k * blocks.comm_s for k in share]
+        path_fwd, path_comm = blocks.fwd_s * sum(share), sum(share) * blocks.comm_s
+    else:
+        counts = model.stage_block_counts(stages)
+        body_fwd = [blocks.stage(c, "fwd_s") + blocks.stage(c, "exposed_fwd_s") for c in counts]
+        body_bwd = [blocks.stage(c, "bwd_s") + blocks.stage(c, "exposed_bwd_s") for c in counts]
+        stage_compute = [blocks.stage(c, "fwd_s") + blocks.stage(c, "bwd_s") for c in counts]
+        stage_exposed = [blocks.stage(c, "exposed_fwd_s") + blocks.stage(c, "exposed_bwd_s") for c in counts]
+        stage_comm = [blocks.stage(c, "comm_s") for c in counts]
+        path_fwd = sum(blocks.stage(c, "fwd_s") for c in counts)
+        path_comm = sum(stage_comm)
+    fwd = [x + extra_fwd for x in body_fwd]
+    bwd = [x + extra_bwd for x in body_bwd]
     if training:
         passes = pipeline_passes(fwd, bwd, m, opts.chunks if pp > 1 else 1, head_fwd, head_bwd)
         # The busiest stage's rank: its compute, its exposed collectives, and its wait for the others.
@@ -225,16 +242,16 @@ def estimate_step(
         stage_s[-1] += head_fwd + head_bwd
         check_passes(stage_s, m, passes.total_s, passes.busy_s)
         r = passes.critical_stage
-        compute = m * (share[r] * (blocks.fwd_s + blocks.bwd_s) + (head_fwd + head_bwd if r == pp - 1 else 0.0))
-        exposed = m * (share[r] * blocks.exposed_s + extra_fwd + extra_bwd)
-        comm = m * (share[r] * blocks.comm_s + own_comm) + step_comm
+        compute = m * (stage_compute[r] + (head_fwd + head_bwd if r == pp - 1 else 0.0))
+        exposed = m * (stage_exposed[r] + extra_fwd + extra_bwd)
+        comm = m * (stage_comm[r] + own_comm) + step_comm
     else:
         # Inference: one request crosses every stage in turn; no stage waits on another's work.
         total = sum(fwd) + head_fwd
         passes = PipelinePasses(total, total, pp - 1, False)
-        compute = blocks.fwd_s * sum(share) + head_fwd
+        compute = path_fwd + head_fwd
         exposed = total - compute
-        comm = sum(share) * blocks.comm_s + pp * own_comm
+        comm = path_comm + pp * own_comm
     slots = (m + pp - 1) if training else pp  # micro-batch slots a rank launches kernels for
     # The eager executor's kernel launches: a host-side floor under a small step.
     host = slots * _host_s(schedule, layout, opts.mode, dev) if opts.floors_launches else 0.0
@@ -296,6 +313,11 @@ class _Blocks:
     exposed_fwd_s: float = 0.0
     exposed_bwd_s: float = 0.0
     comm_s: float = 0.0
+    per_kind: dict = field(default_factory=dict)  # kind -> one invocation's values of the fields above
+
+    def stage(self, counts: dict[str, int], what: str) -> float:
+        """`what` (a field above) of a stage running each block kind `counts[kind]` times."""
+        return sum(n * self.per_kind[kind][what] for kind, n in counts.items())
 
     @property
     def compute_s(self) -> float:
@@ -381,6 +403,14 @@ def _block_times(
         out.bwd_s += n * bwd
         out.exposed_fwd_s += n * exposed_fwd
         out.exposed_bwd_s += n * exposed_bwd
+        kernel_gpu = step_kernels_per_block(kind, opts.mode, layout) * DECODE_KERNEL_GPU_S if decode else 0.0
+        out.per_kind[kind] = {
+            "fwd_s": fwd + kernel_gpu,
+            "bwd_s": bwd,
+            "exposed_fwd_s": exposed_fwd,
+            "exposed_bwd_s": exposed_bwd,
+            "comm_s": sum(t for _, t in timed),
+        }
         breakdown[f"{kind}_compute_s"] = n * (fwd + bwd)
         breakdown[f"{kind}_exposed_comm_s"] = n * exposed
 
