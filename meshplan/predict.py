@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.costmodel.axes import plan_context
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.memory import MemoryBreakdown, memory_per_gpu
 from meshplan.costmodel.options import CostOptions
@@ -100,6 +101,7 @@ def predict(
         violation = schedule_violation(opts.stack_spec, layout.pp, layout.zero, m, opts.chunks)
         if violation:
             raise MeshplanError(violation)
-    memory = memory_per_gpu(model, layout, seq, micro_batch, opts)
-    step = estimate_step(model, layout, seq, micro_batch, opts, cluster)
+    ctx = plan_context(model, layout, seq, micro_batch, opts)  # checked above, sharded once
+    memory = memory_per_gpu(model, layout, seq, micro_batch, opts, ctx=ctx)
+    step = estimate_step(model, layout, seq, micro_batch, opts, cluster, ctx=ctx)
     return Prediction(model, cluster, layout, seq, micro_batch, opts, memory, step)

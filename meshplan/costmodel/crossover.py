@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 
-from meshplan.costmodel.axes import ScheduleContext, block_comms, sharding_for
+from meshplan.costmodel.axes import PlanContext, block_comms, sharding_for
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.step import estimate_step
 from meshplan.layout import Layout
@@ -26,7 +26,7 @@ def layer_volume_bytes(
     model: ModelSpec, layout: Layout, tokens: float, opts: CostOptions, phases: tuple[str, ...] = ("fwd",)
 ) -> float:
     """Bytes per rank per layer (averaged over the model's layers) for `tokens` = b·s."""
-    ctx = ScheduleContext(model, layout, sharding_for(layout, opts), 1, tokens, opts)
+    ctx = PlanContext(model, layout, sharding_for(layout, opts), 1, tokens, opts)
     total = 0.0
     for kind, count in model.block_invocations():
         total += count * sum(c.bytes_per_rank for c in block_comms(ctx, kind) if c.phase in phases)

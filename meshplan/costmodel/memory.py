@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
-from meshplan.costmodel.axes import Sharding, sharding_for, tp
+from meshplan.costmodel.axes import PlanContext, Sharding, plan_context, sharding_for, tp
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
@@ -92,14 +92,22 @@ def _unit_items(model: ModelSpec, opts: MemoryOptions, blocks: tuple[str, ...]) 
 
 
 def saved_activation_bytes(
-    model: ModelSpec, layout: Layout, seq: int, batch: int, opts: MemoryOptions, *, layers_fraction: float = 1.0
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: MemoryOptions,
+    *,
+    layers_fraction: float = 1.0,
+    sh: Sharding | None = None,
 ) -> tuple[float, float]:
     """(bytes saved for backward by the layers on one GPU, bytes of the largest unit's full set).
 
     The second is the working set of one layer: what a layer's forward keeps alive, and what its
-    backward allocates again as gradients (and what full recompute rebuilds).
+    backward allocates again as gradients (and what full recompute rebuilds). `sh`: the layout's
+    sharding when the caller has it.
     """
-    sh = sharding_for(layout, opts)
+    sh = sh or sharding_for(layout, opts)
     tokens = batch * seq
     e = opts.nbytes("act_dtype")
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
@@ -275,15 +283,18 @@ def memory_per_gpu(
     *,
     num_gpus: int | None = None,
     embeddings: bool = True,
+    ctx: PlanContext | None = None,
 ) -> MemoryBreakdown:
     """Per-GPU bytes by component. `seq` is the context length (prompt + cache in decode), `batch`
     the micro-batch in sequences. `embeddings=False`: the bare layer stack the executor runs (no
     embedding, LM head or logits). In phases (docs/design.md §3): what every pipeline stage shares —
     the inference caches, the layer phase's transients, the logits — then each stage's model states
     and activations at its fullest moment, and the fullest stage."""
-    validate_layout(layout, model, num_gpus)
-    validate_seq(layout, seq, batch)
-    sh = sharding_for(layout, opts)
+    if ctx is None:  # a plan its caller has not checked and sharded
+        validate_layout(layout, model, num_gpus)
+        validate_seq(layout, seq, batch)
+        ctx = plan_context(model, layout, seq, batch, opts)
+    sh = ctx.sharding
     train = opts.training
     zero = layout.zero if layout.dp > 1 else 0
     pp = layout.pp
@@ -291,7 +302,7 @@ def memory_per_gpu(
     microbatches = opts.steps_for(layout.dp, pp, batch) if train else 1
     chunks = opts.chunks if pp > 1 else 1
     # Saved activations of an even stage (1/pp of the layers); an uneven one scales by its layers.
-    saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1.0 / pp)
+    saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1.0 / pp, sh=sh)
     step_tokens = 1 if opts.mode == "decode" else seq
     shared = _Shared(
         caches=(0.0, 0.0) if train else _inference_caches(model, layout, seq, batch, sh, opts),

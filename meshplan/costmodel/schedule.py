@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from meshplan.costmodel import axes
-from meshplan.costmodel.axes import ScheduleContext, Sharding, sharding_for
+from meshplan.costmodel.axes import PlanContext, Sharding, plan_context
 from meshplan.costmodel.blocks import BLOCKS, block_params
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.memory import mean_local_params
@@ -58,17 +58,23 @@ def last_ready_params(model: ModelSpec, sh: Sharding, embeddings: bool) -> float
 
 
 def step_schedule(
-    model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, *, embeddings: bool = True
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: CostOptions,
+    *,
+    embeddings: bool = True,
+    ctx: PlanContext | None = None,
 ) -> StepSchedule:
     """Every collective of one step (train), one prefill, or one decoded token, on one rank.
 
     `embeddings=False` leaves out the embedding and LM head (the executor's bare layer stack)."""
-    sh = sharding_for(layout, opts)
+    ctx = ctx or plan_context(model, layout, seq, batch, opts)
+    sh = ctx.sharding
     training = opts.training
-    decode = opts.mode == "decode"
-    if decode:
-        return _decode_schedule(model, layout, seq, batch, opts, embeddings)
-    ctx = ScheduleContext(model, layout, sh, batch, seq, opts)
+    if opts.mode == "decode":
+        return _decode_schedule(ctx, embeddings)
     keep = (lambda c: True) if training else (lambda c: c.phase == "fwd")
     per_block = {
         kind: tuple(c for c in axes.block_comms(ctx, kind) if keep(c)) for kind, _ in model.block_invocations()
@@ -91,16 +97,15 @@ def step_schedule(
     return StepSchedule(per_block, invocations, tuple(per_mb), tuple(per_step), microbatches)
 
 
-def _decode_schedule(
-    model: ModelSpec, layout: Layout, context: int, batch: int, opts: CostOptions, embeddings: bool = True
-) -> StepSchedule:
+def _decode_schedule(plan: PlanContext, embeddings: bool = True) -> StepSchedule:
     """One new token per sequence: queries are not split along the sequence, the KV cache is. No
     message depends on the `context` length (weights, one token's activations, partial outputs).
 
     TP all-reduces b·h per block; SP/TSP combine partial attention over their KV shards with an
     all-reduce of the partial outputs and log-sum-exps; TSP still streams every weight shard."""
-    sh = replace(sharding_for(layout, opts), token_div=1)
-    ctx = ScheduleContext(model, layout, sh, batch, 1, opts)
+    model, layout = plan.model, plan.layout
+    sh = replace(plan.sharding, token_div=1)
+    ctx = replace(plan, sharding=sh, seq=1)
     per_block = {}
     for kind, _ in model.block_invocations():
         # Decode needs neither the K/V gather nor SP Mamba's tails and summaries (its state is whole);

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan import rank_order
 from meshplan.costmodel import axes
-from meshplan.costmodel.axes import ScheduleContext, Sharding, sharding_for
+from meshplan.costmodel.axes import PlanContext, Sharding, plan_context
 from meshplan.costmodel.blocks import BLOCKS, BlockCompute
 from meshplan.costmodel.blocks.launches import DECODE_KERNEL_GPU_S, step_kernels_per_block
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
@@ -175,20 +175,23 @@ def estimate_step(
     *,
     schedule: StepSchedule | None = None,
     embeddings: bool = True,
+    ctx: PlanContext | None = None,
 ) -> StepEstimate:
     """`embeddings=False`: the bare layer stack the executor runs (no embedding, LM head, logits). In
     phases (docs/design.md §5): one micro-batch through an average stage's blocks (_block_times), the
     head and the micro-batch's own collectives, the step's gradient sync and optimizer, then the
-    pipeline's passes and the launch floor."""
-    sh = sharding_for(layout, opts)
-    schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings=embeddings)
+    pipeline's passes and the launch floor. `ctx`: the plan's context when the caller has it
+    (meshplan.costmodel.axes.plan_context), so that its sharding is computed once."""
+    ctx = ctx or plan_context(model, layout, seq, batch, opts)
+    sh = ctx.sharding
+    schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings=embeddings, ctx=ctx)
     stack = opts.stack_spec
     dev = Device.of(cluster, stack)
     links = _Links(layout, cluster)
     training, decode = opts.training, opts.mode == "decode"
     breakdown: dict[str, float] = {}
     blocks = _block_times(
-        model, layout, seq, batch, opts, sh, schedule=schedule, dev=dev, links=links, breakdown=breakdown
+        model, layout, seq, batch, opts, sh, schedule=schedule, dev=dev, links=links, breakdown=breakdown, ctx=ctx
     )
     tokens = batch if decode else batch * seq / sh.token_div
     logits = logits_compute(model, batch if decode or not training else tokens, sh, opts.nbytes("act_dtype"), dev)
@@ -340,6 +343,7 @@ def _block_times(
     dev: Device,
     links: "_Links",
     breakdown: dict,
+    ctx: PlanContext,
 ) -> _Blocks:
     """Each block kind's compute (compute.block_compute) beside its collectives on the other stream
     (_phase_exposed), times its invocations; per-kind seconds go into `breakdown`."""
@@ -351,7 +355,6 @@ def _block_times(
 
     causal, zigzag_parts = axes.attention_split(layout, seq, model.mamba_layers == 0, opts.sp_zigzag)
     zigzag = 0 if decode else zigzag_parts
-    ctx = ScheduleContext(model, layout, sh, batch, seq, opts)
     out = _Blocks()
     for kind, comms in schedule.per_block.items():
         comp = block_compute(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from meshplan.costmodel.axes import plan_context
 from meshplan.costmodel.crossover import regime
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
@@ -244,13 +245,14 @@ def search_knobs(
                     if rc == "selective" and used.flash_attention and len(recomputes) > 1:
                         continue
                     trial = replace(used, recompute=rc)
-                    mem = memory_per_gpu(model, layout, seq, mb, trial)
+                    ctx = plan_context(model, layout, seq, mb, trial)  # enumerate_layouts checked the mesh
+                    mem = memory_per_gpu(model, layout, seq, mb, trial, ctx=ctx)
                     knobs = {"recompute": rc, "tp_sequence_parallel": sp, "micro_batch": mb, "virtual_stages": v}
                     if smallest is None or mem.total_bytes < smallest[0].total_bytes:
                         smallest = (mem, None, False, knobs, trial)
                     if mem.total_bytes > cluster.gpu.memory_bytes:
                         continue
-                    est = estimate_step(model, layout, seq, mb, trial, cluster)
+                    est = estimate_step(model, layout, seq, mb, trial, cluster, ctx=ctx)
                     key = (
                         (mem.total_bytes, est.step_time_s)
                         if objective == "memory"

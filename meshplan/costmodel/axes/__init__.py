@@ -18,11 +18,23 @@ from __future__ import annotations
 from dataclasses import fields
 
 from meshplan.costmodel.axes import dp, pp, sp, tp, tsp
-from meshplan.costmodel.axes.base import ScheduleContext, Sharding
+from meshplan.costmodel.axes.base import PlanContext, Sharding
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout, sp_zigzag
 
-__all__ = ["ScheduleContext", "Sharding", "block_comms", "dp", "end_comms", "pp", "sharding_for", "sp", "tp", "tsp"]
+__all__ = [
+    "PlanContext",
+    "Sharding",
+    "block_comms",
+    "dp",
+    "end_comms",
+    "plan_context",
+    "pp",
+    "sharding_for",
+    "sp",
+    "tp",
+    "tsp",
+]
 
 # The model-parallel axes, in the order their collectives are listed (the tensor axis's before the
 # sequence axis's, as the executor runs them).
@@ -50,18 +62,18 @@ def _compose(a: Sharding, b: Sharding) -> Sharding:
     )
 
 
-def block_comms(ctx: ScheduleContext, kind: str):
+def block_comms(ctx: PlanContext, kind: str):
     """The collectives of one invocation of a `kind` block, forward and backward, on every axis."""
     return [c for axis in MODEL_AXES if axis.active(ctx.layout) for c in axis.block_comms(ctx, kind)]
 
 
-def end_comms(ctx: ScheduleContext, training: bool):
+def end_comms(ctx: PlanContext, training: bool):
     """The embedding's and the LM head's collectives (on the pipeline's end stages)."""
     comms = tp.end_comms(ctx, training) + pp.end_comms(ctx, training) + tsp.end_comms(ctx, training)
     return pp.on_end_stages(comms, ctx.layout)
 
 
-def decode_comms(ctx: ScheduleContext, kind: str):
+def decode_comms(ctx: PlanContext, kind: str):
     """What a decode step adds to a block on the sequence axes: combining partial attention."""
     return sp.decode_comms(ctx, kind, axis="tsp" if tsp.active(ctx.layout) else "sp")
 
@@ -76,3 +88,9 @@ def attention_split(layout: Layout, seq: int, attention_only: bool, zigzag_optio
     causal = 1 - 1 / (2 * layout.sp) if sp.active(layout) and not balanced else 0.5
     parts = layout.tsp if tsp.active(layout) else layout.sp if balanced else 0
     return causal, parts
+
+
+def plan_context(model, layout: Layout, seq: int, batch: int, opts) -> PlanContext:
+    """The plan's context, its sharding computed here once (the layout and sequence are checked by the
+    caller: meshplan.predict.predict, the planner's enumerate_layouts)."""
+    return PlanContext(model, layout, sharding_for(layout, opts), batch, seq, opts)

@@ -1,5 +1,6 @@
-"""The types every layout module fills: `Sharding` (how a layout divides weights, tokens and
-activations) and `ScheduleContext` (what a module needs to write one block's collectives)."""
+"""The types every axis module fills: `Sharding` (how a layout divides a block's weights, tokens and
+activations) and `PlanContext` (one plan with its sharding, shared by the memory, step and schedule
+models)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ class Sharding:
 
 
 @dataclass(frozen=True)
-class ScheduleContext:
-    """What a layout module needs to write one block's collectives (sizes in bytes)."""
+class PlanContext:
+    """One plan, its sharding computed once (meshplan.costmodel.axes.sharding_for): what memory_per_gpu,
+    estimate_step and step_schedule share, and what an axis module needs to write a block's
+    collectives (sizes in bytes). `batch` and `seq` are one micro-batch's."""
 
     model: ModelSpec
     layout: Layout
