@@ -254,21 +254,31 @@ def local_params(
     stage: str = "only",
     embeddings: bool = True,
     layer_share: float | None = None,
+    by_kind: dict | None = None,
 ) -> float:
     """Parameters one rank holds: split weights / weight_div, plus the replicated norm scales and
     (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections. `layer_share`: the
-    stage's share of the layers (1/pp unless the stages are uneven)."""
+    stage's share of the layers (1/pp unless the stages are uneven). `by_kind`: the block kinds an
+    axis splits apart (PlanContext.by_kind), each held at its own split."""
     share = 1 / pp if layer_share is None else layer_share
     total = _stage_params(model, pp, stage, share) if embeddings else model.layer_params() * share
     norms = model.norm_params(embeddings) * share if sh.weight_div > 1 else 0.0
-    return (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) * share
+    held = (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) * share
+    for kind, own in (by_kind or {}).items():
+        # These blocks' weights (less their norm scales, counted above) at their own split.
+        n = dict(model.block_invocations()).get(kind, 0)
+        weights = n * (BLOCKS[kind].params(model) - BLOCKS[kind].norm_width(model))
+        held += share * weights * (1 / own.weight_div - 1 / sh.weight_div)
+    return held
 
 
-def mean_local_params(model: ModelSpec, sh: Sharding, pp: int = 1, embeddings: bool = True) -> float:
+def mean_local_params(
+    model: ModelSpec, sh: Sharding, pp: int = 1, embeddings: bool = True, by_kind: dict | None = None
+) -> float:
     """A rank's parameters averaged over the pipeline stages (the first holds the embedding, the last
     the output head — a copy of the embedding when tied — and the final norm): what the executor's
     ranks hold on average, and what a step's collectives over them move per rank on average."""
-    whole = local_params(model, sh, embeddings=embeddings)
+    whole = local_params(model, sh, embeddings=embeddings, by_kind=by_kind)
     if pp > 1 and embeddings and model.tied_embeddings:
         whole += model.vocab * model.d_model / sh.weight_div
     return whole / pp
@@ -326,6 +336,7 @@ def memory_per_gpu(
             microbatches=microbatches,
             chunks=chunks,
             embeddings=embeddings,
+            by_kind=ctx.by_kind,
         )
         for index in _stages_to_check(stage_layers, pp, microbatches, chunks)
     ]
@@ -504,6 +515,7 @@ def _stage_peak(
     microbatches: int,
     chunks: int,
     embeddings: bool,
+    by_kind: dict | None = None,
 ) -> tuple[float, str, str, dict, dict]:
     """Pipeline stage `index`: (its peak bytes, its name, the phase that sets the peak, its components,
     what each holds at the peak):
@@ -518,7 +530,9 @@ def _stage_peak(
     shards = grad_group(layout)[1] if zero else 1
     stage = "only" if pp == 1 else "first" if index == 0 else "last" if index == pp - 1 else "middle"
     share = stage_layers[index] / model.layers
-    params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share)
+    params = local_params(
+        model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind
+    )
     param_b = params * p_bytes / (shards if zero >= 3 else 1)
     grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
     opt_bytes = 0

@@ -89,7 +89,7 @@ def step_schedule(
     per_mb = [c for c in ends if c.phase != "step"] + axes.pp.microbatch_comms(ctx, training)
     per_step: list[Comm] = once + [c for c in ends if c.phase == "step"] + axes.tsp.step_comms(ctx, embeddings)
     data_mb, data_step = axes.dp.comms(
-        ctx, mean_local_params(model, sh, layout.pp, embeddings), last_ready_params(model, sh, embeddings)
+        ctx, mean_local_params(model, sh, layout.pp, embeddings, ctx.by_kind), last_ready_params(model, sh, embeddings)
     )
     per_mb += data_mb
     per_step += data_step
@@ -120,5 +120,5 @@ def _decode_schedule(plan: PlanContext, embeddings: bool = True) -> StepSchedule
     invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}
     per_mb = list(axes.end_comms(ctx, False)) if embeddings else []
     per_mb += axes.pp.decode_comms(ctx)
-    per_mb += axes.dp.decode_comms(ctx, mean_local_params(model, sh, layout.pp, embeddings))
+    per_mb += axes.dp.decode_comms(ctx, mean_local_params(model, sh, layout.pp, embeddings, ctx.by_kind))
     return StepSchedule(per_block, invocations, tuple(per_mb), (), 1)

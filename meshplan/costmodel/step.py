@@ -208,7 +208,7 @@ def estimate_step(
     timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_step)]
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, blocks.bwd_s * m, 0.0, 0.0)  # gradient sync behind the backward
-    held = local_params(model, sh, pp=pp, embeddings=embeddings)
+    held = local_params(model, sh, pp=pp, embeddings=embeddings, by_kind=ctx.by_kind)
     opt_s = (
         optimizer_time_s(held / (grad_group(layout)[1] if layout.zero >= 1 and layout.dp > 1 else 1), dev)
         if training

@@ -93,4 +93,7 @@ def attention_split(layout: Layout, seq: int, attention_only: bool, zigzag_optio
 def plan_context(model, layout: Layout, seq: int, batch: int, opts) -> PlanContext:
     """The plan's context, its sharding computed here once (the layout and sequence are checked by the
     caller: meshplan.predict.predict, the planner's enumerate_layouts)."""
-    return PlanContext(model, layout, sharding_for(layout, opts), batch, seq, opts)
+    base = sharding_for(layout, opts)
+    kinds = {kind for blocks in model.layer_blocks() for kind in blocks}
+    own = {k: s for k in sorted(kinds) if (s := sharding_for(layout, opts, k)) != base}
+    return PlanContext(model, layout, base, batch, seq, opts, own)

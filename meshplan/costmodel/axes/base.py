@@ -4,7 +4,7 @@ models)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.shapes import local_bc_channels
@@ -35,6 +35,12 @@ class PlanContext:
     batch: int
     seq: int
     opts: CostOptions
+    # Block kinds an axis splits apart from the rest (expert parallelism splits experts alone): their
+    # own sharding. Empty while every kind shares `sharding`.
+    by_kind: dict = field(default_factory=dict, compare=False)
+
+    def sharding_of(self, kind: str) -> Sharding:
+        return self.by_kind.get(kind, self.sharding)
 
     @property
     def tokens(self) -> float:
