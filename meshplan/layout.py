@@ -160,6 +160,12 @@ def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = Non
                 )
         if model.mamba1 is not None:
             _divides(degree, model.mamba1.d_inner, f"{model.name}'s d_inner", axis)
+        if model.moe is not None:
+            if axis == "tsp":
+                raise MeshplanError(
+                    f"layout: tsp does not split {model.name}'s experts yet; use tp (with sp) for a mixture of experts"
+                )
+            _divides(degree, model.moe.expert_ffn, f"{model.name}'s expert FFN width", axis)
     if layout.pp > model.layers:
         # Uneven stages are fine (meshplan.costmodel.pipeline.pipeline_stages); more stages than layers are not.
         raise MeshplanError(

@@ -137,6 +137,50 @@ class MlpSpec:
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """A mixture-of-experts MLP: a router over `experts` routed experts, each token sent to `top_k`
+    of them, and optionally shared experts every token runs (`shared_ffn` wide in all; Qwen2-MoE gates
+    theirs with a sigmoid of a hidden → 1 projection)."""
+
+    hidden: int
+    experts: int
+    top_k: int
+    expert_ffn: int  # each routed expert's intermediate width
+    gated: bool = True  # SwiGLU experts (gate, up, down)
+    shared_ffn: int = 0  # the shared experts' total intermediate width (0: none)
+    shared_gate: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("moe", hidden=self.hidden, experts=self.experts, top_k=self.top_k, expert_ffn=self.expert_ffn)
+        if self.top_k > self.experts:
+            raise MeshplanError(f"moe: top_k ({self.top_k}) exceeds the {self.experts} experts; use top_k <= experts")
+
+    @property
+    def n_input_matrices(self) -> int:
+        return 2 if self.gated else 1
+
+    def expert_params(self) -> int:
+        """One routed expert's weights."""
+        return (self.n_input_matrices + 1) * self.hidden * self.expert_ffn
+
+    def router_params(self) -> int:
+        """The router's projection and the MoE layer's pre-norm scale."""
+        return self.hidden * self.experts + self.hidden
+
+    def shared_params(self) -> int:
+        if not self.shared_ffn:
+            return 0
+        return (self.n_input_matrices + 1) * self.hidden * self.shared_ffn + (self.hidden if self.shared_gate else 0)
+
+    def param_count(self) -> int:
+        return self.router_params() + self.experts * self.expert_params() + self.shared_params()
+
+    def active_params(self) -> int:
+        """What one token runs: the router, its top_k experts, the shared experts."""
+        return self.router_params() + self.top_k * self.expert_params() + self.shared_params()
+
+
+@dataclass(frozen=True)
 class Mamba2Spec:
     """Mamba-2 mixer (Dao & Gu 2024; mamba_ssm `Mamba2`): in_proj → conv1d on xBC → SSD scan →
     gated RMSNorm → out_proj, behind a pre-norm."""
@@ -248,6 +292,10 @@ class ModelSpec:
     mlp: MlpSpec | None = None
     mamba2: Mamba2Spec | None = None
     mamba1: Mamba1Spec | None = None
+    moe: MoeSpec | None = None
+    # moe: the layers (0-based) whose MLP is dense (`mlp`) rather than a mixture of experts (DeepSeek's
+    # first layers, Qwen's mlp_only_layers)
+    dense_layer_ids: tuple[int, ...] = ()
     hybrid_layers: int = 0  # hybrid: how many Mamba layers are followed by a shared-block invocation
     # hybrid: which layers (0-based) invoke the shared block (config.json layers_block_type); (): spread
     # evenly, the last layer one of them
@@ -278,6 +326,7 @@ class ModelSpec:
             "mamba2": ("mamba2",),
             "mamba1": ("mamba1",),
             "hybrid": ("mamba2", "attention", "mlp"),
+            "moe": ("attention", "moe"),
         }
         if self.family not in need:
             raise MeshplanError(f"model.family: unknown {self.family!r}; use one of {', '.join(need)}")
@@ -369,6 +418,13 @@ class ModelSpec:
             return (("mamba2", self.layers),)
         if self.family == "mamba1":
             return (("mamba1", self.layers),)
+        if self.family == "moe":
+            counts: dict[str, int] = {}
+            for blocks in self.layer_blocks():
+                for kind in blocks:
+                    counts[kind] = counts.get(kind, 0) + 1
+            order = ("attention", "mlp", "router", "experts", "shared_expert")
+            return tuple((kind, counts[kind]) for kind in order if counts.get(kind))
         n = self.hybrid_invocations
         return (("mamba2", self.layers), ("attention", n), ("mlp", n), ("hybrid_proj", n))
 
@@ -408,6 +464,10 @@ class ModelSpec:
             return self.layers * self.mamba2.param_count()
         if self.family == "mamba1":
             return self.layers * self.mamba1.param_count()
+        if self.family == "moe":
+            dense = len(self.dense_layer_ids)
+            mlp = dense * self.mlp.param_count() if dense else 0
+            return self.layers * self.attention.param_count() + mlp + (self.layers - dense) * self.moe.param_count()
         shared = self.shared_blocks * (self.attention.param_count() + self.mlp.param_count())
         return self.layers * self.mamba2.param_count() + shared + self.hybrid_invocations * self.hybrid_proj_params()
 
@@ -433,6 +493,13 @@ class ModelSpec:
     def param_count(self) -> int:
         return self.embedding_params() + self.layer_params()
 
+    def active_param_count(self) -> int:
+        """Parameters a token runs through: all but the routed experts it is not sent to."""
+        if self.moe is None:
+            return self.param_count()
+        sparse = self.layers - len(self.dense_layer_ids)
+        return self.param_count() - sparse * (self.moe.experts - self.moe.top_k) * self.moe.expert_params()
+
     def norm_params(self, embeddings: bool = True, scales_only: bool = False) -> int:
         """Norm parameters (scales, and LayerNorm's biases unless `scales_only`): tiny, and replicated on
         every rank of a tensor / TSP axis (never split)."""
@@ -450,6 +517,7 @@ class ModelSpec:
             "mlp": self.mlp.hidden + self.mlp.norm_extra if self.mlp else 0,
             "mamba2": self.d_model,
             "mamba1": self.d_model,
+            "router": self.moe.hidden if self.moe else 0,  # the MoE layer's pre-norm
         }
         if self.family == "hybrid":
             blocks = self.layers * self.d_model + self.shared_blocks * (per_kind["attention"] + per_kind["mlp"])
@@ -474,6 +542,10 @@ def _layer_blocks(model: ModelSpec) -> tuple[tuple[str, ...], ...]:
         return (("attention", "mlp"),) * model.layers
     if model.family in ("mamba2", "mamba1"):
         return ((model.family,),) * model.layers
+    if model.family == "moe":
+        dense = set(model.dense_layer_ids)
+        sparse = ("attention", "router", "experts") + (("shared_expert",) if model.moe.shared_ffn else ())
+        return tuple(("attention", "mlp") if i in dense else sparse for i in range(model.layers))
     shared = set(model._hybrid_ids())
     return tuple(
         ("mamba2", "attention", "mlp", "hybrid_proj") if i in shared else ("mamba2",) for i in range(model.layers)

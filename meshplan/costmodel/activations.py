@@ -19,6 +19,7 @@ Entries with `quadratic=True` scale with the key length too (the s² attention s
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from meshplan.costmodel.options import MemoryOptions
@@ -63,6 +64,9 @@ def checkpoint_units(model: ModelSpec) -> list[tuple[tuple[str, ...], int, int]]
         return [(("attention", "mlp"), model.layers, model.d_model)]
     if model.family in ("mamba2", "mamba1"):
         return [((model.family,), model.layers, model.d_model)]
+    if model.family == "moe":  # dense layers and MoE layers, each kind of layer one unit
+        counts = Counter(model.layer_blocks())
+        return [(blocks, n, model.d_model) for blocks, n in counts.items()]
     return [
         (("mamba2",), model.layers, model.d_model),
         (("attention", "mlp", "hybrid_proj"), model.hybrid_invocations, model.attention.hidden),

@@ -148,6 +148,8 @@ def largest_matrix(model: ModelSpec, sh: Sharding) -> float:
         sizes.append(model.mamba2.in_proj_width * model.d_model / sh.weight_div)
     if model.mamba1 is not None:
         sizes.append(2 * model.mamba1.d_inner * model.d_model / sh.weight_div)
+    if model.moe is not None:
+        sizes.append(model.moe.n_input_matrices * model.moe.expert_ffn * model.moe.hidden / sh.weight_div)
     return max(sizes)
 
 

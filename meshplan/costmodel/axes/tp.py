@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from meshplan.costmodel.axes.base import Sharding
+from meshplan.costmodel.blocks import BLOCKS
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.options import MemoryOptions
@@ -97,7 +98,7 @@ def _layer_comms(ctx, kind: str, axis: str, int8_forward: bool):
     reduce-scatter of the same total size; the backward re-gathers the saved sequence shard.
     Mamba-1 adds the all-reduce of x_proj's output (dt, B, C come from all d_inner channels)."""
     t = ctx.layout.tensor_degree
-    if t == 1 or kind == "hybrid_proj":
+    if t == 1 or not BLOCKS[kind].tensor_comms:
         return []
     e = ctx.act_bytes
     w_in, w_out = ctx.widths(kind)

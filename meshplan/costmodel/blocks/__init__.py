@@ -1,7 +1,8 @@
 """Block kinds that plug in (docs/design.md §8): one module per kind — attention, dense MLP, Mamba-2,
-Mamba-1, Zamba2's per-invocation projection — each saying, for the cost model, its parameters,
-projections, memory-bound bytes, saved tensors and its own kernels, transients, decode traffic and
-recompute (blocks.base.BlockKind). The cost model asks BLOCKS[kind] rather than naming kinds."""
+Mamba-1, Zamba2's per-invocation projection, a mixture of experts' router, routed experts and shared
+experts — each saying, for the cost model, its parameters, projections, memory-bound bytes, saved
+tensors and its own kernels, transients, decode traffic and recompute (blocks.base.BlockKind). The
+cost model asks BLOCKS[kind] rather than naming kinds."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from meshplan.costmodel.blocks.hybrid_proj import HYBRID_PROJ
 from meshplan.costmodel.blocks.mamba1 import MAMBA1
 from meshplan.costmodel.blocks.mamba2 import MAMBA2
 from meshplan.costmodel.blocks.mlp import MLP
+from meshplan.costmodel.blocks.moe import EXPERTS, ROUTER, SHARED_EXPERT
 
 __all__ = ["BLOCKS", "BlockCompute", "BlockKind", "block_params", "block_saved", "streamed_block_params"]
 
-BLOCKS: dict[str, BlockKind] = {b.name: b for b in (ATTENTION, MLP, MAMBA2, MAMBA1, HYBRID_PROJ)}
+BLOCKS: dict[str, BlockKind] = {
+    b.name: b for b in (ATTENTION, MLP, MAMBA2, MAMBA1, HYBRID_PROJ, ROUTER, EXPERTS, SHARED_EXPERT)
+}
 
 
 def block_params(model, kind: str) -> int:

@@ -45,6 +45,9 @@ class BlockKind:
     attends = False  # attends over the sequence: K/V gathered on sequence shards, a KV cache
     recurrent = False  # carries state along the sequence: conv tails and SSM states at shard edges
     triton_launches = False  # launches mostly Triton kernels, whose host cost calibrate measures apart
+    # Megatron TP reduces the block's row-parallel output over the tensor axis (False: the block is
+    # replicated there, or its output is summed with another's before one reduction)
+    tensor_comms = True
 
     # -- shapes --------------------------------------------------------------------------------
     def params(self, model) -> int:

@@ -22,6 +22,7 @@ def hybrid_proj_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
 
 class HybridProj(BlockKind):
     name = "hybrid_proj"
+    tensor_comms = False
 
     def params(self, model):
         return model.hybrid_proj_params()
