@@ -16,7 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError, read_json
-from meshplan.models import PRESETS, AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, RopeSpec, dense
+from meshplan.models import (
+    PRESETS,
+    AttentionSpec,
+    Mamba1Spec,
+    Mamba2Spec,
+    MlpSpec,
+    ModelSpec,
+    MoeSpec,
+    RopeSpec,
+    dense,
+)
 
 
 class _Fields:
@@ -101,6 +111,10 @@ _DENSE = {
     "gemma2": _GEMMA,
     "gemma3_text": _GEMMA,
     "olmo2": _Defaults(windowed=False),
+    # Mixtral and Qwen-MoE: the attention of Mistral and Qwen2/3; their MLPs are mixtures of experts.
+    "mixtral": _Defaults(kv_heads=8, attention_bias=False),
+    "qwen2_moe": _Defaults(kv_heads=16, window=4096, attention_bias=False),
+    "qwen3_moe": _Defaults(kv_heads=4, window=4096),
 }
 
 
@@ -220,7 +234,7 @@ def _qwen(f: _Fields, name: str) -> ModelSpec:
     if window_layers is None:
         # Qwen2Config / Qwen3Config: max_window_layers 28 when absent.
         window_layers = layers - min(layers, f.whole("max_window_layers", default=28, minimum=0)) if sliding else 0
-    qwen3 = f.raw.get("model_type") == "qwen3"
+    qwen3 = f.raw.get("model_type") in ("qwen3", "qwen3_moe")
     return _llama(f, name, qkv_bias=not qwen3, qk_norm="head" if qwen3 else "", window_layers=window_layers)
 
 
@@ -253,9 +267,6 @@ def _olmo2(f: _Fields, name: str) -> ModelSpec:
 
 # Mixture-of-experts families: their expert counts, so that the refusal can say what is missing.
 _MOE = {
-    "mixtral": "num_local_experts",
-    "qwen2_moe": "num_experts",
-    "qwen3_moe": "num_experts",
     "deepseek_v2": "n_routed_experts",
     "deepseek_v3": "n_routed_experts",
     "jamba": "num_experts",
@@ -486,6 +497,32 @@ def _zamba2(f: _Fields, name: str) -> ModelSpec:
     )
 
 
+def _moe(f: _Fields, name: str) -> ModelSpec:
+    """Mixtral (every MLP a mixture of num_local_experts experts of intermediate_size) and Qwen2/3-MoE
+    (num_experts of moe_intermediate_size; layers in mlp_only_layers, or off the decoder_sparse_step,
+    keep a dense MLP of intermediate_size; Qwen2-MoE adds shared experts of
+    shared_expert_intermediate_size behind a sigmoid gate)."""
+    mixtral = f.raw.get("model_type") == "mixtral"
+    spec = _llama(f, name) if mixtral else _qwen(f, name)
+    experts = f.whole("num_local_experts", "num_experts")
+    top_k = f.whole("num_experts_per_tok", default=2 if mixtral else 8)
+    if top_k > experts:
+        raise f.error(f"num_experts_per_tok ({top_k}) exceeds the {experts} experts; use at most {experts}")
+    layers = spec.layers
+    if mixtral:
+        expert_ffn, shared, dense_ids = spec.mlp.ffn_hidden, 0, ()
+    else:
+        expert_ffn = f.whole("moe_intermediate_size")
+        shared = f.whole("shared_expert_intermediate_size", default=0, minimum=0)
+        step = f.whole("decoder_sparse_step", default=1)
+        only = f.get("mlp_only_layers", []) or []
+        if not isinstance(only, list) or any(not isinstance(i, int) or not 0 <= i < layers for i in only):
+            raise f.error(f"mlp_only_layers must list layers in 0..{layers - 1}, got {only!r}")
+        dense_ids = tuple(i for i in range(layers) if i in only or (i + 1) % step)
+    moe = MoeSpec(spec.d_model, experts, top_k, expert_ffn, shared_ffn=shared, shared_gate=bool(shared))
+    return replace(spec, family="moe", moe=moe, dense_layer_ids=dense_ids, mlp=spec.mlp if dense_ids else None)
+
+
 _READERS = {
     "llama": _llama,
     "mistral": _llama,
@@ -493,6 +530,9 @@ _READERS = {
     "granite": _llama,  # Granite's multipliers scale activations; its shapes are Llama's
     "qwen2": _qwen,
     "qwen3": _qwen,
+    "mixtral": _moe,
+    "qwen2_moe": _moe,
+    "qwen3_moe": _moe,
     "gemma2": _gemma,
     "gemma3": _gemma,
     "gemma3_text": _gemma,
@@ -518,8 +558,8 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         experts = raw.get(_MOE[model_type])
         what = f"{_MOE[model_type]} {experts}" if isinstance(experts, int) else "routed experts"
         raise MeshplanError(
-            f"{where}: model_type {model_type!r} is a mixture of experts ({what}); meshplan does not model "
-            f"expert parallelism or expert weights yet — plan its dense equivalent, or wait for EP"
+            f"{where}: model_type {model_type!r} is a mixture of experts ({what}) meshplan does not read yet; "
+            f"of the MoE families it reads mixtral, qwen2_moe and qwen3_moe"
         )
     if model_type not in _READERS:
         raise MeshplanError(

@@ -207,19 +207,38 @@ def test_sliding_window_layers_cost_less_attention_and_cache(tmp_path):
 @pytest.mark.parametrize(
     "model_type, field",
     [
-        ("mixtral", "num_local_experts 8"),
-        ("qwen3_moe", "num_experts 128"),
         ("deepseek_v3", "n_routed_experts 256"),
         ("jamba", "num_experts 16"),
+        ("gpt_oss", "num_local_experts 32"),
     ],
 )
-def test_mixture_of_experts_families_are_refused_naming_what_is_missing(tmp_path, model_type, field):
+def test_mixture_of_experts_families_not_read_yet_are_refused_naming_them(tmp_path, model_type, field):
     key, value = field.rsplit(" ", 1)
     raw = {"model_type": model_type, key: int(value), "hidden_size": 4096}
     with pytest.raises(MeshplanError) as err:
         model_from_hf_config(_write(tmp_path, raw))
     message = str(err.value)
-    assert field in message and "expert parallelism" in message and "\n" not in message
+    assert field in message and "mixtral, qwen2_moe and qwen3_moe" in message and "\n" not in message
+
+
+def test_mixture_of_experts_layers():
+    """Qwen3-MoE's dense layers (mlp_only_layers, and those off the decoder_sparse_step) keep an MLP;
+    the rest run a router and routed experts; Qwen2-MoE adds its shared experts; Mixtral's active
+    parameters are its model card's 12.9B of 46.7B."""
+    import json as _json
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        qwen = model_from_hf_config(
+            _write(Path(tmp), {"model_type": "qwen3_moe", **SHAPE_CASES["qwen3_moe-sparse-step"]})
+        )
+        assert qwen.dense_layer_ids == (0, 2, 3) and qwen.layer_blocks()[1] == ("attention", "router", "experts")
+        q2 = model_from_hf_config(_write(Path(tmp), {"model_type": "qwen2_moe", **SHAPE_CASES["qwen2_moe"]}))
+        assert q2.layer_blocks()[0] == ("attention", "router", "experts", "shared_expert")
+        mixtral = model_from_hf_config(_write(Path(tmp), {"model_type": "mixtral", **_MIXTRAL_8X7B}))
+        assert round(mixtral.param_count() / 1e9, 1) == 46.7 and round(mixtral.active_param_count() / 1e9, 1) == 12.9
+        del _json
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -272,6 +291,20 @@ _ZAMBA2_7B = {
     "use_shared_attention_adapter": False,
     "vocab_size": 32000,
 }
+# mistralai/Mixtral-8x7B-v0.1 config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, 8 experts of
+# 14336, top 2, vocab 32000, untied.
+_MIXTRAL_8X7B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
+    "sliding_window": None,
+}
+
 SHAPE_CASES = {
     "llama": {**_DECODER, "num_attention_heads": 4},
     "llama-gqa-biases-tied": {
@@ -320,6 +353,36 @@ SHAPE_CASES = {
     "zamba2-no-adapters": {**_ZAMBA2, "adapter_rank": 0},
     "zamba2-more-blocks-than-hybrid-layers": {**_ZAMBA2, "num_mem_blocks": 4, "mamba_ngroups": 2},
     "zamba2-7b": _ZAMBA2_7B,
+    "mixtral": {**_DECODER, "num_attention_heads": 8, "num_key_value_heads": 2, "num_local_experts": 4},
+    "mixtral-8x7b": _MIXTRAL_8X7B,
+    "qwen2_moe": {
+        **_DECODER,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "num_experts": 6,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 48,
+        "shared_expert_intermediate_size": 96,
+    },
+    "qwen3_moe": {
+        **_DECODER,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+    },
+    "qwen3_moe-sparse-step": {
+        **_DECODER,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+    },
 }
 
 
