@@ -532,9 +532,7 @@ def _stage_peak(
     shards = grad_group(layout)[1] if zero else 1
     stage = "only" if pp == 1 else "first" if index == 0 else "last" if index == pp - 1 else "middle"
     share = stage_layers[index] / model.layers
-    params = local_params(
-        model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind
-    )
+    params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind)
     param_b = params * p_bytes / (shards if zero >= 3 else 1)
     grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
     opt_bytes = 0
