@@ -12,7 +12,9 @@ from dataclasses import dataclass, fields
 from meshplan.errors import MeshplanError
 from meshplan.models import ModelSpec
 
-AXES = ("dp", "pp", "tp", "sp", "tsp", "tpssm")
+# ep folds onto the same ranks (Megatron-Core's MoE parallel folding): it splits the experts over the
+# data and sequence ranks and adds none of its own.
+AXES = ("dp", "pp", "tp", "sp", "tsp", "tpssm", "ep")
 KEYS = AXES + ("zero",)
 
 
@@ -24,6 +26,7 @@ class Layout:
     sp: int = 1
     tsp: int = 1
     tpssm: int = 1
+    ep: int = 1  # expert parallelism: each rank holds 1/ep of the routed experts
     zero: int = 0  # ZeRO stage over the dp axis: 1 optimizer state, 2 + gradients, 3 + parameters
 
     def __post_init__(self) -> None:
@@ -166,6 +169,15 @@ def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = Non
                     f"layout: tsp does not split {model.name}'s experts yet; use tp (with sp) for a mixture of experts"
                 )
             _divides(degree, model.moe.expert_ffn, f"{model.name}'s expert FFN width", axis)
+    if layout.ep > 1:
+        if model.moe is None:
+            raise MeshplanError(f"layout: ep splits experts and {model.name} has none; leave ep out")
+        _divides(layout.ep, model.moe.experts, f"{model.name}'s experts", "ep")
+        if (layout.dp * layout.sp) % layout.ep:
+            raise MeshplanError(
+                f"layout: ep={layout.ep} folds the experts over the data and sequence ranks, dp×sp = "
+                f"{layout.dp * layout.sp}; pick ep from the divisors of {layout.dp * layout.sp}"
+            )
     if layout.pp > model.layers:
         # Uneven stages are fine (meshplan.costmodel.pipeline.pipeline_stages); more stages than layers are not.
         raise MeshplanError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from meshplan.costmodel.axes import dp, pp, sp, tp, tsp
+from meshplan.costmodel.axes import dp, ep, pp, sp, tp, tsp
 from meshplan.costmodel.axes.base import PlanContext, Sharding
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.layout import Layout, sp_zigzag
@@ -28,6 +28,7 @@ __all__ = [
     "block_comms",
     "dp",
     "end_comms",
+    "ep",
     "plan_context",
     "pp",
     "sharding_for",
@@ -38,7 +39,7 @@ __all__ = [
 
 # The model-parallel axes, in the order their collectives are listed (the tensor axis's before the
 # sequence axis's, as the executor runs them).
-MODEL_AXES = (tp, sp, tsp)
+MODEL_AXES = (tp, sp, tsp, ep)
 
 
 def sharding_for(layout: Layout, options: MemoryOptions, kind: str | None = None) -> Sharding:
