@@ -4,7 +4,7 @@ a lower-right causal bias over a key prefix (SP and TSP shards), plus a large bf
 
     python benchmarks/bench_attention.py --out $OUT/attention.json
 
-FLOPs counted as the cost model counts them (meshplan/costmodel/compute.py): causal attention
+FLOPs counted as the cost model counts them (meshplan/costmodel/blocks/attention.py): causal attention
 4·q·k·(a·d) × the visible fraction forward, 2.5× that backward.
 """
 

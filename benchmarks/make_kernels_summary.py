@@ -26,13 +26,13 @@ def kernel_fraction(ssd: dict, run: dict, direction: str) -> float:
 
 
 # The H200 preset's rated HBM rate (meshplan/topologies presets: the datasheet's 4.8 TB/s), the unit the
-# cost model's fractions are in, and its multiprocessors (meshplan.costmodel.compute.SCAN_PASS_SMS).
+# cost model's fractions are in, and its multiprocessors (meshplan.costmodel.blocks.mamba2.SCAN_PASS_SMS).
 H200_RATED_HBM = 4.8e12
 H200_SMS = 132
 
 
 def scan_model(ssd: dict) -> dict:
-    """The cost model's scan constants (meshplan/costmodel/compute.py) from the benchmark's three
+    """The cost model's scan constants (meshplan/costmodel/blocks/mamba2.py) from the benchmark's three
     shapes. A state passing is bound by its programs' issue, not by HBM: each program (a row, head and
     state tile: meshplan.kernels.launch.pass_programs) takes its row's chunks in turn, so a passing takes
     steps · max(latency, ⌈programs / SMs⌉ · issue) — one program alone on an SM pays the step's

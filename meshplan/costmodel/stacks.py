@@ -134,7 +134,7 @@ STACKS: dict[str, Stack] = {
         fused_swiglu=False,
         # The executor's pipeline runs 1F1B only (meshplan/executor/pipeline.py), with ZeRO 0-3.
         interleaved_min_pp=0,
-        source="docs/validation.md; the constants of meshplan/costmodel/compute.py",
+        source="docs/validation.md; the constants of meshplan/costmodel/device.py and costmodel/blocks/",
     ),
 }
 DEFAULT_STACK = "megatron"
