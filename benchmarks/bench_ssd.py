@@ -5,7 +5,7 @@ kernel by kernel.
     python benchmarks/bench_ssd.py --out $OUT/ssd.json [--chunk 64]
 
 Bytes are what each kernel reads and writes in HBM, as the cost model counts them
-(meshplan.costmodel.compute.ssd_kernel_bytes); per-kernel times come from torch.profiler over a few
+(meshplan.costmodel.blocks.mamba2.ssd_kernel_bytes); per-kernel times come from torch.profiler over a few
 calls.
 """
 
@@ -54,7 +54,7 @@ def rel(a, b) -> float:
 
 def kernel_traffic(b, s, h, p, g, n, chunk, e=2) -> dict:
     """HBM bytes per kernel of one forward and one backward, by the cost model's count
-    (meshplan.costmodel.compute.ssd_kernel_bytes), under the profiler's kernel names."""
+    (meshplan.costmodel.blocks.mamba2.ssd_kernel_bytes), under the profiler's kernel names."""
     nc = -(-s // chunk)
     traffic = ssd_kernel_bytes(b * nc * chunk, h, p, g, n, e, chunk)
     return {d: {"_" + k: v for k, v in ks.items()} for d, ks in traffic.items()}

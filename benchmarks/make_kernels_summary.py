@@ -156,7 +156,7 @@ def main() -> int:
             f"error against float64: output {r['rel_err_vs_fp64']:.1e}, gradients "
             f"{max(grads['plain'].values()):.1e} at most (packed rows {max(grads['packed_every_700'].values()):.1e}). "
             f"Fractions of the measured copy roofline ({ssd['copy_bytes_per_s'] / 1e12:.2f} TB/s): the scan's "
-            f"kernels' HBM traffic (meshplan.costmodel.compute.ssd_kernel_bytes) over their profiled time "
+            f"kernels' HBM traffic (meshplan.costmodel.blocks.mamba2.ssd_kernel_bytes) over their profiled time "
             f"(scan_bandwidth_fraction, and per kernel), and over the whole call's time, launch gaps and small "
             f"torch ops included (scan_call_bandwidth_fractions). The chunk states are formed inside the "
             f"sequential state passing, which stores only the bf16 states the chunk kernels read: at the "
