@@ -36,7 +36,8 @@ def inputs(b, s, h, p, g, n, seed=0):
 
 
 def traffic(b, s, h, p, g, n, e=2) -> dict:
-    """HBM bytes of each kernel, as the cost model counts them (meshplan.costmodel.blocks.mamba2.sp_correction_bytes)."""
+    """HBM bytes of each kernel, as the cost model counts them
+    (meshplan.costmodel.blocks.mamba2.sp_correction_bytes)."""
     return {"_" + k: v for k, v in sp_correction_bytes(b * s, h, p, g, n, e).items()}
 
 
