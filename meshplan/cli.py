@@ -962,10 +962,10 @@ def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: 
     records its out-of-memory as a result)."""
     import torch
 
-    from meshplan.executor.run import predict
+    from meshplan.predict import predict_run
 
     have = torch.cuda.get_device_properties(0).total_memory
-    need = predict(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
+    need = predict_run(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
     if need > have:
         err_console.print(
             f"warning: the predicted peak, {fmt_bytes(need)} a GPU, exceeds this GPU's "

@@ -4,7 +4,7 @@ Measured, per rank: step time (CUDA events after warm-up, median), peak memory
 (torch.cuda.max_memory_allocated over the timed steps), collective bytes by kind/axis (the counting
 wrapper), bytes saved for backward (saved_tensors_hooks), and the exposed communication: the same
 step timed again with the transfers skipped (counted, not sent), subtracted from the real one.
-Predicted: the same quantities from the cost model for the bare layer stack (no embeddings).
+The prediction a run file sets beside these is meshplan.predict.predict_run.
 """
 
 from __future__ import annotations
@@ -17,11 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from meshplan.costmodel.layouts import sharding_for
-from meshplan.costmodel.memory import head_activation_bytes, loss_logits_bytes, memory_per_gpu, saved_activation_bytes
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.schedule import step_schedule
-from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
 from meshplan.executor.checkpoint import load_into
 from meshplan.executor.comm import Mesh
@@ -43,50 +39,8 @@ from meshplan.executor.pipeline import Pipeline, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
-from meshplan.topologies.cluster import ClusterSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def predict(
-    model: ModelSpec,
-    layout: Layout,
-    seq: int,
-    batch: int,
-    mode: str,
-    cluster: ClusterSpec | None,
-    *,
-    act_dtype: str = "bf16",
-    int8_allreduce: bool = False,
-    sp_zigzag: bool = True,
-    whole: bool = False,
-) -> dict:
-    """`sp_zigzag=False`: as for an executor that split SP contiguously (runs before run 36). `whole`:
-    the whole model (embedding, head, logits and loss), not only its layers."""
-    opts = CostOptions(
-        mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce, sp_zigzag=sp_zigzag
-    )
-    mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=whole)
-    saved = 0.0
-    if mode == "train":
-        # One micro-batch through this rank's layers (a pipeline stage's share), and the head's.
-        saved = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp)[0]
-        if whole:  # the last stage's, the fullest (a run reports its fullest rank's)
-            sh = sharding_for(layout, opts)
-            saved += head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts)
-    out = {
-        "peak_bytes": mem.total_bytes,
-        "memory_breakdown": mem.per_gpu_bytes,
-        "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=whole).bytes_by_kind_and_axis(
-            message=True
-        ),
-        "saved_bytes": saved,
-        "whole_model": whole,
-    }
-    if cluster is not None:
-        est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=whole)
-        out.update(step_time_s=est.step_time_s, exposed_comm_s=est.exposed_comm_s, compute_s=est.compute_s)
-    return out
 
 
 def use_expandable_segments() -> None:

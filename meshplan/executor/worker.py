@@ -14,18 +14,13 @@ import torch.distributed as dist
 
 from meshplan.executor.comm import build_mesh
 from meshplan.executor.model import tokens_from_file
-from meshplan.executor.run import (
-    combine_ranks,
-    environment,
-    measure,
-    predict,
-    use_expandable_segments,
-)
+from meshplan.executor.run import combine_ranks, environment, measure, use_expandable_segments
 from meshplan.executor.support import executed_spec, unsupported
 from meshplan.executor.torchrun import progress_line
 from meshplan.hf_config import load_model
 from meshplan.layout import parse_layout, validate_layout, validate_seq
 from meshplan.models import first_layers
+from meshplan.predict import predict_run
 from meshplan.topologies.cluster import load_cluster
 
 
@@ -140,7 +135,7 @@ def main(argv=None) -> int:
             "whole_model": whole,
             "not_executed": dropped,
             "weights": args.weights or None,
-            "predicted": predict(
+            "predicted": predict_run(
                 model,
                 layout,
                 args.seq,
