@@ -26,11 +26,14 @@ from meshplan.executor.model import CausalLM, synthetic_tokens
 from meshplan.executor.optim import make_optimizer
 from meshplan.executor.parallelize import (
     GradientSync,
+    drop_caches,
+    keep_caches,
     parallelize,
     parallelize_model,
     run_layers,
     set_documents,
     shard_weights,
+    share_final_states,
     stage_of,
     token_positions,
     unique_params,
@@ -193,8 +196,7 @@ def measure(
     opt = make_optimizer(unique_params(layers), sync) if train else None
     # Pipeline stages: the cost model's micro-batches a training step, the same one each (timing only).
     pipe = Pipeline(layers, mesh, run_layers, like=hidden if whole else None) if layout.pp > 1 else None
-    for layer in layers:
-        layer.keep_cache = not train
+    keep_caches(layers, not train)
     decode = mode == "decode"
     if decode:  # prefill once (not timed); the timed steps decode one token per sequence each
         x = _prefill(layers, pipe, x, model, batch, device, DTYPES[dtype], gen, whole=whole)
@@ -213,8 +215,7 @@ def measure(
             opt.zero_grad()
             x.grad = None
         else:
-            for layer in layers:  # drop the previous prefill's cache before making the next
-                layer.kv_cache = layer.ssm_cache = None
+            drop_caches(layers)  # the previous prefill's, before making the next
             with torch.no_grad():
                 through(layers, pipe, x)
         if pipe is not None and not train:
@@ -330,10 +331,8 @@ def _prefill(layers, pipe, x, model: ModelSpec, batch: int, device: str, dtype, 
     (or hidden state, for the layer stack) per sequence."""
     with torch.no_grad():
         through(layers, pipe, x)
-    for layer in layers:
-        layer.keep_cache = False
-        if hasattr(layer, "share_final_state"):
-            layer.share_final_state()
+    keep_caches(layers, False)
+    share_final_states(layers)
     one = torch.randn(batch, 1, model.d_model, dtype=dtype, device=device, generator=gen)
     if not whole:
         return one
@@ -353,8 +352,8 @@ def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | 
         return None
     total = y.detach().float().reshape(1) * micro
     layout = mesh.layout
-    for axis, size in (("tsp", layout.tsp), ("sp", layout.sp), ("dp", layout.dp)):
-        if size > 1:
+    for axis in (layout.sequence_axis, "dp" if layout.dp > 1 else None):
+        if axis is not None:
             torch.distributed.all_reduce(total, group=mesh.axis(axis).group)
     return float(total) / layout.dp
 
