@@ -15,9 +15,9 @@ import json
 import statistics
 from dataclasses import replace
 
-from meshplan.executor.run import predict
 from meshplan.layout import parse_layout
 from meshplan.models import PRESETS
+from meshplan.predict import predict_run
 from meshplan.topologies import load_cluster
 
 
@@ -37,7 +37,7 @@ def rescore(path: str, cluster_name: str = "") -> list[dict]:
             continue
         # The executor has dealt SP's tokens in zigzag since run 36, whose files say so; the runs
         # before it split SP contiguously and are predicted as they ran.
-        p = predict(
+        p = predict_run(
             model_for(run["model"]),
             parse_layout(run["layout"]),
             run["seq"],

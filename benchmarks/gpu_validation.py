@@ -24,9 +24,10 @@ import torch
 import torch.distributed as dist
 
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.run import combine_ranks, environment, measure, predict, use_expandable_segments
+from meshplan.executor.run import combine_ranks, environment, measure, use_expandable_segments
 from meshplan.layout import parse_layout
 from meshplan.models import PRESETS, dense, mamba2
+from meshplan.predict import predict_run
 from meshplan.topologies import load_cluster
 
 DENSE_LAYOUTS = [
@@ -198,7 +199,7 @@ def main() -> int:
         dist.gather_object(mine, gathered, dst=0)
         if rank == 0:
             ranks = [g for g in gathered[: layout.world_size]]
-            record["predicted"] = predict(
+            record["predicted"] = predict_run(
                 replace(model, param_dtype="bf16"),
                 layout,
                 seq,

@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.run import measure, predict, use_expandable_segments
+from meshplan.executor.run import measure, use_expandable_segments
 from meshplan.layout import parse_layout
 from meshplan.models import PRESETS
+from meshplan.predict import predict_run
 
 
 def _site(frames: list[dict]) -> str:
@@ -118,7 +119,7 @@ def main() -> int:
         dist.gather_object(entry, got, dst=0)
         if rank == 0:
             entry = got[0]
-            pred = predict(model, layout, args.seq, args.batch, args.mode, None, whole=args.whole)
+            pred = predict_run(model, layout, args.seq, args.batch, args.mode, None, whole=args.whole)
             entry["predicted"], entry["predicted_peak"] = pred["memory_breakdown"], pred["peak_bytes"]
             results.append(entry)
             print(

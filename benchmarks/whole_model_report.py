@@ -13,9 +13,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from meshplan.executor.run import predict
 from meshplan.hf_config import load_model
 from meshplan.layout import parse_layout
+from meshplan.predict import predict_run
 from meshplan.topologies.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def rows() -> list[dict]:
         name, layers = re.match(r"memory-peak-whole-(.+)-(\d+)L-\d+-h200\.json", path.name).groups()
         model = replace(load_model(name), layers=int(layers), name=f"{name}/{layers}L")
         for run in doc["runs"]:
-            pred = predict(
+            pred = predict_run(
                 model, parse_layout(run["layout"]), run["seq"], 1, run["mode"], load_cluster("h200-8"), whole=True
             )
             out.append(

@@ -863,33 +863,30 @@ def execute(
     if device == "cuda":
         _check_gpus("--device", nproc)
         _warn_if_over_gpu_memory(spec, lay, tokens, batch, mode, not layers_only)
-    from meshplan.executor.torchrun import worker_command
+    from meshplan.executor.runspec import RunSpec, spec_file
+    from meshplan.executor.torchrun import WorkersFailed, failed_run, worker_command
 
-    cmd = worker_command(
+    record = RunSpec(
         model=model,
         layout=layout,
         seq=tokens,
+        out=out,
         batch=batch,
         mode=mode,
         device=device,
         steps=steps,
-        out=out,
         timeout=timeout,
-        nproc=nproc,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
         layers=layers,
         layers_only=layers_only,
-        tokens_file=tokens_file,
+        tokens=tokens_file,
         weights=weights,
         profile=do_profile,
         int8_allreduce=int8_allreduce,
     )
-    from meshplan.executor.torchrun import WorkersFailed, failed_run
-
     try:
-        run_with_progress(cmd, timeout, f"{lay} on {nproc * nnodes} {device} processes")
+        with spec_file(record) as path:
+            cmd = worker_command("meshplan.executor.worker", path, nproc, nnodes, node_rank, rdzv_endpoint)
+            run_with_progress(cmd, timeout, f"{lay} on {nproc * nnodes} {device} processes")
     except WorkersFailed as exc:
         failed = failed_run(
             exc,
@@ -969,10 +966,10 @@ def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: 
     records its out-of-memory as a result)."""
     import torch
 
-    from meshplan.executor.run import predict
+    from meshplan.predict import predict_run
 
     have = torch.cuda.get_device_properties(0).total_memory
-    need = predict(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
+    need = predict_run(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
     if need > have:
         err_console.print(
             f"warning: the predicted peak, {fmt_bytes(need)} a GPU, exceeds this GPU's "
@@ -1063,7 +1060,8 @@ def calibrate(
     timeout: float = typer.Option(1800.0, "--timeout"),
 ):
     """Measure this machine's GEMM, HBM, attention, host launch cost and collectives; write a profile for --cluster."""
-    from meshplan.executor.torchrun import launcher
+    from meshplan.executor.runspec import CalibrationSpec, spec_file
+    from meshplan.executor.torchrun import worker_command
     from meshplan.topologies.cluster import preset_names
 
     _at_least("--nproc", nproc, 1)
@@ -1075,13 +1073,10 @@ def calibrate(
     _check_folder("--out", out)
     if device == "cuda":
         _check_gpus("--device", nproc)
-    cmd = launcher(nproc) + ["-m", "meshplan.topologies.calibrate", "--cluster", cluster, "--out", out]
-    cmd += ["--device", device]
-    if quick:
-        cmd.append("--quick")
-    if max_bytes:
-        cmd += ["--max-bytes", str(max_bytes)]
-    run_with_progress(cmd, timeout, f"calibrating {nproc} {device} processes")
+    record = CalibrationSpec(out=out, cluster=cluster, quick=quick, device=device, max_bytes=max_bytes)
+    with spec_file(record) as path:
+        cmd = worker_command("meshplan.executor.calibrate_run", path, nproc)
+        run_with_progress(cmd, timeout, f"calibrating {nproc} {device} processes")
     console.print(f"wrote {out}; use it with --cluster {out}")
 
 

@@ -1,15 +1,23 @@
 """One given plan, no search: what a layout costs on a cluster under a stack, as `meshplan predict`
-prints it and `benchmarks/published_runs.py` scores it."""
+prints it and `benchmarks/published_runs.py` scores it; and what a run of the executor is predicted
+to measure (`predict_run`), as `meshplan execute` records it beside the measurements."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel.axes import plan_context
+from meshplan.costmodel.axes import plan_context, sharding_for
 from meshplan.costmodel.device import Device
-from meshplan.costmodel.memory import MemoryBreakdown, memory_per_gpu
+from meshplan.costmodel.memory import (
+    MemoryBreakdown,
+    head_activation_bytes,
+    loss_logits_bytes,
+    memory_per_gpu,
+    saved_activation_bytes,
+)
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import schedule_violation, validate_batch
+from meshplan.costmodel.schedule import step_schedule
 from meshplan.costmodel.step import StepEstimate, estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout, validate_seq
@@ -105,3 +113,48 @@ def predict(
     memory = memory_per_gpu(model, layout, seq, micro_batch, opts, ctx=ctx)
     step = estimate_step(model, layout, seq, micro_batch, opts, cluster, ctx=ctx)
     return Prediction(model, cluster, layout, seq, micro_batch, opts, memory, step)
+
+
+def predict_run(
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    mode: str,
+    cluster: ClusterSpec | None,
+    *,
+    act_dtype: str = "bf16",
+    int8_allreduce: bool = False,
+    sp_zigzag: bool = True,
+    whole: bool = False,
+) -> dict:
+    """What `meshplan execute` measures, predicted: the peak memory a GPU and its breakdown, each
+    kind/axis's collective bytes a rank a step, the bytes saved for backward (train), and on a cluster
+    the step time — the run file's `predicted` (meshplan.executor.worker; compared by
+    meshplan.executor.compare). `sp_zigzag=False`: as for an executor that split SP contiguously
+    (runs before run 36). `whole`: the whole model (embedding, head, logits and loss), not only its
+    layers."""
+    opts = CostOptions(
+        mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce, sp_zigzag=sp_zigzag
+    )
+    mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=whole)
+    saved = 0.0
+    if mode == "train":
+        # One micro-batch through this rank's layers (a pipeline stage's share), and the head's.
+        saved = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp)[0]
+        if whole:  # the last stage's, the fullest (a run reports its fullest rank's)
+            sh = sharding_for(layout, opts)
+            saved += head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts)
+    out = {
+        "peak_bytes": mem.total_bytes,
+        "memory_breakdown": mem.per_gpu_bytes,
+        "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=whole).bytes_by_kind_and_axis(
+            message=True
+        ),
+        "saved_bytes": saved,
+        "whole_model": whole,
+    }
+    if cluster is not None:
+        est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=whole)
+        out.update(step_time_s=est.step_time_s, exposed_comm_s=est.exposed_comm_s, compute_s=est.compute_s)
+    return out

@@ -168,14 +168,16 @@ def test_workers_report_progress_and_the_cli_stops_at_the_timeout(tmp_path):
     stopped at --timeout, not minutes later, and its run file keeps the steps that finished."""
     import time
 
+    from meshplan.executor.runspec import RunSpec, spec_file
     from meshplan.executor.torchrun import run_workers, worker_command
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY))
     out = tmp_path / "run.json"
-    common = dict(model=str(config), layout="tp=2", seq=64, batch=1, mode="train", device="cpu", nproc=2)
+    spec = RunSpec(model=str(config), layout="tp=2", seq=64, out=str(out), steps=2, timeout=120)
     seen = []
-    records = run_workers(worker_command(**common, steps=2, out=str(out), timeout=120), 120, seen.append)
+    with spec_file(spec) as path:
+        records = run_workers(worker_command("meshplan.executor.worker", path, nproc=2), 120, seen.append)
     assert records == seen
     assert [r["what"] for r in records] == [
         "first-batch loss",
@@ -265,3 +267,50 @@ def test_a_killed_rank_is_named_with_its_signal_and_the_finished_steps_are_kept(
     assert run["layout"] == "tp=2" and run["world"] == 2
     c = runner.invoke(app, ["compare", str(out)])
     _one_line_error(c, "did not complete")
+
+
+class _Launched(Exception):
+    pass
+
+
+def test_execute_hands_every_worker_one_record(tmp_path, monkeypatch):
+    """What the CLI checked reaches the workers as one RunSpec file, whose path is the worker's one
+    argument (no options to parse again), and is removed once the run is over."""
+    import os
+
+    import meshplan.cli as cli
+    from meshplan.executor.runspec import RunSpec
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    seen = {}
+
+    def launched(cmd, timeout, label):
+        assert cmd[-3:-1] == ["-m", "meshplan.executor.worker"] and "--nproc-per-node=2" in cmd
+        seen["path"], seen["spec"] = cmd[-1], RunSpec.read(cmd[-1])
+        raise _Launched
+
+    monkeypatch.setattr(cli, "run_with_progress", launched)
+    out = str(tmp_path / "run.json")
+    r = runner.invoke(
+        app,
+        ["execute", "--model", str(config), "--layout", "tp=2", "--seq", "1k", "--nproc", "2", "--layers", "1"]
+        + ["--mode", "prefill", "--steps", "3", "--timeout", "50", "--out", out],
+    )
+    assert isinstance(r.exception, _Launched), r.output
+    assert seen["spec"] == RunSpec(
+        model=str(config), layout="tp=2", seq=1024, out=out, mode="prefill", steps=3, timeout=50.0, layers=1
+    )
+    assert not os.path.exists(seen["path"])
+
+
+def test_a_run_record_reads_back_what_was_written_and_names_an_unknown_field(tmp_path):
+    from meshplan.executor.runspec import CalibrationSpec, RunSpec
+
+    spec = RunSpec(model="dense-7b", layout="tp=2,sp=2", seq=16384, out="r.json", tokens="t.npz", profile=True)
+    path = str(tmp_path / "spec.json")
+    spec.write(path)
+    assert RunSpec.read(path) == spec
+    CalibrationSpec(out="p.toml", quick=True).write(path)
+    with pytest.raises(ValueError, match="RunSpec has no field\\(s\\) max_bytes, quick"):
+        RunSpec.read(path)

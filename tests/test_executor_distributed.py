@@ -173,7 +173,11 @@ def test_gradient_sync_adopts_the_first_steps_ready_order():
         # MLP's before the attention's, the second layer's before the first's), the same on both ranks,
         # and the reduced gradients do not change with it.
         assert r["adopted"] == per_rank[0]["first_step_ready"]
-        assert r["adopted"].index("1.w_down") < r["adopted"].index("1.w_qkv") < r["adopted"].index("0.w_down")
+        assert (
+            r["adopted"].index("1.mlp.w_down")
+            < r["adopted"].index("1.attention.w_qkv")
+            < r["adopted"].index("0.mlp.w_down")
+        )
         assert r["same_grads"]
 
 

@@ -4,7 +4,8 @@
   {a,b} brace must match at least one file) is committed.
 - Every docs/design.md section a module cites ("docs/design.md §N") is a heading of that document.
 - No import cycle among meshplan's modules, counting imports inside functions too (a lazy import is
-  allowed for optional or heavy packages — torch, Triton, numpy — never to hide a cycle).
+  allowed for optional or heavy packages — torch, Triton, numpy — never to hide a cycle), and none from
+  meshplan/topologies/ into meshplan/executor/ (cluster descriptions are data the executor measures).
 """
 
 import ast
@@ -107,6 +108,19 @@ def test_no_import_cycles():
     assert graph.number_of_edges() > 100
     cycles = list(nx.simple_cycles(graph))
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + [c[0]]) for c in cycles)
+
+
+def test_topologies_do_not_import_the_executor():
+    """Clusters and their calibrated profiles are data; the runner that measures them lives under
+    executor/ (meshplan.executor.calibrate_run) and imports topologies/, never the other way."""
+    graph = _import_graph()
+    assert graph.has_edge("meshplan.executor.calibrate_run", "meshplan.topologies.calibrate")
+    back = [
+        f"{a} -> {b}"
+        for a, b in graph.edges
+        if a.startswith("meshplan.topologies") and b.startswith("meshplan.executor")
+    ]
+    assert not back, back
 
 
 @pytest.mark.parametrize(

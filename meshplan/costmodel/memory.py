@@ -458,7 +458,7 @@ def _layer_transients(
         if train:
             # Every rank's partial gradients of all D shards of the block, until their reduce-scatter;
             # and the backward's own packed copy of its shard, one hop's weight gradients and the row
-            # they are packed into (meshplan/executor/layouts/tsp.py, _TSPMlp.backward). Without these
+            # they are packed into (meshplan/executor/layouts/tsp.py, _TSPMlpFn.backward). Without these
             # three shards TSP training was under-predicted by 0.28 GiB at D = 4 (memory-peak-4xh200.json).
             weight_shards += largest_streamed * opts.nbytes("grad_dtype") + 3 * shard * p_bytes
     comm_buffers = 0.0

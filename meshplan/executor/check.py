@@ -16,9 +16,11 @@ from meshplan.executor.comm import build_mesh, shard_of
 from meshplan.executor.optim import MixedAdam, make_optimizer
 from meshplan.executor.parallelize import (
     GradientSync,
+    keep_caches,
     parallelize,
     run_layers,
     shard_weights,
+    share_final_states,
     stage_of,
     token_positions,
 )
@@ -191,14 +193,11 @@ def _check_decode(rank: int, model: ModelSpec, layout: Layout, seq: int, batch: 
     layers, _, pipe = _stage(model, mesh, seq, ref)
     shard_weights(layers, mesh)  # ZeRO 3: its hooks gather the weights around each use
     pos = token_positions(mesh, seq, ref)
-    for layer in layers:
-        layer.keep_cache = True
+    keep_caches(layers, True)
     with torch.no_grad():
         through(layers, pipe, x[:, :seq][:, pos])
-    for layer in layers:
-        layer.keep_cache = False
-        if hasattr(layer, "share_final_state"):
-            layer.share_final_state()
+    keep_caches(layers, False)
+    share_final_states(layers)
     mesh.reset_counts()
     errs = []
     for i in range(DECODE_STEPS):

@@ -22,10 +22,12 @@ from meshplan.executor.model import CausalLM, synthetic_tokens
 from meshplan.executor.optim import MixedAdam, make_optimizer
 from meshplan.executor.parallelize import (
     GradientSync,
+    keep_caches,
     parallelize_model,
     run_layers,
     set_documents,
     shard_weights,
+    share_final_states,
     unique_params,
 )
 from meshplan.executor.pipeline import Pipeline, stage_slice, through
@@ -194,14 +196,11 @@ def _check_decode(
     set_documents(mods, docs)
     # The decoded tokens continue the last document.
     all_docs = torch.cat([docs, docs[:, -1:].expand(-1, DECODE_STEPS)], 1) if packed else None
-    for mod in mods:
-        mod.keep_cache = True
+    keep_caches(mods, True)
     with torch.no_grad():
         through(mods, pipe, tokens[:, :seq])
-    for mod in mods:
-        mod.keep_cache = False
-        if hasattr(mod, "share_final_state"):
-            mod.share_final_state()
+    keep_caches(mods, False)
+    share_final_states(mods)
     if pipe is not None:
         pipe.like = torch.empty(batch, 1, model.d_model, dtype=torch.float64)
     mesh.reset_counts()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from meshplan import rank_order
 from meshplan.layout import Layout
 
 
@@ -50,44 +51,48 @@ class Mesh:
         self.calls.clear()
 
 
-AXIS_ORDER = ("tensor", "sp", "dp", "pp")  # innermost first: matches the cost model's placement
+def rank_groups(layout: Layout, varying: tuple[str, ...]) -> list[list[int]]:
+    """Every group of mesh ranks that differ only along the `varying` axes (named as in
+    meshplan.rank_order: tensor, sp, dp, pp; consecutive there, innermost first), each in axis order,
+    in the order build_mesh creates them: the other axes' combinations with the innermost fastest."""
+    sizes, strides = rank_order.axis_sizes(layout), rank_order.strides(layout)
+    others = [n for n in rank_order.ATTENTION_ORDER if n not in varying]
+    outer = list(reversed(varying))
+    out = []
+    for combo in itertools.product(*(range(sizes[n]) for n in others)):
+        base = sum(c * strides[n] for n, c in zip(others, combo))
+        out.append(
+            [
+                base + sum(c * strides[n] for n, c in zip(outer, inner))
+                for inner in itertools.product(*(range(sizes[n]) for n in outer))
+            ]
+        )
+    return out
 
 
 def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
-    """Process groups for every axis. Rank = t + T·(σ + Σ·(d + dp·p)), the tensor axis (tp, tpssm or
-    tsp) innermost. Every process creates every group, in the same order. `members`: run the layout on
-    these global ranks only (the others get None)."""
+    """Process groups for every axis, placed by meshplan.rank_order (rank = t + T·(σ + Σ·(d + dp·p)),
+    the tensor axis — tp, tpssm or tsp — innermost). Every process creates every group, in the same
+    order. `members`: run the layout on these global ranks only (the others get None)."""
     members = list(range(dist.get_world_size())) if members is None else list(members)
     me, world = dist.get_rank(), len(members)
     if world != layout.world_size:
         raise RuntimeError(f"layout {layout} needs {layout.world_size} processes, got {world}")
     rank = members.index(me) if me in members else -1
-    tensor_name = "tsp" if layout.tsp > 1 else "tpssm" if layout.tpssm > 1 else "tp"
-    sizes = {"tensor": layout.tensor_degree * layout.tsp, "sp": layout.sp, "dp": layout.dp, "pp": layout.pp}
-    strides, acc = {}, 1
-    for name in AXIS_ORDER:
-        strides[name] = acc
-        acc *= sizes[name]
+    sizes = rank_order.axis_sizes(layout)
 
     def groups(varying: tuple[str, ...], name: str, pick=lambda ranks: ranks) -> Axis | None:
-        """Every group of the ranks that differ only in the `varying` axes (innermost first; `pick`
-        keeps some of them), created here; this process's, as an Axis."""
-        others = [n for n in AXIS_ORDER if n not in varying]
-        outer = list(reversed(varying))
+        """Every group of rank_groups(layout, varying) (`pick` keeps some of its ranks), created here;
+        this process's, as an Axis."""
         mine = None
-        for combo in itertools.product(*(range(sizes[n]) for n in others)):
-            base = sum(c * strides[n] for n, c in zip(others, combo))
-            ranks = [
-                members[base + sum(c * strides[n] for n, c in zip(outer, inner))]
-                for inner in itertools.product(*(range(sizes[n]) for n in outer))
-            ]
-            ranks = pick(ranks)
+        for group_ranks in rank_groups(layout, varying):
+            ranks = pick([members[r] for r in group_ranks])
             group = dist.new_group(ranks) if len(ranks) > 1 else None
             if me in ranks:
                 mine = Axis(name, len(ranks), ranks.index(me), group, ranks)
         return mine
 
-    axes: dict[str, Axis] = {name: groups((name,), name) for name in AXIS_ORDER}
+    axes: dict[str, Axis] = {name: groups((name,), name) for name in rank_order.ATTENTION_ORDER}
     if sizes["sp"] > 1 and sizes["dp"] > 1:
         # The merged gradient group of weights SP replicates (the cost model's "dp+sp",
         # meshplan.layout.grad_group).
@@ -97,7 +102,7 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
         axes["pp_ends"] = groups(("pp",), "pp_ends", lambda ranks: [ranks[0], ranks[-1]])
     if rank < 0:
         return None
-    axes[tensor_name] = axes["tensor"]
+    axes[layout.weight_axis] = axes["tensor"]
     backend = dist.get_backend()
     return Mesh(layout, rank, world, axes, nccl=backend == "nccl")
 

@@ -1,5 +1,6 @@
-"""Turn a plain Stack into its sharded form for a layout (parallelize from the outside), and say
-which tokens each rank holds."""
+"""Turn a plain Stack into its sharded form for a layout (parallelize from the outside): each layer a
+Layer of sharded sublayers (meshplan.executor.layouts.layer); say which tokens each rank holds; and run
+a training step's gradient reductions (GradientSync)."""
 
 from __future__ import annotations
 
@@ -9,43 +10,30 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshplan.executor.blocks import DenseLayer, Mamba2Block, Stack
+from meshplan.executor.blocks import DenseLayer, Stack
 from meshplan.executor.comm import Mesh, all_reduce, all_reduce_start, reduce_scatter_start
-from meshplan.executor.layouts.common import contiguous_tokens, zigzag_tokens
-from meshplan.executor.layouts.dense import ParallelDense
-from meshplan.executor.layouts.mamba import ParallelMamba2
-from meshplan.executor.layouts.tsp import TSPDense
-from meshplan.executor.layouts.tsp_mamba import TSPMamba2
+from meshplan.executor.layouts.common import Sublayer
+from meshplan.executor.layouts.layer import build_layer, sharded_modules, tokens_held
 from meshplan.executor.layouts.vocab import ParallelEmbedding, ParallelHead
 from meshplan.executor.model import CausalLM
 from meshplan.executor.pipeline import stage_slice
 from meshplan.executor.zero3 import ShardedWeights
-from meshplan.layout import grad_group, sp_zigzag
+from meshplan.layout import grad_group
 
 
 def token_positions(mesh: Mesh, seq: int, stack: Stack | None = None, index: int | None = None) -> torch.Tensor:
-    """The positions this rank (or rank `index` of the token axis) holds: zigzag under TSP for
-    attention-only stacks (None: any), and under SP where the stack is attention-only and 2Σ divides
-    seq (meshplan.layout.sp_zigzag); contiguous otherwise."""
-    layout = mesh.layout
-    if layout.tsp > 1:
-        i = mesh.axis("tsp").rank if index is None else index
-        if stack is None or attention_only(stack):
-            return zigzag_tokens(seq, layout.tsp, i)
-        # A Mamba block's recurrence runs along the ranks in order (TSPMamba2, as SP's shards).
-        return contiguous_tokens(seq, layout.tsp, i)
-    if layout.sp > 1:
-        i = mesh.axis("sp").rank if index is None else index
-        if stack is not None and sp_zigzag(layout, seq, attention_only(stack)):
-            return zigzag_tokens(seq, layout.sp, i)
-        return contiguous_tokens(seq, layout.sp, i)
-    return torch.arange(seq)
+    """The positions this rank (or rank `index` of the token axis) holds (layouts.layer.tokens_held):
+    zigzag under TSP for attention-only stacks (None: any), and under SP where the stack is
+    attention-only and 2Σ divides seq (meshplan.layout.sp_zigzag); contiguous otherwise."""
+    axis = mesh.layout.sequence_axis
+    if index is None:
+        index = mesh.axis(axis).rank if axis else 0
+    return tokens_held(mesh.layout, seq, index, None if stack is None else attention_only(stack))
 
 
 def all_token_positions(mesh: Mesh, seq: int, stack: Stack) -> tuple[list[torch.Tensor], int]:
     """Every rank's positions along the token axis (one entry without a token split), and this rank's index."""
-    layout = mesh.layout
-    axis = "tsp" if layout.tsp > 1 else "sp" if layout.sp > 1 else None
+    axis = mesh.layout.sequence_axis
     if axis is None:
         return [torch.arange(seq)], 0
     ax = mesh.axis(axis)
@@ -57,31 +45,16 @@ def attention_only(stack: Stack) -> bool:
 
 
 def parallelize(stack: Stack, mesh: Mesh, seq: int, int8_allreduce: bool = False) -> nn.ModuleList:
-    layout = mesh.layout
-    tensor_axis = tensor_axis_of(mesh)
-    seq_axis = "sp" if layout.sp > 1 else None
+    """Each reference layer as this rank's Layer of sharded sublayers (layouts.layer.build_layer)."""
     positions = token_positions(mesh, seq, stack)
-    zigzag = sp_zigzag(layout, seq, attention_only(stack))
-    out = []
-    for layer in stack.layers:
-        if isinstance(layer, DenseLayer):
-            if layout.tsp > 1:
-                out.append(TSPDense(layer, mesh, seq))
-            else:
-                out.append(ParallelDense(layer, mesh, tensor_axis, seq_axis, positions, seq, zigzag))
-        elif isinstance(layer, Mamba2Block):
-            if layout.tsp > 1:
-                out.append(TSPMamba2(layer, mesh))
-            else:
-                out.append(ParallelMamba2(layer, mesh, tensor_axis, seq_axis, int8_allreduce))
-        else:
-            raise TypeError(f"cannot parallelize {type(layer).__name__}")
-    return nn.ModuleList(out)
+    only = attention_only(stack)
+    return nn.ModuleList(build_layer(layer, mesh, seq, positions, only, int8_allreduce) for layer in stack.layers)
 
 
 def tensor_axis_of(mesh: Mesh) -> str | None:
+    """The axis that splits heads and channels (tp or tpssm); None under SP or TSP alone."""
     layout = mesh.layout
-    return "tpssm" if layout.tpssm > 1 else "tp" if layout.tp > 1 else None
+    return layout.weight_axis if layout.tensor_degree > 1 else None
 
 
 def parallelize_model(ref: CausalLM, mesh: Mesh, seq: int, int8_allreduce: bool = False) -> nn.ModuleList:
@@ -110,11 +83,32 @@ def parallelize_model(ref: CausalLM, mesh: Mesh, seq: int, int8_allreduce: bool 
 
 
 def set_documents(layers, documents: torch.Tensor | None) -> None:
-    """Hand the whole sequence's document ids (b, s) — packed documents, or None — to the layers that
-    keep documents apart (the Mamba-2 layers: each takes its shard's ids)."""
-    for layer in layers:
-        if hasattr(layer, "packed"):
-            layer.packed = documents
+    """Hand the whole sequence's document ids (b, s) — packed documents, or None — to the sublayers that
+    keep documents apart (the Mamba-2 mixers: each takes its shard's ids)."""
+    for module in sharded_modules(layers):
+        if hasattr(module, "packed"):
+            module.packed = documents
+
+
+def keep_caches(layers, keep: bool) -> None:
+    """Whether the next forwards (a prefill) keep what decode continues from (KV caches, SSM states)."""
+    for module in sharded_modules(layers):
+        if isinstance(module, Sublayer):
+            module.keep_cache = keep
+
+
+def drop_caches(layers) -> None:
+    """Forget the previous prefill's caches."""
+    for module in sharded_modules(layers):
+        if isinstance(module, Sublayer):
+            module.drop_cache()
+
+
+def share_final_states(layers) -> None:
+    """After a prefill, give every rank the state decode continues from (an SP or TSP Mamba-2 mixer's)."""
+    for module in sharded_modules(layers):
+        if isinstance(module, Sublayer):
+            module.share_final_state()
 
 
 def unique_params(layers) -> list:
@@ -182,11 +176,11 @@ class GradientSync:
             p.register_post_accumulate_grad_hook(lambda p: (s := ref()) is not None and s._ready(p))
 
     def _summed_first(self) -> list:
-        """Weights whose gradients are partial sums until finish(): TSP's norm scales, TP-SSM's
-        replicated B/C projections."""
-        out = [p for layer in self.layers if isinstance(layer, ParallelMamba2) for p in layer.replicated_grad_params()]
-        if self.mesh.layout.tsp > 1:
-            out += [p for layer in self.layers for n, p in layer.named_parameters() if n.endswith("norm.weight")]
+        """Weights whose gradients are partial sums until finish(): TP-SSM's replicated B/C projections,
+        TSP's norm scales (each sharded module's replicated_grad_params and partial_grads)."""
+        modules = sharded_modules(self.layers)
+        out = [p for m in modules for p in m.replicated_grad_params()]
+        out += [p for params in _partial_grads(modules).values() for p in params]
         return out + self.tied
 
     def _ready(self, p: torch.Tensor) -> None:
@@ -240,15 +234,11 @@ class GradientSync:
 
     def finish(self) -> None:
         self.fold()
-        for layer in self.layers:
-            if isinstance(layer, ParallelMamba2):
-                layer.sync_replicated_grads()
-        if self.mesh.layout.tsp > 1:  # TSP keeps the norm scales on every rank
-            _all_reduce_grads(
-                [p for layer in self.layers for n, p in layer.named_parameters() if n.endswith("norm.weight")],
-                self.mesh,
-                "tsp",
-            )
+        modules = sharded_modules(self.layers)
+        for m in modules:
+            m.sync_replicated_grads()
+        for axis, params in _partial_grads(modules).items():  # TSP keeps the norm scales on every rank
+            _all_reduce_grads(params, self.mesh, axis)
         if self.tied and self.mesh.axis("pp_ends") is not None:
             _all_reduce_grads(self.tied, self.mesh, "pp_ends")
         for p in self.held:
@@ -293,6 +283,15 @@ def shard_weights(layers: nn.ModuleList, mesh: Mesh) -> ShardedWeights | None:
     """ZeRO 3's sharded weights (meshplan.executor.zero3) where the layout asks for them."""
     layout = mesh.layout
     return ShardedWeights(layers, mesh) if layout.dp > 1 and layout.zero >= 3 else None
+
+
+def _partial_grads(modules) -> dict[str, list]:
+    """The modules' partial_grads, merged by axis, in module order."""
+    out: dict[str, list] = {}
+    for m in modules:
+        for axis, params in m.partial_grads().items():
+            out.setdefault(axis, []).extend(params)
+    return out
 
 
 def _all_reduce_grads(params: list, mesh: Mesh, axis: str) -> None:

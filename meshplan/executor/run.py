@@ -4,7 +4,7 @@ Measured, per rank: step time (CUDA events after warm-up, median), peak memory
 (torch.cuda.max_memory_allocated over the timed steps), collective bytes by kind/axis (the counting
 wrapper), bytes saved for backward (saved_tensors_hooks), and the exposed communication: the same
 step timed again with the transfers skipped (counted, not sent), subtracted from the real one.
-Predicted: the same quantities from the cost model for the bare layer stack (no embeddings).
+The prediction a run file sets beside these is meshplan.predict.predict_run.
 """
 
 from __future__ import annotations
@@ -17,11 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from meshplan.costmodel.axes import sharding_for
-from meshplan.costmodel.memory import head_activation_bytes, loss_logits_bytes, memory_per_gpu, saved_activation_bytes
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.schedule import step_schedule
-from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
 from meshplan.executor.checkpoint import load_into
 from meshplan.executor.comm import Mesh
@@ -30,11 +26,14 @@ from meshplan.executor.model import CausalLM, synthetic_tokens
 from meshplan.executor.optim import make_optimizer
 from meshplan.executor.parallelize import (
     GradientSync,
+    drop_caches,
+    keep_caches,
     parallelize,
     parallelize_model,
     run_layers,
     set_documents,
     shard_weights,
+    share_final_states,
     stage_of,
     token_positions,
     unique_params,
@@ -43,50 +42,8 @@ from meshplan.executor.pipeline import Pipeline, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
-from meshplan.topologies.cluster import ClusterSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def predict(
-    model: ModelSpec,
-    layout: Layout,
-    seq: int,
-    batch: int,
-    mode: str,
-    cluster: ClusterSpec | None,
-    *,
-    act_dtype: str = "bf16",
-    int8_allreduce: bool = False,
-    sp_zigzag: bool = True,
-    whole: bool = False,
-) -> dict:
-    """`sp_zigzag=False`: as for an executor that split SP contiguously (runs before run 36). `whole`:
-    the whole model (embedding, head, logits and loss), not only its layers."""
-    opts = CostOptions(
-        mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce, sp_zigzag=sp_zigzag
-    )
-    mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=whole)
-    saved = 0.0
-    if mode == "train":
-        # One micro-batch through this rank's layers (a pipeline stage's share), and the head's.
-        saved = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp)[0]
-        if whole:  # the last stage's, the fullest (a run reports its fullest rank's)
-            sh = sharding_for(layout, opts)
-            saved += head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts)
-    out = {
-        "peak_bytes": mem.total_bytes,
-        "memory_breakdown": mem.per_gpu_bytes,
-        "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=whole).bytes_by_kind_and_axis(
-            message=True
-        ),
-        "saved_bytes": saved,
-        "whole_model": whole,
-    }
-    if cluster is not None:
-        est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=whole)
-        out.update(step_time_s=est.step_time_s, exposed_comm_s=est.exposed_comm_s, compute_s=est.compute_s)
-    return out
 
 
 def use_expandable_segments() -> None:
@@ -239,8 +196,7 @@ def measure(
     opt = make_optimizer(unique_params(layers), sync) if train else None
     # Pipeline stages: the cost model's micro-batches a training step, the same one each (timing only).
     pipe = Pipeline(layers, mesh, run_layers, like=hidden if whole else None) if layout.pp > 1 else None
-    for layer in layers:
-        layer.keep_cache = not train
+    keep_caches(layers, not train)
     decode = mode == "decode"
     if decode:  # prefill once (not timed); the timed steps decode one token per sequence each
         x = _prefill(layers, pipe, x, model, batch, device, DTYPES[dtype], gen, whole=whole)
@@ -259,8 +215,7 @@ def measure(
             opt.zero_grad()
             x.grad = None
         else:
-            for layer in layers:  # drop the previous prefill's cache before making the next
-                layer.kv_cache = layer.ssm_cache = None
+            drop_caches(layers)  # the previous prefill's, before making the next
             with torch.no_grad():
                 through(layers, pipe, x)
         if pipe is not None and not train:
@@ -376,10 +331,8 @@ def _prefill(layers, pipe, x, model: ModelSpec, batch: int, device: str, dtype, 
     (or hidden state, for the layer stack) per sequence."""
     with torch.no_grad():
         through(layers, pipe, x)
-    for layer in layers:
-        layer.keep_cache = False
-        if hasattr(layer, "share_final_state"):
-            layer.share_final_state()
+    keep_caches(layers, False)
+    share_final_states(layers)
     one = torch.randn(batch, 1, model.d_model, dtype=dtype, device=device, generator=gen)
     if not whole:
         return one
@@ -399,8 +352,8 @@ def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | 
         return None
     total = y.detach().float().reshape(1) * micro
     layout = mesh.layout
-    for axis, size in (("tsp", layout.tsp), ("sp", layout.sp), ("dp", layout.dp)):
-        if size > 1:
+    for axis in (layout.sequence_axis, "dp" if layout.dp > 1 else None):
+        if axis is not None:
             torch.distributed.all_reduce(total, group=mesh.axis(axis).group)
     return float(total) / layout.dp
 

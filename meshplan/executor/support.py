@@ -3,11 +3,12 @@
 The cost model scores more than the executor runs: ZeRO 2 and 3 under pipeline stages with a tsp or
 tpssm axis, ZeRO 3 under TSP, and models other than dense and Mamba-2 stacks are priced but not
 executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
-them.
+them. What each layout module runs is checked beside those modules (executor/layouts/limits.py).
 """
 
 from __future__ import annotations
 
+from meshplan.executor.layouts.limits import layer_limits, vocab_limits
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec, RopeSpec
 
@@ -22,52 +23,16 @@ def unsupported(layout: Layout, model: ModelSpec, whole: bool = True) -> str | N
         )
     if layout.pp > 1 and model.layers % layout.pp:
         return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"
-    if layout.pp > 1 and layout.dp > 1 and layout.zero >= 2 and (layout.tsp > 1 or layout.tpssm > 1):
-        # Their norm scales or replicated B/C weights are summed over the tensor axis once a step,
-        # while ZeRO 2-3 under pp reduce-scatter every micro-batch's gradients.
-        return (
-            f"layout: the executor pipelines ZeRO {layout.zero} without tsp or tpssm; execute zero=1 or "
-            f"drop the tensor axis"
-        )
-    if layout.dp > 1 and layout.zero >= 3 and layout.tsp > 1:
-        return (
-            f"layout: the executor's TSP streams its own weight shards and does not also shard them "
-            f"for ZeRO 3; with tsp={layout.tsp} execute zero=2 or below"
-        )
-    if layout.tsp > 1 and model.family == "mamba2":
-        m = model.mamba2
-        sizes = {"in_proj rows": m.in_proj_width, "conv channels": m.conv_dim, "heads": m.nheads, "d_inner": m.d_inner}
-        bad = [f"{k} {v}" for k, v in sizes.items() if v % layout.tsp]
-        if bad:
-            return (
-                f"layout: tsp={layout.tsp} must divide {model.name}'s Mamba-2 weights ({', '.join(bad)}); "
-                f"pick a tsp that divides them"
-            )
-    if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:
-        return f"layout: the executor's TSP ring is written for gated MLPs; {model.name}'s is not gated"
-    t = layout.tpssm if layout.tpssm > 1 else layout.tp
-    if model.family == "mamba2" and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
-        return (
-            f"layout: the executor splits Mamba-2's {model.mamba2.ngroups} B/C groups over the tensor axis "
-            f"or replicates one group; {t} does not divide {model.mamba2.ngroups}"
-        )
+    if (reason := layer_limits(layout, model)) is not None:
+        return reason
     return _whole_model(layout, model) if whole else None
 
 
 def _whole_model(layout: Layout, model: ModelSpec) -> str | None:
     """What the embedding and the head add: even vocabulary or column splits, and a tied matrix that
     ZeRO 3 does not shard."""
-    t = layout.tpssm if layout.tpssm > 1 else layout.tp
-    if t > 1 and model.vocab % t:
-        return (
-            f"model: vocab {model.vocab} is not divisible by the tensor axis ({t}), which the vocab-parallel "
-            f"embedding splits evenly; pad vocab_size to a multiple of {t}, or run --layers-only"
-        )
-    if layout.tsp > 1 and model.d_model % layout.tsp:
-        return (
-            f"layout: tsp={layout.tsp} must divide hidden {model.d_model} (TSP splits the embedding by "
-            f"columns); pick a tsp that divides it, or run --layers-only"
-        )
+    if (reason := vocab_limits(layout, model)) is not None:
+        return reason
     if model.tied_embeddings and layout.dp > 1 and layout.zero >= 3:
         return (
             f"layout: the executor does not shard {model.name}'s tied embedding for ZeRO 3; execute zero=2 "

@@ -1,4 +1,5 @@
-"""The command `meshplan execute` starts (torch's elastic launcher over meshplan.executor.worker), and
+"""The command `meshplan execute` and `meshplan calibrate` start (torch's elastic launcher over
+meshplan.executor.worker or calibrate_run, each worker given the run's record: runspec.py), and
 running it: torch-free, so that the CLI builds and checks it without importing torch.
 
 The workers say how far they are on stdout, one line a finished unit of work (`progress_line`); the
@@ -24,50 +25,17 @@ PROGRESS = "meshplan-progress"
 
 
 def worker_command(
-    *,
-    model: str,
-    layout: str,
-    seq: int,
-    batch: int,
-    mode: str,
-    device: str,
-    steps: int,
-    out: str,
-    timeout: float,
+    module: str,
+    spec_path: str,
     nproc: int,
     nnodes: int = 1,
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
-    layers: int = 0,
-    layers_only: bool = False,
-    tokens_file: str | None = None,
-    weights: str | None = None,
-    profile: bool = False,
-    int8_allreduce: bool = False,
 ) -> list[str]:
-    """torchrun's command line: `nproc` workers on this node (standalone, or node `node_rank` of
-    `nnodes` meeting at `rdzv_endpoint`), each given the run's options."""
-    cmd = launcher(nproc, nnodes, node_rank, rdzv_endpoint)
-    options = {
-        "--model": model,
-        "--layout": layout,
-        "--seq": seq,
-        "--batch": batch,
-        "--mode": mode,
-        "--device": device,
-        "--steps": steps,
-        "--out": out,
-        "--timeout": timeout,
-        "--layers": layers or None,
-        "--tokens": tokens_file,
-        "--weights": weights,
-    }
-    cmd += ["-m", "meshplan.executor.worker"]
-    for flag, value in options.items():
-        if value is not None:
-            cmd += [flag, str(value)]
-    flags = {"--layers-only": layers_only, "--profile": profile, "--int8-allreduce": int8_allreduce}
-    return cmd + [flag for flag, on in flags.items() if on]
+    """torchrun's command line: `nproc` workers of `module` (meshplan.executor.worker, or
+    meshplan.executor.calibrate_run) on this node (standalone, or node `node_rank` of `nnodes` meeting
+    at `rdzv_endpoint`), each given the path of the run's record (meshplan.executor.runspec)."""
+    return launcher(nproc, nnodes, node_rank, rdzv_endpoint) + ["-m", module, spec_path]
 
 
 def launcher(nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None) -> list[str]:

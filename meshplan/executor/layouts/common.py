@@ -1,5 +1,7 @@
-"""Pieces the layout modules share: slicing reference weights into shards (remembering which slice
-each local parameter is), token shards of a sequence, and causal masks for shard positions."""
+"""Pieces the layout modules share: the Sharded base (slicing reference weights into shards, remembering
+which slice each local parameter is, and saying which gradients stay partial sums) and the Sublayer
+base (one pre-norm residual branch of a layer), token shards of a sequence, and causal masks for shard
+positions."""
 
 from __future__ import annotations
 
@@ -33,22 +35,63 @@ class Sharded(nn.Module):
         target.register_parameter(leaf, nn.Parameter(value.clone()))
         self.index[local] = (ref_name, dim, idx)
 
-    def take_splits(self, ref_module: nn.Module, table: dict, degree: int, rank: int) -> None:
+    def take_splits(
+        self, ref_module: nn.Module, table: dict, degree: int, rank: int, local: dict[str, str] | None = None
+    ) -> None:
         """Every weight of a splits table (meshplan.executor.layouts.splits): rank `rank` of `degree`
-        takes its slice; a whole dotted entry ("attn_norm.weight") is a norm module, copied whole."""
+        takes its slice; a whole dotted entry ("attn_norm.weight") is a norm module, copied whole.
+        `local` renames a reference module or weight here ({"attn_norm": "norm"}); `index` keeps the
+        reference's name."""
+        local = local or {}
         for name, split in table.items():
-            if split.dim is None and "." in name:
-                self.take_norm(name.rpartition(".")[0], ref_module)
+            owner = name.rpartition(".")[0]
+            if split.dim is None and owner:
+                self.take_norm(owner, ref_module, local.get(owner, owner))
             else:
-                self.take(name, ref_module, name, split.dim, split.indices(degree, rank))
+                self.take(local.get(name, name), ref_module, name, split.dim, split.indices(degree, rank))
 
-    def take_norm(self, name: str, ref_module: nn.Module) -> None:
-        """A copy of the reference's RMSNorm `name` (its epsilon and whole scale), as submodule `name`."""
+    def take_norm(self, name: str, ref_module: nn.Module, local: str | None = None) -> None:
+        """A copy of the reference's RMSNorm `name` (its epsilon and whole scale), as submodule `local`
+        (`name` by default)."""
+        local = local or name
         src = ref_module.get_submodule(name)
         norm = RMSNorm(src.weight.numel(), src.eps)
         del norm.weight
-        setattr(self, name, norm)
-        self.take(f"{name}.weight", ref_module, f"{name}.weight")
+        setattr(self, local, norm)
+        self.take(f"{local}.weight", ref_module, f"{name}.weight")
+
+    # -- gradients that are partial sums after the backward (meshplan.executor.parallelize.GradientSync)
+    def partial_grads(self) -> dict[str, list[nn.Parameter]]:
+        """Whole weights whose gradients are partial sums over an axis once the backward is done (each
+        rank's from its own tokens, as TSP's norm scales), by axis: GradientSync sums each axis's in one
+        all-reduce after the backward, and ZeRO reduces them over the gradient group only after that."""
+        return {}
+
+    def replicated_grad_params(self) -> list[nn.Parameter]:
+        """Weights some of whose rows are partial sums until sync_replicated_grads (TP-SSM's replicated
+        B/C rows); held back from ZeRO's reductions as partial_grads are."""
+        return []
+
+    def sync_replicated_grads(self) -> None:
+        """Sum the rows replicated_grad_params names over their axis (nothing by default)."""
+
+
+class Sublayer(Sharded):
+    """One pre-norm residual branch of a layer — attention, a dense MLP, a Mamba-2 mixer — sharded for a
+    layout: `forward(x)` applies the branch's own norm to the layer's input x and returns what the layer
+    adds to x (meshplan.executor.layouts.layer.Layer); `decode(x)` does the same for one new token per
+    sequence. `keep_cache` (prefill): keep what decode continues from."""
+
+    keep_cache = False
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+    def drop_cache(self) -> None:
+        """Forget the previous prefill's cache (nothing by default)."""
+
+    def share_final_state(self) -> None:
+        """After a prefill, give every rank the state decode continues from (nothing by default)."""
 
 
 def contiguous_tokens(seq: int, parts: int, index: int) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""A dense decoder layer on a tensor axis (Megatron TP), a sequence axis (SP), or both (TP+SP).
+"""A dense decoder layer's sublayers — attention and the MLP — on a tensor axis (Megatron TP), a sequence
+axis (SP), or both (TP+SP); meshplan.executor.layouts.layer.Layer puts them in order.
 
 TP: QKV and [gate; up] column-parallel (heads / FFN columns split), W_O and W_down row-parallel;
 the input is "copied" onto the axis (all-reduce of its gradient) and the output all-reduced.
@@ -25,18 +26,31 @@ from meshplan.executor.comm import (
 )
 from meshplan.executor.layouts.common import (
     KVCache,
-    Sharded,
+    Sublayer,
     ZigzagKeys,
     attend_prefix,
     attend_zigzag,
     combine_partials,
     partial_attention,
 )
-from meshplan.executor.layouts.splits import dense_splits
+from meshplan.executor.layouts.splits import attention_splits, mlp_splits
 from meshplan.executor.rotary import rotate_qk
 
 
-class ParallelDense(Sharded):
+def _enter(x: torch.Tensor, mesh: Mesh, tensor_axis: str | None) -> torch.Tensor:
+    """A sublayer's input onto the tensor axis: identity forward, its gradient all-reduced (TP's "f")."""
+    return CopyToAxis.apply(x, mesh, tensor_axis) if tensor_axis else x
+
+
+def _leave(y: torch.Tensor, mesh: Mesh, tensor_axis: str | None) -> torch.Tensor:
+    """A sublayer's partial output summed over the tensor axis (TP's "g")."""
+    return ReduceFromAxis.apply(y, mesh, tensor_axis) if tensor_axis else y
+
+
+class ParallelAttention(Sublayer):
+    """RMSNorm → this rank's heads of QKV → rotary q, k → causal attention (K/V gathered over the
+    sequence axis) → W_O's rows of those heads, summed over the tensor axis."""
+
     def __init__(
         self,
         ref: DenseLayer,
@@ -52,9 +66,8 @@ class ParallelDense(Sharded):
         t = mesh.axis(tensor_axis).size if tensor_axis else 1
         r = mesh.axis(tensor_axis).rank if tensor_axis else 0
         self.heads, self.kv_heads, self.head_dim = ref.heads // t, ref.kv_heads // t, ref.head_dim
-        self.gated = ref.gated
         q_w, kv_w = ref.heads * ref.head_dim, ref.kv_heads * ref.head_dim
-        self.take_splits(ref, dense_splits(q_w, kv_w, ref.w_down.shape[1], ref.gated), t, r)
+        self.take_splits(ref, attention_splits(q_w, kv_w), t, r, local={"attn_norm": "norm"})
         self.q_positions = q_positions
         self.rotary, self.seq = ref.rotary, seq
         self.next_position = seq  # decode's next token (prefill resets it)
@@ -66,12 +79,6 @@ class ParallelDense(Sharded):
             sp = mesh.axis(seq_axis)
             self.keys = ZigzagKeys(seq, sp.size, sp.rank)
         self.keep_cache, self.kv_cache = False, None
-
-    def _enter(self, x):
-        return CopyToAxis.apply(x, self.mesh, self.tensor_axis) if self.tensor_axis else x
-
-    def _leave(self, y):
-        return ReduceFromAxis.apply(y, self.mesh, self.tensor_axis) if self.tensor_axis else y
 
     def _qkv(self, xn, positions):
         """This rank's heads of q, k, v for tokens at `positions`, q and k turned by the rotary."""
@@ -100,9 +107,9 @@ class ParallelDense(Sharded):
             )
         return out.transpose(1, 2).reshape(b, t, a * d)
 
-    def attention(self, x):
+    def forward(self, x):
         b, t, _ = x.shape
-        qkv = self._qkv(self._enter(self.attn_norm(x)), self.q_positions)
+        qkv = self._qkv(_enter(self.norm(x), self.mesh, self.tensor_axis), self.q_positions)
         q, k, v = qkv.split(
             [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
         )
@@ -117,20 +124,10 @@ class ParallelDense(Sharded):
             out = checkpoint(self._attend, q, k, v, use_reentrant=True)
         else:
             out = self._attend(q, k, v)
-        return self._leave(F.linear(out, self.w_o))
+        return _leave(F.linear(out, self.w_o), self.mesh, self.tensor_axis)
 
-    def mlp(self, x):
-        h = F.linear(self._enter(self.mlp_norm(x)), self.w_in)
-        if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h)
-        return self._leave(F.linear(h, self.w_down))
-
-    def forward(self, x):
-        x = x + self.attention(x)
-        return x + self.mlp(x)
+    def drop_cache(self) -> None:
+        self.kv_cache = None
 
     @torch.no_grad()
     def decode(self, x):
@@ -138,7 +135,7 @@ class ParallelDense(Sharded):
         attends over its shard of the cache (the last rank also holds the new tokens), and the
         partial outputs are gathered and combined."""
         b = x.shape[0]
-        qkv = self._qkv(self.attn_norm(x), self.q_positions.new_full((1,), self.next_position))
+        qkv = self._qkv(self.norm(x), self.q_positions.new_full((1,), self.next_position))
         self.next_position += 1
         q, k, v = qkv.split(
             [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
@@ -154,5 +151,26 @@ class ParallelDense(Sharded):
             outs = all_gather(self.mesh, out.contiguous(), self.seq_axis, 0).chunk(self.mesh.axis(self.seq_axis).size)
             lses = all_gather(self.mesh, lse.contiguous(), self.seq_axis, 0).chunk(len(outs))
             out = combine_partials(list(zip(outs, lses)))
-        x = x + self._leave(F.linear(out.reshape(b, 1, -1), self.w_o))
-        return x + self.mlp(x)
+        return _leave(F.linear(out.reshape(b, 1, -1), self.w_o), self.mesh, self.tensor_axis)
+
+
+class ParallelMLP(Sublayer):
+    """RMSNorm → this rank's columns of [gate; up] → SwiGLU (or GeLU) → W_down's rows of those columns,
+    summed over the tensor axis. Every rank of a sequence axis runs its own tokens; decode is the forward."""
+
+    def __init__(self, ref: DenseLayer, mesh: Mesh, tensor_axis: str | None):
+        super().__init__()
+        self.mesh, self.tensor_axis = mesh, tensor_axis
+        t = mesh.axis(tensor_axis).size if tensor_axis else 1
+        r = mesh.axis(tensor_axis).rank if tensor_axis else 0
+        self.gated = ref.gated
+        self.take_splits(ref, mlp_splits(ref.w_down.shape[1], ref.gated), t, r, local={"mlp_norm": "norm"})
+
+    def forward(self, x):
+        h = F.linear(_enter(self.norm(x), self.mesh, self.tensor_axis), self.w_in)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        return _leave(F.linear(h, self.w_down), self.mesh, self.tensor_axis)

@@ -10,7 +10,7 @@ Each shard scans once from a zero state; one all-gather shares every shard's fin
 decay, from which each builds the state entering it and corrects its outputs (the recurrence is
 linear in its entering state), so no shard waits for another's scan and none scans twice
 (Mamba2SeqShardFn); backward reduce-scatters the summaries' gradients.
-Twin of meshplan/costmodel/layouts/tpssm.py and sp.py.
+Twin of meshplan/costmodel/axes/tp.py (tpssm) and sp.py.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from meshplan.executor.comm import (
     exchange,
     reduce_scatter,
 )
-from meshplan.executor.layouts.common import Sharded
+from meshplan.executor.layouts.common import Sublayer
 from meshplan.executor.layouts.splits import mamba2_splits
 from meshplan.kernels.reference import acc, entering_state_ref
 
@@ -362,7 +362,10 @@ def decode_step(x, norm, in_proj, conv_w, conv_b, dt_bias, a_log, d_skip, norm_w
     return F.linear(y, out_proj), (state, tail)
 
 
-class ParallelMamba2(Sharded):
+class ParallelMamba2(Sublayer):
+    """A Mamba-2 layer's one sublayer, its mixer: RMSNorm → in_proj → conv1d → SSD scan → gated norm →
+    out_proj, heads split over the tensor axis and tokens over the sequence axis."""
+
     def __init__(
         self, ref: Mamba2Block, mesh: Mesh, tensor_axis: str | None, seq_axis: str | None, int8_allreduce: bool = False
     ):
@@ -454,7 +457,10 @@ class ParallelMamba2(Sharded):
             self.ssm_cache = (state, last_document_tail(tail, self.packed))
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
-        return x + out
+        return out
+
+    def drop_cache(self) -> None:
+        self.ssm_cache = None
 
     def share_final_state(self) -> None:
         """After an SP prefill only the last sequence shard holds the true state: give it to all."""
@@ -481,4 +487,4 @@ class ParallelMamba2(Sharded):
         )
         if self.tensor_axis:
             out = self.reduce.apply(out, self.mesh, self.tensor_axis)
-        return x + out
+        return out

@@ -7,8 +7,10 @@ keeps piece r; a part marked whole is kept entire by every rank (Mamba-2's B/C g
 the tensor axis). `dim` None keeps the weight whole (the norm scales, applied to a rank's own tokens).
 
     layout (axis)      module                    table
-    tp, tp+sp          dense.ParallelDense       dense_splits
-    tsp                tsp.TSPDense              dense_splits
+    tp, tp+sp          dense.ParallelAttention   attention_splits
+                       dense.ParallelMLP         mlp_splits
+    tsp                tsp.TSPAttention          attention_splits
+                       tsp.TSPMLP                mlp_splits
     tpssm, tpssm+sp    mamba.ParallelMamba2      mamba2_splits
     tsp                tsp_mamba.TSPMamba2       contiguous_splits (one part a weight)
     tp / tpssm; tsp    vocab.ParallelEmbedding,  vocab_split (vocabulary rows; hidden columns)
@@ -60,17 +62,29 @@ def _cut(dim: int, *sizes: int) -> Split:
     return Split(dim, tuple(Part(n) for n in sizes))
 
 
-def dense_splits(q_width: int, kv_width: int, ffn: int, gated: bool) -> dict[str, Split]:
-    """Megatron's TP of a dense layer (TSP folds the same split onto its one axis): Q, K and V and the
-    [gate; up] rows column-parallel, part by part; W_O and W_down row-parallel (their input columns)."""
+def attention_splits(q_width: int, kv_width: int) -> dict[str, Split]:
+    """Megatron's TP of attention (TSP folds the same split onto its one axis): Q, K and V rows
+    column-parallel, part by part; W_O row-parallel (its input columns)."""
     return {
         "attn_norm.weight": WHOLE,
-        "mlp_norm.weight": WHOLE,
         "w_qkv": _cut(0, q_width, kv_width, kv_width),
         "w_o": _cut(1, q_width),
+    }
+
+
+def mlp_splits(ffn: int, gated: bool) -> dict[str, Split]:
+    """Megatron's TP of a dense MLP: the [gate; up] rows column-parallel, part by part; W_down
+    row-parallel."""
+    return {
+        "mlp_norm.weight": WHOLE,
         "w_in": _cut(0, ffn, ffn) if gated else _cut(0, ffn),
         "w_down": _cut(1, ffn),
     }
+
+
+def dense_splits(q_width: int, kv_width: int, ffn: int, gated: bool) -> dict[str, Split]:
+    """A dense layer's weights: its attention's and its MLP's."""
+    return {**attention_splits(q_width, kv_width), **mlp_splits(ffn, gated)}
 
 
 def mamba2_splits(d_inner: int, ngroups: int, d_state: int, nheads: int, degree: int) -> dict[str, Split]:

@@ -1,4 +1,5 @@
-"""TSP on one axis D: each rank owns 1/D of every weight matrix and 1/D of the tokens (zigzag).
+"""TSP on one axis D: each rank owns 1/D of every weight matrix and 1/D of the tokens (zigzag). A dense
+layer's two sublayers, TSPAttention and TSPMLP (meshplan.executor.layouts.layer.Layer puts them in order).
 
 Attention: the packed W_Q, W_K, W_V, W_O shard of rank j is broadcast in turn; each rank computes
 q, k, v of its tokens for shard j's heads, all-gathers that shard's K/V, attends, and adds the
@@ -7,7 +8,7 @@ shards travel a send/recv ring, the next shard in flight while the GEMMs of the 
 Backward streams the shards again, re-gathers K/V, reduce-scatters dK/dV, and reduce-scatters the
 weight gradients (each rank has partial gradients of every shard from its own tokens) to the owner.
 Both directions gather the next shard's K/V while the current shard attends (or is differentiated).
-Twin of meshplan/costmodel/layouts/tsp.py.
+Twin of meshplan/costmodel/axes/tsp.py.
 """
 
 from __future__ import annotations
@@ -19,19 +20,19 @@ from meshplan.executor.blocks import DenseLayer
 from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
 from meshplan.executor.layouts.common import (
     KVCache,
-    Sharded,
+    Sublayer,
     ZigzagKeys,
     attend_zigzag,
     combine_partials,
     partial_attention,
     zigzag_tokens,
 )
-from meshplan.executor.layouts.splits import dense_splits
+from meshplan.executor.layouts.splits import attention_splits, mlp_splits
 
 
-def _attend(q, k, v, layer):
-    """Zigzag causal attention (common.attend_zigzag) with the layer's key order and chunk ends."""
-    return attend_zigzag(q, k, v, layer.keys)
+def _attend(q, k, v, attn):
+    """Zigzag causal attention (common.attend_zigzag) with the sublayer's key order and chunk ends."""
+    return attend_zigzag(q, k, v, attn.keys)
 
 
 def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
@@ -40,22 +41,22 @@ def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
     return w, broadcast(mesh, w, "tsp", owner, async_op=True)
 
 
-def _project(layer, xn, w, positions):
+def _project(attn, xn, w, positions):
     """q, k, v of this rank's tokens (at `positions`) for one shard's heads, q and k turned by the
     rotary, and the shard's W_O."""
     b, t, _ = xn.shape
-    wq, wk, wv, wo = layer.unpack_attention(w)
-    hd = layer.head_dim
-    q, k = (xn @ wq.t()).view(b, t, layer.lq // hd, hd), (xn @ wk.t()).view(b, t, layer.lkv // hd, hd)
-    layer.rotary.apply(q, positions)
-    layer.rotary.apply(k, positions)
-    return q, k, (xn @ wv.t()).view(b, t, layer.lkv // hd, hd), wo
+    wq, wk, wv, wo = attn.unpack(w)
+    hd = attn.head_dim
+    q, k = (xn @ wq.t()).view(b, t, attn.lq // hd, hd), (xn @ wk.t()).view(b, t, attn.lkv // hd, hd)
+    attn.rotary.apply(q, positions)
+    attn.rotary.apply(k, positions)
+    return q, k, (xn @ wv.t()).view(b, t, attn.lkv // hd, hd), wo
 
 
-class _TSPAttention(torch.autograd.Function):
+class _TSPAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, xn, w_qkv, w_o, layer):
-        mesh, ax = layer.mesh, layer.mesh.axis("tsp")
+    def forward(ctx, xn, w_qkv, w_o, attn):
+        mesh, ax = attn.mesh, attn.mesh.axis("tsp")
         packed = torch.cat([w_qkv.flatten(), w_o.flatten()])
         b, t, _ = xn.shape
         y = None
@@ -68,19 +69,19 @@ class _TSPAttention(torch.autograd.Function):
             if work is not None:
                 work.wait()
             nxt = _start_broadcast(mesh, packed, j + 1) if j + 1 < ax.size else None
-            q, k, v, wo = _project(layer, xn, w, layer.q_positions)
+            q, k, v, wo = _project(attn, xn, w, attn.q_positions)
             return (q, k, v, wo, all_gather_start(mesh, k, "tsp", 1), all_gather_start(mesh, v, "tsp", 1)), nxt
 
         # Prologue: shard 0's weights broadcast, its q/k/v projected, its K/V gather started.
         cur, pending = take(0, _start_broadcast(mesh, packed, 0))
         for j in range(ax.size):
             # Step j: shard j + 1's broadcast and K/V gather are started (take) before shard j attends,
-            # so they travel behind this shard's attention and W_O GEMM (costmodel/layouts/tsp.py
+            # so they travel behind this shard's attention and W_O GEMM (costmodel/axes/tsp.py
             # prices them as overlapped with the GEMMs).
             if j + 1 < ax.size:
                 nxt, pending = take(j + 1, pending)
             q, k, v, wo, gather_k, gather_v = cur
-            o = _attend(q, gather_k(), gather_v(), layer).reshape(b, t, layer.lq)
+            o = _attend(q, gather_k(), gather_v(), attn).reshape(b, t, attn.lq)
             y = o @ wo.t() if y is None else y + o @ wo.t()
             qs.append(q)
             ks.append(k)
@@ -90,11 +91,11 @@ class _TSPAttention(torch.autograd.Function):
                 cur = nxt
         # Saved for backward: the local q/k/v and outputs of every shard's heads (not the gathered K/V,
         # re-gathered there) and this rank's own weight shards (the others are broadcast again).
-        ctx.layer = layer
+        ctx.attn = attn
         k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
-        if layer.keep_cache:
-            layer.kv_cache = KVCache(k_all, v_all)
-            layer.next_position = layer.seq
+        if attn.keep_cache:
+            attn.kv_cache = KVCache(k_all, v_all)
+            attn.next_position = attn.seq
         ctx.save_for_backward(xn, w_qkv, w_o, torch.cat(qs, 2), k_all, v_all, torch.cat(outs, -1))
         return y
 
@@ -102,9 +103,9 @@ class _TSPAttention(torch.autograd.Function):
     def backward(ctx, dy):
         xn, w_qkv, w_o, q_all, k_all, v_all, o_all = ctx.saved_tensors
         packed = torch.cat([w_qkv.flatten(), w_o.flatten()])
-        layer = ctx.layer
-        mesh, ax = layer.mesh, layer.mesh.axis("tsp")
-        lq, lkv, hd = layer.lq, layer.lkv, layer.head_dim
+        attn = ctx.attn
+        mesh, ax = attn.mesh, attn.mesh.axis("tsp")
+        lq, lkv, hd = attn.lq, attn.lkv, attn.head_dim
         nq, nkv = lq // hd, lkv // hd
         dxn = torch.zeros_like(xn)
         grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
@@ -124,7 +125,7 @@ class _TSPAttention(torch.autograd.Function):
             if j + 1 < ax.size:
                 pending = _start_broadcast(mesh, packed, j + 1)
                 upcoming = gather(j + 1)  # the next shard's K/V travel while this one is differentiated
-            wq, wk, wv, wo = layer.unpack_attention(w)
+            wq, wk, wv, wo = attn.unpack(w)
             q = q_all[:, :, j * nq : (j + 1) * nq]
             o = o_all[..., j * lq : (j + 1) * lq]
             kk, vv = (finish() for finish in gathers)
@@ -134,14 +135,14 @@ class _TSPAttention(torch.autograd.Function):
             # are reduce-scattered back to the tokens' owners.
             with torch.enable_grad():
                 q_, kk_, vv_ = (t.detach().requires_grad_(True) for t in (q, kk, vv))
-                o_ = _attend(q_, kk_, vv_, layer)
+                o_ = _attend(q_, kk_, vv_, attn)
                 do = (dy @ wo).view_as(o_)
                 dq, dkk, dvv = torch.autograd.grad(o_, (q_, kk_, vv_), do)
             dk = reduce_scatter(mesh, dkk, "tsp", 1)
             dv = reduce_scatter(mesh, dvv, "tsp", 1).flatten(2)
             # q and k were turned after the projection: their gradients turn back before it.
-            dq = layer.rotary.apply(dq, layer.q_positions, inverse=True).flatten(2)
-            dk = layer.rotary.apply(dk, layer.q_positions, inverse=True).flatten(2)
+            dq = attn.rotary.apply(dq, attn.q_positions, inverse=True).flatten(2)
+            dk = attn.rotary.apply(dk, attn.q_positions, inverse=True).flatten(2)
             # This rank's tokens' share of shard j's weight gradients, and the input's gradient.
             dwo = torch.einsum("bth,btq->hq", dy, o)
             dwq, dwk, dwv = (torch.einsum("btn,bth->nh", g, xn) for g in (dq, dk, dv))
@@ -152,10 +153,10 @@ class _TSPAttention(torch.autograd.Function):
         return dxn, own[: w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel() :].view_as(w_o), None
 
 
-class _TSPMlp(torch.autograd.Function):
+class _TSPMlpFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, xn, w_in, w_down, layer):
-        mesh, ax = layer.mesh, layer.mesh.axis("tsp")
+    def forward(ctx, xn, w_in, w_down, mlp):
+        mesh, ax = mlp.mesh, mlp.mesh.axis("tsp")
         cur = torch.cat([w_in.flatten(), w_down.flatten()])
         y = None
         saved = []
@@ -166,7 +167,7 @@ class _TSPMlp(torch.autograd.Function):
             reqs = []
             if hop < ax.size - 1:
                 nxt, reqs = ring_shift(mesh, cur, "tsp")  # the next shard travels while this one computes
-            gate, up, down = layer.unpack_mlp(cur)
+            gate, up, down = mlp.unpack(cur)
             g, u = xn @ gate.t(), xn @ up.t()
             sg = F.silu(g)
             p = sg * u
@@ -176,7 +177,7 @@ class _TSPMlp(torch.autograd.Function):
                 r.wait()
             if hop < ax.size - 1:
                 cur = nxt
-        ctx.layer = layer
+        ctx.mlp = mlp
         ctx.save_for_backward(xn, w_in, w_down, *saved)
         return y
 
@@ -184,8 +185,8 @@ class _TSPMlp(torch.autograd.Function):
     def backward(ctx, dy):
         xn, w_in, w_down, *saved = ctx.saved_tensors
         packed = torch.cat([w_in.flatten(), w_down.flatten()])
-        layer = ctx.layer
-        mesh, ax = layer.mesh, layer.mesh.axis("tsp")
+        mlp = ctx.mlp
+        mesh, ax = mlp.mesh, mlp.mesh.axis("tsp")
         dxn = torch.zeros_like(xn)
         grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
         # The ring again, in the forward's order: hop k's saved activations go with shard (rank − k) mod
@@ -196,7 +197,7 @@ class _TSPMlp(torch.autograd.Function):
             if hop < ax.size - 1:
                 nxt, reqs = ring_shift(mesh, cur, "tsp")
             j = (ax.rank - hop) % ax.size
-            gate, up, down = layer.unpack_mlp(cur)
+            gate, up, down = mlp.unpack(cur)
             g, sg, u, p = saved[4 * hop : 4 * hop + 4]
             dp = dy @ down
             ddown = torch.einsum("bth,btf->hf", dy, p)
@@ -214,49 +215,50 @@ class _TSPMlp(torch.autograd.Function):
         return dxn, own[: w_in.numel()].view_as(w_in), own[w_in.numel() :].view_as(w_down), None
 
 
-class TSPDense(Sharded):
+class TSPAttention(Sublayer):
+    """RMSNorm of this rank's tokens → every rank's packed W_Q, W_K, W_V, W_O shard broadcast in turn,
+    each shard's heads attended over its all-gathered K/V (_TSPAttentionFn). Every rank keeps the norm's
+    scale whole: its gradient, from the rank's own tokens, is summed over tsp after the backward."""
+
     def __init__(self, ref: DenseLayer, mesh: Mesh, seq: int):
         super().__init__()
         ax = mesh.axis("tsp")
         d, r = ax.size, ax.rank
         self.mesh = mesh
-        if not ref.gated:
-            raise NotImplementedError("TSP's MLP ring is written for gated MLPs")
         self.head_dim = ref.head_dim
         q_w, kv_w = ref.heads * ref.head_dim, ref.kv_heads * ref.head_dim
-        self.lq, self.lkv = q_w // d, kv_w // d
-        f = ref.w_down.shape[1]
-        self.lf, self.hidden = f // d, ref.w_o.shape[0]
-        self.take_splits(ref, dense_splits(q_w, kv_w, f, gated=True), d, r)
+        self.lq, self.lkv, self.hidden = q_w // d, kv_w // d, ref.w_o.shape[0]
+        self.take_splits(ref, attention_splits(q_w, kv_w), d, r, local={"attn_norm": "norm"})
         self.q_positions = zigzag_tokens(seq, d, r)
         self.rotary, self.seq = ref.rotary, seq
         self.next_position = seq  # decode's next token (prefill resets it)
         self.keys = ZigzagKeys(seq, d, r)
         self.keep_cache, self.kv_cache = False, None
 
-    def unpack_attention(self, w):
+    def unpack(self, w):
+        """A packed attention shard → its W_Q, W_K, W_V, W_O."""
         h, lq, lkv = self.hidden, self.lq, self.lkv
         n_qkv = (lq + 2 * lkv) * h
         qkv = w[:n_qkv].view(lq + 2 * lkv, h)
         return qkv[:lq], qkv[lq : lq + lkv], qkv[lq + lkv :], w[n_qkv:].view(h, lq)
 
-    def unpack_mlp(self, w):
-        h, lf = self.hidden, self.lf
-        w_in = w[: 2 * lf * h].view(2 * lf, h)
-        return w_in[:lf], w_in[lf:], w[2 * lf * h :].view(h, lf)
-
     def forward(self, x):
-        x = x + _TSPAttention.apply(self.attn_norm(x), self.w_qkv, self.w_o, self)
-        return x + _TSPMlp.apply(self.mlp_norm(x), self.w_in, self.w_down, self)
+        return _TSPAttentionFn.apply(self.norm(x), self.w_qkv, self.w_o, self)
+
+    def partial_grads(self) -> dict:
+        return {"tsp": [self.norm.weight]}
+
+    def drop_cache(self) -> None:
+        self.kv_cache = None
 
     @torch.no_grad()
     def decode(self, x):
-        """One new token per sequence. Attention: every shard's weights are broadcast again; each rank
-        attends over its part of the cache (the last rank keeps the new tokens) and the partial
-        outputs are gathered and combined. MLP: the weight ring, as in the forward."""
+        """One new token per sequence: every shard's weights are broadcast again; each rank attends over
+        its part of the cache (the last rank keeps the new tokens) and the partial outputs are gathered
+        and combined."""
         ax = self.mesh.axis("tsp")
         b, hd = x.shape[0], self.head_dim
-        xn = self.attn_norm(x)
+        xn = self.norm(x)
         nkv = self.lkv // hd
         owner = ax.rank == ax.size - 1
         packed = torch.cat([self.w_qkv.flatten(), self.w_o.flatten()])
@@ -276,5 +278,33 @@ class TSPDense(Sharded):
             y = y + combine_partials(list(zip(outs, lses))).reshape(b, 1, -1) @ wo.t()
         if owner:
             self.kv_cache.length += 1
-        x = x + y
-        return x + _TSPMlp.apply(self.mlp_norm(x), self.w_in, self.w_down, self)
+        return y
+
+
+class TSPMLP(Sublayer):
+    """RMSNorm of this rank's tokens → the packed [W_gate; W_up], W_down shards around the send/recv ring,
+    each hop's GEMMs overlapped with the next shard's transfer (_TSPMlpFn); decode is the forward. The
+    norm's scale is whole on every rank, its gradient summed over tsp after the backward."""
+
+    def __init__(self, ref: DenseLayer, mesh: Mesh):
+        super().__init__()
+        ax = mesh.axis("tsp")
+        d, r = ax.size, ax.rank
+        self.mesh = mesh
+        if not ref.gated:
+            raise NotImplementedError("TSP's MLP ring is written for gated MLPs")
+        f = ref.w_down.shape[1]
+        self.lf, self.hidden = f // d, ref.w_o.shape[0]
+        self.take_splits(ref, mlp_splits(f, gated=True), d, r, local={"mlp_norm": "norm"})
+
+    def unpack(self, w):
+        """A packed MLP shard → its W_gate, W_up, W_down."""
+        h, lf = self.hidden, self.lf
+        w_in = w[: 2 * lf * h].view(2 * lf, h)
+        return w_in[:lf], w_in[lf:], w[2 * lf * h :].view(h, lf)
+
+    def forward(self, x):
+        return _TSPMlpFn.apply(self.norm(x), self.w_in, self.w_down, self)
+
+    def partial_grads(self) -> dict:
+        return {"tsp": [self.norm.weight]}

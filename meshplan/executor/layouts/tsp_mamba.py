@@ -14,8 +14,8 @@ it). The gathered weights are dropped once the block's forward ends; the block k
 ring, runs SP's backward, sends the conv tail's gradient back to the rank before, and reduce-scatters
 the weight gradients — each rank holds partial gradients of every shard from its own tokens — so that
 each rank gets the sum for its own shard. The ring is not overlapped with the GEMMs here (the cost
-model prices Mamba blocks' ring as exposed: meshplan/costmodel/layouts/tsp.py).
-Twin of meshplan/costmodel/layouts/tsp.py (Mamba blocks).
+model prices Mamba blocks' ring as exposed: meshplan/costmodel/axes/tsp.py).
+Twin of meshplan/costmodel/axes/tsp.py (Mamba blocks).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import Mamba2Block
 from meshplan.executor.comm import Mesh, exchange, reduce_scatter, ring_shift
-from meshplan.executor.layouts.common import Sharded
+from meshplan.executor.layouts.common import Sublayer
 from meshplan.executor.layouts.mamba import (
     TAG_TAIL,
     ShardDocs,
@@ -109,7 +109,10 @@ class _TSPMamba2Fn(torch.autograd.Function):
         return (d_xn, None, *layer.split_packed(mine))
 
 
-class TSPMamba2(Sharded):
+class TSPMamba2(Sublayer):
+    """A Mamba-2 layer's mixer under TSP; every rank keeps the input norm's scale whole, its gradient (from
+    the rank's own tokens) summed over tsp after the backward."""
+
     def __init__(self, ref: Mamba2Block, mesh: Mesh):
         super().__init__()
         ax = mesh.axis(AXIS)
@@ -176,7 +179,13 @@ class TSPMamba2(Sharded):
             self.xbc_tail(d_zx).add_(got)
 
     def forward(self, x):
-        return x + _TSPMamba2Fn.apply(self.norm(x), self, *self.own())
+        return _TSPMamba2Fn.apply(self.norm(x), self, *self.own())
+
+    def partial_grads(self) -> dict:
+        return {AXIS: [self.norm.weight]}
+
+    def drop_cache(self) -> None:
+        self.ssm_cache = None
 
     def share_final_state(self) -> None:
         """After a prefill only the last rank holds the true state and conv tail: give them to all."""
@@ -187,4 +196,4 @@ class TSPMamba2(Sharded):
         """One new token per sequence, on the whole block's weights gathered along the ring."""
         full = self.gather(self.own())
         out, self.ssm_cache = decode_step(x, self.norm, *(full[n] for n, _ in SPLIT), self.dims, self.ssm_cache, None)
-        return x + out
+        return out

@@ -191,6 +191,11 @@ class ParallelHead(Sharded):
         self.labels: list[torch.Tensor] = []  # (b, s) labels of the next training forwards, in order
         self.scale = 1.0
 
+    def partial_grads(self) -> dict:
+        """Under TSP every rank keeps the final norm's scale whole; its gradient, from the rank's own
+        tokens, is summed over tsp after the backward."""
+        return {"tsp": [self.final_norm.weight]} if self.columns else {}
+
     def tie(self, embedding: ParallelEmbedding) -> None:
         """Use the embedding's (identically split) matrix as this head's."""
         del self.weight
