@@ -404,6 +404,10 @@ class ModelSpec:
             start += n
         return out
 
+    def shared_block_kinds(self) -> tuple[str, ...]:
+        """Block kinds whose weights are shared by the layers that invoke them (Zamba2's shared block)."""
+        return ("attention", "mlp") if self.family == "hybrid" else ()
+
     def _hybrid_ids(self) -> tuple[int, ...]:
         if self.hybrid_layer_ids:
             return self.hybrid_layer_ids

@@ -275,3 +275,25 @@ def test_stages_sum_their_own_layers():
     assert one.step_time_s == pytest.approx(
         estimate_step(base, Layout(dp=2, tpssm=8), 4096, 1, opts, cluster).step_time_s
     )
+
+
+def test_a_stage_holds_its_own_layers_weights():
+    """Zamba2-7B with every shared-block layer among the first 13 of 81: on 2 stages the first holds
+    the shared block (both copies its layers invoke) and 13 projections besides its 41 Mamba-2 layers,
+    the second only its 40 Mamba-2 layers — by hand, against the parameters memory puts on each."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.memory import _own_shares
+    from meshplan.models import PRESETS
+
+    model = replace(PRESETS["zamba2-7b"], hybrid_layer_ids=tuple(range(13)))
+    opts = CostOptions(stack="megatron")
+    mamba, proj = model.mamba2.param_count(), model.hybrid_proj_params()
+    block = model.attention.param_count() + model.mlp.param_count()
+    first, _ = _own_shares(model, (41, 40), 0, opts)
+    second, _ = _own_shares(model, (41, 40), 1, opts)
+    assert first * model.layer_params() == pytest.approx(41 * mamba + 13 * proj + model.shared_blocks * block)
+    assert second * model.layer_params() == pytest.approx(40 * mamba)
+    # The memory model reports the heavier stage.
+    mem = memory_per_gpu(model, Layout(pp=2, tpssm=8), 4096, 1, CostOptions(stack="megatron", global_batch=8))
+    assert mem.pipeline_stage == "first"

@@ -340,7 +340,7 @@ def memory_per_gpu(
             embeddings=embeddings,
             by_kind=ctx.by_kind,
         )
-        for index in _stages_to_check(stage_layers, pp, microbatches, chunks)
+        for index in _stages_to_check(stage_layers, pp, microbatches, chunks, model.uniform_layers)
     ]
     total, stage, phase, parts, at_peak = max(results, key=lambda r: r[0])
     return MemoryBreakdown(
@@ -503,6 +503,21 @@ def _logits_transient(
     return logits
 
 
+def _own_shares(model: ModelSpec, stage_layers: tuple[int, ...], index: int, opts: MemoryOptions):
+    """(the share of the layers' weights stage `index` holds, its share of their saved tensors) where
+    layers differ: its own layers' blocks, a shared block (Zamba2's) held once for each copy its layers
+    invoke (a pipeline stage keeps its own copy of a block another stage invokes too)."""
+    counts = model.stage_block_counts(stage_layers)[index]
+    shared = set(model.shared_block_kinds())
+    own = sum(n * BLOCKS[k].params(model) for k, n in counts.items() if k not in shared)
+    if shared & counts.keys():
+        copies = min(model.shared_blocks, max(counts[k] for k in shared & counts.keys()))
+        own += copies * sum(BLOCKS[k].params(model) for k in shared)
+    saved = {k: sum(i.bytes_per_token for i in block_saved(k, model, opts)) for k, _ in model.block_invocations()}
+    total_saved = sum(n * saved[k] for k, n in model.block_invocations())
+    return own / model.layer_params(), sum(n * saved[k] for k, n in counts.items()) / total_saved
+
+
 def _stage_peak(
     model: ModelSpec,
     layout: Layout,
@@ -532,6 +547,9 @@ def _stage_peak(
     shards = grad_group(layout)[1] if zero else 1
     stage = "only" if pp == 1 else "first" if index == 0 else "last" if index == pp - 1 else "middle"
     share = stage_layers[index] / model.layers
+    act_share = share
+    if not model.uniform_layers:  # the stage's own layers: their blocks' weights and saved tensors
+        share, act_share = _own_shares(model, stage_layers, index, opts)
     params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind)
     param_b = params * p_bytes / (shards if zero >= 3 else 1)
     grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
@@ -544,7 +562,7 @@ def _stage_peak(
         # Chunks of 1/v of the stage's layers in flight (meshplan.costmodel.pipeline.in_flight_chunks):
         # the first stage of 1F1B holds pp micro-batches, interleaved (1 + (p − 1)/(p·v)) times that.
         in_flight = in_flight_chunks(index, pp, microbatches, chunks) if pp > 1 else 1
-        stage_saved = shared.saved_all * share * pp * in_flight / chunks
+        stage_saved = shared.saved_all * act_share * pp * in_flight / chunks
         acts = stage_saved + (shared.head_items if stage in ("only", "last") else 0.0)
         if pp > 1:
             # A stage keeps each in-flight micro-batch's output until its gradient comes back, and
@@ -643,11 +661,16 @@ def boundary_activation_bytes(
     return batch * seq / sh.token_div * model.d_model * opts.nbytes("act_dtype") * (in_flight + 1)
 
 
-def _stages_to_check(stage_layers: tuple[int, ...], pp: int, microbatches: int, chunks: int) -> list[int]:
+def _stages_to_check(
+    stage_layers: tuple[int, ...], pp: int, microbatches: int, chunks: int, uniform: bool = True
+) -> list[int]:
     """The stages whose memory can be the largest: the first (most in flight, the embedding), the last
-    (the output head and the logits) and the middle stage with the most layers in flight."""
+    (the output head and the logits) and the middle stage with the most layers in flight — every stage
+    where layers differ (`uniform` False), since any may hold the heaviest ones."""
     if pp == 1:
         return [0]
+    if not uniform:
+        return list(range(pp))
     middle = max(
         range(1, pp - 1), default=None, key=lambda i: stage_layers[i] * in_flight_chunks(i, pp, microbatches, chunks)
     )
