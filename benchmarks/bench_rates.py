@@ -88,33 +88,20 @@ def gemm_rates(m, n, k):
     flops = 2 * m * n * k
     out = {"bf16": flops / median_time_s(lambda: a @ b.t(), reps=20, warmup=5) / 1e12}
     a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
-    one = torch.tensor(1.0, device="cuda")
-    try:
-        out["fp8_tensorwise"] = (
-            flops
-            / median_time_s(
-                lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-                reps=20,
-                warmup=5,
-            )
-            / 1e12
-        )
-    except RuntimeError as exc:
-        out["fp8_tensorwise_error"] = str(exc).splitlines()[0][:160]
-    sa = torch.ones(m, 1, device="cuda")
-    sb = torch.ones(1, n, device="cuda")
-    try:
-        out["fp8_rowwise"] = (
-            flops
-            / median_time_s(
+    scales = {
+        "fp8_tensorwise": (torch.tensor(1.0, device="cuda"), torch.tensor(1.0, device="cuda")),
+        "fp8_rowwise": (torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda")),
+    }
+    for name, (sa, sb) in scales.items():
+        try:
+            t = median_time_s(
                 lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
                 reps=20,
                 warmup=5,
             )
-            / 1e12
-        )
-    except RuntimeError as exc:
-        out["fp8_rowwise_error"] = str(exc).splitlines()[0][:160]
+            out[name] = flops / t / 1e12
+        except RuntimeError as exc:  # the GPU or this torch has no such FP8 GEMM
+            out[f"{name}_error"] = str(exc).splitlines()[0][:160]
     return out
 
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from cli_checks import TINY_LLAMA, one_line_error
 from typer.testing import CliRunner
 
 from meshplan.cli import app
@@ -452,25 +453,6 @@ def test_execute_keeps_packed_documents_apart_in_mamba2(tmp_path):
     assert r.exit_code == 2 and "decrease" in r.output
 
 
-def _one_line_error(r, *words):
-    """Exit status 2, one line starting `error:`, no traceback, naming each of `words`."""
-    text = r.output.strip()
-    assert r.exit_code == 2, r.output
-    assert text.startswith("error:") and len(text.splitlines()) == 1 and "Traceback" not in text, r.output
-    for word in words:
-        assert word in text, (word, text)
-
-
-TINY_LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "intermediate_size": 128,
-    "vocab_size": 100,
-}
-
 # Issue 29: what a newcomer typed, each a traceback or a wrong answer with exit 0 before; now one line
 # naming the field (and the fix). {tmp} is the test's folder; {config} a llama config.json with `config`.
 NEWCOMER_CASES = {
@@ -534,7 +516,7 @@ def test_bad_inputs_a_newcomer_tried_are_one_line_naming_the_field(tmp_path, cas
 
     r = invoke(*map(fill, args))
     assert "Nothing fits" not in r.output
-    _one_line_error(r, *map(fill, words))
+    one_line_error(r, *map(fill, words))
     assert not (tmp_path / "x.txt").exists()
 
 
@@ -543,11 +525,11 @@ def test_calibrate_checks_its_inputs_before_launching(tmp_path):
 
     t0 = time.perf_counter()
     r = invoke("calibrate", "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "missing" / "p.toml"))
-    _one_line_error(r, "--out", "does not exist")
+    one_line_error(r, "--out", "does not exist")
     import torch
 
     if not torch.cuda.is_available():
-        _one_line_error(invoke("calibrate", "--nproc", "2", "--out", str(tmp_path / "p.toml")), "no GPU is visible")
+        one_line_error(invoke("calibrate", "--nproc", "2", "--out", str(tmp_path / "p.toml")), "no GPU is visible")
     assert time.perf_counter() - t0 < 10  # nothing launched (a launch alone takes longer)
 
 
@@ -657,7 +639,7 @@ def test_cluster_show_summarises_large_clusters_quickly():
     assert time.perf_counter() - t0 < 10  # was past 120 s
     assert "800,000 ×" in r.output and "n1/gpu7 (rank 15)" in r.output and "n2/gpu0" not in r.output
     assert "nodes 2–99999 (99,998 more)" in r.output and "799,999" in r.output
-    _one_line_error(invoke("cluster", "show", "h100-sxm-8", "--nodes", "100000", "--json"), "--json", "--nodes")
+    one_line_error(invoke("cluster", "show", "h100-sxm-8", "--nodes", "100000", "--json"), "--json", "--nodes")
     small = json.loads(invoke("cluster", "show", "h100-sxm-8", "--nodes", "2", "--json").stdout)
     assert sum(1 for n in small["nodes"] if n["kind"] == "gpu") == 16
 

@@ -3,20 +3,13 @@
 import json
 
 import pytest
+from cli_checks import TINY_LLAMA as TINY
+from cli_checks import one_line_error
 from typer.testing import CliRunner
 
 from meshplan.cli import app
 
 runner = CliRunner()
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "intermediate_size": 128,
-    "vocab_size": 100,
-}
 
 
 def test_execute_then_compare(tmp_path):
@@ -85,14 +78,6 @@ def test_execute_rejects_bad_layouts_before_launching():
     assert r.exit_code == 2 and "uses 4 GPUs" in r.output
 
 
-def _one_line_error(r, *words):
-    text = r.output.strip()
-    assert r.exit_code == 2, r.output
-    assert text.startswith("error:") and len(text.splitlines()) == 1 and "Traceback" not in text, r.output
-    for word in words:
-        assert word in text, (word, text)
-
-
 # Issue 29: each of these ran (or failed) as something else than asked; now one line before launching.
 # {config} is a 2-layer llama config.json, {ids} a 3-D array of token ids.
 _RUN = ["--seq", "64", "--out", "{tmp}/run.json"]
@@ -142,7 +127,7 @@ def test_execute_refuses_what_it_would_run_wrongly_before_launching(tmp_path, ca
     def fill(text):
         return text.replace("{config}", str(config)).replace("{ids}", str(ids)).replace("{tmp}", str(tmp_path))
 
-    _one_line_error(runner.invoke(app, ["execute", *map(fill, args + _RUN)]), *words)
+    one_line_error(runner.invoke(app, ["execute", *map(fill, args + _RUN)]), *words)
     assert not (tmp_path / "run.json").exists()
 
 
@@ -199,7 +184,7 @@ def test_workers_report_progress_and_the_cli_stops_at_the_timeout(tmp_path):
         + ["--steps", "1000000", "--timeout", "12", "--out", str(out)],
     )
     took = time.monotonic() - t0
-    _one_line_error(r, "did not finish in 12 s (--timeout)", str(out))
+    one_line_error(r, "did not finish in 12 s (--timeout)", str(out))
     assert took < 12 + 25, took  # the launcher and its workers stopped, not left to run
     failed = json.loads(out.read_text())
     assert failed["status"] == "failed" and failed["failure"] == {"timed_out": True}
@@ -263,10 +248,14 @@ def test_a_killed_rank_is_named_with_its_signal_and_the_finished_steps_are_kept(
     assert lines[0].startswith("error: rank 1 was killed by SIGKILL (signal 9"), err
     run = json.loads(out.read_text())
     assert run["status"] == "failed" and run["failure"]["rank"] == 1 and run["failure"]["signal"] == "SIGKILL"
-    assert run["measured"]["step_times_s"] and all(t > 0 for t in run["measured"]["step_times_s"])
+    # The steps that finished before the kill (usually some; on a loaded machine possibly none) are
+    # recorded, and the message says how far the run got.
+    steps = run["measured"]["step_times_s"]
+    assert all(t > 0 for t in steps) and ", after " in lines[0], (lines[0], steps)
+    assert not steps or "nothing had finished" not in lines[0]
     assert run["layout"] == "tp=2" and run["world"] == 2
     c = runner.invoke(app, ["compare", str(out)])
-    _one_line_error(c, "did not complete")
+    one_line_error(c, "did not complete")
 
 
 class _Launched(Exception):

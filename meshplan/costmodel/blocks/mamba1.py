@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from meshplan.costmodel.activations import FP32, Saved
 from meshplan.costmodel.blocks.base import BlockKind
-from meshplan.costmodel.blocks.ssm import boundary, decode_state_io
+from meshplan.costmodel.blocks.ssm import boundary, decode_state_io, mixer_inputs_saved
 from meshplan.costmodel.device import gemm_time_s
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.models import ModelSpec
@@ -17,10 +17,7 @@ def mamba1_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     """Mamba-1 as mamba_ssm's `mamba_inner_fn` with checkpoint_lvl=1 (conv output and delta recomputed)."""
     m = model.mamba1
     e = opts.nbytes("act_dtype")
-    return [
-        Saved("norm_input", e * m.d_model, "hidden"),
-        Saved("norm_stats", FP32, "hidden"),
-        Saved("in_proj_input", e * m.d_model, "hidden"),
+    return mixer_inputs_saved(m.d_model, e) + [
         Saved("xz", e * 2 * m.d_inner, "heads"),
         # x_dbl = (dt, B, C) from all channels: all-reduced under TP, so full on every rank.
         Saved("x_dbl", e * m.x_proj_width, "hidden"),

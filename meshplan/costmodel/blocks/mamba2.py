@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 
-from meshplan.costmodel.activations import FP32, Saved
+from meshplan.costmodel.activations import Saved
 from meshplan.costmodel.blocks.base import BlockKind
-from meshplan.costmodel.blocks.ssm import boundary, decode_state_io
+from meshplan.costmodel.blocks.ssm import boundary, decode_state_io, mixer_inputs_saved
 from meshplan.costmodel.device import Device, gemm_time_s
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.shapes import local_bc_channels
@@ -306,10 +306,7 @@ def mamba2_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     further than mamba_ssm's `mamba_split_conv1d_scan_combined`, which also keeps the scan output."""
     m = model.mamba2
     e = opts.nbytes("act_dtype")
-    return [
-        Saved("norm_input", e * m.d_model, "hidden"),
-        Saved("norm_stats", FP32, "hidden"),
-        Saved("in_proj_input", e * m.d_model, "hidden"),
+    return mixer_inputs_saved(m.d_model, e) + [
         Saved("zxdt", e * (2 * m.d_inner + m.nheads), "heads"),
         Saved("bc", e * 2 * m.ngroups * m.d_state, "groups"),
     ]

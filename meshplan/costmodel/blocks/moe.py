@@ -46,17 +46,21 @@ class Router(BlockKind):
         ]
 
 
-class Experts(BlockKind):
-    name = "experts"
-
-    def params(self, model):
-        return model.moe.experts * model.moe.expert_params()
+class _ExpertMlp(BlockKind):
+    """An MLP of the MoE layer, behind the router's norm (it has none of its own)."""
 
     def norm_width(self, model):
         return 0
 
     def output_width(self, model):
         return model.moe.hidden
+
+
+class Experts(_ExpertMlp):
+    name = "experts"
+
+    def params(self, model):
+        return model.moe.experts * model.moe.expert_params()
 
     def gemms(self, model, head_div):
         # Every token runs top_k experts: top_k times one expert's projections (split by the tensor axis).
@@ -86,18 +90,12 @@ class Experts(BlockKind):
         return items
 
 
-class SharedExpert(BlockKind):
+class SharedExpert(_ExpertMlp):
     name = "shared_expert"
     tensor_comms = False  # its output joins the routed experts' before their one reduction
 
     def params(self, model):
         return model.moe.shared_params()
-
-    def norm_width(self, model):
-        return 0
-
-    def output_width(self, model):
-        return model.moe.hidden
 
     def gemms(self, model, head_div):
         m = model.moe

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshplan.costmodel.activations import FP32, Saved
 from meshplan.costmodel.blocks.base import BlockCompute
 
 
@@ -22,3 +23,12 @@ def boundary(m, conv: float, state: float, decay: float, batch, opts, shards: in
     return batch * (
         conv * (m.d_conv - 1) * opts.nbytes("act_dtype") + (state + summaries) * opts.nbytes("ssm_state_dtype")
     )
+
+
+def mixer_inputs_saved(d_model: int, e: int) -> list[Saved]:
+    """What a Mamba block saves before its mixer: the norm's input and statistics, in_proj's input."""
+    return [
+        Saved("norm_input", e * d_model, "hidden"),
+        Saved("norm_stats", FP32, "hidden"),
+        Saved("in_proj_input", e * d_model, "hidden"),
+    ]
