@@ -177,7 +177,13 @@ def plan(
         (fitting if fits else dropped).append(cand)
     fitting.sort(key=_sort_key(objective, opts.mode))
     dropped.sort(key=lambda c: c.total_bytes)
-    return Plan(fitting, dropped, len(layouts), objective, explain(fitting, dropped, objective, opts, cluster))
+    reason = explain(fitting, dropped, objective, opts, cluster)
+    if model.moe is not None:
+        reason += (
+            " Expert parallelism is not searched yet (its all-to-alls are not priced): every mesh here keeps a "
+            "data-parallel rank's experts whole; `meshplan memory --layout …,ep=E` shows what ep saves."
+        )
+    return Plan(fitting, dropped, len(layouts), objective, reason)
 
 
 def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOptions, search: frozenset):
