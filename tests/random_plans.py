@@ -170,9 +170,11 @@ def _stack_cannot_run(plan: RandomPlan, microbatches: int) -> bool:
 
 
 def _bubble_violations(plan: RandomPlan, cluster) -> list[str]:
-    """The layer stack alone on stages of equal layers: every stage takes the same time, so the bubble
-    is the schedule's own, which the simulator gives for (p, m, v) whatever the stage's time."""
+    """The layer stack alone on stages of equal, alike layers: every stage takes the same time, so the
+    bubble is the schedule's own, which the simulator gives for (p, m, v) whatever the stage's time."""
     model, layout = plan.model, plan.layout
+    if not model.uniform_layers:  # stages of equal layer counts but different layers (a hybrid's)
+        return []
     if model.layers % layout.pp or (plan.opts.chunks > 1 and (model.layers // layout.pp) % plan.opts.chunks):
         return []
     try:
