@@ -16,18 +16,23 @@ from __future__ import annotations
 
 from meshplan.layout import Layout
 
-# Innermost first.
+# Innermost first. The experts' decomposition of the same world (Megatron-Core's MoE parallel folding,
+# Liu et al. 2025, arXiv 2504.14960): the expert-tensor axis (ETP = TP here), the expert-parallel
+# axis over the ranks the attention's sp and dp run on, the expert-data-parallel rest, the same pipeline.
 ATTENTION_ORDER = ("tensor", "sp", "dp", "pp")
-DECOMPOSITIONS = {"attention": ATTENTION_ORDER}
+EXPERT_ORDER = ("tensor", "ep", "edp", "pp")
+DECOMPOSITIONS = {"attention": ATTENTION_ORDER, "experts": EXPERT_ORDER}
 
 
 def axis_sizes(layout: Layout) -> dict[str, int]:
-    """Ranks along each axis of the attention decomposition (`tensor`: tp, tpssm or tsp)."""
+    """Ranks along each axis of both decompositions (`tensor`: tp, tpssm or tsp)."""
     return {
         "tensor": layout.weight_shard_degree,
         "sp": layout.sp,
         "dp": layout.dp,
         "pp": layout.pp,
+        "ep": layout.ep,
+        "edp": layout.dp * layout.sp // layout.ep,
     }
 
 
@@ -41,10 +46,10 @@ def strides(layout: Layout, order: tuple[str, ...] = ATTENTION_ORDER) -> dict[st
     return out
 
 
-def group(layout: Layout, axes: tuple[str, ...]) -> tuple[int, int]:
-    """(size, stride) of a group varying along `axes`, consecutive in the order (innermost first):
-    the ranks that differ only there."""
-    sizes, st = axis_sizes(layout), strides(layout)
+def group(layout: Layout, axes: tuple[str, ...], order: tuple[str, ...] = ATTENTION_ORDER) -> tuple[int, int]:
+    """(size, stride) of a group varying along `axes`, consecutive in `order` (innermost first): the
+    ranks that differ only there."""
+    sizes, st = axis_sizes(layout), strides(layout, order)
     size = 1
     for name in axes:
         size *= sizes[name]

@@ -21,7 +21,7 @@ from meshplan.costmodel.stacks import STACKS
 from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout, validate_seq
-from meshplan.models import PRESETS, dense, mamba2
+from meshplan.models import PRESETS, MoeSpec, dense, mamba2
 from meshplan.topologies import load_cluster
 
 CLUSTERS = ("h100-sxm-8", "h200-8", "a100-sxm-8", "mi300x-8", "v100-dgx2-16")
@@ -48,8 +48,28 @@ class RandomPlan:
 
 def random_model(choose, integer):
     """A dense (MHA or GQA), Mamba-2 or hybrid model of random HF-like shape."""
-    family = choose(["dense", "dense", "mamba2", "hybrid", "mamba1"])
+    family = choose(["dense", "dense", "mamba2", "hybrid", "mamba1", "moe"])
     layers = integer(1, 128)
+    if family == "moe":
+        base = random_model(lambda xs: "dense" if "dense" in xs else choose(xs), integer)
+        experts = choose([4, 8, 16, 64, 128])
+        moe = MoeSpec(
+            base.d_model,
+            experts,
+            choose([k for k in (1, 2, 4, 8) if k <= experts]),
+            64 * integer(2, 64),
+            shared_ffn=choose([0, 0, 128 * integer(1, 16)]),
+            shared_gate=bool(choose([0, 1])),
+        )
+        dense_ids = tuple(sorted({i for i in range(base.layers) if choose([0, 0, 0, 1])}))[: base.layers - 1]
+        return replace(
+            base,
+            name=f"moe-{experts}x-{base.layers}L",
+            family="moe",
+            moe=moe,
+            dense_layer_ids=dense_ids,
+            mlp=base.mlp if dense_ids else None,
+        )
     if family == "dense":
         head_dim = choose([64, 128])
         heads = choose([8, 16, 32, 40, 64, 96, 128])
@@ -84,7 +104,10 @@ def random_plan(choose, integer) -> RandomPlan:
     shapes += [{tensor: t, "sp": mp // t} for t in _divisors(mp) if 1 < t < mp]
     mode = choose(["train", "train", "train", "prefill", "decode"])
     zero = choose([0, 1, 2, 3]) if mode == "train" and dp > 1 else 0
-    layout = Layout(dp=dp, pp=pp, zero=zero, **choose(shapes))
+    shape = choose(shapes)
+    folded = dp * shape.get("sp", 1)
+    eps = [e for e in _divisors(folded) if model.moe.experts % e == 0] if model.moe else [1]
+    layout = Layout(dp=dp, pp=pp, zero=zero, ep=choose(eps), **shape)
     validate_layout(layout, model, n)
     seq = 1024 * choose([1, 2, 4, 8, 16, 32, 128])
     micro_batch = choose([1, 1, 2, 4, 8])

@@ -1,11 +1,11 @@
-"""Expert parallelism's first piece through the parallelism core (issue #30's check on it): the ep
-axis splits the routed experts alone, and memory holds each rank's share by hand."""
+"""Expert parallelism folded onto the data and sequence ranks: the ep axis splits the routed experts
+alone (its first piece went in through the parallelism core in 4 files, issue #30's check), memory
+holds each rank's share, the all-to-alls and the experts' gradient sums are priced, by hand."""
 
 import pytest
 
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, parse_layout, validate_layout
 from meshplan.models import PRESETS, AttentionSpec, ModelSpec, MoeSpec
@@ -56,6 +56,50 @@ def test_ep_is_checked_in_one_line():
         validate_layout(Layout(dp=2, ep=2), dense)
 
 
-def test_step_time_refuses_ep_until_its_all_to_alls_are_priced():
-    with pytest.raises(MeshplanError, match="not priced yet"):
-        estimate_step(MIXTRAL, Layout(dp=4, tp=2, ep=4), 4096, 1, CostOptions(), load_cluster("h100-sxm-8"))
+def test_ep_dispatches_each_tokens_routed_copies_by_hand():
+    """dp=4, tp=2 with Megatron-SP, ep=4, 4,096 tokens a micro-batch: a tensor rank dispatches its 2,048
+    tokens' 2 routed copies of 4,096 bf16 elements — 32 MiB — in each of the four all-to-alls of an
+    MoE layer (dispatch and combine forward, their gradients backward), over the 4 ranks of its expert
+    group. With dp·sp/ep = 1 expert-data-parallel rank the experts' gradients need no sum; with ep = 2
+    they are summed over the other expert-data-parallel rank, the rest of the model's over dp."""
+    from meshplan.costmodel.schedule import step_schedule
+
+    opts = CostOptions(tp_sequence_parallel=True, global_batch=8)
+    sched = step_schedule(MIXTRAL, Layout(dp=4, tp=2, ep=4), 4096, 1, opts)
+    a2a = [c for c in sched.per_block["experts"] if c.axis == "ep"]
+    assert [c.kind for c in a2a] == ["all_to_all"] * 4 and [c.phase for c in a2a] == ["fwd", "fwd", "bwd", "bwd"]
+    assert all(c.message_bytes == 2048 * 2 * 4096 * 2 and c.group_size == 4 for c in a2a)
+    assert not [c for c in sched.all_comms() if c[0].axis == "edp"]  # edp = 1: nothing to sum
+    # ep = 2 on dp = 4: the experts' gradients summed over the other 2 expert-data-parallel ranks.
+    two = step_schedule(MIXTRAL, Layout(dp=4, tp=2, ep=2), 4096, 1, opts)
+    edp = [c for c, _ in two.all_comms() if c.axis == "edp"]
+    experts_local = 32 * 8 * 3 * 4096 * 14336 / (2 * 2)
+    assert sum(c.message_bytes for c in edp) == experts_local * opts.nbytes("grad_dtype")
+    assert all(c.group_size == 2 for c in edp)
+
+
+def test_zero_shards_the_experts_over_the_expert_data_parallel_ranks():
+    """ZeRO-1 with dp=4, ep=2: the experts' optimizer states are split over edp = 2, the rest over dp = 4."""
+    opts = CostOptions(optimizer="adam", tp_sequence_parallel=True)
+    mem = memory_per_gpu(MIXTRAL, Layout(dp=4, tp=2, ep=2, zero=1), 4096, 1, opts).per_gpu_bytes
+    experts = 32 * 8 * 3 * 4096 * 14336 / (2 * 2)
+    norms = MIXTRAL.norm_params()
+    rest = (MIXTRAL.param_count() - 32 * 8 * 3 * 4096 * 14336 - norms) / 2 + norms
+    assert mem["optimizer_state"] == round(12 * (rest / 4 + experts / 2))
+
+
+def test_the_planner_folds_experts_onto_the_data_ranks():
+    """Mixtral-8x7B on 16 H100s at 4K: every mesh with each ep its experts and dp×sp allow is
+    priced, and one with ep > 1 wins — holding fewer experts a rank frees memory for a faster plan."""
+    from meshplan.planner import plan
+    from meshplan.planner.plan import KNOBS
+
+    result = plan(
+        MIXTRAL,
+        load_cluster("h100-sxm-8", 2),
+        4096,
+        1,
+        CostOptions(stack="megatron", global_batch=64),
+        search=frozenset(KNOBS),
+    )
+    assert any(c.layout.ep > 1 for c in result.ranked) and result.ranked[0].layout.ep > 1

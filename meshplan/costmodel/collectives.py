@@ -43,7 +43,7 @@ class Comm:
     """One entry of a layer's communication schedule."""
 
     kind: str
-    axis: str  # mesh axis: tp, sp, tsp, tpssm, dp, pp (or "dp+sp" for the merged gradient group)
+    axis: str  # mesh axis: tp, sp, tsp, tpssm, dp, pp, ep, edp (or "dp+sp" for the merged gradient group)
     message_bytes: float
     group_size: int
     count: int = 1  # how many times it runs (D broadcasts, D−1 ring hops, …)

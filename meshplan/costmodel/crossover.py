@@ -54,6 +54,8 @@ def regime(model: ModelSpec, layout: Layout, tokens: int, opts: CostOptions = Co
     degree = layout.weight_shard_degree
     if degree <= 1:
         return "no weight split"
+    if model.moe is not None:
+        return "TSP does not split experts: no TP/TSP crossover"
     cross = volume_crossover_tokens(model, degree, opts)
     if math.isinf(cross):
         return f"b·s = {tokens:,}: TSP never moves less than TP here"

@@ -274,6 +274,16 @@ def local_params(
     return held
 
 
+def split_apart_params(model: ModelSpec, by_kind: dict | None, kind: str, share: float = 1.0) -> float:
+    """A rank's parameters of the `kind` blocks an axis splits apart (PlanContext.by_kind; 0 when none
+    does), for a stage holding `share` of the layers."""
+    if not by_kind or kind not in by_kind:
+        return 0.0
+    n = dict(model.block_invocations()).get(kind, 0)
+    weights = n * (BLOCKS[kind].params(model) - BLOCKS[kind].norm_width(model))
+    return share * weights / by_kind[kind].weight_div
+
+
 def mean_local_params(
     model: ModelSpec, sh: Sharding, pp: int = 1, embeddings: bool = True, by_kind: dict | None = None
 ) -> float:
@@ -551,12 +561,22 @@ def _stage_peak(
     if not model.uniform_layers:  # the stage's own layers: their blocks' weights and saved tensors
         share, act_share = _own_shares(model, stage_layers, index, opts)
     params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind)
-    param_b = params * p_bytes / (shards if zero >= 3 else 1)
-    grad_b = params * opts.nbytes("grad_dtype") / (shards if zero >= 2 else 1) if train else 0.0
+    # Routed experts split by ep are sharded by ZeRO over the expert-data-parallel ranks (dp·sp/ep).
+    experts = split_apart_params(model, by_kind, "experts", share) if layout.ep > 1 else 0.0
+    expert_shards = layout.dp * layout.sp // layout.ep if zero else 1
+
+    def sharded(stage_zero: int) -> float:
+        """The rank's parameters, each part over its ZeRO group from `stage_zero` on."""
+        if zero < stage_zero:
+            return params
+        return (params - experts) / shards + experts / expert_shards
+
+    param_b = sharded(3) * p_bytes
+    grad_b = sharded(2) * opts.nbytes("grad_dtype") if train else 0.0
     opt_bytes = 0
     if train and opts.optimizer == "adam":
         opt_bytes = ADAM_STATE_BYTES_PER_PARAM if p_bytes < 4 else ADAM_STATE_BYTES_FP32_PARAMS
-    opt_b = params * opt_bytes / shards
+    opt_b = sharded(1) * opt_bytes
     acts = 0.0
     if train:
         # Chunks of 1/v of the stage's layers in flight (meshplan.costmodel.pipeline.in_flight_chunks):

@@ -11,7 +11,7 @@ from meshplan.costmodel import axes
 from meshplan.costmodel.axes import PlanContext, Sharding, plan_context
 from meshplan.costmodel.blocks import BLOCKS, block_params
 from meshplan.costmodel.collectives import Comm
-from meshplan.costmodel.memory import mean_local_params
+from meshplan.costmodel.memory import mean_local_params, split_apart_params
 from meshplan.costmodel.options import CostOptions
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -89,7 +89,10 @@ def step_schedule(
     per_mb = [c for c in ends if c.phase != "step"] + axes.pp.microbatch_comms(ctx, training)
     per_step: list[Comm] = once + [c for c in ends if c.phase == "step"] + axes.tsp.step_comms(ctx, embeddings)
     data_mb, data_step = axes.dp.comms(
-        ctx, mean_local_params(model, sh, layout.pp, embeddings, ctx.by_kind), last_ready_params(model, sh, embeddings)
+        ctx,
+        mean_local_params(model, sh, layout.pp, embeddings, ctx.by_kind),
+        last_ready_params(model, sh, embeddings),
+        experts=split_apart_params(model, ctx.by_kind, "experts", 1 / layout.pp),
     )
     per_mb += data_mb
     per_step += data_step

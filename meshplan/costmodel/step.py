@@ -78,6 +78,8 @@ class _Links:
         for name, spans in (("sp", ("sp",)), ("dp", ("dp",)), ("dp+sp", ("sp", "dp")), ("pp", ("pp",))):
             self.groups[name] = place_axis(*rank_order.group(layout, spans), g)
         self.groups["pp_ends"] = place_axis(*rank_order.pipeline_ends(layout), g)
+        for name in ("ep", "edp"):  # the experts' decomposition of the same ranks
+            self.groups[name] = place_axis(*rank_order.group(layout, (name,), rank_order.EXPERT_ORDER), g)
         self.cluster = cluster
 
     def time_s(self, c: Comm) -> float:
@@ -130,11 +132,11 @@ def as_stack_runs(c: Comm, stack: Stack) -> Comm:
         return replace(c, overlap="tp")
     if stack.pp_overlap and c.axis == "pp":
         return replace(c, overlap="compute")
-    if stack.zero3_prefetch and c.what == "updated params all-gather":
+    if stack.zero3_prefetch and c.what.startswith("updated params all-gather"):
         return replace(c, overlap="compute")  # Megatron's --overlap-param-gather: behind the next forward
     if c.what.startswith("ZeRO-3 ") and stack.zero3_prefetch and c.kind == "all_gather":
         return replace(c, overlap="backward")
-    if not stack.grad_overlap and c.overlap == "backward" and c.axis in ("dp", "dp+sp", "sp"):
+    if not stack.grad_overlap and c.overlap == "backward" and c.axis in ("dp", "dp+sp", "sp", "edp"):
         return replace(c, overlap="none")
     return c
 

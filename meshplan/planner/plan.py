@@ -82,8 +82,9 @@ def enumerate_layouts(
 ) -> list[Layout]:
     """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
     and the shape, with each ZeRO stage when training with dp > 1 that `stack` runs at that pp (all of
-    them when None). Any pp up to the layer count (uneven stages); with a global batch fixed, only the
-    DP degrees that divide it."""
+    them when None), and for a mixture of experts each expert-parallel degree folded onto dp × sp. Any
+    pp up to the layer count (uneven stages); with a global batch fixed, only the DP degrees that
+    divide it."""
     tensor_axis = "tpssm" if model.has_mamba else "tp"
     out: list[Layout] = []
     for dp in divisors(num_gpus):
@@ -99,8 +100,11 @@ def enumerate_layouts(
             if stack is not None:
                 zeros = tuple(z for z in zeros if z <= (stack.max_zero_with_pp if pp > 1 else stack.max_zero))
             for shape in shapes:
-                for zero in zeros:
-                    layout = Layout(dp=dp, pp=pp, zero=zero, **shape)
+                # A mixture of experts: each expert-parallel degree its experts and dp×sp ranks allow.
+                folded = dp * shape.get("sp", 1)
+                eps = [e for e in divisors(folded) if model.moe.experts % e == 0] if model.moe else [1]
+                for zero, ep in ((z, e) for z in zeros for e in eps):
+                    layout = Layout(dp=dp, pp=pp, zero=zero, ep=ep, **shape)
                     try:
                         validate_layout(layout, model, num_gpus)
                         validate_seq(layout, seq, batch)
@@ -177,13 +181,7 @@ def plan(
         (fitting if fits else dropped).append(cand)
     fitting.sort(key=_sort_key(objective, opts.mode))
     dropped.sort(key=lambda c: c.total_bytes)
-    reason = explain(fitting, dropped, objective, opts, cluster)
-    if model.moe is not None:
-        reason += (
-            " Expert parallelism is not searched yet (its all-to-alls are not priced): every mesh here keeps a "
-            "data-parallel rank's experts whole; `meshplan memory --layout …,ep=E` shows what ep saves."
-        )
-    return Plan(fitting, dropped, len(layouts), objective, reason)
+    return Plan(fitting, dropped, len(layouts), objective, explain(fitting, dropped, objective, opts, cluster))
 
 
 def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOptions, search: frozenset):

@@ -9,12 +9,28 @@ from meshplan.costmodel.collectives import Comm
 from meshplan.layout import Layout, grad_group
 
 
-def comms(ctx, local_params: float, last_ready: float) -> tuple[list[Comm], list[Comm]]:
+def comms(ctx, local_params: float, last_ready: float, experts: float = 0.0) -> tuple[list[Comm], list[Comm]]:
     """(per micro-batch, per step) of a training step or a prefill; `local_params`: a rank's parameters
-    (averaged over the stages), `last_ready`: those whose gradients the backward completes last."""
+    (averaged over the stages), `last_ready`: those whose gradients the backward completes last;
+    `experts`: the part of `local_params` that is routed experts split by ep, whose gradients are
+    summed over the expert-data-parallel ranks instead (meshplan.costmodel.axes.ep)."""
+    layout: Layout = ctx.layout
+    axis, group = grad_group(layout)
+    if experts and layout.ep > 1:
+        dense_mb, dense_step = _group_comms(ctx, axis, group, local_params - experts, last_ready)
+        edp = layout.dp * layout.sp // layout.ep
+        expert_mb, expert_step = _group_comms(ctx, "edp", edp, experts, None, what=" (experts)")
+        return dense_mb + expert_mb, dense_step + expert_step
+    return _group_comms(ctx, axis, group, local_params, last_ready)
+
+
+def _group_comms(
+    ctx, axis: str, group: int, local_params: float, last_ready: float | None, what: str = ""
+) -> tuple[list[Comm], list[Comm]]:
+    """The gradient sync and ZeRO's collectives of `local_params` over one group of ranks (`last_ready`:
+    None when no part of them is the backward's last, as the experts' are not)."""
     layout: Layout = ctx.layout
     training = ctx.opts.training
-    axis, group = grad_group(layout)
     per_mb: list[Comm] = []
     per_step: list[Comm] = []
     if group == 1 or not (training or layout.zero == 3):
@@ -33,31 +49,56 @@ def comms(ctx, local_params: float, last_ready: float) -> tuple[list[Comm], list
                 group,
                 phase="bwd",
                 block="model",
-                what=f"ZeRO-{zero} grad reduce-scatter",
+                what=f"ZeRO-{zero} grad reduce-scatter{what}",
                 overlap="backward",
             )
         )
     if zero == 3:
-        per_mb.append(Comm("all_gather", axis, p_bytes, group, phase="fwd", block="model", what="ZeRO-3 gather params"))
+        per_mb.append(
+            Comm("all_gather", axis, p_bytes, group, phase="fwd", block="model", what="ZeRO-3 gather params" + what)
+        )
         if training:
             per_mb.append(
-                Comm("all_gather", axis, p_bytes, group, phase="bwd", block="model", what="ZeRO-3 re-gather params")
+                Comm(
+                    "all_gather",
+                    axis,
+                    p_bytes,
+                    group,
+                    phase="bwd",
+                    block="model",
+                    what="ZeRO-3 re-gather params" + what,
+                )
             )
     elif per_mb_grads:  # ZeRO 2 under pp: its gradients went per micro-batch
         per_step.append(
-            Comm("all_gather", axis, p_bytes, group, phase="step", block="model", what="updated params all-gather")
+            Comm(
+                "all_gather", axis, p_bytes, group, phase="step", block="model", what="updated params all-gather" + what
+            )
         )
     else:
-        tail = min(g_bytes, last_ready * ctx.grad_bytes)
+        tail = min(g_bytes, last_ready * ctx.grad_bytes) if last_ready is not None else 0.0
         kind = "reduce_scatter" if zero >= 1 else "all_reduce"
-        what = "grad reduce-scatter" if zero >= 1 else "grad all-reduce"
+        kind_what = ("grad reduce-scatter" if zero >= 1 else "grad all-reduce") + what
         per_step += [
-            Comm(kind, axis, g_bytes - tail, group, phase="step", block="model", what=what, overlap="backward"),
-            Comm(kind, axis, tail, group, phase="step", block="model", what=what + " of the last-ready weights"),
+            Comm(kind, axis, g_bytes - tail, group, phase="step", block="model", what=kind_what, overlap="backward"),
         ]
+        if last_ready is not None:
+            per_step.append(
+                Comm(
+                    kind, axis, tail, group, phase="step", block="model", what=kind_what + " of the last-ready weights"
+                )
+            )
         if zero >= 1:
             per_step.append(
-                Comm("all_gather", axis, p_bytes, group, phase="step", block="model", what="updated params all-gather")
+                Comm(
+                    "all_gather",
+                    axis,
+                    p_bytes,
+                    group,
+                    phase="step",
+                    block="model",
+                    what="updated params all-gather" + what,
+                )
             )
     return per_mb, per_step
 
