@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from meshplan.costmodel.device import ATTENTION_EFFICIENCY, Device
+from meshplan.costmodel.device import Device
+from meshplan.costmodel.invariants import best_rate  # a lookup of the device's rates, not a rule
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import validate_batch
@@ -131,11 +132,6 @@ def _divisors(n: int) -> list[int]:
     return (
         [d for d in range(1, n + 1) if n % d == 0] if n <= 4096 else [d for d in (1, 2, 4, 8, 16, 64, n) if n % d == 0]
     )
-
-
-def best_rate(dev: Device) -> float:
-    attention = [e for _, e in dev.attention_causal] + [e for _, e in dev.attention_prefix]
-    return max([dev.gemm_efficiency, ATTENTION_EFFICIENCY] + attention)
 
 
 PARTS = ("compute_s", "bubble_s", "exposed_comm_s", "optimizer_s", "launch_wait_s")

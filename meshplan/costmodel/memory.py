@@ -268,10 +268,14 @@ def local_params(
     held = (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) * share
     for kind, own in (by_kind or {}).items():
         # These blocks' weights (less their norm scales, counted above) at their own split.
-        n = dict(model.block_invocations()).get(kind, 0)
-        weights = n * (BLOCKS[kind].params(model) - BLOCKS[kind].norm_width(model))
-        held += share * weights * (1 / own.weight_div - 1 / sh.weight_div)
+        held += share * _kind_weights(model, kind) * (1 / own.weight_div - 1 / sh.weight_div)
     return held
+
+
+def _kind_weights(model: ModelSpec, kind: str) -> int:
+    """The weights of every `kind` block of the model, less their norm scales (replicated, never split)."""
+    n = dict(model.block_invocations()).get(kind, 0)
+    return n * (BLOCKS[kind].params(model) - BLOCKS[kind].norm_width(model))
 
 
 def split_apart_params(model: ModelSpec, by_kind: dict | None, kind: str, share: float = 1.0) -> float:
@@ -279,9 +283,7 @@ def split_apart_params(model: ModelSpec, by_kind: dict | None, kind: str, share:
     does), for a stage holding `share` of the layers."""
     if not by_kind or kind not in by_kind:
         return 0.0
-    n = dict(model.block_invocations()).get(kind, 0)
-    weights = n * (BLOCKS[kind].params(model) - BLOCKS[kind].norm_width(model))
-    return share * weights / by_kind[kind].weight_div
+    return share * _kind_weights(model, kind) / by_kind[kind].weight_div
 
 
 def mean_local_params(

@@ -74,7 +74,7 @@ class PipelinePasses:
 
 
 def closed_form_holds(fwd_s: list[float], bwd_s: list[float], microbatches: int, chunks: int) -> bool:
-    """Where the closed form is the schedule's exact time (tests/test_pipeline_sim.py holds it to the
+    """Where the closed form is the schedule's exact time (tests/test_invariants.py holds it to the
     simulator there): every stage's layers take the same time, the last adding its head; under the
     interleaved schedule, micro-batches in whole groups of p (Megatron-Core's default
     microbatch_group_size_per_vp_stage). Stages of unequal bodies — an uneven split of the layers —
@@ -151,13 +151,13 @@ def validate_batch(
     return stages
 
 
-def schedule_violation(stack: Stack, pp: int, zero: int, microbatches: int, chunks: int, group: int = 0) -> str | None:
+def schedule_violation(stack: Stack, pp: int, zero: int, microbatches: int, chunks: int) -> str | None:
     """Why `stack` cannot run this pipeline and data-parallel sharding, in one line (None: it can).
 
     Interleaving with v chunks a rank (Megatron-Core's forward_backward_pipelining_with_interleaving):
-    micro-batches in groups of N = microbatch_group_size_per_vp_stage (default p), p <= N <= m, and a
-    last group of none or at least p (a shorter one stalls on its dependencies) — with the default N,
-    m a multiple of p; the Megatron-LM of 2021 asked m % p == 0 outright."""
+    micro-batches in groups of N = microbatch_group_size_per_vp_stage, p <= N <= m, and a last group of
+    none or at least p (a shorter one stalls on its dependencies). The stacks here run the default
+    N = p: m a multiple of p, as the Megatron-LM of 2021 asked outright."""
     if chunks > 1:
         if not stack.interleaved_min_pp:
             return f"--stack {stack.name} has no interleaved pipeline schedule; use --virtual-stages 1"
@@ -166,7 +166,7 @@ def schedule_violation(stack: Stack, pp: int, zero: int, microbatches: int, chun
                 f"--stack {stack.name} interleaves pipelines of at least {stack.interleaved_min_pp} stages, "
                 f"not pp={pp}; use --virtual-stages 1"
             )
-        n = group or pp
+        n = pp  # microbatch_group_size_per_vp_stage's default
         if not pp <= n <= microbatches or 0 < microbatches % n < pp:
             return (
                 f"the interleaved schedule takes micro-batches in groups of {n} (at least pp={pp}): "

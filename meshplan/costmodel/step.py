@@ -192,9 +192,7 @@ def estimate_step(
     links = _Links(layout, cluster)
     training, decode = opts.training, opts.mode == "decode"
     breakdown: dict[str, float] = {}
-    blocks = _block_times(
-        model, layout, seq, batch, opts, sh, schedule=schedule, dev=dev, links=links, breakdown=breakdown, ctx=ctx
-    )
+    blocks = _block_times(ctx, schedule=schedule, dev=dev, links=links, breakdown=breakdown)
     tokens = batch if decode else batch * seq / sh.token_div
     logits = logits_compute(model, batch if decode or not training else tokens, sh, opts.nbytes("act_dtype"), dev)
     if not embeddings:
@@ -333,22 +331,10 @@ class _Blocks:
         return self.exposed_fwd_s + self.exposed_bwd_s
 
 
-def _block_times(
-    model: ModelSpec,
-    layout: Layout,
-    seq: int,
-    batch: int,
-    opts: CostOptions,
-    sh: Sharding,
-    *,
-    schedule: StepSchedule,
-    dev: Device,
-    links: "_Links",
-    breakdown: dict,
-    ctx: PlanContext,
-) -> _Blocks:
+def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links: "_Links", breakdown: dict) -> _Blocks:
     """Each block kind's compute (compute.block_compute) beside its collectives on the other stream
     (_phase_exposed), times its invocations; per-kind seconds go into `breakdown`."""
+    model, layout, seq, batch, opts, sh = ctx.model, ctx.layout, ctx.seq, ctx.batch, ctx.opts, ctx.sharding
     stack = opts.stack_spec
     e = opts.nbytes("act_dtype")
     training, decode = opts.training, opts.mode == "decode"
@@ -380,7 +366,8 @@ def _block_times(
         if not decode:
             fwd += axes.tp.int8_kernels_s(ctx, kind, tokens, dev)
         timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
-        out.comm_s += sum(t for _, t in timed) * schedule.invocations[kind]
+        comm_one = sum(t for _, t in timed)  # one invocation's
+        out.comm_s += comm_one * schedule.invocations[kind]
         exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
         exposed_bwd = (
             _phase_exposed(
@@ -414,7 +401,7 @@ def _block_times(
             "bwd_s": bwd,
             "exposed_fwd_s": exposed_fwd,
             "exposed_bwd_s": exposed_bwd,
-            "comm_s": sum(t for _, t in timed),
+            "comm_s": comm_one,
         }
         breakdown[f"{kind}_compute_s"] = n * (fwd + bwd)
         breakdown[f"{kind}_exposed_comm_s"] = n * exposed

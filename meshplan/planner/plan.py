@@ -97,8 +97,8 @@ def enumerate_layouts(
             shapes = [{}] if mp == 1 else [{tensor_axis: mp}, {"sp": mp}, {"tsp": mp}]
             shapes += [{tensor_axis: t, "sp": mp // t} for t in divisors(mp) if 1 < t < mp]
             zeros = (0, 1, 2, 3) if mode == "train" and dp > 1 else (0,)
-            if stack is not None:
-                zeros = tuple(z for z in zeros if z <= (stack.max_zero_with_pp if pp > 1 else stack.max_zero))
+            if stack is not None:  # the ZeRO stages the stack runs at this pp (no schedule asked of it)
+                zeros = tuple(z for z in zeros if schedule_violation(stack, pp, z, 1, 1) is None)
             for shape in shapes:
                 # A mixture of experts: each expert-parallel degree its experts and dp×sp ranks allow.
                 folded = dp * shape.get("sp", 1)
