@@ -6,6 +6,7 @@ import pytest
 
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
+from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, parse_layout, validate_layout
 from meshplan.models import PRESETS, AttentionSpec, ModelSpec, MoeSpec
@@ -103,3 +104,24 @@ def test_the_planner_folds_experts_onto_the_data_ranks():
         search=frozenset(KNOBS),
     )
     assert any(c.layout.ep > 1 for c in result.ranked) and result.ranked[0].layout.ep > 1
+
+
+def test_the_optimizer_steps_the_experts_states_each_rank_keeps():
+    """ZeRO-1, dp=4, ep=2: the optimizer step reads and writes the states of the rest of the model over
+    4 ranks and of the experts over edp = 2 — the same shares memory holds."""
+    from meshplan.costmodel.axes import plan_context
+    from meshplan.costmodel.compute import ADAM_STEP_BYTES_PER_PARAM
+    from meshplan.costmodel.device import Device
+    from meshplan.costmodel.memory import local_params, zero_sharded
+
+    cluster = load_cluster("h100-sxm-8")
+    opts = CostOptions(tp_sequence_parallel=True, global_batch=8)
+    layout = Layout(dp=4, tp=2, ep=2, zero=1)
+    ctx = plan_context(MIXTRAL, layout, 4096, 1, opts)
+    held = local_params(MIXTRAL, ctx.sharding, by_kind=ctx.by_kind)
+    experts = 32 * 8 * 3 * 4096 * 14336 / (2 * 2)
+    kept = zero_sharded(MIXTRAL, layout, held, ctx.by_kind, 1.0, from_stage=1)
+    assert kept == pytest.approx((held - experts) / 4 + experts / 2)
+    est = estimate_step(MIXTRAL, layout, 4096, 1, opts, cluster)
+    dev = Device.of(cluster, opts.stack_spec)
+    assert est.optimizer_s == pytest.approx(kept * ADAM_STEP_BYTES_PER_PARAM / dev.hbm_bytes_per_s)

@@ -286,6 +286,20 @@ def split_apart_params(model: ModelSpec, by_kind: dict | None, kind: str, share:
     return share * _kind_weights(model, kind) / by_kind[kind].weight_div
 
 
+def zero_sharded(
+    model: ModelSpec, layout: Layout, params: float, by_kind: dict | None, share: float, *, from_stage: int
+) -> float:
+    """What of a rank's `params` (a stage holding `share` of the layers) it keeps under ZeRO from
+    `from_stage` on (1: optimizer states, 2: + gradients, 3: + parameters): the gradient group's share
+    (meshplan.layout.grad_group), and the routed experts ep splits over the expert-data-parallel
+    ranks, dp·sp/ep."""
+    zero = layout.zero if layout.dp > 1 else 0
+    if zero < from_stage:
+        return params
+    experts = split_apart_params(model, by_kind, "experts", share) if layout.ep > 1 else 0.0
+    return (params - experts) / grad_group(layout)[1] + experts / (layout.dp * layout.sp // layout.ep)
+
+
 def mean_local_params(
     model: ModelSpec, sh: Sharding, pp: int = 1, embeddings: bool = True, by_kind: dict | None = None
 ) -> float:
@@ -563,22 +577,14 @@ def _stage_peak(
     if not model.uniform_layers:  # the stage's own layers: their blocks' weights and saved tensors
         share, act_share = _own_shares(model, stage_layers, index, opts)
     params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind)
-    # Routed experts split by ep are sharded by ZeRO over the expert-data-parallel ranks (dp·sp/ep).
-    experts = split_apart_params(model, by_kind, "experts", share) if layout.ep > 1 else 0.0
-    expert_shards = layout.dp * layout.sp // layout.ep if zero else 1
-
-    def sharded(stage_zero: int) -> float:
-        """The rank's parameters, each part over its ZeRO group from `stage_zero` on."""
-        if zero < stage_zero:
-            return params
-        return (params - experts) / shards + experts / expert_shards
-
-    param_b = sharded(3) * p_bytes
-    grad_b = sharded(2) * opts.nbytes("grad_dtype") if train else 0.0
+    param_b = zero_sharded(model, layout, params, by_kind, share, from_stage=3) * p_bytes
+    grad_b = (
+        zero_sharded(model, layout, params, by_kind, share, from_stage=2) * opts.nbytes("grad_dtype") if train else 0.0
+    )
     opt_bytes = 0
     if train and opts.optimizer == "adam":
         opt_bytes = ADAM_STATE_BYTES_PER_PARAM if p_bytes < 4 else ADAM_STATE_BYTES_FP32_PARAMS
-    opt_b = sharded(1) * opt_bytes
+    opt_b = zero_sharded(model, layout, params, by_kind, share, from_stage=1) * opt_bytes
     acts = 0.0
     if train:
         # Chunks of 1/v of the stage's layers in flight (meshplan.costmodel.pipeline.in_flight_chunks):

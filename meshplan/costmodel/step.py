@@ -29,13 +29,13 @@ from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time
 from meshplan.costmodel.compute import block_compute, logits_compute, optimizer_time_s
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.invariants import check_block, check_passes, check_step
-from meshplan.costmodel.memory import local_params
+from meshplan.costmodel.memory import local_params, zero_sharded
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import PipelinePasses, pipeline_passes, pipeline_stages, schedule_violation
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
 from meshplan.costmodel.stacks import Stack
 from meshplan.errors import MeshplanError
-from meshplan.layout import Layout, grad_group
+from meshplan.layout import Layout
 from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
 
@@ -209,11 +209,9 @@ def estimate_step(
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, blocks.bwd_s * m, 0.0, 0.0)  # gradient sync behind the backward
     held = local_params(model, sh, pp=pp, embeddings=embeddings, by_kind=ctx.by_kind)
-    opt_s = (
-        optimizer_time_s(held / (grad_group(layout)[1] if layout.zero >= 1 and layout.dp > 1 else 1), dev)
-        if training
-        else 0.0
-    )
+    # The optimizer steps the states this rank keeps (ZeRO-1 on: its share; routed experts over edp).
+    kept = zero_sharded(model, layout, held, ctx.by_kind, 1 / pp, from_stage=1)
+    opt_s = optimizer_time_s(kept, dev) if training else 0.0
 
     # Each stage: its own layers' blocks and the micro-batch's own collectives, forward and backward; on
     # the last the output head and the loss (pipeline.pipeline_passes). Layers alike: a stage is its
