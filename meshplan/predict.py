@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel.axes import plan_context, sharding_for
+from meshplan.costmodel.axes import plan_context
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.memory import (
     MemoryBreakdown,
@@ -137,24 +137,26 @@ def predict_run(
     opts = CostOptions(
         mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce, sp_zigzag=sp_zigzag
     )
-    mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=whole)
+    validate_layout(layout, model)
+    validate_seq(layout, seq, batch)
+    ctx = plan_context(model, layout, seq, batch, opts)  # sharded once for memory, bytes and time
+    sh = ctx.sharding
+    mem = memory_per_gpu(model, layout, seq, batch, opts, embeddings=whole, ctx=ctx)
     saved = 0.0
     if mode == "train":
         # One micro-batch through this rank's layers (a pipeline stage's share), and the head's.
-        saved = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp)[0]
+        saved = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp, sh=sh)[0]
         if whole:  # the last stage's, the fullest (a run reports its fullest rank's)
-            sh = sharding_for(layout, opts)
             saved += head_activation_bytes(model, sh, seq, batch, opts) + loss_logits_bytes(model, sh, seq, batch, opts)
+    schedule = step_schedule(model, layout, seq, batch, opts, embeddings=whole, ctx=ctx)
     out = {
         "peak_bytes": mem.total_bytes,
         "memory_breakdown": mem.per_gpu_bytes,
-        "comm_bytes": step_schedule(model, layout, seq, batch, opts, embeddings=whole).bytes_by_kind_and_axis(
-            message=True
-        ),
+        "comm_bytes": schedule.bytes_by_kind_and_axis(message=True),
         "saved_bytes": saved,
         "whole_model": whole,
     }
     if cluster is not None:
-        est = estimate_step(model, layout, seq, batch, opts, cluster, embeddings=whole)
+        est = estimate_step(model, layout, seq, batch, opts, cluster, schedule=schedule, embeddings=whole, ctx=ctx)
         out.update(step_time_s=est.step_time_s, exposed_comm_s=est.exposed_comm_s, compute_s=est.compute_s)
     return out
