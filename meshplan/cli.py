@@ -124,6 +124,27 @@ def memory_legend(shown: list[str]) -> str:
     return "legend: " + "; ".join(parts) + "; GiB = 2^30 bytes; seq in tokens (k = 1024, m = 1024²)"
 
 
+# Mixtures of experts (meshplan.costmodel.axes.ep): the same options in memory, predict and recommend.
+MOE_DISPATCHER = typer.Option(
+    "alltoall", "--moe-dispatcher", help="Mixture of experts: alltoall | allgather | deepep (how tokens reach experts)."
+)
+CAPACITY_FACTOR = typer.Option(
+    0.0, "--capacity-factor", help="Token drop: an expert takes at most this × its even share (0: dropless)."
+)
+MOE_PAD = typer.Option(
+    False, "--moe-pad-to-capacity/--no-moe-pad-to-capacity", help="Token drop padded: every expert runs its capacity."
+)
+MOE_IMBALANCE = typer.Option(
+    1.0, "--moe-imbalance", help="Dropless: the busiest expert rank's routed tokens over the even share (1: balanced)."
+)
+DEEPEP_NODE_LIMIT = typer.Option(
+    False, "--deepep-node-limit/--no-deepep-node-limit", help="deepep: a token's experts on at most 4 nodes."
+)
+MOE_A2A_OVERLAP = typer.Option(
+    False, "--moe-a2a-overlap/--no-moe-a2a-overlap", help="Megatron-Core's 1F1B overlap of the experts' all-to-all."
+)
+
+
 @app.command()
 @user_errors
 def memory(
@@ -158,6 +179,12 @@ def memory(
         "--int8-allreduce/--no-int8-allreduce",
         help="TP-SSM: int8-quantized block all-reduce (2 ranks: its peer buffer).",
     ),
+    moe_dispatcher: str = MOE_DISPATCHER,
+    capacity_factor: float = CAPACITY_FACTOR,
+    moe_pad_to_capacity: bool = MOE_PAD,
+    moe_imbalance: float = MOE_IMBALANCE,
+    deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
+    moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
     sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
     plot: Optional[str] = typer.Option(
         None, "--plot", help="Write memory by component against sequence length to this image (.png, .pdf, .svg)."
@@ -193,6 +220,14 @@ def memory(
         logits_dtype=logits_dtype,
         tp_sequence_parallel=tp_sequence_parallel,
         int8_allreduce=int8_allreduce,
+        moe=dict(
+            moe_dispatcher=moe_dispatcher,
+            capacity_factor=capacity_factor,
+            moe_pad_to_capacity=moe_pad_to_capacity,
+            moe_imbalance=moe_imbalance,
+            deepep_node_limit=deepep_node_limit,
+            moe_a2a_overlap=moe_a2a_overlap,
+        ),
     )
     cluster_spec = load_cluster(cluster, nodes) if cluster else None
     records = memory_records(spec, layouts, seqs, batch, opts, cluster_spec)
@@ -272,10 +307,12 @@ def stack_options(
     act_dtype: str = "bf16",
     optimizer: Optional[str] = None,
     logits_dtype: str = "fp32",
+    moe: dict | None = None,
 ):
     """CostOptions for a stack, as every command builds them: where an option is not given (None), the
     stack's own — flash attention, the gradients' dtype, Megatron-SP on the TP axis — so that one
-    layout costs the same in `memory`, `predict` and `recommend`."""
+    layout costs the same in `memory`, `predict` and `recommend`. `moe`: the mixture-of-experts
+    options (CostOptions' moe_* fields)."""
     from meshplan.costmodel.options import CostOptions
     from meshplan.costmodel.stacks import get_stack
 
@@ -311,6 +348,7 @@ def stack_options(
         virtual_stages=virtual_stages,
         stage_layers=parse_stage_layers(stage_layers),
         stack=stack,
+        **(moe or {}),
     )
 
 
@@ -325,6 +363,12 @@ def assumed(opts) -> dict:
         "act_dtype": opts.act_dtype,
         "optimizer": opts.optimizer,
         "int8_allreduce": opts.int8_allreduce,
+        "moe_dispatcher": opts.moe_dispatcher,
+        "capacity_factor": opts.capacity_factor,
+        "moe_pad_to_capacity": opts.moe_pad_to_capacity,
+        "moe_imbalance": opts.moe_imbalance,
+        "deepep_node_limit": opts.deepep_node_limit,
+        "moe_a2a_overlap": opts.moe_a2a_overlap,
     }
 
 
@@ -343,6 +387,19 @@ def fmt_assumed(opts, *, searched: frozenset = frozenset()) -> str:
     if opts.int8_allreduce:
         parts.append("int8 all-reduce")
     return f"stack {opts.stack}: " + ", ".join(parts)
+
+
+def fmt_moe(opts) -> str:
+    """One line of the mixture-of-experts options a number was computed under."""
+    routing = (
+        f"token drop at capacity {opts.capacity_factor:g}" + (" (padded)" if opts.moe_pad_to_capacity else "")
+        if opts.capacity_factor
+        else f"dropless, busiest expert rank at {opts.moe_imbalance:g}× the even share"
+    )
+    parts = [f"dispatcher {opts.moe_dispatcher}" + (" (node-limited)" if opts.deepep_node_limit else ""), routing]
+    if opts.moe_a2a_overlap:
+        parts.append("all-to-all overlapped with another micro-batch (1F1B)")
+    return "experts: " + ", ".join(parts)
 
 
 def parse_stage_layers(text: str) -> tuple[int, ...]:
@@ -412,6 +469,12 @@ def recommend(
         "same causal work, as meshplan's executor) | contiguous (the last rank's "
         "attention sets the pace).",
     ),
+    moe_dispatcher: str = MOE_DISPATCHER,
+    capacity_factor: float = CAPACITY_FACTOR,
+    moe_pad_to_capacity: bool = MOE_PAD,
+    moe_imbalance: float = MOE_IMBALANCE,
+    deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
+    moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -462,6 +525,14 @@ def recommend(
         virtual_stages=virtual_stages or 1,
         launch_floor=launch_floor,
         sp_split=sp_split,
+        moe=dict(
+            moe_dispatcher=moe_dispatcher,
+            capacity_factor=capacity_factor,
+            moe_pad_to_capacity=moe_pad_to_capacity,
+            moe_imbalance=moe_imbalance,
+            deepep_node_limit=deepep_node_limit,
+            moe_a2a_overlap=moe_a2a_overlap,
+        ),
     )
     micro = batch or 1
     result = plan(
@@ -511,6 +582,8 @@ def recommend(
     console.print(table)
     console.print(result.reason, highlight=False)
     console.print(f"assumed: {fmt_assumed(opts, searched=search)}", highlight=False)
+    if spec.moe is not None:
+        console.print(fmt_moe(opts), highlight=False)
     if rates_note:
         console.print(f"note: {rates_note}", highlight=False)
     console.print(RECOMMEND_LEGEND.format(what=WHAT_LEGEND[what]), highlight=False)
@@ -579,6 +652,12 @@ def predict(
     mode: str = typer.Option("train", "--mode", help="train | prefill | decode"),
     flash: Optional[bool] = typer.Option(None, "--flash/--no-flash", help="Default: as the stack runs attention."),
     grad_dtype: Optional[str] = typer.Option(None, "--grad-dtype", help="Default: the stack's (fp32 under Megatron)."),
+    moe_dispatcher: str = MOE_DISPATCHER,
+    capacity_factor: float = CAPACITY_FACTOR,
+    moe_pad_to_capacity: bool = MOE_PAD,
+    moe_imbalance: float = MOE_IMBALANCE,
+    deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
+    moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Cost of one given plan — memory, step time, throughput, MFU/HFU, exposed communication, the
@@ -602,6 +681,14 @@ def predict(
         schedule=schedule,
         virtual_stages=virtual_stages,
         stage_layers=stage_layers,
+        moe=dict(
+            moe_dispatcher=moe_dispatcher,
+            capacity_factor=capacity_factor,
+            moe_pad_to_capacity=moe_pad_to_capacity,
+            moe_imbalance=moe_imbalance,
+            deepep_node_limit=deepep_node_limit,
+            moe_a2a_overlap=moe_a2a_overlap,
+        ),
     )
     result = predict_plan(
         load_model(model), load_cluster(cluster, nodes), parse_layout(layout), parse_tokens(seq), micro_batch, opts
@@ -657,6 +744,8 @@ def predict(
     parts = ", ".join(f"{COMPONENT_LABELS[k]} {v / 2**30:.2f}" for k, v in out["memory_bytes"].items() if v)
     console.print(f"memory (GiB): {parts}", highlight=False)
     console.print(f"assumed: {fmt_assumed(opts)}", highlight=False)
+    if result.model.moe is not None:
+        console.print(fmt_moe(opts), highlight=False)
     if out["rates_note"]:
         console.print(f"note: {out['rates_note']}", highlight=False)
     console.print(memory_legend([k for k, v in out["memory_bytes"].items() if v]), highlight=False)

@@ -12,10 +12,11 @@ from dataclasses import dataclass, fields
 from meshplan.errors import MeshplanError
 from meshplan.models import ModelSpec
 
-# ep folds onto the same ranks (Megatron-Core's MoE parallel folding): it splits the experts over the
-# data and sequence ranks and adds none of its own.
+# ep and etp fold onto the same ranks (Megatron-Core's MoE parallel folding, Liu et al. 2025, arXiv
+# 2504.14960): the experts' decomposition etp × ep × edp of each stage's tp × sp × dp ranks; they add
+# no ranks of their own.
 AXES = ("dp", "pp", "tp", "sp", "tsp", "tpssm", "ep")
-KEYS = AXES + ("zero",)
+KEYS = AXES + ("etp", "zero")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Layout:
     tsp: int = 1
     tpssm: int = 1
     ep: int = 1  # expert parallelism: each rank holds 1/ep of the routed experts
+    etp: int = 0  # expert tensor parallelism: each routed expert's FFN split etp ways; 0: as tp (Megatron's default)
     zero: int = 0  # ZeRO stage over the dp axis: 1 optimizer state, 2 + gradients, 3 + parameters
 
     def __post_init__(self) -> None:
@@ -37,6 +39,8 @@ class Layout:
         for axis in AXES:
             if getattr(self, axis) < 1:
                 raise MeshplanError(f"layout.{axis} must be >= 1, got {getattr(self, axis)}")
+        if self.etp < 0:
+            raise MeshplanError(f"layout.etp must be >= 1 (or left out: as tp), got {self.etp}")
         if not 0 <= self.zero <= 3:
             raise MeshplanError(f"layout.zero must be 0, 1, 2 or 3, got {self.zero}")
         if self.tsp > 1 and (self.tp > 1 or self.sp > 1 or self.tpssm > 1):
@@ -95,8 +99,31 @@ class Layout:
     def world_size(self) -> int:
         return self.dp * self.pp * self.model_parallel_degree
 
+    # -- the experts' decomposition of the same ranks (MoE parallel folding) -----------------------
+    @property
+    def expert_tensor_degree(self) -> int:
+        """ETP: the split of each routed expert's FFN; the tensor degree unless `etp` says otherwise."""
+        return self.etp or self.tensor_degree
+
+    @property
+    def stage_ranks(self) -> int:
+        """Ranks of one pipeline stage: attention's tp × sp × dp, the experts' etp × ep × edp."""
+        return self.dp * self.model_parallel_degree
+
+    @property
+    def expert_data_degree(self) -> int:
+        """EDP: ranks holding the same expert shard, over which the experts' gradients are summed."""
+        return max(1, self.stage_ranks // (self.expert_tensor_degree * self.ep))
+
+    @property
+    def folds_experts(self) -> bool:
+        """The experts are laid out apart from attention: split over ep, or split otherwise than tp."""
+        return self.ep > 1 or self.expert_tensor_degree != self.tensor_degree
+
     def __str__(self) -> str:
         parts = [f"{k}={getattr(self, k)}" for k in AXES if getattr(self, k) > 1]
+        if self.etp and self.etp != self.tensor_degree:
+            parts.append(f"etp={self.etp}")
         if self.zero:
             parts.append(f"zero={self.zero}")
         return ",".join(parts) or "single"
@@ -163,21 +190,14 @@ def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = Non
                 )
         if model.mamba1 is not None:
             _divides(degree, model.mamba1.d_inner, f"{model.name}'s d_inner", axis)
-        if model.moe is not None:
+        if model.moe is not None and not layout.etp:  # the experts split as tp (Megatron's default ETP)
             if axis == "tsp":
                 raise MeshplanError(
                     f"layout: tsp does not split {model.name}'s experts yet; use tp (with sp) for a mixture of experts"
                 )
             _divides(degree, model.moe.expert_ffn, f"{model.name}'s expert FFN width", axis)
-    if layout.ep > 1:
-        if model.moe is None:
-            raise MeshplanError(f"layout: ep splits experts and {model.name} has none; leave ep out")
-        _divides(layout.ep, model.moe.experts, f"{model.name}'s experts", "ep")
-        if (layout.dp * layout.sp) % layout.ep:
-            raise MeshplanError(
-                f"layout: ep={layout.ep} folds the experts over the data and sequence ranks, dp×sp = "
-                f"{layout.dp * layout.sp}; pick ep from the divisors of {layout.dp * layout.sp}"
-            )
+    if layout.ep > 1 or layout.etp:
+        _validate_experts(layout, model)
     if layout.pp > model.layers:
         # Uneven stages are fine (meshplan.costmodel.pipeline.pipeline_stages); more stages than layers are not.
         raise MeshplanError(
@@ -188,6 +208,24 @@ def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = Non
         raise MeshplanError(
             f"layout {layout} uses {layout.world_size} GPUs but {where} has {num_gpus}; "
             f"make dp×pp×tp×sp×tsp×tpssm = {num_gpus}"
+        )
+
+
+def _validate_experts(layout: Layout, model: ModelSpec) -> None:
+    """ep and etp: the experts' decomposition etp × ep × edp of a stage's tp × sp × dp ranks."""
+    axis = "ep" if layout.ep > 1 else "etp"
+    if model.moe is None:
+        raise MeshplanError(f"layout: {axis} splits experts and {model.name} has none; leave {axis} out")
+    if layout.tsp > 1:
+        raise MeshplanError("layout: ep and etp fold onto tp, sp and dp ranks; use tp (with sp) instead of tsp")
+    _divides(layout.ep, model.moe.experts, f"{model.name}'s experts", "ep")
+    etp = layout.expert_tensor_degree
+    _divides(etp, model.moe.expert_ffn, f"{model.name}'s expert FFN width", "etp")
+    ranks = layout.stage_ranks
+    if ranks % (etp * layout.ep):
+        raise MeshplanError(
+            f"layout: etp×ep = {etp}×{layout.ep} must divide a stage's tp×sp×dp = {ranks} ranks "
+            f"(the experts fold onto them); pick etp×ep from the divisors of {ranks}"
         )
 
 

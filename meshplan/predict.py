@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel.axes import plan_context
+from meshplan.costmodel.axes import ep, plan_context
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.memory import (
     MemoryBreakdown,
@@ -109,6 +109,8 @@ def predict(
         violation = schedule_violation(opts.stack_spec, layout.pp, layout.zero, m, opts.chunks)
         if violation:
             raise MeshplanError(violation)
+    if violation := ep.violation(model, layout, opts):
+        raise MeshplanError(violation)
     ctx = plan_context(model, layout, seq, micro_batch, opts)  # checked above, sharded once
     memory = memory_per_gpu(model, layout, seq, micro_batch, opts, ctx=ctx)
     step = estimate_step(model, layout, seq, micro_batch, opts, cluster, ctx=ctx)

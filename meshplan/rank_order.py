@@ -8,8 +8,9 @@ inside a node), then the sequence axis, then data parallelism, then the pipeline
 
 An axis group is `size` ranks `stride` apart. Merged groups (the data-parallel gradient group over
 dp and sp, `dp+sp`) span consecutive axes. Megatron-Core's MoE parallel folding lays a second
-decomposition over the same world for the experts (etp, ep, edp, pp, with the pipeline groups equal);
-DECOMPOSITIONS leaves room for it.
+decomposition over the same world for the experts, the pipeline groups equal:
+
+    rank = e_t + ETP·(e + EP·(d_e + EDP·p))
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from __future__ import annotations
 from meshplan.layout import Layout
 
 # Innermost first. The experts' decomposition of the same world (Megatron-Core's MoE parallel folding,
-# Liu et al. 2025, arXiv 2504.14960): the expert-tensor axis (ETP = TP here), the expert-parallel
-# axis over the ranks the attention's sp and dp run on, the expert-data-parallel rest, the same pipeline.
+# Liu et al. 2025, arXiv 2504.14960, §3.2): the expert-tensor axis, the expert-parallel axis, the
+# expert-data-parallel rest, the same pipeline — each stage's tp × sp × dp ranks again.
 ATTENTION_ORDER = ("tensor", "sp", "dp", "pp")
-EXPERT_ORDER = ("tensor", "ep", "edp", "pp")
+EXPERT_ORDER = ("etp", "ep", "edp", "pp")
 DECOMPOSITIONS = {"attention": ATTENTION_ORDER, "experts": EXPERT_ORDER}
 
 
@@ -31,8 +32,9 @@ def axis_sizes(layout: Layout) -> dict[str, int]:
         "sp": layout.sp,
         "dp": layout.dp,
         "pp": layout.pp,
+        "etp": layout.expert_tensor_degree,
         "ep": layout.ep,
-        "edp": layout.dp * layout.sp // layout.ep,
+        "edp": layout.expert_data_degree,
     }
 
 

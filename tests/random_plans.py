@@ -106,9 +106,14 @@ def random_plan(choose, integer) -> RandomPlan:
     mode = choose(["train", "train", "train", "prefill", "decode"])
     zero = choose([0, 1, 2, 3]) if mode == "train" and dp > 1 else 0
     shape = choose(shapes)
-    folded = dp * shape.get("sp", 1)
-    eps = [e for e in _divisors(folded) if model.moe.experts % e == 0] if model.moe else [1]
-    layout = Layout(dp=dp, pp=pp, zero=zero, ep=choose(eps), **shape)
+    # A mixture of experts: the experts' own decomposition of the stage's ranks (etp × ep × edp).
+    experts: dict = {}
+    if model.moe is not None and "tsp" not in shape:
+        degree = shape.get("tp", 1) * shape.get("tpssm", 1)
+        etp = choose([degree, 1])
+        eps = [e for e in _divisors(dp * mp // etp) if model.moe.experts % e == 0]
+        experts = {"ep": choose(eps)} | ({"etp": etp} if etp != degree else {})
+    layout = Layout(dp=dp, pp=pp, zero=zero, **experts, **shape)
     validate_layout(layout, model, n)
     seq = 1024 * choose([1, 2, 4, 8, 16, 32, 128])
     micro_batch = choose([1, 1, 2, 4, 8])
@@ -123,9 +128,26 @@ def random_plan(choose, integer) -> RandomPlan:
         global_batch=dp * micro_batch * steps if mode == "train" else 0,
         schedule="interleaved" if v > 1 else "1f1b",
         virtual_stages=v,
+        **(_moe_options(choose) if model.moe is not None else {}),
     )
     validate_batch(model.layers, pp, dp, micro_batch, opts.global_batch, opts.chunks)
     return RandomPlan(model, name, nodes, layout, seq, micro_batch, opts)
+
+
+def _moe_options(choose) -> dict:
+    """The mixture-of-experts options: a dispatcher, dropless at some imbalance or a capacity (padded or
+    not), the 1F1B all-to-all overlap."""
+    dispatcher = choose(["alltoall", "allgather", "deepep"])
+    capacity = choose([0.0, 0.0, 1.0, 1.25, 0.5])
+    pad = bool(capacity) and dispatcher != "deepep" and bool(choose([0, 1]))
+    return {
+        "moe_dispatcher": dispatcher,
+        "capacity_factor": capacity,
+        "moe_pad_to_capacity": pad,
+        "moe_imbalance": choose([1.0, 1.0, 1.2, 2.0]),
+        "deepep_node_limit": dispatcher == "deepep" and bool(choose([0, 1])),
+        "moe_a2a_overlap": bool(choose([0, 0, 1])),
+    }
 
 
 def _divisors(n: int) -> list[int]:

@@ -125,3 +125,198 @@ def test_the_optimizer_steps_the_experts_states_each_rank_keeps():
     est = estimate_step(MIXTRAL, layout, 4096, 1, opts, cluster)
     dev = Device.of(cluster, opts.stack_spec)
     assert est.optimizer_s == pytest.approx(kept * ADAM_STEP_BYTES_PER_PARAM / dev.hbm_bytes_per_s)
+
+
+# -- MoE parallel folding: etp, the dispatchers, uneven routing (issue #31) ------------------------------
+
+MEGATRON_SP = CostOptions(stack="megatron", tp_sequence_parallel=True, global_batch=16)
+
+
+def _expert_comms(layout: str, opts: CostOptions = MEGATRON_SP, seq: int = 4096):
+    from meshplan.costmodel.schedule import step_schedule
+
+    return step_schedule(MIXTRAL, parse_layout(layout), seq, 1, opts).per_block["experts"]
+
+
+def test_etp_folds_the_experts_onto_the_tensor_ranks_too():
+    """tp=2, dp=4 (8 ranks a stage): etp=1, ep=8 gives each rank one whole expert (8 / 8), the experts'
+    gradients summed over edp = 8 / (1·8) = 1 rank; the default etp (= tp) keeps ep within dp."""
+    layout = parse_layout("dp=4,tp=2,ep=8,etp=1")
+    assert (layout.expert_tensor_degree, layout.expert_data_degree) == (1, 1)
+    assert str(layout) == "dp=4,tp=2,ep=8,etp=1"
+    validate_layout(layout, MIXTRAL, 8)
+    with pytest.raises(MeshplanError, match="etp×ep = 2×8 must divide a stage's tp×sp×dp = 8"):
+        validate_layout(parse_layout("dp=4,tp=2,ep=8"), MIXTRAL)
+    with pytest.raises(MeshplanError, match="tsp"):
+        validate_layout(parse_layout("tsp=2,ep=2"), MIXTRAL)
+    opts = CostOptions(optimizer="none")
+    params = memory_per_gpu(MIXTRAL, layout, 4096, 1, opts).per_gpu_bytes["parameters"]
+    experts = 32 * 8 * 3 * 4096 * 14336
+    norms = MIXTRAL.norm_params()
+    assert params == round(2 * ((MIXTRAL.param_count() - experts - norms) / 2 + norms + experts / 8))
+
+
+def test_etp_moves_the_same_flops_and_saved_copies_as_etp_equal_tp():
+    """Even routing: the experts of tp=2 with etp=1 run the routed copies of a rank's own 2,048 tokens
+    whole; with etp=2 they run the tensor group's 4,096 tokens' copies at half the width — the same
+    FLOPs and the same saved intermediates a rank. The permuted copies (full width) are etp times
+    as many (Megatron-MoE-ModelZoo's permute_out, s/TP · ETP · k · h)."""
+    from meshplan.costmodel.axes import plan_context
+    from meshplan.costmodel.blocks import block_saved
+    from meshplan.costmodel.memory import _block_bytes
+
+    by = {}
+    for text in ("dp=4,tp=2,ep=2", "dp=4,tp=2,ep=2,etp=1"):
+        ctx = plan_context(MIXTRAL, parse_layout(text), 4096, 1, MEGATRON_SP)
+        own = ctx.sharding_of("experts")
+        tokens = 4096 / own.token_div
+        assert tokens * 2 * 3 * 14336 / own.head_div == 2048 * 2 * 3 * 14336  # copies × FFN width
+        items = {i.name: i for i in block_saved("experts", MIXTRAL, MEGATRON_SP)}
+        by[text] = {
+            "all": _block_bytes(MIXTRAL, MEGATRON_SP, "experts", 4096, 4096, ctx.sharding, ctx.by_kind),
+            "inputs": 4096 / own.token_div * items["expert_inputs"].bytes_per_token,
+            "gate": 4096 / own.token_div / own.head_div * items["expert_gate"].bytes_per_token,
+        }
+    folded, split = by["dp=4,tp=2,ep=2,etp=1"], by["dp=4,tp=2,ep=2"]
+    assert split["gate"] == folded["gate"] and split["inputs"] == 2 * folded["inputs"]
+    assert split["all"] - folded["all"] == pytest.approx(split["inputs"] - folded["inputs"] + 2048 * 2 * 4)
+
+
+def test_the_alltoall_dispatcher_by_hand():
+    """tp=2 (Megatron-SP), ep=4, etp=2 on dp=4: a rank routes its 2,048 tokens' 2 copies, 32 MiB, in the
+    dispatch and combine all-to-alls over ep; the etp group all-gathers what both its ranks received
+    (64 MiB) and reduce-scatters the outputs; backward mirrors all four, full recompute adds the
+    forward's again."""
+    copies = 2048 * 2 * 4096 * 2
+    comms = _expert_comms("dp=4,tp=2,ep=4")
+    assert [(c.kind, c.axis, c.phase) for c in comms] == [
+        ("all_to_all", "ep", "fwd"),
+        ("all_gather", "etp", "fwd"),
+        ("reduce_scatter", "etp", "fwd"),
+        ("all_to_all", "ep", "fwd"),
+        ("all_to_all", "ep", "bwd"),
+        ("all_gather", "etp", "bwd"),
+        ("reduce_scatter", "etp", "bwd"),
+        ("all_to_all", "ep", "bwd"),
+    ]
+    assert [c.message_bytes for c in comms] == [copies, 2 * copies, 2 * copies, copies] * 2
+    full = _expert_comms("dp=4,tp=2,ep=4", CostOptions(**{**MEGATRON_SP.as_dict(), "recompute": "full"}))
+    assert sum(c.kind == "all_to_all" for c in full) == 6
+
+
+def test_the_allgather_and_deepep_dispatchers_by_hand():
+    """allgather: the 2,048 tokens (not their copies) gathered over etp × ep = 8 ranks, 8 × 16 MiB, and
+    the outputs reduce-scattered back. DeepEP: one all-to-all over etp × ep of the copies, a token to
+    each etp rank of its experts (fanout top_k × etp)."""
+    from dataclasses import replace
+
+    tokens = 2048 * 4096 * 2
+    ag = _expert_comms("dp=4,tp=2,ep=4", replace(MEGATRON_SP, moe_dispatcher="allgather"))
+    assert [(c.kind, c.axis, c.group_size, c.message_bytes) for c in ag[:2]] == [
+        ("all_gather", "etp+ep", 8, 8 * tokens),
+        ("reduce_scatter", "etp+ep", 8, 8 * tokens),
+    ]
+    deep = _expert_comms("dp=4,tp=2,ep=4", replace(MEGATRON_SP, moe_dispatcher="deepep"))
+    assert [(c.axis, c.group_size, c.fanout, c.message_bytes) for c in deep[:2]] == [("etp+ep", 8, 4, 4 * tokens)] * 2
+
+
+def test_an_all_to_all_across_nodes_sends_over_nvlink_and_the_nic_at_once():
+    """16 ranks on 2 nodes of 8, 1 GB a rank: 7/16 of it to the node's peers at 400 GB/s, 8/16 to the
+    other node at 50 GB/s — the NIC's 10 ms sets the time (latencies aside). DeepEP with top-8 of the
+    routed copies (125 MB of tokens): a token reaches 2·(1 − 0.5⁸) nodes, half of them remote, once."""
+    from meshplan.costmodel.collectives import GroupPlacement, all_to_all_s
+
+    group = GroupPlacement(16, 8, 2)
+    assert all_to_all_s(1e9, group, 400e9, 0.0, 50e9, 0.0) == pytest.approx(0.5e9 / 50e9)
+    deep = all_to_all_s(1e9, group, 400e9, 0.0, 50e9, 0.0, fanout=8)
+    assert deep == pytest.approx(1e9 / 8 * 2 * (1 - 0.5**8) * 0.5 / 50e9)
+    # Node-limited to one node: nothing crosses but what the token's one node is not this one's.
+    assert all_to_all_s(1e9, group, 400e9, 0.0, 50e9, 0.0, fanout=8, node_limit=1) == pytest.approx(
+        max(1e9 / 8 * 8 * (1 - (7 / 8) ** 8) * 7 / 8 / 400e9, 1e9 / 8 * 0.5 / 50e9)
+    )
+
+
+def test_uneven_routing_slows_the_experts_and_their_all_to_all_not_the_model_flops():
+    """Dropless at 1.5× the even share: the busiest rank's expert GEMMs and all-to-alls take longer,
+    its saved copies grow by 1.5, the model FLOPs (Megatron's convention) do not; padded to capacity
+    1.0 it is the even share again."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.schedule import step_schedule
+
+    cluster = load_cluster("h100-sxm-8", 2)
+    layout = parse_layout("dp=8,tp=2,ep=8,etp=1")
+    even = estimate_step(MIXTRAL, layout, 4096, 1, MEGATRON_SP, cluster)
+    skew = replace(MEGATRON_SP, moe_imbalance=1.5)
+    busy = estimate_step(MIXTRAL, layout, 4096, 1, skew, cluster)
+    assert busy.breakdown["experts_compute_s"] == pytest.approx(1.5 * even.breakdown["experts_compute_s"], rel=0.05)
+    assert busy.breakdown["experts_compute_s"] > 1.4 * even.breakdown["experts_compute_s"]
+    assert busy.mfu * busy.step_time_s == pytest.approx(even.mfu * even.step_time_s)
+    a2a = [c.message_bytes for c in step_schedule(MIXTRAL, layout, 4096, 1, skew).per_block["experts"]]
+    assert a2a[0] == 1.5 * 2048 * 2 * 4096 * 2
+    acts = [memory_per_gpu(MIXTRAL, layout, 4096, 1, o).per_gpu_bytes["activations"] for o in (MEGATRON_SP, skew)]
+    assert acts[1] > acts[0]
+    padded = replace(skew, capacity_factor=1.0, moe_pad_to_capacity=True)
+    assert estimate_step(MIXTRAL, layout, 4096, 1, padded, cluster).step_time_s == pytest.approx(even.step_time_s)
+
+
+def test_the_grouped_gemm_rate_falls_with_the_rows_an_expert_runs():
+    """The measured curve (benchmarks/results/grouped-gemm-h100.json): at 128 rows an expert a quarter of
+    a dense GEMM's rate, at 4,096 over nine tenths; monotone between; the experts block prices it."""
+    from meshplan.costmodel.device import GROUPED_GEMM_FACTOR, grouped_gemm_factor
+
+    assert grouped_gemm_factor(128) == pytest.approx(0.246)
+    assert grouped_gemm_factor(32) == pytest.approx(0.128 / 2)
+    rows = [2**k for k in range(4, 16)]
+    assert all(grouped_gemm_factor(a) <= grouped_gemm_factor(b) + 0.01 for a, b in zip(rows, rows[1:]))
+    assert max(f for _, f in GROUPED_GEMM_FACTOR) < 1
+    # Qwen3-30B-A3B-like fine-grained experts: 128 of them, top-8; fewer tokens a rank = fewer rows an expert.
+    fine = ModelSpec(
+        name="fine", family="moe", d_model=2048, layers=4, vocab=32000,
+        attention=AttentionSpec(2048, 32, 4, 128, 2048), moe=MoeSpec(2048, 128, 8, 768),
+    )  # fmt: skip
+    cluster = load_cluster("h100-sxm-8")
+    opts = CostOptions(stack="megatron")
+    short, long = (
+        estimate_step(fine, Layout(dp=8, ep=8), seq, 1, opts, cluster).breakdown["experts_compute_s"] / seq
+        for seq in (512, 8192)
+    )
+    assert short > 1.5 * long  # per token: 32 rows an expert against 512
+
+
+def test_moe_rules_are_one_line_errors():
+    """Megatron-Core: MoE under TP needs Megatron-SP; the 1F1B all-to-all overlap needs ep > 1, a
+    dispatcher that all-to-alls, no full recompute and virtual stages under a pipeline; DeepEP pads
+    no capacity."""
+    from dataclasses import replace
+
+    from meshplan.predict import predict
+
+    cluster = load_cluster("h100-sxm-8", 2)
+    with pytest.raises(MeshplanError, match="needs Megatron-SP") as err:
+        predict(MIXTRAL, cluster, parse_layout("dp=8,tp=2,ep=8,etp=1"), 4096, 1, CostOptions(stack="megatron"))
+    assert "\n" not in str(err.value)
+    overlap = replace(MEGATRON_SP, moe_a2a_overlap=True)
+    with pytest.raises(MeshplanError, match="virtual stages"):
+        predict(MIXTRAL, cluster, parse_layout("dp=4,pp=2,tp=2,ep=4"), 4096, 1, overlap)
+    with pytest.raises(MeshplanError, match="ep > 1"):
+        predict(MIXTRAL, cluster, parse_layout("dp=8,tp=2"), 4096, 1, overlap)
+    with pytest.raises(MeshplanError, match="does not overlap"):
+        predict(MIXTRAL, cluster, parse_layout("dp=8,tp=2,ep=8,etp=1"), 4096, 1, replace(overlap, stack="meshplan"))
+    with pytest.raises(MeshplanError, match="DeepEP pads no capacity"):
+        CostOptions(moe_dispatcher="deepep", capacity_factor=1.0, moe_pad_to_capacity=True)
+    with pytest.raises(MeshplanError, match="--moe-dispatcher: unknown"):
+        CostOptions(moe_dispatcher="a2a")
+
+
+def test_the_a2a_overlap_hides_the_all_to_all():
+    """Megatron-Core's 1F1B all-to-all overlap: the experts' all-to-alls run beside compute, so less of
+    the step is exposed communication; nothing else changes."""
+    from dataclasses import replace
+
+    cluster = load_cluster("h100-sxm-8", 4)
+    layout = parse_layout("dp=16,tp=2,ep=8")  # the expert group over 16 ranks: two nodes
+    validate_layout(layout, MIXTRAL, 32)
+    plain = estimate_step(MIXTRAL, layout, 4096, 1, MEGATRON_SP, cluster)
+    hidden = estimate_step(MIXTRAL, layout, 4096, 1, replace(MEGATRON_SP, moe_a2a_overlap=True), cluster)
+    assert hidden.exposed_comm_s < plain.exposed_comm_s and hidden.compute_s == plain.compute_s

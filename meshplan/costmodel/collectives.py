@@ -7,7 +7,8 @@ the all-gather output, the reduce-scatter input, the broadcast tensor, one hop's
 
 Time: α per algorithm step plus the bandwidth term, on the group's bottleneck link; all-reduce takes
 the faster of ring and double binary tree; a group that spans nodes runs hierarchically
-(reduce-scatter inside the node, the rest across, all-gather inside). Message-size efficiency is the
+(reduce-scatter inside the node, the rest across, all-gather inside) — but an all-to-all, whose
+bytes to other nodes cannot be combined, sends over NVLink and the NIC at once. Message-size efficiency is the
 α-β curve itself, M / (M + α·β⁻¹·steps); calibrated profiles replace α and β per collective.
 """
 
@@ -53,6 +54,10 @@ class Comm:
     overlap: str = "none"  # none | gemm (TSP ring / broadcast stream) | attention (SP K/V) | backward (grads)
     line: bool = False  # send_recv to the next rank along a line, not a ring: the last rank sends nothing
     ranks_share: float = 1.0  # the share of the axis's ranks that take part (the pipeline's two ends: 2/pp)
+    # An all-to-all of routed copies, `fanout` a token, DeepEP's way (0: NCCL's): a token crosses to a
+    # node once, to at most `node_limit` nodes (0: any), and is forwarded to its GPUs inside the node.
+    fanout: int = 0
+    node_limit: int = 0
 
     @property
     def share(self) -> float:
@@ -104,11 +109,16 @@ def collective_time_s(
     intra_lat: float,
     inter_bw: float,
     inter_lat: float,
+    fanout: int = 0,
+    node_limit: int = 0,
 ) -> float:
-    """α-β time of one collective; bandwidths per direction per rank, in bytes/s."""
+    """α-β time of one collective; bandwidths per direction per rank, in bytes/s (`fanout`,
+    `node_limit`: an all-to-all of routed copies sent DeepEP's way, all_to_all_s)."""
     n = group.size
     if n <= 1 or message_bytes <= 0:
         return 0.0
+    if kind == "all_to_all" and (group.nodes > 1 or fanout):
+        return all_to_all_s(message_bytes, group, intra_bw, intra_lat, inter_bw, inter_lat, fanout, node_limit)
     if group.nodes == 1 or group.per_node == 1:
         lat, bw = (intra_lat, intra_bw) if group.nodes == 1 else (inter_lat, inter_bw)
         factor, steps = _time_factor_and_steps(kind, n)
@@ -127,10 +137,45 @@ def collective_time_s(
             )
             + collective_time_s("all_gather", message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat)
         )
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+    if kind in ("all_gather", "reduce_scatter"):
         return collective_time_s(
             kind, message_bytes, local, intra_bw, intra_lat, inter_bw, inter_lat
         ) + collective_time_s(kind, message_bytes / group.per_node, remote, intra_bw, intra_lat, inter_bw, inter_lat)
     # broadcast and send/recv: the slowest hop is the network one.
     factor, steps = _time_factor_and_steps(kind, n)
     return steps * inter_lat + factor * message_bytes / inter_bw
+
+
+def all_to_all_s(
+    message_bytes: float,
+    group: GroupPlacement,
+    intra_bw: float,
+    intra_lat: float,
+    inter_bw: float,
+    inter_lat: float,
+    fanout: int = 0,
+    node_limit: int = 0,
+) -> float:
+    """An all-to-all over a group that spans nodes: a rank's sends to its node's peers, (g − 1)/n of
+    the buffer, go over NVLink while its sends to other nodes, (n − g)/n, go over its NIC at the same
+    time; the slower path sets the time. Nothing can be combined on the way, so unlike an all-gather
+    the bytes leaving a node are not cut by its g ranks.
+
+    DeepEP (`fanout` > 0: the buffer is routed copies, `fanout` a token): a token is sent once to each
+    rank and once to each node holding one of its experts (deep_ep get_dispatch_layout). Of `reach`
+    nodes (the group's, or `node_limit`) and the R ranks on them, a token's experts hit
+    reach·(1 − (1 − 1/reach)^fanout) nodes, (nodes − 1)/nodes of them remote, over RDMA, and
+    R·(1 − (1 − 1/R)^fanout) ranks, reached over NVLink (directly, or forwarded by the rank the RDMA
+    landed on) but for the share that is the rank itself."""
+    n, g, nodes = group.size, group.per_node, group.nodes
+    intra = (g - 1) / n * message_bytes
+    inter = (n - g) / n * message_bytes
+    if fanout:
+        tokens = message_bytes / fanout
+        reach = min(node_limit or nodes, nodes)
+        ranks = min(n, reach * g)
+        inter = tokens * reach * (1 - (1 - 1 / reach) ** fanout) * (nodes - 1) / nodes
+        intra = tokens * ranks * (1 - (1 - 1 / ranks) ** fanout) * (g - 1) / g
+    local = (g - 1) * intra_lat + intra / intra_bw if g > 1 else 0.0
+    remote = (nodes - 1) * inter_lat + inter / inter_bw if nodes > 1 else 0.0
+    return max(local, remote)

@@ -33,18 +33,21 @@ def block_compute(
     causal_fraction: float = 0.5,
     zigzag: int = 0,
     row_tokens: float | None = None,
+    load: float = 1.0,
 ) -> BlockCompute:
     """One invocation of `kind` on one rank: `tokens` local queries attending to `keys` keys, of which
     a query sees `causal_fraction` on average (0.5 for a balanced causal split); `zigzag`: the ranks a
     zigzag split deals the keys over (blocks.attention.zigzag_attention_s), 0 for none; `row_tokens`: the local tokens
-    of one sequence row (the scan passes over a row's chunks in turn; `tokens` when not given)."""
+    of one sequence row (the scan passes over a row's chunks in turn; `tokens` when not given); `load`:
+    the busiest rank's work over the even share (BlockKind.load) — its time, not the model's FLOPs."""
     b = BLOCKS[kind]
-    gemms = b.gemms(model, sh.head_div)
-    gemm = sum(gemm_time_s(tokens, n, k, e, dev) for n, k in gemms)
-    flops = sum(2 * tokens * n * k for n, k in gemms)
+    busy = tokens * load
+    gemm = b.gemm_s(model, busy, sh, e, dev)
+    ran = tokens * min(load, 1.0)  # a capacity below the even share drops tokens: they run no FLOPs
+    flops = sum(2 * ran * n * k for n, k in b.gemms(model, sh.head_div))
     core, core_flops = b.core_s(model, tokens, keys, sh, e, dev, causal_fraction=causal_fraction, zigzag=zigzag)
     flops += core_flops
-    mem = tokens * b.memory_bound_bytes_per_token(model, sh.head_div, e) * b.eager_factor(dev) / dev.rated_hbm
+    mem = busy * b.memory_bound_bytes_per_token(model, sh.head_div, e) * b.eager_factor(dev) / dev.rated_hbm
     kernel_fwd, kernel_bwd = b.kernels_s(model, tokens, sh, e, dev, row_tokens)
     recompute_s = 0.0
     if training:

@@ -196,3 +196,45 @@ def gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> float:
         return 0.0
     flops = 2 * m * n * k
     return max(flops / (dev.peak_flops * dev.gemm_efficiency), (m * k + k * n + m * n) * e / dev.hbm_bytes_per_s)
+
+
+# The routed experts' grouped GEMM against a dense GEMM of the same expert shapes, by the routed copies
+# each expert runs: measured on one H100 (torch._grouped_mm, bf16, an expert's gate/up and down
+# projections forward and backward, 9 expert shapes of Mixtral-8x22B … DeepSeek-V3 at their usual
+# experts a rank; the median over shapes of grouped TFLOP/s over the shape's best dense) —
+# benchmarks/results/grouped-gemm-h100.json, `python benchmarks/bench_grouped_gemm.py`. Few rows an
+# expert leave the tensor cores waiting on each expert's weights.
+GROUPED_GEMM_FACTOR = (
+    (64, 0.128),
+    (128, 0.246),
+    (256, 0.434),
+    (512, 0.642),
+    (1024, 0.793),
+    (2048, 0.889),
+    (4096, 0.931),
+    (8192, 0.929),
+    (16384, 0.921),
+)
+
+
+def grouped_gemm_factor(rows: float) -> float:
+    """The grouped GEMM's rate over a dense GEMM's at `rows` routed copies an expert (GROUPED_GEMM_FACTOR,
+    interpolated in log rows; below the table in proportion to the rows, above it flat)."""
+    table = GROUPED_GEMM_FACTOR
+    if rows <= table[0][0]:
+        return table[0][1] * max(rows, 1.0) / table[0][0]
+    for (r0, f0), (r1, f1) in zip(table, table[1:]):
+        if rows <= r1:
+            t = math.log(rows / r0) / math.log(r1 / r0)
+            return f0 + t * (f1 - f0)
+    return table[-1][1]
+
+
+def grouped_gemm_time_s(rows: float, n: float, k: float, groups: float, e: int, dev: Device) -> float:
+    """`groups` GEMMs of (rows × k)·(k × n), one an expert: the dense rate scaled by grouped_gemm_factor,
+    or each expert's operands through HBM, whichever is slower."""
+    if rows <= 0 or n <= 0 or k <= 0 or groups <= 0:
+        return 0.0
+    flops = 2 * rows * n * k * groups
+    rate = dev.peak_flops * dev.gemm_efficiency * grouped_gemm_factor(rows)
+    return max(flops / rate, groups * (rows * k + k * n + rows * n) * e / dev.hbm_bytes_per_s)

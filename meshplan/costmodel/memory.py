@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
-from meshplan.costmodel.axes import PlanContext, Sharding, plan_context, sharding_for, tp
+from meshplan.costmodel.axes import PlanContext, Sharding, own_shardings, plan_context, sharding_for, tp
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
@@ -87,8 +87,23 @@ def _saved_bytes(
     return total
 
 
-def _unit_items(model: ModelSpec, opts: MemoryOptions, blocks: tuple[str, ...]) -> list[Saved]:
-    return [item for kind in blocks for item in block_saved(kind, model, opts)]
+def _block_bytes(
+    model: ModelSpec,
+    opts: MemoryOptions,
+    kind: str,
+    tokens: float,
+    keys: int,
+    sh: Sharding,
+    by_kind: dict | None,
+    groups: int = 1,
+    selective: bool = False,
+) -> float:
+    """What one `kind` block saves for `tokens` tokens on one rank: under its own sharding where an
+    axis splits it apart (`by_kind`, PlanContext's), at the busiest rank's load (the routed experts'
+    copies under uneven routing or a capacity)."""
+    own = by_kind.get(kind, sh) if by_kind else sh
+    load = BLOCKS[kind].load(opts)
+    return _saved_bytes(list(block_saved(kind, model, opts)), tokens * load, keys, own, groups, selective)
 
 
 def saved_activation_bytes(
@@ -100,22 +115,24 @@ def saved_activation_bytes(
     *,
     layers_fraction: float = 1.0,
     sh: Sharding | None = None,
+    by_kind: dict | None = None,
 ) -> tuple[float, float]:
     """(bytes saved for backward by the layers on one GPU, bytes of the largest unit's full set).
 
     The second is the working set of one layer: what a layer's forward keeps alive, and what its
-    backward allocates again as gradients (and what full recompute rebuilds). `sh`: the layout's
-    sharding when the caller has it.
+    backward allocates again as gradients (and what full recompute rebuilds). `sh`, `by_kind`: the
+    layout's sharding and the kinds' own (PlanContext's) when the caller has them.
     """
-    sh = sh or sharding_for(layout, opts)
+    if sh is None:
+        sh = sharding_for(layout, opts)
+        by_kind = own_shardings(model, layout, opts, sh)
     tokens = batch * seq
     e = opts.nbytes("act_dtype")
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     saved = 0.0
     largest = 0.0
     for blocks, count, width in checkpoint_units(model):
-        items = _unit_items(model, opts, blocks)
-        full = _saved_bytes(items, tokens, seq, sh, groups)
+        full = sum(_block_bytes(model, opts, kind, tokens, seq, sh, by_kind, groups) for kind in blocks)
         largest = max(largest, full)
         runs = math.ceil(count * layers_fraction)
         if sh.token_div > 1 and opts.recompute != "full":
@@ -127,7 +144,10 @@ def saved_activation_bytes(
         if opts.recompute == "full":
             saved += runs * tokens * e * width / (sh.token_div * sh.hidden_div)
         else:
-            saved += runs * _saved_bytes(items, tokens, seq, sh, groups, selective=opts.recompute == "selective")
+            selective = opts.recompute == "selective"
+            saved += runs * sum(
+                _block_bytes(model, opts, kind, tokens, seq, sh, by_kind, groups, selective) for kind in blocks
+            )
     return saved, largest
 
 
@@ -153,27 +173,20 @@ def largest_matrix(model: ModelSpec, sh: Sharding) -> float:
     return max(sizes)
 
 
-def _widest_gradient(
-    model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions, kind: str | None = None
-) -> float:
-    """Bytes of the widest per-token activation of `kind`'s blocks (or of every block) — its gradient
-    is the backward's first big buffer."""
+def _widest_gradient(model: ModelSpec, kind: str, sh: Sharding, seq: int, batch: int, opts: MemoryOptions) -> float:
+    """Bytes of the widest per-token activation of a `kind` block (`sh`: its own sharding) — its
+    gradient is the backward's first big buffer."""
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
-    widest = 0.0
-    for k, _ in model.block_invocations():
-        if kind is not None and k != kind:
-            continue
-        for item in block_saved(k, model, opts):
-            if not item.quadratic:
-                widest = max(widest, _saved_bytes([item], batch * seq, seq, sh, groups))
-    return widest
+    tokens = batch * seq * BLOCKS[kind].load(opts)
+    items = [item for item in block_saved(kind, model, opts) if not item.quadratic]
+    return max((_saved_bytes([item], tokens, seq, sh, groups) for item in items), default=0.0)
 
 
 def _block_backward_bytes(model: ModelSpec, kind: str, sh: Sharding, seq: int, batch: int, opts: MemoryOptions):
-    """The peak inside one `kind` block's backward: the phases it lists itself (Mamba-2's,
-    blocks.mamba2.mixer_backward_bytes), else its widest gradient buffer."""
+    """The peak inside one `kind` block's backward (`sh`: its own sharding): the phases it lists itself
+    (Mamba-2's, blocks.mamba2.mixer_backward_bytes), else its widest gradient buffer."""
     own = BLOCKS[kind].backward_transient_bytes(model, batch * seq, sh, opts.nbytes("act_dtype"), batch)
-    return _widest_gradient(model, sh, seq, batch, opts, kind) if own is None else own
+    return _widest_gradient(model, kind, sh, seq, batch, opts) if own is None else own
 
 
 def _boundary_bytes(model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryOptions) -> float:
@@ -190,7 +203,14 @@ def _backward_layer_bytes(
 
 
 def _working_bytes(
-    model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions, unit_full: float, kv_gather: float = 0.0
+    model: ModelSpec,
+    sh: Sharding,
+    seq: int,
+    batch: int,
+    opts: MemoryOptions,
+    unit_full: float,
+    kv_gather: float = 0.0,
+    by_kind: dict | None = None,
 ) -> float:
     """Transient activations on top of what is kept.
 
@@ -205,14 +225,17 @@ def _working_bytes(
     groups = model.mamba2.ngroups if model.mamba2 is not None else 1
     if opts.training:
         inner = max(
-            (_block_backward_bytes(model, kind, sh, seq, batch, opts) for kind, _ in model.block_invocations()),
+            (
+                _block_backward_bytes(model, kind, (by_kind or {}).get(kind, sh), seq, batch, opts)
+                for kind, _ in model.block_invocations()
+            ),
             default=0.0,
         )
         return _backward_layer_bytes(model, sh, tokens, opts, unit_full) + inner
     live = 0.0
     for kind, _ in model.block_invocations():
         b = BLOCKS[kind]
-        block = _saved_bytes(block_saved(kind, model, opts), tokens, seq, sh, groups)
+        block = _block_bytes(model, opts, kind, tokens, seq, sh, by_kind, groups)
         live = max(
             live,
             block
@@ -291,13 +314,13 @@ def zero_sharded(
 ) -> float:
     """What of a rank's `params` (a stage holding `share` of the layers) it keeps under ZeRO from
     `from_stage` on (1: optimizer states, 2: + gradients, 3: + parameters): the gradient group's share
-    (meshplan.layout.grad_group), and the routed experts ep splits over the expert-data-parallel
-    ranks, dp·sp/ep."""
+    (meshplan.layout.grad_group), and the routed experts' over the expert-data-parallel ranks
+    (Layout.expert_data_degree: a stage's tp·sp·dp / (etp·ep))."""
     zero = layout.zero if layout.dp > 1 else 0
     if zero < from_stage:
         return params
-    experts = split_apart_params(model, by_kind, "experts", share) if layout.ep > 1 else 0.0
-    return (params - experts) / grad_group(layout)[1] + experts / (layout.dp * layout.sp // layout.ep)
+    experts = split_apart_params(model, by_kind, "experts", share)
+    return (params - experts) / grad_group(layout)[1] + experts / layout.expert_data_degree
 
 
 def mean_local_params(
@@ -340,11 +363,13 @@ def memory_per_gpu(
     microbatches = opts.steps_for(layout.dp, pp, batch) if train else 1
     chunks = opts.chunks if pp > 1 else 1
     # Saved activations of an even stage (1/pp of the layers); an uneven one scales by its layers.
-    saved_all, unit_full = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1.0 / pp, sh=sh)
+    saved_all, unit_full = saved_activation_bytes(
+        model, layout, seq, batch, opts, layers_fraction=1.0 / pp, sh=sh, by_kind=ctx.by_kind
+    )
     step_tokens = 1 if opts.mode == "decode" else seq
     shared = _Shared(
         caches=(0.0, 0.0) if train else _inference_caches(model, layout, seq, batch, sh, opts),
-        layer=_layer_transients(model, layout, seq, batch, sh, opts, unit_full, zero),
+        layer=_layer_transients(model, layout, seq, batch, sh, opts, unit_full, zero, ctx.by_kind),
         logits=_logits_transient(model, layout, seq, batch, sh, opts, embeddings),
         saved_all=saved_all,
         head_items=head_activation_bytes(model, sh, seq, batch, opts) if train and embeddings else 0.0,
@@ -440,6 +465,7 @@ def _layer_transients(
     opts: MemoryOptions,
     unit_full: float,
     zero: int,
+    by_kind: dict | None = None,
 ) -> dict:
     """The layer phase's transients beside the saved activations: one layer's working set ("working"),
     the gathered K/V ("kv_gather"), the backward's attention moment ("attention_phase"), TSP's
@@ -452,7 +478,7 @@ def _layer_transients(
         if train:
             kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
     step_tokens = 1 if opts.mode == "decode" else seq
-    working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full, 0.0 if train else kv_gather)
+    working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full, 0.0 if train else kv_gather, by_kind)
     attention_phase = backward_working = mlp_saved = 0.0
     if train and kv_gather:
         # The backward reaches a layer's attention after its MLP, whose saved tensors are freed by then:

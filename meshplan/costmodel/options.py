@@ -13,6 +13,7 @@ MODES = ("train", "prefill", "decode")
 SCHEDULES = ("1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "none")
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,22 @@ class CostOptions:
     stage_layers: tuple[int, ...] = ()  # layers of each pipeline stage; (): as even as they go (pipeline_stages)
     stack: str = "meshplan"  # whose kernels and overlap rules (meshplan.costmodel.stacks); the CLI defaults to megatron
     pp_scatter_gather: bool | None = None  # None: as the stack does
+    # Mixtures of experts (meshplan.costmodel.axes.ep): how tokens reach their experts — Megatron-Core's
+    # token dispatchers alltoall and allgather, or DeepEP's (its "flex" dispatcher: node-limited routing,
+    # a token crosses to a node once)
+    moe_dispatcher: str = "alltoall"
+    # Token drop: an expert takes at most capacity_factor × its even share of the routed copies; 0:
+    # dropless (Megatron's default)
+    capacity_factor: float = 0.0
+    moe_pad_to_capacity: bool = False  # token drop padded: every expert runs its full capacity
+    # Dropless routing: the busiest expert rank's routed copies over the even share (1: balanced, as
+    # under --moe-router-force-load-balancing); it sets the experts' pace and the all-to-all's
+    moe_imbalance: float = 1.0
+    # DeepEP with node-limited routing (DeepSeek-V3's: a token's experts on at most 4 nodes)
+    deepep_node_limit: bool = False
+    # Megatron-Core's 1F1B all-to-all overlap (--overlap-moe-expert-parallel-comm, core 0.14): one
+    # micro-batch's expert all-to-alls run beside another's compute
+    moe_a2a_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -65,6 +82,27 @@ class CostOptions:
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise MeshplanError("--virtual-stages > 1 needs --schedule interleaved")
         get_stack(self.stack)
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise MeshplanError(
+                f"--moe-dispatcher: unknown {self.moe_dispatcher!r}; use one of {', '.join(MOE_DISPATCHERS)}"
+            )
+        if self.capacity_factor < 0 or (self.capacity_factor and self.capacity_factor < 1 / 64):
+            raise MeshplanError(
+                f"--capacity-factor must be 0 (dropless) or a positive factor such as 1.0, got {self.capacity_factor}"
+            )
+        if self.moe_pad_to_capacity and not self.capacity_factor:
+            raise MeshplanError("--moe-pad-to-capacity needs --capacity-factor (padding is to a capacity)")
+        if self.moe_pad_to_capacity and self.moe_dispatcher == "deepep":
+            raise MeshplanError(
+                "--moe-pad-to-capacity: DeepEP pads no capacity (Megatron-Core refuses it); "
+                "use --moe-dispatcher alltoall"
+            )
+        if self.deepep_node_limit and self.moe_dispatcher != "deepep":
+            raise MeshplanError("--deepep-node-limit routes DeepEP's way; add --moe-dispatcher deepep")
+        if self.moe_imbalance < 1:
+            raise MeshplanError(
+                f"--moe-imbalance is the busiest expert rank's load over the even share: >= 1, got {self.moe_imbalance}"
+            )
         for name in ("act_dtype", "grad_dtype", "logits_dtype", "kv_cache_dtype", "ssm_state_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise MeshplanError(
@@ -88,6 +126,16 @@ class CostOptions:
         if self.global_batch:
             return max(1, self.global_batch // (dp * micro_batch))
         return self.microbatches_for(pp)
+
+    @property
+    def expert_load(self) -> float:
+        """The busiest expert rank's routed copies over the even share: the capacity when padded to it,
+        the imbalance capped by the capacity under token drop, the imbalance when dropless."""
+        if self.moe_pad_to_capacity:
+            return self.capacity_factor
+        if self.capacity_factor:
+            return min(self.moe_imbalance, self.capacity_factor)
+        return self.moe_imbalance
 
     @property
     def stack_spec(self):

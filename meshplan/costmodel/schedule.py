@@ -117,7 +117,9 @@ def _decode_schedule(plan: PlanContext, embeddings: bool = True) -> StepSchedule
         comms = [
             c
             for c in axes.block_comms(ctx, kind)
-            if c.phase == "fwd" and c.kind != "all_gather" and not (c.kind == "send_recv" and c.line and recurrent)
+            if c.phase == "fwd"
+            and (c.kind != "all_gather" or c.axis in ("etp", "etp+ep"))  # the experts' token gathers stay
+            and not (c.kind == "send_recv" and c.line and recurrent)
         ]
         per_block[kind] = tuple(comms + axes.decode_comms(ctx, kind))
     invocations = {kind: n / layout.pp for kind, n in model.block_invocations()}

@@ -46,6 +46,10 @@ class Stack:
     interleaved_min_pp: int = 0
     max_zero: int = 3
     max_zero_with_pp: int = 3
+    # One micro-batch's expert all-to-alls beside another's compute (Megatron-Core 0.14's
+    # --overlap-moe-expert-parallel-comm; model_chunk_schedule_plan.py interleaves a forward and a
+    # backward layer by layer)
+    moe_a2a_overlap: bool = False
     source: str = ""
 
 
@@ -63,6 +67,7 @@ STACKS: dict[str, Stack] = {
         elementwise_factor=_FUSED,
         flash_attention=True,
         tp_overlap=True,
+        moe_a2a_overlap=True,
         grad_overlap=True,
         zero3_prefetch=True,
         pp_scatter_gather=True,

@@ -78,8 +78,9 @@ class _Links:
         for name, spans in (("sp", ("sp",)), ("dp", ("dp",)), ("dp+sp", ("sp", "dp")), ("pp", ("pp",))):
             self.groups[name] = place_axis(*rank_order.group(layout, spans), g)
         self.groups["pp_ends"] = place_axis(*rank_order.pipeline_ends(layout), g)
-        for name in ("ep", "edp"):  # the experts' decomposition of the same ranks
-            self.groups[name] = place_axis(*rank_order.group(layout, (name,), rank_order.EXPERT_ORDER), g)
+        # the experts' decomposition of the same ranks
+        for name, spans in (("etp", ("etp",)), ("ep", ("ep",)), ("edp", ("edp",)), ("etp+ep", ("etp", "ep"))):
+            self.groups[name] = place_axis(*rank_order.group(layout, spans, rank_order.EXPERT_ORDER), g)
         self.cluster = cluster
 
     def time_s(self, c: Comm) -> float:
@@ -100,6 +101,8 @@ class _Links:
             cl.intra_link.latency_s,
             cl.inter_node_bandwidth(group.nodes),
             cl.nic_link.latency_s,
+            c.fanout,
+            c.node_limit,
         )
         return one * c.count
 
@@ -205,6 +208,8 @@ def estimate_step(
     m, pp = schedule.microbatches, layout.pp
     if training and (violation := schedule_violation(stack, pp, layout.zero, m, opts.chunks if pp > 1 else 1)):
         raise MeshplanError(violation)  # priced only as a stack runs it
+    if violation := axes.ep.violation(model, layout, opts):
+        raise MeshplanError(violation)
     timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_step)]
     step_comm = sum(t for _, t in timed)
     step_exposed = _phase_exposed(timed, blocks.bwd_s * m, 0.0, 0.0)  # gradient sync behind the backward
@@ -264,7 +269,7 @@ def estimate_step(
         tokens_per_step = layout.dp * m * batch * seq
     gpu_step = passes.total_s + step_exposed + opt_s
     step = max(gpu_step, host)
-    flops_one = _model_flops(model, batch, seq, decode, training, embeddings)
+    flops_one = _model_flops(model, batch, seq, decode, training, embeddings, opts)
     model_flops = flops_one * layout.dp * m
     hardware_flops = (flops_one + _recompute_flops(model, batch, seq, opts) if training else flops_one) * layout.dp * m
     peak = step * layout.world_size * dev.peak_flops
@@ -343,19 +348,21 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
     zigzag = 0 if decode else zigzag_parts
     out = _Blocks()
     for kind, comms in schedule.per_block.items():
+        own = ctx.sharding_of(kind)  # the experts' own decomposition where an axis splits them apart
         comp = block_compute(
             model,
             kind,
-            tokens,
+            tokens * sh.token_div / own.token_div,
             keys,
-            sh,
+            own,
             e,
             dev,
             recompute=opts.recompute,
             training=training,
             causal_fraction=causal,
             zigzag=zigzag,
-            row_tokens=1 if decode else seq / sh.token_div,
+            row_tokens=1 if decode else seq / own.token_div,
+            load=BLOCKS[kind].load(opts),
         )
         check_block(kind, comp, dev)
         if decode:  # what the block reads a token: the KV cache, the SSM state
@@ -439,7 +446,8 @@ def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) 
     tokens = batch * seq
     total = 0.0
     for kind, n in model.block_invocations():
-        comp = block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False)
+        load = BLOCKS[kind].load(opts)
+        comp = block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False, load=load)
         if opts.recompute == "full":
             total += n * comp.flops_fwd
         else:
@@ -467,16 +475,28 @@ def _host_s(schedule, layout: Layout, mode: str, dev: Device) -> float:
 
 
 def _model_flops(
-    model: ModelSpec, batch: int, seq: int, decode: bool, training: bool, embeddings: bool = True
+    model: ModelSpec,
+    batch: int,
+    seq: int,
+    decode: bool,
+    training: bool,
+    embeddings: bool = True,
+    opts: CostOptions | None = None,
 ) -> float:
-    """Model FLOPs of one micro-batch on one replica (no recompute, no sharding): 3× forward in training."""
+    """Model FLOPs of one micro-batch on one replica (no recompute, no sharding): 3× forward in training.
+    Every token's top_k routed experts counted (Megatron's convention) but those a capacity below the
+    even share drops (`opts`): they run nothing."""
     one = Sharding(1, 1, 1, 1, 1)
     dev = Device(1.0, 1.0)
     tokens = batch if decode else batch * seq
     fwd = sum(
-        n * block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False).flops_fwd
+        n
+        * block_compute(
+            model, kind, tokens, seq, one, 2, dev, recompute="none", training=False,
+            load=BLOCKS[kind].load(opts) if opts else 1.0,
+        ).flops_fwd
         for kind, n in model.block_invocations()
-    )
+    )  # fmt: skip
     if embeddings:  # inference takes the logits of each sequence's last position only
         fwd += logits_compute(model, tokens if training else batch, one, 2, dev).flops_fwd
     return fwd * (3 if training else 1)

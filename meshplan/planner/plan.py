@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from meshplan.costmodel.axes import plan_context
+from meshplan.costmodel.axes import ep, plan_context
 from meshplan.costmodel.crossover import regime
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
@@ -100,17 +100,29 @@ def enumerate_layouts(
             if stack is not None:  # the ZeRO stages the stack runs at this pp (no schedule asked of it)
                 zeros = tuple(z for z in zeros if schedule_violation(stack, pp, z, 1, 1) is None)
             for shape in shapes:
-                # A mixture of experts: each expert-parallel degree its experts and dp×sp ranks allow.
-                folded = dp * shape.get("sp", 1)
-                eps = [e for e in divisors(folded) if model.moe.experts % e == 0] if model.moe else [1]
-                for zero, ep in ((z, e) for z in zeros for e in eps):
-                    layout = Layout(dp=dp, pp=pp, zero=zero, ep=ep, **shape)
+                for zero, experts in ((z, e) for z in zeros for e in _expert_layouts(model, dp * mp, shape)):
+                    layout = Layout(dp=dp, pp=pp, zero=zero, **experts, **shape)
                     try:
                         validate_layout(layout, model, num_gpus)
                         validate_seq(layout, seq, batch)
                     except MeshplanError:
                         continue
                     out.append(layout)
+    return out
+
+
+def _expert_layouts(model: ModelSpec, ranks: int, shape: dict) -> list[dict]:
+    """A mixture of experts' decompositions of a stage's `ranks` (MoE parallel folding): each ep its
+    experts allow, the experts split as tp (Megatron's default ETP) or whole (ETP = 1), etp × ep
+    dividing the ranks; [{}] for a model without experts."""
+    if model.moe is None or "tsp" in shape:
+        return [{}]
+    tensor = shape.get("tp", 1) * shape.get("tpssm", 1)
+    out = []
+    for etp in sorted({tensor, 1}):
+        for degree in divisors(ranks // etp):
+            if model.moe.experts % degree == 0:
+                out.append({"ep": degree} | ({} if etp == tensor else {"etp": etp}))
     return out
 
 
@@ -205,6 +217,8 @@ def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOption
         chunks = [opts.chunks]
     t = layout.tensor_degree > 1
     sp = [True] if "tp_sequence_parallel" in search and t and opts.training else [opts.tp_sequence_parallel]
+    if ep.violation(model, layout, replace(opts, tp_sequence_parallel=sp[0])):
+        return None  # a mixture of experts under TP without Megatron-SP: no stack runs it
     recompute = list(RECOMPUTE_ORDER) if "recompute" in search and opts.training else [opts.recompute]
     return batches, sorted(set(chunks)), sp, recompute
 

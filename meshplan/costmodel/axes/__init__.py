@@ -29,6 +29,7 @@ __all__ = [
     "dp",
     "end_comms",
     "ep",
+    "own_shardings",
     "plan_context",
     "pp",
     "sharding_for",
@@ -49,6 +50,8 @@ def sharding_for(layout: Layout, options: MemoryOptions, kind: str | None = None
     for axis in MODEL_AXES:
         if axis.active(layout):
             out = _compose(out, axis.sharding(layout, options, kind))
+    if kind == "experts" and ep.active(layout):  # the experts' own decomposition of the same ranks
+        return ep.expert_sharding(out, layout)
     return out
 
 
@@ -95,6 +98,10 @@ def plan_context(model, layout: Layout, seq: int, batch: int, opts) -> PlanConte
     """The plan's context, its sharding computed here once (the layout and sequence are checked by the
     caller: meshplan.predict.predict, the planner's enumerate_layouts)."""
     base = sharding_for(layout, opts)
+    return PlanContext(model, layout, base, batch, seq, opts, own_shardings(model, layout, opts, base))
+
+
+def own_shardings(model, layout: Layout, opts, base: Sharding) -> dict:
+    """The block kinds an axis splits apart from the rest (`base`), each with its own sharding."""
     kinds = {kind for blocks in model.layer_blocks() for kind in blocks}
-    own = {k: s for k in sorted(kinds) if (s := sharding_for(layout, opts, k)) != base}
-    return PlanContext(model, layout, base, batch, seq, opts, own)
+    return {k: s for k in sorted(kinds) if (s := sharding_for(layout, opts, k)) != base}

@@ -16,9 +16,9 @@ def comms(ctx, local_params: float, last_ready: float, experts: float = 0.0) -> 
     summed over the expert-data-parallel ranks instead (meshplan.costmodel.axes.ep)."""
     layout: Layout = ctx.layout
     axis, group = grad_group(layout)
-    if experts and layout.ep > 1:
+    if experts:
         dense_mb, dense_step = _group_comms(ctx, axis, group, local_params - experts, last_ready)
-        edp = layout.dp * layout.sp // layout.ep
+        edp = layout.expert_data_degree
         expert_mb, expert_step = _group_comms(ctx, "edp", edp, experts, None, what=" (experts)")
         return dense_mb + expert_mb, dense_step + expert_step
     return _group_comms(ctx, axis, group, local_params, last_ready)

@@ -1,39 +1,151 @@
-"""The expert-parallel axis, E ranks folded onto the data and sequence ranks (Megatron-Core's MoE
-parallel folding, Liu et al. 2025, arXiv 2504.14960): each rank holds 1/E of every MoE layer's routed
-experts; the router, the shared experts and every other block are not split by it. With the tensor
-axis an expert is split T ways too (ETP = TP, Megatron's default).
+"""The experts' own decomposition of a stage's ranks (Megatron-Core's MoE parallel folding, Liu et al.
+2025, arXiv 2504.14960): attention runs on tp × sp × dp, the routed experts on etp × ep × edp of the
+same ranks. Each rank holds 1/ep of every MoE layer's routed experts, each split etp ways along its FFN
+width; the router, the shared experts and every other block are not split by it. The experts'
+gradients are summed over the expert-data-parallel ranks (edp), where ZeRO shards their states
+(meshplan.costmodel.axes.dp, memory.zero_sharded).
 
-Its collectives (Megatron-Core's all-to-all token dispatcher): each rank sends its tokens' top_k routed
-copies to the ranks holding their experts and gets the experts' outputs back — two all-to-alls of
-tokens·top_k·h elements forward, their gradients' two backward; under Megatron-SP a tensor rank
-dispatches its own sequence shard's tokens. Balanced routing is assumed (token-drop training with
-capacity factor 1, or an auxiliary loss that keeps the load even): a rank's experts run as many
-copies as its own tokens made. The experts' gradients are summed over the expert-data-parallel ranks
-(edp = dp·sp/E), ZeRO shards their optimizer states there (meshplan.costmodel.axes.dp, memory)."""
+Tokens (Megatron-Core's token dispatchers, megatron/core/transformer/moe/token_dispatcher.py): a rank
+routes the tokens it holds — its sequence shard, and under Megatron-SP its 1/tp of it, T_d tokens —
+and its experts run the routed copies the etp group gathered, etp · T_d · top_k of them when routing
+is even. Per MoE layer, forward:
+
+- alltoall: the T_d · top_k copies all-to-all over ep (dispatch), all-gathered over etp; the outputs
+  reduce-scattered over etp and all-to-all back (combine);
+- allgather: the T_d tokens all-gathered over etp × ep (every rank picks its experts' copies), the
+  outputs reduce-scattered back;
+- deepep (DeepEP's kernels, Megatron's flex dispatcher): one all-to-all over etp × ep, a token sent
+  once to each rank and each node holding one of its experts (DeepEP's get_dispatch_layout counts it
+  once a rank over NVLink and once a node over RDMA), forwarded inside the node over NVLink; with
+  node-limited routing (DeepSeek-V3 §2.1.2) a token reaches at most 4 nodes. Megatron sends bf16 (it
+  does not use DeepEP's FP8 dispatch).
+
+Backward runs each collective's gradient (four passes of the all-to-all in all); full recompute runs
+the forward's again (six). Uneven routing: the busiest rank receives `CostOptions.expert_load` times
+the even share, and every all-to-all waits for it.
+"""
+
+from dataclasses import replace
 
 from meshplan.costmodel.axes.base import Sharding
 from meshplan.costmodel.collectives import Comm
 from meshplan.layout import Layout
 
+# DeepSeek-V3 (arXiv 2412.19437 §2.1.2, config.json topk_group): a token's experts lie on at most 4
+# nodes (its 8 experts are chosen within the 4 best of 8 expert groups, a group a node).
+DEEPEP_NODE_LIMIT = 4
+_GRADIENT = {"all_to_all": "all_to_all", "all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}
+
 
 def active(layout: Layout) -> bool:
-    return layout.ep > 1
+    """The experts have collectives of their own: split over ep or over an expert-tensor axis."""
+    return layout.ep > 1 or layout.expert_tensor_degree > 1
+
+
+def violation(model, layout: Layout, opts) -> str | None:
+    """Megatron-Core's rule for training a mixture of experts under tensor parallelism: sequence
+    parallelism on (MoELayer.forward raises "During training, performance may degrade if MoE and
+    tensor parallelism are enabled without also enabling sequence parallelism") — the experts route
+    each tensor rank's own sequence shard. Then the stack's own rules for the options (DeepEP pads no
+    capacity; the 1F1B all-to-all overlap's conditions). None when the plan keeps them."""
+    if model.moe is None or not opts.training:
+        return None
+    if layout.tensor_degree > 1 and not opts.tp_sequence_parallel:
+        return (
+            f"layout {layout}: a mixture of experts with tensor parallelism needs Megatron-SP (Megatron-Core "
+            f"routes each tensor rank's sequence shard); add --tp-sequence-parallel or drop tp"
+        )
+    if opts.moe_a2a_overlap:
+        return _overlap_violation(layout, opts)
+    return None
+
+
+def _overlap_violation(layout: Layout, opts) -> str | None:
+    """--overlap-moe-expert-parallel-comm's conditions (Megatron-Core 0.14, transformer_config.py):
+    ep > 1, the alltoall or flex (DeepEP) dispatcher, no full recompute, and virtual stages under a
+    pipeline."""
+    if not opts.stack_spec.moe_a2a_overlap:
+        return f"--moe-a2a-overlap: stack {opts.stack} does not overlap the experts' all-to-all; use --stack megatron"
+    if layout.ep == 1:
+        return "--moe-a2a-overlap overlaps the expert-parallel all-to-all: it needs ep > 1"
+    if opts.moe_dispatcher == "allgather":
+        return "--moe-a2a-overlap needs the alltoall or deepep dispatcher (Megatron-Core's rule)"
+    if opts.recompute == "full":
+        return "--moe-a2a-overlap does not run with full recompute (Megatron-Core's rule); use selective or none"
+    if layout.pp > 1 and opts.chunks == 1:
+        return "--moe-a2a-overlap under a pipeline needs virtual stages (Megatron-Core's rule): --schedule interleaved"
+    return None
 
 
 def sharding(layout: Layout, options, kind: str | None = None) -> Sharding:
-    return Sharding(layout.ep if kind == "experts" else 1, 1, 1, 1, 1)
+    """The expert axis composes with nothing: the experts' sharding replaces attention's
+    (expert_sharding), every other kind keeps attention's."""
+    return Sharding(1, 1, 1, 1, 1)
+
+
+def expert_sharding(base: Sharding, layout: Layout) -> Sharding:
+    """The routed experts' sharding given attention's `base`: weights over etp × ep; the etp group's
+    dispatched tokens on each rank (a rank's own T_d = b·s / (token_div · hidden_div), etp of them);
+    the FFN width over etp; full-width copies not split further."""
+    etp = layout.expert_tensor_degree
+    return Sharding(
+        weight_div=etp * layout.ep,
+        token_div=base.token_div * base.hidden_div / etp,
+        head_div=etp,
+        hidden_div=1,
+        vocab_div=1,
+    )
+
+
+def dispatched_tokens(ctx) -> float:
+    """T_d: the tokens a rank routes (its sequence shard; under Megatron-SP its 1/tp of it)."""
+    return ctx.tokens / ctx.sharding.hidden_div
 
 
 def block_comms(ctx, kind: str):
     if kind != "experts":
         return []
+    layout, opts = ctx.layout, ctx.opts
     m, e = ctx.model.moe, ctx.act_bytes
-    # The routed copies of this rank's tokens (its sequence shard's under Megatron-SP).
-    copies = ctx.tokens * m.top_k * m.hidden * e / ctx.sharding.hidden_div
-    ep = ctx.layout.ep
-    return [
-        Comm("all_to_all", "ep", copies, ep, phase="fwd", block=kind, what="dispatch tokens to experts"),
-        Comm("all_to_all", "ep", copies, ep, phase="fwd", block=kind, what="combine expert outputs"),
-        Comm("all_to_all", "ep", copies, ep, phase="bwd", block=kind, what="combine's gradient"),
-        Comm("all_to_all", "ep", copies, ep, phase="bwd", block=kind, what="dispatch's gradient"),
-    ]
+    etp, ep = layout.expert_tensor_degree, layout.ep
+    load = opts.expert_load
+    tokens = dispatched_tokens(ctx) * m.hidden * e  # bytes of the tokens a rank routes
+    copies = tokens * m.top_k * load  # the busiest rank's routed copies
+    dispatcher = opts.moe_dispatcher
+    fwd: list[Comm] = []
+    if dispatcher == "allgather":
+        group = etp * ep
+        if group > 1:
+            gathered = group * tokens  # every token, whichever experts it goes to
+            fwd = [
+                Comm("all_gather", "etp+ep", gathered, group, block=kind, what="gather tokens to every expert rank"),
+                Comm("reduce_scatter", "etp+ep", gathered, group, block=kind, what="reduce-scatter expert outputs"),
+            ]
+    elif dispatcher == "deepep":
+        # One group, etp × ep: a token goes to every etp rank of each expert it is routed to.
+        group = etp * ep
+        if group > 1:
+            limit = min(DEEPEP_NODE_LIMIT, m.top_k) if opts.deepep_node_limit else 0
+            one = Comm("all_to_all", "etp+ep", etp * copies, group, block=kind, fanout=etp * m.top_k, node_limit=limit)
+            fwd = [replace(one, what="dispatch tokens to experts"), replace(one, what="combine expert outputs")]
+    else:
+        a2a = []
+        if ep > 1:
+            one = Comm("all_to_all", "ep", copies, ep, block=kind)
+            a2a = [replace(one, what="dispatch tokens to experts"), replace(one, what="combine expert outputs")]
+        gather = []
+        if etp > 1:
+            gathered = etp * copies
+            gather = [
+                Comm("all_gather", "etp", gathered, etp, block=kind, what="gather routed tokens over etp"),
+                Comm("reduce_scatter", "etp", gathered, etp, block=kind, what="reduce-scatter expert outputs over etp"),
+            ]
+        fwd = a2a[:1] + gather + a2a[1:]
+    if opts.moe_a2a_overlap:  # beside another micro-batch's compute (Megatron-Core's 1F1B A2A overlap)
+        fwd = [replace(c, overlap="compute") if c.kind == "all_to_all" else c for c in fwd]
+    if not opts.training:
+        return fwd
+    bwd = [replace(c, kind=_GRADIENT[c.kind], phase="bwd", what=f"{c.what}: gradient") for c in reversed(fwd)]
+    if opts.recompute == "full":  # the recomputed forward routes the tokens again
+        bwd = [replace(c, phase="bwd", what=f"{c.what}: recomputed") for c in fwd] + bwd
+    return fwd + bwd

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.costmodel.device import gemm_time_s
+
 # FlashAttention-2 (Dao 2023): the attention core's backward runs 5 matmuls to forward's 2.
 ATTENTION_BWD_FACTOR = 2.5
 
@@ -76,9 +78,19 @@ class BlockKind:
         """The tensors one invocation saves for backward (meshplan.costmodel.activations.Saved)."""
         raise NotImplementedError
 
+    def load(self, opts) -> float:
+        """The busiest rank's share of the block's work over the even share (routed experts under
+        uneven routing or a capacity); 1 for a block every token runs."""
+        return 1.0
+
     # -- compute -------------------------------------------------------------------------------
     def eager_factor(self, dev) -> float:
         return dev.elementwise_factor
+
+    def gemm_s(self, model, tokens: float, sh, e: int, dev) -> float:
+        """Seconds of the block's projections over `tokens` tokens on one rank (`gemms`, each by
+        roofline at the stack's GEMM rate)."""
+        return sum(gemm_time_s(tokens, n, k, e, dev) for n, k in self.gemms(model, sh.head_div))
 
     def core_s(self, model, tokens, keys, sh, e, dev, *, causal_fraction, zigzag) -> tuple[float, float]:
         """(seconds, FLOPs) of a core beyond the projections (attention's); none by default."""

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from meshplan.costmodel.activations import FP32, NORM_STATS, Saved
 from meshplan.costmodel.blocks.base import BlockKind
+from meshplan.costmodel.device import grouped_gemm_time_s
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.models import ModelSpec
 
-INDEX = 8  # an int64 index a routed copy of a token (its expert and its position), as torch keeps them
+INDEX = 8  # an int64 index
 
 
 class Router(BlockKind):
@@ -43,6 +44,9 @@ class Router(BlockKind):
             Saved("moe_norm_stats", NORM_STATS[model.norm], "hidden"),
             Saved("router_input", e * m.hidden, "hidden"),
             Saved("router_probs", FP32 * m.experts, "hidden"),
+            # the fused permutation's row-id map, an int64 per token and expert (Megatron-MoE-ModelZoo
+            # misc/tools/deepseek_mem_estimate.py: permute_row_id_map, s/TP · E · 8 B)
+            Saved("routing_map", INDEX * m.experts, "hidden"),
         ]
 
 
@@ -58,6 +62,7 @@ class _ExpertMlp(BlockKind):
 
 class Experts(_ExpertMlp):
     name = "experts"
+    tensor_comms = False  # the expert axes route the tokens and gather them (meshplan.costmodel.axes.ep)
 
     def params(self, model):
         return model.moe.experts * model.moe.expert_params()
@@ -68,6 +73,19 @@ class Experts(_ExpertMlp):
         width = m.top_k * m.expert_ffn / head_div
         return [(m.n_input_matrices * width, m.hidden), (m.hidden, width)]
 
+    def load(self, opts):
+        return opts.expert_load
+
+    def gemm_s(self, model, tokens, sh, e, dev):
+        """A grouped GEMM over the experts a rank holds (E / ep), each running the routed copies that
+        reach it: tokens · top_k of them spread evenly (`tokens` already the busiest rank's)."""
+        m = model.moe
+        local = m.experts * sh.head_div / sh.weight_div
+        rows = tokens * m.top_k / local
+        width = m.expert_ffn / sh.head_div
+        shapes = [(m.n_input_matrices * width, m.hidden), (m.hidden, width)]
+        return sum(grouped_gemm_time_s(rows, n, k, local, e, dev) for n, k in shapes)
+
     def memory_bound_bytes_per_token(self, model, head_div, e):
         # The permutation into expert order and back (top_k copies read and written each way), the
         # weighted sum of the copies, and SwiGLU over every copy's intermediate.
@@ -77,22 +95,26 @@ class Experts(_ExpertMlp):
     def saved(self, model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         m, e = model.moe, opts.nbytes("act_dtype")
         f = m.top_k * m.expert_ffn
+        # Megatron-Core's TEGroupedMLP: fc1 saves the permuted copies, the activation its input (and
+        # the routing probabilities it multiplies in), fc2 the activation's output; the unpermutation
+        # keeps nothing (the probabilities are applied in the activation, core 0.13).
         items = [
             Saved("expert_inputs", e * m.top_k * m.hidden, "hidden"),  # the permuted copies
-            Saved("routing_indices", INDEX * m.top_k, "hidden"),
+            Saved("expert_probs", FP32 * m.top_k, "hidden"),
         ]
         if m.gated:
             items += [Saved("expert_gate", e * f, "heads"), Saved("expert_up", e * f, "heads")]
             items += [Saved("expert_product", e * f, "heads")]
         else:
             items += [Saved("expert_fc1_out", e * f, "heads"), Saved("expert_act_out", e * f, "heads")]
-        items.append(Saved("expert_outputs", e * m.top_k * m.hidden, "hidden"))  # for the weights' gradient
         return items
 
 
 class SharedExpert(_ExpertMlp):
+    """Split by the tensor axis as a dense MLP is: its sequence shards gathered, its output
+    reduce-scattered (Megatron-Core's SharedExpertMLP)."""
+
     name = "shared_expert"
-    tensor_comms = False  # its output joins the routed experts' before their one reduction
 
     def params(self, model):
         return model.moe.shared_params()
