@@ -536,7 +536,15 @@ def recommend(
     )
     micro = batch or 1
     result = plan(
-        spec, cluster_spec, tokens, micro, opts, objective=objective, estimate_dropped=show_all, search=search
+        spec,
+        cluster_spec,
+        tokens,
+        micro,
+        opts,
+        objective=objective,
+        estimate_dropped=show_all,
+        search=search,
+        keep=max(top, 2),
     )
     rates_note = Device.of(cluster_spec, opts.stack_spec).rates_note
     if as_json:

@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass, fields
 
 from meshplan.errors import MeshplanError
-from meshplan.models import ModelSpec
+from meshplan.models import ModelSpec, frozen_hash
 
 # ep and etp fold onto the same ranks (Megatron-Core's MoE parallel folding, Liu et al. 2025, arXiv
 # 2504.14960): the experts' decomposition etp × ep × edp of each stage's tp × sp × dp ranks; they add
@@ -30,6 +30,8 @@ class Layout:
     ep: int = 1  # expert parallelism: each rank holds 1/ep of the routed experts
     etp: int = 0  # expert tensor parallelism: each routed expert's FFN split etp ways; 0: as tp (Megatron's default)
     zero: int = 0  # ZeRO stage over the dp axis: 1 optimizer state, 2 + gradients, 3 + parameters
+
+    __hash__ = frozen_hash
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -8,6 +8,7 @@ The cost model walks `model.block_invocations()`; parameter counts come from `pa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field, replace
@@ -15,6 +16,16 @@ from dataclasses import dataclass, field, replace
 from meshplan.errors import MeshplanError
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+def frozen_hash(obj) -> int:
+    """A frozen dataclass's hash, computed once (the cost model's caches key on models, layouts and
+    options, asked for thousands of times a ranking). Use as `__hash__ = frozen_hash` in the class."""
+    cached = obj.__dict__.get("_hash")
+    if cached is None:
+        cached = hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare))
+        object.__setattr__(obj, "_hash", cached)
+    return cached
 
 
 def dtype_bytes(name: str, field_name: str = "dtype") -> int:
@@ -312,6 +323,8 @@ class ModelSpec:
     norm_eps: float = 1e-5  # RMSNorm's epsilon (config.json rms_norm_eps / layer_norm_epsilon)
     source: str = field(default="", compare=False)
 
+    __hash__ = frozen_hash
+
     def __post_init__(self) -> None:
         _positive(f"model {self.name}", d_model=self.d_model, layers=self.layers, vocab=self.vocab)
         dtype_bytes(self.param_dtype, "model.param_dtype")
@@ -423,12 +436,7 @@ class ModelSpec:
         if self.family == "mamba1":
             return (("mamba1", self.layers),)
         if self.family == "moe":
-            counts: dict[str, int] = {}
-            for blocks in self.layer_blocks():
-                for kind in blocks:
-                    counts[kind] = counts.get(kind, 0) + 1
-            order = ("attention", "mlp", "router", "experts", "shared_expert")
-            return tuple((kind, counts[kind]) for kind in order if counts.get(kind))
+            return _moe_invocations(self)
         n = self.hybrid_invocations
         return (("mamba2", self.layers), ("attention", n), ("mlp", n), ("hybrid_proj", n))
 
@@ -554,6 +562,16 @@ def _layer_blocks(model: ModelSpec) -> tuple[tuple[str, ...], ...]:
     return tuple(
         ("mamba2", "attention", "mlp", "hybrid_proj") if i in shared else ("mamba2",) for i in range(model.layers)
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _moe_invocations(model: ModelSpec) -> tuple[tuple[str, int], ...]:
+    counts: dict[str, int] = {}
+    for blocks in model.layer_blocks():
+        for kind in blocks:
+            counts[kind] = counts.get(kind, 0) + 1
+    order = ("attention", "mlp", "router", "experts", "shared_expert")
+    return tuple((kind, counts[kind]) for kind in order if counts.get(kind))
 
 
 def first_layers(model: ModelSpec, layers: int, field_name: str = "--layers") -> ModelSpec:

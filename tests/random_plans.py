@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from meshplan.costmodel.axes import plan_context
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.invariants import best_rate  # a lookup of the device's rates, not a rule
 from meshplan.costmodel.memory import memory_per_gpu
@@ -19,7 +20,7 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import validate_batch
 from meshplan.costmodel.pipeline_sim import simulate
 from meshplan.costmodel.stacks import STACKS
-from meshplan.costmodel.step import estimate_step
+from meshplan.costmodel.step import compute_floor_s, estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import PRESETS, MoeSpec, dense, mamba2
@@ -192,6 +193,8 @@ def violations(plan: RandomPlan) -> list[str]:
         label = "launch"
     if label and not est.bound.startswith(label) and not opts.mode == "decode":
         out.append("the label is not the largest share")
+    if opts.training and compute_floor_s(plan_context(model, layout, seq, mb, opts), cluster) > step * (1 + 1e-9):
+        out.append("the planner's compute floor above the step it prices")
     if opts.training and layout.pp > 1:
         out += _bubble_violations(plan, cluster)
     if model.attention is not None and opts.mode != "decode":

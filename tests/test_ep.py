@@ -320,3 +320,21 @@ def test_the_a2a_overlap_hides_the_all_to_all():
     plain = estimate_step(MIXTRAL, layout, 4096, 1, MEGATRON_SP, cluster)
     hidden = estimate_step(MIXTRAL, layout, 4096, 1, replace(MEGATRON_SP, moe_a2a_overlap=True), cluster)
     assert hidden.exposed_comm_s < plain.exposed_comm_s and hidden.compute_s == plain.compute_s
+
+
+def test_the_planner_prunes_only_meshes_that_cannot_reach_its_top():
+    """Mixtral-8x7B on 32 H100s: ranking with the compute floor (keep the 5 best) names the same 5 meshes,
+    in the same order and at the same times, as pricing every mesh; what it skips fits and is counted."""
+    from meshplan.planner import plan
+    from meshplan.planner.plan import KNOBS
+
+    cluster = load_cluster("h100-sxm-8", 4)
+    opts = CostOptions(stack="megatron", global_batch=256)
+    full = plan(MIXTRAL, cluster, 4096, 1, opts, search=frozenset(KNOBS), keep=0)
+    fast = plan(MIXTRAL, cluster, 4096, 1, opts, search=frozenset(KNOBS), keep=5)
+    assert fast.pruned > 0 and full.pruned == 0
+    assert [(str(c.layout), c.estimate.step_time_s) for c in fast.ranked[:5]] == [
+        (str(c.layout), c.estimate.step_time_s) for c in full.ranked[:5]
+    ]
+    assert len(fast.ranked) + fast.pruned == len(full.ranked) and len(fast.dropped) == len(full.dropped)
+    assert f"{fast.pruned} of them were not priced in full" in fast.reason

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from meshplan.costmodel.stacks import get_stack
 from meshplan.errors import MeshplanError
-from meshplan.models import DTYPE_BYTES
+from meshplan.models import DTYPE_BYTES, frozen_hash
 
 MODES = ("train", "prefill", "decode")
 SCHEDULES = ("1f1b", "interleaved")
@@ -63,6 +63,8 @@ class CostOptions:
     # Megatron-Core's 1F1B all-to-all overlap (--overlap-moe-expert-parallel-comm, core 0.14): one
     # micro-batch's expert all-to-alls run beside another's compute
     moe_a2a_overlap: bool = False
+
+    __hash__ = frozen_hash
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -18,6 +18,7 @@ Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token 
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field, replace
 
 from meshplan import rank_order
@@ -107,6 +108,13 @@ class _Links:
         return one * c.count
 
 
+@functools.lru_cache(maxsize=4096)
+def _links(layout: Layout, cluster: ClusterSpec) -> _Links:
+    """The placement of a layout's groups on a cluster, made once (the planner prices a layout's knobs
+    on the same one)."""
+    return _Links(layout, cluster)
+
+
 def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:
     """Exposed time of a weight stream hidden behind the GEMM of the shard in hand."""
     t_x = t / c.count
@@ -192,7 +200,7 @@ def estimate_step(
     schedule = schedule or step_schedule(model, layout, seq, batch, opts, embeddings=embeddings, ctx=ctx)
     stack = opts.stack_spec
     dev = Device.of(cluster, stack)
-    links = _Links(layout, cluster)
+    links = _links(layout, cluster)
     training, decode = opts.training, opts.mode == "decode"
     breakdown: dict[str, float] = {}
     blocks = _block_times(ctx, schedule=schedule, dev=dev, links=links, breakdown=breakdown)
@@ -334,39 +342,71 @@ class _Blocks:
         return self.exposed_fwd_s + self.exposed_bwd_s
 
 
-def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links: "_Links", breakdown: dict) -> _Blocks:
-    """Each block kind's compute (compute.block_compute) beside its collectives on the other stream
-    (_phase_exposed), times its invocations; per-kind seconds go into `breakdown`."""
+def _kind_compute(ctx: PlanContext, kind: str, dev: Device, recompute: str) -> BlockCompute:
+    """One invocation of a `kind` block on one rank of this plan (compute.block_compute): its own
+    sharding (the experts' decomposition where an axis splits them apart), the causal split of the
+    sequence axis, the busiest rank's load."""
     model, layout, seq, batch, opts, sh = ctx.model, ctx.layout, ctx.seq, ctx.batch, ctx.opts, ctx.sharding
-    stack = opts.stack_spec
-    e = opts.nbytes("act_dtype")
-    training, decode = opts.training, opts.mode == "decode"
+    decode = opts.mode == "decode"
     tokens = batch if decode else batch * seq / sh.token_div
-    keys = seq
-
     causal, zigzag_parts = axes.attention_split(layout, seq, model.mamba_layers == 0, opts.sp_zigzag)
-    zigzag = 0 if decode else zigzag_parts
+    own = ctx.sharding_of(kind)
+    return block_compute(
+        model,
+        kind,
+        tokens * sh.token_div / own.token_div,
+        seq,
+        own,
+        opts.nbytes("act_dtype"),
+        dev,
+        recompute=recompute,
+        training=opts.training,
+        causal_fraction=causal,
+        zigzag=0 if decode else zigzag_parts,
+        row_tokens=1 if decode else seq / own.token_div,
+        load=BLOCKS[kind].load(opts),
+    )
+
+
+def compute_floor_s(ctx: PlanContext, cluster: ClusterSpec) -> float:
+    """A floor under a training step's time for this plan whatever its collectives: the busiest point
+    of its pipeline at the compute estimate_step prices (recompute included, the head on the last
+    stage). A stage r runs its m micro-batches, s_r each, after the first micro-batch's forward
+    reached it and before the last backward left it back through the stages before it, which take
+    at least 1/v of theirs each way: step ≥ max_r (m·s_r + Σ_{r'<r} s_r' / v) — the closed form where
+    the last stage is the busiest (pipeline.pipeline_passes). The planner skips a mesh whose floor is
+    behind the meshes it keeps."""
+    opts = ctx.opts
+    dev = Device.of(cluster, opts.stack_spec)
+    per_kind = {}
+    for kind, _ in ctx.model.block_invocations():
+        comp = _kind_compute(ctx, kind, dev, opts.recompute)
+        per_kind[kind] = comp.fwd_s + comp.bwd_s
+    pp = ctx.layout.pp
+    stages = pipeline_stages(ctx.model.layers, pp, opts.stage_layers)
+    stage_s = [sum(n * per_kind[k] for k, n in counts.items()) for counts in ctx.model.stage_block_counts(stages)]
+    tokens = ctx.batch * ctx.seq / ctx.sharding.token_div
+    head = logits_compute(ctx.model, tokens, ctx.sharding, opts.nbytes("act_dtype"), dev)
+    stage_s[-1] += head.fwd_s + head.bwd_s
+    m = opts.steps_for(ctx.layout.dp, pp, ctx.batch)
+    chunks = opts.chunks if pp > 1 else 1
+    before = [0.0] + list(itertools.accumulate(stage_s))[:-1]
+    return max(m * s + b / chunks for s, b in zip(stage_s, before))
+
+
+def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links: "_Links", breakdown: dict) -> _Blocks:
+    """Each block kind's compute (_kind_compute) beside its collectives on the other stream
+    (_phase_exposed), times its invocations; per-kind seconds go into `breakdown`."""
+    model, layout, batch, opts, sh = ctx.model, ctx.layout, ctx.batch, ctx.opts, ctx.sharding
+    stack = opts.stack_spec
+    training, decode = opts.training, opts.mode == "decode"
+    tokens = batch if decode else batch * ctx.seq / sh.token_div
     out = _Blocks()
     for kind, comms in schedule.per_block.items():
-        own = ctx.sharding_of(kind)  # the experts' own decomposition where an axis splits them apart
-        comp = block_compute(
-            model,
-            kind,
-            tokens * sh.token_div / own.token_div,
-            keys,
-            own,
-            e,
-            dev,
-            recompute=opts.recompute,
-            training=training,
-            causal_fraction=causal,
-            zigzag=zigzag,
-            row_tokens=1 if decode else seq / own.token_div,
-            load=BLOCKS[kind].load(opts),
-        )
+        comp = _kind_compute(ctx, kind, dev, opts.recompute)
         check_block(kind, comp, dev)
         if decode:  # what the block reads a token: the KV cache, the SSM state
-            comp = BLOCKS[kind].decode(comp, model, batch, seq, sh, opts, dev)
+            comp = BLOCKS[kind].decode(comp, model, batch, ctx.seq, sh, opts, dev)
         fwd, bwd = comp.fwd_s, (comp.bwd_s if training else 0.0)
         if not decode:
             fwd += axes.tp.int8_kernels_s(ctx, kind, tokens, dev)

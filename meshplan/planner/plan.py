@@ -12,7 +12,7 @@ from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import pipeline_stages, schedule_violation
 from meshplan.costmodel.stacks import Stack
-from meshplan.costmodel.step import StepEstimate, estimate_step
+from meshplan.costmodel.step import StepEstimate, compute_floor_s, estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.executor.support import unsupported
 from meshplan.layout import Layout, validate_layout, validate_seq
@@ -63,6 +63,9 @@ class Plan:
     considered: int
     objective: str
     reason: str
+    # Meshes that fit but were not priced in full: their compute alone (step.compute_floor_s) was slower
+    # a token than the keep-th best mesh priced
+    pruned: int = 0
 
 
 def divisors(n: int) -> list[int]:
@@ -148,10 +151,14 @@ def plan(
     objective: str = "throughput",
     estimate_dropped: bool = False,
     search: frozenset = frozenset(),
+    keep: int = 10,
 ) -> Plan:
     """Rank every mesh. `batch` is the micro-batch (sequences); with opts.global_batch the step's
     batch is fixed and DP changes the accumulation steps. `search`: the knobs (KNOBS) chosen per mesh
-    rather than pinned to `opts` / `batch` (search_knobs says how)."""
+    rather than pinned to `opts` / `batch` (search_knobs says how). Under the throughput objective in
+    training only the best `keep` meshes are sure to be priced in full: a mesh whose compute alone
+    (step.compute_floor_s) is slower a token than the keep-th best so far is counted as fitting, not
+    priced (Plan.pruned); 0 prices every mesh."""
     if objective not in OBJECTIVES:
         raise MeshplanError(f"--objective: unknown {objective!r}; use one of {', '.join(OBJECTIVES)}")
     if unknown := set(search) - set(KNOBS):
@@ -174,11 +181,20 @@ def plan(
     fitting: list[Candidate] = []
     dropped: list[Candidate] = []
     new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
+    # Throughput in training: the best `keep` seconds a token so far bound the rest (search_knobs skips
+    # a mesh whose compute alone is slower than the keep-th best), so the ranking's top `keep` is exact.
+    prune = objective == "throughput" and opts.training and not estimate_dropped and keep > 0
+    kept: list[float] = []  # the best seconds a token priced so far, at most `keep` of them
+    pruned = 0
     for layout in layouts:
-        choice = search_knobs(model, cluster, layout, seq, batch, opts, search=search, objective=objective)
+        bound = kept[-1] if prune and len(kept) == keep else math.inf
+        choice = search_knobs(model, cluster, layout, seq, batch, opts, search=search, objective=objective, bound=bound)
         if choice is None:
             continue
         mem, est, fits, knobs, used = choice
+        if fits and est is None:  # it fits, and cannot reach the top `keep`
+            pruned += 1
+            continue
         if est is None and estimate_dropped:
             est = estimate_step(model, layout, seq, knobs["micro_batch"], used, cluster)
         cand = Candidate(
@@ -191,9 +207,12 @@ def plan(
             knobs,
         )
         (fitting if fits else dropped).append(cand)
+        if prune and fits:
+            kept = sorted(kept + [est.step_time_s / est.tokens_per_step])[:keep]
     fitting.sort(key=_sort_key(objective, opts.mode))
     dropped.sort(key=lambda c: c.total_bytes)
-    return Plan(fitting, dropped, len(layouts), objective, explain(fitting, dropped, objective, opts, cluster))
+    reason = explain(fitting, dropped, objective, opts, cluster, pruned, keep)
+    return Plan(fitting, dropped, len(layouts), objective, reason, pruned)
 
 
 def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOptions, search: frozenset):
@@ -233,6 +252,7 @@ def search_knobs(
     *,
     search: frozenset,
     objective: str = "throughput",
+    bound: float = math.inf,
 ):
     """(memory, estimate or None, fits, knobs, options) for one mesh (valid for the model and the
     cluster: enumerate_layouts checks), its knobs chosen.
@@ -248,7 +268,7 @@ def search_knobs(
     if space is None:
         return None
     batches, chunks, sps, recomputes = space
-    best = smallest = None
+    best = smallest = fitted = None
     for sp in sps:
         for mb in batches:
             for v in chunks:
@@ -270,6 +290,11 @@ def search_knobs(
                         smallest = (mem, None, False, knobs, trial)
                     if mem.total_bytes > cluster.gpu.memory_bytes:
                         continue
+                    if bound < math.inf:
+                        tokens = layout.dp * trial.steps_for(layout.dp, layout.pp, mb) * mb * seq
+                        if compute_floor_s(ctx, cluster) / tokens > bound:
+                            fitted = fitted or (mem, None, True, knobs, trial)
+                            break  # its compute alone is behind the bound, and a later recompute no faster
                     est = estimate_step(model, layout, seq, mb, trial, cluster, ctx=ctx)
                     key = (
                         (mem.total_bytes, est.step_time_s)
@@ -279,7 +304,7 @@ def search_knobs(
                     if best is None or key < best[0]:
                         best = (key, (mem, est, True, knobs, trial))
                     break  # a later recompute is no faster
-    return best[1] if best else smallest
+    return best[1] if best else fitted or smallest
 
 
 def _gib(n: float) -> str:
@@ -291,7 +316,13 @@ def _ms(s: float) -> str:
 
 
 def explain(
-    ranked: list[Candidate], dropped: list[Candidate], objective: str, opts: CostOptions, cluster: ClusterSpec
+    ranked: list[Candidate],
+    dropped: list[Candidate],
+    objective: str,
+    opts: CostOptions,
+    cluster: ClusterSpec,
+    pruned: int = 0,
+    keep: int = 0,
 ) -> str:
     """One paragraph: why the winner wins, and what the runner-up lost on."""
     if not ranked:
@@ -344,7 +375,13 @@ def explain(
             else " It runs none of the meshes that fit."
         )
         text.append(f"meshplan execute cannot check {win.layout} on GPUs ({win.not_executed}).{then}")
-    text.append(f"{len(ranked)} of {len(ranked) + len(dropped)} valid meshes fit.")
+    fit = len(ranked) + pruned
+    text.append(f"{fit} of {fit + len(dropped)} valid meshes fit.")
+    if pruned:
+        text.append(
+            f"{pruned} of them were not priced in full: their compute alone is slower a token than the "
+            f"{keep} best meshes' whole steps."
+        )
     return " ".join(text)
 
 

@@ -15,6 +15,7 @@ splits against `Sharding.weight_div`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import fields
 
 from meshplan.costmodel.axes import dp, ep, pp, sp, tp, tsp
@@ -45,7 +46,14 @@ MODEL_AXES = (tp, sp, tsp, ep)
 
 def sharding_for(layout: Layout, options: MemoryOptions, kind: str | None = None) -> Sharding:
     """How `layout` divides a `kind` block's weights, tokens and activations: the product of its
-    active axes' splits (the same for every kind until an axis splits one kind alone)."""
+    active axes' splits (the same for every kind until an axis splits one kind alone). Of the options
+    only Megatron-SP (the tensor axis's) changes it."""
+    return _sharding(layout, options.tp_sequence_parallel, kind)
+
+
+@functools.lru_cache(maxsize=65536)
+def _sharding(layout: Layout, tp_sequence_parallel: bool, kind: str | None) -> Sharding:
+    options = MemoryOptions(tp_sequence_parallel=tp_sequence_parallel)
     out = Sharding(1, 1, 1, 1, 1)
     for axis in MODEL_AXES:
         if axis.active(layout):
