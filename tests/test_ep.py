@@ -338,3 +338,20 @@ def test_the_planner_prunes_only_meshes_that_cannot_reach_its_top():
     ]
     assert len(fast.ranked) + fast.pruned == len(full.ranked) and len(fast.dropped) == len(full.dropped)
     assert f"{fast.pruned} of them were not priced in full" in fast.reason
+
+
+def test_the_reason_names_the_experts_all_to_all_when_it_decides():
+    """Two meshes of 32 H100s alike but for where the experts live: ep = 16 over two nodes (etp = tp = 2
+    spaces the expert group 2 ranks apart) against ep = 4 inside a node; the first's extra exposed
+    communication is the experts' all-to-all, and the reason text says so."""
+    from dataclasses import replace
+
+    from meshplan.planner.plan import _exposed_owner
+
+    cluster = load_cluster("h100-sxm-8", 4)
+    opts = replace(MEGATRON_SP, global_batch=512)  # 32 micro-batches: the gradient sync's share is small
+    near = estimate_step(MIXTRAL, parse_layout("dp=16,tp=2,ep=4"), 4096, 1, opts, cluster)
+    far = estimate_step(MIXTRAL, parse_layout("dp=16,tp=2,ep=8"), 4096, 1, opts, cluster)
+    assert far.exposed_comm_s > near.exposed_comm_s
+    assert _exposed_owner(near, far, 1.0) == ", most of it the experts' token all-to-all (dispatch and combine)"
+    assert _exposed_owner(far, near, 1.0) == ""  # nothing extra to name

@@ -425,7 +425,31 @@ def _runner_up(win: Candidate, run: Candidate, objective: str, per: str) -> str:
         if scale != 1.0
         else ""
     )
+    owner = _exposed_owner(w, r, scale) if attr == "exposed_comm_s" else ""
     return (
         f"{head}, is {slower:.1%} slower per {unit}{carries}: the largest difference is its {main}, "
-        f"{_ms(getattr(r, attr) * scale)} against {_ms(getattr(w, attr))}."
+        f"{_ms(getattr(r, attr) * scale)} against {_ms(getattr(w, attr))}{owner}."
     )
+
+
+# Whose collectives a block kind's exposed communication is, as the reason text names them.
+COMM_OWNERS = {"experts": "the experts' token all-to-all (dispatch and combine)"}
+
+
+def _exposed_owner(w: StepEstimate, r: StepEstimate, scale: float) -> str:
+    """', most of it <whose>' when one block kind's collectives make most of the runner-up's extra
+    exposed communication (the experts' all-to-all, the attention's K/V gathers …); '' otherwise."""
+
+    def exposed(est: StepEstimate, k: str) -> float:
+        return est.breakdown.get(f"{k}_exposed_comm_s", 0.0) * est.microbatches
+
+    kinds = {k.removesuffix("_exposed_comm_s") for k in r.breakdown if k.endswith("_exposed_comm_s")}
+    diffs = {k: exposed(r, k) * scale - exposed(w, k) for k in kinds}
+    total = r.exposed_comm_s * scale - w.exposed_comm_s
+    if not diffs or total <= 0:
+        return ""
+    kind = max(diffs, key=diffs.get)
+    if diffs[kind] < 0.5 * total:
+        return ""
+    whose = COMM_OWNERS.get(kind, f"the collectives of its {kind} blocks")
+    return f", most of it {whose}"
