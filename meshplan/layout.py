@@ -192,11 +192,12 @@ def validate_layout(layout: Layout, model: ModelSpec, num_gpus: int | None = Non
                 )
         if model.mamba1 is not None:
             _divides(degree, model.mamba1.d_inner, f"{model.name}'s d_inner", axis)
-        if model.moe is not None and not layout.etp:  # the experts split as tp (Megatron's default ETP)
-            if axis == "tsp":
-                raise MeshplanError(
-                    f"layout: tsp does not split {model.name}'s experts yet; use tp (with sp) for a mixture of experts"
-                )
+        if model.moe is not None and axis == "tsp" and layout.ep == 1:
+            raise MeshplanError(
+                f"layout: tsp streams whole layers and does not split {model.name}'s experts; add ep "
+                f"(the experts split over the tsp and dp ranks), or use tp"
+            )
+        if model.moe is not None and not layout.etp and axis != "tsp":  # the experts split as tp (default ETP)
             _divides(degree, model.moe.expert_ffn, f"{model.name}'s expert FFN width", axis)
     if layout.ep > 1 or layout.etp:
         _validate_experts(layout, model)
@@ -218,8 +219,8 @@ def _validate_experts(layout: Layout, model: ModelSpec) -> None:
     axis = "ep" if layout.ep > 1 else "etp"
     if model.moe is None:
         raise MeshplanError(f"layout: {axis} splits experts and {model.name} has none; leave {axis} out")
-    if layout.tsp > 1:
-        raise MeshplanError("layout: ep and etp fold onto tp, sp and dp ranks; use tp (with sp) instead of tsp")
+    if layout.tsp > 1 and layout.expert_tensor_degree > 1:
+        raise MeshplanError("layout: under tsp the experts are split by ep alone; leave etp out (etp = 1)")
     _divides(layout.ep, model.moe.experts, f"{model.name}'s experts", "ep")
     etp = layout.expert_tensor_degree
     _divides(etp, model.moe.expert_ffn, f"{model.name}'s expert FFN width", "etp")

@@ -109,7 +109,7 @@ def random_plan(choose, integer) -> RandomPlan:
     shape = choose(shapes)
     # A mixture of experts: the experts' own decomposition of the stage's ranks (etp × ep × edp).
     experts: dict = {}
-    if model.moe is not None and "tsp" not in shape:
+    if model.moe is not None:
         degree = shape.get("tp", 1) * shape.get("tpssm", 1)
         etp = choose([degree, 1])
         eps = [e for e in _divisors(dp * mp // etp) if model.moe.experts % e == 0]

@@ -147,8 +147,11 @@ def test_etp_folds_the_experts_onto_the_tensor_ranks_too():
     validate_layout(layout, MIXTRAL, 8)
     with pytest.raises(MeshplanError, match="etp×ep = 2×8 must divide a stage's tp×sp×dp = 8"):
         validate_layout(parse_layout("dp=4,tp=2,ep=8"), MIXTRAL)
-    with pytest.raises(MeshplanError, match="tsp"):
-        validate_layout(parse_layout("tsp=2,ep=2"), MIXTRAL)
+    with pytest.raises(MeshplanError, match="add ep"):
+        validate_layout(parse_layout("tsp=2"), MIXTRAL)
+    with pytest.raises(MeshplanError, match="leave etp out"):
+        validate_layout(parse_layout("tsp=2,ep=2,etp=2"), MIXTRAL)
+    validate_layout(parse_layout("tsp=2,ep=2"), MIXTRAL)  # TSP's attention, the experts split by ep
     opts = CostOptions(optimizer="none")
     params = memory_per_gpu(MIXTRAL, layout, 4096, 1, opts).per_gpu_bytes["parameters"]
     experts = 32 * 8 * 3 * 4096 * 14336
@@ -355,3 +358,20 @@ def test_the_reason_names_the_experts_all_to_all_when_it_decides():
     assert far.exposed_comm_s > near.exposed_comm_s
     assert _exposed_owner(near, far, 1.0) == ", most of it the experts' token all-to-all (dispatch and combine)"
     assert _exposed_owner(far, near, 1.0) == ""  # nothing extra to name
+
+
+def test_tsp_streams_attention_and_splits_the_experts_by_ep():
+    """tsp=4 with ep=4: attention's weight shards are broadcast as TSP does, the routed experts are not
+    streamed — each rank holds 2 of the 8, routes its own quarter of the tokens over the ep all-to-all —
+    and the transient weight shards are attention's, not a whole MoE layer's."""
+    from meshplan.costmodel.schedule import step_schedule
+
+    layout = parse_layout("tsp=4,ep=4")
+    sched = step_schedule(MIXTRAL, layout, 4096, 1, MEGATRON_SP)
+    assert not [c for c in sched.per_block["experts"] if c.axis == "tsp"]
+    a2a = [c for c in sched.per_block["experts"] if c.kind == "all_to_all"]
+    assert a2a and all(c.message_bytes == 1024 * 2 * 4096 * 2 for c in a2a)
+    assert [c for c in sched.per_block["attention"] if c.axis == "tsp"]
+    mem = memory_per_gpu(MIXTRAL, layout, 4096, 1, CostOptions(optimizer="none")).per_gpu_bytes
+    expert_layer = 8 * 3 * 4096 * 14336 * 2
+    assert mem["transient_weight_shards"] < expert_layer / 4

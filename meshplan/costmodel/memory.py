@@ -491,8 +491,12 @@ def _layer_transients(
         backward_working = _backward_layer_bytes(model, sh, batch * seq, opts, unit_full)
         attention_phase = backward_working + kv_gather - mlp_saved
     block_kinds = [k for k, _ in model.block_invocations()]
-    largest_block = max(block_params(model, k) for k in block_kinds)
-    largest_streamed = max(streamed_block_params(model, k) for k in block_kinds)
+    own = by_kind or {}
+    # A rank's largest block, each kind under its own sharding (the routed experts split by etp·ep)
+    largest_block = max(block_params(model, k) * sh.weight_div / own.get(k, sh).weight_div for k in block_kinds)
+    # What TSP streams: every kind but those an axis splits apart (the experts, under ep)
+    streamed = [k for k in block_kinds if own.get(k, sh).streams_weights]
+    largest_streamed = max((streamed_block_params(model, k) for k in streamed), default=0)
     weight_shards = 0.0
     if sh.streams_weights and model.mamba_layers:
         # A Mamba-2 block gathers every shard of its weights before its mixer runs, in forward and again

@@ -117,12 +117,13 @@ def enumerate_layouts(
 def _expert_layouts(model: ModelSpec, ranks: int, shape: dict) -> list[dict]:
     """A mixture of experts' decompositions of a stage's `ranks` (MoE parallel folding): each ep its
     experts allow, the experts split as tp (Megatron's default ETP) or whole (ETP = 1), etp × ep
-    dividing the ranks; [{}] for a model without experts."""
-    if model.moe is None or "tsp" in shape:
+    dividing the ranks; [{}] for a model without experts. Under tsp only ep > 1 validates: TSP streams
+    whole layers, and its experts are split by ep."""
+    if model.moe is None:
         return [{}]
     tensor = shape.get("tp", 1) * shape.get("tpssm", 1)
     out = []
-    for etp in sorted({tensor, 1}):
+    for etp in sorted({tensor, 1}):  # (under tsp the tensor degree is 1: the experts split by ep alone)
         for degree in divisors(ranks // etp):
             if model.moe.experts % degree == 0:
                 out.append({"ep": degree} | ({} if etp == tensor else {"etp": etp}))

@@ -35,8 +35,8 @@ def block_comms(ctx, kind: str):
     the weight gradients (every rank holds partial gradients of every shard from its own tokens).
     Mamba blocks also hand the chunk-final state along the sequence, as SP does."""
     d = ctx.layout.tsp
-    if d == 1 or kind == "hybrid_proj":
-        return []
+    if d == 1 or kind == "hybrid_proj" or not ctx.sharding_of(kind).streams_weights:
+        return []  # (the routed experts under ep are split, not streamed: meshplan.costmodel.axes.ep)
     params = streamed_block_params(ctx.model, kind)
     shard = params * ctx.param_bytes / d
     grads = params * ctx.grad_bytes
