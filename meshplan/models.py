@@ -485,7 +485,9 @@ class ModelSpec:
                 raise MeshplanError(f"model {self.name}: family {self.family} needs a {part} spec")
         self._check_layer_kinds()
         if not isinstance(self.mtp_layers, int) or isinstance(self.mtp_layers, bool) or self.mtp_layers < 0:
-            raise MeshplanError(f"model {self.name}: mtp_layers must be a non-negative integer, got {self.mtp_layers!r}")
+            raise MeshplanError(
+                f"model {self.name}: mtp_layers must be a non-negative integer, got {self.mtp_layers!r}"
+            )
         if self.mtp_layers and (self.family not in ("dense", "moe") or self.mtp_layers >= self.layers):
             raise MeshplanError(
                 f"model {self.name}: mtp_layers ({self.mtp_layers}) are the last layers of a dense or moe "
