@@ -18,6 +18,7 @@ from typing import Any
 from meshplan.errors import MeshplanError, read_json
 from meshplan.models import (
     MIXED_KIND_SPECS,
+    NEMOTRON_H_KINDS,
     PRESETS,
     AttentionSpec,
     Mamba1Spec,
@@ -755,39 +756,40 @@ def _granitemoehybrid(f: _Fields, name: str) -> ModelSpec:
     return replace(spec, norm_eps=_eps(f, "rms_norm_eps"))
 
 
-# NemotronHConfig._pattern_to_list: one character a layer of hybrid_override_pattern.
-_NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
-_NEMOTRON_LAYER = {
-    "linear_attention": ("mamba2",),
-    "full_attention": ("attention",),
-    "mlp": ("mlp",),
-    "moe": ("router", "experts", "shared_expert"),
+# Nemotron-H's layer types (NemotronHConfig's names, and the older ones remap_legacy_layer_types renames) as
+# the characters of hybrid_override_pattern (models.NEMOTRON_H_KINDS).
+_NEMOTRON_TYPES = {
+    "linear_attention": "M",
+    "mamba": "M",
+    "full_attention": "*",
+    "attention": "*",
+    "mlp": "-",
+    "moe": "E",
 }
 
 
-def _nemotron_h_types(f: _Fields) -> list[str]:
-    """Nemotron-H's layer types: layers_block_type (alias layer_types), else hybrid_override_pattern
-    (M Mamba-2, * attention, - MLP, E mixture of experts), as NemotronHConfig reads them."""
+def _nemotron_h_pattern(f: _Fields) -> str:
+    """Nemotron-H's layers, one character each (M Mamba-2, * attention, - MLP, E mixture of experts):
+    layers_block_type (alias layer_types), else hybrid_override_pattern, as NemotronHConfig reads them."""
     if f.raw.get("layers_block_type") is None and f.raw.get("layer_types") is None:
         pattern = f.get("hybrid_override_pattern", "ME*-")  # NemotronHConfig's default layers
-        if not isinstance(pattern, str) or not pattern or any(c not in _NEMOTRON_PATTERN for c in pattern):
+        if not isinstance(pattern, str) or not pattern or any(c not in NEMOTRON_H_KINDS for c in pattern):
             raise f.error(
                 f"hybrid_override_pattern must be one character a layer of M (Mamba-2), * (attention), "
                 f"- (MLP) and E (experts); got {pattern!r}"
             )
-        types = [_NEMOTRON_PATTERN[c] for c in pattern]
         where = "hybrid_override_pattern"
     else:
-        types = _layer_list(f, None, "layers_block_type", "layer_types")
-        types = [{"mamba": "linear_attention", "attention": "full_attention"}.get(t, t) for t in types]
         where = "layers_block_type"
+        types = _layer_list(f, None, "layers_block_type", "layer_types")
         for t in types:
-            if t not in _NEMOTRON_LAYER:
+            if t not in _NEMOTRON_TYPES:
                 raise f.error(f'{where} names {t!r}; use "mamba", "attention", "mlp" or "moe" for each layer')
+        pattern = "".join(_NEMOTRON_TYPES[t] for t in types)
     layers = f.raw.get("num_hidden_layers")
-    if layers is not None and f.as_whole("num_hidden_layers", layers) != len(types):
-        raise f.error(f"{where} has {len(types)} layers but num_hidden_layers is {layers}; make them agree")
-    return types
+    if layers is not None and f.as_whole("num_hidden_layers", layers) != len(pattern):
+        raise f.error(f"{where} has {len(pattern)} layers but num_hidden_layers is {layers}; make them agree")
+    return pattern
 
 
 def _nemotron_h(f: _Fields, name: str) -> ModelSpec:
@@ -800,15 +802,14 @@ def _nemotron_h(f: _Fields, name: str) -> ModelSpec:
     mamba_* spellings of the Mamba fields win, as in NemotronHConfig. Transformers builds no MTP layers
     (num_nextn_predict_layers)."""
     hidden = f.whole("hidden_size")
-    types = _nemotron_h_types(f)
-    kinds = [_NEMOTRON_LAYER[t] for t in types]
-    used = set(types)
+    pattern = _nemotron_h_pattern(f)
+    kinds = [NEMOTRON_H_KINDS[c] for c in pattern]
     f.refuse_unless("use_bias", False, "biases on the Mamba in_proj and out_proj")
     f.refuse_unless(
         "mamba_conv_bias" if "mamba_conv_bias" in f.raw else "use_conv_bias", True, "a conv1d without its bias"
     )
     mamba = attention = mlp = moe = None
-    if "linear_attention" in used:
+    if "M" in pattern:
         nheads, headdim = f.whole("mamba_num_heads", default=128), f.whole("mamba_head_dim", default=64)
         ngroups = f.whole("mamba_n_groups", "n_groups", default=8)
         _divides(f, "n_groups", ngroups, "mamba_num_heads", nheads)
@@ -822,13 +823,13 @@ def _nemotron_h(f: _Fields, name: str) -> ModelSpec:
             chunk_size=f.whole("mamba_chunk_size", "chunk_size", default=128),
             d_inner_width=nheads * headdim,
         )
-    if "full_attention" in used:
+    if "*" in pattern:
         heads, kv_heads = f.whole("num_attention_heads", default=32), f.whole("num_key_value_heads", default=8)
         _divides(f, "num_key_value_heads", kv_heads, "num_attention_heads", heads)
         attention = AttentionSpec(hidden, heads, kv_heads, f.whole("head_dim", default=128), hidden)
-    if "mlp" in used:
+    if "-" in pattern:
         mlp = MlpSpec(hidden, f.whole("intermediate_size", default=21504), gated=False, bias=f.flag("mlp_bias", False))
-    if "moe" in used:
+    if "E" in pattern:
         f.refuse_unless("mlp_bias", False, "biases on the shared experts")
         if f.raw.get("moe_latent_size") is not None:
             raise f.error(

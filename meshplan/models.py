@@ -421,6 +421,16 @@ MIXED_KIND_SPECS = {
 }
 
 
+# Nemotron-H's hybrid_override_pattern, one character a layer (transformers' NemotronHConfig._pattern_to_list):
+# M a Mamba-2 mixer, * attention, - an MLP, E a mixture of experts with its shared expert.
+NEMOTRON_H_KINDS = {
+    "M": ("mamba2",),
+    "*": ("attention",),
+    "-": ("mlp",),
+    "E": ("router", "experts", "shared_expert"),
+}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -916,6 +926,46 @@ def mamba2(
     )
 
 
+def moe(spec: ModelSpec, moe_spec: MoeSpec, *, rope_theta: float = 10000.0, dense_layer_ids=()) -> ModelSpec:
+    """A dense preset's MLPs made mixtures of experts (but on `dense_layer_ids`)."""
+    return replace(
+        spec,
+        family="moe",
+        moe=moe_spec,
+        dense_layer_ids=tuple(dense_layer_ids),
+        mlp=spec.mlp if dense_layer_ids else None,
+        rope=RopeSpec(theta=rope_theta),
+    )
+
+
+def _qwen3(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, *, source: str) -> ModelSpec:
+    """Qwen3's decoder: heads of 128, a 128-wide RMS norm each of queries and keys, vocab 151936, untied."""
+    spec = dense(name, hidden, layers, heads, kv_heads, ffn, 151936, head_dim=128, source=source)
+    return replace(spec, attention=replace(spec.attention, qk_norm=2 * 128))
+
+
+# deepseek-ai/DeepSeek-V3 config.json: hidden 7168, 61 layers, the first 3 dense (FFN 18432), then 256 routed
+# experts of 2048, top 8, and one shared expert of 2048; MLA with 128 heads, q_lora_rank 1536, kv_lora_rank 512,
+# qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128; vocab 129280, untied; YaRN rope (factor 40 over
+# 4096). 671B parameters, 37B active (DeepSeek-V3 report, Table 1), without its MTP module (transformers
+# builds none).
+_DEEPSEEK_V3 = ModelSpec(
+    name="deepseek-v3",
+    family="moe",
+    d_model=7168,
+    layers=61,
+    vocab=129280,
+    attention=AttentionSpec(
+        7168, 128, 128, 192, 7168, kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, v_head_dim=128
+    ),
+    mlp=MlpSpec(7168, 18432),
+    moe=MoeSpec(7168, 256, 8, 2048, shared_ffn=2048),
+    dense_layer_ids=(0, 1, 2),
+    rope=RopeSpec(theta=10000.0, kind="yarn", factor=40.0, original_max_positions=4096),
+    norm_eps=1e-6,
+    source="deepseek-ai/DeepSeek-V3 config.json",
+)
+
 # state-spaces/mamba2-* config.json: d_state 128, headdim 64, ngroups 1, expand 2, d_conv 4,
 # vocab 50277 padded to a multiple of 16 (pad_vocab_size_multiple) = 50288, tied embeddings.
 _MAMBA2_VOCAB = 50288
@@ -976,5 +1026,50 @@ PRESETS: dict[str, ModelSpec] = {
         shared_blocks=2,
         adapter_rank=128,
         source="Zyphra/Zamba2-7B config.json",
+    ),
+    # mistralai/Mixtral-8x7B-v0.1 config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, every MLP 8
+    # experts of 14336, top 2, vocab 32000, untied, rope_theta 1e6 (46.7B parameters, 12.9B active: its model card).
+    "mixtral-8x7b": moe(
+        dense("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
+        MoeSpec(4096, 8, 2, 14336),
+        rope_theta=1e6,
+    ),
+    # Qwen/Qwen3-30B-A3B config.json: hidden 2048, 48 layers, 32 heads of 128, 4 KV heads, query/key norms,
+    # every MLP 128 experts of 768, top 8, vocab 151936, untied, rope_theta 1e6 (30.5B, 3.3B active: model card).
+    "qwen3-30b-a3b": moe(
+        _qwen3("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, source="Qwen/Qwen3-30B-A3B config.json"),
+        MoeSpec(2048, 128, 8, 768),
+        rope_theta=1e6,
+    ),
+    # Qwen/Qwen3-235B-A22B config.json: hidden 4096, 94 layers, 64 heads of 128, 4 KV heads, every MLP 128
+    # experts of 1536, top 8, vocab 151936, untied, rope_theta 1e6 (235B, 22B active: model card).
+    "qwen3-235b-a22b": moe(
+        _qwen3("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, source="Qwen/Qwen3-235B-A22B config.json"),
+        MoeSpec(4096, 128, 8, 1536),
+        rope_theta=1e6,
+    ),
+    "deepseek-v3": _DEEPSEEK_V3,
+    # DeepSeek-V3 with its one multi-token-prediction module, as it was trained (DeepSeek-V3 report §2.2;
+    # num_nextn_predict_layers 1): 62 layers, the last the MTP module's. Its embedding and output head are
+    # the model's (the checkpoint's 685B stores copies of both: 671B + 11.6B + 2 · 0.93B).
+    "deepseek-v3-mtp": replace(_DEEPSEEK_V3, name="deepseek-v3-mtp", layers=62, mtp_layers=1),
+    # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json: hidden 2688, 52 layers by its
+    # hybrid_override_pattern (23 Mamba-2, 23 MoE, 6 attention); Mamba-2 64 heads of 64 (4096 wide), 8 groups,
+    # state 128, conv 4; attention 32 heads of 128, 2 KV heads, no rotary positions; 128 squared-ReLU experts of
+    # 1856, top 6, a shared expert of 3712; vocab 131072, untied (31.6B parameters, 3.2B active beside the
+    # input embedding: its model card).
+    "nemotron-3-nano": ModelSpec(
+        name="nemotron-3-nano",
+        family="mixed",
+        d_model=2688,
+        layers=52,
+        vocab=131072,
+        mamba2=Mamba2Spec(
+            2688, d_state=128, expand=2, headdim=64, ngroups=8, d_conv=4, chunk_size=128, d_inner_width=4096
+        ),
+        attention=AttentionSpec(2688, 32, 2, 128, 2688),
+        moe=MoeSpec(2688, 128, 6, 1856, gated=False, shared_ffn=3712),
+        layer_kinds=tuple(NEMOTRON_H_KINDS[c] for c in "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"),
+        source="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json",
     ),
 }
