@@ -1056,8 +1056,8 @@ PRESETS: dict[str, ModelSpec] = {
     # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json: hidden 2688, 52 layers by its
     # hybrid_override_pattern (23 Mamba-2, 23 MoE, 6 attention); Mamba-2 64 heads of 64 (4096 wide), 8 groups,
     # state 128, conv 4; attention 32 heads of 128, 2 KV heads, no rotary positions; 128 squared-ReLU experts of
-    # 1856, top 6, a shared expert of 3712; vocab 131072, untied (31.6B parameters, 3.2B active beside the
-    # input embedding: its model card).
+    # 1856, top 6, a shared expert of 3712; vocab 131072, untied (31.6B parameters, 3.6B active with the
+    # embeddings: the Nemotron 3 Nano report, arXiv 2512.20848).
     "nemotron-3-nano": ModelSpec(
         name="nemotron-3-nano",
         family="mixed",

@@ -244,7 +244,8 @@ def replicated_group_params(model: ModelSpec, head_div: int) -> float:
     if m is None or head_div == 1:
         return 0.0
     per_layer = 2 * m.ngroups * m.d_state * (m.d_model + m.d_conv + 1)
-    return model.layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
+    layers = dict(model.block_invocations()).get("mamba2", 0)  # a mixed model's Mamba-2 layers
+    return layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
 
 
 def replicated_latent_params(model: ModelSpec, head_div: int) -> float:
