@@ -2,7 +2,8 @@
 
 Field names and defaults follow transformers' configuration classes (LlamaConfig, MistralConfig,
 MambaConfig, Mamba2Config, FalconMambaConfig, Zamba2Config, GPT2Config, GPTNeoXConfig,
-GPTBigCodeConfig, OPTConfig, …), and the shapes what their modeling files build from them:
+GPTBigCodeConfig, OPTConfig, MixtralConfig, DeepseekV3Config, GptOssConfig, GraniteMoeHybridConfig,
+NemotronHConfig, JambaConfig, …), and the shapes what their modeling files build from them:
 tests/test_hf_families.py holds every family's parameter count to transformers' own model, built on
 the meta device. Unknown fields are ignored; a missing or malformed one is a MeshplanError naming the
 file and the key.

@@ -2,8 +2,11 @@
 
 A model is a stack of blocks. Dense decoders are `layers` × (attention + MLP); Mamba models are
 `layers` × Mamba block; a Zamba-style hybrid is `layers` Mamba-2 blocks with a shared transformer
-block (attention + MLP, a few distinct copies reused in turn) invoked after every k-th Mamba block.
-The cost model walks `model.block_invocations()`; parameter counts come from `param_count()`.
+block (attention + MLP, a few distinct copies reused in turn) invoked after every k-th Mamba block; a
+mixture of experts is attention + (router, routed experts, shared experts) a layer, some layers keeping
+a dense MLP; a mixed model (Nemotron-H, Granite 4.0-H, Jamba) lists each layer's blocks. The cost
+model walks `model.layer_blocks()` and `model.block_invocations()`; parameter counts come from
+`param_count()`.
 """
 
 from __future__ import annotations
