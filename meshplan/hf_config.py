@@ -508,7 +508,8 @@ def _moe(f: _Fields, name: str) -> ModelSpec:
     model_type = f.raw.get("model_type")
     llama_shaped = model_type in ("mixtral", "granitemoe", "granitemoeshared")
     spec = _llama(f, name) if llama_shaped else _qwen(f, name)
-    experts = f.whole("num_local_experts", "num_experts", default=8 if model_type != "mixtral" else None)
+    granite = model_type in ("granitemoe", "granitemoeshared")
+    experts = f.whole("num_local_experts", "num_experts", default=8 if granite else None)  # GraniteMoeConfig's 8
     top_k = _top_k(f, experts, default=2 if llama_shaped else 8)
     layers = spec.layers
     if llama_shaped:
