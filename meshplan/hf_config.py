@@ -2,7 +2,8 @@
 
 Field names and defaults follow transformers' configuration classes (LlamaConfig, MistralConfig,
 MambaConfig, Mamba2Config, FalconMambaConfig, Zamba2Config, GPT2Config, GPTNeoXConfig,
-GPTBigCodeConfig, OPTConfig, …), and the shapes what their modeling files build from them:
+GPTBigCodeConfig, OPTConfig, MixtralConfig, DeepseekV3Config, GptOssConfig, GraniteMoeHybridConfig,
+NemotronHConfig, JambaConfig, …), and the shapes what their modeling files build from them:
 tests/test_hf_families.py holds every family's parameter count to transformers' own model, built on
 the meta device. Unknown fields are ignored; a missing or malformed one is a MeshplanError naming the
 file and the key.
@@ -17,6 +18,8 @@ from typing import Any
 
 from meshplan.errors import MeshplanError, read_json
 from meshplan.models import (
+    MIXED_KIND_SPECS,
+    NEMOTRON_H_KINDS,
     PRESETS,
     AttentionSpec,
     Mamba1Spec,
@@ -115,6 +118,9 @@ _DENSE = {
     "mixtral": _Defaults(kv_heads=8, attention_bias=False),
     "qwen2_moe": _Defaults(kv_heads=16, window=4096, attention_bias=False),
     "qwen3_moe": _Defaults(kv_heads=4, window=4096),
+    # Granite-MoE: Granite's attention (biases on Q, K, V and O when attention_bias); its MLPs are experts.
+    "granitemoe": _Defaults(windowed=False),
+    "granitemoeshared": _Defaults(windowed=False),
 }
 
 
@@ -265,16 +271,11 @@ def _olmo2(f: _Fields, name: str) -> ModelSpec:
     return _llama(f, name, qk_norm="width")
 
 
-# Mixture-of-experts families: their expert counts, so that the refusal can say what is missing.
+# Mixture-of-experts families not read yet: their expert counts, so that the refusal can say what is missing.
 _MOE = {
-    "deepseek_v2": "n_routed_experts",
-    "deepseek_v3": "n_routed_experts",
-    "jamba": "num_experts",
     "dbrx": "ffn_config",
     "olmoe": "num_experts",
-    "granitemoe": "num_local_experts",
     "phimoe": "num_local_experts",
-    "gpt_oss": "num_local_experts",
     "llama4": "num_local_experts",
 }
 
@@ -498,19 +499,23 @@ def _zamba2(f: _Fields, name: str) -> ModelSpec:
 
 
 def _moe(f: _Fields, name: str) -> ModelSpec:
-    """Mixtral (every MLP a mixture of num_local_experts experts of intermediate_size) and Qwen2/3-MoE
-    (num_experts of moe_intermediate_size; layers in mlp_only_layers, or off the decoder_sparse_step,
-    keep a dense MLP of intermediate_size; Qwen2-MoE adds shared experts of
-    shared_expert_intermediate_size behind a sigmoid gate)."""
-    mixtral = f.raw.get("model_type") == "mixtral"
-    spec = _llama(f, name) if mixtral else _qwen(f, name)
-    experts = f.whole("num_local_experts", "num_experts")
-    top_k = f.whole("num_experts_per_tok", default=2 if mixtral else 8)
-    if top_k > experts:
-        raise f.error(f"num_experts_per_tok ({top_k}) exceeds the {experts} experts; use at most {experts}")
+    """Mixtral and Granite-MoE (every MLP a mixture of num_local_experts experts of intermediate_size;
+    Granite-MoE-Shared adds a shared expert of shared_intermediate_size, ungated, when it is not 0) and
+    Qwen2/3-MoE (num_experts of moe_intermediate_size; layers in mlp_only_layers, or off the
+    decoder_sparse_step, keep a dense MLP of intermediate_size; Qwen2-MoE adds shared experts of
+    shared_expert_intermediate_size behind a sigmoid gate). Granite's multipliers scale activations and
+    change no shape."""
+    model_type = f.raw.get("model_type")
+    llama_shaped = model_type in ("mixtral", "granitemoe", "granitemoeshared")
+    spec = _llama(f, name) if llama_shaped else _qwen(f, name)
+    granite = model_type in ("granitemoe", "granitemoeshared")
+    experts = f.whole("num_local_experts", "num_experts", default=8 if granite else None)  # GraniteMoeConfig's 8
+    top_k = _top_k(f, experts, default=2 if llama_shaped else 8)
     layers = spec.layers
-    if mixtral:
-        expert_ffn, shared, dense_ids = spec.mlp.ffn_hidden, 0, ()
+    if llama_shaped:
+        expert_ffn, dense_ids = spec.mlp.ffn_hidden, ()
+        shared = f.whole("shared_intermediate_size", default=0, minimum=0) if model_type == "granitemoeshared" else 0
+        moe = MoeSpec(spec.d_model, experts, top_k, expert_ffn, shared_ffn=shared)
     else:
         expert_ffn = f.whole("moe_intermediate_size")
         shared = f.whole("shared_expert_intermediate_size", default=0, minimum=0)
@@ -519,8 +524,372 @@ def _moe(f: _Fields, name: str) -> ModelSpec:
         if not isinstance(only, list) or any(not isinstance(i, int) or not 0 <= i < layers for i in only):
             raise f.error(f"mlp_only_layers must list layers in 0..{layers - 1}, got {only!r}")
         dense_ids = tuple(i for i in range(layers) if i in only or (i + 1) % step)
-    moe = MoeSpec(spec.d_model, experts, top_k, expert_ffn, shared_ffn=shared, shared_gate=bool(shared))
+        moe = MoeSpec(spec.d_model, experts, top_k, expert_ffn, shared_ffn=shared, shared_gate=bool(shared))
     return replace(spec, family="moe", moe=moe, dense_layer_ids=dense_ids, mlp=spec.mlp if dense_ids else None)
+
+
+def _top_k(f: _Fields, experts: int, default: int | None, *names: str) -> int:
+    """Experts a token runs (num_experts_per_tok, or `names`), at most `experts`."""
+    names = names or ("num_experts_per_tok",)
+    top_k = f.whole(*names, default=default)
+    if top_k > experts:
+        raise f.error(f"{f.prefix}{names[0]} ({top_k}) exceeds the {experts} experts; use at most {experts}")
+    return top_k
+
+
+def _deepseek(f: _Fields, name: str) -> ModelSpec:
+    """DeepSeek-V2 and V3 (transformers' DeepseekV2Config / DeepseekV3Config and their modeling files):
+    multi-head latent attention (q_lora_rank — null: queries projected from the hidden state —,
+    kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; attention_bias on q_a, kv_a and o); the
+    first first_k_dense_replace layers a dense MLP of intermediate_size, every later one a mixture of
+    n_routed_experts of moe_intermediate_size, num_experts_per_tok a token, beside n_shared_experts of
+    that width always run. V3's sigmoid router keeps e_score_correction_bias as a buffer, not a
+    parameter; grouped routing (n_group, topk_group) changes no shape. Transformers builds no
+    multi-token-prediction module (num_nextn_predict_layers) and neither does this reader: the
+    deepseek-v3-mtp preset prices V3's (ModelSpec.mtp_layers)."""
+    v3 = f.raw.get("model_type") == "deepseek_v3"
+    hidden, layers, heads = f.whole("hidden_size"), f.whole("num_hidden_layers"), f.whole("num_attention_heads")
+    # DeepseekV2Config / DeepseekV3Config defaults where the file is silent; an explicit null q_lora_rank
+    # is a plain query projection (DeepSeek-V2-Lite).
+    plain_q = "q_lora_rank" in f.raw and f.raw["q_lora_rank"] is None
+    q_lora = 0 if plain_q else f.whole("q_lora_rank", default=1536)
+    nope, rope = f.whole("qk_nope_head_dim", default=128), f.whole("qk_rope_head_dim", default=64)
+    attention = AttentionSpec(
+        hidden,
+        heads,
+        heads,
+        nope + rope,
+        hidden,
+        bias=f.flag("attention_bias", False),
+        kv_lora_rank=f.whole("kv_lora_rank", default=512),
+        q_lora_rank=q_lora,
+        rope_head_dim=rope,
+        v_head_dim=f.whole("v_head_dim", default=128),
+    )
+    if not v3:  # DeepseekV2MLP reads mlp_bias for the dense MLP and the shared experts; V3's has none
+        f.refuse_unless("mlp_bias", False, "biases on the dense MLP and the shared experts")
+    freq = f.whole("moe_layer_freq", default=1)
+    if freq != 1:
+        raise f.error(
+            f"moe_layer_freq {freq} is not what transformers builds (a mixture of experts on every layer from "
+            "first_k_dense_replace on); meshplan reads moe_layer_freq 1"
+        )
+    first_dense = min(layers, f.whole("first_k_dense_replace", default=3 if v3 else 0, minimum=0))
+    spec = ModelSpec(
+        name=name,
+        family="dense",
+        d_model=hidden,
+        layers=layers,
+        vocab=f.whole("vocab_size"),
+        tied_embeddings=f.flag("tie_word_embeddings", False),
+        attention=attention,
+        mlp=MlpSpec(hidden, f.whole("intermediate_size", default=18432 if v3 else 11008)),
+        rope=_rope(f),
+        norm_eps=_eps(f, "rms_norm_eps"),
+        source=f.where,
+    )
+    if first_dense == layers:
+        return spec
+    experts = f.whole("n_routed_experts", default=256 if v3 else 64)
+    _expert_groups(f, experts)
+    expert_ffn = f.whole("moe_intermediate_size", default=2048 if v3 else 1407)
+    moe = MoeSpec(
+        hidden,
+        experts,
+        _top_k(f, experts, 8 if v3 else None),
+        expert_ffn,
+        shared_ffn=f.whole("n_shared_experts", default=1 if v3 else 2, minimum=0) * expert_ffn,
+    )
+    dense_ids = tuple(range(first_dense))
+    return replace(spec, family="moe", moe=moe, dense_layer_ids=dense_ids, mlp=spec.mlp if dense_ids else None)
+
+
+def _expert_groups(f: _Fields, experts: int) -> None:
+    """Grouped routing (DeepSeek, Nemotron-H): n_group groups of experts, topk_group of them searched.
+    No shape depends on them; a split the router cannot make is an error."""
+    groups, chosen = f.raw.get("n_group"), f.raw.get("topk_group")
+    if groups is None:
+        return
+    groups = f.as_whole("n_group", groups)
+    _divides(f, "n_group", groups, "the routed experts", experts)
+    if chosen is not None and f.as_whole("topk_group", chosen) > groups:
+        raise f.error(f"topk_group ({chosen}) exceeds n_group ({groups}); pick at most {groups} groups")
+
+
+def _gpt_oss(f: _Fields, name: str) -> ModelSpec:
+    """gpt-oss (transformers' GptOssConfig / modeling_gpt_oss.py): every layer a mixture of
+    num_local_experts experts of intermediate_size, experts_per_token a token, with biases on each
+    expert's gate/up (one matrix of interleaved gate and up columns: the weights of separate gate and up
+    projections) and down projections and on the router; attention of head_dim heads with biases
+    (attention_bias) and one learned sink logit a head; sliding_window attention on the layers
+    layer_types names sliding (every other one, from the first, when absent)."""
+    hidden, layers, heads = f.whole("hidden_size"), f.whole("num_hidden_layers"), f.whole("num_attention_heads")
+    kv_heads = f.whole("num_key_value_heads", default=8)  # GptOssConfig's defaults, where the file is silent
+    _divides(f, "num_key_value_heads", kv_heads, "num_attention_heads", heads)
+    attention = AttentionSpec(
+        hidden,
+        heads,
+        kv_heads,
+        f.whole("head_dim", default=64),
+        hidden,
+        bias=f.flag("attention_bias", True),
+        sinks=True,
+    )
+    experts = f.whole("num_local_experts", "num_experts", default=128)
+    top_k = _top_k(f, experts, 4, "num_experts_per_tok", "experts_per_token")
+    moe = MoeSpec(
+        hidden, experts, top_k, f.whole("intermediate_size", default=2880), expert_bias=True, router_bias=True
+    )
+    window_layers = _layer_types(f, layers)
+    if window_layers is None:  # GptOssConfig: layer i slides when i is even
+        window_layers = (layers + 1) // 2
+    window = f.raw.get("sliding_window", 128)  # an explicit null: no window
+    if not window or not window_layers:
+        window, window_layers = 0, 0
+    return ModelSpec(
+        name=name,
+        family="moe",
+        d_model=hidden,
+        layers=layers,
+        vocab=f.whole("vocab_size"),
+        tied_embeddings=f.flag("tie_word_embeddings", False),
+        attention=attention,
+        moe=moe,
+        attention_window=f.as_whole("sliding_window", window) if window else 0,
+        window_layers=window_layers,
+        rope=_rope(f),
+        norm_eps=_eps(f, "rms_norm_eps"),
+        source=f.where,
+    )
+
+
+# transformers' remap_legacy_layer_types (configuration_utils.py): the names older configs use.
+_MAMBA_LAYER = ("mamba", "linear_attention")
+_ATTENTION_LAYER = ("attention", "full_attention")
+
+
+def _layer_list(f: _Fields, layers: int | None, *names: str, default: list | None = None) -> list[str]:
+    """A config's list of layer types (the first of `names` present, else `default`), one a layer."""
+    types = next((f.raw[n] for n in names if f.raw.get(n) is not None), default)
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise f.error(f"{names[0]} must be a list of layer types, one a layer; got {types!r}")
+    if layers is not None and len(types) != layers:
+        raise f.error(f"{names[0]} has {len(types)} entries but num_hidden_layers is {layers}; give one type a layer")
+    return types
+
+
+def _layer_attention(f: _Fields, hidden: int, bias: bool, kv_heads: int | None = None) -> AttentionSpec:
+    """A hybrid's attention layers (Granite 4.0-H, Jamba): num_attention_heads of hidden / heads, and
+    num_key_value_heads (`kv_heads` when absent; None: all of them)."""
+    heads = f.whole("num_attention_heads")
+    kv_heads = f.whole("num_key_value_heads", default=kv_heads or heads)
+    _divides(f, "num_key_value_heads", kv_heads, "num_attention_heads", heads)
+    _divides(f, "num_attention_heads", heads, "hidden_size", hidden)
+    return AttentionSpec(hidden, heads, kv_heads, hidden // heads, hidden, bias=bias)
+
+
+def _mixed(f: _Fields, name: str, hidden: int, kinds: list[tuple[str, ...]], **specs) -> ModelSpec:
+    """A mixed model of `kinds` layers, with the specs they run (the others left out)."""
+    used = {kind for layer in kinds for kind in layer}
+    keep = {part: spec for part, spec in specs.items() if any(MIXED_KIND_SPECS[k] == part for k in used)}
+    return ModelSpec(
+        name=name,
+        family="mixed",
+        d_model=hidden,
+        layers=len(kinds),
+        vocab=f.whole("vocab_size"),
+        tied_embeddings=f.flag("tie_word_embeddings", False),
+        layer_kinds=tuple(kinds),
+        rope=_rope(f),
+        source=f.where,
+        **keep,
+    )
+
+
+def _granitemoehybrid(f: _Fields, name: str) -> ModelSpec:
+    """Granite 4.0-H (transformers' GraniteMoeHybridConfig / modeling_granitemoehybrid.py): each layer a
+    Mamba-2 mixer or attention (layer_types, alias layers_block_type: "mamba" / "attention", or their
+    newer names), then a mixture of num_local_experts experts of intermediate_size beside a shared
+    expert of shared_intermediate_size — or, with num_local_experts 0, that shared MLP alone. The Mamba-2
+    mixer: mamba_n_heads of mamba_d_head ("auto": mamba_expand · hidden_size / mamba_n_heads),
+    mamba_n_groups, mamba_d_state, mamba_d_conv. The multipliers scale activations only."""
+    hidden, layers = f.whole("hidden_size"), f.whole("num_hidden_layers")
+    types = _layer_list(f, layers, "layer_types", "layers_block_type", default=["mamba"] * layers)
+    for t in types:
+        if t not in _MAMBA_LAYER + _ATTENTION_LAYER:
+            raise f.error(f'layer_types names {t!r}; use "mamba" or "attention" for each layer')
+    f.refuse_unless("mamba_conv_bias", True, "a conv1d without its bias")
+    f.refuse_unless("mamba_proj_bias", False, "biases on in_proj and out_proj")
+    expand = f.whole("mamba_expand", default=2)  # GraniteMoeHybridConfig's defaults, where the file is silent
+    nheads = f.whole("mamba_n_heads", default=128)
+    _divides(f, "mamba_n_heads", nheads, "mamba_expand · hidden_size", expand * hidden)
+    head = f.get("mamba_d_head", "auto")
+    headdim = expand * hidden // nheads if head == "auto" else f.as_whole("mamba_d_head", head)
+    if headdim * nheads != expand * hidden:
+        raise f.error(
+            f"mamba_d_head ({headdim}) · mamba_n_heads ({nheads}) must be mamba_expand · hidden_size "
+            f'({expand * hidden}); fix one of them or write "auto"'
+        )
+    ngroups = f.whole("mamba_n_groups", default=1)
+    _divides(f, "mamba_n_groups", ngroups, "mamba_n_heads", nheads)
+    mamba = Mamba2Spec(
+        hidden,
+        d_state=f.whole("mamba_d_state", default=256),
+        expand=expand,
+        headdim=headdim,
+        ngroups=ngroups,
+        d_conv=f.whole("mamba_d_conv", default=4),
+        chunk_size=f.whole("mamba_chunk_size", default=256),
+    )
+    experts = f.whole("num_local_experts", default=8, minimum=0)
+    shared = f.whole("shared_intermediate_size", default=1024, minimum=0)
+    moe = mlp = None
+    if experts:
+        top_k = _top_k(f, experts, 2)
+        moe = MoeSpec(hidden, experts, top_k, f.whole("intermediate_size", default=11008), shared_ffn=shared)
+        ffn = ("router", "experts") + (("shared_expert",) if shared else ())
+    else:
+        if not shared:
+            raise f.error("num_local_experts and shared_intermediate_size are both 0: the layers would have no MLP")
+        mlp, ffn = MlpSpec(hidden, shared), ("mlp",)
+    kinds = [("mamba2" if t in _MAMBA_LAYER else "attention",) + ffn for t in types]
+    attention = _layer_attention(f, hidden, f.flag("attention_bias", False)) if "attention" in sum(kinds, ()) else None
+    spec = _mixed(f, name, hidden, kinds, attention=attention, mamba2=mamba, moe=moe, mlp=mlp)
+    return replace(spec, norm_eps=_eps(f, "rms_norm_eps"))
+
+
+# Nemotron-H's layer types (NemotronHConfig's names, and the older ones remap_legacy_layer_types renames) as
+# the characters of hybrid_override_pattern (models.NEMOTRON_H_KINDS).
+_NEMOTRON_TYPES = {
+    "linear_attention": "M",
+    "mamba": "M",
+    "full_attention": "*",
+    "attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+
+
+def _nemotron_h_pattern(f: _Fields) -> str:
+    """Nemotron-H's layers, one character each (M Mamba-2, * attention, - MLP, E mixture of experts):
+    layers_block_type (alias layer_types), else hybrid_override_pattern, as NemotronHConfig reads them."""
+    if f.raw.get("layers_block_type") is None and f.raw.get("layer_types") is None:
+        pattern = f.get("hybrid_override_pattern", "ME*-")  # NemotronHConfig's default layers
+        if not isinstance(pattern, str) or not pattern or any(c not in NEMOTRON_H_KINDS for c in pattern):
+            raise f.error(
+                f"hybrid_override_pattern must be one character a layer of M (Mamba-2), * (attention), "
+                f"- (MLP) and E (experts); got {pattern!r}"
+            )
+        where = "hybrid_override_pattern"
+    else:
+        where = "layers_block_type"
+        types = _layer_list(f, None, "layers_block_type", "layer_types")
+        for t in types:
+            if t not in _NEMOTRON_TYPES:
+                raise f.error(f'{where} names {t!r}; use "mamba", "attention", "mlp" or "moe" for each layer')
+        pattern = "".join(_NEMOTRON_TYPES[t] for t in types)
+    layers = f.raw.get("num_hidden_layers")
+    if layers is not None and f.as_whole("num_hidden_layers", layers) != len(pattern):
+        raise f.error(f"{where} has {len(pattern)} layers but num_hidden_layers is {layers}; make them agree")
+    return pattern
+
+
+def _nemotron_h(f: _Fields, name: str) -> ModelSpec:
+    """Nemotron-H and Nemotron 3 (transformers' NemotronHConfig / modeling_nemotron_h.py): each layer one
+    block behind its own norm — a Mamba-2 mixer (mamba_num_heads of mamba_head_dim: its width is theirs,
+    not expand · hidden_size; n_groups, ssm_state_size, conv_kernel), attention (no biases), a
+    squared-ReLU MLP of intermediate_size (up and down), or a mixture of n_routed_experts squared-ReLU
+    experts of moe_intermediate_size, num_experts_per_tok a token, beside a shared expert of
+    moe_shared_expert_intermediate_size (the sigmoid router's e_score_correction_bias is a buffer). The
+    mamba_* spellings of the Mamba fields win, as in NemotronHConfig. Transformers builds no MTP layers
+    (num_nextn_predict_layers)."""
+    hidden = f.whole("hidden_size")
+    pattern = _nemotron_h_pattern(f)
+    kinds = [NEMOTRON_H_KINDS[c] for c in pattern]
+    f.refuse_unless("use_bias", False, "biases on the Mamba in_proj and out_proj")
+    f.refuse_unless(
+        "mamba_conv_bias" if "mamba_conv_bias" in f.raw else "use_conv_bias", True, "a conv1d without its bias"
+    )
+    mamba = attention = mlp = moe = None
+    if "M" in pattern:
+        nheads, headdim = f.whole("mamba_num_heads", default=128), f.whole("mamba_head_dim", default=64)
+        ngroups = f.whole("mamba_n_groups", "n_groups", default=8)
+        _divides(f, "n_groups", ngroups, "mamba_num_heads", nheads)
+        mamba = Mamba2Spec(
+            hidden,
+            d_state=f.whole("ssm_state_size", default=128),
+            expand=f.whole("mamba_expand", "expand", default=2),
+            headdim=headdim,
+            ngroups=ngroups,
+            d_conv=f.whole("mamba_d_conv", "conv_kernel", default=4),
+            chunk_size=f.whole("mamba_chunk_size", "chunk_size", default=128),
+            d_inner_width=nheads * headdim,
+        )
+    if "*" in pattern:
+        heads, kv_heads = f.whole("num_attention_heads", default=32), f.whole("num_key_value_heads", default=8)
+        _divides(f, "num_key_value_heads", kv_heads, "num_attention_heads", heads)
+        attention = AttentionSpec(hidden, heads, kv_heads, f.whole("head_dim", default=128), hidden)
+    if "-" in pattern:
+        mlp = MlpSpec(hidden, f.whole("intermediate_size", default=21504), gated=False, bias=f.flag("mlp_bias", False))
+    if "E" in pattern:
+        f.refuse_unless("mlp_bias", False, "biases on the shared experts")
+        if f.raw.get("moe_latent_size") is not None:
+            raise f.error(
+                f"moe_latent_size {f.raw['moe_latent_size']} (experts behind a latent projection) is not modelled; "
+                "meshplan reads Nemotron-H mixtures of experts without one"
+            )
+        experts = f.whole("n_routed_experts", "num_local_experts", default=8)
+        _expert_groups(f, experts)
+        moe = MoeSpec(
+            hidden,
+            experts,
+            _top_k(f, experts, 2),
+            f.whole("moe_intermediate_size", default=7688),
+            gated=False,
+            shared_ffn=f.whole("moe_shared_expert_intermediate_size", default=7688),
+        )
+    spec = _mixed(f, name, hidden, kinds, attention=attention, mamba2=mamba, mlp=mlp, moe=moe)
+    return replace(spec, norm_eps=_eps(f, "layer_norm_epsilon"))
+
+
+def _jamba(f: _Fields, name: str) -> ModelSpec:
+    """Jamba (transformers' JambaConfig / modeling_jamba.py): Mamba-1 mixers (mamba_d_state, mamba_d_conv,
+    mamba_expand, mamba_dt_rank, with RMSNorms on dt, B and C), attention on the layers i with
+    i % attn_layer_period == attn_layer_offset; a mixture of num_experts experts of intermediate_size on
+    the layers i % expert_layer_period == expert_layer_offset (when num_experts > 1), a dense MLP of
+    that width elsewhere."""
+    hidden, layers = f.whole("hidden_size"), f.whole("num_hidden_layers")
+    periods = {}
+    for kind, period, offset in (("attn", 8, 4), ("expert", 2, 1)):  # JambaConfig's defaults
+        p = f.whole(f"{kind}_layer_period", default=period)
+        o = f.whole(f"{kind}_layer_offset", default=offset, minimum=0)
+        if o >= p:
+            raise f.error(f"{kind}_layer_offset ({o}) must be smaller than {kind}_layer_period ({p})")
+        periods[kind] = (p, o)
+    f.refuse_unless("mamba_conv_bias", True, "a conv1d without its bias")
+    f.refuse_unless("mamba_proj_bias", False, "biases on in_proj and out_proj")
+    rank = f.get("mamba_dt_rank", "auto")
+    mamba = Mamba1Spec(
+        hidden,
+        d_state=f.whole("mamba_d_state", default=16),
+        expand=f.whole("mamba_expand", default=2),
+        dt_rank=math.ceil(hidden / 16) if rank == "auto" else f.as_whole("mamba_dt_rank", rank),
+        d_conv=f.whole("mamba_d_conv", default=4),
+        dt_bc_norms=True,
+    )
+    experts = f.whole("num_experts", default=16)
+    ffn_width = f.whole("intermediate_size", default=14336)
+    moe = MoeSpec(hidden, experts, _top_k(f, experts, 2), ffn_width) if experts > 1 else None
+    kinds = []
+    for i in range(layers):
+        (ap, ao), (ep, eo) = periods["attn"], periods["expert"]
+        mixer = ("attention",) if i % ap == ao else ("mamba1",)
+        kinds.append(mixer + (("router", "experts") if moe is not None and i % ep == eo else ("mlp",)))
+    used = sum(kinds, ())
+    attention = _layer_attention(f, hidden, False, kv_heads=8) if "attention" in used else None  # JambaConfig's 8
+    mlp = MlpSpec(hidden, ffn_width) if "mlp" in used else None
+    spec = _mixed(f, name, hidden, kinds, attention=attention, mamba1=mamba, mlp=mlp, moe=moe)
+    return replace(spec, norm_eps=_eps(f, "rms_norm_eps"))
 
 
 _READERS = {
@@ -533,6 +902,14 @@ _READERS = {
     "mixtral": _moe,
     "qwen2_moe": _moe,
     "qwen3_moe": _moe,
+    "granitemoe": _moe,
+    "granitemoeshared": _moe,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+    "gpt_oss": _gpt_oss,
+    "granitemoehybrid": _granitemoehybrid,
+    "nemotron_h": _nemotron_h,
+    "jamba": _jamba,
     "gemma2": _gemma,
     "gemma3": _gemma,
     "gemma3_text": _gemma,
@@ -548,6 +925,22 @@ _READERS = {
 }
 
 
+# The mixture-of-experts families read (the refusal of the others names them).
+_MOE_READ = (
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "granitemoe",
+    "granitemoeshared",
+    "deepseek_v2",
+    "deepseek_v3",
+    "gpt_oss",
+    "granitemoehybrid",
+    "nemotron_h",
+    "jamba",
+)
+
+
 def model_from_hf_config(path: Path) -> ModelSpec:
     where = str(path)
     raw = read_json(path)
@@ -559,7 +952,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         what = f"{_MOE[model_type]} {experts}" if isinstance(experts, int) else "routed experts"
         raise MeshplanError(
             f"{where}: model_type {model_type!r} is a mixture of experts ({what}) meshplan does not read yet; "
-            f"of the MoE families it reads mixtral, qwen2_moe and qwen3_moe"
+            f"of the MoE families it reads {', '.join(_MOE_READ)}"
         )
     if model_type not in _READERS:
         raise MeshplanError(

@@ -1,4 +1,5 @@
-"""Random plans a user could ask about — HF-shaped models (dense, GQA, Mamba-2, hybrid), clusters of
+"""Random plans a user could ask about — HF-shaped models (dense, GQA, Mamba-2, Mamba-1, hybrid, mixtures
+of experts, DeepSeek's latent attention, mixed Mamba/attention/MLP/MoE stacks), clusters of
 1 to 4,096 nodes, meshes, knobs, global batches, modes and stacks — and the rules every answer obeys,
 checked from the outside: the estimates' own numbers against physics and an independent schedule
 simulator, not against meshplan.costmodel.invariants (which checks the same rules from inside).
@@ -23,7 +24,7 @@ from meshplan.costmodel.stacks import STACKS
 from meshplan.costmodel.step import compute_floor_s, estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout, validate_seq
-from meshplan.models import PRESETS, MoeSpec, dense, mamba2
+from meshplan.models import PRESETS, AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, MoeSpec, dense, mamba2
 from meshplan.topologies import load_cluster
 
 CLUSTERS = ("h100-sxm-8", "h200-8", "a100-sxm-8", "mi300x-8", "v100-dgx2-16")
@@ -49,24 +50,35 @@ class RandomPlan:
 
 
 def random_model(choose, integer):
-    """A dense (MHA or GQA), Mamba-2 or hybrid model of random HF-like shape."""
-    family = choose(["dense", "dense", "mamba2", "hybrid", "mamba1", "moe"])
+    """A model of random HF-like shape: dense (MHA or GQA), Mamba-2, Mamba-1, a Zamba2-like hybrid, a
+    mixture of experts (with DeepSeek's latent attention or not), or a mixed stack of Mamba, attention,
+    MLP and MoE layers (Nemotron-H, Granite 4.0-H, Jamba)."""
+    family = choose(["dense", "dense", "mamba2", "hybrid", "mamba1", "moe", "mla", "mixed"])
     layers = integer(1, 128)
-    if family == "moe":
+    if family == "mixed":
+        return _random_mixed(choose, integer)
+    if family in ("moe", "mla"):
         base = random_model(lambda xs: "dense" if "dense" in xs else choose(xs), integer)
-        experts = choose([4, 8, 16, 64, 128])
-        moe = MoeSpec(
-            base.d_model,
-            experts,
-            choose([k for k in (1, 2, 4, 8) if k <= experts]),
-            64 * integer(2, 64),
-            shared_ffn=choose([0, 0, 128 * integer(1, 16)]),
-            shared_gate=bool(choose([0, 1])),
-        )
+        moe = _random_moe(base.d_model, choose, integer)
+        if family == "mla":  # DeepSeek's: a latent for K/V (and for queries, or none), rope and value heads
+            heads, rope = base.attention.heads, choose([32, 64])
+            attention = AttentionSpec(
+                base.d_model,
+                heads,
+                heads,
+                choose([64, 128]) + rope,
+                base.d_model,
+                kv_lora_rank=choose([256, 512]),
+                q_lora_rank=choose([0, 768, 1536]),
+                rope_head_dim=rope,
+                v_head_dim=choose([64, 128]),
+            )
+            mtp = choose([0, 0, 1]) if base.layers > 1 else 0  # DeepSeek-V3's MTP module as the last layer
+            base = replace(base, attention=attention, mtp_layers=mtp)
         dense_ids = tuple(sorted({i for i in range(base.layers) if choose([0, 0, 0, 1])}))[: base.layers - 1]
         return replace(
             base,
-            name=f"moe-{experts}x-{base.layers}L",
+            name=f"{family}-{moe.experts}x-{base.layers}L",
             family="moe",
             moe=moe,
             dense_layer_ids=dense_ids,
@@ -88,6 +100,58 @@ def random_model(choose, integer):
     if family == "hybrid":
         layers = max(layers, preset.hybrid_layers)
     return replace(preset, layers=layers, name=f"{preset.name}-{layers}L")
+
+
+def _random_moe(hidden: int, choose, integer) -> MoeSpec:
+    experts = choose([4, 8, 16, 64, 128])
+    return MoeSpec(
+        hidden,
+        experts,
+        choose([k for k in (1, 2, 4, 8) if k <= experts]),
+        64 * integer(2, 64),
+        gated=bool(choose([1, 1, 0])),
+        shared_ffn=choose([0, 0, 128 * integer(1, 16)]),
+        shared_gate=bool(choose([0, 1])),
+        expert_bias=bool(choose([0, 0, 1])),
+    )
+
+
+def _random_mixed(choose, integer) -> ModelSpec:
+    """Layers of one block each (Nemotron-H) or a mixer then an MLP or MoE (Granite 4.0-H, Jamba),
+    over Mamba-2 or Mamba-1; only the specs its layers run."""
+    head_dim, heads = choose([64, 128]), choose([8, 16, 32])
+    hidden = head_dim * heads
+    ssm = choose(["mamba2", "mamba1"])
+    moe = _random_moe(hidden, choose, integer)
+    ffn = {"mlp": ("mlp",), "moe": ("router", "experts") + (("shared_expert",) if moe.shared_ffn else ())}
+    one_block = bool(choose([0, 1]))
+    kinds = []
+    for _ in range(integer(1, 64)):
+        mixer = choose([ssm, ssm, "attention"])
+        if one_block:
+            kinds.append(choose([(mixer,), (mixer,), ffn[choose(["mlp", "moe"])]]))
+        else:
+            kinds.append((mixer,) + ffn[choose(["mlp", "moe", "moe"])])
+    used = {kind for layer in kinds for kind in layer}
+    specs = {
+        "attention": AttentionSpec(
+            hidden, heads, choose([h for h in (1, 2, 8, heads) if heads % h == 0]), head_dim, hidden
+        ),
+        "mlp": MlpSpec(hidden, 64 * integer(4, 96), gated=bool(choose([0, 1]))),
+        "mamba2": Mamba2Spec(hidden, d_state=choose([64, 128]), headdim=choose([32, 64]), ngroups=choose([1, 2, 8])),
+        "mamba1": Mamba1Spec(hidden, dt_bc_norms=bool(choose([0, 1]))),
+        "moe": moe,
+    }
+    keep = {part: spec for part, spec in specs.items() if part in used or (part == "moe" and "router" in used)}
+    return ModelSpec(
+        name=f"mixed-{ssm}-{len(kinds)}L",
+        family="mixed",
+        d_model=hidden,
+        layers=len(kinds),
+        vocab=choose([32000, 131072]),
+        layer_kinds=tuple(kinds),
+        **keep,
+    )
 
 
 def random_plan(choose, integer) -> RandomPlan:
@@ -271,6 +335,8 @@ def memory_violations(plan: RandomPlan) -> list[str]:
                 split = memory_per_gpu(model, wider, seq, mb, opts)
             except MeshplanError:
                 continue
-            if split.per_gpu_bytes["parameters"] > base.per_gpu_bytes["parameters"] * (1 + 1e-12):
+            # The same pipeline stage only: where layers differ (a mixed model's), stages hold different weights.
+            same_stage = split.pipeline_stage == base.pipeline_stage
+            if same_stage and split.per_gpu_bytes["parameters"] > base.per_gpu_bytes["parameters"] * (1 + 1e-12):
                 out.append(f"parameters grow when {axis} doubles")
     return out

@@ -1,8 +1,9 @@
 """The HuggingFace families people train, read from config.json files with the published models'
 dimensions: parameter counts within 1% of the published sizes and equal to what transformers builds
-from the same config (every supported model_type, on the meta device), sliding windows priced as such,
-the mixture-of-experts families refused in one line, a malformed config one line naming the file and
-the key, and `memory`, `recommend` and `execute` taking each."""
+from the same config (every supported model_type, on the meta device) — and for a mixture of experts its
+active parameters too —, sliding windows priced as such, the mixture-of-experts families not read yet
+refused in one line, a malformed config one line naming the file and the key, and `memory`,
+`recommend` and `execute` taking each. The MoE and hybrid families' cost model: tests/test_moe_families.py."""
 
 import json
 
@@ -207,9 +208,9 @@ def test_sliding_window_layers_cost_less_attention_and_cache(tmp_path):
 @pytest.mark.parametrize(
     "model_type, field",
     [
-        ("deepseek_v3", "n_routed_experts 256"),
-        ("jamba", "num_experts 16"),
-        ("gpt_oss", "num_local_experts 32"),
+        ("olmoe", "num_experts 64"),
+        ("phimoe", "num_local_experts 16"),
+        ("llama4", "num_local_experts 16"),
     ],
 )
 def test_mixture_of_experts_families_not_read_yet_are_refused_naming_them(tmp_path, model_type, field):
@@ -218,7 +219,8 @@ def test_mixture_of_experts_families_not_read_yet_are_refused_naming_them(tmp_pa
     with pytest.raises(MeshplanError) as err:
         model_from_hf_config(_write(tmp_path, raw))
     message = str(err.value)
-    assert field in message and "mixtral, qwen2_moe and qwen3_moe" in message and "\n" not in message
+    assert field in message and "deepseek_v3, gpt_oss, granitemoehybrid, nemotron_h, jamba" in message
+    assert "\n" not in message
 
 
 def test_mixture_of_experts_layers():
@@ -305,6 +307,137 @@ _MIXTRAL_8X7B = {
     "sliding_window": None,
 }
 
+# DeepSeek-V3-shaped, small: MLA (a query latent, a K/V latent, rope and value heads of their own), one
+# dense layer, then routed experts in groups beside two shared ones.
+_DEEPSEEK = {
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "intermediate_size": 96,
+    "vocab_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 24,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 12,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 10,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 2,
+    "first_k_dense_replace": 1,
+    "n_group": 4,
+    "topk_group": 2,
+}
+# deepseek-ai/DeepSeek-V3 config.json's shapes (the deepseek-v3 preset); its num_nextn_predict_layers 1 is
+# a module transformers does not build.
+_DEEPSEEK_V3 = {
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "vocab_size": 129280,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_group": 8,
+    "topk_group": 4,
+    "num_nextn_predict_layers": 1,
+}
+_NEMOTRON_H = {
+    "hidden_size": 48,
+    "vocab_size": 128,
+    "hybrid_override_pattern": "ME*-MEM*E",
+    "num_hidden_layers": 9,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 8,
+    "n_groups": 2,
+    "ssm_state_size": 16,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 80,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24,
+    "moe_shared_expert_intermediate_size": 40,
+    "n_group": 2,
+    "topk_group": 1,
+}
+# nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json's shapes (the nemotron-3-nano preset).
+_NEMOTRON_3_NANO = {
+    "hidden_size": 2688,
+    "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    "num_hidden_layers": 52,
+    "mamba_num_heads": 64,
+    "mamba_head_dim": 64,
+    "n_groups": 8,
+    "ssm_state_size": 128,
+    "conv_kernel": 4,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "intermediate_size": 1856,
+    "n_routed_experts": 128,
+    "num_experts_per_tok": 6,
+    "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712,
+    "n_group": 1,
+    "topk_group": 1,
+    "vocab_size": 131072,
+    "tie_word_embeddings": False,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "mlp_bias": False,
+}
+# Qwen/Qwen3-30B-A3B config.json's shapes (the qwen3-30b-a3b preset).
+_QWEN3_30B_A3B = {
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+}
+_GRANITE_HYBRID = {
+    **_DECODER,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "layer_types": ["mamba", "attention", "mamba", "mamba"],
+    "mamba_n_heads": 8,
+    "mamba_d_state": 16,
+    "mamba_n_groups": 2,
+    "num_local_experts": 4,
+    "shared_intermediate_size": 48,
+}
+_JAMBA = {
+    **_DECODER,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attn_layer_period": 4,
+    "attn_layer_offset": 2,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "num_experts": 4,
+    "mamba_d_state": 8,
+}
+
 SHAPE_CASES = {
     "llama": {**_DECODER, "num_attention_heads": 4},
     "llama-gqa-biases-tied": {
@@ -383,13 +516,71 @@ SHAPE_CASES = {
         "decoder_sparse_step": 2,
         "mlp_only_layers": [3],
     },
+    "qwen3_moe-30b-a3b": _QWEN3_30B_A3B,
+    "deepseek_v3": _DEEPSEEK,
+    "deepseek_v3-plain-q-biases": {**_DEEPSEEK, "q_lora_rank": None, "attention_bias": True},
+    "deepseek_v3-defaults": {**_DECODER, "num_hidden_layers": 4, "num_attention_heads": 4, "n_routed_experts": 8},
+    "deepseek_v3-all-dense": {**_DEEPSEEK, "first_k_dense_replace": 5},
+    "deepseek_v3-671b": _DEEPSEEK_V3,
+    "deepseek_v2": {**_DEEPSEEK, "first_k_dense_replace": 0, "attention_bias": True, "n_group": None},
+    "deepseek_v2-lite": {**_DEEPSEEK, "q_lora_rank": None, "n_shared_experts": 1},
+    "gpt_oss": {
+        **_DECODER,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    },
+    "gpt_oss-no-biases-no-window": {
+        **_DECODER,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "attention_bias": False,
+        "sliding_window": None,
+    },
+    "granitemoe": {**_DECODER, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4},
+    "granitemoe-attention_bias": {**_DECODER, "num_attention_heads": 4, "attention_bias": True},
+    "granitemoeshared": {**_DECODER, "num_attention_heads": 4, "num_local_experts": 4, "shared_intermediate_size": 48},
+    "granitemoeshared-none": {**_DECODER, "num_attention_heads": 4, "num_local_experts": 4},
+    "granitemoehybrid": _GRANITE_HYBRID,
+    "granitemoehybrid-no-experts": {
+        **{k: v for k, v in _GRANITE_HYBRID.items() if k != "layer_types"},
+        "num_hidden_layers": 3,
+        "layers_block_type": ["mamba", "attention", "mamba"],
+        "num_local_experts": 0,
+        "shared_intermediate_size": 80,
+    },
+    "nemotron_h": _NEMOTRON_H,
+    "nemotron_h-block-types-mlp-bias": {
+        "hidden_size": 48,
+        "vocab_size": 128,
+        "layers_block_type": ["mamba", "attention", "mlp", "mamba"],
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 8,
+        "mamba_n_groups": 2,
+        "ssm_state_size": 16,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "head_dim": 12,
+        "intermediate_size": 80,
+        "mlp_bias": True,
+    },
+    "nemotron_h-3-nano": _NEMOTRON_3_NANO,
+    "jamba": _JAMBA,
+    "jamba-one-expert": {**_JAMBA, "num_hidden_layers": 4, "num_experts": 1, "mamba_dt_rank": 6},
 }
 
 
-def _transformers_param_count(model_type: str, raw: dict) -> int:
+def _transformers_param_count(model_type: str, raw: dict, active: bool = False) -> int:
     """Parameters of transformers' own causal LM for `raw`, built on the meta device (no memory, no
     initialisation); tied weights are one parameter, as `parameters()` yields them once. A multimodal
-    Gemma3 counts its language model only: meshplan reads its text_config and no vision tower."""
+    Gemma3 counts its language model only: meshplan reads its text_config and no vision tower.
+    `active`: less, in each layer, the routed experts a token is not sent to — the share
+    (E − top_k) / E of every tensor of the routed experts (transformers keeps them as one tensor of E
+    experts: `…experts.gate_up_proj` and the like, biases included; shared experts are `shared_…`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -402,7 +593,15 @@ def _transformers_param_count(model_type: str, raw: dict) -> int:
             skip = ("vision_tower", "multi_modal_projector")
             return sum(p.numel() for n, p in model.named_parameters() if not any(s in n for s in skip))
         model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    if not active:
+        return total
+    unrouted = 0
+    for name, p in model.named_parameters():
+        if ".experts." in name:
+            experts = p.shape[0]
+            unrouted += p.numel() // experts * (experts - config.num_experts_per_tok)
+    return total - unrouted
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -414,6 +613,23 @@ def test_parameter_count_equals_what_transformers_builds(tmp_path, case):
     expected = _transformers_param_count(model_type, raw)
     model = model_from_hf_config(_write(tmp_path, {"model_type": model_type, **raw}))
     assert model.param_count() == expected, (case, model.param_count() - expected)
+
+
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+_MOE_CASES = [c for c in SHAPE_CASES if any(k in SHAPE_CASES[c] for k in _EXPERT_FIELDS)]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("case", _MOE_CASES + ["granitemoe-attention_bias"])  # 8 experts when absent
+def test_active_parameters_equal_what_transformers_routes_a_token_through(tmp_path, case):
+    """The parameters a token runs: transformers' model less, in every MoE layer, the routed experts it
+    is not sent to (top_k of them it is)."""
+    pytest.importorskip("transformers")
+    model_type = case.split("-")[0]
+    raw = SHAPE_CASES[case]
+    expected = _transformers_param_count(model_type, raw, active=True)
+    model = model_from_hf_config(_write(tmp_path, {"model_type": model_type, **raw}))
+    assert model.active_param_count() == expected, (case, model.active_param_count() - expected)
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -452,6 +668,60 @@ def test_the_zamba2_7b_preset_is_its_config():
     assert preset.param_count() == 7_356_749_648
     assert (preset.attention.hidden, preset.attention.out_hidden, preset.mlp.hidden) == (7168, 3584, 3584)
     assert preset.hybrid_proj_params() == 3584 * 3584 + 128 * (3584 + 2 * 14336)
+
+
+@pytest.mark.parametrize(
+    "preset, model_type, raw",
+    [
+        ("mixtral-8x7b", "mixtral", _MIXTRAL_8X7B),
+        ("qwen3-30b-a3b", "qwen3_moe", _QWEN3_30B_A3B),
+        ("deepseek-v3", "deepseek_v3", _DEEPSEEK_V3),
+        ("nemotron-3-nano", "nemotron_h", _NEMOTRON_3_NANO),
+    ],
+)
+def test_the_moe_presets_are_their_configs(tmp_path, preset, model_type, raw):
+    """Each preset is what its config.json reads as (whose count SHAPE_CASES holds to transformers')."""
+    from meshplan.models import PRESETS
+
+    read = model_from_hf_config(_write(tmp_path, {"model_type": model_type, **raw}))
+    spec = PRESETS[preset]
+    assert spec.param_count() == read.param_count() and spec.active_param_count() == read.active_param_count()
+    assert spec.layer_blocks() == read.layer_blocks()
+
+
+# (total, active) parameters as published: Mixtral's and Qwen3's model cards, the DeepSeek-V3 report
+# (Table 1: 671B, 37B activated), the Nemotron 3 Nano report (arXiv 2512.20848: 31.6B, 3.6B active with
+# the embeddings).
+PUBLISHED_MOE = {
+    "mixtral-8x7b": (46.7e9, 12.9e9),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9),
+    "qwen3-235b-a22b": (235e9, 22e9),
+    "deepseek-v3": (671e9, 37e9),
+    "nemotron-3-nano": (31.6e9, 3.6e9),
+}
+
+
+@pytest.mark.parametrize("preset", list(PUBLISHED_MOE))
+def test_moe_presets_have_their_published_sizes(preset):
+    from meshplan.models import PRESETS
+
+    total, active = PUBLISHED_MOE[preset]
+    spec = PRESETS[preset]
+    assert spec.param_count() == pytest.approx(total, rel=0.005)
+    assert spec.active_param_count() == pytest.approx(active, rel=0.02)  # 37.55B: DeepSeek rounds down
+
+
+def test_deepseek_v3_with_its_mtp_module_is_the_checkpoints_685b():
+    """The MTP module as a 62nd layer (attention, router, experts, shared expert) with its projection and
+    norms; the checkpoint's 685B also stores a copy of the embedding and of the output head for it."""
+    from meshplan.models import PRESETS
+
+    base, mtp = PRESETS["deepseek-v3"], PRESETS["deepseek-v3-mtp"]
+    h = base.d_model
+    assert mtp.layer_blocks()[-1] == base.layer_blocks()[-1] == ("attention", "router", "experts", "shared_expert")
+    per_layer = base.attention.param_count() + base.moe.param_count()
+    assert mtp.param_count() - base.param_count() == per_layer + 2 * h * h + 3 * h
+    assert mtp.param_count() + 2 * base.vocab * h == pytest.approx(685e9, rel=0.002)
 
 
 def test_silent_fields_take_transformers_defaults(tmp_path):
@@ -497,6 +767,23 @@ def test_silent_fields_take_transformers_defaults(tmp_path):
         ("zamba2", {**_ZAMBA2, "adapter_rank": -1}, "adapter_rank must be an integer of at least 0, got -1"),
         ("zamba2", {**_ZAMBA2, "layers_block_type": ["mamba"] * 6}, 'layers_block_type names no "hybrid" layer'),
         ("opt", {**SHAPE_CASES["opt"], "do_layer_norm_before": False}, "do_layer_norm_before false"),
+        ("deepseek_v3", {**_DEEPSEEK, "moe_layer_freq": 2}, "moe_layer_freq 2 is not what transformers builds"),
+        ("deepseek_v3", {**_DEEPSEEK, "n_group": 3}, "n_group (3) must divide the routed experts (8)"),
+        ("deepseek_v3", {**_DEEPSEEK, "qk_rope_head_dim": 0}, "qk_rope_head_dim must be a positive integer, got 0"),
+        ("deepseek_v2", {**_DEEPSEEK, "mlp_bias": True}, "mlp_bias true (biases on the dense MLP and the shared"),
+        ("gpt_oss", {**SHAPE_CASES["gpt_oss"], "num_experts_per_tok": 9}, "num_experts_per_tok (9) exceeds the 8"),
+        ("granitemoe", {"num_local_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok (5) exceeds the 4"),
+        (
+            "granitemoehybrid",
+            {**_GRANITE_HYBRID, "layer_types": ["mamba", "attention", "mlp", "mamba"]},
+            'layer_types names \'mlp\'; use "mamba" or "attention"',
+        ),
+        ("granitemoehybrid", {**_GRANITE_HYBRID, "mamba_n_heads": 5}, "mamba_n_heads (5) must divide mamba_expand"),
+        ("nemotron_h", {**_NEMOTRON_H, "hybrid_override_pattern": "ME*X"}, "hybrid_override_pattern must be one"),
+        ("nemotron_h", {**_NEMOTRON_H, "num_hidden_layers": 8}, "hybrid_override_pattern has 9 layers but num_hidden"),
+        ("nemotron_h", {**_NEMOTRON_H, "moe_latent_size": 16}, "moe_latent_size 16 (experts behind a latent"),
+        ("jamba", {**_JAMBA, "attn_layer_offset": 4}, "attn_layer_offset (4) must be smaller than attn_layer_period"),
+        ("jamba", {**_JAMBA, "mamba_proj_bias": True}, "mamba_proj_bias true (biases on in_proj and out_proj)"),
     ],
 )
 def test_a_bad_config_is_one_line_naming_the_file_and_the_key(tmp_path, model_type, fields, message):

@@ -58,13 +58,14 @@ def checkpoint_units(model: ModelSpec) -> list[tuple[tuple[str, ...], int, int]]
     """(blocks in the unit, how many times the unit runs, width of the unit's input).
 
     Full recompute keeps only each unit's input; a dense layer is attention + MLP, a Mamba layer is
-    one block, a hybrid invocation of the shared block is attention + MLP + its projection.
+    one block, a hybrid invocation of the shared block is attention + MLP + its projection; a mixture
+    of experts' or a mixed model's layer is its own unit, alike layers counted together.
     """
     if model.family == "dense":
         return [(("attention", "mlp"), model.layers, model.d_model)]
     if model.family in ("mamba2", "mamba1"):
         return [((model.family,), model.layers, model.d_model)]
-    if model.family == "moe":  # dense layers and MoE layers, each kind of layer one unit
+    if model.family in ("moe", "mixed"):  # each kind of layer one unit
         counts = Counter(model.layer_blocks())
         return [(blocks, n, model.d_model) for blocks, n in counts.items()]
     return [

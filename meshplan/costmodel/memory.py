@@ -162,8 +162,7 @@ def largest_matrix(model: ModelSpec, sh: Sharding) -> float:
     if model.mlp is not None:
         sizes.append(model.mlp.n_input_matrices * model.mlp.ffn_hidden * model.mlp.hidden / sh.weight_div)
     if model.attention is not None:
-        a = model.attention
-        sizes.append((a.q_width + 2 * a.kv_width) * a.hidden / sh.weight_div)
+        sizes.append(model.attention.largest_projection() / sh.weight_div)
     if model.mamba2 is not None:
         sizes.append(model.mamba2.in_proj_width * model.d_model / sh.weight_div)
     if model.mamba1 is not None:
@@ -268,7 +267,16 @@ def replicated_group_params(model: ModelSpec, head_div: int) -> float:
     if m is None or head_div == 1:
         return 0.0
     per_layer = 2 * m.ngroups * m.d_state * (m.d_model + m.d_conv + 1)
-    return model.layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
+    layers = dict(model.block_invocations()).get("mamba2", 0)  # a mixed model's Mamba-2 layers
+    return layers * per_layer * (1 / math.gcd(head_div, m.ngroups) - 1 / head_div)
+
+
+def replicated_latent_params(model: ModelSpec, head_div: int) -> float:
+    """Extra parameters per rank when TP splits MLA's heads: its down-projections stay whole on every
+    tensor rank (models.AttentionSpec.down_projection_params)."""
+    if model.attention is None or not model.attention.mla or head_div == 1:
+        return 0.0
+    return model.attention_layers * model.attention.down_projection_params() * (1 - 1 / head_div)
 
 
 def local_params(
@@ -281,14 +289,16 @@ def local_params(
     layer_share: float | None = None,
     by_kind: dict | None = None,
 ) -> float:
-    """Parameters one rank holds: split weights / weight_div, plus the replicated norm scales and
-    (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections. `layer_share`: the
+    """Parameters one rank holds: split weights / weight_div, plus the replicated norm scales,
+    (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections and (TP on MLA) the
+    replicated latent down-projections. `layer_share`: the
     stage's share of the layers (1/pp unless the stages are uneven). `by_kind`: the block kinds an
     axis splits apart (PlanContext.by_kind), each held at its own split."""
     share = 1 / pp if layer_share is None else layer_share
     total = _stage_params(model, pp, stage, share) if embeddings else model.layer_params() * share
     norms = model.norm_params(embeddings) * share if sh.weight_div > 1 else 0.0
     held = (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) * share
+    held += replicated_latent_params(model, sh.head_div) * share
     for kind, own in (by_kind or {}).items():
         # These blocks' weights (less their norm scales, counted above) at their own split.
         held += share * _kind_weights(model, kind) * (1 / own.weight_div - 1 / sh.weight_div)
@@ -434,14 +444,15 @@ def _inference_caches(
         # Sliding-window layers keep only the window's keys (transformers' sliding-window cache).
         windowed = model.windowed_share(seq) * model.attention_layers
         kept = (model.attention_layers - windowed) * seq + windowed * model.attention_window
+        # MLA caches its latent, which every tensor rank keeps whole (AttentionSpec.kv_cache_width).
+        cache_head_div = sh.head_div if model.attention.kv_cache_split_by_heads else 1
         kv_cache = (
             kept
             / layout.pp
             * batch
-            * 2
-            * model.attention.kv_width
+            * model.attention.kv_cache_width
             * opts.nbytes("kv_cache_dtype")
-            / (sh.token_div * sh.head_div)
+            / (sh.token_div * cache_head_div)
         )
     m = model.mamba2 or model.mamba1
     if m is not None:
@@ -474,7 +485,7 @@ def _layer_transients(
     p_bytes = model.param_bytes_per_element
     kv_gather = 0.0
     if sh.gathers_kv and model.attention is not None and opts.mode != "decode":
-        kv_gather = batch * seq * 2 * model.attention.kv_width * opts.nbytes("act_dtype") / sh.head_div
+        kv_gather = batch * seq * model.attention.kv_pair_width * opts.nbytes("act_dtype") / sh.head_div
         if train:
             kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
     step_tokens = 1 if opts.mode == "decode" else seq

@@ -21,6 +21,11 @@ def unsupported(layout: Layout, model: ModelSpec, whole: bool = True) -> str | N
             f"model: the executor builds dense and Mamba-2 models, not {model.family} ({model.name}) in "
             f"{layout}; `meshplan memory` and `recommend` price it"
         )
+    if model.attention is not None and model.attention.mla:
+        return (
+            f"model: the executor builds multi-head and grouped-query attention, not {model.name}'s latent "
+            f"attention (MLA); `meshplan memory` and `recommend` price it"
+        )
     if layout.pp > 1 and model.layers % layout.pp:
         return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"
     if (reason := layer_limits(layout, model)) is not None:

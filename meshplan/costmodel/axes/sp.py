@@ -30,7 +30,7 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
         return []
     head_div = ctx.sharding.head_div
     if kind == "attention":
-        kv = ctx.batch * ctx.seq * 2 * ctx.model.attention.kv_width * ctx.act_bytes / head_div
+        kv = ctx.batch * ctx.seq * ctx.model.attention.kv_pair_width * ctx.act_bytes / head_div
         # Our executor gathers before attending (no ring attention yet): exposed. A ring-attention
         # implementation would mark these overlap="attention".
         return [
@@ -56,5 +56,5 @@ def decode_comms(ctx, kind: str, axis: str = "sp") -> list[Comm]:
     if kind != "attention" or sigma == 1:
         return []
     attn = ctx.model.attention
-    partial = ctx.batch * (attn.q_width * ctx.act_bytes + attn.heads * 4) / ctx.sharding.head_div
+    partial = ctx.batch * (attn.out_width * ctx.act_bytes + attn.heads * 4) / ctx.sharding.head_div
     return [Comm("all_gather", axis, sigma * partial, sigma, block=kind, what="partial attention over KV shards")]

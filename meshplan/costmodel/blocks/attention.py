@@ -2,6 +2,14 @@
 or cuDNN kernel, at the device's measured rate by key length) or unfused (Megatron's batched GEMMs around
 a fused softmax); on sequence shards each rank attends its queries over the gathered keys (zigzag: the
 slowest rank of two prefix attentions); a decode step reads the local KV cache once.
+
+Multi-head latent attention (MLA, DeepSeek-V2/V3; models.AttentionSpec) is priced as Megatron-Core runs
+it (megatron/core/transformer/multi_latent_attention.py, MLASelfAttention): the down-projections to the
+query and K/V latents, and the latents' norms, whole on every tensor rank; the up-projections (q_b,
+kv_b) column-parallel and the output projection row-parallel, split by heads; the core over query/key
+heads of nope + rope and value heads of v_head_dim. Training saves the up-projected K and V; inference
+caches the K/V latent and the shared rope key only, and decode attends over it with the up-projections
+absorbed (DeepSeek-V2 report §2.1.2).
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ def unfused_attention_s(model: ModelSpec, tokens: float, keys: float, head_div: 
     """Forward seconds of unfused attention over all `keys` (no causal saving): its two batched GEMMs at
     the GEMM rate and the scores' HBM traffic (UNFUSED_SCORE_BYTES)."""
     a = model.attention
-    flops = 4 * tokens * keys * a.q_width / head_div
+    flops = 4 * tokens * keys * a.core_width / head_div
     scores = tokens * keys * a.heads / head_div
     return flops / (dev.peak_flops * dev.gemm_efficiency) + scores * UNFUSED_SCORE_BYTES * e / 2 / dev.rated_hbm
 
@@ -71,11 +79,15 @@ def attention_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         Saved("attn_norm_input", e * attn.hidden, "hidden"),
         Saved("attn_norm_stats", NORM_STATS[model.norm], "hidden"),
         Saved("qkv_input", e * attn.hidden, "hidden"),
+    ]
+    if attn.mla:
+        items += mla_latents_saved(attn, e)
+    items += [
         Saved("q", e * attn.q_width, "heads"),
         Saved("k", e * attn.kv_width, "heads"),
-        Saved("v", e * attn.kv_width, "heads"),
+        Saved("v", e * attn.value_width, "heads"),
         # The attention output is the out-projection's input; fused kernels save it once for both.
-        Saved("attn_out", e * attn.q_width, "heads"),
+        Saved("attn_out", e * attn.out_width, "heads"),
     ]
     if opts.flash_attention:
         items.append(Saved("attn_logsumexp", FP32 * attn.heads, "heads"))
@@ -104,6 +116,36 @@ def attention_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     return items
 
 
+def mla_latents_saved(attn, e: int) -> list[Saved]:
+    """MLA's latents, whole on every tensor rank (sequence-split under Megatron-SP): the query latent
+    and the K/V latent with the rope key as the down-projections write them, and each latent normed
+    (the up-projections' inputs) with its norm's fp32 statistics."""
+    items = [
+        Saved("kv_latent", e * (attn.kv_lora_rank + attn.rope_head_dim), "hidden"),
+        Saved("kv_latent_normed", e * attn.kv_lora_rank, "hidden"),
+        Saved("kv_latent_norm_stats", FP32, "hidden"),
+    ]
+    if attn.q_lora_rank:
+        items += [
+            Saved("q_latent", e * attn.q_lora_rank, "hidden"),
+            Saved("q_latent_normed", e * attn.q_lora_rank, "hidden"),
+            Saved("q_latent_norm_stats", FP32, "hidden"),
+        ]
+    return items
+
+
+def mla_gemms(a, head_div: int) -> list[tuple[float, float]]:
+    """MLA's projections on one rank: the down-projections whole, the up- and output projections a
+    1/head_div share of the heads."""
+    nope = a.head_dim - a.rope_head_dim
+    if a.q_lora_rank:
+        q = [(a.q_lora_rank, a.hidden), (a.q_width / head_div, a.q_lora_rank)]
+    else:
+        q = [(a.q_width / head_div, a.hidden)]
+    kv = [(a.kv_lora_rank + a.rope_head_dim, a.hidden), (a.heads * (nope + a.v_head_dim) / head_div, a.kv_lora_rank)]
+    return q + kv + [(a.out_hidden, a.out_width / head_div)]
+
+
 class Attention(BlockKind):
     name = "attention"
     attends = True
@@ -119,10 +161,15 @@ class Attention(BlockKind):
 
     def gemms(self, model, head_div):
         a = model.attention
+        if a.mla:
+            return mla_gemms(a, head_div)
         return [((a.q_width + 2 * a.kv_width) / head_div, a.hidden), (a.out_hidden, a.q_width / head_div)]
 
     def memory_bound_bytes_per_token(self, model, head_div, e):
         a = model.attention
+        if a.mla:  # + the latents' norms (read, write) and K assembled from its nope part and the rope key
+            latents = 2 * (a.q_lora_rank + a.kv_lora_rank)
+            return e * (5 * a.hidden + latents + (2 * a.q_width + 3 * a.kv_width) / head_div)
         return e * (5 * a.hidden + 2 * (a.q_width + a.kv_width) / head_div)  # + rotary on q, k
 
     def saved(self, model, opts):
@@ -132,15 +179,16 @@ class Attention(BlockKind):
         """Causal attention of `tokens` local queries over `keys` keys, a query seeing `causal_fraction`
         of them on average: 4·t·s·(a·d)·fraction FLOPs at the fused kernel's rate (the prefix kernel's
         on sequence shards), or under a zigzag split the slowest rank's two prefix attentions; sliding
-        windows see min(i, w) keys."""
+        windows see min(i, w) keys. MLA's core is over its query/key and value head widths (core_width)."""
         head_div = sh.head_div
-        core_flops = 4 * tokens * keys * model.attention.q_width / head_div * causal_fraction
+        width = model.attention.core_width
+        core_flops = 4 * tokens * keys * width / head_div * causal_fraction
         if keys <= 1:
             attn = 0.0
         elif not dev.flash_attention:
             attn = unfused_attention_s(model, tokens, keys, head_div, e, dev)
         elif zigzag > 1:
-            attn = zigzag_attention_s(model.attention.q_width / head_div, tokens, keys, zigzag, dev)
+            attn = zigzag_attention_s(width / head_div, tokens, keys, zigzag, dev)
         else:
             attn = core_flops / (dev.peak_flops * attention_efficiency(keys, sh.token_div > 1, dev))
         windowed = model.windowed_share(keys) if keys > 1 else 0.0
@@ -148,7 +196,7 @@ class Attention(BlockKind):
             # A sliding window of w keys: a query sees min(i, w) of them, w − w²/2s on average over s
             # positions, instead of s/2; one invocation here is the mean over the window and full layers.
             w = model.attention_window
-            window_flops = 4 * tokens * (w - w * w / (2 * keys)) * model.attention.q_width / head_div
+            window_flops = 4 * tokens * (w - w * w / (2 * keys)) * width / head_div
             window_s = window_flops / (dev.peak_flops * attention_efficiency(w, sh.token_div > 1, dev))
             attn = (1 - windowed) * attn + windowed * window_s
             core_flops = (1 - windowed) * core_flops + windowed * window_flops
@@ -164,14 +212,16 @@ class Attention(BlockKind):
 
     def selective_recompute_flops(self, model, tokens, seq):
         """Korthikanti et al. 2022 Eq. 8: selective recompute redoes the attention core's forward."""
-        return 4 * tokens * seq * model.attention.q_width * 0.5
+        return 4 * tokens * seq * model.attention.core_width * 0.5
 
     def decode(self, comp, model, batch, seq, sh, opts, dev):
         """Decode attention reads the local KV cache once per token: memory-bound, at the rate torch's
-        decode attention measured (DECODE_ATTENTION_HBM_FRACTION)."""
+        decode attention measured (DECODE_ATTENTION_HBM_FRACTION). MLA reads its latent cache, whole on
+        every tensor rank, and attends over it with the up-projections absorbed."""
         a = model.attention
-        kv_bytes = batch * seq / sh.token_div * 2 * a.kv_width / sh.head_div * opts.nbytes("kv_cache_dtype")
-        flops = 4 * batch * seq / sh.token_div * a.q_width / sh.head_div
+        cache_div = sh.head_div if a.kv_cache_split_by_heads else 1
+        kv_bytes = batch * seq / sh.token_div * a.kv_cache_width / cache_div * opts.nbytes("kv_cache_dtype")
+        flops = 4 * batch * seq / sh.token_div * a.decode_core_width / sh.head_div
         t = max(
             flops / (dev.peak_flops * ATTENTION_EFFICIENCY), kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION)
         )

@@ -5,8 +5,8 @@ and the shared experts to the tensor axis.
 - router: the MoE layer's pre-norm and the hidden → experts projection (top-k of a softmax);
 - experts: the routed experts; a token runs `top_k` of them, so a layer's expert GEMMs are top_k times
   one expert's on every token, and the tokens are copied into expert order and back (the permutation);
-- shared_expert: experts every token runs (a dense gated MLP `shared_ffn` wide; Qwen2-MoE's sigmoid
-  gate beside it).
+- shared_expert: experts every token runs (a dense MLP `shared_ffn` wide, gated like the routed ones;
+  Qwen2-MoE's sigmoid gate beside it).
 """
 
 from __future__ import annotations
@@ -130,6 +130,11 @@ class SharedExpert(_ExpertMlp):
 
     def saved(self, model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         m, e = model.moe, opts.nbytes("act_dtype")
+        if not m.gated:  # Nemotron-H's squared-ReLU shared expert: up, and its activation for down
+            return [
+                Saved("shared_fc1_out", e * m.shared_ffn, "heads"),
+                Saved("shared_act_out", e * m.shared_ffn, "heads"),
+            ]
         return [
             Saved("shared_gate", e * m.shared_ffn, "heads"),
             Saved("shared_up", e * m.shared_ffn, "heads"),
