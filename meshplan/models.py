@@ -616,18 +616,10 @@ class ModelSpec:
         """Every layer runs the same blocks (a pipeline stage is then its share of an average layer)."""
         return len(set(self.layer_blocks())) == 1
 
-    def stage_block_counts(self, stage_layers: tuple[int, ...]) -> list[dict[str, int]]:
-        """Invocations of each block kind on each pipeline stage of `stage_layers` consecutive layers."""
-        out, start = [], 0
-        layers = self.layer_blocks()
-        for n in stage_layers:
-            counts: dict[str, int] = {}
-            for blocks in layers[start : start + n]:
-                for kind in blocks:
-                    counts[kind] = counts.get(kind, 0) + 1
-            out.append(counts)
-            start += n
-        return out
+    def stage_block_counts(self, stage_layers: tuple[int, ...]) -> tuple[dict[str, int], ...]:
+        """Invocations of each block kind on each pipeline stage of `stage_layers` consecutive layers
+        (computed once for a model and its stages: read them, do not change them)."""
+        return _stage_block_counts(self, tuple(stage_layers))
 
     def shared_block_kinds(self) -> tuple[str, ...]:
         """Block kinds whose weights are shared by the layers that invoke them (Zamba2's shared block)."""
@@ -799,6 +791,20 @@ def _layer_blocks(model: ModelSpec) -> tuple[tuple[str, ...], ...]:
     return tuple(
         ("mamba2", "attention", "mlp", "hybrid_proj") if i in shared else ("mamba2",) for i in range(model.layers)
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_block_counts(model: ModelSpec, stage_layers: tuple[int, ...]) -> tuple[dict[str, int], ...]:
+    out, start = [], 0
+    layers = model.layer_blocks()
+    for n in stage_layers:
+        counts: dict[str, int] = {}
+        for blocks in layers[start : start + n]:
+            for kind in blocks:
+                counts[kind] = counts.get(kind, 0) + 1
+        out.append(counts)
+        start += n
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=256)

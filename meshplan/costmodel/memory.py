@@ -16,6 +16,7 @@ the two is reported.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -401,7 +402,13 @@ def memory_per_gpu(
             embeddings=embeddings,
             by_kind=ctx.by_kind,
         )
-        for index in _stages_to_check(stage_layers, pp, microbatches, chunks, model.uniform_layers)
+        for index in _stages_to_check(
+            stage_layers,
+            pp,
+            microbatches,
+            chunks,
+            None if model.uniform_layers else model.stage_block_counts(stage_layers),
+        )
     ]
     total, stage, phase, parts, at_peak = max(results, key=lambda r: r[0])
     return MemoryBreakdown(
@@ -574,15 +581,23 @@ def _own_shares(model: ModelSpec, stage_layers: tuple[int, ...], index: int, opt
     """(the share of the layers' weights stage `index` holds, its share of their saved tensors) where
     layers differ: its own layers' blocks, a shared block (Zamba2's) held once for each copy its layers
     invoke (a pipeline stage keeps its own copy of a block another stage invokes too)."""
-    counts = model.stage_block_counts(stage_layers)[index]
+    return _stage_shares(model, stage_layers, opts)[index]
+
+
+@functools.lru_cache(maxsize=1024)
+def _stage_shares(model: ModelSpec, stage_layers: tuple[int, ...], opts: MemoryOptions) -> tuple:
+    """_own_shares of every stage, computed once for a model, its stages and the options."""
     shared = set(model.shared_block_kinds())
-    own = sum(n * BLOCKS[k].params(model) for k, n in counts.items() if k not in shared)
-    if shared & counts.keys():
-        copies = min(model.shared_blocks, max(counts[k] for k in shared & counts.keys()))
-        own += copies * sum(BLOCKS[k].params(model) for k in shared)
     saved = {k: sum(i.bytes_per_token for i in block_saved(k, model, opts)) for k, _ in model.block_invocations()}
     total_saved = sum(n * saved[k] for k, n in model.block_invocations())
-    return own / model.layer_params(), sum(n * saved[k] for k, n in counts.items()) / total_saved
+    out = []
+    for counts in model.stage_block_counts(stage_layers):
+        own = sum(n * BLOCKS[k].params(model) for k, n in counts.items() if k not in shared)
+        if shared & counts.keys():
+            copies = min(model.shared_blocks, max(counts[k] for k in shared & counts.keys()))
+            own += copies * sum(BLOCKS[k].params(model) for k in shared)
+        out.append((own / model.layer_params(), sum(n * saved[k] for k, n in counts.items()) / total_saved))
+    return tuple(out)
 
 
 def _stage_peak(
@@ -731,15 +746,23 @@ def boundary_activation_bytes(
 
 
 def _stages_to_check(
-    stage_layers: tuple[int, ...], pp: int, microbatches: int, chunks: int, uniform: bool = True
+    stage_layers: tuple[int, ...], pp: int, microbatches: int, chunks: int, counts: tuple | None = None
 ) -> list[int]:
     """The stages whose memory can be the largest: the first (most in flight, the embedding), the last
-    (the output head and the logits) and the middle stage with the most layers in flight — every stage
-    where layers differ (`uniform` False), since any may hold the heaviest ones."""
+    (the output head and the logits) and the middle stage with the most layers in flight. Where layers
+    differ (`counts`: each stage's block invocations), any may hold the heaviest: of the middle stages
+    that run the same blocks, the one with the most micro-batches in flight (the same weights, more
+    saved tensors)."""
     if pp == 1:
         return [0]
-    if not uniform:
-        return list(range(pp))
+    if counts is not None:
+        heaviest: dict = {}
+        for i in range(1, pp - 1):
+            key = tuple(sorted(counts[i].items()))
+            held = in_flight_chunks(i, pp, microbatches, chunks)
+            if key not in heaviest or held > heaviest[key][0]:
+                heaviest[key] = (held, i)
+        return sorted({0, pp - 1} | {i for _, i in heaviest.values()})
     middle = max(
         range(1, pp - 1), default=None, key=lambda i: stage_layers[i] * in_flight_chunks(i, pp, microbatches, chunks)
     )
