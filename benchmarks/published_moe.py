@@ -295,6 +295,7 @@ def predict_row(row: Row, models: dict, anchor: float | None) -> dict:
         else min(central, key=lambda c: c["total_bytes"])
     )
     fit_metrics = [c["metric"] for c in runs if c["fits"]]
+    all_metrics = [c["metric"] for c in runs]
     searched = [k for k in SEARCHED_KNOBS if row.get(k) == "searched"]
     p = chosen["prediction"]
     alt = _alternative_pipeline(row, shape, chosen["knobs"])
@@ -307,6 +308,8 @@ def predict_row(row: Row, models: dict, anchor: float | None) -> dict:
         "not_run": len(priced) - len(runs),
         "fitting": sum(c["fits"] for c in runs),
         "metric_range": (min(fit_metrics), max(fit_metrics)) if fit_metrics else None,
+        "metric_range_all": (min(all_metrics), max(all_metrics)),
+        "full_recompute_gib": _full_recompute_gib(row, shape, chosen["knobs"]),
         "min_total_gib": min(c["total_bytes"] for c in runs) / GIB,
         "all_over_memory": all(not c["fits"] for c in runs),
         "alternative_pipeline": alt,
@@ -318,6 +321,17 @@ def predict_row(row: Row, models: dict, anchor: float | None) -> dict:
             else 1.0
         ),
     }
+
+
+def _full_recompute_gib(row: Row, shape: dict, knobs: dict) -> float | None:
+    """For a row whose recompute meshplan cannot express (`recompute_as_run`), the central plan's memory
+    under full recompute: a lower bound of what the run's finer recompute keeps."""
+    if "recompute_as_run" not in row.fields:
+        return None
+    model, cluster, layout, opts, mbs = plan_of(row, shape, {**knobs, "recompute": "full"})
+    # The 1F1B all-to-all overlap refuses full recompute (Megatron's rule) and changes no memory: off here.
+    opts = replace(opts, moe_a2a_overlap=False)
+    return predict(model, cluster, layout, row["seq"], mbs, opts).memory.total_bytes / GIB
 
 
 def _alternative_pipeline(row: Row, shape: dict, knobs: dict) -> dict | None:
@@ -439,6 +453,9 @@ def evaluate(rows: list[Row], models: dict, anchor: float) -> list[dict]:
                 "choices_not_run": p["not_run"],
                 "choices_fitting": p["fitting"],
                 "metric_range_over_searched": p["metric_range"],
+                "metric_range_over_searched_incl_not_fitting": p["metric_range_all"],
+                "recompute_as_run": row.get("recompute_as_run"),
+                "total_gib_if_full_recompute": p["full_recompute_gib"],
                 "other_flops_convention_ratio": p["other_flops_ratio"],
                 "alternative_pipeline": p["alternative_pipeline"],
                 "why_missed": None if within else explain(row["id"], explanations),
