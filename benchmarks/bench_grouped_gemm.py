@@ -1,6 +1,7 @@
-"""The routed experts' GEMMs as MoE training runs them: a grouped GEMM (torch._grouped_mm, bf16; what
-Megatron-Core's TEGroupedLinear and torchtitan run on Hopper) over a rank's local experts, against one
-dense GEMM of the same total rows and against a loop of one GEMM an expert.
+"""The routed experts' GEMMs as MoE training runs them: a grouped GEMM (torch._grouped_mm, bf16, what
+torchtitan runs on Hopper) over a rank's local experts, against Transformer Engine's GroupedLinear
+(Megatron-Core's: one cuBLAS GEMM an expert over 4 streams; forward only), one dense GEMM of the same
+total rows, and a loop of one GEMM an expert on one stream.
 
 Shapes: expert FFN projections of published MoE models (hidden → 2·ffn gate/up, ffn → hidden down, ffn
 split by expert tensor parallelism where the model is run so), the local experts a rank holds at the
@@ -37,6 +38,10 @@ SHAPES = [
     ("deepseek-v3 ep8", 7168, 2048, 32),
 ]
 TOKENS_PER_EXPERT = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+# Transformer Engine's grouped GEMM (Megatron-Core's TEGroupedLinear) is one cuBLAS GEMM an expert over
+# its compute streams: "For now, we only have multi-stream cublas backend" (pytorch/csrc/extensions/
+# gemm.cpp), num_compute_streams = 4 (common/util/multi_stream.h).
+TE_STREAMS = 4
 MAX_ROWS = 131072  # total rows a call (local experts × tokens an expert): memory and time bound
 
 
@@ -68,6 +73,26 @@ def measure(hidden: int, ffn: int, groups: int, rows: int) -> dict:
             outs.append(a @ w2[g].t())
         return torch.cat(outs)
 
+    streams = [torch.cuda.Stream() for _ in range(TE_STREAMS)]
+
+    def multistream():  # Transformer Engine's GroupedLinear: one cuBLAS GEMM an expert over 4 streams
+        here = torch.cuda.current_stream()
+        outs = [None] * groups
+        for st in streams:
+            st.wait_stream(here)
+        for g in range(groups):
+            with torch.cuda.stream(streams[g % TE_STREAMS]):
+                xs = x[g * rows : (g + 1) * rows]
+                h = xs @ w1[g].t()
+                outs[g] = (torch.nn.functional.silu(h[:, :ffn]) * h[:, ffn:]) @ w2[g].t()
+        for st in streams:
+            here.wait_stream(st)
+        return torch.cat(outs)
+
+    with torch.no_grad():
+        out_ms = median_time_s(multistream, reps=10, warmup=3)
+    ms_fwd = {"multistream_fwd_tflops": round(_tflops(flops, out_ms), 1)}
+
     dense_w1 = torch.randn(2 * ffn, hidden, device=dev, dtype=dt, requires_grad=True)
     dense_w2 = torch.randn(hidden, ffn, device=dev, dtype=dt, requires_grad=True)
 
@@ -76,7 +101,7 @@ def measure(hidden: int, ffn: int, groups: int, rows: int) -> dict:
         a = torch.nn.functional.silu(h[:, :ffn]) * h[:, ffn:]
         return a @ dense_w2.t()
 
-    out = {"hidden": hidden, "ffn": ffn, "local_experts": groups, "tokens_per_expert": rows}
+    out = {"hidden": hidden, "ffn": ffn, "local_experts": groups, "tokens_per_expert": rows, **ms_fwd}
     for name, fn in (("grouped", grouped), ("loop", looped), ("dense", dense)):
         with torch.no_grad():
             fwd = median_time_s(fn, reps=10, warmup=3)
@@ -103,7 +128,8 @@ def main() -> None:
     rows = []
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}")
-    print(f"{'shape':22} {'experts':>7} {'tok/exp':>7} {'grouped':>8} {'loop':>8} {'dense':>8}  (fwd+bwd TFLOP/s)")
+    heads = ("grouped", "loop", "dense", "g fwd", "TE fwd", "d fwd")
+    print(f"{'shape':22} {'experts':>7} {'tok/exp':>7} " + " ".join(f"{h:>8}" for h in heads) + "  (TFLOP/s)")
     for name, hidden, ffn, groups in SHAPES:
         for t in TOKENS_PER_EXPERT:
             if groups * t > MAX_ROWS:
@@ -115,10 +141,8 @@ def main() -> None:
                 r["error"] = str(err).splitlines()[0][:200]
             r["shape"] = name
             rows.append(r)
-            cells = [
-                r.get(f"{k}_fwd_bwd_tflops", r.get(f"{k}_fwd_tflops", float("nan")))
-                for k in ("grouped", "loop", "dense")
-            ]
+            cells = [r.get(f"{k}_fwd_bwd_tflops", float("nan")) for k in ("grouped", "loop", "dense")]
+            cells += [r.get(f"{k}_fwd_tflops", float("nan")) for k in ("grouped", "multistream", "dense")]
             print(f"{name:22} {groups:7d} {t:7d} " + " ".join(f"{c:8.1f}" for c in cells), flush=True)
             torch.cuda.empty_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -265,13 +265,14 @@ def test_uneven_routing_slows_the_experts_and_their_all_to_all_not_the_model_flo
 
 def test_the_grouped_gemm_rate_falls_with_the_rows_an_expert_runs():
     """The measured curve (benchmarks/results/grouped-gemm-h100.json): at 128 rows an expert a quarter of
-    a dense GEMM's rate, at 4,096 over nine tenths; monotone between; the experts block prices it."""
+    a dense GEMM's rate, at 4,096 about nine tenths; rising between; the experts block prices it."""
     from meshplan.costmodel.device import GROUPED_GEMM_FACTOR, grouped_gemm_factor
 
-    assert grouped_gemm_factor(128) == pytest.approx(0.246)
-    assert grouped_gemm_factor(32) == pytest.approx(0.128 / 2)
-    rows = [2**k for k in range(4, 16)]
-    assert all(grouped_gemm_factor(a) <= grouped_gemm_factor(b) + 0.01 for a, b in zip(rows, rows[1:]))
+    assert grouped_gemm_factor(128) == pytest.approx(0.264)
+    assert grouped_gemm_factor(32) == pytest.approx(0.135 / 2)
+    rising = [2**k for k in range(4, 13)]  # up to 4,096 rows; flat (within the runs' spread) above
+    assert all(grouped_gemm_factor(a) < grouped_gemm_factor(b) for a, b in zip(rising, rising[1:]))
+    assert all(abs(grouped_gemm_factor(2**k) - 0.9) < 0.05 for k in range(12, 16))
     assert max(f for _, f in GROUPED_GEMM_FACTOR) < 1
     # Qwen3-30B-A3B-like fine-grained experts: 128 of them, top-8; fewer tokens a rank = fewer rows an expert.
     fine = ModelSpec(

@@ -270,6 +270,26 @@ def search_knobs(
         return None
     batches, chunks, sps, recomputes = space
     best = smallest = fitted = None
+    priced: dict = {}  # (sp, micro-batch, v, recompute) → (context, memory)
+
+    def memory(sp, mb, v, rc):
+        nonlocal smallest
+        if (sp, mb, v, rc) not in priced:
+            trial = replace(
+                opts,
+                tp_sequence_parallel=sp,
+                virtual_stages=v,
+                schedule="interleaved" if v > 1 else "1f1b",
+                recompute=rc,
+            )
+            ctx = plan_context(model, layout, seq, mb, trial)  # enumerate_layouts checked the mesh
+            mem = memory_per_gpu(model, layout, seq, mb, trial, ctx=ctx)
+            priced[sp, mb, v, rc] = ctx, mem
+            if smallest is None or mem.total_bytes < smallest[0].total_bytes:
+                knobs = {"recompute": rc, "tp_sequence_parallel": sp, "micro_batch": mb, "virtual_stages": v}
+                smallest = (mem, None, False, knobs, trial)
+        return priced[sp, mb, v, rc]
+
     for sp in sps:
         for mb in batches:
             for v in chunks:
@@ -277,18 +297,15 @@ def search_knobs(
                     opts.stack_spec, layout.pp, layout.zero, opts.steps_for(layout.dp, layout.pp, mb), v
                 ):
                     continue  # a schedule the stack cannot run
-                used = replace(
-                    opts, tp_sequence_parallel=sp, virtual_stages=v, schedule="interleaved" if v > 1 else "1f1b"
-                )
+                # The last recompute holds the least: if it does not fit, none does (nor a larger micro-batch).
+                if memory(sp, batches[0], v, recomputes[-1])[1].total_bytes > cluster.gpu.memory_bytes:
+                    continue
                 for rc in recomputes:
-                    if rc == "selective" and used.flash_attention and len(recomputes) > 1:
+                    if rc == "selective" and opts.flash_attention and len(recomputes) > 1:
                         continue
-                    trial = replace(used, recompute=rc)
-                    ctx = plan_context(model, layout, seq, mb, trial)  # enumerate_layouts checked the mesh
-                    mem = memory_per_gpu(model, layout, seq, mb, trial, ctx=ctx)
+                    ctx, mem = memory(sp, mb, v, rc)
+                    trial = ctx.opts
                     knobs = {"recompute": rc, "tp_sequence_parallel": sp, "micro_batch": mb, "virtual_stages": v}
-                    if smallest is None or mem.total_bytes < smallest[0].total_bytes:
-                        smallest = (mem, None, False, knobs, trial)
                     if mem.total_bytes > cluster.gpu.memory_bytes:
                         continue
                     if bound < math.inf:
