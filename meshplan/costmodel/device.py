@@ -108,6 +108,8 @@ class Device:
     elementwise_factor: float = EAGER_ELEMENTWISE_FACTOR
     elementwise_factor_mamba2: float = EAGER_ELEMENTWISE_FACTOR_MAMBA2
     flash_attention: bool = True  # False: QKᵀ and PV as batched GEMMs around a fused softmax (Megatron ≤ 2022)
+    # Sequence shards redo the attention core in backward (the stack's: Stack.sequence_attention_recompute)
+    sequence_attention_recompute: bool = True
     # Where the rates are borrowed (meshplan.hardware.rates): the note a prediction prints; "" when the
     # table or a calibration has this GPU's own.
     rates_note: str = ""
@@ -145,6 +147,7 @@ class Device:
                 elementwise_factor=stack.elementwise_factor,
                 elementwise_factor_mamba2=stack.elementwise_factor,
                 flash_attention=stack.flash_attention,
+                sequence_attention_recompute=stack.sequence_attention_recompute,
             )
             if rates.gemm:
                 dev = replace(dev, gemm_efficiency=rates.gemm)

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 
 from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
 from meshplan.costmodel.axes import PlanContext, Sharding, own_shardings, plan_context, sharding_for, tp
+from meshplan.costmodel.axes.dp import zero_stage
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
 from meshplan.costmodel.shapes import local_bc_channels
+from meshplan.costmodel.stacks import Stack
 from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
 from meshplan.models import ModelSpec
 
@@ -321,13 +323,20 @@ def split_apart_params(model: ModelSpec, by_kind: dict | None, kind: str, share:
 
 
 def zero_sharded(
-    model: ModelSpec, layout: Layout, params: float, by_kind: dict | None, share: float, *, from_stage: int
+    model: ModelSpec,
+    layout: Layout,
+    params: float,
+    by_kind: dict | None,
+    share: float,
+    *,
+    from_stage: int,
+    stack: Stack | None = None,
 ) -> float:
     """What of a rank's `params` (a stage holding `share` of the layers) it keeps under ZeRO from
     `from_stage` on (1: optimizer states, 2: + gradients, 3: + parameters): the gradient group's share
     (meshplan.layout.grad_group), and the routed experts' over the expert-data-parallel ranks
     (Layout.expert_data_degree: a stage's tp·sp·dp / (etp·ep))."""
-    zero = layout.zero if layout.dp > 1 else 0
+    zero = zero_stage(layout, stack)
     if zero < from_stage:
         return params
     experts = split_apart_params(model, by_kind, "experts", share)
@@ -368,7 +377,7 @@ def memory_per_gpu(
         ctx = plan_context(model, layout, seq, batch, opts)
     sh = ctx.sharding
     train = opts.training
-    zero = layout.zero if layout.dp > 1 else 0
+    zero = zero_stage(layout, opts.stack_spec)
     pp = layout.pp
     stage_layers = pipeline_stages(model.layers, pp, opts.stage_layers)
     microbatches = opts.steps_for(layout.dp, pp, batch) if train else 1
@@ -622,7 +631,7 @@ def _stage_peak(
     logits, attention and optimizer phases."""
     train, pp = opts.training, layout.pp
     p_bytes = model.param_bytes_per_element
-    zero = layout.zero if layout.dp > 1 else 0
+    zero = zero_stage(layout, opts.stack_spec)
     # ZeRO shards over the gradient group: dp, times sp where SP replicates the weights too, as the
     # schedule reduce-scatters (Megatron-LM builds its distributed optimizer over the data-parallel
     # group with context parallel: get_megatron_optimizer, megatron/core/optimizer/__init__.py).
@@ -633,14 +642,17 @@ def _stage_peak(
     if not model.uniform_layers:  # the stage's own layers: their blocks' weights and saved tensors
         share, act_share = _own_shares(model, stage_layers, index, opts)
     params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind)
-    param_b = zero_sharded(model, layout, params, by_kind, share, from_stage=3) * p_bytes
+    param_b = zero_sharded(model, layout, params, by_kind, share, from_stage=3, stack=opts.stack_spec) * p_bytes
     grad_b = (
-        zero_sharded(model, layout, params, by_kind, share, from_stage=2) * opts.nbytes("grad_dtype") if train else 0.0
+        zero_sharded(model, layout, params, by_kind, share, from_stage=2, stack=opts.stack_spec)
+        * opts.nbytes("grad_dtype")
+        if train
+        else 0.0
     )
     opt_bytes = 0
     if train and opts.optimizer == "adam":
         opt_bytes = ADAM_STATE_BYTES_PER_PARAM if p_bytes < 4 else ADAM_STATE_BYTES_FP32_PARAMS
-    opt_b = zero_sharded(model, layout, params, by_kind, share, from_stage=1) * opt_bytes
+    opt_b = zero_sharded(model, layout, params, by_kind, share, from_stage=1, stack=opts.stack_spec) * opt_bytes
     acts = 0.0
     if train:
         # Chunks of 1/v of the stage's layers in flight (meshplan.costmodel.pipeline.in_flight_chunks):

@@ -50,6 +50,13 @@ class Stack:
     # --overlap-moe-expert-parallel-comm; model_chunk_schedule_plan.py interleaves a forward and a
     # backward layer by layer)
     moe_a2a_overlap: bool = False
+    # Sequence shards recompute the attention core in backward (meshplan's executor keeps only the
+    # local q, k, v); Transformer Engine's context-parallel attention keeps each step's output and
+    # log-sum-exp instead (AttnFuncWithCPAndKVP2P saves them for its backward), recomputing nothing.
+    sequence_attention_recompute: bool = True
+    # ZeRO shards over the sequence ranks too (Megatron's distributed optimizer over its data-parallel
+    # group with context parallelism, dp × cp); meshplan's executor shards over dp only.
+    zero_over_sequence: bool = False
     source: str = ""
 
 
@@ -68,6 +75,8 @@ STACKS: dict[str, Stack] = {
         flash_attention=True,
         tp_overlap=True,
         moe_a2a_overlap=True,
+        sequence_attention_recompute=False,
+        zero_over_sequence=True,
         grad_overlap=True,
         zero3_prefetch=True,
         pp_scatter_gather=True,

@@ -223,7 +223,7 @@ def estimate_step(
     step_exposed = _phase_exposed(timed, blocks.bwd_s * m, 0.0, 0.0)  # gradient sync behind the backward
     held = local_params(model, sh, pp=pp, embeddings=embeddings, by_kind=ctx.by_kind)
     # The optimizer steps the states this rank keeps (ZeRO-1 on: its share; routed experts over edp).
-    kept = zero_sharded(model, layout, held, ctx.by_kind, 1 / pp, from_stage=1)
+    kept = zero_sharded(model, layout, held, ctx.by_kind, 1 / pp, from_stage=1, stack=stack)
     opt_s = optimizer_time_s(kept, dev) if training else 0.0
 
     # Each stage: its own layers' blocks and the micro-batch's own collectives, forward and backward; on
@@ -402,8 +402,9 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
     training, decode = opts.training, opts.mode == "decode"
     tokens = batch if decode else batch * ctx.seq / sh.token_div
     out = _Blocks()
+    comps = {kind: _kind_compute(ctx, kind, dev, opts.recompute) for kind in schedule.per_block}
     for kind, comms in schedule.per_block.items():
-        comp = _kind_compute(ctx, kind, dev, opts.recompute)
+        comp = comps[kind]
         check_block(kind, comp, dev)
         if decode:  # what the block reads a token: the KV cache, the SSM state
             comp = BLOCKS[kind].decode(comp, model, batch, ctx.seq, sh, opts, dev)
@@ -413,6 +414,9 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
         timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
         comm_one = sum(t for _, t in timed)  # one invocation's
         out.comm_s += comm_one * schedule.invocations[kind]
+        paired = [x for x in timed if x[0].overlap in ("block", "layer")]
+        timed = [x for x in timed if x[0].overlap not in ("block", "layer")]
+        exposed_pairs = _paired_exposed(paired, fwd + bwd, _rest_of_layer(comps, schedule.invocations, kind))
         exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
         exposed_bwd = (
             _phase_exposed(
@@ -424,6 +428,7 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
             if training
             else 0.0
         )
+        exposed_fwd, exposed_bwd = exposed_fwd + exposed_pairs / 2, exposed_bwd + exposed_pairs / 2
         exposed = exposed_fwd + exposed_bwd
         breakdown[f"{kind}_fwd_s"] = fwd + exposed_fwd  # one invocation, its exposed collectives included
         breakdown[f"{kind}_bwd_s"] = bwd + exposed_bwd
@@ -456,6 +461,24 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
         out.fwd_s += kernel_gpu
         breakdown["decode_kernel_gpu_s"] = kernel_gpu
     return out
+
+
+def _rest_of_layer(comps: dict, invocations: dict, kind: str) -> float:
+    """Forward and backward seconds of the other blocks of a layer that runs `kind` once (each other
+    kind's invocations counted up to one a `kind` invocation)."""
+    n = invocations[kind]
+    return sum((c.fwd_s + c.bwd_s) * min(1.0, invocations[k] / n) for k, c in comps.items() if k != kind and n > 0)
+
+
+def _paired_exposed(paired: list[tuple[Comm, float]], block_s: float, rest_s: float) -> float:
+    """Exposed seconds of collectives run beside another micro-batch's compute (Megatron-Core's 1F1B
+    all-to-all overlap, meshplan.costmodel.axes.ep): those paired with the block hide behind its forward
+    and backward, those paired with the layer behind the rest of the layer's. The micro-batches of the
+    pipeline's warm-up and cool-down, which have no partner, and the SMs the communication kernels take
+    from the compute beside them are not priced."""
+    block = sum(t for c, t in paired if c.overlap == "block")
+    layer = sum(t for c, t in paired if c.overlap == "layer")
+    return max(0.0, block - block_s) + max(0.0, layer - rest_s)
 
 
 def _microbatch_collectives(

@@ -30,6 +30,11 @@ def unsupported(layout: Layout, model: ModelSpec, whole: bool = True) -> str | N
         return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"
     if (reason := layer_limits(layout, model)) is not None:
         return reason
+    if layout.zero and layout.dp == 1:
+        return (
+            f"layout: the executor shards ZeRO over dp only (the cost model, as Megatron, over dp × sp); "
+            f"drop zero={layout.zero} or add dp"
+        )
     return _whole_model(layout, model) if whole else None
 
 

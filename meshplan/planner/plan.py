@@ -84,7 +84,7 @@ def enumerate_layouts(
     stack: Stack | None = None,
 ) -> list[Layout]:
     """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
-    and the shape, with each ZeRO stage when training with dp > 1 that `stack` runs at that pp (all of
+    and the shape, with each ZeRO stage when training over dp × sp > 1 that `stack` runs at that pp (all of
     them when None), and for a mixture of experts each expert-parallel degree folded onto dp × sp. Any
     pp up to the layer count (uneven stages); with a global batch fixed, only the DP degrees that
     divide it."""
@@ -99,10 +99,12 @@ def enumerate_layouts(
             mp = num_gpus // dp // pp
             shapes = [{}] if mp == 1 else [{tensor_axis: mp}, {"sp": mp}, {"tsp": mp}]
             shapes += [{tensor_axis: t, "sp": mp // t} for t in divisors(mp) if 1 < t < mp]
-            zeros = (0, 1, 2, 3) if mode == "train" and dp > 1 else (0,)
-            if stack is not None:  # the ZeRO stages the stack runs at this pp (no schedule asked of it)
-                zeros = tuple(z for z in zeros if schedule_violation(stack, pp, z, 1, 1) is None)
             for shape in shapes:
+                # ZeRO over dp, and the sequence ranks where the stack shards there (dp × cp under Megatron)
+                over = dp * (shape.get("sp", 1) if stack is not None and stack.zero_over_sequence else 1)
+                zeros = (0, 1, 2, 3) if mode == "train" and over > 1 else (0,)
+                if stack is not None:  # the ZeRO stages the stack runs at this pp (no schedule asked of it)
+                    zeros = tuple(z for z in zeros if schedule_violation(stack, pp, z, 1, 1) is None)
                 for zero, experts in ((z, e) for z in zeros for e in _expert_layouts(model, dp * mp, shape)):
                     layout = Layout(dp=dp, pp=pp, zero=zero, **experts, **shape)
                     try:

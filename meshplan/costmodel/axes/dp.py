@@ -9,6 +9,13 @@ from meshplan.costmodel.collectives import Comm
 from meshplan.layout import Layout, grad_group
 
 
+def zero_stage(layout: Layout, stack) -> int:
+    """The ZeRO stage that applies: over the data-parallel ranks, and over the sequence ranks too where
+    the stack shards there (Stack.zero_over_sequence); 0 where that leaves one rank."""
+    ranks = layout.dp * (layout.sp if stack is not None and stack.zero_over_sequence else 1)
+    return layout.zero if ranks > 1 else 0
+
+
 def comms(ctx, local_params: float, last_ready: float, experts: float = 0.0) -> tuple[list[Comm], list[Comm]]:
     """(per micro-batch, per step) of a training step or a prefill; `local_params`: a rank's parameters
     (averaged over the stages), `last_ready`: those whose gradients the backward completes last;
@@ -36,7 +43,7 @@ def _group_comms(
     if group == 1 or not (training or layout.zero == 3):
         return per_mb, per_step
     p_bytes, g_bytes = local_params * ctx.param_bytes, local_params * ctx.grad_bytes
-    zero = layout.zero if layout.dp > 1 else 0
+    zero = zero_stage(layout, ctx.opts.stack_spec) if group > 1 else 0
     # Under pipeline stages the micro-batches' gradients stay sharded only if each micro-batch
     # reduce-scatters its own (ZeRO 2 as ZeRO 3 always does): once per micro-batch there.
     per_mb_grads = zero == 3 or (zero == 2 and layout.pp > 1)
@@ -107,6 +114,6 @@ def decode_comms(ctx, local_params: float) -> list[Comm]:
     """ZeRO-3 gathers every weight for every decoded token."""
     layout = ctx.layout
     axis, group = grad_group(layout)
-    if not (layout.zero == 3 and layout.dp > 1 and group > 1):
+    if not (zero_stage(layout, ctx.opts.stack_spec) == 3 and group > 1):
         return []
     return [Comm("all_gather", axis, local_params * ctx.param_bytes, group, block="model", what="ZeRO-3 gather params")]

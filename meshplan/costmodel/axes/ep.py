@@ -21,7 +21,9 @@ is even. Per MoE layer, forward:
   does not use DeepEP's FP8 dispatch).
 
 Backward runs each collective's gradient (four passes of the all-to-all in all); full recompute runs
-the forward's again (six). Uneven routing: the busiest rank receives `CostOptions.expert_load` times
+the forward's again (six). Under Megatron-Core's 1F1B all-to-all overlap the dispatches hide behind
+another micro-batch's expert compute and the combines behind the rest of its layer
+(step._paired_exposed). Uneven routing: the busiest rank receives `CostOptions.expert_load` times
 the even share, and every all-to-all waits for it.
 """
 
@@ -35,6 +37,11 @@ from meshplan.layout import Layout
 # nodes (its 8 experts are chosen within the 4 best of 8 expert groups, a group a node).
 DEEPEP_NODE_LIMIT = 4
 _GRADIENT = {"all_to_all": "all_to_all", "all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}
+# Megatron-Core's 1F1B all-to-all overlap pairs a layer's forward of one micro-batch with its backward
+# of another (models/common/model_chunk_schedule_plan.py): the dispatches (forward, and backward's)
+# run beside the other micro-batch's expert MLP backward and forward, the combines beside its attention
+# — the rest of the layer ("block": the experts' own compute; "layer": the rest of the layer's).
+_PAIRED = {"dispatch tokens to experts": "block", "combine expert outputs": "layer"}
 
 
 def active(layout: Layout) -> bool:
@@ -142,7 +149,7 @@ def block_comms(ctx, kind: str):
             ]
         fwd = a2a[:1] + gather + a2a[1:]
     if opts.moe_a2a_overlap:  # beside another micro-batch's compute (Megatron-Core's 1F1B A2A overlap)
-        fwd = [replace(c, overlap="compute") if c.kind == "all_to_all" else c for c in fwd]
+        fwd = [replace(c, overlap=_PAIRED.get(c.what, c.overlap)) if c.kind == "all_to_all" else c for c in fwd]
     if not opts.training:
         return fwd
     bwd = [replace(c, kind=_GRADIENT[c.kind], phase="bwd", what=f"{c.what}: gradient") for c in reversed(fwd)]

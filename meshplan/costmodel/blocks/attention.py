@@ -207,8 +207,8 @@ class Attention(BlockKind):
 
     def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
         # Selective recompute redoes the core; sequence shards keep only their local q, k, v, so the
-        # core is recomputed in backward there too.
-        return core if recompute == "selective" or sh.gathers_kv else 0.0
+        # core is recomputed in backward there too — where the stack does (Device.sequence_attention_recompute).
+        return core if recompute == "selective" or (sh.gathers_kv and dev.sequence_attention_recompute) else 0.0
 
     def selective_recompute_flops(self, model, tokens, seq):
         """Korthikanti et al. 2022 Eq. 8: selective recompute redoes the attention core's forward."""
