@@ -4,6 +4,8 @@ say why the winner wins."""
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 from dataclasses import dataclass, field, replace
 
 from meshplan.costmodel.axes import ep, plan_context
@@ -63,8 +65,8 @@ class Plan:
     considered: int
     objective: str
     reason: str
-    # Meshes that fit but were not priced in full: their compute alone (step.compute_floor_s) was slower
-    # a token than the keep-th best mesh priced
+    # Meshes not priced in full: their compute alone (step.compute_floor_s) was slower a token than the
+    # keep-th best mesh priced (some of them were found to fit first)
     pruned: int = 0
 
 
@@ -155,13 +157,15 @@ def plan(
     estimate_dropped: bool = False,
     search: frozenset = frozenset(),
     keep: int = 10,
+    workers: int | None = None,
 ) -> Plan:
     """Rank every mesh. `batch` is the micro-batch (sequences); with opts.global_batch the step's
     batch is fixed and DP changes the accumulation steps. `search`: the knobs (KNOBS) chosen per mesh
     rather than pinned to `opts` / `batch` (search_knobs says how). Under the throughput objective in
     training only the best `keep` meshes are sure to be priced in full: a mesh whose compute alone
-    (step.compute_floor_s) is slower a token than the keep-th best so far is counted as fitting, not
-    priced (Plan.pruned); 0 prices every mesh."""
+    (step.compute_floor_s) is slower a token than the keep-th best so far is not priced (Plan.pruned);
+    0 prices every mesh. `workers`: processes that share the meshes out (None: the machine's cores, for
+    a thousand meshes or more; 1: this one)."""
     if objective not in OBJECTIVES:
         raise MeshplanError(f"--objective: unknown {objective!r}; use one of {', '.join(OBJECTIVES)}")
     if unknown := set(search) - set(KNOBS):
@@ -181,24 +185,70 @@ def plan(
             f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}"
             + (f" --global-batch {gbs}" if gbs else "")
         )
-    fitting: list[Candidate] = []
-    dropped: list[Candidate] = []
-    new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
     # Throughput in training: the best `keep` seconds a token so far bound the rest (search_knobs skips
     # a mesh whose compute alone is slower than the keep-th best), so the ranking's top `keep` is exact.
     prune = objective == "throughput" and opts.training and not estimate_dropped and keep > 0
+    job = _Job(model, cluster, seq, batch, opts, objective, estimate_dropped, search, keep if prune else 0)
+    parts = _in_parallel(job, layouts, workers)
+    fitting = [c for f, _, _ in parts for c in f]
+    dropped = [c for _, d, _ in parts for c in d]
+    pruned = sum(p for _, _, p in parts)
+    fitting.sort(key=_sort_key(objective, opts.mode))
+    dropped.sort(key=lambda c: c.total_bytes)
+    reason = explain(fitting, dropped, objective, opts, cluster, pruned, keep)
+    return Plan(fitting, dropped, len(layouts), objective, reason, pruned)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What ranking a share of the meshes needs (plan's arguments)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    seq: int
+    batch: int
+    opts: CostOptions
+    objective: str
+    estimate_dropped: bool
+    search: frozenset
+    keep: int  # 0: price every mesh
+
+
+# Below this many meshes one process ranks them all: starting workers costs more than it saves.
+PARALLEL_FROM = 1000
+
+
+def _in_parallel(job: _Job, layouts: list[Layout], workers: int | None) -> list[tuple]:
+    """_rank(job, share) over the meshes, dealt round-robin to `workers` forked processes (None: the
+    machine's cores, at most 8), each bounding its own share with its own best `keep`."""
+    workers = min(8, os.cpu_count() or 1) if workers is None else workers
+    if workers <= 1 or len(layouts) < PARALLEL_FROM or "fork" not in multiprocessing.get_all_start_methods():
+        return [_rank(job, layouts)]
+    shares = [layouts[i::workers] for i in range(workers)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.starmap(_rank, [(job, share) for share in shares])
+
+
+def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
+    """(fitting, dropped, pruned) of these meshes, each with its knobs searched (search_knobs)."""
+    model, cluster, seq, batch, opts = job.model, job.cluster, job.seq, job.batch, job.opts
+    fitting: list[Candidate] = []
+    dropped: list[Candidate] = []
+    new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
     kept: list[float] = []  # the best seconds a token priced so far, at most `keep` of them
     pruned = 0
     for layout in layouts:
-        bound = kept[-1] if prune and len(kept) == keep else math.inf
-        choice = search_knobs(model, cluster, layout, seq, batch, opts, search=search, objective=objective, bound=bound)
+        bound = kept[-1] if job.keep and len(kept) == job.keep else math.inf
+        choice = search_knobs(
+            model, cluster, layout, seq, batch, opts, search=job.search, objective=job.objective, bound=bound
+        )
         if choice is None:
             continue
-        mem, est, fits, knobs, used = choice
-        if fits and est is None:  # it fits, and cannot reach the top `keep`
+        if choice is SKIPPED or (choice[2] and choice[1] is None):  # cannot reach the top `keep`
             pruned += 1
             continue
-        if est is None and estimate_dropped:
+        mem, est, fits, knobs, used = choice
+        if est is None and job.estimate_dropped:
             est = estimate_step(model, layout, seq, knobs["micro_batch"], used, cluster)
         cand = Candidate(
             layout,
@@ -210,12 +260,9 @@ def plan(
             knobs,
         )
         (fitting if fits else dropped).append(cand)
-        if prune and fits:
-            kept = sorted(kept + [est.step_time_s / est.tokens_per_step])[:keep]
-    fitting.sort(key=_sort_key(objective, opts.mode))
-    dropped.sort(key=lambda c: c.total_bytes)
-    reason = explain(fitting, dropped, objective, opts, cluster, pruned, keep)
-    return Plan(fitting, dropped, len(layouts), objective, reason, pruned)
+        if job.keep and fits:
+            kept = sorted(kept + [est.step_time_s / est.tokens_per_step])[: job.keep]
+    return fitting, dropped, pruned
 
 
 def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOptions, search: frozenset):
@@ -292,6 +339,7 @@ def search_knobs(
                 smallest = (mem, None, False, knobs, trial)
         return priced[sp, mb, v, rc]
 
+    skipped = 0
     for sp in sps:
         for mb in batches:
             for v in chunks:
@@ -299,6 +347,18 @@ def search_knobs(
                     opts.stack_spec, layout.pp, layout.zero, opts.steps_for(layout.dp, layout.pp, mb), v
                 ):
                     continue  # a schedule the stack cannot run
+                if bound < math.inf:  # no recompute at all is behind the bound: no need to know if it fits
+                    quick = replace(
+                        opts,
+                        tp_sequence_parallel=sp,
+                        virtual_stages=v,
+                        schedule="interleaved" if v > 1 else "1f1b",
+                        recompute="none",
+                    )
+                    tokens = layout.dp * quick.steps_for(layout.dp, layout.pp, mb) * mb * seq
+                    if compute_floor_s(plan_context(model, layout, seq, mb, quick), cluster) / tokens > bound:
+                        skipped += 1
+                        continue
                 # The last recompute holds the least: if it does not fit, none does (nor a larger micro-batch).
                 if memory(sp, batches[0], v, recomputes[-1])[1].total_bytes > cluster.gpu.memory_bytes:
                     continue
@@ -324,7 +384,13 @@ def search_knobs(
                     if best is None or key < best[0]:
                         best = (key, (mem, est, True, knobs, trial))
                     break  # a later recompute is no faster
+    if best is None and fitted is None and skipped and smallest is None:
+        return SKIPPED  # every setting's compute alone is behind the bound
     return best[1] if best else fitted or smallest
+
+
+# search_knobs' answer for a mesh none of whose settings can reach the bound, priced or not
+SKIPPED = "skipped"
 
 
 def _gib(n: float) -> str:
@@ -395,13 +461,13 @@ def explain(
             else " It runs none of the meshes that fit."
         )
         text.append(f"meshplan execute cannot check {win.layout} on GPUs ({win.not_executed}).{then}")
-    fit = len(ranked) + pruned
-    text.append(f"{fit} of {fit + len(dropped)} valid meshes fit.")
     if pruned:
         text.append(
-            f"{pruned} of them were not priced in full: their compute alone is slower a token than the "
-            f"{keep} best meshes' whole steps."
+            f"{len(ranked)} of the {len(ranked) + len(dropped)} valid meshes priced fit; {pruned} more were not "
+            f"priced in full: their compute alone is slower a token than the {keep} best meshes' whole steps."
         )
+    else:
+        text.append(f"{len(ranked)} of {len(ranked) + len(dropped)} valid meshes fit.")
     return " ".join(text)
 
 
