@@ -314,16 +314,60 @@ def test_moe_rules_are_one_line_errors():
 
 
 def test_the_a2a_overlap_hides_the_all_to_all():
-    """Megatron-Core's 1F1B all-to-all overlap: the experts' all-to-alls run beside compute, so less of
-    the step is exposed communication; nothing else changes."""
+    """Megatron-Core's 1F1B all-to-all overlap: with 16 micro-batches the experts' all-to-alls run beside
+    another micro-batch's compute, so less of the step is exposed communication and nothing else changes;
+    with one micro-batch there is no partner, and in prefill no backward to pair with: nothing hides."""
     from dataclasses import replace
 
     cluster = load_cluster("h100-sxm-8", 4)
     layout = parse_layout("dp=16,tp=2,ep=8")  # the expert group over 16 ranks: two nodes
     validate_layout(layout, MIXTRAL, 32)
-    plain = estimate_step(MIXTRAL, layout, 4096, 1, MEGATRON_SP, cluster)
-    hidden = estimate_step(MIXTRAL, layout, 4096, 1, replace(MEGATRON_SP, moe_a2a_overlap=True), cluster)
+    many = replace(MEGATRON_SP, global_batch=256)
+    plain = estimate_step(MIXTRAL, layout, 4096, 1, many, cluster)
+    hidden = estimate_step(MIXTRAL, layout, 4096, 1, replace(many, moe_a2a_overlap=True), cluster)
     assert hidden.exposed_comm_s < plain.exposed_comm_s and hidden.compute_s == plain.compute_s
+    one = [estimate_step(MIXTRAL, layout, 4096, 1, replace(MEGATRON_SP, moe_a2a_overlap=o), cluster) for o in (0, 1)]
+    assert one[0].step_time_s == one[1].step_time_s
+    prefill = replace(MEGATRON_SP, mode="prefill", global_batch=0)
+    runs = [estimate_step(MIXTRAL, layout, 4096, 1, replace(prefill, moe_a2a_overlap=o), cluster) for o in (0, 1)]
+    assert runs[0].step_time_s == runs[1].step_time_s
+
+
+def test_the_overlap_pairs_all_but_the_schedules_lone_units():
+    """Without a pipeline all but one of m micro-batches have a partner; 1F1B leaves the first rank's
+    p − 1 warm-up units alone, the interleaved schedule (p − 1)·2 + (v − 1)·p of m·v."""
+    from meshplan.costmodel.step import paired_share
+
+    assert paired_share(1, 1, 1) == 0 and paired_share(16, 1, 1) == 15 / 16
+    assert paired_share(32, 8, 1) == 25 / 32
+    assert paired_share(128, 8, 2) == (256 - 22) / 256
+
+
+def test_etp_one_under_tp_keeps_every_expert_whole():
+    """tp=8 with etp=1 and no ep: attention split 8 ways, every rank holds all 8 experts whole and runs
+    its own sequence shard's copies through them — 8 times tp=8's expert weights, no expert collectives."""
+    opts = CostOptions(optimizer="none", tp_sequence_parallel=True)
+    split = memory_per_gpu(MIXTRAL, parse_layout("tp=8"), 4096, 1, opts).per_gpu_bytes["parameters"]
+    whole = memory_per_gpu(MIXTRAL, parse_layout("tp=8,etp=1"), 4096, 1, opts).per_gpu_bytes["parameters"]
+    experts = 32 * 8 * 3 * 4096 * 14336 * 2
+    assert whole - split == pytest.approx(experts - experts / 8)
+    assert not _expert_comms("tp=8,etp=1", opts)
+
+
+def test_experts_without_megatron_sp_run_the_tokens_once():
+    """Prefill under tp=8 with no Megatron-SP: every tensor rank holds all the tokens, so its experts run
+    them over 1/8 of the FFN and sum the partial outputs — the expert compute matches Megatron-SP's, not
+    eight times it."""
+    cluster = load_cluster("h100-sxm-8")
+    times = [
+        estimate_step(
+            MIXTRAL, parse_layout("tp=8"), 4096, 1, CostOptions(mode="prefill", tp_sequence_parallel=sp), cluster
+        ).breakdown["experts_compute_s"]
+        for sp in (True, False)
+    ]
+    assert times[1] == pytest.approx(times[0], rel=0.05)
+    comms = _expert_comms("tp=8", CostOptions(mode="prefill"))
+    assert [(c.kind, c.axis) for c in comms] == [("all_reduce", "etp")]
 
 
 def test_the_planner_prunes_only_meshes_that_cannot_reach_its_top():
@@ -393,3 +437,19 @@ def test_the_planner_ranks_the_same_in_parallel(monkeypatch):
     assert [(str(c.layout), c.estimate.step_time_s) for c in two.ranked[:5]] == [
         (str(c.layout), c.estimate.step_time_s) for c in one.ranked[:5]
     ]
+
+
+def test_knob_search_skips_what_the_a2a_overlap_refuses():
+    """With the 1F1B all-to-all overlap asked for, the recompute search skips full recompute and the
+    virtual-stage search keeps the pipelines it can interleave, rather than failing or dropping them."""
+    from dataclasses import replace
+
+    from meshplan.planner import plan
+
+    cluster = load_cluster("h100-sxm-8", 2)
+    opts = replace(MEGATRON_SP, global_batch=256, moe_a2a_overlap=True)
+    by_recompute = plan(MIXTRAL, cluster, 4096, 1, opts, search=frozenset({"recompute"}))
+    assert by_recompute.ranked and all(c.knobs["recompute"] != "full" for c in by_recompute.ranked)
+    by_stages = plan(MIXTRAL, cluster, 4096, 1, opts, search=frozenset({"virtual_stages"}))
+    piped = [c for c in by_stages.ranked if c.layout.pp > 1]
+    assert piped and all(c.knobs["virtual_stages"] > 1 for c in piped)

@@ -416,7 +416,16 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
         out.comm_s += comm_one * schedule.invocations[kind]
         paired = [x for x in timed if x[0].overlap in ("block", "layer")]
         timed = [x for x in timed if x[0].overlap not in ("block", "layer")]
-        exposed_pairs = _paired_exposed(paired, fwd + bwd, _rest_of_layer(comps, schedule.invocations, kind))
+        exposed_pairs = (
+            _paired_exposed(
+                paired,
+                fwd + bwd,
+                _rest_of_layer(comps, schedule.invocations, kind),
+                paired_share(schedule.microbatches, layout.pp, opts.chunks if layout.pp > 1 else 1),
+            )
+            if paired
+            else 0.0
+        )
         exposed_fwd = _phase_exposed([x for x in timed if x[0].phase == "fwd"], fwd, comp.gemm_fwd_s, comp.attn_fwd_s)
         exposed_bwd = (
             _phase_exposed(
@@ -470,15 +479,31 @@ def _rest_of_layer(comps: dict, invocations: dict, kind: str) -> float:
     return sum((c.fwd_s + c.bwd_s) * min(1.0, invocations[k] / n) for k, c in comps.items() if k != kind and n > 0)
 
 
-def _paired_exposed(paired: list[tuple[Comm, float]], block_s: float, rest_s: float) -> float:
+def _paired_exposed(paired: list[tuple[Comm, float]], block_s: float, rest_s: float, share: float) -> float:
     """Exposed seconds of collectives run beside another micro-batch's compute (Megatron-Core's 1F1B
     all-to-all overlap, meshplan.costmodel.axes.ep): those paired with the block hide behind its forward
-    and backward, those paired with the layer behind the rest of the layer's. The micro-batches of the
-    pipeline's warm-up and cool-down, which have no partner, and the SMs the communication kernels take
-    from the compute beside them are not priced."""
+    and backward, those paired with the layer behind the rest of the layer's — on the `share` of the
+    units that have a partner (paired_share); the others run alone. The SMs the communication kernels
+    take from the compute beside them are not priced."""
     block = sum(t for c, t in paired if c.overlap == "block")
     layer = sum(t for c, t in paired if c.overlap == "layer")
-    return max(0.0, block - block_s) + max(0.0, layer - rest_s)
+    hidden = max(0.0, block - block_s) + max(0.0, layer - rest_s)
+    return (1 - share) * (block + layer) + share * hidden
+
+
+def paired_share(microbatches: int, pp: int, chunks: int) -> float:
+    """The share of a rank's forward and backward units that run beside another micro-batch's under
+    Megatron-Core's 1F1B overlap: all but the first rank's warm-up forwards and the cool-down backwards
+    that mirror them — min(p − 1, m) of m under 1F1B, (p − 1)·2 + (v − 1)·p of m·v interleaved (its
+    schedule table, pipeline_sim) — and without a pipeline all but one of the m micro-batches."""
+    units = microbatches * chunks
+    if pp == 1:
+        alone = 1
+    elif chunks == 1:
+        alone = pp - 1
+    else:
+        alone = (pp - 1) * 2 + (chunks - 1) * pp
+    return max(0.0, units - alone) / units if units else 0.0
 
 
 def _microbatch_collectives(

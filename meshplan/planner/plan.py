@@ -286,7 +286,7 @@ def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOption
         chunks = [opts.chunks]
     t = layout.tensor_degree > 1
     sp = [True] if "tp_sequence_parallel" in search and t and opts.training else [opts.tp_sequence_parallel]
-    if ep.violation(model, layout, replace(opts, tp_sequence_parallel=sp[0])):
+    if ep.tensor_violation(model, layout, replace(opts, tp_sequence_parallel=sp[0])):
         return None  # a mixture of experts under TP without Megatron-SP: no stack runs it
     recompute = list(RECOMPUTE_ORDER) if "recompute" in search and opts.training else [opts.recompute]
     return batches, sorted(set(chunks)), sp, recompute
@@ -356,23 +356,24 @@ def search_knobs(
                         recompute="none",
                     )
                     tokens = layout.dp * quick.steps_for(layout.dp, layout.pp, mb) * mb * seq
-                    if compute_floor_s(plan_context(model, layout, seq, mb, quick), cluster) / tokens > bound:
+                    if compute_floor_s(plan_context(model, layout, seq, mb, quick), cluster) / tokens > bound * (
+                        1 + 1e-9
+                    ):
                         skipped += 1
                         continue
-                # The last recompute holds the least: if it does not fit, none does (nor a larger micro-batch).
-                if memory(sp, batches[0], v, recomputes[-1])[1].total_bytes > cluster.gpu.memory_bytes:
-                    continue
                 for rc in recomputes:
                     if rc == "selective" and opts.flash_attention and len(recomputes) > 1:
                         continue
                     ctx, mem = memory(sp, mb, v, rc)
                     trial = ctx.opts
+                    if opts.training and ep.violation(model, layout, trial):
+                        continue  # a setting the stack's MoE rules refuse (the all-to-all overlap's)
                     knobs = {"recompute": rc, "tp_sequence_parallel": sp, "micro_batch": mb, "virtual_stages": v}
                     if mem.total_bytes > cluster.gpu.memory_bytes:
                         continue
                     if bound < math.inf:
                         tokens = layout.dp * trial.steps_for(layout.dp, layout.pp, mb) * mb * seq
-                        if compute_floor_s(ctx, cluster) / tokens > bound:
+                        if compute_floor_s(ctx, cluster) / tokens > bound * (1 + 1e-9):
                             fitted = fitted or (mem, None, True, knobs, trial)
                             break  # its compute alone is behind the bound, and a later recompute no faster
                     est = estimate_step(model, layout, seq, mb, trial, cluster, ctx=ctx)

@@ -36,7 +36,12 @@ from meshplan.layout import Layout
 # DeepSeek-V3 (arXiv 2412.19437 §2.1.2, config.json topk_group): a token's experts lie on at most 4
 # nodes (its 8 experts are chosen within the 4 best of 8 expert groups, a group a node).
 DEEPEP_NODE_LIMIT = 4
-_GRADIENT = {"all_to_all": "all_to_all", "all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}
+_GRADIENT = {
+    "all_to_all": "all_to_all",
+    "all_gather": "reduce_scatter",
+    "reduce_scatter": "all_gather",
+    "all_reduce": "all_reduce",  # the partial input gradients of the etp ranks, summed (as TP's)
+}
 # Megatron-Core's 1F1B all-to-all overlap pairs a layer's forward of one micro-batch with its backward
 # of another (models/common/model_chunk_schedule_plan.py): the dispatches (forward, and backward's)
 # run beside the other micro-batch's expert MLP backward and forward, the combines beside its attention
@@ -45,26 +50,31 @@ _PAIRED = {"dispatch tokens to experts": "block", "combine expert outputs": "lay
 
 
 def active(layout: Layout) -> bool:
-    """The experts have collectives of their own: split over ep or over an expert-tensor axis."""
-    return layout.ep > 1 or layout.expert_tensor_degree > 1
+    """The experts are laid out by their own axes: split over ep or an expert-tensor axis, or split
+    otherwise than attention (etp = 1 under tp: whole on every tensor rank)."""
+    return layout.ep > 1 or layout.expert_tensor_degree > 1 or layout.folds_experts
 
 
 def violation(model, layout: Layout, opts) -> str | None:
     """Megatron-Core's rule for training a mixture of experts under tensor parallelism: sequence
     parallelism on (MoELayer.forward raises "During training, performance may degrade if MoE and
     tensor parallelism are enabled without also enabling sequence parallelism") — the experts route
-    each tensor rank's own sequence shard. Then the stack's own rules for the options (DeepEP pads no
-    capacity; the 1F1B all-to-all overlap's conditions). None when the plan keeps them."""
+    each tensor rank's own sequence shard. Then the 1F1B all-to-all overlap's conditions (DeepEP's
+    refusal to pad is CostOptions'). None when the plan keeps them."""
     if model.moe is None or not opts.training:
         return None
-    if layout.tensor_degree > 1 and not opts.tp_sequence_parallel:
-        return (
-            f"layout {layout}: a mixture of experts with tensor parallelism needs Megatron-SP (Megatron-Core "
-            f"routes each tensor rank's sequence shard); add --tp-sequence-parallel or drop tp"
-        )
-    if opts.moe_a2a_overlap:
-        return _overlap_violation(layout, opts)
-    return None
+    return tensor_violation(model, layout, opts) or (_overlap_violation(layout, opts) if opts.moe_a2a_overlap else None)
+
+
+def tensor_violation(model, layout: Layout, opts) -> str | None:
+    """Megatron-SP under the tensor axis in training (the mesh-wide part of `violation`)."""
+    if model.moe is None or not opts.training or layout.tensor_degree == 1 or opts.tp_sequence_parallel:
+        return None
+    axis = "tpssm" if layout.tpssm > 1 else "tp"
+    return (
+        f"layout {layout}: a mixture of experts with tensor parallelism needs Megatron-SP (Megatron-Core "
+        f"routes each tensor rank's sequence shard); add --tp-sequence-parallel or drop {axis}"
+    )
 
 
 def _overlap_violation(layout: Layout, opts) -> str | None:
@@ -92,12 +102,15 @@ def sharding(layout: Layout, options, kind: str | None = None) -> Sharding:
 
 def expert_sharding(base: Sharding, layout: Layout) -> Sharding:
     """The routed experts' sharding given attention's `base`: weights over etp × ep; the etp group's
-    dispatched tokens on each rank (a rank's own T_d = b·s / (token_div · hidden_div), etp of them);
-    the FFN width over etp; full-width copies not split further."""
+    dispatched tokens on each rank (a rank's own T_d = b·s / (token_div · hidden_div), etp of them —
+    or, without Megatron-SP (inference), the tokens every tensor rank holds); the FFN width over etp;
+    full-width copies not split further."""
     etp = layout.expert_tensor_degree
+    # Without Megatron-SP every tensor rank holds all its shard's tokens: its experts run them all.
+    gathered = etp if base.hidden_div > 1 else 1
     return Sharding(
         weight_div=etp * layout.ep,
-        token_div=base.token_div * base.hidden_div / etp,
+        token_div=base.token_div * base.hidden_div / gathered,
         head_div=etp,
         hidden_div=1,
         vocab_div=1,
@@ -141,14 +154,16 @@ def block_comms(ctx, kind: str):
             one = Comm("all_to_all", "ep", copies, ep, block=kind)
             a2a = [replace(one, what="dispatch tokens to experts"), replace(one, what="combine expert outputs")]
         gather = []
-        if etp > 1:
+        if etp > 1 and ctx.sharding.hidden_div > 1:
             gathered = etp * copies
             gather = [
                 Comm("all_gather", "etp", gathered, etp, block=kind, what="gather routed tokens over etp"),
                 Comm("reduce_scatter", "etp", gathered, etp, block=kind, what="reduce-scatter expert outputs over etp"),
             ]
+        elif etp > 1:  # every etp rank holds the tokens (no Megatron-SP): sum the partial outputs
+            gather = [Comm("all_reduce", "etp", copies, etp, block=kind, what="all-reduce expert outputs over etp")]
         fwd = a2a[:1] + gather + a2a[1:]
-    if opts.moe_a2a_overlap:  # beside another micro-batch's compute (Megatron-Core's 1F1B A2A overlap)
+    if opts.moe_a2a_overlap and opts.training:  # beside another micro-batch's compute (Megatron's 1F1B overlap)
         fwd = [replace(c, overlap=_PAIRED.get(c.what, c.overlap)) if c.kind == "all_to_all" else c for c in fwd]
     if not opts.training:
         return fwd
