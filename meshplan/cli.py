@@ -220,13 +220,8 @@ def memory(
         logits_dtype=logits_dtype,
         tp_sequence_parallel=tp_sequence_parallel,
         int8_allreduce=int8_allreduce,
-        moe=dict(
-            moe_dispatcher=moe_dispatcher,
-            capacity_factor=capacity_factor,
-            moe_pad_to_capacity=moe_pad_to_capacity,
-            moe_imbalance=moe_imbalance,
-            deepep_node_limit=deepep_node_limit,
-            moe_a2a_overlap=moe_a2a_overlap,
+        moe=moe_options(
+            moe_dispatcher, capacity_factor, moe_pad_to_capacity, moe_imbalance, deepep_node_limit, moe_a2a_overlap
         ),
     )
     cluster_spec = load_cluster(cluster, nodes) if cluster else None
@@ -350,6 +345,19 @@ def stack_options(
         stack=stack,
         **(moe or {}),
     )
+
+
+def moe_options(dispatcher: str, capacity: float, pad: bool, imbalance: float, node_limit: bool, overlap: bool) -> dict:
+    """The mixture-of-experts options as CostOptions takes them (the same flags in memory, predict and
+    recommend)."""
+    return {
+        "moe_dispatcher": dispatcher,
+        "capacity_factor": capacity,
+        "moe_pad_to_capacity": pad,
+        "moe_imbalance": imbalance,
+        "deepep_node_limit": node_limit,
+        "moe_a2a_overlap": overlap,
+    }
 
 
 def assumed(opts) -> dict:
@@ -525,13 +533,8 @@ def recommend(
         virtual_stages=virtual_stages or 1,
         launch_floor=launch_floor,
         sp_split=sp_split,
-        moe=dict(
-            moe_dispatcher=moe_dispatcher,
-            capacity_factor=capacity_factor,
-            moe_pad_to_capacity=moe_pad_to_capacity,
-            moe_imbalance=moe_imbalance,
-            deepep_node_limit=deepep_node_limit,
-            moe_a2a_overlap=moe_a2a_overlap,
+        moe=moe_options(
+            moe_dispatcher, capacity_factor, moe_pad_to_capacity, moe_imbalance, deepep_node_limit, moe_a2a_overlap
         ),
     )
     micro = batch or 1
@@ -689,13 +692,8 @@ def predict(
         schedule=schedule,
         virtual_stages=virtual_stages,
         stage_layers=stage_layers,
-        moe=dict(
-            moe_dispatcher=moe_dispatcher,
-            capacity_factor=capacity_factor,
-            moe_pad_to_capacity=moe_pad_to_capacity,
-            moe_imbalance=moe_imbalance,
-            deepep_node_limit=deepep_node_limit,
-            moe_a2a_overlap=moe_a2a_overlap,
+        moe=moe_options(
+            moe_dispatcher, capacity_factor, moe_pad_to_capacity, moe_imbalance, deepep_node_limit, moe_a2a_overlap
         ),
     )
     result = predict_plan(
