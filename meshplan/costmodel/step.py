@@ -375,7 +375,13 @@ def compute_floor_s(ctx: PlanContext, cluster: ClusterSpec) -> float:
     reached it and before the last backward left it back through the stages before it, which take
     at least 1/v of theirs each way: step ≥ max_r (m·s_r + Σ_{r'<r} s_r' / v) — the closed form where
     the last stage is the busiest (pipeline.pipeline_passes). The planner skips a mesh whose floor is
-    behind the meshes it keeps."""
+    behind the meshes it keeps. ZeRO moves no compute: meshes that differ only in it share one floor."""
+    return _floor(ctx.model, replace(ctx.layout, zero=0), ctx.seq, ctx.batch, ctx.opts, cluster)
+
+
+@functools.lru_cache(maxsize=8192)
+def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, cluster: ClusterSpec) -> float:
+    ctx = plan_context(model, layout, seq, batch, opts)
     opts = ctx.opts
     dev = Device.of(cluster, opts.stack_spec)
     per_kind = {}
