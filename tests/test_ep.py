@@ -453,3 +453,23 @@ def test_knob_search_skips_what_the_a2a_overlap_refuses():
     by_stages = plan(MIXTRAL, cluster, 4096, 1, opts, search=frozenset({"virtual_stages"}))
     piped = [c for c in by_stages.ranked if c.layout.pp > 1]
     assert piped and all(c.knobs["virtual_stages"] > 1 for c in piped)
+
+
+def test_a_hybrid_mamba_moe_model_plans_each_block_by_its_own_axes():
+    """Nemotron 3 Nano (Mamba-2, attention and MoE layers) on 16 H100s: the ranking holds meshes with the
+    Mamba and attention layers under TP-SSM, SP and TSP, each with the experts split by ep, all priced."""
+    from meshplan.planner import plan
+    from meshplan.planner.plan import KNOBS
+
+    result = plan(
+        PRESETS["nemotron-3-nano"],
+        load_cluster("h100-sxm-8", 2),
+        8192,
+        1,
+        CostOptions(stack="megatron", global_batch=256),
+        search=frozenset(KNOBS),
+        keep=0,
+    )
+    kinds = {(c.layout.kind, c.layout.ep > 1) for c in result.ranked}
+    assert {("tpssm", True), ("sp", True), ("tsp", True)} <= kinds
+    assert all(c.estimate.step_time_s > 0 for c in result.ranked)
