@@ -737,6 +737,11 @@ def predict(
         ("MFU / HFU", f"{out['mfu']:.1%} / {out['hfu']:.1%}"),
         ("model TFLOP/s per GPU", f"{out['tflops_per_gpu']:.1f}"),
         ("exposed communication", _fmt_s(out["exposed_comm_s"])),
+        *(
+            [("  of which", ", ".join(f"{k.replace('_', ' ')} {_fmt_s(v)}" for k, v in out["exposed_by"].items()))]
+            if out["exposed_by"]
+            else []
+        ),
         (
             "pipeline bubble",
             f"{out['bubble_fraction']:.1%} of the passes"

@@ -78,6 +78,7 @@ class Prediction:
             "compute_s": e.compute_s,
             "bubble_s": e.bubble_s,
             "exposed_comm_s": e.exposed_comm_s,
+            "exposed_by": exposed_by(e),
             "optimizer_s": e.optimizer_s,
             "launch_wait_s": e.launch_wait_s,
             "comm_bytes_per_step": e.comm_bytes_per_step,
@@ -86,6 +87,20 @@ class Prediction:
             "rates_note": Device.of(self.cluster, self.opts.stack_spec).rates_note,
             "bound": e.bound,
         }
+
+
+def exposed_by(e: StepEstimate) -> dict[str, float]:
+    """A training step's exposed communication by whose collectives it is — each block kind's on the
+    busiest rank ("experts": the token all-to-alls), the micro-batch's own ("microbatch": embedding,
+    pipeline sends, ZeRO-3's gathers) and the gradient sync — largest first; they sum to
+    exposed_comm_s. Empty outside training."""
+    parts = {
+        k.removeprefix("exposed_").removesuffix("_s"): v for k, v in e.breakdown.items() if k.startswith("exposed_")
+    }
+    if not parts:
+        return {}
+    parts["gradient_sync"] = e.breakdown.get("gradient_sync_exposed_s", 0.0)
+    return dict(sorted(((k, v) for k, v in parts.items() if v > 0), key=lambda kv: -kv[1]))
 
 
 def predict(

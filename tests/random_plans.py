@@ -25,6 +25,7 @@ from meshplan.costmodel.step import compute_floor_s, estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import PRESETS, AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, MoeSpec, dense, mamba2
+from meshplan.predict import exposed_by
 from meshplan.topologies import load_cluster
 
 CLUSTERS = ("h100-sxm-8", "h200-8", "a100-sxm-8", "mi300x-8", "v100-dgx2-16")
@@ -245,6 +246,8 @@ def violations(plan: RandomPlan) -> list[str]:
         out.append("step is not the sum of its parts")
     if est.exposed_comm_s > est.comm_s * (1 + 1e-6) + tol:
         out.append("exposed communication above all communication")
+    if opts.training and abs(sum(exposed_by(est).values()) - est.exposed_comm_s) > 1e-6 * step + tol:
+        out.append("exposed communication by owner does not sum to it")
     dev = Device.of(cluster, opts.stack_spec)
     if est.hfu > best_rate(dev) * (1 + 1e-6):
         out.append("HFU above the stack's best achieved rate")

@@ -403,6 +403,10 @@ def test_the_reason_names_the_experts_all_to_all_when_it_decides():
     assert far.exposed_comm_s > near.exposed_comm_s
     assert _exposed_owner(near, far, 1.0) == ", most of it the experts' token all-to-all (dispatch and combine)"
     assert _exposed_owner(far, near, 1.0) == ""  # nothing extra to name
+    from meshplan.predict import exposed_by
+
+    owners = exposed_by(far)  # what predict prints beside the exposed time, largest first
+    assert next(iter(owners)) == "experts" and sum(owners.values()) == pytest.approx(far.exposed_comm_s)
 
 
 def test_tsp_streams_attention_and_splits_the_experts_by_ep():

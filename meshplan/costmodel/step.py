@@ -259,6 +259,16 @@ def estimate_step(
         compute = m * (stage_compute[r] + (head_fwd + head_bwd if r == pp - 1 else 0.0))
         exposed = m * (stage_exposed[r] + extra_fwd + extra_bwd)
         comm = m * (stage_comm[r] + own_comm) + step_comm
+        # Whose collectives the exposed time is, on that rank: each block kind's, the micro-batch's own.
+        on_stage = (
+            {k: share[r] * n for k, n in schedule.invocations.items()}
+            if model.uniform_layers
+            else model.stage_block_counts(stages)[r]
+        )
+        for kind, n in on_stage.items():
+            k = blocks.per_kind[kind]
+            breakdown[f"exposed_{kind}_s"] = m * n * (k["exposed_fwd_s"] + k["exposed_bwd_s"])
+        breakdown["exposed_microbatch_s"] = m * (extra_fwd + extra_bwd)
     else:
         # Inference: one request crosses every stage in turn; no stage waits on another's work.
         total = sum(fwd) + head_fwd
