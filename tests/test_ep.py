@@ -477,3 +477,19 @@ def test_a_hybrid_mamba_moe_model_plans_each_block_by_its_own_axes():
     kinds = {(c.layout.kind, c.layout.ep > 1) for c in result.ranked}
     assert {("tpssm", True), ("sp", True), ("tsp", True)} <= kinds
     assert all(c.estimate.step_time_s > 0 for c in result.ranked)
+
+
+def test_the_experts_states_shard_over_their_own_data_ranks_without_dp():
+    """tp=8 with etp=1, ep=2 on one node (dp = 1): the experts' data-parallel group is 8/(1·2) = 4 ranks,
+    and ZeRO-1 (Megatron's distributed optimizer) shards the experts' optimizer states over them while
+    the rest, with no data parallelism, stays whole; the planner offers it."""
+    from meshplan.planner.plan import enumerate_layouts
+
+    layout = parse_layout("tp=8,ep=2,etp=1,zero=1")
+    assert layout.expert_data_degree == 4
+    opts = CostOptions(stack="megatron", tp_sequence_parallel=True)
+    sharded = memory_per_gpu(MIXTRAL, layout, 4096, 1, opts).per_gpu_bytes["optimizer_state"]
+    whole = memory_per_gpu(MIXTRAL, parse_layout("tp=8,ep=2,etp=1"), 4096, 1, opts).per_gpu_bytes["optimizer_state"]
+    experts = 12 * 32 * 8 * 3 * 4096 * 14336 / 2  # a rank's 4 whole experts, 12 B a parameter
+    assert whole - sharded == pytest.approx(experts * 3 / 4, rel=1e-6)
+    assert layout in enumerate_layouts(MIXTRAL, 8, 4096, 1, "train", stack=opts.stack_spec)

@@ -55,7 +55,7 @@ def regime(model: ModelSpec, layout: Layout, tokens: int, opts: CostOptions = Co
     if degree <= 1:
         return "no weight split"
     if model.moe is not None:
-        return "TSP does not split experts: no TP/TSP crossover"
+        return "mixture of experts: no TP/TSP crossover computed (its formula covers dense blocks)"
     cross = volume_crossover_tokens(model, degree, opts)
     if math.isinf(cross):
         return f"b·s = {tokens:,}: TSP never moves less than TP here"

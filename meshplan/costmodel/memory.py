@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
 from meshplan.costmodel.axes import PlanContext, Sharding, own_shardings, plan_context, sharding_for, tp
-from meshplan.costmodel.axes.dp import zero_stage
+from meshplan.costmodel.axes.dp import expert_zero_stage, zero_stage
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
@@ -335,12 +335,15 @@ def zero_sharded(
     """What of a rank's `params` (a stage holding `share` of the layers) it keeps under ZeRO from
     `from_stage` on (1: optimizer states, 2: + gradients, 3: + parameters): the gradient group's share
     (meshplan.layout.grad_group), and the routed experts' over the expert-data-parallel ranks
-    (Layout.expert_data_degree: a stage's tp·sp·dp / (etp·ep))."""
-    zero = zero_stage(layout, stack)
-    if zero < from_stage:
-        return params
+    (Layout.expert_data_degree: a stage's tp·sp·dp / (etp·ep)) — there even without data parallelism,
+    as Megatron's distributed optimizer shards the experts over their own data-parallel group."""
     experts = split_apart_params(model, by_kind, "experts", share)
-    return (params - experts) / grad_group(layout)[1] + experts / layout.expert_data_degree
+    dense = params - experts
+    if zero_stage(layout, stack) >= from_stage:
+        dense /= grad_group(layout)[1]
+    if expert_zero_stage(layout) >= from_stage:
+        experts /= layout.expert_data_degree
+    return dense + experts
 
 
 def mean_local_params(

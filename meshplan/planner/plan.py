@@ -102,19 +102,22 @@ def enumerate_layouts(
             shapes = [{}] if mp == 1 else [{tensor_axis: mp}, {"sp": mp}, {"tsp": mp}]
             shapes += [{tensor_axis: t, "sp": mp // t} for t in divisors(mp) if 1 < t < mp]
             for shape in shapes:
-                # ZeRO over dp, and the sequence ranks where the stack shards there (dp × cp under Megatron)
+                # ZeRO over dp, and the sequence ranks where the stack shards there (dp × cp under Megatron);
+                # a mixture of experts' over its experts' data-parallel ranks too
                 over = dp * (shape.get("sp", 1) if stack is not None and stack.zero_over_sequence else 1)
-                zeros = (0, 1, 2, 3) if mode == "train" and over > 1 else (0,)
-                if stack is not None:  # the ZeRO stages the stack runs at this pp (no schedule asked of it)
-                    zeros = tuple(z for z in zeros if schedule_violation(stack, pp, z, 1, 1) is None)
-                for zero, experts in ((z, e) for z in zeros for e in _expert_layouts(model, dp * mp, shape)):
-                    layout = Layout(dp=dp, pp=pp, zero=zero, **experts, **shape)
-                    try:
-                        validate_layout(layout, model, num_gpus)
-                        validate_seq(layout, seq, batch)
-                    except MeshplanError:
-                        continue
-                    out.append(layout)
+                for experts in _expert_layouts(model, dp * mp, shape):
+                    edp = Layout(dp=dp, **experts, **shape).expert_data_degree if experts else 1
+                    zeros = (0, 1, 2, 3) if mode == "train" and max(over, edp) > 1 else (0,)
+                    if stack is not None:  # the ZeRO stages the stack runs at this pp (no schedule asked of it)
+                        zeros = tuple(z for z in zeros if schedule_violation(stack, pp, z, 1, 1) is None)
+                    for zero in zeros:
+                        layout = Layout(dp=dp, pp=pp, zero=zero, **experts, **shape)
+                        try:
+                            validate_layout(layout, model, num_gpus)
+                            validate_seq(layout, seq, batch)
+                        except MeshplanError:
+                            continue
+                        out.append(layout)
     return out
 
 

@@ -16,6 +16,12 @@ def zero_stage(layout: Layout, stack) -> int:
     return layout.zero if ranks > 1 else 0
 
 
+def expert_zero_stage(layout: Layout) -> int:
+    """The ZeRO stage over the routed experts' own data-parallel ranks (edp): Megatron's distributed
+    optimizer shards them there whatever dp is; 0 where edp is one rank."""
+    return layout.zero if layout.expert_data_degree > 1 else 0
+
+
 def comms(ctx, local_params: float, last_ready: float, experts: float = 0.0) -> tuple[list[Comm], list[Comm]]:
     """(per micro-batch, per step) of a training step or a prefill; `local_params`: a rank's parameters
     (averaged over the stages), `last_ready`: those whose gradients the backward completes last;
@@ -24,15 +30,18 @@ def comms(ctx, local_params: float, last_ready: float, experts: float = 0.0) -> 
     layout: Layout = ctx.layout
     axis, group = grad_group(layout)
     if experts:
-        dense_mb, dense_step = _group_comms(ctx, axis, group, local_params - experts, last_ready)
+        zero = zero_stage(layout, ctx.opts.stack_spec)
+        dense_mb, dense_step = _group_comms(ctx, axis, group, local_params - experts, last_ready, zero=zero)
         edp = layout.expert_data_degree
-        expert_mb, expert_step = _group_comms(ctx, "edp", edp, experts, None, what=" (experts)")
+        expert_mb, expert_step = _group_comms(
+            ctx, "edp", edp, experts, None, what=" (experts)", zero=expert_zero_stage(layout)
+        )
         return dense_mb + expert_mb, dense_step + expert_step
-    return _group_comms(ctx, axis, group, local_params, last_ready)
+    return _group_comms(ctx, axis, group, local_params, last_ready, zero=zero_stage(layout, ctx.opts.stack_spec))
 
 
 def _group_comms(
-    ctx, axis: str, group: int, local_params: float, last_ready: float | None, what: str = ""
+    ctx, axis: str, group: int, local_params: float, last_ready: float | None, what: str = "", *, zero: int
 ) -> tuple[list[Comm], list[Comm]]:
     """The gradient sync and ZeRO's collectives of `local_params` over one group of ranks (`last_ready`:
     None when no part of them is the backward's last, as the experts' are not)."""
@@ -40,10 +49,9 @@ def _group_comms(
     training = ctx.opts.training
     per_mb: list[Comm] = []
     per_step: list[Comm] = []
-    if group == 1 or not (training or layout.zero == 3):
+    if group == 1 or not (training or zero == 3):
         return per_mb, per_step
     p_bytes, g_bytes = local_params * ctx.param_bytes, local_params * ctx.grad_bytes
-    zero = zero_stage(layout, ctx.opts.stack_spec) if group > 1 else 0
     # Under pipeline stages the micro-batches' gradients stay sharded only if each micro-batch
     # reduce-scatters its own (ZeRO 2 as ZeRO 3 always does): once per micro-batch there.
     per_mb_grads = zero == 3 or (zero == 2 and layout.pp > 1)
