@@ -8,6 +8,8 @@ FLOPs per op (docs/design.md §4): a GEMM of (m × k)·(k × n) is 2·m·n·k; c
 
 from __future__ import annotations
 
+import functools
+
 from meshplan.costmodel.axes import Sharding
 from meshplan.costmodel.blocks import BLOCKS, BlockCompute
 from meshplan.costmodel.device import Device, gemm_time_s
@@ -19,6 +21,7 @@ from meshplan.models import ModelSpec
 ADAM_STEP_BYTES_PER_PARAM = 40
 
 
+@functools.lru_cache(maxsize=65536)
 def block_compute(
     model: ModelSpec,
     kind: str,
@@ -39,7 +42,9 @@ def block_compute(
     a query sees `causal_fraction` on average (0.5 for a balanced causal split); `zigzag`: the ranks a
     zigzag split deals the keys over (blocks.attention.zigzag_attention_s), 0 for none; `row_tokens`: the local tokens
     of one sequence row (the scan passes over a row's chunks in turn; `tokens` when not given); `load`:
-    the busiest rank's work over the even share (BlockKind.load) — its time, not the model's FLOPs."""
+    the busiest rank's work over the even share (BlockKind.load) — its time, not the model's FLOPs.
+    A pure function of its arguments, computed once for each (the planner asks for the same blocks
+    across meshes that differ only in dp, pp, ZeRO or where the experts live)."""
     b = BLOCKS[kind]
     busy = tokens * load
     gemm = b.gemm_s(model, busy, sh, e, dev)

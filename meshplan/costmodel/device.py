@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from meshplan import hardware
+from meshplan.models import frozen_hash
 
 # Achieved / peak of the bf16 GEMMs in a training step of the 7B-shaped layers (forward and backward
 # shapes, cuBLAS nvjet kernels) on an H200: 0.73 at 32K tokens, 0.74 at 16K, 0.78 at 4K
@@ -113,6 +114,8 @@ class Device:
     # Where the rates are borrowed (meshplan.hardware.rates): the note a prediction prints; "" when the
     # table or a calibration has this GPU's own.
     rates_note: str = ""
+
+    __hash__ = frozen_hash  # block_compute's cache keys on it
 
     def host_kernel_cost(self, triton_launches: bool, decode: bool) -> float:
         """Host seconds per kernel a block launches; `triton_launches`: mostly Triton kernels (Mamba-2's),

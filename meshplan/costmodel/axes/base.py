@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.shapes import local_bc_channels
 from meshplan.layout import Layout
-from meshplan.models import ModelSpec
+from meshplan.models import ModelSpec, frozen_hash
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class Sharding:
     vocab_div: int  # vocab-parallel logits (TP)
     gathers_kv: bool = False  # the whole sequence's K/V is gathered per attention layer
     streams_weights: bool = False  # TSP: other ranks' weight shards pass through each rank
+
+    __hash__ = frozen_hash  # block_compute's cache keys on it
 
 
 @dataclass(frozen=True)
