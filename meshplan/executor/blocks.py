@@ -1,4 +1,4 @@
-"""Plain (single-GPU, mesh-unaware) dense decoder layers and Mamba-2 blocks.
+"""Plain (single-GPU, mesh-unaware) dense decoder layers, their mixture-of-experts form, and Mamba-2 blocks.
 
 The executor's layouts parallelize these from the outside. What they save for backward is what
 `meshplan.costmodel.activations` counts; tests/test_saved_activations.py holds the two together.
@@ -117,6 +117,68 @@ class DenseLayer(nn.Module):
     def forward(self, x):
         x = x + self.attention(x)
         return x + self.mlp(x)
+
+
+def route(xn: torch.Tensor, w_router: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of tokens xn (T, h): softmax over the router's logits, the k largest probabilities
+    renormalised to sum to one (transformers' MixtralTopKRouter; Qwen3-MoE's norm_topk_prob).
+    Returns (weights (T, k), expert indices (T, k))."""
+    probs = torch.softmax(F.linear(xn, w_router), dim=-1)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), experts
+
+
+def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """One SwiGLU expert on its tokens x (n, h): [gate; up] (2f, h), down (h, f)."""
+    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w_down)
+
+
+class MoEMLP(nn.Module):
+    """A mixture of SwiGLU experts behind a pre-norm (Mixtral, Qwen3-MoE): each token runs its top_k
+    experts (route), the outputs weighted by their renormalised probabilities and summed. Weights as
+    transformers' MixtralSparseMoeBlock stores them: router (E, h), experts' [gate; up] (E, 2f, h) and
+    down (E, h, f)."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        moe = model.moe
+        if not moe.gated or moe.shared_ffn or moe.expert_bias or moe.router_bias:
+            raise ValueError(f"MoEMLP builds routed SwiGLU experts, no biases or shared experts: not {model.name}'s")
+        self.top_k = moe.top_k
+        self.mlp_norm = RMSNorm(moe.hidden, model.norm_eps)
+        self.w_router = _init(moe.experts, moe.hidden)
+        self.w_gate_up = nn.Parameter(torch.stack([_init(2 * moe.expert_ffn, moe.hidden) for _ in range(moe.experts)]))
+        self.w_down = nn.Parameter(torch.stack([_init(moe.hidden, moe.expert_ffn) for _ in range(moe.experts)]))
+
+    def forward(self, x):
+        """x (b, s, h) → what the MoE adds to the stream (b, s, h)."""
+        xn = self.mlp_norm(x).reshape(-1, x.shape[-1])
+        weights, experts = route(xn, self.w_router, self.top_k)
+        out = torch.zeros_like(xn)
+        for e in range(self.w_gate_up.shape[0]):
+            token, slot = torch.where(experts == e)
+            y = expert_mlp(xn[token], self.w_gate_up[e], self.w_down[e])
+            out = out.index_add(0, token, y * weights[token, slot, None])
+        return out.view_as(x)
+
+
+class MoELayer(DenseLayer):
+    """A decoder layer whose MLP is a mixture of experts (`moe`, a MoEMLP); attention as DenseLayer's."""
+
+    def __init__(self, model: ModelSpec, flash: bool = True, selective_recompute: bool = False):
+        nn.Module.__init__(self)
+        attn = model.attention
+        self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
+        self.flash, self.selective = flash, selective_recompute
+        self.attn_norm = RMSNorm(attn.hidden, model.norm_eps)
+        self.rotary = Rotary(model.rope, attn.head_dim)
+        self.w_qkv = _init(attn.q_width + 2 * attn.kv_width, attn.hidden)
+        self.w_o = _init(attn.out_hidden, attn.q_width)
+        self.moe = MoEMLP(model)
+
+    def mlp(self, x):
+        return self.moe(x)
 
 
 def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
@@ -381,8 +443,10 @@ class Stack(nn.Module):
             make = lambda: DenseLayer(model, flash=flash, selective_recompute=recompute == "selective")  # noqa: E731
         elif model.family == "mamba2":
             make = lambda: Mamba2Block(model)  # noqa: E731
+        elif model.family == "moe" and not model.dense_layer_ids:
+            make = lambda: MoELayer(model, flash=flash, selective_recompute=recompute == "selective")  # noqa: E731
         else:
-            raise ValueError(f"Stack supports dense and mamba2 models, not {model.family}")
+            raise ValueError(f"Stack supports dense, mamba2 and all-MoE models, not {model.family}")
         self.layers = nn.ModuleList(make() for _ in range(n_layers))
         self.recompute = recompute
 

@@ -51,12 +51,15 @@ class Mesh:
         self.calls.clear()
 
 
-def rank_groups(layout: Layout, varying: tuple[str, ...]) -> list[list[int]]:
+def rank_groups(
+    layout: Layout, varying: tuple[str, ...], order: tuple[str, ...] = rank_order.ATTENTION_ORDER
+) -> list[list[int]]:
     """Every group of mesh ranks that differ only along the `varying` axes (named as in
-    meshplan.rank_order: tensor, sp, dp, pp; consecutive there, innermost first), each in axis order,
-    in the order build_mesh creates them: the other axes' combinations with the innermost fastest."""
-    sizes, strides = rank_order.axis_sizes(layout), rank_order.strides(layout)
-    others = [n for n in rank_order.ATTENTION_ORDER if n not in varying]
+    meshplan.rank_order: tensor, sp, dp, pp, or in the experts' `order` etp, ep, edp, pp; consecutive
+    there, innermost first), each in axis order, in the order build_mesh creates them: the other axes'
+    combinations with the innermost fastest."""
+    sizes, strides = rank_order.axis_sizes(layout), rank_order.strides(layout, order)
+    others = [n for n in order if n not in varying]
     outer = list(reversed(varying))
     out = []
     for combo in itertools.product(*(range(sizes[n]) for n in others)):
@@ -81,11 +84,13 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
     rank = members.index(me) if me in members else -1
     sizes = rank_order.axis_sizes(layout)
 
-    def groups(varying: tuple[str, ...], name: str, pick=lambda ranks: ranks) -> Axis | None:
-        """Every group of rank_groups(layout, varying) (`pick` keeps some of its ranks), created here;
-        this process's, as an Axis."""
+    def groups(
+        varying: tuple[str, ...], name: str, pick=lambda ranks: ranks, order=rank_order.ATTENTION_ORDER
+    ) -> Axis | None:
+        """Every group of rank_groups(layout, varying, order) (`pick` keeps some of its ranks), created
+        here; this process's, as an Axis."""
         mine = None
-        for group_ranks in rank_groups(layout, varying):
+        for group_ranks in rank_groups(layout, varying, order):
             ranks = pick([members[r] for r in group_ranks])
             group = dist.new_group(ranks) if len(ranks) > 1 else None
             if me in ranks:
@@ -100,6 +105,11 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
     if sizes["pp"] > 1:
         # The first and last pipeline stages, which hold the two ends of a tied embedding.
         axes["pp_ends"] = groups(("pp",), "pp_ends", lambda ranks: [ranks[0], ranks[-1]])
+    if sizes["ep"] > 1:
+        # The experts' decomposition (Megatron-Core's MoE parallel folding): ep holds 1/ep of the
+        # experts each, edp sums the experts' gradients.
+        for name in ("ep", "edp"):
+            axes[name] = groups((name,), name, order=rank_order.EXPERT_ORDER)
     if rank < 0:
         return None
     axes[layout.weight_axis] = axes["tensor"]
@@ -288,6 +298,34 @@ def all_to_all(mesh: Mesh, t: torch.Tensor, axis: str) -> torch.Tensor:
     return out
 
 
+def all_to_all_splits(mesh: Mesh, t: torch.Tensor, axis: str, send: list[int], recv: list[int]) -> torch.Tensor:
+    """t (Σ send, ...): its first send[0] rows go to rank 0 of the axis, the next send[1] to rank 1, …;
+    returns the rows every rank sent here (recv[j] from rank j), in rank order. Counted as the rows
+    this rank sends (the cost model's all-to-all message: the T_d·top_k·h routed copies)."""
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return t
+    t = t.contiguous()
+    mesh.record("all_to_all", axis, t.numel() * t.element_size())
+    out = t.new_empty((sum(recv), *t.shape[1:]))
+    if not mesh.enabled:
+        return out.zero_()
+    dist.all_to_all_single(out, t, output_split_sizes=recv, input_split_sizes=send, group=ax.group)
+    return out
+
+
+def exchange_counts(mesh: Mesh, counts: torch.Tensor, axis: str) -> torch.Tensor:
+    """counts (n·c,) integers, c for each rank of the axis: returns the c every rank sent here
+    (rank-major). The routing's split sizes, exchanged before the tokens; not counted with the step's
+    traffic (the cost model prices the tokens, not these n·c integers)."""
+    ax = mesh.axis(axis)
+    if ax.size == 1 or not mesh.enabled:
+        return counts
+    out = torch.empty_like(counts)
+    dist.all_to_all_single(out, counts.contiguous(), group=ax.group)
+    return out
+
+
 INT8_TRANSPORTS = ("auto", "nccl", "peer")
 
 
@@ -438,6 +476,20 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return all_to_all(ctx.mesh, grad, ctx.axis), None, None
+
+
+class AllToAllSplits(torch.autograd.Function):
+    """all_to_all_splits forward (send[j] rows to rank j, recv[j] from it), and backward the reverse
+    (each gradient row back to the rank its row came from: recv[j] rows to rank j)."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis, send, recv):
+        ctx.mesh, ctx.axis, ctx.send, ctx.recv = mesh, axis, send, recv
+        return all_to_all_splits(mesh, x, axis, send, recv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_to_all_splits(ctx.mesh, grad, ctx.axis, ctx.recv, ctx.send), None, None, None, None
 
 
 class AllReduceBoth(torch.autograd.Function):

@@ -135,16 +135,21 @@ class GradientSync:
     that a layer's late weights — its input norm and attention — do not hold back those ready before.
 
     `finish()`, after the backward, starts any left and waits for all, then divides by the dp replicas
-    (their mean, as DDP takes). It sums TP-SSM's replicated B/C gradients over the tensor axis and TSP's
-    norm scales over tsp; under ZeRO those weights' reductions over the group wait for these sums (a
-    shard of a partial sum cannot be completed afterwards)."""
+    (their mean, as DDP takes). The experts an ep axis splits (Sharded.expert_params) are summed over
+    the expert-data-parallel ranks (edp) instead, then divided by dp alike. It sums TP-SSM's replicated
+    B/C gradients over the tensor axis and TSP's norm scales over tsp; under ZeRO those weights'
+    reductions over the group wait for these sums (a shard of a partial sum cannot be completed
+    afterwards)."""
 
     def __init__(self, layers: nn.ModuleList, mesh: Mesh, weights: ShardedWeights | None = None, tied: bool = False):
         self.layers, self.mesh, self.weights = layers, mesh, weights
         layout = mesh.layout
         self.axis, size = grad_group(layout)
         self.zero = layout.zero if layout.dp > 1 else 0
-        params = unique_params(reversed(layers)) if size > 1 else []
+        # Experts split over ep (layouts/ep.py): summed over edp in finish(), not over the group.
+        self.experts = [p for m in sharded_modules(layers) for p in m.expert_params()]
+        expert_ids = {id(p) for p in self.experts}
+        params = [p for p in unique_params(reversed(layers)) if id(p) not in expert_ids] if size > 1 else []
         # A tied matrix split over the first and last pipeline stages: the two copies' gradients summed.
         self.tied = (
             [
@@ -246,6 +251,9 @@ class GradientSync:
         self._wait()
         dp = self.mesh.layout.dp
         summed = list(self.shards.values()) if self.zero else [p.grad for p in self.order if p.grad is not None]
+        if self.experts and self.mesh.axes.get("edp") is not None:
+            _all_reduce_grads(self.experts, self.mesh, "edp")
+        summed += [p.grad for p in self.experts if p.grad is not None]
         if dp > 1 and summed:
             torch._foreach_mul_(summed, 1.0 / dp)
         self.armed = True

@@ -16,6 +16,12 @@ from meshplan.models import ModelSpec, RopeSpec
 def unsupported(layout: Layout, model: ModelSpec, whole: bool = True) -> str | None:
     """Why the executor cannot run `layout` on `model` — the whole model, or with `whole=False` its
     layer stack alone — in one line naming the field and what it can run instead; None when it can."""
+    if model.family == "moe":
+        return (
+            f"model: the executor runs {model.name}'s mixture of experts layer by layer only (dp and ep, "
+            f"tp=sp=etp=1, no ZeRO: layouts/ep.py), not yet as a whole model in {layout} (issue #32); "
+            f"`meshplan memory` and `recommend` price it"
+        )
     if model.family not in ("dense", "mamba2"):
         return (
             f"model: the executor builds dense and Mamba-2 models, not {model.family} ({model.name}) in "

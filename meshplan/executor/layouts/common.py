@@ -67,6 +67,11 @@ class Sharded(nn.Module):
         all-reduce after the backward, and ZeRO reduces them over the gradient group only after that."""
         return {}
 
+    def expert_params(self) -> list[nn.Parameter]:
+        """Weights split over an expert-parallel axis, whose gradients GradientSync sums over the
+        expert-data-parallel ranks (edp) rather than the gradient group (none by default)."""
+        return []
+
     def replicated_grad_params(self) -> list[nn.Parameter]:
         """Weights some of whose rows are partial sums until sync_replicated_grads (TP-SSM's replicated
         B/C rows); held back from ZeRO's reductions as partial_grads are."""

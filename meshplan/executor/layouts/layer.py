@@ -6,6 +6,8 @@ meshplan/costmodel/axes/__init__.py:
     dense         attention    dense.ParallelAttention                tsp.TSPAttention
                   mlp          dense.ParallelMLP                      tsp.TSPMLP
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
+    MoE           attention    dense.ParallelAttention (dp, ep only)  —
+                  mlp          ep.ExpertParallelMoE (dp, ep only)     —
 
 Every sublayer is a pre-norm residual branch (common.Sublayer: its own norm, then its mixing), and the
 layer adds each branch's output to the stream in turn, so that a later kind of sublayer — an MoE in the
@@ -18,10 +20,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from meshplan.executor.blocks import DenseLayer, Mamba2Block
+from meshplan.executor.blocks import DenseLayer, Mamba2Block, MoELayer
 from meshplan.executor.comm import Mesh
 from meshplan.executor.layouts.common import Sharded, Sublayer, contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelAttention, ParallelMLP
+from meshplan.executor.layouts.ep import ExpertParallelMoE
 from meshplan.executor.layouts.mamba import ParallelMamba2
 from meshplan.executor.layouts.tsp import TSPMLP, TSPAttention
 from meshplan.executor.layouts.tsp_mamba import TSPMamba2
@@ -68,6 +71,13 @@ def build_layer(
     layout = mesh.layout
     tensor_axis = layout.weight_axis if layout.tensor_degree > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
+    if isinstance(ref, MoELayer):
+        if layout.tensor_degree > 1 or layout.sp > 1 or layout.expert_tensor_degree > 1:
+            raise ValueError(f"the executor runs a mixture of experts on dp and ep only, not {layout}")
+        return Layer(
+            attention=ParallelAttention(ref, mesh, None, None, positions, seq),
+            mlp=ExpertParallelMoE(ref, mesh),
+        )
     if isinstance(ref, DenseLayer):
         if layout.tsp > 1:
             return Layer(attention=TSPAttention(ref, mesh, seq), mlp=TSPMLP(ref, mesh))

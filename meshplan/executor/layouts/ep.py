@@ -1,0 +1,81 @@
+"""A mixture of experts split over an expert-parallel axis (ep) — the executor's twin of the cost model's
+meshplan/costmodel/axes/ep.py, with Megatron-Core's alltoall token dispatcher
+(megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher).
+
+Rank r of the ep axis holds experts [r·E/ep, (r+1)·E/ep) whole, and the router and the norm whole. Each
+rank routes the tokens it holds (T_d), sorts their T_d·top_k copies by expert, exchanges the per-expert
+counts, then all-to-alls the copies to their experts' ranks (dispatch); the local experts run what
+arrived, and the outputs go back by the reverse all-to-all (combine), are weighted by their routing
+probabilities and summed per token. Backward runs the two all-to-alls' gradients (each the reverse
+exchange). The experts' gradients are then already summed over the ep ranks' tokens; GradientSync sums
+them over the expert-data-parallel ranks (edp) and everything else over dp.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from meshplan.executor.blocks import MoELayer, expert_mlp, route
+from meshplan.executor.comm import AllToAllSplits, Mesh, exchange_counts
+from meshplan.executor.layouts.common import Sublayer
+
+
+class ExpertParallelMoE(Sublayer):
+    """RMSNorm → the router (whole) → the token copies dispatched to their experts' ep ranks → this
+    rank's E/ep experts → combined back, weighted and summed. `sent_rows`: the routed copies this rank
+    sent in the last forward (its dispatch's rows, T_d·top_k); `received_rows`: those its experts ran
+    and sent back (the combine's rows: T_d·top_k only when the routing is even, as the cost model
+    prices it)."""
+
+    def __init__(self, ref: MoELayer, mesh: Mesh, axis: str = "ep"):
+        super().__init__()
+        self.mesh, self.axis = mesh, axis
+        ax = mesh.axes.get(axis)
+        ep, r = (ax.size, ax.rank) if ax is not None else (1, 0)
+        moe = ref.moe
+        experts = moe.w_gate_up.shape[0]
+        if experts % ep:
+            raise ValueError(f"ep={ep} does not divide {experts} experts")
+        self.top_k, self.experts, self.ep = moe.top_k, experts, ep
+        self.local = experts // ep
+        mine = torch.arange(r * self.local, (r + 1) * self.local)
+        self.take_norm("moe.mlp_norm", ref, "norm")
+        self.index["norm.weight"] = ("moe.mlp_norm.weight", None, None)
+        self.take("w_router", ref, "moe.w_router")
+        self.take("w_gate_up", ref, "moe.w_gate_up", 0, mine)
+        self.take("w_down", ref, "moe.w_down", 0, mine)
+        self.sent_rows = self.received_rows = 0
+
+    def expert_params(self) -> list:
+        """The weights split over ep, whose gradients are summed over edp (not dp)."""
+        return [self.w_gate_up, self.w_down]
+
+    def _exchange(self, counts):
+        return exchange_counts(self.mesh, counts, self.axis) if self.ep > 1 else counts
+
+    def _all_to_all(self, rows, send, recv):
+        return AllToAllSplits.apply(rows, self.mesh, self.axis, send, recv) if self.ep > 1 else rows
+
+    def forward(self, x):
+        xn = self.norm(x).reshape(-1, x.shape[-1])
+        weights, experts = route(xn, self.w_router, self.top_k)
+        # The T·k copies sorted by expert (so by destination rank), their tokens and weights alike.
+        expert_of = experts.reshape(-1)
+        order = torch.argsort(expert_of, stable=True)
+        token_of = order // self.top_k
+        per_expert = torch.bincount(expert_of, minlength=self.experts)
+        send = per_expert.view(self.ep, self.local).sum(1).tolist()
+        # recv_counts[j, e]: copies rank j sends to this rank's local expert e.
+        recv_counts = self._exchange(per_expert).view(self.ep, self.local)
+        recv = recv_counts.sum(1).tolist()
+        self.sent_rows, self.received_rows = len(order), sum(recv)
+        arrived = self._all_to_all(xn.index_select(0, token_of), send, recv)
+        # Rows arrive source-major, expert-minor: run each local expert on its rows of every source.
+        local_of = torch.arange(self.local, device=x.device).repeat(self.ep).repeat_interleave(recv_counts.reshape(-1))
+        out = torch.zeros_like(arrived)
+        for e in range(self.local):
+            rows = torch.where(local_of == e)[0]
+            out = out.index_add(0, rows, expert_mlp(arrived.index_select(0, rows), self.w_gate_up[e], self.w_down[e]))
+        back = self._all_to_all(out, recv, send)
+        weighted = back * weights.reshape(-1).index_select(0, order).unsqueeze(1)
+        return torch.zeros_like(xn).index_add(0, token_of, weighted).view_as(x)
