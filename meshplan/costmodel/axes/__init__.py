@@ -110,6 +110,12 @@ def plan_context(model, layout: Layout, seq: int, batch: int, opts) -> PlanConte
 
 
 def own_shardings(model, layout: Layout, opts, base: Sharding) -> dict:
-    """The block kinds an axis splits apart from the rest (`base`), each with its own sharding."""
+    """The block kinds an axis splits apart from the rest (`base`), each with its own sharding (made
+    once a model, layout and Megatron-SP setting: read it, do not change it)."""
+    return _own_shardings(model, layout, opts.tp_sequence_parallel, base)
+
+
+@functools.lru_cache(maxsize=16384)
+def _own_shardings(model, layout: Layout, tp_sequence_parallel: bool, base: Sharding) -> dict:
     kinds = {kind for blocks in model.layer_blocks() for kind in blocks}
-    return {k: s for k in sorted(kinds) if (s := sharding_for(layout, opts, k)) != base}
+    return {k: s for k in sorted(kinds) if (s := _sharding(layout, tp_sequence_parallel, k)) != base}
