@@ -42,6 +42,9 @@ from meshplan.models import AttentionSpec, ModelSpec, MoeSpec
 from meshplan.predict import predict
 from meshplan.topologies.cluster import load_cluster
 
+sys.path.insert(0, str(Path(__file__).parent))
+from published_runs import miss_lines  # noqa: E402 (the dense harness beside this one)
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 DATA = HERE / "published" / "moe"
@@ -574,13 +577,7 @@ def report_markdown(results: list[dict], summary: dict) -> str:
         "(benchmarks/published/moe/misses.toml; no entry changes a prediction):",
         "",
     ]
-    seen = set()
-    for r in results:
-        if r["within"] or r["role"] != "test" or r["why_missed"] in seen:
-            continue
-        seen.add(r["why_missed"])
-        same = [x["id"] for x in results if x["why_missed"] == r["why_missed"] and not x["within"]]
-        lines.append(f"- **{', '.join(same)}**: {r['why_missed']}")
+    lines += miss_lines(results)
     lines.append(MARK_END)
     return "\n".join(lines) + "\n"
 

@@ -421,13 +421,7 @@ def report_markdown(results: list[dict], summary: dict, ranks: dict) -> str:
         "(benchmarks/published/misses.toml; no entry changes a prediction):",
         "",
     ]
-    seen = set()
-    for r in results:
-        if r["within"] or r["role"] != "test" or r["why_missed"] in seen:
-            continue
-        seen.add(r["why_missed"])
-        same = [x["id"] for x in results if x["why_missed"] == r["why_missed"] and not x["within"]]
-        lines.append(f"- **{', '.join(same)}**: {r['why_missed']}")
+    lines += miss_lines(results)
     if ranks:
         lines += [
             "",
@@ -437,6 +431,18 @@ def report_markdown(results: list[dict], summary: dict, ranks: dict) -> str:
         ]
     lines.append(MARK_END)
     return "\n".join(lines) + "\n"
+
+
+def miss_lines(results: list[dict]) -> list[str]:
+    """One bullet for each explanation of the test rows outside tolerance, naming every row it covers."""
+    lines, seen = [], set()
+    for r in results:
+        if r["within"] or r["role"] != "test" or r["why_missed"] in seen:
+            continue
+        seen.add(r["why_missed"])
+        same = [x["id"] for x in results if x["why_missed"] == r["why_missed"] and not x["within"]]
+        lines.append(f"- **{', '.join(same)}**: {r['why_missed']}")
+    return lines
 
 
 def write_report(md: str) -> None:
