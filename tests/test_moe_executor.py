@@ -122,3 +122,17 @@ def test_expert_parallel_stack_matches_single_process_and_counts_its_all_to_alls
     predicted = sum(c.message_bytes * c.count for c in schedule.per_block["experts"] if c.kind == "all_to_all")
     mean = sum(r["counts"]["all_to_all/ep"] for r in per_rank) / len(per_rank)
     assert 2 * predicted * MIXTRAL.layers == mean
+
+
+def test_expert_gradients_are_summed_over_the_expert_data_parallel_ranks():
+    """dp=4, ep=2 on four gloo processes: two expert-parallel groups of two, each expert held by two ranks
+    (edp = 2) whose gradients are summed between them — every gradient equals the float64 single-process
+    stack's on all sixteen sequences, and the experts' reduction runs over edp, the rest over dp."""
+    seq, batch = 8, 2
+    per_rank = run_distributed(_ep_case, 4, MIXTRAL, "dp=4,ep=2", seq, batch, timeout_s=300)
+    for r in per_rank:
+        assert r["loss_err"] < 1e-12, r
+        assert r["max_grad_x_err"] < 1e-10, r
+        assert r["max_weight_grad_rel_err"] < 1e-9, r
+        assert r["expert_grad_rel_err"] < 1e-9, r
+        assert {"all_to_all/ep", "all_reduce/dp", "all_reduce/edp"} <= set(r["counts"]), r["counts"]
