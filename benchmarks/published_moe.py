@@ -28,7 +28,7 @@ import itertools
 import json
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import tomllib
@@ -43,7 +43,8 @@ from meshplan.predict import predict
 from meshplan.topologies.cluster import load_cluster
 
 sys.path.insert(0, str(Path(__file__).parent))
-from published_runs import miss_lines  # noqa: E402 (the dense harness beside this one)
+import published_runs  # noqa: E402 (the dense harness beside this one)
+from published_runs import explain, load_explanations, miss_lines  # noqa: E402
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -70,16 +71,8 @@ CHOICES = {
 }
 
 
-@dataclass(frozen=True)
-class Row:
-    source: str
-    fields: dict
-
-    def __getitem__(self, key):
-        return self.fields[key]
-
-    def get(self, key, default=None):
-        return self.fields.get(key, default)
+class Row(published_runs.Row):
+    """A row of the MoE set: the dense set's, and runs that did not fit ("measured = oom")."""
 
     @property
     def oom(self) -> bool:
@@ -405,17 +398,8 @@ def fit_imbalance(rows: list[Row], models: dict, spec: dict) -> dict:
 # -- evaluation and the report -----------------------------------------------------------------------------
 
 
-def load_explanations() -> list[tuple[str, str]]:
-    data = tomllib.loads((DATA / "misses.toml").read_text())
-    return [(e["prefix"], " ".join(e["why"].split())) for e in data["explain"]]
-
-
-def explain(row_id: str, explanations: list[tuple[str, str]]) -> str | None:
-    return next((why for prefix, why in explanations if row_id.startswith(prefix)), None)
-
-
 def evaluate(rows: list[Row], models: dict, anchor: float) -> list[dict]:
-    explanations = load_explanations()
+    explanations = load_explanations(DATA / "misses.toml")
     out = []
     for row in rows:
         p = predict_row(row, models, anchor)

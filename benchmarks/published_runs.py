@@ -67,8 +67,9 @@ class Row:
         return self.fields.get(key, default)
 
 
-def load_explanations() -> list[tuple[str, str]]:
-    data = tomllib.loads((HERE / "published" / "misses.toml").read_text())
+def load_explanations(path: Path = HERE / "published" / "misses.toml") -> list[tuple[str, str]]:
+    """(row-id prefix, why) of each entry of a misses file, in its order (the first prefix that fits wins)."""
+    data = tomllib.loads(path.read_text())
     return [(e["prefix"], " ".join(e["why"].split())) for e in data["explain"]]
 
 

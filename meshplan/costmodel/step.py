@@ -392,7 +392,6 @@ def compute_floor_s(ctx: PlanContext, cluster: ClusterSpec) -> float:
 @functools.lru_cache(maxsize=8192)
 def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, cluster: ClusterSpec) -> float:
     ctx = plan_context(model, layout, seq, batch, opts)
-    opts = ctx.opts
     dev = Device.of(cluster, opts.stack_spec)
     per_kind = {}
     for kind, _ in ctx.model.block_invocations():
@@ -545,19 +544,14 @@ def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) 
     block under full recompute, of the attention core under selective (Korthikanti et al. 2022 Eq. 8)."""
     if opts.recompute == "none":
         return 0.0
-    loads = tuple(BLOCKS[kind].load(opts) for kind, _ in model.block_invocations())
-    return _redone_flops(model, batch, seq, opts.recompute, loads)
-
-
-@functools.lru_cache(maxsize=4096)
-def _redone_flops(model: ModelSpec, batch: int, seq: int, recompute: str, loads: tuple) -> float:
     one = Sharding(1, 1, 1, 1, 1)
     dev = Device(1.0, 1.0)
     tokens = batch * seq
     total = 0.0
-    for (kind, n), load in zip(model.block_invocations(), loads):
+    for kind, n in model.block_invocations():
+        load = BLOCKS[kind].load(opts)
         comp = block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False, load=load)
-        if recompute == "full":
+        if opts.recompute == "full":
             total += n * comp.flops_fwd
         else:
             total += n * BLOCKS[kind].selective_recompute_flops(model, tokens, seq)
@@ -594,24 +588,16 @@ def _model_flops(
 ) -> float:
     """Model FLOPs of one micro-batch on one replica (no recompute, no sharding): 3× forward in training.
     Every token's top_k routed experts counted (Megatron's convention) but those a capacity below the
-    even share drops (`opts`): they run nothing."""
-    loads = tuple(BLOCKS[kind].load(opts) if opts else 1.0 for kind, _ in model.block_invocations())
-    return _flops(model, batch, seq, decode, training, embeddings, loads)
-
-
-@functools.lru_cache(maxsize=4096)
-def _flops(model: ModelSpec, batch: int, seq: int, decode: bool, training: bool, embeddings: bool, loads: tuple):
-    """_model_flops once a shape (the planner asks for the same ones across its meshes)."""
+    even share drops (`opts`): they run nothing. (block_compute remembers each block: the planner asks
+    for the same ones across its meshes.)"""
     one = Sharding(1, 1, 1, 1, 1)
     dev = Device(1.0, 1.0)
     tokens = batch if decode else batch * seq
-    fwd = sum(
-        n
-        * block_compute(
-            model, kind, tokens, seq, one, 2, dev, recompute="none", training=False, load=load
-        ).flops_fwd
-        for (kind, n), load in zip(model.block_invocations(), loads)
-    )  # fmt: skip
+    fwd = 0.0
+    for kind, n in model.block_invocations():
+        load = BLOCKS[kind].load(opts) if opts else 1.0
+        comp = block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False, load=load)
+        fwd += n * comp.flops_fwd
     if embeddings:  # inference takes the logits of each sequence's last position only
         fwd += logits_compute(model, tokens if training else batch, one, 2, dev).flops_fwd
     return fwd * (3 if training else 1)

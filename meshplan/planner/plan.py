@@ -86,10 +86,11 @@ def enumerate_layouts(
     stack: Stack | None = None,
 ) -> list[Layout]:
     """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
-    and the shape, with each ZeRO stage when training over dp × sp > 1 that `stack` runs at that pp (all of
-    them when None), and for a mixture of experts each expert-parallel degree folded onto dp × sp. Any
-    pp up to the layer count (uneven stages); with a global batch fixed, only the DP degrees that
-    divide it."""
+    and the shape; for a mixture of experts each decomposition of the experts a stage's ranks allow
+    (_expert_layouts); each ZeRO stage `stack` runs at that pp (all of them when None) when training
+    with more than one rank to shard over (dp, the sequence ranks where the stack shards there, the
+    experts' data-parallel ranks). Any pp up to the layer count (uneven stages); with a global batch
+    fixed, only the DP degrees that divide it."""
     tensor_axis = "tpssm" if model.has_mamba else "tp"
     out: list[Layout] = []
     for dp in divisors(num_gpus):
@@ -316,31 +317,19 @@ def search_knobs(
     same bytes moved (Korthikanti et al. 2022 §4.2.2). Micro-batch: the smallest (the fullest pipeline,
     the least memory) and the largest the global batch allows, each estimated. Virtual stages: 1 and the
     most that divide every stage, each estimated. The fastest that fits wins (the smallest under the
-    memory objective); none fitting, the smallest is reported."""
+    memory objective); none fitting, the smallest is reported. `bound` (seconds a token): a setting
+    whose compute alone is slower is not estimated — (memory, None, True, …) when one such was found
+    to fit, SKIPPED when no setting was priced at all."""
     space = _knob_options(model, layout, batch, opts, search)
     if space is None:
         return None
     batches, chunks, sps, recomputes = space
     best = smallest = fitted = None
-    priced: dict = {}  # (sp, micro-batch, v, recompute) → (context, memory)
 
-    def memory(sp, mb, v, rc):
-        nonlocal smallest
-        if (sp, mb, v, rc) not in priced:
-            trial = replace(
-                opts,
-                tp_sequence_parallel=sp,
-                virtual_stages=v,
-                schedule="interleaved" if v > 1 else "1f1b",
-                recompute=rc,
-            )
-            ctx = plan_context(model, layout, seq, mb, trial)  # enumerate_layouts checked the mesh
-            mem = memory_per_gpu(model, layout, seq, mb, trial, ctx=ctx)
-            priced[sp, mb, v, rc] = ctx, mem
-            if smallest is None or mem.total_bytes < smallest[0].total_bytes:
-                knobs = {"recompute": rc, "tp_sequence_parallel": sp, "micro_batch": mb, "virtual_stages": v}
-                smallest = (mem, None, False, knobs, trial)
-        return priced[sp, mb, v, rc]
+    def behind(ctx, mb) -> bool:
+        """The setting's compute alone is slower a token than the bound (a floor tying it is kept)."""
+        tokens = layout.dp * ctx.opts.steps_for(layout.dp, layout.pp, mb) * mb * seq
+        return compute_floor_s(ctx, cluster) / tokens > bound * (1 + 1e-9)
 
     skipped = 0
     for sp in sps:
@@ -350,35 +339,26 @@ def search_knobs(
                     opts.stack_spec, layout.pp, layout.zero, opts.steps_for(layout.dp, layout.pp, mb), v
                 ):
                     continue  # a schedule the stack cannot run
-                if bound < math.inf:  # no recompute at all is behind the bound: no need to know if it fits
-                    quick = replace(
-                        opts,
-                        tp_sequence_parallel=sp,
-                        virtual_stages=v,
-                        schedule="interleaved" if v > 1 else "1f1b",
-                        recompute="none",
-                    )
-                    tokens = layout.dp * quick.steps_for(layout.dp, layout.pp, mb) * mb * seq
-                    if compute_floor_s(plan_context(model, layout, seq, mb, quick), cluster) / tokens > bound * (
-                        1 + 1e-9
-                    ):
-                        skipped += 1
-                        continue
+                # No recompute at all behind the bound: no need to know whether it fits.
+                if bound < math.inf and behind(plan_context(model, layout, seq, mb, _trial(opts, sp, v, "none")), mb):
+                    skipped += 1
+                    continue
                 for rc in recomputes:
                     if rc == "selective" and opts.flash_attention and len(recomputes) > 1:
                         continue
-                    ctx, mem = memory(sp, mb, v, rc)
-                    trial = ctx.opts
+                    trial = _trial(opts, sp, v, rc)
+                    ctx = plan_context(model, layout, seq, mb, trial)  # enumerate_layouts checked the mesh
+                    mem = memory_per_gpu(model, layout, seq, mb, trial, ctx=ctx)
+                    knobs = {"recompute": rc, "tp_sequence_parallel": sp, "micro_batch": mb, "virtual_stages": v}
+                    if smallest is None or mem.total_bytes < smallest[0].total_bytes:
+                        smallest = (mem, None, False, knobs, trial)
                     if opts.training and ep.violation(model, layout, trial):
                         continue  # a setting the stack's MoE rules refuse (the all-to-all overlap's)
-                    knobs = {"recompute": rc, "tp_sequence_parallel": sp, "micro_batch": mb, "virtual_stages": v}
                     if mem.total_bytes > cluster.gpu.memory_bytes:
                         continue
-                    if bound < math.inf:
-                        tokens = layout.dp * trial.steps_for(layout.dp, layout.pp, mb) * mb * seq
-                        if compute_floor_s(ctx, cluster) / tokens > bound * (1 + 1e-9):
-                            fitted = fitted or (mem, None, True, knobs, trial)
-                            break  # its compute alone is behind the bound, and a later recompute no faster
+                    if bound < math.inf and behind(ctx, mb):
+                        fitted = fitted or (mem, None, True, knobs, trial)
+                        break  # its compute alone is behind the bound, and a later recompute no faster
                     est = estimate_step(model, layout, seq, mb, trial, cluster, ctx=ctx)
                     key = (
                         (mem.total_bytes, est.step_time_s)
@@ -395,6 +375,12 @@ def search_knobs(
 
 # search_knobs' answer for a mesh none of whose settings can reach the bound, priced or not
 SKIPPED = "skipped"
+
+
+def _trial(opts: CostOptions, sp: bool, v: int, recompute: str) -> CostOptions:
+    """`opts` with one setting of the searched knobs (virtual stages > 1: the interleaved schedule)."""
+    schedule = "interleaved" if v > 1 else "1f1b"
+    return replace(opts, tp_sequence_parallel=sp, virtual_stages=v, schedule=schedule, recompute=recompute)
 
 
 def _gib(n: float) -> str:

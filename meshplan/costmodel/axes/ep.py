@@ -42,17 +42,12 @@ _GRADIENT = {
     "reduce_scatter": "all_gather",
     "all_reduce": "all_reduce",  # the partial input gradients of the etp ranks, summed (as TP's)
 }
-# Megatron-Core's 1F1B all-to-all overlap pairs a layer's forward of one micro-batch with its backward
-# of another (models/common/model_chunk_schedule_plan.py): the dispatches (forward, and backward's)
-# run beside the other micro-batch's expert MLP backward and forward, the combines beside its attention
-# — the rest of the layer ("block": the experts' own compute; "layer": the rest of the layer's).
-_PAIRED = {"dispatch tokens to experts": "block", "combine expert outputs": "layer"}
 
 
 def active(layout: Layout) -> bool:
-    """The experts are laid out by their own axes: split over ep or an expert-tensor axis, or split
-    otherwise than attention (etp = 1 under tp: whole on every tensor rank)."""
-    return layout.ep > 1 or layout.expert_tensor_degree > 1 or layout.folds_experts
+    """The experts are laid out by their own axes: split otherwise than attention (over ep, or etp ≠ tp:
+    etp = 1 under tp keeps them whole on every tensor rank), or over an expert-tensor axis."""
+    return layout.folds_experts or layout.expert_tensor_degree > 1
 
 
 def violation(model, layout: Layout, opts) -> str | None:
@@ -117,6 +112,18 @@ def expert_sharding(base: Sharding, layout: Layout) -> Sharding:
     )
 
 
+def _dispatch_and_combine(a2a: Comm, opts) -> list[Comm]:
+    """The all-to-all of a layer's forward, dispatch and combine. Under Megatron-Core's 1F1B all-to-all
+    overlap (training) a layer's forward of one micro-batch runs beside its backward of another
+    (models/common/model_chunk_schedule_plan.py): the dispatches beside the other's expert MLP
+    ("block"), the combines beside its attention, the rest of the layer ("layer")."""
+    paired = opts.moe_a2a_overlap and opts.training
+    return [
+        replace(a2a, what="dispatch tokens to experts", overlap="block" if paired else a2a.overlap),
+        replace(a2a, what="combine expert outputs", overlap="layer" if paired else a2a.overlap),
+    ]
+
+
 def dispatched_tokens(ctx) -> float:
     """T_d: the tokens a rank routes (its sequence shard; under Megatron-SP its 1/tp of it)."""
     return ctx.tokens / ctx.sharding.hidden_div
@@ -147,12 +154,9 @@ def block_comms(ctx, kind: str):
         if group > 1:
             limit = min(DEEPEP_NODE_LIMIT, m.top_k) if opts.deepep_node_limit else 0
             one = Comm("all_to_all", "etp+ep", etp * copies, group, block=kind, fanout=etp * m.top_k, node_limit=limit)
-            fwd = [replace(one, what="dispatch tokens to experts"), replace(one, what="combine expert outputs")]
+            fwd = _dispatch_and_combine(one, opts)
     else:
-        a2a = []
-        if ep > 1:
-            one = Comm("all_to_all", "ep", copies, ep, block=kind)
-            a2a = [replace(one, what="dispatch tokens to experts"), replace(one, what="combine expert outputs")]
+        a2a = _dispatch_and_combine(Comm("all_to_all", "ep", copies, ep, block=kind), opts) if ep > 1 else []
         gather = []
         if etp > 1 and ctx.sharding.hidden_div > 1:
             gathered = etp * copies
@@ -163,8 +167,6 @@ def block_comms(ctx, kind: str):
         elif etp > 1:  # every etp rank holds the tokens (no Megatron-SP): sum the partial outputs
             gather = [Comm("all_reduce", "etp", copies, etp, block=kind, what="all-reduce expert outputs over etp")]
         fwd = a2a[:1] + gather + a2a[1:]
-    if opts.moe_a2a_overlap and opts.training:  # beside another micro-batch's compute (Megatron's 1F1B overlap)
-        fwd = [replace(c, overlap=_PAIRED.get(c.what, c.overlap)) if c.kind == "all_to_all" else c for c in fwd]
     if not opts.training:
         return fwd
     bwd = [replace(c, kind=_GRADIENT[c.kind], phase="bwd", what=f"{c.what}: gradient") for c in reversed(fwd)]
