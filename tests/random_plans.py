@@ -315,8 +315,10 @@ def _attention_linear(plan: RandomPlan, cluster, est) -> list[str]:
 
 def memory_violations(plan: RandomPlan) -> list[str]:
     """Memory never shrinks when work grows: twice the sequence needs no fewer bytes in all, nor
-    fewer activation bytes at the same peak phase; twice the ranks on a weight-splitting axis hold no
-    more parameter bytes."""
+    fewer activation bytes at the same peak phase; twice the micro-batch (the same global batch)
+    no fewer bytes; twice the ranks on a weight-splitting axis hold no more parameter bytes. (Full
+    recompute is not always smaller than none: with one layer a stage it holds the layer's input
+    beside the recomputed layer.)"""
     model, layout, seq, mb, opts = plan.model, plan.layout, plan.seq, plan.micro_batch, plan.opts
     out = []
     try:
@@ -326,6 +328,16 @@ def memory_violations(plan: RandomPlan) -> list[str]:
         return []
     if longer.total_bytes < base.total_bytes * (1 - 1e-12):
         out.append("memory shrinks when the sequence grows")
+    if opts.training:
+        gbs = opts.global_batch
+        if not gbs or gbs % (layout.dp * 2 * mb) == 0:
+            try:
+                validate_seq(layout, seq, 2 * mb)
+                twice = memory_per_gpu(model, layout, seq, 2 * mb, opts)
+            except MeshplanError:
+                twice = None
+            if twice is not None and twice.total_bytes < base.total_bytes * (1 - 1e-12):
+                out.append("memory shrinks when the micro-batch doubles")
     same_phase = getattr(longer, "peak_phase", None) == getattr(base, "peak_phase", None)
     if same_phase and longer.per_gpu_bytes["activations"] < base.per_gpu_bytes["activations"] * (1 - 1e-12):
         out.append("activations shrink when the sequence grows")

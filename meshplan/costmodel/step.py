@@ -386,7 +386,8 @@ def compute_floor_s(ctx: PlanContext, cluster: ClusterSpec) -> float:
     at least 1/v of theirs each way: step ≥ max_r (m·s_r + Σ_{r'<r} s_r' / v) — the closed form where
     the last stage is the busiest (pipeline.pipeline_passes). The planner skips a mesh whose floor is
     behind the meshes it keeps. ZeRO moves no compute: meshes that differ only in it share one floor."""
-    return _floor(ctx.model, replace(ctx.layout, zero=0), ctx.seq, ctx.batch, ctx.opts, cluster)
+    layout = ctx.layout if ctx.layout.zero == 0 else replace(ctx.layout, zero=0)
+    return _floor(ctx.model, layout, ctx.seq, ctx.batch, ctx.opts, cluster)
 
 
 @functools.lru_cache(maxsize=8192)

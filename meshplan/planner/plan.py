@@ -3,6 +3,7 @@ say why the winner wins."""
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import os
@@ -147,7 +148,7 @@ def _sort_key(objective: str, mode: str):
 
 
 KNOBS = ("recompute", "tp_sequence_parallel", "micro_batch", "virtual_stages")
-RECOMPUTE_ORDER = ("none", "selective", "full")  # each no faster than the one before, and no larger
+RECOMPUTE_ORDER = ("none", "selective", "full")  # each no faster than the one before
 
 
 def plan(
@@ -166,8 +167,9 @@ def plan(
     """Rank every mesh. `batch` is the micro-batch (sequences); with opts.global_batch the step's
     batch is fixed and DP changes the accumulation steps. `search`: the knobs (KNOBS) chosen per mesh
     rather than pinned to `opts` / `batch` (search_knobs says how). Under the throughput objective in
-    training only the best `keep` meshes are sure to be priced in full: a mesh whose compute alone
-    (step.compute_floor_s) is slower a token than the keep-th best so far is not priced (Plan.pruned);
+    training only the best `keep` meshes are sure to be priced in full: meshes are priced in the order
+    of their compute floors (step.compute_floor_s), and one whose floor is slower a token than the
+    keep-th best so far is not priced, nor any after it (Plan.pruned);
     0 prices every mesh. `workers`: processes that share the meshes out (None: the machine's cores, for
     a thousand meshes or more; 1: this one)."""
     if objective not in OBJECTIVES:
@@ -224,13 +226,24 @@ PARALLEL_FROM = 1000
 
 def _in_parallel(job: _Job, layouts: list[Layout], workers: int | None) -> list[tuple]:
     """_rank(job, share) over the meshes, dealt round-robin to `workers` forked processes (None: the
-    machine's cores, at most 8), each bounding its own share with its own best `keep`."""
+    machine's cores, at most 8), each bounding its share by the least of the workers' keep-th bests."""
     workers = min(8, os.cpu_count() or 1) if workers is None else workers
     if workers <= 1 or len(layouts) < PARALLEL_FROM or "fork" not in multiprocessing.get_all_start_methods():
         return [_rank(job, layouts)]
+    global _SHARED_BOUND
     shares = [layouts[i::workers] for i in range(workers)]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return pool.starmap(_rank, [(job, share) for share in shares])
+    context = multiprocessing.get_context("fork")
+    _SHARED_BOUND = context.Value("d", math.inf, lock=False)  # inherited by the forked workers
+    try:
+        with context.Pool(workers) as pool:
+            return pool.starmap(_rank, [(job, share) for share in shares])
+    finally:
+        _SHARED_BOUND = None
+
+
+# The least of the workers' keep-th best seconds a token (each one's is a bound on every worker's
+# meshes: the whole ranking's keep-th best is no slower): set in _in_parallel, None in one process.
+_SHARED_BOUND = None
 
 
 def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
@@ -241,8 +254,21 @@ def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
     new_tokens = batch if opts.mode == "decode" else batch * seq  # tokens through the layer per step
     kept: list[float] = []  # the best seconds a token priced so far, at most `keep` of them
     pruned = 0
-    for layout in layouts:
+    if job.keep:  # the meshes whose compute could be fastest first: the bound tightens soonest
+        least: dict[Layout, float | None] = {}  # meshes that differ only in ZeRO share it
+        for layout in layouts:
+            base = replace(layout, zero=0)
+            if base not in least:
+                least[base] = _least_floor(job, base)
+        floors = {layout: least[replace(layout, zero=0)] for layout in layouts}
+        layouts = sorted((x for x in layouts if floors[x] is not None), key=floors.__getitem__)
+    for i, layout in enumerate(layouts):
         bound = kept[-1] if job.keep and len(kept) == job.keep else math.inf
+        if job.keep and _SHARED_BOUND is not None:
+            bound = min(bound, _SHARED_BOUND.value)
+        if bound < math.inf and floors[layout] > bound * (1 + 1e-9):
+            pruned += len(layouts) - i  # this and every later mesh: no setting's compute can reach the bound
+            break
         choice = search_knobs(
             model, cluster, layout, seq, batch, opts, search=job.search, objective=job.objective, bound=bound
         )
@@ -266,7 +292,27 @@ def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
         (fitting if fits else dropped).append(cand)
         if job.keep and fits:
             kept = sorted(kept + [est.step_time_s / est.tokens_per_step])[: job.keep]
+            if _SHARED_BOUND is not None and len(kept) == job.keep and kept[-1] < _SHARED_BOUND.value:
+                _SHARED_BOUND.value = kept[-1]
     return fitting, dropped, pruned
+
+
+def _least_floor(job: _Job, layout: Layout) -> float | None:
+    """The least seconds a token any setting of this mesh's knobs could take (step.compute_floor_s at
+    no recompute and the most virtual stages searched: each is a floor under the others), None where
+    no setting is valid."""
+    space = _knob_options(job.model, layout, job.batch, job.opts, job.search)
+    if space is None:
+        return None
+    batches, chunks, sps, _ = space
+    least = math.inf
+    for sp in sps:
+        for mb in batches:
+            trial = _trial(job.opts, sp, max(chunks), "none")
+            ctx = plan_context(job.model, layout, job.seq, mb, trial)
+            tokens = layout.dp * trial.steps_for(layout.dp, layout.pp, mb) * mb * job.seq
+            least = min(least, compute_floor_s(ctx, job.cluster) / tokens)
+    return least
 
 
 def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOptions, search: frozenset):
@@ -377,6 +423,7 @@ def search_knobs(
 SKIPPED = "skipped"
 
 
+@functools.lru_cache(maxsize=1024)
 def _trial(opts: CostOptions, sp: bool, v: int, recompute: str) -> CostOptions:
     """`opts` with one setting of the searched knobs (virtual stages > 1: the interleaved schedule)."""
     schedule = "interleaved" if v > 1 else "1f1b"
