@@ -21,7 +21,7 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import validate_batch
 from meshplan.costmodel.pipeline_sim import simulate
 from meshplan.costmodel.stacks import STACKS
-from meshplan.costmodel.step import compute_floor_s, estimate_step
+from meshplan.costmodel.step import estimate_step, step_floor_s
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import PRESETS, AttentionSpec, Mamba1Spec, Mamba2Spec, MlpSpec, ModelSpec, MoeSpec, dense, mamba2
@@ -260,8 +260,8 @@ def violations(plan: RandomPlan) -> list[str]:
         label = "launch"
     if label and not est.bound.startswith(label) and not opts.mode == "decode":
         out.append("the label is not the largest share")
-    if opts.training and compute_floor_s(plan_context(model, layout, seq, mb, opts), cluster) > step * (1 + 1e-9):
-        out.append("the planner's compute floor above the step it prices")
+    if opts.training and step_floor_s(plan_context(model, layout, seq, mb, opts), cluster) > step * (1 + 1e-9):
+        out.append("the planner's floor above the step it prices")
     if opts.training and layout.pp > 1:
         out += _bubble_violations(plan, cluster)
     if model.attention is not None and opts.mode != "decode":
@@ -315,10 +315,8 @@ def _attention_linear(plan: RandomPlan, cluster, est) -> list[str]:
 
 def memory_violations(plan: RandomPlan) -> list[str]:
     """Memory never shrinks when work grows: twice the sequence needs no fewer bytes in all, nor
-    fewer activation bytes at the same peak phase; twice the micro-batch (the same global batch)
-    no fewer bytes; twice the ranks on a weight-splitting axis hold no more parameter bytes. (Full
-    recompute is not always smaller than none: with one layer a stage it holds the layer's input
-    beside the recomputed layer.)"""
+    fewer activation bytes at the same peak phase; twice the micro-batch (as many micro-batches) no
+    fewer bytes; twice the ranks on a weight-splitting axis hold no more parameter bytes."""
     model, layout, seq, mb, opts = plan.model, plan.layout, plan.seq, plan.micro_batch, plan.opts
     out = []
     try:
@@ -329,15 +327,16 @@ def memory_violations(plan: RandomPlan) -> list[str]:
     if longer.total_bytes < base.total_bytes * (1 - 1e-12):
         out.append("memory shrinks when the sequence grows")
     if opts.training:
-        gbs = opts.global_batch
-        if not gbs or gbs % (layout.dp * 2 * mb) == 0:
-            try:
-                validate_seq(layout, seq, 2 * mb)
-                twice = memory_per_gpu(model, layout, seq, 2 * mb, opts)
-            except MeshplanError:
-                twice = None
-            if twice is not None and twice.total_bytes < base.total_bytes * (1 - 1e-12):
-                out.append("memory shrinks when the micro-batch doubles")
+        # Twice the sequences a micro-batch, as many micro-batches (with fewer, a plan whose gradients are
+        # made in the one backward can peak lower: the optimizer's step, not the accumulation).
+        more = replace(opts, global_batch=2 * opts.global_batch) if opts.global_batch else opts
+        try:
+            validate_seq(layout, seq, 2 * mb)
+            twice = memory_per_gpu(model, layout, seq, 2 * mb, more)
+        except MeshplanError:
+            twice = None
+        if twice is not None and twice.total_bytes < base.total_bytes * (1 - 1e-12):
+            out.append("memory shrinks when the micro-batch doubles")
     same_phase = getattr(longer, "peak_phase", None) == getattr(base, "peak_phase", None)
     if same_phase and longer.per_gpu_bytes["activations"] < base.per_gpu_bytes["activations"] * (1 - 1e-12):
         out.append("activations shrink when the sequence grows")

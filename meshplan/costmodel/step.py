@@ -378,26 +378,37 @@ def _kind_compute(ctx: PlanContext, kind: str, dev: Device, recompute: str) -> B
     )
 
 
-def compute_floor_s(ctx: PlanContext, cluster: ClusterSpec) -> float:
-    """A floor under a training step's time for this plan whatever its collectives: the busiest point
-    of its pipeline at the compute estimate_step prices (recompute included, the head on the last
-    stage). A stage r runs its m micro-batches, s_r each, after the first micro-batch's forward
-    reached it and before the last backward left it back through the stages before it, which take
-    at least 1/v of theirs each way: step ≥ max_r (m·s_r + Σ_{r'<r} s_r' / v) — the closed form where
-    the last stage is the busiest (pipeline.pipeline_passes). The planner skips a mesh whose floor is
-    behind the meshes it keeps. ZeRO moves no compute: meshes that differ only in it share one floor."""
+def step_floor_s(ctx: PlanContext, cluster: ClusterSpec) -> float:
+    """A floor under a training step's time for this plan: the busiest point of its pipeline, each
+    stage s_r a micro-batch — its blocks' compute as estimate_step prices it (recompute included, the
+    head on the last stage) and their own collectives that no compute can hide: a phase (a block's
+    forward, its backward) takes at least its serial collectives plus the longer of its compute and
+    the collectives overlapped with it (_phase_exposed). A stage r runs its m micro-batches after the
+    first micro-batch's forward reached it and before the last backward left it back through the
+    stages before it, which take at least 1/v of theirs each way: step ≥ max_r (m·s_r + Σ_{r'<r} s_r'
+    / v) — the closed form where the last stage is the busiest (pipeline.pipeline_passes). Left out,
+    as each only adds: the 1F1B all-to-all overlap's paired collectives, the micro-batch's own, the
+    step's, ZeRO's — meshes that differ only in ZeRO share one floor. The planner skips a mesh whose
+    floor is behind the meshes it keeps."""
     layout = ctx.layout if ctx.layout.zero == 0 else replace(ctx.layout, zero=0)
     return _floor(ctx.model, layout, ctx.seq, ctx.batch, ctx.opts, cluster)
 
 
-@functools.lru_cache(maxsize=8192)
-def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, cluster: ClusterSpec) -> float:
+@functools.lru_cache(maxsize=16384)
+def _floor(
+    model: ModelSpec,
+    layout: Layout,
+    seq: int,
+    batch: int,
+    opts: CostOptions,
+    cluster: ClusterSpec,
+) -> float:
     ctx = plan_context(model, layout, seq, batch, opts)
     dev = Device.of(cluster, opts.stack_spec)
+    links = _links(layout, cluster)
     per_kind = {}
     for kind, _ in ctx.model.block_invocations():
-        comp = _kind_compute(ctx, kind, dev, opts.recompute)
-        per_kind[kind] = comp.fwd_s + comp.bwd_s
+        per_kind[kind] = _phases_floor(ctx, kind, _kind_compute(ctx, kind, dev, opts.recompute), links)
     pp = ctx.layout.pp
     stages = pipeline_stages(ctx.model.layers, pp, opts.stage_layers)
     stage_s = [sum(n * per_kind[k] for k, n in counts.items()) for counts in ctx.model.stage_block_counts(stages)]
@@ -408,6 +419,24 @@ def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOpt
     chunks = opts.chunks if pp > 1 else 1
     before = [0.0] + list(itertools.accumulate(stage_s))[:-1]
     return max(m * s + b / chunks for s, b in zip(stage_s, before))
+
+
+def _phases_floor(ctx: PlanContext, kind: str, comp: BlockCompute, links: "_Links") -> float:
+    """A floor under one training invocation of a `kind` block, forward and backward, with its own
+    collectives: each phase at least its serial collectives plus the longer of its compute and the
+    collectives overlapped with it (_phase_exposed's terms less its waits and contention)."""
+    stack = ctx.opts.stack_spec
+    timed = [
+        (c, links.time_s(c))
+        for c in (as_stack_runs(c, stack) for c in axes.block_comms(ctx, kind))
+        if c.overlap not in ("block", "layer")  # the 1F1B all-to-all overlap's pairs: left out
+    ]
+    total = 0.0
+    for phase, compute in (("fwd", comp.fwd_s), ("bwd", comp.bwd_s)):
+        mine = [(c, t) for c, t in timed if c.phase == phase]
+        serial = sum(t for c, t in mine if c.overlap == "none")
+        total += serial + max(compute, sum(t for c, t in mine if c.overlap != "none"))
+    return total
 
 
 def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links: "_Links", breakdown: dict) -> _Blocks:

@@ -15,7 +15,7 @@ from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import pipeline_stages, schedule_violation
 from meshplan.costmodel.stacks import Stack
-from meshplan.costmodel.step import StepEstimate, compute_floor_s, estimate_step
+from meshplan.costmodel.step import StepEstimate, estimate_step, step_floor_s
 from meshplan.errors import MeshplanError
 from meshplan.executor.support import unsupported
 from meshplan.layout import Layout, validate_layout, validate_seq
@@ -66,7 +66,7 @@ class Plan:
     considered: int
     objective: str
     reason: str
-    # Meshes not priced in full: their compute alone (step.compute_floor_s) was slower a token than the
+    # Meshes not priced in full: their floor (step.step_floor_s) was slower a token than the
     # keep-th best mesh priced (some of them were found to fit first)
     pruned: int = 0
 
@@ -168,8 +168,8 @@ def plan(
     batch is fixed and DP changes the accumulation steps. `search`: the knobs (KNOBS) chosen per mesh
     rather than pinned to `opts` / `batch` (search_knobs says how). Under the throughput objective in
     training only the best `keep` meshes are sure to be priced in full: meshes are priced in the order
-    of their compute floors (step.compute_floor_s), and one whose floor is slower a token than the
-    keep-th best so far is not priced, nor any after it (Plan.pruned);
+    of their floors (step.step_floor_s: compute and the collectives it cannot hide), and one whose
+    floor is slower a token than the keep-th best so far is not priced, nor any after it (Plan.pruned);
     0 prices every mesh. `workers`: processes that share the meshes out (None: the machine's cores, for
     a thousand meshes or more; 1: this one)."""
     if objective not in OBJECTIVES:
@@ -192,7 +192,7 @@ def plan(
             + (f" --global-batch {gbs}" if gbs else "")
         )
     # Throughput in training: the best `keep` seconds a token so far bound the rest (search_knobs skips
-    # a mesh whose compute alone is slower than the keep-th best), so the ranking's top `keep` is exact.
+    # a mesh whose floor is slower than the keep-th best), so the ranking's top `keep` is exact.
     prune = objective == "throughput" and opts.training and not estimate_dropped and keep > 0
     job = _Job(model, cluster, seq, batch, opts, objective, estimate_dropped, search, keep if prune else 0)
     parts = _in_parallel(job, layouts, workers)
@@ -256,11 +256,12 @@ def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
     pruned = 0
     if job.keep:  # the meshes whose compute could be fastest first: the bound tightens soonest
         least: dict[Layout, float | None] = {}  # meshes that differ only in ZeRO share it
+        floors = {}
         for layout in layouts:
-            base = replace(layout, zero=0)
+            base = layout if layout.zero == 0 else replace(layout, zero=0)
             if base not in least:
                 least[base] = _least_floor(job, base)
-        floors = {layout: least[replace(layout, zero=0)] for layout in layouts}
+            floors[layout] = least[base]
         layouts = sorted((x for x in layouts if floors[x] is not None), key=floors.__getitem__)
     for i, layout in enumerate(layouts):
         bound = kept[-1] if job.keep and len(kept) == job.keep else math.inf
@@ -298,7 +299,7 @@ def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
 
 
 def _least_floor(job: _Job, layout: Layout) -> float | None:
-    """The least seconds a token any setting of this mesh's knobs could take (step.compute_floor_s at
+    """The least seconds a token any setting of this mesh's knobs could take (step.step_floor_s at
     no recompute and the most virtual stages searched: each is a floor under the others), None where
     no setting is valid."""
     space = _knob_options(job.model, layout, job.batch, job.opts, job.search)
@@ -311,7 +312,7 @@ def _least_floor(job: _Job, layout: Layout) -> float | None:
             trial = _trial(job.opts, sp, max(chunks), "none")
             ctx = plan_context(job.model, layout, job.seq, mb, trial)
             tokens = layout.dp * trial.steps_for(layout.dp, layout.pp, mb) * mb * job.seq
-            least = min(least, compute_floor_s(ctx, job.cluster) / tokens)
+            least = min(least, step_floor_s(ctx, job.cluster) / tokens)
     return least
 
 
@@ -364,7 +365,7 @@ def search_knobs(
     the least memory) and the largest the global batch allows, each estimated. Virtual stages: 1 and the
     most that divide every stage, each estimated. The fastest that fits wins (the smallest under the
     memory objective); none fitting, the smallest is reported. `bound` (seconds a token): a setting
-    whose compute alone is slower is not estimated — (memory, None, True, …) when one such was found
+    whose floor (step.step_floor_s) is slower is not estimated — (memory, None, True, …) when one such was found
     to fit, SKIPPED when no setting was priced at all."""
     space = _knob_options(model, layout, batch, opts, search)
     if space is None:
@@ -373,9 +374,9 @@ def search_knobs(
     best = smallest = fitted = None
 
     def behind(ctx, mb) -> bool:
-        """The setting's compute alone is slower a token than the bound (a floor tying it is kept)."""
+        """The setting's floor is slower a token than the bound (a floor tying it is kept)."""
         tokens = layout.dp * ctx.opts.steps_for(layout.dp, layout.pp, mb) * mb * seq
-        return compute_floor_s(ctx, cluster) / tokens > bound * (1 + 1e-9)
+        return step_floor_s(ctx, cluster) / tokens > bound * (1 + 1e-9)
 
     skipped = 0
     for sp in sps:
@@ -404,7 +405,7 @@ def search_knobs(
                         continue
                     if bound < math.inf and behind(ctx, mb):
                         fitted = fitted or (mem, None, True, knobs, trial)
-                        break  # its compute alone is behind the bound, and a later recompute no faster
+                        break  # its floor is behind the bound, and a later recompute no faster
                     est = estimate_step(model, layout, seq, mb, trial, cluster, ctx=ctx)
                     key = (
                         (mem.total_bytes, est.step_time_s)
@@ -415,7 +416,7 @@ def search_knobs(
                         best = (key, (mem, est, True, knobs, trial))
                     break  # a later recompute is no faster
     if best is None and fitted is None and skipped and smallest is None:
-        return SKIPPED  # every setting's compute alone is behind the bound
+        return SKIPPED  # every setting's floor is behind the bound
     return best[1] if best else fitted or smallest
 
 
@@ -501,7 +502,8 @@ def explain(
     if pruned:
         text.append(
             f"{len(ranked)} of the {len(ranked) + len(dropped)} valid meshes priced fit; {pruned} more were not "
-            f"priced in full: their compute alone is slower a token than the {keep} best meshes' whole steps."
+            f"priced in full: their compute and the collectives it cannot hide are slower a token than the "
+            f"{keep} best meshes' whole steps."
         )
     else:
         text.append(f"{len(ranked)} of {len(ranked) + len(dropped)} valid meshes fit.")
