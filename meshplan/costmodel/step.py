@@ -395,14 +395,7 @@ def step_floor_s(ctx: PlanContext, cluster: ClusterSpec) -> float:
 
 
 @functools.lru_cache(maxsize=16384)
-def _floor(
-    model: ModelSpec,
-    layout: Layout,
-    seq: int,
-    batch: int,
-    opts: CostOptions,
-    cluster: ClusterSpec,
-) -> float:
+def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOptions, cluster: ClusterSpec) -> float:
     ctx = plan_context(model, layout, seq, batch, opts)
     dev = Device.of(cluster, opts.stack_spec)
     links = _links(layout, cluster)
