@@ -26,7 +26,7 @@ import torch.distributed as dist
 from meshplan.executor.comm import build_mesh
 from meshplan.executor.run import combine_ranks, environment, measure, use_expandable_segments
 from meshplan.layout import parse_layout
-from meshplan.models import PRESETS, dense, mamba2
+from meshplan.models import PRESETS, MoeSpec, dense, mamba2, moe
 from meshplan.predict import predict_run
 from meshplan.topologies import load_cluster
 
@@ -60,6 +60,8 @@ MAMBA_LAYOUTS = [
     "tsp=4",
     "tpssm=2,sp=2",
 ]
+# Mixtures of experts (--family moe): a coarse model (8 experts, top-2) and a fine-grained one (128, top-8).
+MOE_LAYOUTS = ["single", "dp=2", "dp=2,ep=2", "dp=2,ep=2,zero=1"]
 
 
 def plan(args) -> list[dict]:
@@ -82,6 +84,21 @@ def plan(args) -> list[dict]:
             flush=True,
         )
     runs = []
+    if args.family == "moe":
+        moe_models = (
+            [moe(dense("smoke-moe", 64, 2, 8, 8, 128, 100), MoeSpec(64, 4, 2, 32))]
+            if args.smoke
+            else [
+                replace(PRESETS[name], layers=args.layers, name=f"{name}/{args.layers}L")
+                for name in ("mixtral-8x7b", "qwen3-30b-a3b")
+            ]
+        )
+        return [
+            dict(model=model, layout=x, seq=seq, mode="train")
+            for seq in (dense_seqs if args.seqs or args.smoke else [4096])
+            for model in moe_models
+            for x in MOE_LAYOUTS
+        ]
     for seq in dense_seqs:
         runs += [dict(model=d, layout=x, seq=seq, mode="train") for x in DENSE_LAYOUTS]
     for seq in mamba_seqs:
@@ -119,7 +136,8 @@ def main() -> int:
         default="triton",
         help="Mamba-2 decode's conv step: one Triton launch or the torch ops",
     )
-    ap.add_argument("--family", default="", help="dense or mamba2: run only that model family")
+    ap.add_argument("--family", default="", help="dense, mamba2 or moe: run only that model family")
+    ap.add_argument("--cluster", default="h200-8", help="the preset the predictions are made for")
     ap.add_argument("--modes", default="train,prefill,decode", help="comma list of modes to run")
     ap.add_argument(
         "--seqs",
@@ -141,7 +159,7 @@ def main() -> int:
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=180))
     rank, world = dist.get_rank(), dist.get_world_size()
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    cluster = load_cluster("h200-8")
+    cluster = load_cluster(args.cluster)
     meshes: dict = {}
     results = []
     # Layouts separated by ';' when one of them has a comma ("tp=4;tp=2,sp=2"), else by ','.
@@ -152,7 +170,7 @@ def main() -> int:
             layout.world_size > world
             or (only and cfg["layout"] not in only)
             or cfg["mode"] not in args.modes
-            or (args.family and cfg["model"].family != args.family)
+            or (args.family not in ("", "moe") and cfg["model"].family != args.family)
         ):
             continue
         members = list(range(layout.world_size))
