@@ -6,8 +6,10 @@ the FP8 weight copies, the saved GEMM inputs, the FP8 parameter all-gather — a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import tomllib
 from typer.testing import CliRunner
 
 from meshplan import hardware
@@ -23,6 +25,7 @@ from meshplan.costmodel.schedule import step_schedule
 from meshplan.costmodel.stacks import STACKS, stack_at
 from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
+from meshplan.hf_config import load_model
 from meshplan.layout import parse_layout
 from meshplan.models import PRESETS
 from meshplan.predict import predict
@@ -174,9 +177,6 @@ def test_blackwell_presets_are_specification(preset, gpus, bf16, fp8):
 
 
 def test_blackwell_runs_are_kept_out_of_the_accuracy_counts():
-    import tomllib
-    from pathlib import Path
-
     for path in Path(__file__).parent.parent.joinpath("benchmarks", "published").glob("*.toml"):
         rows = tomllib.loads(path.read_text()).get("rows", [])
         assert not any(r.get("cluster") in ("dgx-b200-8", "gb200-nvl72") for r in rows), path
@@ -216,8 +216,6 @@ def test_recommend_on_nine_nvl72_racks(tmp_path):
     assert best["total_bytes"] <= 186e9 and 0.2 < best["mfu"] < 0.74
     assert "specification" in best["assumptions"]["rates_note"]
     cluster = load_cluster("gb200-nvl72", 9)
-    from meshplan.hf_config import load_model
-
     model = load_model(str(config))
     bf16 = predict(model, cluster, layout, 8192, 1, _megatron(global_batch=1152))
     fp8 = predict(model, cluster, layout, 8192, 1, _megatron(global_batch=1152, precision="fp8"))
