@@ -98,6 +98,7 @@ COMPONENT_LABELS = {
     "transient_logits": "logits",
     "blas_workspace": "BLAS",
     "int8_peer_buffer": "int8buf",
+    "fp8_weights": "fp8W",
 }
 
 
@@ -116,6 +117,7 @@ COMPONENT_MEANINGS = {
     "transient_logits": "the output layer's logits",
     "blas_workspace": "cuBLAS workspaces",
     "int8_peer_buffer": "the int8 all-reduce's peer buffer",
+    "fp8_weights": "Transformer Engine's FP8 weight copies and transposes (--precision fp8)",
 }
 
 
@@ -139,6 +141,17 @@ MOE_IMBALANCE = typer.Option(
 )
 DEEPEP_NODE_LIMIT = typer.Option(
     False, "--deepep-node-limit/--no-deepep-node-limit", help="deepep: a token's experts on at most 4 nodes."
+)
+# FP8 (meshplan.costmodel.options.CostOptions.precision): the same options in memory, predict and recommend.
+PRECISION = typer.Option(
+    "bf16",
+    "--precision",
+    help="Linear layers' GEMMs: bf16 | fp8 (Transformer Engine, per-tensor scales) | mxfp8 (Blackwell).",
+)
+FP8_PARAM_GATHER = typer.Option(
+    False,
+    "--fp8-param-gather/--no-fp8-param-gather",
+    help="FP8 weights kept and all-gathered in FP8 (Megatron-Core --fp8-param-gather; needs --precision fp8).",
 )
 MOE_A2A_OVERLAP = typer.Option(
     False, "--moe-a2a-overlap/--no-moe-a2a-overlap", help="Megatron-Core's 1F1B overlap of the experts' all-to-all."
@@ -185,6 +198,8 @@ def memory(
     moe_imbalance: float = MOE_IMBALANCE,
     deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
     moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
+    precision: str = PRECISION,
+    fp8_param_gather: bool = FP8_PARAM_GATHER,
     sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
     plot: Optional[str] = typer.Option(
         None, "--plot", help="Write memory by component against sequence length to this image (.png, .pdf, .svg)."
@@ -223,6 +238,8 @@ def memory(
         moe=moe_options(
             moe_dispatcher, capacity_factor, moe_pad_to_capacity, moe_imbalance, deepep_node_limit, moe_a2a_overlap
         ),
+        precision=precision,
+        fp8_param_gather=fp8_param_gather,
     )
     cluster_spec = load_cluster(cluster, nodes) if cluster else None
     records = memory_records(spec, layouts, seqs, batch, opts, cluster_spec)
@@ -303,6 +320,8 @@ def stack_options(
     optimizer: Optional[str] = None,
     logits_dtype: str = "fp32",
     moe: dict | None = None,
+    precision: str = "bf16",
+    fp8_param_gather: bool = False,
 ):
     """CostOptions for a stack, as every command builds them: where an option is not given (None), the
     stack's own — flash attention, the gradients' dtype, Megatron-SP on the TP axis — so that one
@@ -343,6 +362,8 @@ def stack_options(
         virtual_stages=virtual_stages,
         stage_layers=parse_stage_layers(stage_layers),
         stack=stack,
+        precision=precision,
+        fp8_param_gather=fp8_param_gather,
         **(moe or {}),
     )
 
@@ -377,6 +398,8 @@ def assumed(opts) -> dict:
         "moe_imbalance": opts.moe_imbalance,
         "deepep_node_limit": opts.deepep_node_limit,
         "moe_a2a_overlap": opts.moe_a2a_overlap,
+        "precision": opts.precision,
+        "fp8_param_gather": opts.fp8_param_gather,
     }
 
 
@@ -394,6 +417,9 @@ def fmt_assumed(opts, *, searched: frozenset = frozenset()) -> str:
     ]
     if opts.int8_allreduce:
         parts.append("int8 all-reduce")
+    if opts.precision != "bf16":
+        gather = ", weights gathered in FP8" if opts.fp8_param_gather else ""
+        parts.append(f"linear GEMMs in {opts.precision} (attention core, router, head in bf16){gather}")
     return f"stack {opts.stack}: " + ", ".join(parts)
 
 
@@ -483,6 +509,8 @@ def recommend(
     moe_imbalance: float = MOE_IMBALANCE,
     deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
     moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
+    precision: str = PRECISION,
+    fp8_param_gather: bool = FP8_PARAM_GATHER,
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -536,6 +564,8 @@ def recommend(
         moe=moe_options(
             moe_dispatcher, capacity_factor, moe_pad_to_capacity, moe_imbalance, deepep_node_limit, moe_a2a_overlap
         ),
+        precision=precision,
+        fp8_param_gather=fp8_param_gather,
     )
     micro = batch or 1
     result = plan(
@@ -669,6 +699,8 @@ def predict(
     moe_imbalance: float = MOE_IMBALANCE,
     deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
     moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
+    precision: str = PRECISION,
+    fp8_param_gather: bool = FP8_PARAM_GATHER,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Cost of one given plan — memory, step time, throughput, MFU/HFU, exposed communication, the
@@ -695,12 +727,18 @@ def predict(
         moe=moe_options(
             moe_dispatcher, capacity_factor, moe_pad_to_capacity, moe_imbalance, deepep_node_limit, moe_a2a_overlap
         ),
+        precision=precision,
+        fp8_param_gather=fp8_param_gather,
     )
     result = predict_plan(
         load_model(model), load_cluster(cluster, nodes), parse_layout(layout), parse_tokens(seq), micro_batch, opts
     )
     out = result.as_dict()
     out["assumptions"] = assumed(opts)
+    out["mfu_peak"] = "bf16"  # Megatron's convention: MFU over the bf16 peak, whatever the GEMMs' precision
+    if opts.precision != "bf16":
+        gpu = result.cluster.gpu
+        out["mfu_fp8_peak"] = out["mfu"] * gpu.bf16_flops_per_s / gpu.fp8_flops_per_s
     if as_json:
         _print_json(out)
         return
@@ -734,7 +772,8 @@ def predict(
             ),
         ),
         ("tokens/s", f"{out['tokens_per_s']:,.0f}"),
-        ("MFU / HFU", f"{out['mfu']:.1%} / {out['hfu']:.1%}"),
+        ("MFU / HFU (of the bf16 peak)", f"{out['mfu']:.1%} / {out['hfu']:.1%}"),
+        *([("MFU of the FP8 peak", f"{out['mfu_fp8_peak']:.1%}")] if "mfu_fp8_peak" in out else []),
         ("model TFLOP/s per GPU", f"{out['tflops_per_gpu']:.1f}"),
         ("exposed communication", _fmt_s(out["exposed_comm_s"])),
         *(

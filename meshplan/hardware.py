@@ -8,7 +8,7 @@ silently.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,14 @@ class GpuKind:
     key: str  # found in the GPU's name (the cluster file's or torch's device name), upper case
     preset: str  # the cluster preset of one node of it
     rates: tuple[tuple[str, Rates], ...]  # (stack, its rates here)
+    # FP8 linear-layer GEMMs over bf16 at the same shapes, where measured (None: the vendor's dense FP8
+    # over bf16 peak ratio, which the prediction notes as specification)
+    fp8_speedup: float | None = None
+    fp8_source: str = ""
+    mxfp8: bool = False  # MXFP8 (32-element blocks, E8M0 scales) in the tensor cores: Blackwell
+    # Its figures are the vendor's datasheet, not a measurement: no published run is priced on it
+    # (benchmarks/published_runs.py counts none), and every prediction on it says so.
+    specification: bool = False
 
 
 # Achieved / peak of a transformer layer's bf16 GEMMs (forward, input-gradient and weight-gradient
@@ -46,6 +54,15 @@ H100_ATTENTION_EFFICIENCY = 0.31
 # and are not counted as tests).
 A100_GEMM_EFFICIENCY = 0.736
 
+# FP8 (e4m3, per-tensor scales: Transformer Engine's delayed and current scaling) over bf16 GEMMs at
+# the forward shapes of the h4096 and h8192 layers (QKV, fc1, fc2; TP 1 and 8; 8192 tokens), measured
+# on one H100 SXM with torch._scaled_mm: 1.68-1.91, median 1.763 over the seven layer shapes
+# (benchmarks/results/rates-h100.json, `python benchmarks/bench_rates.py`; row-wise scales: median
+# 1.684; a square 8192³ GEMM: 2.00). Applied to the bf16 GEMM rate above: 0.679 × 1.763 = 1.197 of the
+# bf16 peak, 0.60 of the FP8 peak. Backward shapes were not measured.
+FP8_GEMM_SPEEDUP_H100 = 1.763
+_RATES_H100 = "benchmarks/results/rates-h100.json (torch._scaled_mm, per-tensor scales)"
+
 _H100_MEGATRON = Rates(H100_GEMM_EFFICIENCY, H100_ATTENTION_EFFICIENCY, "benchmarks/results/gemm-shapes-h100.json")
 # An H200 is an H100's SM at the same clocks with more and faster HBM: its GEMM and attention rates are
 # the H100's (the executor's own rates were measured on H200s and priced H100 runs within 2-7%:
@@ -63,6 +80,8 @@ GPUS: tuple[GpuKind, ...] = (
             ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H100_MEGATRON.source)),
             ("meshplan", Rates(None, None, "the executor's H200 rates (H100 smoke runs within 2-7%)")),
         ),
+        fp8_speedup=FP8_GEMM_SPEEDUP_H100,
+        fp8_source=_RATES_H100,
     ),
     GpuKind(
         "H200",
@@ -72,7 +91,15 @@ GPUS: tuple[GpuKind, ...] = (
             ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H200_AS_H100.source)),
             ("meshplan", _EXECUTOR),
         ),
+        fp8_speedup=FP8_GEMM_SPEEDUP_H100,  # the H100's: the same SM and tensor cores
+        fp8_source=_RATES_H100 + ", the H100's",
     ),
+    # Blackwell, from NVIDIA's specifications only (no B200 is lent to this project): its GEMM and
+    # attention fractions are the executor's H200 defaults, its FP8 rate the datasheet's dense FP8 over
+    # bf16 ratio (4.5 / 2.25 PFLOP/s on DGX B200, 5 / 2.5 on GB200 NVL72). GB200 before B200: its name
+    # holds "B200".
+    GpuKind("GB200", "gb200-nvl72", (), mxfp8=True, specification=True),
+    GpuKind("B200", "dgx-b200-8", (), mxfp8=True, specification=True),
     GpuKind("A100", "a100-sxm-8", (("megatron", _A100), ("megatron-2021", _A100), ("deepspeed", _A100))),
     GpuKind("MI300X", "mi300x-8", ()),
     GpuKind("V100", "v100-dgx2-16", ()),
@@ -93,9 +120,24 @@ def rates(gpu_name: str, stack: str) -> tuple[Rates, str]:
     found = dict(kind.rates).get(stack) if kind else None
     if found is not None:
         return found, ""
+    spec = ""
+    if kind is not None and kind.specification:
+        spec = "; its peaks are NVIDIA's datasheet figures (specification, not measurement)"
     return _EXECUTOR, (
         f"no measured rates for {gpu_name} under --stack {stack}: its GEMMs and attention are priced at the "
-        f"fractions of peak meshplan's executor reached on an H200 (`meshplan calibrate` measures them)"
+        f"fractions of peak meshplan's executor reached on an H200 (`meshplan calibrate` measures them){spec}"
+    )
+
+
+def fp8_speedup(gpu_name: str, bf16_flops: float, fp8_flops: float) -> tuple[float, str]:
+    """(the FP8 linear GEMMs' rate over the bf16 GEMMs' on the GPU named `gpu_name`, a note when it is
+    the datasheet's peak ratio rather than a measurement)."""
+    kind = gpu_kind(gpu_name)
+    if kind is not None and kind.fp8_speedup is not None:
+        return kind.fp8_speedup, ""
+    return fp8_flops / bf16_flops, (
+        f"no measured FP8 GEMM rate for {gpu_name}: FP8 GEMMs priced at the bf16 rate times the datasheet's "
+        f"dense FP8 / bf16 peak ratio ({fp8_flops / bf16_flops:.2f}; specification, not measurement)"
     )
 
 
@@ -112,6 +154,5 @@ def replace_rates(gpu_key: str, stack: str, new: Rates) -> None:
     """Swap one entry of the table (benchmarks/published_runs.py fits the A100 rate this way)."""
     global GPUS
     GPUS = tuple(
-        GpuKind(g.key, g.preset, tuple((s, new if (g.key, s) == (gpu_key, stack) else r) for s, r in g.rates))
-        for g in GPUS
+        replace(g, rates=tuple((s, new if (g.key, s) == (gpu_key, stack) else r) for s, r in g.rates)) for g in GPUS
     )

@@ -27,5 +27,6 @@ def test_a_gpu_the_table_lacks_is_named():
 def test_device_names_find_their_preset():
     assert hardware.preset_for_device("NVIDIA H100 80GB HBM3") == ("h100-sxm-8", "")
     assert hardware.preset_for_device("NVIDIA H200")[0] == "h200-8"
-    preset, note = hardware.preset_for_device("NVIDIA B200")
-    assert preset == "h200-8" and "B200" in note
+    assert hardware.preset_for_device("NVIDIA B200") == ("dgx-b200-8", "")
+    preset, note = hardware.preset_for_device("NVIDIA L40S")
+    assert preset == "h200-8" and "L40S" in note

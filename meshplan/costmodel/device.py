@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from meshplan import hardware
+from meshplan.errors import MeshplanError
 from meshplan.models import frozen_hash
 
 # Achieved / peak of the bf16 GEMMs in a training step of the 7B-shaped layers (forward and backward
@@ -114,8 +115,22 @@ class Device:
     # Where the rates are borrowed (meshplan.hardware.rates): the note a prediction prints; "" when the
     # table or a calibration has this GPU's own.
     rates_note: str = ""
+    # The linear layers' GEMM precision (meshplan.costmodel.stacks.FP8_GEMM_LAYERS says which): "bf16",
+    # "fp8" or "mxfp8"; under FP8 they run `fp8_speedup` times the bf16 GEMM rate (measured, or the
+    # datasheet's peak ratio: hardware.fp8_speedup), below `fp8_peak_flops`, the ceiling
+    # costmodel/invariants.py holds them to.
+    precision: str = "bf16"
+    fp8_speedup: float = 1.0
+    fp8_peak_flops: float = 0.0
+    fp8_input_bytes: float = 1.0  # bytes an FP8 GEMM operand element reads (MXFP8: + a scale a 32)
 
     __hash__ = frozen_hash  # block_compute's cache keys on it
+
+    @property
+    def linear_gemm_rate(self) -> float:
+        """FLOP/s of the linear layers' GEMMs at the run's precision."""
+        rate = self.peak_flops * self.gemm_efficiency
+        return rate * self.fp8_speedup if self.precision != "bf16" else rate
 
     def host_kernel_cost(self, triton_launches: bool, decode: bool) -> float:
         """Host seconds per kernel a block launches; `triton_launches`: mostly Triton kernels (Mamba-2's),
@@ -159,6 +174,8 @@ class Device:
         if cal is not None and cal.gemm_efficiency:
             note = ""  # `meshplan calibrate` measured this cluster
         dev = replace(dev, rates_note=note)
+        if stack is not None and stack.precision != "bf16":
+            dev = _at_fp8(dev, cluster, stack.precision)
         if cal is None:
             return dev
         return replace(
@@ -177,6 +194,32 @@ class Device:
 @functools.lru_cache(maxsize=64)
 def _device_of(cls, cluster, stack) -> Device:
     return cls._of(cluster, stack)
+
+
+def _at_fp8(dev: Device, cluster, precision: str) -> Device:
+    """`dev` with its linear GEMMs in FP8: the GPU's FP8 peak from its cluster file, the rate over bf16
+    measured where hardware.py has it (else the datasheet's ratio, noted)."""
+    gpu = cluster.gpu
+    if not gpu.fp8_flops_per_s:
+        raise MeshplanError(
+            f"--precision {precision}: {gpu.name} has no FP8 peak in its cluster description "
+            "([gpu] fp8_tflops); add it or use --precision bf16"
+        )
+    kind = hardware.gpu_kind(gpu.name)
+    if precision == "mxfp8" and not (kind and kind.mxfp8):
+        raise MeshplanError(
+            f"--precision mxfp8: {gpu.name} has no MXFP8 tensor cores (Blackwell has); use --precision fp8"
+        )
+    speedup, fp8_note = hardware.fp8_speedup(gpu.name, gpu.bf16_flops_per_s, gpu.fp8_flops_per_s)
+    note = "; ".join(n for n in (dev.rates_note, fp8_note) if n)
+    return replace(
+        dev,
+        precision=precision,
+        fp8_speedup=speedup,
+        fp8_peak_flops=gpu.fp8_flops_per_s,
+        fp8_input_bytes=1.0 + (1 / 32 if precision == "mxfp8" else 0.0),
+        rates_note=note,
+    )
 
 
 def _efficiency_table(prefix: bool, dev: "Device | None"):
@@ -198,10 +241,23 @@ def attention_efficiency(keys: float, prefix: bool, dev: "Device | None" = None)
 
 
 def gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> float:
+    """A bf16 GEMM (m × k)·(k × n) by roofline: its FLOPs at the GEMM rate, or its operands and output
+    through HBM."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2 * m * n * k
     return max(flops / (dev.peak_flops * dev.gemm_efficiency), (m * k + k * n + m * n) * e / dev.hbm_bytes_per_s)
+
+
+def linear_gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> float:
+    """A linear layer's GEMM at the run's precision: gemm_time_s under bf16; under FP8 its FLOPs at the
+    FP8 rate (Device.linear_gemm_rate), or its FP8 operands and its `e`-byte output through HBM."""
+    if dev.precision == "bf16":
+        return gemm_time_s(m, n, k, e, dev)
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    flops = 2 * m * n * k
+    return max(flops / dev.linear_gemm_rate, ((m * k + k * n) * dev.fp8_input_bytes + m * n * e) / dev.hbm_bytes_per_s)
 
 
 # The routed experts' grouped GEMM against a dense GEMM of the same expert shapes, by the routed copies
@@ -241,9 +297,14 @@ def grouped_gemm_factor(rows: float) -> float:
 
 def grouped_gemm_time_s(rows: float, n: float, k: float, groups: float, e: int, dev: Device) -> float:
     """`groups` GEMMs of (rows × k)·(k × n), one an expert: the dense rate scaled by grouped_gemm_factor,
-    or each expert's operands through HBM, whichever is slower."""
+    or each expert's operands through HBM, whichever is slower. Transformer Engine's GroupedLinear runs
+    them in FP8 under --precision fp8 (at the linear GEMMs' FP8 rate: the grouped factor measured in
+    bf16 is assumed to carry over)."""
     if rows <= 0 or n <= 0 or k <= 0 or groups <= 0:
         return 0.0
     flops = 2 * rows * n * k * groups
-    rate = dev.peak_flops * dev.gemm_efficiency * grouped_gemm_factor(rows)
-    return max(flops / rate, groups * (rows * k + k * n + rows * n) * e / dev.hbm_bytes_per_s)
+    if dev.precision == "bf16":
+        rate = dev.peak_flops * dev.gemm_efficiency * grouped_gemm_factor(rows)
+        return max(flops / rate, groups * (rows * k + k * n + rows * n) * e / dev.hbm_bytes_per_s)
+    operand_bytes = (rows * k + k * n) * dev.fp8_input_bytes + rows * n * e
+    return max(flops / (dev.linear_gemm_rate * grouped_gemm_factor(rows)), groups * operand_bytes / dev.hbm_bytes_per_s)

@@ -20,14 +20,27 @@ class InvariantError(AssertionError):
 
 
 def best_rate(dev: Device) -> float:
-    """The highest fraction of peak any priced operation reaches on `dev`: the GEMM rate, the best
-    attention rate of its tables, or decode attention's."""
+    """The highest fraction of the bf16 peak any priced operation reaches on `dev`: the linear GEMMs'
+    rate (FP8's under --precision fp8), the best attention rate of its tables, or decode attention's."""
     attention = [e for _, e in dev.attention_causal] + [e for _, e in dev.attention_prefix]
-    return max([dev.gemm_efficiency, ATTENTION_EFFICIENCY] + attention)
+    return max([dev.gemm_efficiency, dev.linear_gemm_rate / dev.peak_flops, ATTENTION_EFFICIENCY] + attention)
+
+
+def check_device(dev: Device) -> None:
+    """No GEMM above its precision's peak: bf16 GEMMs below the bf16 peak, FP8 GEMMs below the FP8 peak."""
+    if dev.gemm_efficiency > 1 + _EPS:
+        raise InvariantError(f"device: bf16 GEMMs at {dev.gemm_efficiency:.3f} of the bf16 peak")
+    if dev.precision != "bf16" and dev.linear_gemm_rate > dev.fp8_peak_flops * (1 + _EPS):
+        raise InvariantError(
+            f"device: FP8 GEMMs at {dev.linear_gemm_rate / 1e12:.0f} TFLOP/s, above the FP8 peak "
+            f"{dev.fp8_peak_flops / 1e12:.0f}"
+        )
 
 
 def check_block(kind: str, comp: BlockCompute, dev: Device) -> None:
-    """A block's forward takes at least its FLOPs at the best achieved rate, and no part is negative."""
+    """A block's forward takes at least its FLOPs at the best achieved rate, and no part is negative;
+    the device prices no GEMM above its precision's peak."""
+    check_device(dev)
     parts = {
         "gemm": comp.gemm_fwd_s,
         "attention": comp.attn_fwd_s,

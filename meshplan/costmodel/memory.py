@@ -39,6 +39,20 @@ ADAM_STATE_BYTES_FP32_PARAMS = 8  # m + v only: fp32 weights are their own maste
 # (`blas_workspace_bytes` in benchmarks/results/validation-h200-run17-x4-triton-norm.json). Older
 # GPUs get 4 MiB or less, so this over-counts them by under 60 MiB.
 BLAS_WORKSPACE_BYTES = 32 * 2**20
+# Transformer Engine's FP8 copies of a weight its FP8 GEMMs read, bytes an element, kept from the first
+# micro-batch of a step to the last (TE's Linear caches its weight workspaces while Megatron passes
+# is_first_microbatch; NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py):
+# - fp8 (per-tensor scales): the FP8 weight and its FP8 transpose (Hopper's FP8 GEMMs take only the TN
+#   layout, so the backward's dgrad reads the transpose), 1 + 1; Blackwell's take every layout and TE
+#   may keep no transpose there: over-counted by 1 B a weight on B200/GB200;
+# - mxfp8: row-wise and column-wise MXFP8 copies (the scale blocks run along the contraction, which
+#   differs between forward and backward), each 1 B + an E8M0 scale a 32 elements;
+# - fp8 with --fp8-param-gather: the weight itself is FP8 (TE's fp8_model_init: 1 B in `parameters`, not
+#   2), and only its transpose is extra.
+# Per-tensor scaling state (a scale, its inverse and an amax history an FP8 tensor, fp32; Megatron's
+# --fp8-amax-history-len defaults to 1) is under 100 bytes a GEMM: not counted.
+FP8_WEIGHT_COPY_BYTES = {"fp8": 2.0, "mxfp8": 2 * (1 + 1 / 32)}
+FP8_PARAM_GATHER_COPY_BYTES = 1.0  # the transpose beside an FP8 parameter
 
 COMPONENTS = (
     "parameters",
@@ -54,6 +68,7 @@ COMPONENTS = (
     "transient_logits",
     "blas_workspace",
     "int8_peer_buffer",
+    "fp8_weights",
 )
 
 
@@ -306,6 +321,32 @@ def local_params(
         # These blocks' weights (less their norm scales, counted above) at their own split.
         held += share * _kind_weights(model, kind) * (1 / own.weight_div - 1 / sh.weight_div)
     return held
+
+
+def fp8_weight_elements(model: ModelSpec, counts: dict[str, int], sh: Sharding, by_kind: dict | None = None) -> float:
+    """Elements of the FP8 GEMMs' weights (BlockKind.fp8_weight_params) one rank holds for a stage that
+    runs `counts` invocations of each block kind, each kind at its own split; a shared block (Zamba2's)
+    once for each copy held. The replicated parts of a split (MLA's latent down-projections, Mamba-2's
+    B/C columns under TP) are counted as split: a few percent of those blocks."""
+    shared = set(model.shared_block_kinds())
+    held = 0.0
+    for kind, n in counts.items():
+        copies = min(model.shared_blocks, n) if kind in shared else n
+        held += copies * BLOCKS[kind].fp8_weight_params(model) / (by_kind or {}).get(kind, sh).weight_div
+    return held
+
+
+def _fp8_weight_bytes(
+    model: ModelSpec, opts: MemoryOptions, counts: dict[str, int], sh: Sharding, by_kind, shards: int
+) -> tuple[float, float]:
+    """(bytes of a rank's FP8 weight copies, bytes its parameters save when they are FP8 themselves under
+    --fp8-param-gather), over the ZeRO-3 shards `shards` as parameters are (FP8_WEIGHT_COPY_BYTES)."""
+    if opts.precision == "bf16":
+        return 0.0, 0.0
+    elements = fp8_weight_elements(model, counts, sh, by_kind) / shards
+    if opts.fp8_param_gather:
+        return elements * FP8_PARAM_GATHER_COPY_BYTES, elements * (model.param_bytes_per_element - 1)
+    return elements * FP8_WEIGHT_COPY_BYTES[opts.precision], 0.0
 
 
 def _kind_weights(model: ModelSpec, kind: str) -> int:
@@ -646,6 +687,9 @@ def _stage_peak(
         share, act_share = _own_shares(model, stage_layers, index, opts)
     params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind)
     param_b = zero_sharded(model, layout, params, by_kind, share, from_stage=3, stack=opts.stack_spec) * p_bytes
+    counts = model.stage_block_counts(stage_layers)[index]
+    fp8_b, fp8_params_saved = _fp8_weight_bytes(model, opts, counts, sh, by_kind, shards if zero == 3 else 1)
+    param_b -= fp8_params_saved
     grad_b = (
         zero_sharded(model, layout, params, by_kind, share, from_stage=2, stack=opts.stack_spec)
         * opts.nbytes("grad_dtype")
@@ -687,8 +731,9 @@ def _stage_peak(
         "transient_logits": shared.logits if has_logits else 0.0,
         "blas_workspace": workspace,
         "int8_peer_buffer": shared.peer_buffer,
+        "fp8_weights": fp8_b,
     }
-    kept = param_b + opt_b + kv_cache + ssm_cache + workspace + shared.peer_buffer
+    kept = param_b + opt_b + kv_cache + ssm_cache + workspace + shared.peer_buffer + fp8_b
     streaming = layer["weight_shards"] + layer["comm_buffers"]
     # Without gradient accumulation the gradients are set to None after each step and built up
     # during backward: at the activation peak (backward start) only the last layer's exist; all
@@ -729,7 +774,15 @@ def _stage_peak(
 
 
 # Held whole from step to step: at the peak as in per_gpu_bytes, to the byte.
-_KEPT = ("parameters", "optimizer_state", "kv_cache", "ssm_state_cache", "blas_workspace", "int8_peer_buffer")
+_KEPT = (
+    "parameters",
+    "optimizer_state",
+    "kv_cache",
+    "ssm_state_cache",
+    "blas_workspace",
+    "int8_peer_buffer",
+    "fp8_weights",
+)
 
 
 def _rounded_to(parts: dict[str, float], total: int) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
-from meshplan.costmodel.stacks import get_stack
+from meshplan.costmodel.stacks import PRECISIONS, get_stack, stack_at
 from meshplan.errors import MeshplanError
 from meshplan.models import DTYPE_BYTES, frozen_hash
 
@@ -14,6 +14,9 @@ SCHEDULES = ("1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "none")
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
+# An FP8 tensor's bytes an element: the e4m3/e5m2 byte, and under MXFP8 an E8M0 scale a 32-element
+# block (OCP Microscaling Formats (MX) v1.0, §5: block size 32, 8-bit shared exponent)
+FP8_ELEMENT_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32}
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,14 @@ class CostOptions:
     # Megatron-Core's 1F1B all-to-all overlap (--overlap-moe-expert-parallel-comm, core 0.14): one
     # micro-batch's expert all-to-alls run beside another's compute
     moe_a2a_overlap: bool = False
+    # The linear layers' GEMMs (QKV, output projection, MLP, experts, Mamba's in/out projections) in bf16,
+    # or in FP8 as Transformer Engine runs them under Megatron-Core --fp8-format hybrid: per-tensor
+    # scales (fp8; delayed or current scaling) or MXFP8's 32-element blocks (Blackwell). The attention
+    # core, the router, the embedding and the output head stay bf16 (meshplan.costmodel.stacks).
+    precision: str = "bf16"
+    # Megatron-Core --fp8-param-gather: the FP8 GEMMs' weights kept in FP8 (TE's fp8_model_init), so the
+    # distributed optimizer's (and ZeRO-3's) parameter all-gather moves 1 byte a weight, not 2
+    fp8_param_gather: bool = False
 
     __hash__ = frozen_hash
 
@@ -83,7 +94,19 @@ class CostOptions:
             raise MeshplanError(f"--virtual-stages must be >= 1, got {self.virtual_stages}")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise MeshplanError("--virtual-stages > 1 needs --schedule interleaved")
-        get_stack(self.stack)
+        stack = get_stack(self.stack)
+        if self.precision not in PRECISIONS:
+            raise MeshplanError(f"--precision: unknown {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+        if self.precision != "bf16" and not stack.fp8:
+            raise MeshplanError(
+                f"--precision {self.precision}: --stack {self.stack} runs its GEMMs in bf16 only (no Transformer "
+                "Engine FP8); use --stack megatron or --precision bf16"
+            )
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise MeshplanError(
+                "--fp8-param-gather keeps per-tensor-scaled FP8 weights: it needs --precision fp8"
+                + (" (MXFP8 weights are not priced)" if self.precision == "mxfp8" else "")
+            )
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise MeshplanError(
                 f"--moe-dispatcher: unknown {self.moe_dispatcher!r}; use one of {', '.join(MOE_DISPATCHERS)}"
@@ -141,7 +164,15 @@ class CostOptions:
 
     @property
     def stack_spec(self):
-        return get_stack(self.stack)
+        """The stack as this run runs it: at its GEMM precision (meshplan.costmodel.stacks.stack_at)."""
+        return stack_at(self.stack, self.precision, self.fp8_param_gather)
+
+    @property
+    def gemm_input_bytes(self) -> float:
+        """Bytes an element of a saved FP8-GEMM input takes: the activation dtype's under bf16; one byte
+        in FP8 (Transformer Engine's Linear saves its quantized input for the weight gradient); MXFP8
+        adds an E8M0 scale byte a 32-element block (OCP MX v1.0 spec §5)."""
+        return self.nbytes("act_dtype") if self.precision == "bf16" else FP8_ELEMENT_BYTES[self.precision]
 
     @property
     def floors_launches(self) -> bool:

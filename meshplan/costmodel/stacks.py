@@ -12,7 +12,8 @@ floor a step. Each number carries its source; `megatron` is what a user planning
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 from meshplan.errors import MeshplanError
 
@@ -57,7 +58,37 @@ class Stack:
     # ZeRO shards over the sequence ranks too (Megatron's distributed optimizer over its data-parallel
     # group with context parallelism, dp × cp); meshplan's executor shards over dp only.
     zero_over_sequence: bool = False
+    # FP8 GEMMs through Transformer Engine (Megatron-Core's --fp8-format): which layers take them is
+    # FP8_GEMM_LAYERS' rule below; False: the stack's GEMMs are bf16 only.
+    fp8: bool = False
     source: str = ""
+    # The run's GEMM precision under the stack ("bf16", "fp8", "mxfp8") and whether its FP8 weights are
+    # gathered in FP8 (--fp8-param-gather): set per run by stack_at, not per stack.
+    precision: str = "bf16"
+    fp8_param_gather: bool = False
+
+
+PRECISIONS = ("bf16", "fp8", "mxfp8")
+
+# Which GEMMs run in FP8 under Megatron-Core with Transformer Engine (--fp8-format hybrid: e4m3 forward,
+# e5m2 gradients): those of TE's Linear modules — QKV and the output projection (TELayerNormColumnParallel-
+# Linear, TERowParallelLinear, MLA's projections too), the MLP's fc1 and fc2, the routed experts'
+# TEGroupedLinear, the shared experts, Mamba's in_proj and out_proj. In bf16: the attention core (TE's
+# FP8 dot-product attention is a separate switch, --fp8-dot-product-attention, off by default), the
+# router (a plain torch linear, in fp32 or bf16: --moe-router-dtype), the embedding and the output head
+# (Megatron's ColumnParallelLinear, not TE's), and Mamba's scan. Megatron-Core's
+# --first-last-layers-bf16 (the first and last layers' GEMMs in bf16) is not priced: every layer's
+# linear GEMMs are FP8. Each block kind says whether its GEMMs are among them (BlockKind.fp8_gemms).
+
+
+@functools.lru_cache(maxsize=64)
+def stack_at(name: str, precision: str = "bf16", fp8_param_gather: bool = False) -> Stack:
+    """The stack `name` as a run runs it, at its GEMM precision (its own object, made once: the cost
+    model's caches key on it)."""
+    stack = get_stack(name)
+    if precision == "bf16" and not fp8_param_gather:
+        return stack
+    return replace(stack, precision=precision, fp8_param_gather=fp8_param_gather)
 
 
 # Megatron-LM's fused kernels (fused LayerNorm, bias-GeLU, bias-dropout-add, scaled masked softmax:
@@ -92,6 +123,7 @@ STACKS: dict[str, Stack] = {
         max_zero=3,
         max_zero_with_pp=1,
         tp_sequence_parallel=True,
+        fp8=True,
         source="NVIDIA/Megatron-LM README at 937571cfd4 (--overlap-grad-reduce --overlap-param-gather "
         "--tp-comm-overlap, PP overlap by default)",
     ),

@@ -5,7 +5,8 @@ TOML layout (every key required unless marked; an unknown key is an error naming
     name = "h100-sxm-8"
     nodes = 1                  # optional, default 1
     gpus_per_node = 8
-    [gpu]        name, memory_bytes, bf16_tflops, hbm_tb_per_s
+    [gpu]        name, memory_bytes, bf16_tflops, hbm_tb_per_s,
+                 fp8_tflops (optional: the dense FP8 tensor-core peak; none: the GPU runs no FP8 GEMMs)
     [intra_node] fabric ("nvswitch" | "xgmi" | "pcie"), link_gb_per_s, latency_us
     [inter_node] nics_per_node, nic_gb_per_s, latency_us,
                  nodes_per_leaf (optional: nodes under one leaf switch; default all of them),
@@ -35,6 +36,7 @@ class GpuSpec:
     memory_bytes: int
     bf16_flops_per_s: float
     hbm_bytes_per_s: float
+    fp8_flops_per_s: float = 0.0  # dense FP8 tensor-core peak; 0: none (--precision fp8 is refused)
 
 
 @dataclass(frozen=True)
@@ -136,13 +138,14 @@ _SCHEMA: dict[str, tuple[str, ...]] = {
         "collectives",
     )
     + HOST_KEYS,
-    "gpu": ("name", "memory_bytes", "bf16_tflops", "hbm_tb_per_s"),
+    "gpu": ("name", "memory_bytes", "bf16_tflops", "hbm_tb_per_s", "fp8_tflops"),
     "intra_node": ("fabric", "link_gb_per_s", "latency_us"),
     "inter_node": ("nics_per_node", "nic_gb_per_s", "latency_us", "nodes_per_leaf", "oversubscription"),
 }
 _OPTIONAL = {
     ("", "nodes"),
     ("", "calibration"),
+    ("gpu", "fp8_tflops"),
     ("inter_node", "nodes_per_leaf"),
     ("inter_node", "oversubscription"),
 } | {
@@ -161,6 +164,7 @@ _OPTIONAL = {
 _NUMERIC = {
     "memory_bytes",
     "bf16_tflops",
+    "fp8_tflops",
     "hbm_tb_per_s",
     "link_gb_per_s",
     "latency_us",
@@ -216,7 +220,13 @@ def cluster_from_dict(data: dict[str, Any], where: str) -> ClusterSpec:
         name=str(data["name"]),
         nodes=int(data.get("nodes", 1)),
         gpus_per_node=int(data["gpus_per_node"]),
-        gpu=GpuSpec(str(gpu["name"]), int(gpu["memory_bytes"]), gpu["bf16_tflops"] * 1e12, gpu["hbm_tb_per_s"] * 1e12),
+        gpu=GpuSpec(
+            str(gpu["name"]),
+            int(gpu["memory_bytes"]),
+            gpu["bf16_tflops"] * 1e12,
+            gpu["hbm_tb_per_s"] * 1e12,
+            gpu.get("fp8_tflops", 0.0) * 1e12,
+        ),
         fabric=str(intra["fabric"]),
         intra_link=LinkSpec(intra["link_gb_per_s"] * 1e9, intra["latency_us"] * 1e-6),
         nics_per_node=int(inter["nics_per_node"]),

@@ -5,6 +5,7 @@ parameters' all-gather) behind the backward but for the last-ready weights; ZeRO
 layer's parameters each micro-batch; under pipeline stages ZeRO-2 reduce-scatters each micro-batch.
 """
 
+from meshplan.costmodel.blocks import fp8_param_share
 from meshplan.costmodel.collectives import Comm
 from meshplan.layout import Layout, grad_group
 
@@ -34,14 +35,22 @@ def comms(ctx, local_params: float, last_ready: float, experts: float = 0.0) -> 
         dense_mb, dense_step = _group_comms(ctx, axis, group, local_params - experts, last_ready, zero=zero)
         edp = layout.expert_data_degree
         expert_mb, expert_step = _group_comms(
-            ctx, "edp", edp, experts, None, what=" (experts)", zero=expert_zero_stage(layout)
+            ctx, "edp", edp, experts, None, what=" (experts)", zero=expert_zero_stage(layout), experts=True
         )
         return dense_mb + expert_mb, dense_step + expert_step
     return _group_comms(ctx, axis, group, local_params, last_ready, zero=zero_stage(layout, ctx.opts.stack_spec))
 
 
 def _group_comms(
-    ctx, axis: str, group: int, local_params: float, last_ready: float | None, what: str = "", *, zero: int
+    ctx,
+    axis: str,
+    group: int,
+    local_params: float,
+    last_ready: float | None,
+    what: str = "",
+    *,
+    zero: int,
+    experts: bool = False,
 ) -> tuple[list[Comm], list[Comm]]:
     """The gradient sync and ZeRO's collectives of `local_params` over one group of ranks (`last_ready`:
     None when no part of them is the backward's last, as the experts' are not)."""
@@ -51,7 +60,7 @@ def _group_comms(
     per_step: list[Comm] = []
     if group == 1 or not (training or zero == 3):
         return per_mb, per_step
-    p_bytes, g_bytes = local_params * ctx.param_bytes, local_params * ctx.grad_bytes
+    p_bytes, g_bytes = local_params * gathered_param_bytes(ctx, experts), local_params * ctx.grad_bytes
     # Under pipeline stages the micro-batches' gradients stay sharded only if each micro-batch
     # reduce-scatters its own (ZeRO 2 as ZeRO 3 always does): once per micro-batch there.
     per_mb_grads = zero == 3 or (zero == 2 and layout.pp > 1)
@@ -118,10 +127,21 @@ def _group_comms(
     return per_mb, per_step
 
 
+def gathered_param_bytes(ctx, experts: bool = False) -> float:
+    """Bytes a parameter moves in a parameter all-gather: its dtype's; under --fp8-param-gather
+    (Megatron-Core: the FP8 GEMMs' weights kept and gathered in FP8) 1 for the FP8 GEMMs' weights —
+    every routed expert's (`experts`), else their share of the model's parameters (blocks.fp8_param_share)."""
+    if not ctx.opts.fp8_param_gather:
+        return ctx.param_bytes
+    share = 1.0 if experts else fp8_param_share(ctx.model)
+    return ctx.param_bytes - share * (ctx.param_bytes - 1)
+
+
 def decode_comms(ctx, local_params: float) -> list[Comm]:
     """ZeRO-3 gathers every weight for every decoded token."""
     layout = ctx.layout
     axis, group = grad_group(layout)
     if not (zero_stage(layout, ctx.opts.stack_spec) == 3 and group > 1):
         return []
-    return [Comm("all_gather", axis, local_params * ctx.param_bytes, group, block="model", what="ZeRO-3 gather params")]
+    p_bytes = local_params * gathered_param_bytes(ctx)
+    return [Comm("all_gather", axis, p_bytes, group, block="model", what="ZeRO-3 gather params")]

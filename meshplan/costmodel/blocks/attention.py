@@ -75,10 +75,13 @@ def unfused_attention_s(model: ModelSpec, tokens: float, keys: float, head_div: 
 def attention_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     attn = model.attention
     e = opts.nbytes("act_dtype")
+    # A GEMM input saved for the weight gradient: in FP8 under --precision fp8 (TE's LayerNormLinear saves
+    # its quantized norm output, TE's Linear its quantized input: opts.gemm_input_bytes)
+    gemm_in = opts.gemm_input_bytes
     items = [
         Saved("attn_norm_input", e * attn.hidden, "hidden"),
         Saved("attn_norm_stats", NORM_STATS[model.norm], "hidden"),
-        Saved("qkv_input", e * attn.hidden, "hidden"),
+        Saved("qkv_input", gemm_in * attn.hidden, "hidden"),
     ]
     if attn.mla:
         items += mla_latents_saved(attn, e)
@@ -89,6 +92,9 @@ def attention_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         # The attention output is the out-projection's input; fused kernels save it once for both.
         Saved("attn_out", e * attn.out_width, "heads"),
     ]
+    if opts.precision != "bf16":
+        # ... but under FP8 the core keeps its bf16 output and the out-projection its own FP8 copy.
+        items.append(Saved("proj_input_fp8", gemm_in * attn.out_width, "heads"))
     if opts.flash_attention:
         items.append(Saved("attn_logsumexp", FP32 * attn.heads, "heads"))
     else:

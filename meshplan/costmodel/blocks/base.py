@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel.device import gemm_time_s
+from meshplan.costmodel.device import gemm_time_s, linear_gemm_time_s
 
 # FlashAttention-2 (Dao 2023): the attention core's backward runs 5 matmuls to forward's 2.
 ATTENTION_BWD_FACTOR = 2.5
@@ -50,6 +50,9 @@ class BlockKind:
     # Megatron TP reduces the block's row-parallel output over the tensor axis (False: the block is
     # replicated there, or its output is summed with another's before one reduction)
     tensor_comms = True
+    # Its projections are Transformer Engine Linear modules, run in FP8 under --precision fp8
+    # (meshplan.costmodel.stacks.FP8_GEMM_LAYERS); False: they stay bf16 (the router's)
+    fp8_gemms = True
 
     # -- shapes --------------------------------------------------------------------------------
     def params(self, model) -> int:
@@ -70,6 +73,11 @@ class BlockKind:
         """(n, k) of each projection on one rank (m is the token count)."""
         raise NotImplementedError
 
+    def fp8_weight_params(self, model) -> float:
+        """Weights of one block that FP8 GEMMs read (Transformer Engine keeps an FP8 copy of each): its
+        projections' matrices, whole (`gemms` at no split); 0 for a block whose GEMMs stay bf16."""
+        return sum(n * k for n, k in self.gemms(model, 1)) if self.fp8_gemms else 0.0
+
     def memory_bound_bytes_per_token(self, model, head_div: int, e: int) -> float:
         """HBM traffic of the non-GEMM work a token: norm, residual, the block's elementwise ops."""
         raise NotImplementedError
@@ -89,8 +97,9 @@ class BlockKind:
 
     def gemm_s(self, model, tokens: float, sh, e: int, dev) -> float:
         """Seconds of the block's projections over `tokens` tokens on one rank (`gemms`, each by
-        roofline at the stack's GEMM rate)."""
-        return sum(gemm_time_s(tokens, n, k, e, dev) for n, k in self.gemms(model, sh.head_div))
+        roofline at the stack's GEMM rate, in FP8 where the run and the block take it)."""
+        timer = linear_gemm_time_s if self.fp8_gemms else gemm_time_s
+        return sum(timer(tokens, n, k, e, dev) for n, k in self.gemms(model, sh.head_div))
 
     def core_s(self, model, tokens, keys, sh, e, dev, *, causal_fraction, zigzag) -> tuple[float, float]:
         """(seconds, FLOPs) of a core beyond the projections (attention's); none by default."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.costmodel.activations import FP32, Saved
 from meshplan.costmodel.blocks.base import BlockKind
 from meshplan.costmodel.blocks.ssm import boundary, decode_state_io, mixer_inputs_saved
-from meshplan.costmodel.device import gemm_time_s
+from meshplan.costmodel.device import linear_gemm_time_s
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.models import ModelSpec
 
@@ -52,7 +52,7 @@ class Mamba1(BlockKind):
 
     def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
         # The mixer core (conv, scan, gated norm, out_proj) is recomputed in backward.
-        return mem + kernel_fwd + gemm_time_s(tokens, *self.gemms(model, sh.head_div)[-1], e, dev)
+        return mem + kernel_fwd + linear_gemm_time_s(tokens, *self.gemms(model, sh.head_div)[-1], e, dev)
 
     def decode(self, comp, model, batch, seq, sh, opts, dev):
         return decode_state_io(comp, self.spec(model), batch, sh, opts, dev)

@@ -12,7 +12,7 @@ import math
 from meshplan.costmodel.activations import Saved
 from meshplan.costmodel.blocks.base import BlockKind
 from meshplan.costmodel.blocks.ssm import boundary, decode_state_io, mixer_inputs_saved
-from meshplan.costmodel.device import Device, gemm_time_s
+from meshplan.costmodel.device import Device, linear_gemm_time_s
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.shapes import local_bc_channels
 from meshplan.kernels import launch  # its settings read at call time: benchmarks and tests set them
@@ -347,7 +347,7 @@ class Mamba2(BlockKind):
 
     def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
         # The mixer core (conv, scan, gated norm, out_proj) is recomputed in backward.
-        return mem + kernel_fwd + gemm_time_s(tokens, *self.gemms(model, sh.head_div)[-1], e, dev)
+        return mem + kernel_fwd + linear_gemm_time_s(tokens, *self.gemms(model, sh.head_div)[-1], e, dev)
 
     def decode(self, comp, model, batch, seq, sh, opts, dev):
         return decode_state_io(comp, model.mamba2, batch, sh, opts, dev)

@@ -12,18 +12,23 @@ def mlp_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     mlp = model.mlp
     e = opts.nbytes("act_dtype")
     f = mlp.ffn_hidden
+    gemm_in = opts.gemm_input_bytes  # fc1's and fc2's inputs, in FP8 under --precision fp8 (TE saves them so)
     items = [
         Saved("mlp_norm_input", e * mlp.hidden, "hidden"),
         Saved("mlp_norm_stats", NORM_STATS[model.norm], "hidden"),
-        Saved("mlp_input", e * mlp.hidden, "hidden"),
+        Saved("mlp_input", gemm_in * mlp.hidden, "hidden"),
     ]
     if mlp.gated:
         # SwiGLU: silu saves its input (gate), the product saves silu(gate) and up, down saves the product.
-        items += [Saved("gate", e * f, "heads"), Saved("up", e * f, "heads"), Saved("gated_product", e * f, "heads")]
+        items += [
+            Saved("gate", e * f, "heads"),
+            Saved("up", e * f, "heads"),
+            Saved("gated_product", gemm_in * f, "heads"),
+        ]
         if not opts.stack_spec.fused_swiglu:
             items.append(Saved("silu_gate", e * f, "heads"))
     else:
-        items += [Saved("fc1_out", e * f, "heads"), Saved("act_out", e * f, "heads")]
+        items += [Saved("fc1_out", e * f, "heads"), Saved("act_out", gemm_in * f, "heads")]
     if opts.dropout:
         items.append(Saved("mlp_dropout_mask", MASK * mlp.out_hidden, "hidden"))
     return items

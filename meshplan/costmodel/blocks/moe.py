@@ -23,6 +23,7 @@ INDEX = 8  # an int64 index
 class Router(BlockKind):
     name = "router"
     tensor_comms = False  # replicated on every tensor rank
+    fp8_gemms = False  # a plain torch linear in Megatron-Core (TopKRouter), not Transformer Engine's
 
     def params(self, model):
         return model.moe.router_params()
@@ -76,6 +77,11 @@ class Experts(_ExpertMlp):
     def load(self, opts):
         return opts.expert_load
 
+    def fp8_weight_params(self, model):
+        # every expert's matrices (`gemms` counts top_k experts' shapes: what a token runs)
+        m = model.moe
+        return m.experts * (m.n_input_matrices + 1) * m.expert_ffn * m.hidden
+
     def gemm_s(self, model, tokens, sh, e, dev):
         """A grouped GEMM over the experts a rank holds (E / ep), each running the routed copies that
         reach it: tokens · top_k of them spread evenly (`tokens` already the busiest rank's)."""
@@ -98,15 +104,17 @@ class Experts(_ExpertMlp):
         # Megatron-Core's TEGroupedMLP: fc1 saves the permuted copies, the activation its input (and
         # the routing probabilities it multiplies in), fc2 the activation's output; the unpermutation
         # keeps nothing (the probabilities are applied in the activation, core 0.13).
+        # fc1's and fc2's inputs in FP8 under --precision fp8 (TEGroupedLinear saves them quantized)
+        gemm_in = opts.gemm_input_bytes
         items = [
-            Saved("expert_inputs", e * m.top_k * m.hidden, "hidden"),  # the permuted copies
+            Saved("expert_inputs", gemm_in * m.top_k * m.hidden, "hidden"),  # the permuted copies
             Saved("expert_probs", FP32 * m.top_k, "hidden"),
         ]
         if m.gated:
             items += [Saved("expert_gate", e * f, "heads"), Saved("expert_up", e * f, "heads")]
-            items += [Saved("expert_product", e * f, "heads")]
+            items += [Saved("expert_product", gemm_in * f, "heads")]
         else:
-            items += [Saved("expert_fc1_out", e * f, "heads"), Saved("expert_act_out", e * f, "heads")]
+            items += [Saved("expert_fc1_out", e * f, "heads"), Saved("expert_act_out", gemm_in * f, "heads")]
         return items
 
 
@@ -130,15 +138,19 @@ class SharedExpert(_ExpertMlp):
 
     def saved(self, model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         m, e = model.moe, opts.nbytes("act_dtype")
+        # Its input is the router's (saved there, in bf16); under FP8 its fc1 keeps its own FP8 copy, and
+        # its fc2 input is saved in FP8 (TE's Linear).
+        gemm_in = opts.gemm_input_bytes
+        fp8_input = [Saved("shared_input_fp8", gemm_in * m.hidden, "hidden")] if opts.precision != "bf16" else []
         if not m.gated:  # Nemotron-H's squared-ReLU shared expert: up, and its activation for down
-            return [
+            return fp8_input + [
                 Saved("shared_fc1_out", e * m.shared_ffn, "heads"),
-                Saved("shared_act_out", e * m.shared_ffn, "heads"),
+                Saved("shared_act_out", gemm_in * m.shared_ffn, "heads"),
             ]
-        return [
+        return fp8_input + [
             Saved("shared_gate", e * m.shared_ffn, "heads"),
             Saved("shared_up", e * m.shared_ffn, "heads"),
-            Saved("shared_product", e * m.shared_ffn, "heads"),
+            Saved("shared_product", gemm_in * m.shared_ffn, "heads"),
         ]
 
 
