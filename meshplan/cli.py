@@ -143,6 +143,12 @@ DEEPEP_NODE_LIMIT = typer.Option(
     False, "--deepep-node-limit/--no-deepep-node-limit", help="deepep: a token's experts on at most 4 nodes."
 )
 # FP8 (meshplan.costmodel.options.CostOptions.precision): the same options in memory, predict and recommend.
+CP_COMM_TYPE = typer.Option(
+    "",
+    "--cp-comm-type",
+    help="Context parallelism's K/V exchange (sp > 1): allgather | p2p (a ring beside the attention: "
+    "Megatron's default) | a2a (Ulysses: heads for sequence). Default: as the stack does.",
+)
 PRECISION = typer.Option(
     "bf16",
     "--precision",
@@ -199,6 +205,7 @@ def memory(
     deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
     moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
     precision: str = PRECISION,
+    cp_comm_type: str = CP_COMM_TYPE,
     fp8_param_gather: bool = FP8_PARAM_GATHER,
     sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
     plot: Optional[str] = typer.Option(
@@ -240,6 +247,7 @@ def memory(
         ),
         precision=precision,
         fp8_param_gather=fp8_param_gather,
+        cp_comm_type=cp_comm_type,
     )
     cluster_spec = load_cluster(cluster, nodes) if cluster else None
     records = memory_records(spec, layouts, seqs, batch, opts, cluster_spec)
@@ -322,6 +330,7 @@ def stack_options(
     moe: dict | None = None,
     precision: str = "bf16",
     fp8_param_gather: bool = False,
+    cp_comm_type: str = "",
 ):
     """CostOptions for a stack, as every command builds them: where an option is not given (None), the
     stack's own — flash attention, the gradients' dtype, Megatron-SP on the TP axis — so that one
@@ -364,6 +373,7 @@ def stack_options(
         stack=stack,
         precision=precision,
         fp8_param_gather=fp8_param_gather,
+        cp_comm_type=cp_comm_type,
         **(moe or {}),
     )
 
@@ -510,6 +520,7 @@ def recommend(
     deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
     moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
     precision: str = PRECISION,
+    cp_comm_type: str = CP_COMM_TYPE,
     fp8_param_gather: bool = FP8_PARAM_GATHER,
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
@@ -566,6 +577,7 @@ def recommend(
         ),
         precision=precision,
         fp8_param_gather=fp8_param_gather,
+        cp_comm_type=cp_comm_type,
     )
     micro = batch or 1
     result = plan(
@@ -700,6 +712,7 @@ def predict(
     deepep_node_limit: bool = DEEPEP_NODE_LIMIT,
     moe_a2a_overlap: bool = MOE_A2A_OVERLAP,
     precision: str = PRECISION,
+    cp_comm_type: str = CP_COMM_TYPE,
     fp8_param_gather: bool = FP8_PARAM_GATHER,
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -729,6 +742,7 @@ def predict(
         ),
         precision=precision,
         fp8_param_gather=fp8_param_gather,
+        cp_comm_type=cp_comm_type,
     )
     result = predict_plan(
         load_model(model), load_cluster(cluster, nodes), parse_layout(layout), parse_tokens(seq), micro_batch, opts

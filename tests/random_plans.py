@@ -195,6 +195,8 @@ def random_plan(choose, integer) -> RandomPlan:
         schedule="interleaved" if v > 1 else "1f1b",
         virtual_stages=v,
         **(_moe_options(choose) if model.moe is not None else {}),
+        # Context parallelism's exchange: the stack's, or each of Megatron's three
+        cp_comm_type=choose(["", "", "allgather", "p2p", "a2a"]) if layout.sp > 1 else "",
     )
     validate_batch(model.layers, pp, dp, micro_batch, opts.global_batch, opts.chunks)
     return RandomPlan(model, name, nodes, layout, seq, micro_batch, opts)

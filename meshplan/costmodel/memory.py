@@ -545,9 +545,19 @@ def _layer_transients(
     p_bytes = model.param_bytes_per_element
     kv_gather = 0.0
     if sh.gathers_kv and model.attention is not None and opts.mode != "decode":
-        kv_gather = batch * seq * model.attention.kv_pair_width * opts.nbytes("act_dtype") / sh.head_div
+        attn, act = model.attention, opts.nbytes("act_dtype")
+        kv_gather = batch * seq * attn.kv_pair_width * act / sh.head_div
+        comm = opts.cp_comm if layout.sp > 1 else "allgather"  # TSP gathers its K/V
+        if comm == "p2p":
+            # A ring holds the K/V block in hand and the one arriving (TE's AttnFuncWithCPAndKVP2P's two
+            # communication buffers), not the whole sequence's
+            kv_gather *= 2 / layout.sp
+        elif comm == "a2a":
+            # The whole sequence's Q, K, V and output for a rank's share of the heads
+            widths = attn.q_width + attn.kv_pair_width + attn.out_width
+            kv_gather = batch * seq * widths * act / sh.head_div / layout.sp
         if train:
-            kv_gather *= 2  # dK, dV of the whole sequence before their reduce-scatter
+            kv_gather *= 2  # the gradients of what is held, before they go back
     step_tokens = 1 if opts.mode == "decode" else seq
     working = _working_bytes(model, sh, step_tokens, batch, opts, unit_full, 0.0 if train else kv_gather, by_kind)
     attention_phase = backward_working = mlp_saved = 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
-from meshplan.costmodel.stacks import PRECISIONS, get_stack, stack_at
+from meshplan.costmodel.stacks import CP_COMM_TYPES, PRECISIONS, get_stack, stack_at
 from meshplan.errors import MeshplanError
 from meshplan.models import DTYPE_BYTES, frozen_hash
 
@@ -42,6 +42,9 @@ class CostOptions:
     # work, as this executor does since run 36); False: contiguous shards, where every rank waits for
     # the last one's attention.
     sp_zigzag: bool = True
+    # Context parallelism's K/V exchange (meshplan.costmodel.stacks.Stack.cp_comm_type: allgather, p2p,
+    # a2a); "": as the stack does
+    cp_comm_type: str = ""
     # Sequences per optimizer step over the whole cluster; 0: one micro-batch per replica (or
     # `microbatches` of them). Fixed, it makes DP change the accumulation steps, not the tokens.
     global_batch: int = 0
@@ -107,6 +110,11 @@ class CostOptions:
                 "--fp8-param-gather keeps per-tensor-scaled FP8 weights: it needs --precision fp8"
                 + (" (MXFP8 weights are not priced)" if self.precision == "mxfp8" else "")
             )
+        if self.cp_comm_type and self.cp_comm_type not in CP_COMM_TYPES:
+            raise MeshplanError(
+                f"--cp-comm-type: unknown {self.cp_comm_type!r}; use one of {', '.join(CP_COMM_TYPES)} "
+                "(Megatron's hierarchical a2a+p2p is not priced)"
+            )
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise MeshplanError(
                 f"--moe-dispatcher: unknown {self.moe_dispatcher!r}; use one of {', '.join(MOE_DISPATCHERS)}"
@@ -166,6 +174,11 @@ class CostOptions:
     def stack_spec(self):
         """The stack as this run runs it: at its GEMM precision (meshplan.costmodel.stacks.stack_at)."""
         return stack_at(self.stack, self.precision, self.fp8_param_gather)
+
+    @property
+    def cp_comm(self) -> str:
+        """Context parallelism's K/V exchange as this run makes it: the option's, else the stack's."""
+        return self.cp_comm_type or get_stack(self.stack).cp_comm_type
 
     @property
     def gemm_input_bytes(self) -> float:

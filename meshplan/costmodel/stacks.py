@@ -58,6 +58,12 @@ class Stack:
     # ZeRO shards over the sequence ranks too (Megatron's distributed optimizer over its data-parallel
     # group with context parallelism, dp × cp); meshplan's executor shards over dp only.
     zero_over_sequence: bool = False
+    # How attention on sequence shards (context parallelism) reaches the other shards' K/V, in Megatron's
+    # names (--cp-comm-type): "allgather" gathers them before attending (Llama 3's CP, meshplan's
+    # executor); "p2p" passes K/V blocks around a ring beside the attention of the block in hand
+    # (Transformer Engine's AttnFuncWithCPAndKVP2P, Megatron's default); "a2a" swaps sequence for heads
+    # by all-to-alls around whole-sequence attention (DeepSpeed-Ulysses; TE's AttnFuncWithCPAndQKVOA2A).
+    cp_comm_type: str = "allgather"
     # FP8 GEMMs through Transformer Engine (Megatron-Core's --fp8-format): which layers take them is
     # FP8_GEMM_LAYERS' rule below; False: the stack's GEMMs are bf16 only.
     fp8: bool = False
@@ -69,6 +75,7 @@ class Stack:
 
 
 PRECISIONS = ("bf16", "fp8", "mxfp8")
+CP_COMM_TYPES = ("allgather", "p2p", "a2a")
 
 # Which GEMMs run in FP8 under Megatron-Core with Transformer Engine (--fp8-format hybrid: e4m3 forward,
 # e5m2 gradients): those of TE's Linear modules — QKV and the output projection (TELayerNormColumnParallel-
@@ -124,6 +131,8 @@ STACKS: dict[str, Stack] = {
         max_zero_with_pp=1,
         tp_sequence_parallel=True,
         fp8=True,
+        # arguments.py: --cp-comm-type, default ["p2p"] (core 0.9 on; core_v0.14.0 unchanged)
+        cp_comm_type="p2p",
         source="NVIDIA/Megatron-LM README at 937571cfd4 (--overlap-grad-reduce --overlap-param-gather "
         "--tp-comm-overlap, PP overlap by default)",
     ),

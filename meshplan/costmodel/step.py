@@ -2,8 +2,9 @@
 
 What hides and what does not:
 - TP all-reduces sit on the critical path (exposed in full).
-- SP's and TSP's K/V all-gather and dK/dV reduce-scatter are exposed: our executor gathers before
-  it attends (a ring-attention executor would mark them overlap="attention", hidden behind it).
+- SP's and TSP's K/V all-gather and dK/dV reduce-scatter are exposed where the stack gathers before
+  it attends (meshplan's executor); a ring of K/V blocks (Megatron's --cp-comm-type p2p) is marked
+  overlap="attention" and hides behind the attention (axes/sp.py).
 - TSP's weight shards stream behind the GEMM of the shard in hand: a ring of D − 1 hops costs
   (D − 1)·max(0, transfer − GEMM) exposed (the first shard is the rank's own); the broadcast stream
   also waits for its first transfer.
@@ -216,7 +217,7 @@ def estimate_step(
     m, pp = schedule.microbatches, layout.pp
     if training and (violation := schedule_violation(stack, pp, layout.zero, m, opts.chunks if pp > 1 else 1)):
         raise MeshplanError(violation)  # priced only as a stack runs it
-    if violation := axes.ep.violation(model, layout, opts):
+    if violation := axes.ep.violation(model, layout, opts) or axes.sp.violation(model, layout, opts):
         raise MeshplanError(violation)
     timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in schedule.per_step)]
     step_comm = sum(t for _, t in timed)

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from meshplan.costmodel.axes import ep, plan_context
+from meshplan.costmodel.axes import sp as axes_sp
 from meshplan.costmodel.crossover import regime
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
@@ -339,6 +340,8 @@ def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOption
     sp = [True] if "tp_sequence_parallel" in search and t and opts.training else [opts.tp_sequence_parallel]
     if ep.tensor_violation(model, layout, replace(opts, tp_sequence_parallel=sp[0])):
         return None  # a mixture of experts under TP without Megatron-SP: no stack runs it
+    if axes_sp.violation(model, layout, opts):
+        return None  # heads the context-parallel all-to-all cannot deal out
     recompute = list(RECOMPUTE_ORDER) if "recompute" in search and opts.training else [opts.recompute]
     return batches, sorted(set(chunks)), sp, recompute
 

@@ -1,7 +1,8 @@
 """The sequence axis, Σ ranks (sp: sequence / context split): tokens split Σ ways, weights replicated.
 
-Each rank keeps the activations of its b·s/Σ tokens; attention gathers the whole sequence's K/V per
-layer (a transient; re-gathered in backward rather than saved), and weight gradients are
+Each rank keeps the activations of its b·s/Σ tokens; attention reaches the other shards' K/V per layer
+as the stack does (Stack.cp_comm_type: gathered, passed around a ring, or swapped for heads by
+all-to-alls; a transient, exchanged again in backward rather than saved), and weight gradients are
 all-reduced over Σ once per step.
 """
 
@@ -30,13 +31,28 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
         return []
     head_div = ctx.sharding.head_div
     if kind == "attention":
-        kv = ctx.batch * ctx.seq * ctx.model.attention.kv_pair_width * ctx.act_bytes / head_div
-        # Our executor gathers before attending (no ring attention yet): exposed. A ring-attention
-        # implementation would mark these overlap="attention".
+        attn = ctx.model.attention
+        kv = ctx.batch * ctx.seq * attn.kv_pair_width * ctx.act_bytes / head_div
+        comm = ctx.opts.cp_comm if axis == "sp" else "allgather"  # TSP's K/V: its own zigzag gather
+        if comm == "a2a":
+            # Sequence for heads before the whole-sequence attention, heads for sequence after it; the
+            # backward swaps the output's gradient and then dQ, dK, dV back. Not overlapped.
+            local = ctx.batch * ctx.seq / sigma * ctx.act_bytes / head_div
+            qkv, out = local * (attn.q_width + attn.kv_pair_width), local * attn.out_width
+            return [
+                Comm("all_to_all", axis, qkv, sigma, phase="fwd", block=kind, what="Q/K/V all-to-all (to heads)"),
+                Comm("all_to_all", axis, out, sigma, phase="fwd", block=kind, what="output all-to-all (to tokens)"),
+                Comm("all_to_all", axis, out, sigma, phase="bwd", block=kind, what="output-gradient all-to-all"),
+                Comm("all_to_all", axis, qkv, sigma, phase="bwd", block=kind, what="dQ/dK/dV all-to-all"),
+            ]
+        # allgather: gathered before attending (meshplan's executor), exposed. p2p: the same bytes as a
+        # ring of K/V blocks, each step's transfer beside the attention of the block in hand; its
+        # backward passes K/V and their gradients around again (TE's AttnFuncWithCPAndKVP2P).
+        overlap, how = ("attention", "ring") if comm == "p2p" else ("none", "all-gather")
         return [
-            Comm("all_gather", axis, kv, sigma, phase="fwd", block=kind, what="K/V all-gather"),
-            Comm("all_gather", axis, kv, sigma, phase="bwd", block=kind, what="K/V re-gather"),
-            Comm("reduce_scatter", axis, kv, sigma, phase="bwd", block=kind, what="dK/dV reduce-scatter"),
+            Comm("all_gather", axis, kv, sigma, phase="fwd", block=kind, what=f"K/V {how}", overlap=overlap),
+            Comm("all_gather", axis, kv, sigma, phase="bwd", block=kind, what=f"K/V {how} again", overlap=overlap),
+            Comm("reduce_scatter", axis, kv, sigma, phase="bwd", block=kind, what=f"dK/dV {how}", overlap=overlap),
         ]
     if kind in ("mamba2", "mamba1"):
         summary, tail = ctx.mamba_shard_summary_bytes(head_div)
@@ -47,6 +63,21 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
             Comm("reduce_scatter", axis, sigma * summary, sigma, phase="bwd", block=kind, what="summary grads"),
         ]
     return []
+
+
+def violation(model, layout: Layout, opts) -> str | None:
+    """Why context parallelism cannot run as `opts` makes it, or None: Ulysses-style all-to-alls deal
+    each rank whole heads (query and K/V heads alike, after tensor parallelism's split)."""
+    if layout.sp == 1 or model.attention is None or opts.cp_comm != "a2a":
+        return None
+    tensor = layout.tensor_degree
+    heads, kv_heads = model.attention.heads // tensor, model.attention.kv_heads // tensor
+    if heads % layout.sp or kv_heads % layout.sp:
+        return (
+            f"--cp-comm-type a2a deals whole heads: sp={layout.sp} must divide the {heads} query and {kv_heads} "
+            f"K/V heads a tensor rank holds; use --cp-comm-type p2p or allgather, or a smaller sp"
+        )
+    return None
 
 
 def decode_comms(ctx, kind: str, axis: str = "sp") -> list[Comm]:
