@@ -524,7 +524,15 @@ def _moe(f: _Fields, name: str) -> ModelSpec:
         if not isinstance(only, list) or any(not isinstance(i, int) or not 0 <= i < layers for i in only):
             raise f.error(f"mlp_only_layers must list layers in 0..{layers - 1}, got {only!r}")
         dense_ids = tuple(i for i in range(layers) if i in only or (i + 1) % step)
-        moe = MoeSpec(spec.d_model, experts, top_k, expert_ffn, shared_ffn=shared, shared_gate=bool(shared))
+        moe = MoeSpec(
+            spec.d_model,
+            experts,
+            top_k,
+            expert_ffn,
+            shared_ffn=shared,
+            shared_gate=bool(shared),
+            norm_topk=f.flag("norm_topk_prob", False),  # transformers' Qwen2/3-MoE default
+        )
     return replace(spec, family="moe", moe=moe, dense_layer_ids=dense_ids, mlp=spec.mlp if dense_ids else None)
 
 

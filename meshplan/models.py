@@ -284,6 +284,7 @@ class MoeSpec:
     shared_gate: bool = False
     expert_bias: bool = False  # gpt-oss: biases on each routed expert's gate/up and down projections
     router_bias: bool = False  # gpt-oss: a bias on the router's logits
+    norm_topk: bool = True  # the top_k probabilities renormalised to sum to one (Mixtral; Qwen's norm_topk_prob)
 
     def __post_init__(self) -> None:
         _positive("moe", hidden=self.hidden, experts=self.experts, top_k=self.top_k, expert_ffn=self.expert_ffn)

@@ -119,13 +119,15 @@ class DenseLayer(nn.Module):
         return x + self.mlp(x)
 
 
-def route(xn: torch.Tensor, w_router: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    xn: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing of tokens xn (T, h): softmax over the router's logits, the k largest probabilities
-    renormalised to sum to one (transformers' MixtralTopKRouter; Qwen3-MoE's norm_topk_prob).
-    Returns (weights (T, k), expert indices (T, k))."""
+    renormalised to sum to one where `norm_topk` (transformers' MixtralTopKRouter; Qwen2/3-MoE's
+    norm_topk_prob), else kept as they are. Returns (weights (T, k), expert indices (T, k))."""
     probs = torch.softmax(F.linear(xn, w_router), dim=-1)
     weights, experts = torch.topk(probs, top_k, dim=-1)
-    return weights / weights.sum(dim=-1, keepdim=True), experts
+    return (weights / weights.sum(dim=-1, keepdim=True) if norm_topk else weights), experts
 
 
 def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -134,33 +136,50 @@ def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -
     return F.linear(F.silu(gate) * up, w_down)
 
 
+def shared_expert(module: nn.Module, xn: torch.Tensor) -> torch.Tensor | None:
+    """What `module`'s shared experts add for every token of xn (T, h) — one SwiGLU of the shared width,
+    behind Qwen2-MoE's sigmoid gate (a hidden → 1 projection) where the model has one — or None."""
+    if not hasattr(module, "w_shared_gate_up"):
+        return None
+    out = expert_mlp(xn, module.w_shared_gate_up, module.w_shared_down)
+    gate = getattr(module, "w_shared_gate", None)
+    return out * torch.sigmoid(F.linear(xn, gate)) if gate is not None else out
+
+
 class MoEMLP(nn.Module):
-    """A mixture of SwiGLU experts behind a pre-norm (Mixtral, Qwen3-MoE): each token runs its top_k
-    experts (route), the outputs weighted by their renormalised probabilities and summed. Weights as
+    """A mixture of SwiGLU experts behind a pre-norm (Mixtral, Qwen2/3-MoE): each token runs its top_k
+    experts (route), the outputs weighted by their (renormalised, where norm_topk) probabilities and
+    summed, plus the shared experts every token runs (Qwen2-MoE: behind a sigmoid gate). Weights as
     transformers' MixtralSparseMoeBlock stores them: router (E, h), experts' [gate; up] (E, 2f, h) and
-    down (E, h, f)."""
+    down (E, h, f); the shared experts' [gate; up] (2s, h), down (h, s) and gate (1, h)."""
 
     def __init__(self, model: ModelSpec):
         super().__init__()
         moe = model.moe
-        if not moe.gated or moe.shared_ffn or moe.expert_bias or moe.router_bias:
-            raise ValueError(f"MoEMLP builds routed SwiGLU experts, no biases or shared experts: not {model.name}'s")
-        self.top_k = moe.top_k
+        if not moe.gated or moe.expert_bias or moe.router_bias:
+            raise ValueError(f"MoEMLP builds SwiGLU experts without biases: not {model.name}'s")
+        self.top_k, self.norm_topk = moe.top_k, moe.norm_topk
         self.mlp_norm = RMSNorm(moe.hidden, model.norm_eps)
         self.w_router = _init(moe.experts, moe.hidden)
         self.w_gate_up = nn.Parameter(torch.stack([_init(2 * moe.expert_ffn, moe.hidden) for _ in range(moe.experts)]))
         self.w_down = nn.Parameter(torch.stack([_init(moe.hidden, moe.expert_ffn) for _ in range(moe.experts)]))
+        if moe.shared_ffn:
+            self.w_shared_gate_up = _init(2 * moe.shared_ffn, moe.hidden)
+            self.w_shared_down = _init(moe.hidden, moe.shared_ffn)
+            if moe.shared_gate:
+                self.w_shared_gate = _init(1, moe.hidden)
 
     def forward(self, x):
         """x (b, s, h) → what the MoE adds to the stream (b, s, h)."""
         xn = self.mlp_norm(x).reshape(-1, x.shape[-1])
-        weights, experts = route(xn, self.w_router, self.top_k)
+        weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
         out = torch.zeros_like(xn)
         for e in range(self.w_gate_up.shape[0]):
             token, slot = torch.where(experts == e)
             y = expert_mlp(xn[token], self.w_gate_up[e], self.w_down[e])
             out = out.index_add(0, token, y * weights[token, slot, None])
-        return out.view_as(x)
+        shared = shared_expert(self, xn)
+        return (out if shared is None else out + shared).view_as(x)
 
 
 class MoELayer(DenseLayer):

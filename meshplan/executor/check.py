@@ -48,13 +48,13 @@ def _mine(sync: GradientSync, p, whole):
     shard = sync.shard(p)
     if whole is p.grad:  # ZeRO 2 and 3 have dropped it: None
         return shard
-    return _slice_of(sync, whole)
+    return _slice_of(sync, whole, p)
 
 
-def _slice_of(sync: GradientSync, whole):
-    """This rank's ZeRO slice of `whole`."""
-    ax = sync.mesh.axis(sync.axis)
-    return shard_of(whole, ax.size, ax.rank)
+def _slice_of(sync: GradientSync, whole, p):
+    """This rank's ZeRO slice of `whole`, cut as weight p's states are (GradientSync.group_of)."""
+    _, n, rank = sync.group_of(p)
+    return shard_of(whole, n, rank)
 
 
 def _max_rel_err(layers, ref_layers, pick) -> float:
@@ -141,7 +141,7 @@ def check_layout(
             result["max_weight_after_step_rel_err"] = _max_rel_err(
                 layers,
                 ref_layers,
-                lambda p, want, grad: (weights.shard(p), _slice_of(sync, want)) if weights else (p, want),
+                lambda p, want, grad: (weights.shard(p), _slice_of(sync, want, p)) if weights else (p, want),
             )
     else:
         shard_weights(layers, mesh)

@@ -147,7 +147,7 @@ def check_model(
             result["max_weight_after_step_rel_err"] = _max_rel_err(
                 mods,
                 ref_mods,
-                lambda p, want, grad: (weights.shard(p), _slice_of(sync, want)) if weights else (p, want),
+                lambda p, want, grad: (weights.shard(p), _slice_of(sync, want, p)) if weights else (p, want),
             )
         sh = sharding_for(layout, opts)
         layers_saved = saved_activation_bytes(model, layout, seq, batch, opts, layers_fraction=1 / layout.pp)[0]

@@ -40,18 +40,50 @@ _MAMBA2 = {
     "norm_w": ["mixer.norm.weight"],
     "out_proj": ["mixer.out_proj.weight"],
 }
+# Mixtures of experts: attention as Llama's; the experts one tensor each per expert on the Hub and as
+# transformers 5 writes them ("{e}": each expert in turn, its rows stacked as the executor's (E, 2f, h)
+# and (E, h, f) weights hold them); the packed (E, …) tensors of transformers 5's modules where a
+# checkpoint holds those instead (PACKED_EXPERTS).
+_ATTENTION = {k: _LLAMA[k] for k in ("attn_norm.weight", "w_qkv", "w_o")}
+_MIXTRAL = {
+    **_ATTENTION,
+    "moe.mlp_norm.weight": ["post_attention_layernorm.weight"],
+    "moe.w_router": ["block_sparse_moe.gate.weight"],
+    "moe.w_gate_up": ["block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight"],
+    "moe.w_down": ["block_sparse_moe.experts.{e}.w2.weight"],
+}
+_QWEN_MOE = {
+    **_ATTENTION,
+    "moe.mlp_norm.weight": ["post_attention_layernorm.weight"],
+    "moe.w_router": ["mlp.gate.weight"],
+    "moe.w_gate_up": ["mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"],
+    "moe.w_down": ["mlp.experts.{e}.down_proj.weight"],
+    "moe.w_shared_gate_up": ["mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"],
+    "moe.w_shared_down": ["mlp.shared_expert.down_proj.weight"],
+    "moe.w_shared_gate": ["mlp.shared_expert_gate.weight"],
+}
+PACKED_EXPERTS = {
+    "block_sparse_moe.experts.{e}.w1.weight": "block_sparse_moe.experts.gate_up_proj",
+    "block_sparse_moe.experts.{e}.w2.weight": "block_sparse_moe.experts.down_proj",
+    "mlp.experts.{e}.gate_proj.weight": "mlp.experts.gate_up_proj",
+    "mlp.experts.{e}.down_proj.weight": "mlp.experts.down_proj",
+}
 # model_type → (layer table, layer prefix, embedding, final norm).
 LAYOUTS = {
     "llama": (_LLAMA, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
     "mistral": (_LLAMA, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
     "phi3": (_PHI3, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
     "mamba2": (_MAMBA2, "backbone.layers", "backbone.embeddings.weight", "backbone.norm_f.weight"),
+    "mixtral": (_MIXTRAL, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
+    "qwen2_moe": (_QWEN_MOE, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
+    "qwen3_moe": (_QWEN_MOE, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
 }
 
 
-def checkpoint_names(model_type: str, ref_name: str, tied: bool) -> list[str]:
+def checkpoint_names(model_type: str, ref_name: str, tied: bool, experts: int = 0) -> list[str]:
     """The checkpoint tensors whose rows, concatenated, make reference parameter `ref_name` (a name in
-    executor.model.CausalLM)."""
+    executor.model.CausalLM); a routed expert weight names each of the `experts` experts' tensors in
+    turn."""
     layers, prefix, embed, final_norm = LAYOUTS[model_type]
     if ref_name == "embed.weight" or (ref_name == "head.weight" and tied):
         return [embed]
@@ -63,7 +95,22 @@ def checkpoint_names(model_type: str, ref_name: str, tied: bool) -> list[str]:
     index, _, local = rest.partition(".")
     if not index.isdigit() or local not in layers:
         raise MeshplanError(f"--weights: no checkpoint tensor is known for the executor's {ref_name}")
-    return [f"{prefix}.{index}.{name}" for name in layers[local]]
+    names = layers[local]
+    if "{e}" in names[0]:
+        names = [name.format(e=e) for e in range(experts) for name in names]
+    return [f"{prefix}.{index}.{name}" for name in names]
+
+
+def packed_experts(names: list[str], files) -> str | None:
+    """The one packed (E, …) tensor that holds the per-expert tensors `names`, where the checkpoint
+    (`files`, its tensor names) has it instead of them; None otherwise."""
+    if names[0] in files:
+        return None
+    for per_expert, packed in PACKED_EXPERTS.items():
+        first = per_expert.format(e=0)
+        if names[0].endswith(first) and (whole := names[0][: -len(first)] + packed) in files:
+            return whole
+    return None
 
 
 def _number(value) -> float:
@@ -128,6 +175,11 @@ class Checkpoint:
         partial = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
         if partial not in (None, 1.0):
             raise MeshplanError(f"{where}: partial_rotary_factor {partial}; the executor turns whole heads")
+        if raw.get("router_jitter_noise", 0.0):
+            raise MeshplanError(
+                f"{where}: router_jitter_noise {raw['router_jitter_noise']}; the executor's router takes "
+                f"its inputs unscaled (0)"
+            )
         if self.model_type == "mamba2":
             if raw.get("use_bias", False):
                 raise MeshplanError(f"{where}: use_bias true; the executor's in_proj and out_proj have no biases")
@@ -191,12 +243,30 @@ def load_into(modules, folder: str | Path, model: ModelSpec) -> int:
         for module in modules:
             for local, ref_name, dim, idx in _targets(module):
                 param = module.get_parameter(local)
-                names = checkpoint_names(ckpt.model_type, ref_name, model.tied_embeddings)
+                experts = model.moe.experts if model.moe is not None else 0
+                names = checkpoint_names(ckpt.model_type, ref_name, model.tied_embeddings, experts)
+                if len(names) > 1 and param.dim() == 3:  # routed experts, one tensor each
+                    names, dim, idx = _expert_rows(names, ckpt.files, param, dim, idx)
                 with torch.no_grad():
                     param.copy_(ckpt.read(names, dim, idx, param.shape))
     finally:
         ckpt.close()
     return ckpt.bytes_read
+
+
+def _expert_rows(names: list[str], files, param: torch.Tensor, dim: int | None, idx: torch.Tensor | None):
+    """(names, dim, indices) that read the experts `idx` (all where dim is None) of a 3-D expert weight:
+    the packed (E, …) tensor's entries where the checkpoint holds one, else the rows of the per-expert
+    tensors stacked (each expert's param.shape[1] rows in turn)."""
+    if dim not in (None, 0):
+        raise MeshplanError(f"--weights: cannot read the experts' {', '.join(names[:2])}, … split along dim {dim}")
+    packed = packed_experts(names, files)
+    if packed is not None:
+        return [packed], dim, idx
+    if dim is None:
+        return names, None, None
+    rows = param.shape[1]
+    return names, 0, (idx[:, None] * rows + torch.arange(rows)).reshape(-1)
 
 
 def _targets(module: nn.Module):

@@ -79,18 +79,19 @@ class ZeroAdam(MixedAdam):
     master, m and v of its 1/n of every weight (the weight flattened, zero-padded to a multiple of n),
     updates them from its shard of the summed gradient (parallelize.GradientSync, which
     reduce-scattered it), and all-gathers the updated bf16 slices into every rank's whole weight —
-    or, under ZeRO 3, writes them into the weight's shard, which the next forward gathers."""
+    or, under ZeRO 3, writes them into the weight's shard, which the next forward gathers. The experts
+    an ep axis splits keep 1/edp of their states and gather over edp (GradientSync.group_of)."""
 
     def __init__(self, params, sync, **kw):
         self.sync, self.weights = sync, sync.weights  # weights: ZeRO 3's shards, updated in place
-        ax = sync.mesh.axis(sync.axis)
-        self.n, self.rank = ax.size, ax.rank
         self.waits: list = []
         super().__init__(params, **kw)
 
     def _master(self, p: torch.Tensor) -> torch.Tensor:
-        mine = self.weights.shard(p) if self.weights is not None else shard_of(p.detach(), self.n, self.rank)
-        return mine.float().clone()
+        if self.weights is not None:
+            return self.weights.shard(p).float().clone()
+        _, n, rank = self.sync.group_of(p)  # the experts an ep axis splits: over edp
+        return shard_of(p.detach(), n, rank).float().clone()
 
     def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
         return self.sync.shard(p)
@@ -99,9 +100,13 @@ class ZeroAdam(MixedAdam):
         if self.weights is not None:
             self.weights.shard(p).copy_(w)
             return
-        s = shard_len(p.numel(), self.n)
-        whole = p.data.view(-1) if s * self.n == p.numel() else torch.empty(s * self.n, dtype=p.dtype, device=p.device)
-        self.waits.append((all_gather_into_start(self.sync.mesh, whole, w.to(p.dtype), self.sync.axis), p, whole))
+        axis, n, _ = self.sync.group_of(p)
+        if n == 1:  # an expert on one edp rank: its states are whole here, nothing to gather
+            p.data.view(-1).copy_(w)
+            return
+        s = shard_len(p.numel(), n)
+        whole = p.data.view(-1) if s * n == p.numel() else torch.empty(s * n, dtype=p.dtype, device=p.device)
+        self.waits.append((all_gather_into_start(self.sync.mesh, whole, w.to(p.dtype), axis), p, whole))
         if len(self.waits) > 2:  # two gathers in flight: their bf16 slices are the step's only transients
             self._land(*self.waits.pop(0))
 

@@ -136,10 +136,11 @@ class GradientSync:
 
     `finish()`, after the backward, starts any left and waits for all, then divides by the dp replicas
     (their mean, as DDP takes). The experts an ep axis splits (Sharded.expert_params) are summed over
-    the expert-data-parallel ranks (edp) instead, then divided by dp alike. It sums TP-SSM's replicated
-    B/C gradients over the tensor axis and TSP's norm scales over tsp; under ZeRO those weights'
-    reductions over the group wait for these sums (a shard of a partial sum cannot be completed
-    afterwards)."""
+    the expert-data-parallel ranks (edp) instead, then divided by dp alike; under ZeRO they are
+    reduce-scattered there, each rank keeping its 1/edp (group_of names each weight's group). It sums
+    TP-SSM's replicated B/C gradients over the tensor axis and TSP's norm scales over tsp; under ZeRO
+    those weights' reductions over the group wait for these sums (a shard of a partial sum cannot be
+    completed afterwards)."""
 
     def __init__(self, layers: nn.ModuleList, mesh: Mesh, weights: ShardedWeights | None = None, tied: bool = False):
         self.layers, self.mesh, self.weights = layers, mesh, weights
@@ -148,8 +149,8 @@ class GradientSync:
         self.zero = layout.zero if layout.dp > 1 else 0
         # Experts split over ep (layouts/ep.py): summed over edp in finish(), not over the group.
         self.experts = [p for m in sharded_modules(layers) for p in m.expert_params()]
-        expert_ids = {id(p) for p in self.experts}
-        params = [p for p in unique_params(reversed(layers)) if id(p) not in expert_ids] if size > 1 else []
+        self.expert_ids = {id(p) for p in self.experts}
+        params = [p for p in unique_params(reversed(layers)) if id(p) not in self.expert_ids] if size > 1 else []
         # A tied matrix split over the first and last pipeline stages: the two copies' gradients summed.
         self.tied = (
             [
@@ -250,10 +251,10 @@ class GradientSync:
             self._reduce(p)
         self._wait()
         dp = self.mesh.layout.dp
+        self._reduce_experts()
         summed = list(self.shards.values()) if self.zero else [p.grad for p in self.order if p.grad is not None]
-        if self.experts and self.mesh.axes.get("edp") is not None:
-            _all_reduce_grads(self.experts, self.mesh, "edp")
-        summed += [p.grad for p in self.experts if p.grad is not None]
+        if not self.zero:
+            summed += [p.grad for p in self.experts if p.grad is not None]
         if dp > 1 and summed:
             torch._foreach_mul_(summed, 1.0 / dp)
         self.armed = True
@@ -261,6 +262,37 @@ class GradientSync:
             self.weights.free_all()
         if self.seen and self.mesh.enabled:
             self._adopt_ready_order()
+
+    def group_of(self, p: torch.Tensor) -> tuple[str, int, int]:
+        """(axis, ranks, this rank's place) of the group that sums p's gradient and, under ZeRO, shards
+        its optimizer states: the expert-data-parallel ranks for the experts an ep axis splits, the
+        gradient group for every other weight."""
+        axis = "edp" if id(p) in self.expert_ids else self.axis
+        ax = self.mesh.axes.get(axis)
+        return (axis, ax.size, ax.rank) if ax is not None else (axis, 1, 0)
+
+    def _reduce_experts(self) -> None:
+        """The experts' gradients summed over edp (their ep ranks' tokens are already in them): one
+        all-reduce, or under ZeRO a reduce-scatter each, this rank keeping its 1/edp (the whole gradient
+        where edp is one rank), as the cost model's expert ZeRO (costmodel/axes/dp.py) prices it."""
+        grads = [p for p in self.experts if p.grad is not None]
+        if not grads:
+            return
+        axis, n, _ = self.group_of(grads[0])
+        if not self.zero:
+            if n > 1:
+                _all_reduce_grads(grads, self.mesh, axis)
+            return
+        for p in grads:
+            if n > 1:
+                shard, wait = reduce_scatter_start(self.mesh, p.grad.view(-1), axis, in_place=self.zero == 1)
+                self.pending.append(wait)
+            else:
+                shard = p.grad.view(-1)
+            self.shards[id(p)] = shard
+            if self.zero >= 2:
+                p.grad = None  # the shard (or the collective) holds what is needed
+        self._wait()
 
     def clear(self) -> None:
         """Drop the step's gradient shards (the optimizer has used them)."""

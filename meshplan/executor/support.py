@@ -1,36 +1,41 @@
 """What the executor runs, checked before anything launches (torch-free: the CLI and the planner ask).
 
 The cost model scores more than the executor runs: ZeRO 2 and 3 under pipeline stages with a tsp or
-tpssm axis, ZeRO 3 under TSP, and models other than dense and Mamba-2 stacks are priced but not
-executed. `meshplan execute` refuses them with one line; `meshplan recommend` marks
-them. What each layout module runs is checked beside those modules (executor/layouts/limits.py).
+tpssm axis, ZeRO 3 under TSP, mixtures of experts beside a tensor or sequence axis (or under ZeRO 3),
+and models other than dense, Mamba-2 and all-MoE stacks are priced but not executed. `meshplan
+execute` refuses them with one line; `meshplan recommend` marks them. What each layout module runs
+is checked beside those modules (executor/layouts/limits.py).
 """
 
 from __future__ import annotations
 
-from meshplan.executor.layouts.limits import layer_limits, vocab_limits
+from typing import TYPE_CHECKING
+
+from meshplan.executor.layouts.limits import layer_limits, moe_limits, vocab_limits
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec, RopeSpec
 
+if TYPE_CHECKING:
+    from meshplan.costmodel.options import CostOptions
 
-def unsupported(layout: Layout, model: ModelSpec, whole: bool = True) -> str | None:
+
+def unsupported(layout: Layout, model: ModelSpec, whole: bool = True, options: CostOptions | None = None) -> str | None:
     """Why the executor cannot run `layout` on `model` — the whole model, or with `whole=False` its
-    layer stack alone — in one line naming the field and what it can run instead; None when it can."""
-    if model.family == "moe":
-        return (
-            f"model: the executor runs {model.name}'s mixture of experts layer by layer only (dp and ep, "
-            f"tp=sp=etp=1, no ZeRO: layouts/ep.py), not yet as a whole model in {layout} (issue #32); "
-            f"`meshplan memory` and `recommend` price it"
-        )
-    if model.family not in ("dense", "mamba2"):
-        return (
-            f"model: the executor builds dense and Mamba-2 models, not {model.family} ({model.name}) in "
-            f"{layout}; `meshplan memory` and `recommend` price it"
-        )
+    layer stack alone — in one line naming the field and what it can run instead; None when it can.
+    `options`: the cost model's settings a plan was priced with, where they choose what runs (an MoE's
+    dispatcher and capacity)."""
     if model.attention is not None and model.attention.mla:
         return (
             f"model: the executor builds multi-head and grouped-query attention, not {model.name}'s latent "
             f"attention (MLA); `meshplan memory` and `recommend` price it"
+        )
+    if model.family == "moe":
+        if (reason := moe_limits(layout, model, options)) is not None:
+            return reason
+    elif model.family not in ("dense", "mamba2"):
+        return (
+            f"model: the executor builds dense, Mamba-2 and mixture-of-experts models, not {model.family} "
+            f"({model.name}) in {layout}; `meshplan memory` and `recommend` price it"
         )
     if layout.pp > 1 and model.layers % layout.pp:
         return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"
@@ -85,7 +90,7 @@ def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
         dropped.append("LayerNorm (run as RMSNorm)")
     if model.positions == "learned":
         dropped.append("learned positions")
-    if model.family in ("dense", "hybrid") and model.rope.kind not in RopeSpec.EXECUTED:
+    if model.family in ("dense", "hybrid", "moe") and model.rope.kind not in RopeSpec.EXECUTED:
         dropped.append(f"{model.rope.kind} rotary scaling (run with unscaled frequencies)")
     if not dropped:
         return model, []

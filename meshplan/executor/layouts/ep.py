@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from meshplan.executor.blocks import MoELayer, expert_mlp, route
+from meshplan.executor.blocks import MoELayer, expert_mlp, route, shared_expert
 from meshplan.executor.comm import AllToAllSplits, Mesh, exchange_counts
 from meshplan.executor.layouts.common import Sublayer
 
@@ -44,6 +44,10 @@ class ExpertParallelMoE(Sublayer):
         self.take("w_router", ref, "moe.w_router")
         self.take("w_gate_up", ref, "moe.w_gate_up", 0, mine)
         self.take("w_down", ref, "moe.w_down", 0, mine)
+        self.norm_topk = moe.norm_topk
+        for name in ("w_shared_gate_up", "w_shared_down", "w_shared_gate"):  # whole on every rank
+            if hasattr(moe, name):
+                self.take(name, ref, f"moe.{name}")
         self.sent_rows = self.received_rows = 0
 
     def expert_params(self) -> list:
@@ -58,7 +62,7 @@ class ExpertParallelMoE(Sublayer):
 
     def forward(self, x):
         xn = self.norm(x).reshape(-1, x.shape[-1])
-        weights, experts = route(xn, self.w_router, self.top_k)
+        weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
         # The T·k copies sorted by expert (so by destination rank), their tokens and weights alike.
         expert_of = experts.reshape(-1)
         order = torch.argsort(expert_of, stable=True)
@@ -78,4 +82,6 @@ class ExpertParallelMoE(Sublayer):
             out = out.index_add(0, rows, expert_mlp(arrived.index_select(0, rows), self.w_gate_up[e], self.w_down[e]))
         back = self._all_to_all(out, recv, send)
         weighted = back * weights.reshape(-1).index_select(0, order).unsqueeze(1)
-        return torch.zeros_like(xn).index_add(0, token_of, weighted).view_as(x)
+        out = torch.zeros_like(xn).index_add(0, token_of, weighted)
+        shared = shared_expert(self, xn)
+        return (out if shared is None else out + shared).view_as(x)

@@ -6,8 +6,8 @@ meshplan/costmodel/axes/__init__.py:
     dense         attention    dense.ParallelAttention                tsp.TSPAttention
                   mlp          dense.ParallelMLP                      tsp.TSPMLP
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
-    MoE           attention    dense.ParallelAttention (dp, ep only)  —
-                  mlp          ep.ExpertParallelMoE (dp, ep only)     —
+    MoE           attention    dense.ParallelAttention (dp, ep, pp)   —
+                  mlp          ep.ExpertParallelMoE (dp, ep, pp)      —
 
 Every sublayer is a pre-norm residual branch (common.Sublayer: its own norm, then its mixing), and the
 layer adds each branch's output to the stream in turn, so that a later kind of sublayer — an MoE in the
@@ -73,7 +73,7 @@ def build_layer(
     seq_axis = "sp" if layout.sp > 1 else None
     if isinstance(ref, MoELayer):
         if layout.tensor_degree > 1 or layout.sp > 1 or layout.expert_tensor_degree > 1:
-            raise ValueError(f"the executor runs a mixture of experts on dp and ep only, not {layout}")
+            raise ValueError(f"the executor runs a mixture of experts on dp, ep and pp only, not {layout}")
         return Layer(
             attention=ParallelAttention(ref, mesh, None, None, positions, seq),
             mlp=ExpertParallelMoE(ref, mesh),

@@ -5,8 +5,13 @@ it is; a refusal is one line naming the field and what runs instead.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
+
+if TYPE_CHECKING:
+    from meshplan.costmodel.options import CostOptions
 
 
 def layer_limits(layout: Layout, model: ModelSpec) -> str | None:
@@ -58,5 +63,52 @@ def vocab_limits(layout: Layout, model: ModelSpec) -> str | None:
         return (
             f"layout: tsp={layout.tsp} must divide hidden {model.d_model} (TSP splits the embedding by "
             f"columns); pick a tsp that divides it, or run --layers-only"
+        )
+    return None
+
+
+def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
+    """Why the mixture-of-experts layers (blocks.MoELayer under ep.ExpertParallelMoE: dropless top-k
+    SwiGLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank, ZeRO 1-2 of
+    the experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
+    `options`: the cost model's MoE settings a plan was priced with (dispatcher, capacity)."""
+    moe = model.moe
+    if model.dense_layer_ids:
+        return (
+            f"model: the executor builds MoE models whose every layer is a mixture of experts; {model.name} keeps "
+            f"dense MLPs on layers {list(model.dense_layer_ids)}; `meshplan memory` and `recommend` price it"
+        )
+    if not moe.gated or moe.expert_bias or moe.router_bias:
+        what = "ungated experts" if not moe.gated else "expert or router biases"
+        return (
+            f"model: the executor builds SwiGLU experts without biases, not {model.name}'s {what}; "
+            f"`meshplan memory` and `recommend` price it"
+        )
+    split = {"tp": layout.tp, "sp": layout.sp, "tsp": layout.tsp, "tpssm": layout.tpssm}
+    if any(v > 1 for v in split.values()):
+        axes = ", ".join(f"{k}={v}" for k, v in split.items() if v > 1)
+        return (
+            f"layout: the executor runs a mixture of experts on dp, ep and pp (issue #32), not with {axes}; "
+            f"drop {axes.split('=')[0]} or run dp×ep"
+        )
+    if layout.expert_tensor_degree > 1:
+        return (
+            f"layout: the executor keeps each expert whole on its ep rank; drop etp={layout.expert_tensor_degree} "
+            f"(etp=1)"
+        )
+    if layout.dp > 1 and layout.zero >= 3:
+        return (
+            f"layout: the executor's ZeRO 3 gathers weights over dp, not the experts over edp; with "
+            f"{model.name} execute zero=2 or below"
+        )
+    if options is not None and options.moe_dispatcher != "alltoall":
+        return (
+            f"moe_dispatcher: the executor dispatches tokens with all-to-alls, not {options.moe_dispatcher}; "
+            f"price it with --moe-dispatcher alltoall"
+        )
+    if options is not None and options.capacity_factor:
+        return (
+            f"capacity_factor: the executor runs dropless experts, not capacity factor {options.capacity_factor:g}; "
+            f"price it with --capacity-factor 0"
         )
     return None

@@ -1,0 +1,206 @@
+"""The whole mixture-of-experts model through the executor (issue #32): token embedding, decoder layers
+whose MLP is the MoE (Mixtral's routed experts; Qwen2-MoE's shared expert behind its sigmoid gate and
+top-k probabilities left un-renormalised), final norm, head and loss, on dp × ep (× pp) in gloo
+processes against the single-process float64 model — the loss, every weight's gradient, ZeRO's
+optimizer step with the experts' states over edp, the log-probabilities after a prefill and each
+decoded token — and the counted bytes equal to the cost model's schedule, per kind and axis. The
+single-process model against transformers' MixtralForCausalLM and Qwen2MoeForCausalLM with the same
+(checkpoint) weights; `meshplan execute` on a Mixtral checkpoint end to end; what is not run, refused
+in one line."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from typer.testing import CliRunner
+
+from meshplan.cli import app
+from meshplan.costmodel.options import CostOptions
+from meshplan.executor.check import mean_counts
+from meshplan.executor.check_model import check_model
+from meshplan.executor.checkpoint import load_into
+from meshplan.executor.distributed import run_distributed
+from meshplan.executor.model import CausalLM
+from meshplan.executor.support import unsupported
+from meshplan.hf_config import load_model
+from meshplan.layout import parse_layout
+from meshplan.models import PRESETS, MoeSpec, dense, moe
+
+MIXTRAL = moe(dense("tiny-mixtral", 64, 2, 8, 4, 128, 100), MoeSpec(64, 4, 2, 128))
+# Qwen2-MoE's shape: a shared expert of 96 behind a sigmoid gate, the top-k probabilities as they are.
+QWEN2_MOE = moe(
+    dense("tiny-qwen2-moe", 64, 2, 8, 4, 128, 100),
+    MoeSpec(64, 4, 2, 64, shared_ffn=96, shared_gate=True, norm_topk=False),
+)
+ALL_MODES = ("train", "prefill", "decode")
+# (processes, model, [(layout, modes)]): dp=2,ep=2 holds each expert on one rank (edp = 1); dp=4,ep=2
+# on two (edp = 2), whose gradients — and under ZeRO optimizer states — are summed and split there.
+CASES = {
+    "mixtral-2": (2, MIXTRAL, [("dp=2,ep=2", ALL_MODES), ("dp=2,ep=2,zero=1", ("train",))]),
+    "qwen2-moe-4": (
+        4,
+        QWEN2_MOE,
+        [("dp=4,ep=2", ALL_MODES), ("dp=4,ep=2,zero=2", ("train",)), ("dp=2,pp=2,ep=2,zero=1", ("train",))],
+    ),
+}
+SEQ, BATCH, VOCAB = 16, 2, 64
+
+
+def _run_all(rank, world, model, cases):
+    return [
+        (text, mode, check_model(rank, world, model, parse_layout(text), SEQ, BATCH, mode))
+        for text, modes in cases
+        for mode in modes
+    ]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_whole_moe_model_matches_single_process_and_the_cost_model(case):
+    world, model, cases = CASES[case]
+    per_rank = run_distributed(_run_all, world, model, cases, timeout_s=300)
+    for i, (text, mode, _) in enumerate(per_rank[0]):
+        results = [r[i][2] for r in per_rank]
+        for r in results:
+            if mode == "train":
+                assert r.get("loss_err", 0.0) < 1e-12, (text, r)
+                assert r["max_weight_grad_rel_err"] < 1e-9, (text, r)  # the experts' slices included
+                if "zero" in text:
+                    assert r["max_weight_after_step_rel_err"] < 1e-12, (text, r)
+            else:
+                assert r["max_out_err"] < 1e-10, (text, mode, r)
+        layout = parse_layout(text)
+        assert sum("loss_err" in r for r in results) == (world // layout.pp if mode == "train" else 0)
+        # The routing is not even, but what the ranks receive sums to what they send: the ranks' mean
+        # all-to-all bytes are the cost model's exactly, and every other collective is per rank.
+        counted, predicted = mean_counts(results), results[0]["predicted_counts"]
+        assert set(counted) == set(predicted), (text, mode, counted, predicted)
+        for key, value in predicted.items():
+            assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, counted, predicted)
+        if mode == "train" and layout.expert_data_degree > 1:
+            kinds = ("reduce_scatter/edp", "all_gather/edp") if layout.zero else ("all_reduce/edp",)
+            assert all(k in counted for k in kinds), (text, counted)
+
+
+def _perturbed(model):
+    """Norm scales that are not all ones (a norm read from the wrong tensor shows), biases zero (the
+    executor's attention has none), in float64, experts run by transformers' eager loop (its grouped
+    GEMM takes no float64)."""
+    torch.manual_seed(0)
+    model = model.double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.config._experts_implementation = "eager"
+    return model.eval()
+
+
+SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts_per_tok=2,
+    tie_word_embeddings=False,
+    router_jitter_noise=0.0,
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe-ckpt")
+    torch.manual_seed(0)
+    made = {
+        "mixtral": MixtralForCausalLM(MixtralConfig(**SHAPE, intermediate_size=48, num_local_experts=4)),
+        "qwen2_moe": Qwen2MoeForCausalLM(
+            Qwen2MoeConfig(
+                **SHAPE,
+                intermediate_size=48,
+                moe_intermediate_size=24,
+                shared_expert_intermediate_size=40,
+                num_experts=4,
+                norm_topk_prob=False,
+            )
+        ),
+    }
+    out = {}
+    for name, model in made.items():
+        model = _perturbed(model)
+        model.save_pretrained(root / name, max_shard_size="40KB")  # several files and an index
+        out[name] = (str(root / name), model)
+    return out
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+def test_the_model_reads_a_checkpoint_to_transformers_logits(checkpoints, name):
+    """Every weight read once from the per-expert tensors transformers writes; the logits and the loss
+    those of transformers' own model (its router's softmax runs in fp32: agreement to ~1e-8)."""
+    folder, hf = checkpoints[name]
+    spec = load_model(folder)
+    assert spec.moe.norm_topk == (name == "mixtral") and bool(spec.moe.shared_ffn) == (name == "qwen2_moe")
+    ref = CausalLM(spec).double()
+    assert load_into([ref], folder, spec) == sum(p.numel() for p in ref.parameters()) * 8
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(input_ids=ids).logits.double()
+        got = ref.head.logits(ref.hidden(ids))
+        assert (got - want).abs().max().item() < 1e-6 * want.abs().max().item()
+        loss = ref.token_losses(ids[:, :-1], ids[:, 1:]).mean().item()
+        assert loss == pytest.approx(hf(input_ids=ids, labels=ids).loss.item(), rel=1e-6)
+
+
+def test_execute_trains_a_mixtral_checkpoint_on_dp_ep_zero(checkpoints, tmp_path):
+    """`meshplan execute` on two gloo processes, dp=2,ep=2 with ZeRO 1: each rank reads its two experts
+    from the files; the first batch's loss is transformers' on the same ids, and every collective's
+    bytes equal the prediction the run file sets beside them (as the dense path's runs are compared)."""
+    folder, hf = checkpoints["mixtral"]
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(7))
+    np.save(tmp_path / "ids.npy", ids.numpy())
+    out = tmp_path / "run.json"
+    args = ["execute", "--model", folder, "--weights", folder, "--layout", "dp=2,ep=2,zero=1"]
+    args += ["--seq", str(SEQ), "--batch", str(BATCH), "--nproc", "2", "--steps", "2", "--timeout", "120"]
+    res = CliRunner().invoke(app, args + ["--tokens", str(tmp_path / "ids.npy"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    run = json.loads(out.read_text())
+    assert run["status"] == "ok" and run["world"] == 2 and run["not_executed"] == []
+    measured, predicted = run["measured"], run["predicted"]
+    assert measured["comm_bytes"] == predicted["comm_bytes"]
+    assert set(measured["comm_bytes"]) == {"all_to_all/ep", "reduce_scatter/dp", "all_gather/dp"}
+    assert measured["step_time_s"] > 0 and predicted["peak_bytes"] > 0 and measured["saved_bytes"] > 0
+    with torch.no_grad():
+        want = hf(input_ids=ids, labels=ids).loss.item()
+    assert measured["loss"] == pytest.approx(want, rel=1e-4)  # the run is fp32
+    compared = CliRunner().invoke(app, ["compare", str(out), "--json"])
+    rows = {row["quantity"]: row for row in json.loads(compared.stdout)["rows"]}
+    assert rows["bytes all_to_all/ep"]["ok"] and rows["bytes reduce_scatter/dp"]["ok"], rows
+
+
+@pytest.mark.parametrize(
+    "model, layout, options, needle",
+    [
+        ("mixtral-8x7b", "dp=2,tp=2,ep=2", None, "not with tp=2; drop tp"),
+        ("mixtral-8x7b", "dp=2,sp=2,ep=2", None, "not with sp=2; drop sp"),
+        ("mixtral-8x7b", "dp=4,ep=2,etp=2", None, "drop etp=2"),
+        ("mixtral-8x7b", "dp=4,ep=2,zero=3", None, "zero=2 or below"),
+        ("mixtral-8x7b", "dp=2,ep=2", CostOptions(moe_dispatcher="allgather"), "moe_dispatcher: "),
+        ("mixtral-8x7b", "dp=2,ep=2", CostOptions(capacity_factor=1.25), "capacity_factor: "),
+        ("deepseek-v3", "dp=8,ep=8", None, "latent attention (MLA)"),
+    ],
+)
+def test_what_the_moe_executor_does_not_run_is_one_line_naming_the_field(model, layout, options, needle):
+    reason = unsupported(parse_layout(layout), PRESETS[model], options=options)
+    assert reason is not None and needle in reason and "\n" not in reason, reason
+    assert reason.split(":")[0] in ("layout", "model", "moe_dispatcher", "capacity_factor")
+    with_dense = moe(dense("tiny-dense-first", 64, 2, 8, 4, 128, 100), MoeSpec(64, 4, 2, 128), dense_layer_ids=(0,))
+    assert "dense MLPs on layers [0]" in unsupported(parse_layout("dp=2,ep=2"), with_dense)
+
+
+@pytest.mark.parametrize("layout", ["dp=8,ep=8", "dp=4,ep=2,zero=2", "dp=2,pp=2,ep=2,zero=1", "dp=2,ep=2"])
+def test_what_the_moe_executor_runs(layout):
+    assert unsupported(parse_layout(layout), PRESETS["mixtral-8x7b"], options=CostOptions()) is None
+    assert unsupported(parse_layout(layout), PRESETS["qwen3-30b-a3b"]) is None
