@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from meshplan.executor.experts import expert_mlp, experts_mlp
 from meshplan.executor.rotary import Rotary, rotate_qk
 from meshplan.kernels.launch import SSD_CHUNK
 from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref
@@ -130,12 +131,6 @@ def route(
     return (weights / weights.sum(dim=-1, keepdim=True) if norm_topk else weights), experts
 
 
-def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """One SwiGLU expert on its tokens x (n, h): [gate; up] (2f, h), down (h, f)."""
-    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w_down)
-
-
 def shared_expert(module: nn.Module, xn: torch.Tensor) -> torch.Tensor | None:
     """What `module`'s shared experts add for every token of xn (T, h) — one SwiGLU of the shared width,
     behind Qwen2-MoE's sigmoid gate (a hidden → 1 projection) where the model has one — or None."""
@@ -173,11 +168,14 @@ class MoEMLP(nn.Module):
         """x (b, s, h) → what the MoE adds to the stream (b, s, h)."""
         xn = self.mlp_norm(x).reshape(-1, x.shape[-1])
         weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
-        out = torch.zeros_like(xn)
-        for e in range(self.w_gate_up.shape[0]):
-            token, slot = torch.where(experts == e)
-            y = expert_mlp(xn[token], self.w_gate_up[e], self.w_down[e])
-            out = out.index_add(0, token, y * weights[token, slot, None])
+        # The T·k copies sorted by expert, each expert's rows through it in one grouped GEMM a projection
+        # (meshplan.executor.experts), weighted and summed back per token.
+        expert_of = experts.reshape(-1)
+        order = torch.argsort(expert_of, stable=True)
+        token_of = order // self.top_k
+        counts = torch.bincount(expert_of, minlength=self.w_gate_up.shape[0]).tolist()
+        ran = experts_mlp(xn.index_select(0, token_of), counts, self.w_gate_up, self.w_down)
+        out = torch.zeros_like(xn).index_add(0, token_of, ran * weights.reshape(-1).index_select(0, order).unsqueeze(1))
         shared = shared_expert(self, xn)
         return (out if shared is None else out + shared).view_as(x)
 

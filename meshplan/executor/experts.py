@@ -55,11 +55,16 @@ def experts_mlp(x: torch.Tensor, counts: list[int], w_gate_up: torch.Tensor, w_d
     return out.index_select(0, place)
 
 
+def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """One SwiGLU expert on its tokens x (n, h): [gate; up] (2f, h), down (h, f)."""
+    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w_down)
+
+
 def _looped(x, counts, w_gate_up, w_down):
     outs, at = [], 0
     for e, c in enumerate(counts):
-        gate, up = F.linear(x[at : at + c], w_gate_up[e]).chunk(2, dim=-1)
-        outs.append(F.linear(F.silu(gate) * up, w_down[e]))
+        outs.append(expert_mlp(x[at : at + c], w_gate_up[e], w_down[e]))
         at += c
     return torch.cat(outs) if outs else x.new_zeros(0, w_down.shape[1])
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from meshplan.executor.blocks import MoELayer, expert_mlp, route, shared_expert
+from meshplan.executor.blocks import MoELayer, route, shared_expert
 from meshplan.executor.comm import AllToAllSplits, Mesh, exchange_counts
+from meshplan.executor.experts import experts_mlp
 from meshplan.executor.layouts.common import Sublayer
 
 
@@ -74,12 +75,12 @@ class ExpertParallelMoE(Sublayer):
         recv = recv_counts.sum(1).tolist()
         self.sent_rows, self.received_rows = len(order), sum(recv)
         arrived = self._all_to_all(xn.index_select(0, token_of), send, recv)
-        # Rows arrive source-major, expert-minor: run each local expert on its rows of every source.
+        # Rows arrive source-major, expert-minor: regrouped by local expert for one grouped GEMM a projection
+        # (meshplan.executor.experts), and put back in arrival order for the combine.
         local_of = torch.arange(self.local, device=x.device).repeat(self.ep).repeat_interleave(recv_counts.reshape(-1))
-        out = torch.zeros_like(arrived)
-        for e in range(self.local):
-            rows = torch.where(local_of == e)[0]
-            out = out.index_add(0, rows, expert_mlp(arrived.index_select(0, rows), self.w_gate_up[e], self.w_down[e]))
+        by_expert = torch.argsort(local_of, stable=True)
+        ran = experts_mlp(arrived.index_select(0, by_expert), recv_counts.sum(0).tolist(), self.w_gate_up, self.w_down)
+        out = torch.zeros_like(ran).index_copy(0, by_expert, ran)
         back = self._all_to_all(out, recv, send)
         weighted = back * weights.reshape(-1).index_select(0, order).unsqueeze(1)
         out = torch.zeros_like(xn).index_add(0, token_of, weighted)
