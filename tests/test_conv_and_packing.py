@@ -293,3 +293,54 @@ def test_initial_state_with_packed_documents(k, c, t, index, lengths, activation
     for mine, theirs in zip(grads, truth):
         if theirs is not None:
             torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_initial_state_with_packed_documents_bf16():
+    """bf16 inputs, as the executor runs on the GPU: the Triton conv of a shard with documents and a tail
+    against the reference (both accumulate in fp32 and round once), to bf16's tolerance (2^-7 relative:
+    a rounding step or two apart; dw and db sum over every token)."""
+    x_all, packed, wide, tail, w, bias, docs = _shard_with_docs([[31, 1, 16], [30, 3, 15]], 2, 16, 4, 40, seed=7)
+    x_all, wide, tail, w, bias = (v.bfloat16() for v in (x_all, wide, tail, w, bias))
+    g = torch.randn(2, 16, 40, generator=torch.Generator().manual_seed(8)).bfloat16()
+    results = []
+    for conv in (causal_conv1d_ref, causal_conv1d):
+        leaves = [v.clone().requires_grad_(True) for v in (wide[..., 3:43], tail, w, bias)]
+        out = conv(
+            leaves[0],
+            *leaves[2:],
+            seq_idx=docs.seq_idx,
+            initial_state=leaves[1].transpose(1, 2),
+            initial_seq_idx=docs.tail_idx,
+        )
+        out.backward(g)
+        results.append((out.detach(), *(v.grad for v in leaves)))
+    for mine, theirs in zip(*results):
+        assert mine.dtype == theirs.dtype == torch.bfloat16
+        torch.testing.assert_close(mine, theirs, rtol=2**-7, atol=2**-7 * theirs.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    "k, t, c, seed", [(4, 9, 5, 0), (4, 20, 12, 1), (3, 6, 12, 2), (2, 11, 5, 3), (4, 2, 5, 4), (3, 1, 12, 5)]
+)
+def test_initial_state_with_arbitrary_sequence_ids(k, t, c, seed):
+    """Sequence ids drawn token by token from a small alphabet (recurring out of order, which packing
+    never makes) on the shard and on the tail's columns: the Triton conv with a tail still equals the
+    reference, which lets a tap through wherever the two ids are equal — output and every gradient.
+    (With packing's non-decreasing ids some of the head kernels' masks can never be false.)"""
+    gen = torch.Generator().manual_seed(seed)
+    b = 4
+    seq_idx = torch.randint(0, 3, (b, t), generator=gen)
+    state_idx = torch.randint(-1, 3, (b, k - 1), generator=gen)
+    x, w, bias = _inputs(b, t, c, k, seed=seed % 1000)
+    state = torch.randn(b, c, k - 1, generator=gen)
+    g = torch.randn(b, t, c, generator=gen)
+    results = []
+    for conv in (causal_conv1d_ref, causal_conv1d):
+        leaves = [v.clone().requires_grad_(True) for v in (x, state, w, bias)]
+        out = conv(leaves[0], *leaves[2:], seq_idx=seq_idx, initial_state=leaves[1], initial_seq_idx=state_idx)
+        out.backward(g)
+        results.append((out.detach(), *(v.grad for v in leaves)))
+    (ref, *ref_grads), (out, *grads) = results
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(grads, ref_grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
