@@ -8,7 +8,9 @@ Two families of kernels: time-marching ones for K ≤ 4 (a program walks its row
 the window in registers, so every input is read once; the backward in one pass: pre-activation
 rebuilt, dx gathered, dw and db summed per channel), and tiled ones for K > 4 (a block of time steps
 × channels per program, the K taps read as shifted loads; the backward optionally two-pass, with an
-fp32 pre-activation gradient).
+fp32 pre-activation gradient). A sequence shard that continues an earlier one (initial_state: the
+earlier shard's last K − 1 inputs; with seq_idx, each of them with its document's id) runs the main
+kernels from a zero history, and head kernels redo its first three output rows and their gradients.
 Reference: meshplan.kernels.reference.causal_conv1d_ref.
 """
 
