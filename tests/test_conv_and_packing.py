@@ -344,3 +344,39 @@ def test_initial_state_with_arbitrary_sequence_ids(k, t, c, seed):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for mine, theirs in zip(grads, ref_grads):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def _triton_conv(x, weight, bias=None, seq_idx=None, initial_state=None, activation="silu", initial_seq_idx=None):
+    """causal_conv1d_ref's signature over the Triton conv (interpreted here)."""
+    return causal_conv1d(x, weight, bias, seq_idx, activation, initial_state, initial_seq_idx)
+
+
+def _run_packed_with_triton_conv(rank, world, layouts):
+    from meshplan.executor import blocks
+    from meshplan.executor.check_model import check_model
+    from meshplan.layout import parse_layout
+    from meshplan.models import mamba2
+
+    blocks.causal_conv1d_ref = _triton_conv  # the executor's CPU conv, in this rank's process only
+    model = mamba2("tiny-m2-lm", 32, 2, 100, d_state=8, headdim=8, ngroups=1)
+    return [
+        (text, mode, check_model(rank, world, model, parse_layout(text), 16, 2, mode, packed=True))
+        for text in layouts
+        for mode in ("train",)
+    ]
+
+
+def test_sequence_shards_with_packed_documents_run_the_triton_conv():
+    """SP and TSP Mamba-2 shards of rows packing several documents (check_model.packed_documents: one
+    continuing across the shard boundary and ending in the next shard, one starting exactly at it), with
+    the executor's conv routed to the Triton kernels as it is on the GPU — the tail, its document ids
+    and the tail's gradient sent back to the previous shard as the layouts pass them: the loss, every
+    weight gradient and the prefill's outputs equal the single process's (which runs the Triton conv too,
+    without a tail), to fp32 rounding."""
+    from meshplan.executor.distributed import run_distributed
+
+    per_rank = run_distributed(_run_packed_with_triton_conv, 2, ["sp=2", "tsp=2"], timeout_s=300)
+    for i, (text, _, _) in enumerate(per_rank[0]):
+        for r in (ranks[i][2] for ranks in per_rank):
+            assert r.get("loss_err", 0.0) < 1e-6, (text, r)
+            assert r["max_weight_grad_rel_err"] < 1e-5, (text, r)

@@ -1752,7 +1752,11 @@ class CausalConv1dHistoryFn(torch.autograd.Function):
         )
         dw = (dw.float() + dw_fix.sum(0)[:, 4 - k :]).to(weight.dtype)
         db = (db.float() + db_fix.sum(0)).to(bias.dtype) if bias is not None else None
-        return dx, d_state.to(state.dtype), dw, db, None, None, None
+        # The state's gradient in the state's own layout, as autograd through the reference gives it: the
+        # executor's state is a transposed view of the (b, K − 1, c) tail, whose gradient then is contiguous
+        # for the send back to the previous shard.
+        d_state = torch.empty_like(state).copy_(d_state)
+        return dx, d_state, dw, db, None, None, None
 
 
 def causal_conv1d(
