@@ -213,3 +213,170 @@ def test_marching_kernels_read_a_column_slice_in_place(monkeypatch, with_seq_idx
     ref.backward(g)
     torch.testing.assert_close(ws.grad, wr.grad, rtol=1e-4, atol=1e-4)
     assert ws.grad[:, :, :5].abs().max() == 0 and ws.grad[:, :, 5 + c :].abs().max() == 0
+
+
+def _shard_with_docs(lengths_per_row, index, t, k, c, seed, dtype=torch.float32):
+    """A whole sequence of (index + 1) · t tokens per row, packed from documents of the given lengths
+    (one list a row), and shard `index` of it as the executor hands it to the conv: x a column slice of
+    a wider tensor, the previous shard's last K − 1 inputs as a transposed (b, K − 1, c) view (zeros on
+    the first shard), and the documents' ids (ShardDocs: the shard's seq_idx and the tail's ids)."""
+    from meshplan.executor.layouts.mamba import ShardDocs
+
+    total = (index + 1) * t
+    assert all(sum(lens) == total for lens in lengths_per_row)
+    packed = torch.stack([torch.repeat_interleave(torch.arange(len(ls)), torch.tensor(ls)) for ls in lengths_per_row])
+    gen = torch.Generator().manual_seed(seed)
+    b = len(lengths_per_row)
+    x_all = torch.randn(b, total, c, generator=gen).to(dtype)
+    w = torch.randn(c, k, generator=gen).to(dtype)
+    bias = torch.randn(c, generator=gen).to(dtype)
+    docs = ShardDocs.of(packed, index, t, k)
+    start = index * t
+    wide = torch.cat([torch.randn(b, t, 3, generator=gen).to(dtype), x_all[:, start:], torch.randn(b, t, 5)], -1)
+    tail = x_all[:, start - (k - 1) : start] if index else torch.zeros(b, k - 1, c, dtype=dtype)
+    return x_all, packed, wide, tail, w, bias, docs
+
+
+# Documents on a shard of a packed sequence (lengths per batch row, summing to (index + 1) · t):
+# - a document starting exactly at the shard's first token, and one continuing across the boundary;
+# - the tail's last document (one token long) ended at the boundary; a document continuing one token
+#   into the shard, then a new one; 300 channels: two head programs, the second partly masked;
+# - K = 3: one-token documents in the tail and at the shard's head;
+# - K = 2;
+# - a shard of two tokens (shorter than the three rows the head kernels redo), single-token documents;
+# - the first shard: the tail is zeros and belongs to no document (ids −1).
+DOC_SHARDS = [
+    (4, 12, 20, 1, [[20, 20], [15, 25]], "silu"),
+    (4, 300, 16, 2, [[31, 1, 16], [30, 3, 15]], "silu"),
+    (3, 7, 9, 1, [[8, 1, 9], [10, 1, 1, 6]], "silu"),
+    (2, 33, 12, 1, [[12, 12], [5, 19]], None),
+    (4, 12, 2, 3, [[7, 1], [5, 1, 1, 1]], "silu"),
+    (4, 20, 10, 0, [[3, 7], [10]], None),
+]
+
+
+@pytest.mark.parametrize("k, c, t, index, lengths, activation", DOC_SHARDS)
+def test_initial_state_with_packed_documents(k, c, t, index, lengths, activation):
+    """The Triton conv of a sequence shard with packed documents and the previous shard's tail equals the
+    reference as the executor calls it (initial_state with its columns' document ids) — output and the
+    gradients of x, the tail, the weight and the bias — and both equal that part of the whole packed
+    sequence's conv: a token sees the tail only where the tail's token is of its own document."""
+    x_all, packed, wide, tail, w, bias, docs = _shard_with_docs(lengths, index, t, k, c, seed=t + c)
+    start = index * t
+    g = torch.randn(x_all.shape[0], t, c, generator=torch.Generator().manual_seed(k))
+    # Ground truth: the whole sequence, only this shard's outputs carrying a gradient.
+    xa, wa, ba = (v.clone().requires_grad_(True) for v in (x_all, w, bias))
+    whole = causal_conv1d_ref(xa, wa, ba, seq_idx=packed, activation=activation)[:, start:]
+    whole.backward(g)
+    # The reference as the executor's CPU path calls it, and the Triton kernels.
+    runs = []
+    for conv in (causal_conv1d_ref, causal_conv1d):
+        wd, st, wk, bk = (v.clone().requires_grad_(True) for v in (wide, tail, w, bias))
+        out = conv(
+            wd[..., 3 : 3 + c],
+            wk,
+            bk,
+            seq_idx=docs.seq_idx,
+            initial_state=st.transpose(1, 2),
+            activation=activation,
+            initial_seq_idx=docs.tail_idx,
+        )
+        out.backward(g)
+        assert wd.grad[..., :3].abs().max() == 0 and wd.grad[..., 3 + c :].abs().max() == 0
+        runs.append((out.detach(), wd.grad[..., 3 : 3 + c], st.grad, wk.grad, bk.grad))
+    (ref, *ref_grads), (out, *grads) = runs
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, whole.detach(), rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(grads, ref_grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+    truth = [xa.grad[:, start:], xa.grad[:, start - (k - 1) : start] if index else None, wa.grad, ba.grad]
+    for mine, theirs in zip(grads, truth):
+        if theirs is not None:
+            torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_initial_state_with_packed_documents_bf16():
+    """bf16 inputs, as the executor runs on the GPU: the Triton conv of a shard with documents and a tail
+    against the reference (both accumulate in fp32 and round once), to bf16's tolerance (2^-7 relative:
+    a rounding step or two apart; dw and db sum over every token)."""
+    x_all, packed, wide, tail, w, bias, docs = _shard_with_docs([[31, 1, 16], [30, 3, 15]], 2, 16, 4, 40, seed=7)
+    x_all, wide, tail, w, bias = (v.bfloat16() for v in (x_all, wide, tail, w, bias))
+    g = torch.randn(2, 16, 40, generator=torch.Generator().manual_seed(8)).bfloat16()
+    results = []
+    for conv in (causal_conv1d_ref, causal_conv1d):
+        leaves = [v.clone().requires_grad_(True) for v in (wide[..., 3:43], tail, w, bias)]
+        out = conv(
+            leaves[0],
+            *leaves[2:],
+            seq_idx=docs.seq_idx,
+            initial_state=leaves[1].transpose(1, 2),
+            initial_seq_idx=docs.tail_idx,
+        )
+        out.backward(g)
+        results.append((out.detach(), *(v.grad for v in leaves)))
+    for mine, theirs in zip(*results):
+        assert mine.dtype == theirs.dtype == torch.bfloat16
+        torch.testing.assert_close(mine, theirs, rtol=2**-7, atol=2**-7 * theirs.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    "k, t, c, seed", [(4, 9, 5, 0), (4, 20, 12, 1), (3, 6, 12, 2), (2, 11, 5, 3), (4, 2, 5, 4), (3, 1, 12, 5)]
+)
+def test_initial_state_with_arbitrary_sequence_ids(k, t, c, seed):
+    """Sequence ids drawn token by token from a small alphabet (recurring out of order, which packing
+    never makes) on the shard and on the tail's columns: the Triton conv with a tail still equals the
+    reference, which lets a tap through wherever the two ids are equal — output and every gradient.
+    (With packing's non-decreasing ids some of the head kernels' masks can never be false.)"""
+    gen = torch.Generator().manual_seed(seed)
+    b = 4
+    seq_idx = torch.randint(0, 3, (b, t), generator=gen)
+    state_idx = torch.randint(-1, 3, (b, k - 1), generator=gen)
+    x, w, bias = _inputs(b, t, c, k, seed=seed % 1000)
+    state = torch.randn(b, c, k - 1, generator=gen)
+    g = torch.randn(b, t, c, generator=gen)
+    results = []
+    for conv in (causal_conv1d_ref, causal_conv1d):
+        leaves = [v.clone().requires_grad_(True) for v in (x, state, w, bias)]
+        out = conv(leaves[0], *leaves[2:], seq_idx=seq_idx, initial_state=leaves[1], initial_seq_idx=state_idx)
+        out.backward(g)
+        results.append((out.detach(), *(v.grad for v in leaves)))
+    (ref, *ref_grads), (out, *grads) = results
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(grads, ref_grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def _triton_conv(x, weight, bias=None, seq_idx=None, initial_state=None, activation="silu", initial_seq_idx=None):
+    """causal_conv1d_ref's signature over the Triton conv (interpreted here)."""
+    return causal_conv1d(x, weight, bias, seq_idx, activation, initial_state, initial_seq_idx)
+
+
+def _run_packed_with_triton_conv(rank, world, layouts):
+    from meshplan.executor import blocks
+    from meshplan.executor.check_model import check_model
+    from meshplan.layout import parse_layout
+    from meshplan.models import mamba2
+
+    blocks.causal_conv1d_ref = _triton_conv  # the executor's CPU conv, in this rank's process only
+    model = mamba2("tiny-m2-lm", 32, 2, 100, d_state=8, headdim=8, ngroups=1)
+    return [
+        (text, mode, check_model(rank, world, model, parse_layout(text), 16, 2, mode, packed=True))
+        for text in layouts
+        for mode in ("train",)
+    ]
+
+
+def test_sequence_shards_with_packed_documents_run_the_triton_conv():
+    """SP and TSP Mamba-2 shards of rows packing several documents (check_model.packed_documents: one
+    continuing across the shard boundary and ending in the next shard, one starting exactly at it), with
+    the executor's conv routed to the Triton kernels as it is on the GPU — the tail, its document ids
+    and the tail's gradient sent back to the previous shard as the layouts pass them: the loss, every
+    weight gradient and the prefill's outputs equal the single process's (which runs the Triton conv too,
+    without a tail), to fp32 rounding."""
+    from meshplan.executor.distributed import run_distributed
+
+    per_rank = run_distributed(_run_packed_with_triton_conv, 2, ["sp=2", "tsp=2"], timeout_s=300)
+    for i, (text, _, _) in enumerate(per_rank[0]):
+        for r in (ranks[i][2] for ranks in per_rank):
+            assert r.get("loss_err", 0.0) < 1e-6, (text, r)
+            assert r["max_weight_grad_rel_err"] < 1e-5, (text, r)

@@ -267,10 +267,10 @@ def _conv_scan_inputs(
     d_inner, ngroups, d_state, nheads, headdim = dims
     b, s, _ = zxbcdt.shape
     z, xbc, dt = split_last(zxbcdt, [d_inner, d_inner + 2 * ngroups * d_state, nheads])
-    if xbc.is_cuda and (conv_state is None or seq_idx is None):  # the Triton kernel; CPU keeps the reference
+    if xbc.is_cuda and (conv_state is None or conv_w.shape[1] <= 4):  # Triton; CPU keeps the reference
         from meshplan.kernels.conv1d import causal_conv1d
 
-        xbc = causal_conv1d(xbc, conv_w, conv_b, seq_idx, initial_state=conv_state)
+        xbc = causal_conv1d(xbc, conv_w, conv_b, seq_idx, initial_state=conv_state, initial_seq_idx=conv_state_idx)
     else:
         xbc = causal_conv1d_ref(
             xbc, conv_w, conv_b, seq_idx=seq_idx, initial_state=conv_state, initial_seq_idx=conv_state_idx

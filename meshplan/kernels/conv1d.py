@@ -8,7 +8,9 @@ Two families of kernels: time-marching ones for K ≤ 4 (a program walks its row
 the window in registers, so every input is read once; the backward in one pass: pre-activation
 rebuilt, dx gathered, dw and db summed per channel), and tiled ones for K > 4 (a block of time steps
 × channels per program, the K taps read as shifted loads; the backward optionally two-pass, with an
-fp32 pre-activation gradient).
+fp32 pre-activation gradient). A sequence shard that continues an earlier one (initial_state: the
+earlier shard's last K − 1 inputs; with seq_idx, each of them with its document's id) runs the main
+kernels from a zero history, and head kernels redo its first three output rows and their gradients.
 Reference: meshplan.kernels.reference.causal_conv1d_ref.
 """
 
@@ -1474,8 +1476,34 @@ def _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K: tl.constex
 
 
 @triton.jit
-def _pre(xt, xm1, xm2, xm3, w0, w1, w2, w3, bias):
-    return bias + w3 * xt + w2 * xm1 + w1 * xm2 + w0 * xm3
+def _state_id(sidx_ptr, pid_b, m: tl.constexpr, K: tl.constexpr, HAS_IDX: tl.constexpr):
+    """Sequence id (shape (1,)) of row −m of the history: column K − 1 − m of the initial state's ids
+    (b, K − 1); 0 without seq_idx, and where K − 1 < m (the row is zeros there)."""
+    z = tl.zeros((1,), dtype=tl.int32)
+    if HAS_IDX:
+        if K - 1 >= m:
+            return tl.load(sidx_ptr + pid_b * (K - 1) + (K - 1 - m) + z)
+    return z
+
+
+@triton.jit
+def _head_ids(idx_ptr, sidx_ptr, pid_b, T, K: tl.constexpr, HAS_IDX: tl.constexpr):
+    """Sequence ids (shape (1,) each) of a shard's rows 0, 1, 2 and of the history rows −1, −2, −3. Without
+    seq_idx all are 0 (rows past T aside, which hold zeros and whose outputs nothing reads)."""
+    return (
+        _seq_id(idx_ptr, pid_b, 0, T, HAS_IDX, -2),
+        _seq_id(idx_ptr, pid_b, 1, T, HAS_IDX, -2),
+        _seq_id(idx_ptr, pid_b, 2, T, HAS_IDX, -2),
+        _state_id(sidx_ptr, pid_b, 1, K, HAS_IDX),
+        _state_id(sidx_ptr, pid_b, 2, K, HAS_IDX),
+        _state_id(sidx_ptr, pid_b, 3, K, HAS_IDX),
+    )
+
+
+@triton.jit
+def _if(same, v):
+    """v where the two rows are one sequence, else 0."""
+    return tl.where(same, v, 0.0)
 
 
 @triton.jit
@@ -1487,13 +1515,32 @@ def _dpre(g, pre, SILU: tl.constexpr):
 
 
 @triton.jit
-def _head_program(x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT, SB, SC, SK, K: tl.constexpr, BC: tl.constexpr):
+def _head_program(
+    x_ptr,
+    st_ptr,
+    w_ptr,
+    b_ptr,
+    idx_ptr,
+    sidx_ptr,
+    T,
+    C,
+    XB,
+    XT,
+    SB,
+    SC,
+    SK,
+    K: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    BC: tl.constexpr,
+):
     """A head program's channels, their mask, its rows' base offset in a contiguous (b, T, C) output,
-    its six input rows (_head_rows), the four right-aligned taps and the bias (fp32)."""
+    its six input rows (_head_rows) and their sequence ids (_head_ids), the four right-aligned taps and
+    the bias (fp32)."""
     pid_b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = c < C
     x0, x1, x2, s1, s2, s3 = _head_rows(x_ptr, st_ptr, pid_b, c, cm, T, XB, XT, SB, SC, SK, K)
+    i0, i1, i2, u1, u2, u3 = _head_ids(idx_ptr, sidx_ptr, pid_b, T, K, HAS_IDX)
     w0, w1, w2, w3 = (
         _tap(w_ptr, c, cm, 0, K),
         _tap(w_ptr, c, cm, 1, K),
@@ -1501,7 +1548,8 @@ def _head_program(x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT, SB, SC, SK, K: tl.c
         _tap(w_ptr, c, cm, 3, K),
     )
     bias = tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
-    return c, cm, pid_b * T * C + c, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias
+    rows = (x0, x1, x2, s1, s2, s3, i0, i1, i2, u1, u2, u3)
+    return c, cm, pid_b * T * C + c, rows, w0, w1, w2, w3, bias
 
 
 @triton.jit
@@ -1510,6 +1558,8 @@ def _conv_head_fwd(
     st_ptr,
     w_ptr,
     b_ptr,
+    idx_ptr,
+    sidx_ptr,
     out_ptr,
     T,
     C,
@@ -1519,25 +1569,26 @@ def _conv_head_fwd(
     SC,
     SK,
     K: tl.constexpr,
+    HAS_IDX: tl.constexpr,
     SILU: tl.constexpr,
     BC: tl.constexpr,
 ):
     """Grid (batch, channel blocks): output rows 0..2 of a conv whose input continues an earlier
     shard's, from that shard's last K − 1 inputs (the initial state), over the zero-history rows the
-    main kernel wrote."""
-    c, cm, base, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias = _head_program(
-        x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT, SB, SC, SK, K, BC
+    main kernel wrote. With seq_idx a tap reads a row (of x or of the history) only where that row's
+    sequence id is the output row's (the history's ids: the initial state's, one per column)."""
+    c, cm, base, rows, w0, w1, w2, w3, bias = _head_program(
+        x_ptr, st_ptr, w_ptr, b_ptr, idx_ptr, sidx_ptr, T, C, XB, XT, SB, SC, SK, K, HAS_IDX, BC
     )
+    x0, x1, x2, s1, s2, s3, i0, i1, i2, u1, u2, u3 = rows
     for t in tl.static_range(3):
         if t == 0:
-            pre = _pre(x0, s1, s2, s3, w0, w1, w2, w3, bias)
+            y = _fwd_out(x0, s1, s2, s3, i0, u1, u2, u3, w0, w1, w2, w3, bias, SILU)
         elif t == 1:
-            pre = _pre(x1, x0, s1, s2, w0, w1, w2, w3, bias)
+            y = _fwd_out(x1, x0, s1, s2, i1, i0, u1, u2, w0, w1, w2, w3, bias, SILU)
         else:
-            pre = _pre(x2, x1, x0, s1, w0, w1, w2, w3, bias)
-        if SILU:
-            pre = pre * _sigmoid(pre)
-        tl.store(out_ptr + base + t * C, pre.to(out_ptr.dtype.element_ty), mask=_in_rows(c, cm, t, T))
+            y = _fwd_out(x2, x1, x0, s1, i2, i1, i0, u1, w0, w1, w2, w3, bias, SILU)
+        tl.store(out_ptr + base + t * C, y.to(out_ptr.dtype.element_ty), mask=_in_rows(c, cm, t, T))
 
 
 @triton.jit
@@ -1546,6 +1597,8 @@ def _conv_head_bwd(
     st_ptr,
     w_ptr,
     b_ptr,
+    idx_ptr,
+    sidx_ptr,
     dout_ptr,
     dx_ptr,
     dst_ptr,
@@ -1559,6 +1612,7 @@ def _conv_head_bwd(
     SC,
     SK,
     K: tl.constexpr,
+    HAS_IDX: tl.constexpr,
     SILU: tl.constexpr,
     BC: tl.constexpr,
 ):
@@ -1566,43 +1620,48 @@ def _conv_head_bwd(
     zero-history backward. Output rows 0..2's pre-activation gradients with the true history (dT) and
     with zeros before row 0 (dZ, what the main backward used) give dx rows 0..2 the difference, the
     initial state its gradient (b, c, K − 1, fp32), and dw, db their difference per batch row ((b, c,
-    4) right-aligned taps and (b, c), fp32, for the caller to sum)."""
-    c, cm, base, x0, x1, x2, s1, s2, s3, w0, w1, w2, w3, bias = _head_program(
-        x_ptr, st_ptr, w_ptr, b_ptr, T, C, XB, XT, SB, SC, SK, K, BC
+    4) right-aligned taps and (b, c), fp32, for the caller to sum). With seq_idx every product of an
+    output row's gradient with an input row (or a tap of it) counts only where the two rows are one
+    sequence, as in the forward."""
+    c, cm, base, rows, w0, w1, w2, w3, bias = _head_program(
+        x_ptr, st_ptr, w_ptr, b_ptr, idx_ptr, sidx_ptr, T, C, XB, XT, SB, SC, SK, K, HAS_IDX, BC
     )
+    x0, x1, x2, s1, s2, s3, i0, i1, i2, u1, u2, u3 = rows
     bc = tl.program_id(0).to(tl.int64) * C + c  # this batch row's channels in the (b, c, …) outputs
     g0 = tl.load(dout_ptr + base, mask=_in_rows(c, cm, 0, T), other=0.0).to(tl.float32)
     g1 = tl.load(dout_ptr + base + C, mask=_in_rows(c, cm, 1, T), other=0.0).to(tl.float32)
     g2 = tl.load(dout_ptr + base + 2 * C, mask=_in_rows(c, cm, 2, T), other=0.0).to(tl.float32)
-    t0 = _dpre(g0, _pre(x0, s1, s2, s3, w0, w1, w2, w3, bias), SILU)
-    t1 = _dpre(g1, _pre(x1, x0, s1, s2, w0, w1, w2, w3, bias), SILU)
-    t2 = _dpre(g2, _pre(x2, x1, x0, s1, w0, w1, w2, w3, bias), SILU)
-    z0 = _dpre(g0, _pre(x0, 0.0, 0.0, 0.0, w0, w1, w2, w3, bias), SILU)
-    z1 = _dpre(g1, _pre(x1, x0, 0.0, 0.0, w0, w1, w2, w3, bias), SILU)
-    z2 = _dpre(g2, _pre(x2, x1, x0, 0.0, w0, w1, w2, w3, bias), SILU)
+    zero = tl.zeros_like(x0)
+    t0 = _dpre(g0, _fwd_out(x0, s1, s2, s3, i0, u1, u2, u3, w0, w1, w2, w3, bias, False), SILU)
+    t1 = _dpre(g1, _fwd_out(x1, x0, s1, s2, i1, i0, u1, u2, w0, w1, w2, w3, bias, False), SILU)
+    t2 = _dpre(g2, _fwd_out(x2, x1, x0, s1, i2, i1, i0, u1, w0, w1, w2, w3, bias, False), SILU)
+    z0 = _dpre(g0, _fwd_out(x0, zero, zero, zero, i0, u1, u2, u3, w0, w1, w2, w3, bias, False), SILU)
+    z1 = _dpre(g1, _fwd_out(x1, x0, zero, zero, i1, i0, u1, u2, w0, w1, w2, w3, bias, False), SILU)
+    z2 = _dpre(g2, _fwd_out(x2, x1, x0, zero, i2, i1, i0, u1, w0, w1, w2, w3, bias, False), SILU)
     e0, e1, e2 = t0 - z0, t1 - z1, t2 - z2
+    # dx rows 0..2: the difference of what outputs 0..2 send back to them (output t reads row s by tap 3 − (t − s)).
     for s in tl.static_range(3):
         if s == 0:
-            fix = e0 * w3 + e1 * w2 + e2 * w1
+            fix = e0 * w3 + _if(i1 == i0, e1 * w2) + _if(i2 == i0, e2 * w1)
         elif s == 1:
-            fix = e1 * w3 + e2 * w2
+            fix = e1 * w3 + _if(i2 == i1, e2 * w2)
         else:
             fix = e2 * w3
         m = _in_rows(c, cm, s, T)
         cur = tl.load(dx_ptr + base + s * C, mask=m, other=0.0).to(tl.float32)
         tl.store(dx_ptr + base + s * C, (cur + fix).to(dx_ptr.dtype.element_ty), mask=m)
     sbase = dst_ptr + bc * (K - 1)
-    if K >= 2:
-        tl.store(sbase + (K - 2), t0 * w2 + t1 * w1 + t2 * w0, mask=cm)  # row −1
-    if K >= 3:
-        tl.store(sbase + (K - 3), t0 * w1 + t1 * w0, mask=cm)  # row −2
-    if K >= 4:
-        tl.store(sbase + (K - 4), t0 * w0, mask=cm)  # row −3
+    if K >= 2:  # row −1
+        tl.store(sbase + (K - 2), _if(u1 == i0, t0 * w2) + _if(u1 == i1, t1 * w1) + _if(u1 == i2, t2 * w0), mask=cm)
+    if K >= 3:  # row −2
+        tl.store(sbase + (K - 3), _if(u2 == i0, t0 * w1) + _if(u2 == i1, t1 * w0), mask=cm)
+    if K >= 4:  # row −3
+        tl.store(sbase + (K - 4), _if(u3 == i0, t0 * w0), mask=cm)
     wbase = dw_ptr + bc * 4
     tl.store(wbase + 3, e0 * x0 + e1 * x1 + e2 * x2, mask=cm)
-    tl.store(wbase + 2, t0 * s1 + e1 * x0 + e2 * x1, mask=cm)
-    tl.store(wbase + 1, t0 * s2 + t1 * s1 + e2 * x0, mask=cm)
-    tl.store(wbase + 0, t0 * s3 + t1 * s2 + t2 * s1, mask=cm)
+    tl.store(wbase + 2, _if(u1 == i0, t0 * s1) + _if(i0 == i1, e1 * x0) + _if(i1 == i2, e2 * x1), mask=cm)
+    tl.store(wbase + 1, _if(u2 == i0, t0 * s2) + _if(u1 == i1, t1 * s1) + _if(i0 == i2, e2 * x0), mask=cm)
+    tl.store(wbase + 0, _if(u3 == i0, t0 * s3) + _if(u2 == i1, t1 * s2) + _if(u1 == i2, t2 * s1), mask=cm)
     tl.store(db_ptr + bc, e0 + e1 + e2, mask=cm)
 
 
@@ -1615,80 +1674,111 @@ def _channels_last(x):
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _head_ids_in(x, seq_idx, state_idx, k):
+    """(seq_idx, the initial state's ids) as the head kernels read them: int32, contiguous; the state's
+    ids −1 (no sequence) when not given; both x (never read) without seq_idx."""
+    if seq_idx is None:
+        return x, x
+    idx = seq_idx.to(torch.int32).contiguous()
+    if state_idx is None:
+        return idx, torch.full((x.shape[0], k - 1), -1, dtype=torch.int32, device=x.device)
+    return idx, state_idx.to(device=x.device, dtype=torch.int32).contiguous()
+
+
+def _head_launch(kernel, x, state, weight, bias, seq_idx, state_idx, silu, *outputs):
+    """One launch of a head kernel over (batch, channel blocks); `outputs` go between the ids and T."""
+    xh = _channels_last(x)
+    b, t, c = xh.shape
+    k = weight.shape[1]
+    idx, sidx = _head_ids_in(xh, seq_idx, state_idx, k)
+    kernel[(b, triton.cdiv(c, HEAD_CHANNELS))](
+        xh,
+        state,
+        weight.contiguous(),
+        _bias_or_zeros(bias, weight),
+        idx,
+        sidx,
+        *outputs,
+        t,
+        c,
+        xh.stride(0),
+        xh.stride(1),
+        *state.stride(),
+        K=k,
+        HAS_IDX=seq_idx is not None,
+        SILU=silu,
+        BC=HEAD_CHANNELS,
+    )
+
+
 class CausalConv1dHistoryFn(torch.autograd.Function):
     """The conv of a sequence shard that continues an earlier one: the main kernels run it as a
     sequence of its own (no copy of x with the history in front), and the head kernels redo output rows
-    0..2 — and their share of the backward — with the initial state as the rows before."""
+    0..2 — and their share of the backward — with the initial state as the rows before. With seq_idx
+    (packed documents on the shard) the initial state's columns carry their own ids (`state_idx`,
+    (b, K − 1); −1, no sequence, when None): a row reads a history row only of its own sequence."""
 
     @staticmethod
-    def forward(ctx, x, state, weight, bias, silu):
-        out = causal_conv1d_fwd(x, weight, bias, None, silu)
-        xh = _channels_last(x)
-        b, t, c = xh.shape
-        _conv_head_fwd[(b, triton.cdiv(c, HEAD_CHANNELS))](
-            xh,
-            state,
-            weight.contiguous(),
-            _bias_or_zeros(bias, weight),
-            out,
-            t,
-            c,
-            xh.stride(0),
-            xh.stride(1),
-            *state.stride(),
-            K=weight.shape[1],
-            SILU=silu,
-            BC=HEAD_CHANNELS,
-        )
-        ctx.save_for_backward(x, state, weight, bias)
+    def forward(ctx, x, state, weight, bias, seq_idx, state_idx, silu):
+        out = causal_conv1d_fwd(x, weight, bias, seq_idx, silu)
+        _head_launch(_conv_head_fwd, x, state, weight, bias, seq_idx, state_idx, silu, out)
+        ctx.save_for_backward(x, state, weight, bias, seq_idx, state_idx)
         ctx.silu = silu
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, state, weight, bias = ctx.saved_tensors
-        dx, dw, db = causal_conv1d_bwd(grad_out, x, weight, bias, None, ctx.silu)
-        xh = _channels_last(x)
-        b, t, c = xh.shape
+        x, state, weight, bias, seq_idx, state_idx = ctx.saved_tensors
+        dx, dw, db = causal_conv1d_bwd(grad_out, x, weight, bias, seq_idx, ctx.silu)
+        b, _, c = x.shape
         k = weight.shape[1]
         d_state = torch.empty(b, c, k - 1, dtype=torch.float32, device=x.device)
         dw_fix = torch.empty(b, c, 4, dtype=torch.float32, device=x.device)
         db_fix = torch.empty(b, c, dtype=torch.float32, device=x.device)
-        _conv_head_bwd[(b, triton.cdiv(c, HEAD_CHANNELS))](
-            xh,
+        _head_launch(
+            _conv_head_bwd,
+            x,
             state,
-            weight.contiguous(),
-            _bias_or_zeros(bias, weight),
+            weight,
+            bias,
+            seq_idx,
+            state_idx,
+            ctx.silu,
             grad_out.contiguous(),
             dx,
             d_state,
             dw_fix,
             db_fix,
-            t,
-            c,
-            xh.stride(0),
-            xh.stride(1),
-            *state.stride(),
-            K=k,
-            SILU=ctx.silu,
-            BC=HEAD_CHANNELS,
         )
         dw = (dw.float() + dw_fix.sum(0)[:, 4 - k :]).to(weight.dtype)
         db = (db.float() + db_fix.sum(0)).to(bias.dtype) if bias is not None else None
-        return dx, d_state.to(state.dtype), dw, db, None
+        # The state's gradient in the state's own layout, as autograd through the reference gives it: the
+        # executor's state is a transposed view of the (b, K − 1, c) tail, whose gradient then is contiguous
+        # for the send back to the previous shard.
+        d_state = torch.empty_like(state).copy_(d_state)
+        return dx, d_state, dw, db, None, None, None
 
 
-def causal_conv1d(x, weight, bias=None, seq_idx=None, activation: str | None = "silu", initial_state=None):
+def causal_conv1d(
+    x,
+    weight,
+    bias=None,
+    seq_idx=None,
+    activation: str | None = "silu",
+    initial_state=None,
+    initial_seq_idx=None,
+):
     """x (b, t, c), weight (c, K), bias (c,), seq_idx (b, t) int: the packed-aware causal conv.
 
-    `initial_state` (b, c, K − 1): the window a previous sequence shard ended with (not with seq_idx;
-    K ≤ 4): CausalConv1dHistoryFn, its gradient among the outputs."""
+    `initial_state` (b, c, K − 1): the window a previous sequence shard ended with (K ≤ 4):
+    CausalConv1dHistoryFn, its gradient among the outputs. With seq_idx, `initial_seq_idx` (b, K − 1)
+    gives each of its columns' sequence (a row reads only its own sequence's; None: no sequence), as
+    reference.causal_conv1d_ref takes them."""
     if initial_state is not None:
-        if seq_idx is not None:
-            raise ValueError("causal_conv1d: initial_state with seq_idx is not supported; pass one or the other")
         if weight.shape[1] > 4:
             raise ValueError(f"causal_conv1d: initial_state needs a kernel of at most 4 taps, not {weight.shape[1]}")
-        return CausalConv1dHistoryFn.apply(x, initial_state, weight, bias, activation == "silu")
+        silu = activation == "silu"
+        return CausalConv1dHistoryFn.apply(x, initial_state, weight, bias, seq_idx, initial_seq_idx, silu)
     return CausalConv1dFn.apply(x, weight, bias, seq_idx, activation == "silu")
 
 
