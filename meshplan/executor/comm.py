@@ -213,7 +213,9 @@ def exchange(
         mesh.record("send_recv", axis, send.numel() * send.element_size())
         ops.append(dist.P2POp(dist.isend, send, ax.ranks[dst], group=ax.group, tag=tag))
     if recv_like is not None and src is not None:
-        received = torch.empty_like(recv_like)
+        # Contiguous, as the sender's: a receive buffer shaped like a transposed view would keep its
+        # strides and take the bytes in the wrong order (NCCL only warns; gloo refuses)
+        received = torch.empty_like(recv_like, memory_format=torch.contiguous_format)
         ops.append(dist.P2POp(dist.irecv, received, ax.ranks[src], group=ax.group, tag=tag))
     if ops and mesh.enabled:
         for req in dist.batch_isend_irecv(ops):
