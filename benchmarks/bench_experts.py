@@ -1,6 +1,7 @@
-"""The executor's local experts (meshplan.executor.experts.experts_mlp): one grouped GEMM a projection
-(torch._grouped_mm, groups padded to 8 rows) against one GEMM an expert, forward + backward in bf16 at
-the local-expert shapes of the MoE validation runs, with the two paths' outputs and gradients compared.
+"""The executor's routed experts (meshplan.executor.experts.routed_experts): the copies laid out by expert
+and one grouped GEMM a projection (torch._grouped_mm, groups padded to 8 rows) against the same layout
+run one GEMM an expert (reference_grouped_mm), forward + backward in bf16 at the local-expert shapes of
+the MoE validation runs, with the two paths' outputs and gradients compared.
 
 Run (one GPU): python benchmarks/bench_experts.py --out $OUT/experts-h100.json
 """
@@ -12,7 +13,7 @@ import json
 
 import torch
 
-from meshplan.executor.experts import _looped, experts_mlp
+from meshplan.executor.experts import reference_grouped_mm, routed_experts
 
 # (name, hidden, expert FFN, local experts, routed rows a rank): Mixtral-8x7B and Qwen3-30B-A3B at 4K tokens
 # a rank under ep = 1 and ep = 2 (top-2 and top-8 copies of 4,096 tokens).
@@ -48,17 +49,17 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     for name, h, f, experts, rows in CASES:
         torch.manual_seed(0)
-        # Uneven routing: counts drawn around the mean, as a real router's are.
-        weights = torch.rand(experts) + 0.5
-        counts = (weights / weights.sum() * rows).floor().long()
-        counts[0] += rows - int(counts.sum())
-        counts = counts.tolist()
+        # Uneven routing: each row's expert drawn with weights around the mean, as a real router's are.
+        group_of = torch.multinomial(torch.rand(experts) + 0.5, rows, replacement=True).to(dev)
         x = torch.randn(rows, h, device=dev, dtype=dt, requires_grad=True)
         w1 = (torch.randn(experts, 2 * f, h, device=dev, dtype=dt) * h**-0.5).requires_grad_()
         w2 = (torch.randn(experts, h, f, device=dev, dtype=dt) * f**-0.5).requires_grad_()
         grad = torch.randn(rows, h, device=dev, dtype=dt)
         results = {}
-        paths = (("grouped", lambda: experts_mlp(x, counts, w1, w2)), ("looped", lambda: _looped(x, counts, w1, w2)))
+        paths = (
+            ("grouped", lambda: routed_experts(x, group_of, experts, w1, w2)),
+            ("looped", lambda: routed_experts(x, group_of, experts, w1, w2, mm=reference_grouped_mm)),
+        )
         for label, fn in paths:
             out = fn()
             out.backward(grad)

@@ -1,44 +1,54 @@
-"""The executor's grouped experts (meshplan.executor.experts): rows laid out by expert with their groups
-padded for the grouped GEMM give the same outputs and gradients as one GEMM an expert."""
+"""The executor's routed experts (meshplan.executor.experts): copies laid out by expert in groups padded
+for the grouped GEMM and gathered back give the same outputs and gradients as one GEMM an expert on
+each copy — in float64, with empty experts, groups not a multiple of the alignment, and a token's copies
+through several experts."""
 
 import pytest
 import torch
 
-from meshplan.executor.experts import ALIGN, _looped, experts_mlp, reference_grouped_mm
+from meshplan.executor.experts import ALIGN, expert_mlp, groups_of, reference_grouped_mm, routed_experts
 
 
-@pytest.mark.parametrize("counts", [[3, 0, 17, 8], [0, 0, 5, 0], [8, 16, 1, 9, 0, 2]])
-def test_padded_groups_equal_one_gemm_an_expert(counts):
-    torch.manual_seed(0)
-    h, f, e = 16, 12, len(counts)
-    x = torch.randn(sum(counts), h, dtype=torch.float64, requires_grad=True)
-    w1 = torch.randn(e, 2 * f, h, dtype=torch.float64, requires_grad=True)
-    w2 = torch.randn(e, h, f, dtype=torch.float64, requires_grad=True)
-    grad = torch.randn(sum(counts), h, dtype=torch.float64)
-    grads = []
-    for run in (lambda: experts_mlp(x, counts, w1, w2, mm=reference_grouped_mm), lambda: _looped(x, counts, w1, w2)):
+def _one_by_one(x, group_of, w1, w2, fold):
+    """Each copy c (of row c // fold) through expert group_of[c] on its own."""
+    return torch.stack([expert_mlp(x[c // fold][None], w1[e], w2[e])[0] for c, e in enumerate(group_of.tolist())])
+
+
+@pytest.mark.parametrize(("tokens", "experts", "fold"), [(13, 4, 2), (9, 6, 3), (20, 3, 1), (5, 16, 2)])
+def test_routed_copies_equal_one_gemm_an_expert(tokens, experts, fold):
+    torch.manual_seed(tokens)
+    h, f = 16, 12
+    x = torch.randn(tokens, h, dtype=torch.float64, requires_grad=True)
+    w1 = torch.randn(experts, 2 * f, h, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn(experts, h, f, dtype=torch.float64, requires_grad=True)
+    group_of = torch.randint(0, experts, (tokens * fold,))
+    grad = torch.randn(tokens * fold, h, dtype=torch.float64)
+    results = []
+    for run in (
+        lambda: routed_experts(x, group_of, experts, w1, w2, fold),
+        lambda: _one_by_one(x, group_of, w1, w2, fold),
+    ):
         out = run()
         out.backward(grad)
-        grads.append((out.detach(), x.grad.clone(), w1.grad.clone(), w2.grad.clone()))
+        results.append((out.detach(), x.grad.clone(), w1.grad.clone(), w2.grad.clone()))
         x.grad = w1.grad = w2.grad = None
-    for a, b in zip(*grads):
+    for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_the_groups_start_aligned():
-    """What the grouped GEMM receives: every expert's rows start a multiple of ALIGN rows in."""
-    seen = {}
-
-    def spy(a, b, offs):
-        seen["offs"] = offs.tolist()
-        return reference_grouped_mm(a, b, offs)
-
-    x, w1, w2 = torch.randn(21, 4), torch.randn(3, 6, 4), torch.randn(3, 4, 3)
-    experts_mlp(x, [5, 0, 16], w1, w2, mm=spy)
-    assert seen["offs"] == [8, 8, 24] and all(o % ALIGN == 0 for o in seen["offs"])
+def test_the_groups_start_aligned_and_hold_each_row_once():
+    """Expert 0 takes 5 rows, expert 1 none, expert 2 sixteen: padded ends 8, 8, 24; every row has one
+    place, the rest is padding."""
+    group_of = torch.tensor([2] * 10 + [0] * 5 + [2] * 6)
+    g = groups_of(group_of, 3)
+    assert g.offs.tolist() == [8, 8, 24] and all(o % ALIGN == 0 for o in g.offs.tolist())
+    assert sorted(g.slot.tolist()) == list(range(5)) + list(range(8, 24))
+    assert int((~g.pad).sum()) == 21 and g.src[g.slot].tolist() == list(range(21))
 
 
-def test_cpu_rows_run_one_gemm_an_expert():
-    """Without a GPU the grouped kernel is not asked for: the looped path, the same numbers."""
-    x, w1, w2 = torch.randn(7, 4), torch.randn(2, 6, 4), torch.randn(2, 4, 3)
-    torch.testing.assert_close(experts_mlp(x, [3, 4], w1, w2), _looped(x, [3, 4], w1, w2))
+def test_the_reference_grouped_gemm_is_a_loop_over_groups():
+    a, b = torch.randn(12, 3), torch.randn(2, 3, 4)
+    out = reference_grouped_mm(a, b, torch.tensor([4, 8], dtype=torch.int32))
+    torch.testing.assert_close(out[:4], a[:4] @ b[0])
+    torch.testing.assert_close(out[4:8], a[4:8] @ b[1])
+    assert not out[8:].any()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from meshplan.executor.experts import expert_mlp, experts_mlp
+from meshplan.executor.experts import expert_mlp, routed_experts
 from meshplan.executor.rotary import Rotary, rotate_qk
 from meshplan.kernels.launch import SSD_CHUNK
 from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref
@@ -168,14 +168,12 @@ class MoEMLP(nn.Module):
         """x (b, s, h) → what the MoE adds to the stream (b, s, h)."""
         xn = self.mlp_norm(x).reshape(-1, x.shape[-1])
         weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
-        # The T·k copies sorted by expert, each expert's rows through it in one grouped GEMM a projection
-        # (meshplan.executor.experts), weighted and summed back per token.
-        expert_of = experts.reshape(-1)
-        order = torch.argsort(expert_of, stable=True)
-        token_of = order // self.top_k
-        counts = torch.bincount(expert_of, minlength=self.w_gate_up.shape[0]).tolist()
-        ran = experts_mlp(xn.index_select(0, token_of), counts, self.w_gate_up, self.w_down)
-        out = torch.zeros_like(xn).index_add(0, token_of, ran * weights.reshape(-1).index_select(0, order).unsqueeze(1))
+        # Each token's k copies through their experts (one grouped GEMM a projection:
+        # meshplan.executor.experts), weighted and summed back per token.
+        copies = routed_experts(
+            xn, experts.reshape(-1), self.w_gate_up.shape[0], self.w_gate_up, self.w_down, fold=self.top_k
+        )
+        out = (copies.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(1)
         shared = shared_expert(self, xn)
         return (out if shared is None else out + shared).view_as(x)
 

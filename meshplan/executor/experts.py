@@ -1,19 +1,21 @@
-"""A rank's local experts over the token copies routed to them, as one grouped GEMM a projection.
+"""A rank's experts over the token copies routed to them, as one grouped GEMM a projection.
 
-Rows arrive sorted by expert (`counts[e]` rows for local expert e). On a GPU that has it (CUDA, bf16,
-compute capability 9.0 and up: torch._grouped_mm's kernels) each projection of every expert is one
-launch — the way MoE training runs its experts (Megatron-Core's grouped GEMM, torchtitan's
-_run_experts_grouped_mm) and the way the cost model prices them (meshplan.costmodel.device
-grouped_gemm_time_s, measured with torch._grouped_mm: benchmarks/results/grouped-gemm-h100.json).
-Elsewhere (CPU, the tests' gloo ranks) one GEMM an expert.
+The copies are laid out by expert in one buffer (Groups) and each projection of every expert runs as one
+launch: torch._grouped_mm on a GPU that has it (CUDA, bf16, compute capability 9.0 and up) — the way MoE
+training runs its experts (Megatron-Core's grouped GEMM, torchtitan's _run_experts_grouped_mm) and the
+way the cost model prices them (meshplan.costmodel.device grouped_gemm_time_s, measured with
+torch._grouped_mm: benchmarks/results/grouped-gemm-h100.json); a plain-torch loop over the groups
+elsewhere (CPU, the tests' gloo ranks), on the same layout.
 
-The grouped kernel's backward splits the weight gradient along the rows, which needs each expert's
-rows to start 16 bytes apart; the rows are laid into a buffer whose groups are padded with zero rows to
-a multiple of ALIGN (torchtitan pads the same way: TOKEN_GROUP_ALIGN_SIZE_M). Zero rows add nothing to
-any gradient and their outputs are dropped.
+The grouped kernel's backward splits the weight gradient along the rows, which needs each expert's rows
+to start 16 bytes apart: the groups are padded with zero rows to a multiple of ALIGN (torchtitan pads the
+same way: TOKEN_GROUP_ALIGN_SIZE_M). Zero rows add nothing to any gradient and their outputs are dropped.
+The copies move in and out of that layout by gathers both ways (Take), never by an atomic scatter-add.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,28 +33,86 @@ def grouped_mm_ok(x: torch.Tensor) -> bool:
     )
 
 
-def experts_mlp(x: torch.Tensor, counts: list[int], w_gate_up: torch.Tensor, w_down: torch.Tensor, mm=None):
-    """Rows x (n, h) sorted by expert, `counts[e]` of them for expert e, each through its SwiGLU expert:
-    [gate; up] (E, 2f, h), down (E, h, f). `mm`: the grouped GEMM (torch._grouped_mm where it runs;
-    a test passes a reference); None picks it, or one GEMM an expert where it does not run."""
-    if mm is None and not grouped_mm_ok(x):
-        return _looped(x, counts, w_gate_up, w_down)
-    mm = mm or torch._grouped_mm
-    padded = [-(-c // ALIGN) * ALIGN for c in counts]
-    starts, at = [], 0
-    for p in padded:
-        starts.append(at)
-        at += p
-    # Where each row goes in the padded buffer: its expert's padded start plus its place among that expert's rows.
-    place = torch.cat(
-        [torch.arange(s, s + c, device=x.device) for s, c in zip(starts, counts)]
-        or [torch.empty(0, dtype=torch.long, device=x.device)]
+class Take(torch.autograd.Function):
+    """rows = x[index], the rows where `blank` is set zeroed; its backward gathers too — x's gradient is
+    the gradient's rows at `back`, summed over each x row's `fold` consecutive copies, zeroed where
+    `blank_back` is set — so no routed copy goes through an atomic scatter-add (index_select's
+    backward, index_add, serialises on a token's copies)."""
+
+    @staticmethod
+    def forward(ctx, x, index, back, fold=1, blank=None, blank_back=None):
+        out = x.index_select(0, index)
+        if blank is not None:
+            out.masked_fill_(blank.unsqueeze(1), 0)
+        ctx.save_for_backward(back, blank_back)
+        ctx.fold = fold
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        back, blank_back = ctx.saved_tensors
+        g = grad.index_select(0, back)
+        if ctx.fold > 1:
+            g = g.view(-1, ctx.fold, g.shape[1]).sum(1)
+        if blank_back is not None:
+            g = g.masked_fill(blank_back.unsqueeze(1), 0)
+        return g, None, None, None, None, None
+
+
+def take(x, index, back, fold: int = 1, blank=None, blank_back=None) -> torch.Tensor:
+    """Take.apply with every argument given (autograd wants a gradient slot for each)."""
+    return Take.apply(x, index, back, fold, blank, blank_back)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """n rows laid out by group in a buffer whose groups are padded to ALIGN rows: `slot` (n,) each
+    row's place, `src` (P,) the row each place holds (0 in padding), `pad` (P,) the padding, `offs`
+    (G,) int32 the padded groups' ends. P is its bound n + G·(ALIGN − 1), known without asking the GPU."""
+
+    slot: torch.Tensor
+    src: torch.Tensor
+    pad: torch.Tensor
+    offs: torch.Tensor
+
+
+def groups_of(group_of: torch.Tensor, groups: int, align: int = ALIGN) -> Groups:
+    """Groups for rows whose groups are `group_of` (n,), in their own order within a group."""
+    n, dev = group_of.numel(), group_of.device
+    counts = torch.bincount(group_of, minlength=groups)
+    padded = (counts + align - 1) // align * align
+    ends = padded.cumsum(0)
+    order = torch.argsort(group_of, stable=True)
+    g = group_of.index_select(0, order)
+    place = (
+        (ends - padded).index_select(0, g)
+        + torch.arange(n, device=dev)
+        - (counts.cumsum(0) - counts).index_select(0, g)
     )
-    buf = x.new_zeros(at, x.shape[1]).index_copy(0, place, x)
-    offs = torch.tensor([s + p for s, p in zip(starts, padded)], dtype=torch.int32, device=x.device)
+    slot = torch.empty_like(order).index_copy_(0, order, place)
+    size = n + groups * (align - 1)
+    src = torch.zeros(size, dtype=torch.long, device=dev).index_copy_(0, slot, torch.arange(n, device=dev))
+    pad = torch.ones(size, dtype=torch.bool, device=dev).index_fill_(0, slot, False)
+    return Groups(slot, src, pad, ends.to(torch.int32))
+
+
+def experts_mlp(buf: torch.Tensor, offs: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mm=None):
+    """Each group of rows of `buf` (P, h) — rows up to offs[0], then to offs[1], … — through its SwiGLU
+    expert: [gate; up] (E, 2f, h), down (E, h, f); rows past the last group are left undefined. `mm`: the
+    grouped GEMM (torch._grouped_mm where it runs, else reference_grouped_mm)."""
+    mm = mm or (torch._grouped_mm if grouped_mm_ok(buf) else reference_grouped_mm)
     gate, up = mm(buf, w_gate_up.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
-    out = mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
-    return out.index_select(0, place)
+    return mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+
+
+def routed_experts(x: torch.Tensor, group_of: torch.Tensor, groups: int, w_gate_up, w_down, fold: int = 1, mm=None):
+    """Rows x (n/fold, h), each taken `fold` times (a token's routed copies, copy c of row c // fold),
+    copy c through expert group_of[c]: the outputs (n, h) in copy order, the experts run as one grouped
+    GEMM a projection on rows laid out by expert (Groups)."""
+    g = groups_of(group_of, groups)
+    buf = take(x, g.src // fold, g.slot, fold, g.pad)
+    out = experts_mlp(buf, g.offs, w_gate_up, w_down, mm)
+    return take(out, g.slot, g.src, blank_back=g.pad)
 
 
 def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -61,18 +121,12 @@ def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -
     return F.linear(F.silu(gate) * up, w_down)
 
 
-def _looped(x, counts, w_gate_up, w_down):
-    outs, at = [], 0
-    for e, c in enumerate(counts):
-        outs.append(expert_mlp(x[at : at + c], w_gate_up[e], w_down[e]))
-        at += c
-    return torch.cat(outs) if outs else x.new_zeros(0, w_down.shape[1])
-
-
 def reference_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """torch._grouped_mm's 2-D × 3-D case in plain torch: rows [offs[g−1], offs[g]) of `a` times b[g]."""
+    """torch._grouped_mm's 2-D × 3-D case in plain torch: rows [offs[g−1], offs[g]) of `a` times b[g]
+    (rows past the last group: zeros)."""
     outs, start = [], 0
     for g, end in enumerate(offs.tolist()):
         outs.append(a[start:end] @ b[g])
         start = end
+    outs.append(a.new_zeros(a.shape[0] - start, b.shape[-1]))
     return torch.cat(outs)

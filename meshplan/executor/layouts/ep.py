@@ -17,7 +17,7 @@ import torch
 
 from meshplan.executor.blocks import MoELayer, route, shared_expert
 from meshplan.executor.comm import AllToAllSplits, Mesh, exchange_counts
-from meshplan.executor.experts import experts_mlp
+from meshplan.executor.experts import routed_experts, take
 from meshplan.executor.layouts.common import Sublayer
 
 
@@ -64,25 +64,23 @@ class ExpertParallelMoE(Sublayer):
     def forward(self, x):
         xn = self.norm(x).reshape(-1, x.shape[-1])
         weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
-        # The T·k copies sorted by expert (so by destination rank), their tokens and weights alike.
+        # The T·k copies sorted by expert (so by destination rank); gathers both ways (experts.take), no scatter-add.
+        k = self.top_k
         expert_of = experts.reshape(-1)
         order = torch.argsort(expert_of, stable=True)
-        token_of = order // self.top_k
+        inverse = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=x.device))
         per_expert = torch.bincount(expert_of, minlength=self.experts)
         send = per_expert.view(self.ep, self.local).sum(1).tolist()
         # recv_counts[j, e]: copies rank j sends to this rank's local expert e.
         recv_counts = self._exchange(per_expert).view(self.ep, self.local)
         recv = recv_counts.sum(1).tolist()
         self.sent_rows, self.received_rows = len(order), sum(recv)
-        arrived = self._all_to_all(xn.index_select(0, token_of), send, recv)
-        # Rows arrive source-major, expert-minor: regrouped by local expert for one grouped GEMM a projection
-        # (meshplan.executor.experts), and put back in arrival order for the combine.
+        arrived = self._all_to_all(take(xn, order // k, inverse, k), send, recv)
+        # Rows arrive source-major, expert-minor: through this rank's experts, one grouped GEMM a
+        # projection (meshplan.executor.experts), and back in arrival order for the combine.
         local_of = torch.arange(self.local, device=x.device).repeat(self.ep).repeat_interleave(recv_counts.reshape(-1))
-        by_expert = torch.argsort(local_of, stable=True)
-        ran = experts_mlp(arrived.index_select(0, by_expert), recv_counts.sum(0).tolist(), self.w_gate_up, self.w_down)
-        out = torch.zeros_like(ran).index_copy(0, by_expert, ran)
-        back = self._all_to_all(out, recv, send)
-        weighted = back * weights.reshape(-1).index_select(0, order).unsqueeze(1)
-        out = torch.zeros_like(xn).index_add(0, token_of, weighted)
+        ran = routed_experts(arrived, local_of, self.local, self.w_gate_up, self.w_down)
+        copies = take(self._all_to_all(ran, recv, send), inverse, order)  # each token's k copies, in order
+        out = (copies.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(1)
         shared = shared_expert(self, xn)
         return (out if shared is None else out + shared).view_as(x)
