@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Packed documents on sequence shards (issue #34): mamba2-130m, one 16K-token row of 6 documents, trained
+# whole (embedding to loss) on one GPU and on two as sp=2, tsp=2 and tpssm=2, each beside its prediction.
+# Run on a 2-GPU machine: bash benchmarks/packed_docs_run.sh $OUT
+set -euo pipefail
+out=${1:?usage: packed_docs_run.sh OUT_DIR}
+python - "$out/docs.npz" <<'PY'
+import sys
+import numpy as np
+rng = np.random.default_rng(0)
+n = 16384 + 1
+tokens = rng.integers(0, 50000, n)
+cuts = np.sort(rng.choice(np.arange(1, n), 5, replace=False))  # 6 documents
+documents = np.searchsorted(cuts, np.arange(n), side="right")
+np.savez(sys.argv[1], tokens=tokens, documents=documents)
+PY
+for layout in single sp=2 tsp=2 tpssm=2; do
+  python -m meshplan execute --model mamba2-130m --layout "$layout" --seq 16384 --device cuda \
+    --tokens "$out/docs.npz" --out "$out/packed-$layout.json" --compare 2>&1 | tail -4
+done
