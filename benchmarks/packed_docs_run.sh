@@ -4,7 +4,8 @@
 # Run on a 2-GPU machine: bash benchmarks/packed_docs_run.sh $OUT
 set -euo pipefail
 out=${1:?usage: packed_docs_run.sh OUT_DIR}
-python - "$out/docs.npz" <<'PY'
+docs=$(mktemp --suffix .npz)
+python - "$docs" <<'PY'
 import sys
 import numpy as np
 rng = np.random.default_rng(0)
@@ -16,5 +17,5 @@ np.savez(sys.argv[1], tokens=tokens, documents=documents)
 PY
 for layout in single sp=2 tsp=2 tpssm=2; do
   python -m meshplan execute --model mamba2-130m --layout "$layout" --seq 16384 --device cuda \
-    --tokens "$out/docs.npz" --out "$out/packed-$layout.json" --compare 2>&1 | tail -4
+    --tokens "$docs" --out "$out/packed-$layout.json" --compare 2>&1 | tail -4
 done
