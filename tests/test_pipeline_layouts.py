@@ -154,3 +154,17 @@ def test_predict_expresses_126_layers_on_pp8_with_8_virtual_stages():
     assert out["pipeline_simulated"] and 0 < out["bubble_fraction"] < 7 / (8 * 32) * 1.5
     # The busiest rank's activations: a middle rank's 69 chunks of 2 layers in flight (above).
     assert result.memory.pipeline_stage.startswith("stage ")
+
+
+def test_predict_cli_takes_a_layout_string_and_refuses_a_bad_one_in_one_line():
+    from typer.testing import CliRunner
+
+    from meshplan.cli import app
+
+    base = ["predict", "--model", "llama3-8b", "--cluster", "h100-sxm-8", "--layout", "pp=4,tp=2", "--seq", "4096"]
+    base += ["--global-batch", "8", "--virtual-stages", "2"]
+    ok = CliRunner().invoke(app, base + ["--pipeline-layout", "Et*3|t*4|t*4|t*4|t*4|t*4|t*4|t*5L"])
+    assert ok.exit_code == 0, ok.output
+    assert "rank 0 [3, 4]" in ok.output and "rank 3 [4, 5]" in ok.output
+    bad = CliRunner().invoke(app, base + ["--pipeline-layout", "Et*8|t*8|t*8|t*8L"])
+    assert bad.exit_code == 2 and "has 4 stages but pp × virtual stages = 4 × 2 = 8" in bad.output
