@@ -235,6 +235,10 @@ def plan_of(row: Row, shape: dict, knobs: dict, stage_layers: tuple[int, ...] = 
         schedule="interleaved" if v > 1 else "1f1b",
         virtual_stages=v,
         stage_layers=tuple(stage_layers or row.get("stage_layers", ())),
+        # Megatron-Core's split (meshplan.costmodel.pipeline.stage_layout), unless a split is given
+        account_for_embedding=not stage_layers and bool(row.get("account_for_embedding", False)),
+        account_for_loss=not stage_layers and bool(row.get("account_for_loss", False)),
+        pipeline_layout="" if stage_layers else row.get("pipeline_layout", ""),
         moe_dispatcher=knobs["moe_dispatcher"],
         capacity_factor=row.get("capacity_factor", 0.0),
         moe_imbalance=knobs["moe_imbalance"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import sys
 from typing import List, Optional
@@ -321,6 +322,11 @@ def stack_options(
     schedule: str = "1f1b",
     virtual_stages: int = 1,
     stage_layers: str = "",
+    pipeline_layout: str = "",
+    first_stage_layers: int = 0,
+    last_stage_layers: int = 0,
+    account_for_embedding: bool = False,
+    account_for_loss: bool = False,
     launch_floor: bool = True,
     sp_split: str = "zigzag",
     dropout: bool = False,
@@ -370,6 +376,11 @@ def stack_options(
         schedule=schedule,
         virtual_stages=virtual_stages,
         stage_layers=parse_stage_layers(stage_layers),
+        pipeline_layout=pipeline_layout,
+        first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers,
+        account_for_embedding=account_for_embedding,
+        account_for_loss=account_for_loss,
         stack=stack,
         precision=precision,
         fp8_param_gather=fp8_param_gather,
@@ -695,6 +706,27 @@ def predict(
     schedule: str = typer.Option("1f1b", "--schedule", help="1f1b | interleaved"),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Model chunks a pipeline rank holds (interleaved)."),
     stage_layers: str = typer.Option("", "--stage-layers", help="Layers of each stage, e.g. 7,8,8,7 (default: even)."),
+    pipeline_layout: str = typer.Option(
+        "",
+        "--pipeline-layout",
+        help="Megatron-Core's --pipeline-model-parallel-layout: E embedding, t decoder layer, m MTP layer, L loss, "
+        "| between the pp × virtual stages (stage k: chunk k // pp of rank k % pp), e.g. Et*3|(tt|)*29,m|L.",
+    ),
+    first_stage_layers: int = typer.Option(
+        0,
+        "--first-stage-layers",
+        help="Decoder layers of the first stage, the rest split evenly (Megatron's "
+        "--decoder-first-pipeline-num-layers).",
+    ),
+    last_stage_layers: int = typer.Option(
+        0, "--last-stage-layers", help="Decoder layers of the last stage (--decoder-last-pipeline-num-layers)."
+    ),
+    account_for_embedding: bool = typer.Option(
+        False, "--account-for-embedding", help="Count the embedding as a layer of the first chunk in the split."
+    ),
+    account_for_loss: bool = typer.Option(
+        False, "--account-for-loss", help="Count the loss as a layer of the last chunk in the split."
+    ),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
     tp_sequence_parallel: Optional[bool] = typer.Option(
         None,
@@ -737,6 +769,11 @@ def predict(
         schedule=schedule,
         virtual_stages=virtual_stages,
         stage_layers=stage_layers,
+        pipeline_layout=pipeline_layout,
+        first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers,
+        account_for_embedding=account_for_embedding,
+        account_for_loss=account_for_loss,
         moe=moe_options(
             moe_dispatcher, capacity_factor, moe_pad_to_capacity, moe_imbalance, deepep_node_limit, moe_a2a_overlap
         ),
@@ -770,6 +807,7 @@ def predict(
         (
             "pipeline",
             f"{out['schedule']}, {out['virtual_stages']} chunk(s) a rank, stages {_fmt_stages(out['stage_layers'])}"
+            + (f"; chunks {_fmt_chunks(out['chunk_layers'])}" if out["chunk_layers"] else "")
             if out["schedule"]
             else "none",
         ),
@@ -798,7 +836,7 @@ def predict(
         (
             "pipeline bubble",
             f"{out['bubble_fraction']:.1%} of the passes"
-            + (" (schedule simulated: uneven stages)" if out["pipeline_simulated"] else ""),
+            + (" (schedule simulated: uneven stages or chunks)" if out["pipeline_simulated"] else ""),
         ),
         ("bound", out["bound"]),
     ]
@@ -822,6 +860,23 @@ PREDICT_LEGEND = (
     "stages sit idle; bound = what limits the step (compute, exposed communication, HBM reads, collective latency "
     "or the host's kernel launches)"
 )
+
+
+def _fmt_chunks(rows: list[list[int]]) -> str:
+    """Each rank's chunks' layers, runs of equal ranks and of equal chunks folded: 'rank 0 [1, 2×7],
+    ranks 1–6 [2×8], rank 7 [2×7, 1]'."""
+
+    def row_text(row: list[int]) -> str:
+        runs = [(n, len(list(g))) for n, g in itertools.groupby(row)]
+        return "[" + ", ".join(f"{n}×{k}" if k > 1 else str(n) for n, k in runs) + "]"
+
+    parts, start = [], 0
+    for row, group in itertools.groupby(rows):
+        k = len(list(group))
+        ranks = f"rank {start}" if k == 1 else f"ranks {start}–{start + k - 1}"
+        parts.append(f"{ranks} {row_text(row)}")
+        start += k
+    return ", ".join(parts)
 
 
 def _fmt_stages(stages: list[int]) -> str:

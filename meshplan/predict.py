@@ -61,6 +61,7 @@ class Prediction:
             "schedule": o.schedule if self.layout.pp > 1 else None,
             "virtual_stages": o.chunks,
             "stage_layers": list(e.stage_layers),
+            "chunk_layers": [list(row) for row in e.chunk_layers],
             "recompute": o.recompute,
             "tp_sequence_parallel": o.tp_sequence_parallel,
             "fits": self.fits,
@@ -118,6 +119,8 @@ def predict(
         opts.global_batch if opts.training else 0,
         opts.chunks,
         opts.stage_layers,
+        opts=opts,
+        mtp_layers=model.mtp_layers,
     )
     if opts.training:
         m = opts.steps_for(layout.dp, layout.pp, micro_batch)

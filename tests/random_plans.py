@@ -197,9 +197,29 @@ def random_plan(choose, integer) -> RandomPlan:
         **(_moe_options(choose) if model.moe is not None else {}),
         # Context parallelism's exchange: the stack's, or each of Megatron's three
         cp_comm_type=choose(["", "", "allgather", "p2p", "a2a"]) if layout.sp > 1 else "",
+        **(_production_layout(choose, integer, model, pp, v) if pp > 1 and mode == "train" else {}),
     )
-    validate_batch(model.layers, pp, dp, micro_batch, opts.global_batch, opts.chunks)
+    validate_batch(
+        model.layers, pp, dp, micro_batch, opts.global_batch, opts.chunks, opts=opts, mtp_layers=model.mtp_layers
+    )
     return RandomPlan(model, name, nodes, layout, seq, micro_batch, opts)
+
+
+def _production_layout(choose, integer, model, pp: int, v: int) -> dict:
+    """Now and then a pipeline laid out as production runs it (meshplan.costmodel.pipeline.stage_layout):
+    the embedding and loss counted as layers, or a --pipeline-layout string of chunks of random sizes
+    (empty ones too) — the decoder layers cut at pp·v − 1 random points, the MTP layers last."""
+    kind = choose(["none", "none", "account", "string"])
+    if kind == "account":
+        return {"account_for_embedding": bool(choose([0, 1])), "account_for_loss": bool(choose([0, 1]))}
+    if kind == "none":
+        return {}
+    decoder = model.layers - model.mtp_layers
+    cuts = sorted(integer(0, decoder) for _ in range(pp * v - 1))
+    sizes = [b - a for a, b in zip([0] + cuts, cuts + [decoder])]
+    stages = ["t" * n for n in sizes]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * model.mtp_layers + "L"
+    return {"pipeline_layout": "|".join(stages)}
 
 
 def _moe_options(choose) -> dict:
@@ -293,6 +313,8 @@ def _bubble_violations(plan: RandomPlan, cluster) -> list[str]:
     try:
         est = estimate_step(model, layout, plan.seq, plan.micro_batch, plan.opts, cluster, embeddings=False)
     except MeshplanError:
+        return []
+    if est.chunk_layers or len(set(est.stage_layers)) > 1:  # a production layout's unequal stages or chunks
         return []
     m, v = est.microbatches, plan.opts.chunks
     sim = simulate([[1 / v] * v] * layout.pp, [[2 / v] * v] * layout.pp, m, chunks=v)

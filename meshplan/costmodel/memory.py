@@ -25,7 +25,7 @@ from meshplan.costmodel.axes import PlanContext, Sharding, own_shardings, plan_c
 from meshplan.costmodel.axes.dp import expert_zero_stage, zero_stage
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
 from meshplan.costmodel.options import MemoryOptions
-from meshplan.costmodel.pipeline import in_flight_chunks, pipeline_stages
+from meshplan.costmodel.pipeline import StageLayout, in_flight_chunks, in_flight_peak, rank_block_counts, stage_layout
 from meshplan.costmodel.shapes import local_bc_channels
 from meshplan.costmodel.stacks import Stack
 from meshplan.layout import Layout, grad_group, validate_layout, validate_seq
@@ -423,7 +423,8 @@ def memory_per_gpu(
     train = opts.training
     zero = zero_stage(layout, opts.stack_spec)
     pp = layout.pp
-    stage_layers = pipeline_stages(model.layers, pp, opts.stage_layers)
+    placed = stage_layout(model.layers, pp, opts, model.mtp_layers)
+    stage_layers = placed.stage_layers
     microbatches = opts.steps_for(layout.dp, pp, batch) if train else 1
     chunks = opts.chunks if pp > 1 else 1
     # Saved activations of an even stage (1/pp of the layers); an uneven one scales by its layers.
@@ -454,13 +455,18 @@ def memory_per_gpu(
             chunks=chunks,
             embeddings=embeddings,
             by_kind=ctx.by_kind,
+            chunk_layers=placed.chunk_layers,
         )
-        for index in _stages_to_check(
-            stage_layers,
-            pp,
-            microbatches,
-            chunks,
-            None if model.uniform_layers else model.stage_block_counts(stage_layers),
+        for index in (
+            range(pp)  # chunks that differ: any rank may hold the most
+            if placed.uneven_chunks
+            else _stages_to_check(
+                stage_layers,
+                pp,
+                microbatches,
+                chunks,
+                None if model.uniform_layers else model.stage_block_counts(stage_layers),
+            )
         )
     ]
     total, stage, phase, parts, at_peak = max(results, key=lambda r: r[0])
@@ -663,6 +669,15 @@ def _stage_shares(model: ModelSpec, stage_layers: tuple[int, ...], opts: MemoryO
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)
+def _chunk_shares(model: ModelSpec, chunk_layers: tuple[tuple[int, ...], ...], opts: MemoryOptions) -> tuple:
+    """_own_shares of each rank's chunks, (weights, saved tensors) a chunk, where a rank's chunks differ:
+    virtual stage c·p + r holds the layers after stages 0 … c·p + r − 1 (pipeline.chunk_block_counts)."""
+    pp, chunks = len(chunk_layers), len(chunk_layers[0])
+    flat = _stage_shares(model, tuple(chunk_layers[k % pp][k // pp] for k in range(pp * chunks)), opts)
+    return tuple(tuple(flat[c * pp + r] for c in range(chunks)) for r in range(pp))
+
+
 def _stage_peak(
     model: ModelSpec,
     layout: Layout,
@@ -678,6 +693,7 @@ def _stage_peak(
     chunks: int,
     embeddings: bool,
     by_kind: dict | None = None,
+    chunk_layers: tuple[tuple[int, ...], ...] = (),
 ) -> tuple[float, str, str, dict, dict]:
     """Pipeline stage `index`: (its peak bytes, its name, the phase that sets the peak, its components,
     what each holds at the peak):
@@ -693,11 +709,21 @@ def _stage_peak(
     stage = "only" if pp == 1 else "first" if index == 0 else "last" if index == pp - 1 else "middle"
     share = stage_layers[index] / model.layers
     act_share = share
-    if not model.uniform_layers:  # the stage's own layers: their blocks' weights and saved tensors
+    # Each chunk's share of the layers' saved tensors, where a rank's chunks differ (StageLayout).
+    chunk_acts = tuple(n / model.layers for n in chunk_layers[index]) if chunk_layers else ()
+    if not model.uniform_layers and chunk_layers:  # its chunks' layers: their blocks' weights and saved tensors
+        shares = _chunk_shares(model, chunk_layers, opts)[index]
+        share, act_share = sum(w for w, _ in shares), sum(a for _, a in shares)
+        chunk_acts = tuple(a for _, a in shares)
+    elif not model.uniform_layers:  # the stage's own layers: their blocks' weights and saved tensors
         share, act_share = _own_shares(model, stage_layers, index, opts)
     params = local_params(model, sh, pp=pp, stage=stage, embeddings=embeddings, layer_share=share, by_kind=by_kind)
     param_b = zero_sharded(model, layout, params, by_kind, share, from_stage=3, stack=opts.stack_spec) * p_bytes
-    counts = model.stage_block_counts(stage_layers)[index]
+    counts = (
+        rank_block_counts(model, StageLayout(stage_layers, chunk_layers))
+        if chunk_layers
+        else model.stage_block_counts(stage_layers)
+    )[index]
     fp8_b, fp8_params_saved = _fp8_weight_bytes(model, opts, counts, sh, by_kind, shards if zero == 3 else 1)
     param_b -= fp8_params_saved
     grad_b = (
@@ -716,6 +742,8 @@ def _stage_peak(
         # the first stage of 1F1B holds pp micro-batches, interleaved (1 + (p − 1)/(p·v)) times that.
         in_flight = in_flight_chunks(index, pp, microbatches, chunks) if pp > 1 else 1
         stage_saved = shared.saved_all * act_share * pp * in_flight / chunks
+        if chunk_acts:  # chunks that differ: the most of them in flight at once (pipeline.in_flight_peak)
+            stage_saved = shared.saved_all * pp * in_flight_peak(index, pp, microbatches, chunk_acts)
         acts = stage_saved + (shared.head_items if stage in ("only", "last") else 0.0)
         if pp > 1:
             # A stage keeps each in-flight micro-batch's output until its gradient comes back, and

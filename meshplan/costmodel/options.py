@@ -51,6 +51,15 @@ class CostOptions:
     schedule: str = "1f1b"  # pipeline schedule: 1f1b (Narayanan et al. 2021 §2.2.1) or interleaved (§2.2.2)
     virtual_stages: int = 1  # model chunks a pipeline rank holds under the interleaved schedule
     stage_layers: tuple[int, ...] = ()  # layers of each pipeline stage; (): as even as they go (pipeline_stages)
+    # Megatron-Core's production pipeline layouts (meshplan.costmodel.pipeline.stage_layout; Megatron-LM
+    # d98e8a6): --pipeline-model-parallel-layout's string (E, t, m, L, | between virtual stages); the
+    # first and last stages' decoder layers (--decoder-first/last-pipeline-num-layers; 0: not given); the
+    # embedding and the loss each counted as a layer (--account-for-embedding/loss-in-pipeline-split)
+    pipeline_layout: str = ""
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
     stack: str = "meshplan"  # whose kernels and overlap rules (meshplan.costmodel.stacks); the CLI defaults to megatron
     pp_scatter_gather: bool | None = None  # None: as the stack does
     # Mixtures of experts (meshplan.costmodel.axes.ep): how tokens reach their experts — Megatron-Core's
@@ -97,6 +106,7 @@ class CostOptions:
             raise MeshplanError(f"--virtual-stages must be >= 1, got {self.virtual_stages}")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise MeshplanError("--virtual-stages > 1 needs --schedule interleaved")
+        self._check_pipeline_layout()
         stack = get_stack(self.stack)
         if self.precision not in PRECISIONS:
             raise MeshplanError(f"--precision: unknown {self.precision!r}; use one of {', '.join(PRECISIONS)}")
@@ -142,6 +152,33 @@ class CostOptions:
                     f"--{name.replace('_', '-')}: unknown dtype {getattr(self, name)!r}; "
                     f"use one of {', '.join(DTYPE_BYTES)}"
                 )
+
+    def _check_pipeline_layout(self) -> None:
+        """The layout options one at a time, as Megatron-Core's arguments.py and transformer_block.py
+        allow them: a layout string alone; first/last stage layers without the account-for split."""
+        from meshplan.costmodel.pipeline import parse_pipeline_layout
+
+        if self.first_stage_layers < 0 or self.last_stage_layers < 0:
+            raise MeshplanError("--first-stage-layers / --last-stage-layers must be >= 1 (0: not given)")
+        uneven = bool(self.first_stage_layers or self.last_stage_layers)
+        account = self.account_for_embedding or self.account_for_loss
+        if self.stage_layers and (self.pipeline_layout or uneven or account):
+            raise MeshplanError(
+                "--stage-layers gives every stage's layers: drop --pipeline-layout, --first/--last-stage-layers "
+                "and --account-for-embedding/--account-for-loss"
+            )
+        if self.pipeline_layout:
+            if uneven or account:
+                raise MeshplanError(
+                    "--pipeline-layout places every layer, the embedding and the loss itself: drop "
+                    "--first/--last-stage-layers and --account-for-embedding/--account-for-loss"
+                )
+            parse_pipeline_layout(self.pipeline_layout)
+        if uneven and account:
+            raise MeshplanError(
+                "--first/--last-stage-layers with --account-for-embedding/--account-for-loss: Megatron-Core "
+                "refuses the pair (transformer_block.py: get_num_layers_to_build); use one, or --pipeline-layout"
+            )
 
     @property
     def training(self) -> bool:

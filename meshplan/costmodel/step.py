@@ -33,7 +33,14 @@ from meshplan.costmodel.device import Device
 from meshplan.costmodel.invariants import check_block, check_passes, check_step
 from meshplan.costmodel.memory import local_params, zero_sharded
 from meshplan.costmodel.options import CostOptions
-from meshplan.costmodel.pipeline import PipelinePasses, pipeline_passes, pipeline_stages, schedule_violation
+from meshplan.costmodel.pipeline import (
+    PipelinePasses,
+    chunk_block_counts,
+    pipeline_passes,
+    rank_block_counts,
+    schedule_violation,
+    stage_layout,
+)
 from meshplan.costmodel.schedule import StepSchedule, step_schedule
 from meshplan.costmodel.stacks import Stack
 from meshplan.errors import MeshplanError
@@ -61,6 +68,7 @@ class StepEstimate:
     bubble_fraction: float = 0.0  # the pipeline's fill and drain, as a share of its passes
     microbatches: int = 1
     stage_layers: tuple[int, ...] = ()
+    chunk_layers: tuple[tuple[int, ...], ...] = ()  # each rank's chunks' layers where they differ (StageLayout)
     bubble_s: float = 0.0  # the busiest stage waiting inside the pipeline's passes
     optimizer_s: float = 0.0
     launch_wait_s: float = 0.0  # the host launching kernels beyond the GPU's work (the launch floor)
@@ -230,7 +238,8 @@ def estimate_step(
     # Each stage: its own layers' blocks and the micro-batch's own collectives, forward and backward; on
     # the last the output head and the loss (pipeline.pipeline_passes). Layers alike: a stage is its
     # share of an average stage's blocks.
-    stages = pipeline_stages(model.layers, pp, opts.stage_layers)
+    placed = stage_layout(model.layers, pp, opts, model.mtp_layers)
+    stages = placed.stage_layers
     if model.uniform_layers:
         share = [n / (model.layers / pp) for n in stages]
         body_fwd = [k * (blocks.fwd_s + blocks.exposed_fwd_s) for k in share]
@@ -240,7 +249,7 @@ def estimate_step(
         stage_comm = [k * blocks.comm_s for k in share]
         path_fwd, path_comm = blocks.fwd_s * sum(share), sum(share) * blocks.comm_s
     else:
-        counts = model.stage_block_counts(stages)
+        counts = rank_block_counts(model, placed)
         body_fwd = [blocks.stage(c, "fwd_s") + blocks.stage(c, "exposed_fwd_s") for c in counts]
         body_bwd = [blocks.stage(c, "bwd_s") + blocks.stage(c, "exposed_bwd_s") for c in counts]
         stage_compute = [blocks.stage(c, "fwd_s") + blocks.stage(c, "bwd_s") for c in counts]
@@ -251,7 +260,10 @@ def estimate_step(
     fwd = [x + extra_fwd for x in body_fwd]
     bwd = [x + extra_bwd for x in body_bwd]
     if training:
-        passes = pipeline_passes(fwd, bwd, m, opts.chunks if pp > 1 else 1, head_fwd, head_bwd)
+        chunk_fwd, chunk_bwd = _chunk_bodies(model, placed, blocks, extra_fwd, extra_bwd)
+        passes = pipeline_passes(
+            fwd, bwd, m, opts.chunks if pp > 1 else 1, head_fwd, head_bwd, chunk_fwd_s=chunk_fwd, chunk_bwd_s=chunk_bwd
+        )
         # The busiest stage's rank: its compute, its exposed collectives, and its wait for the others.
         stage_s = [f + b for f, b in zip(fwd, bwd)]
         stage_s[-1] += head_fwd + head_bwd
@@ -261,11 +273,7 @@ def estimate_step(
         exposed = m * (stage_exposed[r] + extra_fwd + extra_bwd)
         comm = m * (stage_comm[r] + own_comm) + step_comm
         # Whose collectives the exposed time is, on that rank: each block kind's, the micro-batch's own.
-        on_stage = (
-            {k: share[r] * n for k, n in schedule.invocations.items()}
-            if model.uniform_layers
-            else model.stage_block_counts(stages)[r]
-        )
+        on_stage = {k: share[r] * n for k, n in schedule.invocations.items()} if model.uniform_layers else counts[r]
         for kind, n in on_stage.items():
             k = blocks.per_kind[kind]
             breakdown[f"exposed_{kind}_s"] = m * n * (k["exposed_fwd_s"] + k["exposed_bwd_s"])
@@ -318,6 +326,7 @@ def estimate_step(
         bubble_fraction=passes.bubble_fraction,
         microbatches=m,
         stage_layers=stages,
+        chunk_layers=placed.chunk_layers,
         bubble_s=passes.bubble_s,
         optimizer_s=opt_s,
         launch_wait_s=step - gpu_step,
@@ -326,6 +335,34 @@ def estimate_step(
     est = replace(est, bound=_bound(est, decode, schedule, links))
     check_step(est, dev, world_size=layout.world_size, hardware_flops=hardware_flops, model_flops=model_flops)
     return est
+
+
+def _chunk_bodies(model: ModelSpec, placed, blocks: "_Blocks", extra_fwd: float, extra_bwd: float):
+    """Each rank's chunks, forward and backward, where they differ (else ((), ())): their layers' blocks
+    with their exposed collectives, and 1/v of the micro-batch's own collectives each — together a
+    rank's stage as estimate_step prices it."""
+    if not placed.uneven_chunks:
+        return (), ()
+    chunks = len(placed.chunk_layers[0])
+    if model.uniform_layers:
+        per_layer = len(placed.stage_layers) / model.layers  # a layer's share of an average stage's blocks
+        fwd_layer, bwd_layer = (
+            (blocks.fwd_s + blocks.exposed_fwd_s) * per_layer,
+            (blocks.bwd_s + blocks.exposed_bwd_s) * per_layer,
+        )
+        fwd = tuple(tuple(n * fwd_layer + extra_fwd / chunks for n in row) for row in placed.chunk_layers)
+        bwd = tuple(tuple(n * bwd_layer + extra_bwd / chunks for n in row) for row in placed.chunk_layers)
+        return fwd, bwd
+    rows = chunk_block_counts(model, placed.chunk_layers)
+    fwd = tuple(
+        tuple(blocks.stage(c, "fwd_s") + blocks.stage(c, "exposed_fwd_s") + extra_fwd / chunks for c in row)
+        for row in rows
+    )
+    bwd = tuple(
+        tuple(blocks.stage(c, "bwd_s") + blocks.stage(c, "exposed_bwd_s") + extra_bwd / chunks for c in row)
+        for row in rows
+    )
+    return fwd, bwd
 
 
 @dataclass
@@ -404,15 +441,22 @@ def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOpt
     for kind, _ in ctx.model.block_invocations():
         per_kind[kind] = _phases_floor(ctx, kind, _kind_compute(ctx, kind, dev, opts.recompute), links)
     pp = ctx.layout.pp
-    stages = pipeline_stages(ctx.model.layers, pp, opts.stage_layers)
-    stage_s = [sum(n * per_kind[k] for k, n in counts.items()) for counts in ctx.model.stage_block_counts(stages)]
+    placed = stage_layout(ctx.model.layers, pp, opts, ctx.model.mtp_layers)
+    stage_s = [sum(n * per_kind[k] for k, n in counts.items()) for counts in rank_block_counts(ctx.model, placed)]
     tokens = ctx.batch * ctx.seq / ctx.sharding.token_div
     head = logits_compute(ctx.model, tokens, ctx.sharding, opts.nbytes("act_dtype"), dev)
     stage_s[-1] += head.fwd_s + head.bwd_s
     m = opts.steps_for(ctx.layout.dp, pp, ctx.batch)
     chunks = opts.chunks if pp > 1 else 1
-    before = [0.0] + list(itertools.accumulate(stage_s))[:-1]
-    return max(m * s + b / chunks for s, b in zip(stage_s, before))
+    # The first micro-batch reaches rank r through, and the last leaves back through, each earlier
+    # rank's first chunk: 1/v of its stage, or its own chunk 0 where chunks differ.
+    if placed.uneven_chunks:
+        rows = chunk_block_counts(ctx.model, placed.chunk_layers)
+        first = [sum(n * per_kind[k] for k, n in row[0].items()) for row in rows]
+        before = [0.0] + list(itertools.accumulate(first))[:-1]
+    else:
+        before = [b / chunks for b in [0.0] + list(itertools.accumulate(stage_s))[:-1]]
+    return max(m * s + b for s, b in zip(stage_s, before))
 
 
 def _phases_floor(ctx: PlanContext, kind: str, comp: BlockCompute, links: "_Links") -> float:
