@@ -18,5 +18,5 @@ PY
 for layout in single sp=2 tsp=2 tpssm=2; do
   nproc=$([ "$layout" = single ] && echo 1 || echo 2)
   python -m meshplan execute --model mamba2-130m --layout "$layout" --seq 16384 --device cuda --nproc "$nproc" \
-    --tokens "$docs" --out "$out/packed-$layout.json" --compare 2>&1 | tail -4
+    --tokens "$docs" --out "$out/packed-${layout/=/}.json" --compare 2>&1 | tail -4
 done
