@@ -35,10 +35,16 @@ QWEN2_MOE = moe(
     MoeSpec(64, 4, 2, 64, shared_ffn=96, shared_gate=True, norm_topk=False),
 )
 ALL_MODES = ("train", "prefill", "decode")
-# (processes, model, [(layout, modes)]): dp=2,ep=2 holds each expert on one rank (edp = 1); dp=4,ep=2
+# (processes, model, [(layout, modes)]): dp=2,ep=2 holds each expert on one rank (edp = 1); dp=2 (no ep)
+# every expert on both; dp=4,ep=2
 # on two (edp = 2), whose gradients — and under ZeRO optimizer states — are summed and split there.
 CASES = {
-    "mixtral-2": (2, MIXTRAL, [("dp=2,ep=2", ALL_MODES), ("dp=2,ep=2,zero=1", ("train",))]),
+    "mixtral-2": (
+        2,
+        MIXTRAL,
+        # dp=2 without ep: every rank holds every expert, whose gradients are summed over dp as any weight's
+        [("dp=2,ep=2", ALL_MODES), ("dp=2,ep=2,zero=1", ("train",)), ("dp=2", ("train",)), ("dp=2,zero=1", ("train",))],
+    ),
     "qwen2-moe-4": (
         4,
         QWEN2_MOE,
@@ -78,7 +84,7 @@ def test_whole_moe_model_matches_single_process_and_the_cost_model(case):
         assert set(counted) == set(predicted), (text, mode, counted, predicted)
         for key, value in predicted.items():
             assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, counted, predicted)
-        if mode == "train" and layout.expert_data_degree > 1:
+        if mode == "train" and layout.ep > 1 and layout.expert_data_degree > 1:
             kinds = ("reduce_scatter/edp", "all_gather/edp") if layout.zero else ("all_reduce/edp",)
             assert all(k in counted for k in kinds), (text, counted)
 

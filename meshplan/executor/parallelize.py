@@ -147,8 +147,9 @@ class GradientSync:
         layout = mesh.layout
         self.axis, size = grad_group(layout)
         self.zero = layout.zero if layout.dp > 1 else 0
-        # Experts split over ep (layouts/ep.py): summed over edp in finish(), not over the group.
-        self.experts = [p for m in sharded_modules(layers) for p in m.expert_params()]
+        # Experts split over ep (layouts/ep.py): summed over edp in finish(), not over the group. Without
+        # an ep axis every rank holds every expert: they are the group's like any other weight.
+        self.experts = [p for m in sharded_modules(layers) for p in m.expert_params()] if layout.ep > 1 else []
         self.expert_ids = {id(p) for p in self.experts}
         params = [p for p in unique_params(reversed(layers)) if id(p) not in self.expert_ids] if size > 1 else []
         # A tied matrix split over the first and last pipeline stages: the two copies' gradients summed.
