@@ -258,7 +258,8 @@ def predicted_value(row: Row, p: dict) -> float:
 def _layer_activations(row: Row, p: dict) -> float:
     """The first stage's saved activations of its layers (what Korthikanti's Fig. 1 and 7 count): the
     memory model's activations less the output head's (a stage that has it) and the stage-boundary
-    tensors (the executor keeps them; Megatron deallocates them, Korthikanti App. B)."""
+    tensors the model counts for the row's stack: the gradient received, and the in-flight outputs
+    where the stack keeps them (Stack.frees_stage_outputs: Megatron deallocates them, Korthikanti App. B)."""
     from meshplan.costmodel.axes import sharding_for
     from meshplan.costmodel.memory import boundary_activation_bytes, head_activation_bytes
     from meshplan.costmodel.pipeline import in_flight_chunks

@@ -294,11 +294,12 @@ def violations(plan: RandomPlan) -> list[str]:
 def _stack_cannot_run(plan: RandomPlan, microbatches: int) -> bool:
     """The stacks' own rules, restated from their sources (meshplan.costmodel.stacks cites them)."""
     stack, layout, v = plan.opts.stack_spec, plan.layout, plan.opts.chunks
-    min_pp = {"megatron": 2, "megatron-2021": 3}.get(stack.name, 0)  # 0: no interleaved schedule
+    min_pp = {"megatron": 2, "megatron-2021": 3, "llama3": 2}.get(stack.name, 0)  # 0: no interleaved schedule
     if v > 1 and (not min_pp or layout.pp < min_pp or microbatches % layout.pp or microbatches < layout.pp):
         return True
     max_zero = {"megatron-2021": 0}.get(stack.name, 3)
-    max_zero_pp = {"megatron": 1, "megatron-2021": 0, "deepspeed": 1}.get(stack.name, 3)
+    # Llama 3 (arXiv 2407.21783 §3.3.2): FSDP without resharding after forward, ZeRO-2-like under pipelining
+    max_zero_pp = {"megatron": 1, "megatron-2021": 0, "deepspeed": 1, "llama3": 2}.get(stack.name, 3)
     return layout.zero > max_zero or (layout.pp > 1 and layout.zero > max_zero_pp)
 
 

@@ -546,7 +546,8 @@ def _layer_transients(
 ) -> dict:
     """The layer phase's transients beside the saved activations: one layer's working set ("working"),
     the gathered K/V ("kv_gather"), the backward's attention moment ("attention_phase"), TSP's
-    streamed weights ("weight_shards"), ZeRO 3's gathered layers ("comm_buffers")."""
+    streamed weights ("weight_shards"), ZeRO 3's gathered layers and an FSDP unit's gradients on their way
+    to the reduce-scatter ("comm_buffers")."""
     train = opts.training
     p_bytes = model.param_bytes_per_element
     kv_gather = 0.0
@@ -607,6 +608,11 @@ def _layer_transients(
     comm_buffers = 0.0
     if zero == 3:
         comm_buffers = 2 * largest_block / sh.weight_div * p_bytes  # gathered layer + the prefetched next one
+    if train and zero >= 2 and opts.stack_spec.unit_grad_reduce_bytes_per_param:
+        # One sharded unit's gradients on their way to the reduce-scatter (Stack.unit_grad_reduce_bytes_per_param):
+        # a transformer layer, the unit FSDP wraps (torchtitan's apply_fsdp shards each TransformerBlock).
+        unit = model.layer_params() / model.layers / sh.weight_div
+        comm_buffers += unit * opts.stack_spec.unit_grad_reduce_bytes_per_param
     return {
         "working": working,
         "kv_gather": kv_gather,
@@ -847,8 +853,10 @@ def boundary_activation_bytes(
     model: ModelSpec, sh: Sharding, seq: int, batch: int, opts: MemoryOptions, in_flight: int
 ) -> float:
     """A pipeline stage's boundary tensors: each in-flight micro-batch's output, kept until its gradient
-    comes back, and the gradient received (meshplan/executor/pipeline.py)."""
-    return batch * seq / sh.token_div * model.d_model * opts.nbytes("act_dtype") * (in_flight + 1)
+    comes back (meshplan/executor/pipeline.py) unless the stack frees it once sent
+    (Stack.frees_stage_outputs), and the gradient received."""
+    outputs = 0 if opts.stack_spec.frees_stage_outputs else in_flight
+    return batch * seq / sh.token_div * model.d_model * opts.nbytes("act_dtype") * (outputs + 1)
 
 
 def _stages_to_check(

@@ -67,6 +67,17 @@ class Stack:
     # FP8 GEMMs through Transformer Engine (Megatron-Core's --fp8-format): which layers take them is
     # FP8_GEMM_LAYERS' rule below; False: the stack's GEMMs are bf16 only.
     fp8: bool = False
+    # A pipeline stage frees each micro-batch's output once it is sent, keeping only the autograd graph
+    # that leads to it (Korthikanti et al. 2022 App. B; Megatron-Core's deallocate_output_tensor under
+    # ModelParallelConfig.deallocate_pipeline_outputs): of the stage-boundary tensors only the gradient
+    # received stays (memory.boundary_activation_bytes). meshplan's executor keeps every output.
+    frees_stage_outputs: bool = False
+    # Bytes a parameter of one sharded unit (a transformer layer) holds while the backward reduce-scatters
+    # its gradients each micro-batch, ZeRO-2/3 as FSDP2 runs it (torch/distributed/fsdp/_fully_shard/
+    # _fsdp_collectives.py foreach_reduce): the unit's unsharded gradients in the parameter dtype, and
+    # their copy in the reduce dtype as the reduce-scatter's input, live until the next unit's
+    # post-backward waits for it. 0: the stack's reductions run from its own buckets (not counted).
+    unit_grad_reduce_bytes_per_param: float = 0.0
     source: str = ""
     # The run's GEMM precision under the stack ("bf16", "fp8", "mxfp8") and whether its FP8 weights are
     # gathered in FP8 (--fp8-param-gather): set per run by stack_at, not per stack.
@@ -133,6 +144,8 @@ STACKS: dict[str, Stack] = {
         fp8=True,
         # arguments.py: --cp-comm-type, default ["p2p"] (core 0.9 on; core_v0.14.0 unchanged)
         cp_comm_type="p2p",
+        # megatron/training/arguments.py core_transformer_config_from_args: deallocate_pipeline_outputs = True
+        frees_stage_outputs=True,
         source="NVIDIA/Megatron-LM README at 937571cfd4 (--overlap-grad-reduce --overlap-param-gather "
         "--tp-comm-overlap, PP overlap by default)",
     ),
@@ -152,6 +165,8 @@ STACKS: dict[str, Stack] = {
         interleaved_min_pp=3,
         max_zero=0,
         max_zero_with_pp=0,
+        # Korthikanti et al. 2022 App. B: the stage's output is deallocated after it is sent
+        frees_stage_outputs=True,
         source="Narayanan et al. 2021 §4.1-4.2 (scatter/gather, fused kernels); Korthikanti et al. 2022 §6 "
         "(gradient all-reduce not overlapped)",
     ),
@@ -173,6 +188,49 @@ STACKS: dict[str, Stack] = {
         max_zero=3,
         max_zero_with_pp=1,
         source="Rajbhandari et al. 2020 (ZeRO) §7; Narayanan et al. 2021 §5.2 (ZeRO-3 comparison)",
+    ),
+    "llama3": Stack(
+        "llama3",
+        "Meta's Llama 3 stack (2024): FSDP (ZeRO-2-like: optimizer states and gradients sharded over DP, "
+        "parameters kept whole from forward to backward) with TP, PP and CP, fp32 gradient reduce-scatter "
+        "behind the backward, interleaved pipeline with stage inputs and outputs freed",
+        launch_floor=False,
+        # Flash-attention-era fused kernels: the paper trains 8K sequences without activation
+        # checkpointing (§3.3.2), which leaves no room for an s² score matrix or unfused elementwise copies.
+        elementwise_factor=_FUSED,
+        flash_attention=True,
+        # TP as Megatron's (Shoeybi et al. 2019, the paper's TP) with sequence parallelism on the norms, as
+        # torchtitan's Llama 3 TP plan shards them (torchtitan/models/llama3/infra/parallelize.py apply_tp:
+        # SequenceParallel on attention_norm / ffn_norm); the paper describes no TP overlap.
+        tp_overlap=False,
+        tp_sequence_parallel=True,
+        # "we use FP32 gradient accumulation during backward computation over multiple micro-batches and
+        # also reduce-scatter gradients in FP32 across data parallel workers in FSDP" (§3.3.2, numerical
+        # stability); FSDP issues each unit's reduce-scatter from its post-backward hook, behind the
+        # backward of the units before it.
+        grad_dtype="fp32",
+        grad_overlap=True,
+        unit_grad_reduce_bytes_per_param=2 + 4,  # bf16 unsharded gradients + their fp32 reduce-scatter input
+        # FSDP prefetches the next unit's all-gather of the updated parameters in the forward; "for model
+        # shards we do not reshard after forward computation to avoid an extra all-gather communication
+        # during backward passes" (§3.3.2): ZeRO-2-like under pipelining, no re-gather in the backward.
+        zero3_prefetch=True,
+        max_zero=3,
+        max_zero_with_pp=2,
+        # "we adopt asynchronous point-to-point communication in PP" (§3.3.2); whole activations are sent.
+        pp_scatter_gather=False,
+        pp_overlap=True,
+        # "we use an interleaved schedule (Narayanan et al., 2021) with V pipeline stages on one pipeline
+        # rank" (§3.3.2). Its schedule also runs micro-batch counts that are not a multiple of pp (their
+        # Figure 6, N = 5); schedule_violation applies Megatron's N = p rule, which the 405B's 8K runs
+        # (16 stages, 32 micro-batches a step: Table 4's batch size / DP) satisfy.
+        interleaved_min_pp=2,
+        # "we proactively deallocate tensors that will not be used for future computation, including the
+        # input and output tensors of each pipeline stage" (§3.3.2)
+        frees_stage_outputs=True,
+        # Context parallelism all-gathers K and V before attending (§3.3.2: "all-gather based")
+        cp_comm_type="allgather",
+        source="Llama Team, The Llama 3 Herd of Models (arXiv 2407.21783) §3.3.2 and Table 4",
     ),
     "meshplan": Stack(
         "meshplan",
