@@ -126,6 +126,9 @@ def base_options(row: Row, **knobs) -> CostOptions:
         schedule=knobs.get("schedule", row.get("schedule", "1f1b")),
         virtual_stages=knobs.get("virtual_stages", 1),
         pp_scatter_gather=row.get("scatter_gather"),
+        # The GEMMs' precision as the run's: FP8 where it ran Transformer Engine FP8; fp16 and bf16 GEMMs run
+        # at one tensor-core rate, priced as bf16
+        precision="fp8" if row.get("precision") == "fp8" else "bf16",
     )
 
 

@@ -78,6 +78,8 @@ GPUS: tuple[GpuKind, ...] = (
         (
             ("megatron", _H100_MEGATRON),
             ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H100_MEGATRON.source)),
+            # Llama 3's PyTorch stack: the same cuBLAS GEMMs at layer shapes and flash attention
+            ("llama3", _H100_MEGATRON),
             ("meshplan", Rates(None, None, "the executor's H200 rates (H100 smoke runs within 2-7%)")),
         ),
         fp8_speedup=FP8_GEMM_SPEEDUP_H100,
@@ -89,6 +91,7 @@ GPUS: tuple[GpuKind, ...] = (
         (
             ("megatron", _H200_AS_H100),
             ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H200_AS_H100.source)),
+            ("llama3", _H200_AS_H100),
             ("meshplan", _EXECUTOR),
         ),
         fp8_speedup=FP8_GEMM_SPEEDUP_H100,  # the H100's: the same SM and tensor cores
