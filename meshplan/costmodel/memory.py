@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
-from meshplan.costmodel.axes import PlanContext, Sharding, own_shardings, plan_context, sharding_for, tp
+from meshplan.costmodel.axes import PlanContext, Sharding, own_shardings, plan_context, sharding_for, sp, tp
 from meshplan.costmodel.axes.dp import expert_zero_stage, zero_stage
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
 from meshplan.costmodel.options import MemoryOptions
@@ -554,7 +554,7 @@ def _layer_transients(
     if sh.gathers_kv and model.attention is not None and opts.mode != "decode":
         attn, act = model.attention, opts.nbytes("act_dtype")
         kv_gather = batch * seq * attn.kv_pair_width * act / sh.head_div
-        comm = opts.cp_comm if layout.sp > 1 else "allgather"  # TSP gathers its K/V
+        comm = sp.exchange(layout, opts)
         if comm == "p2p":
             # A ring holds the K/V block in hand and the one arriving (TE's AttnFuncWithCPAndKVP2P's two
             # communication buffers), not the whole sequence's

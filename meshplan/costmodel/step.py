@@ -134,6 +134,10 @@ def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:
     return c.count * hidden_wait  # a ring starts on the rank's own shard
 
 
+# The overlaps of the expert all-to-alls Megatron-Core's 1F1B schedule pairs with another micro-batch's
+# compute (axes/ep.py _dispatch_and_combine; step._paired_exposed prices them)
+PAIRED = ("block", "layer")
+
 # Gradient reductions hidden behind the backward are not free: their NCCL kernels share the GPU with
 # the backward's, which run slower beside them. Measured on two 2 × H200 machines (dense-7b/2L, dp=2,
 # the all-reduces started from the hooks against the same step with the transfers skipped, less the
@@ -440,9 +444,13 @@ def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOpt
     per_kind = {}
     for kind, _ in ctx.model.block_invocations():
         per_kind[kind] = _phases_floor(ctx, kind, _kind_compute(ctx, kind, dev, opts.recompute), links)
+
+    def floor_of(counts: dict) -> float:  # blocks run counts[kind] times each
+        return sum(n * per_kind[k] for k, n in counts.items())
+
     pp = ctx.layout.pp
     placed = stage_layout(ctx.model.layers, pp, opts, ctx.model.mtp_layers)
-    stage_s = [sum(n * per_kind[k] for k, n in counts.items()) for counts in rank_block_counts(ctx.model, placed)]
+    stage_s = [floor_of(counts) for counts in rank_block_counts(ctx.model, placed)]
     tokens = ctx.batch * ctx.seq / ctx.sharding.token_div
     head = logits_compute(ctx.model, tokens, ctx.sharding, opts.nbytes("act_dtype"), dev)
     stage_s[-1] += head.fwd_s + head.bwd_s
@@ -452,7 +460,7 @@ def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOpt
     # rank's first chunk: 1/v of its stage, or its own chunk 0 where chunks differ.
     if placed.uneven_chunks:
         rows = chunk_block_counts(ctx.model, placed.chunk_layers)
-        first = [sum(n * per_kind[k] for k, n in row[0].items()) for row in rows]
+        first = [floor_of(row[0]) for row in rows]
         before = [0.0] + list(itertools.accumulate(first))[:-1]
     else:
         before = [b / chunks for b in [0.0] + list(itertools.accumulate(stage_s))[:-1]]
@@ -467,7 +475,7 @@ def _phases_floor(ctx: PlanContext, kind: str, comp: BlockCompute, links: "_Link
     timed = [
         (c, links.time_s(c))
         for c in (as_stack_runs(c, stack) for c in axes.block_comms(ctx, kind))
-        if c.overlap not in ("block", "layer")  # the 1F1B all-to-all overlap's pairs: left out
+        if c.overlap not in PAIRED  # the 1F1B all-to-all overlap's pairs: left out
     ]
     total = 0.0
     for phase, compute in (("fwd", comp.fwd_s), ("bwd", comp.bwd_s)):
@@ -497,8 +505,8 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
         timed = [(c, links.time_s(c)) for c in (as_stack_runs(c, stack) for c in comms)]
         comm_one = sum(t for _, t in timed)  # one invocation's
         out.comm_s += comm_one * schedule.invocations[kind]
-        paired = [x for x in timed if x[0].overlap in ("block", "layer")]
-        timed = [x for x in timed if x[0].overlap not in ("block", "layer")]
+        paired = [x for x in timed if x[0].overlap in PAIRED]
+        timed = [x for x in timed if x[0].overlap not in PAIRED]
         exposed_pairs = (
             _paired_exposed(
                 paired,

@@ -269,7 +269,7 @@ def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
         if job.keep and _SHARED_BOUND is not None:
             bound = min(bound, _SHARED_BOUND.value)
         if bound < math.inf and floors[layout] > bound * (1 + 1e-9):
-            pruned += len(layouts) - i  # this and every later mesh: no setting's compute can reach the bound
+            pruned += len(layouts) - i  # this and every later mesh: no setting's floor can reach the bound
             break
         choice = search_knobs(
             model, cluster, layout, seq, batch, opts, search=job.search, objective=job.objective, bound=bound
@@ -310,11 +310,16 @@ def _least_floor(job: _Job, layout: Layout) -> float | None:
     least = math.inf
     for sp in sps:
         for mb in batches:
-            trial = _trial(job.opts, sp, max(chunks), "none")
-            ctx = plan_context(job.model, layout, job.seq, mb, trial)
-            tokens = layout.dp * trial.steps_for(layout.dp, layout.pp, mb) * mb * job.seq
-            least = min(least, step_floor_s(ctx, job.cluster) / tokens)
+            ctx = plan_context(job.model, layout, job.seq, mb, _trial(job.opts, sp, max(chunks), "none"))
+            least = min(least, _floor_per_token(ctx, job.cluster))
     return least
+
+
+def _floor_per_token(ctx, cluster: ClusterSpec) -> float:
+    """step.step_floor_s a token of the step (every replica's micro-batches)."""
+    dp, pp = ctx.layout.dp, ctx.layout.pp
+    tokens = dp * ctx.opts.steps_for(dp, pp, ctx.batch) * ctx.batch * ctx.seq
+    return step_floor_s(ctx, cluster) / tokens
 
 
 def _knob_options(model: ModelSpec, layout: Layout, batch: int, opts: CostOptions, search: frozenset):
@@ -376,10 +381,9 @@ def search_knobs(
     batches, chunks, sps, recomputes = space
     best = smallest = fitted = None
 
-    def behind(ctx, mb) -> bool:
+    def behind(ctx) -> bool:
         """The setting's floor is slower a token than the bound (a floor tying it is kept)."""
-        tokens = layout.dp * ctx.opts.steps_for(layout.dp, layout.pp, mb) * mb * seq
-        return step_floor_s(ctx, cluster) / tokens > bound * (1 + 1e-9)
+        return _floor_per_token(ctx, cluster) > bound * (1 + 1e-9)
 
     skipped = 0
     for sp in sps:
@@ -390,7 +394,7 @@ def search_knobs(
                 ):
                     continue  # a schedule the stack cannot run
                 # No recompute at all behind the bound: no need to know whether it fits.
-                if bound < math.inf and behind(plan_context(model, layout, seq, mb, _trial(opts, sp, v, "none")), mb):
+                if bound < math.inf and behind(plan_context(model, layout, seq, mb, _trial(opts, sp, v, "none"))):
                     skipped += 1
                     continue
                 for rc in recomputes:
@@ -406,7 +410,7 @@ def search_knobs(
                         continue  # a setting the stack's MoE rules refuse (the all-to-all overlap's)
                     if mem.total_bytes > cluster.gpu.memory_bytes:
                         continue
-                    if bound < math.inf and behind(ctx, mb):
+                    if bound < math.inf and behind(ctx):
                         fitted = fitted or (mem, None, True, knobs, trial)
                         break  # its floor is behind the bound, and a later recompute no faster
                     est = estimate_step(model, layout, seq, mb, trial, cluster, ctx=ctx)

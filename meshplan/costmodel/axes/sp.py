@@ -33,7 +33,7 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
     if kind == "attention":
         attn = ctx.model.attention
         kv = ctx.batch * ctx.seq * attn.kv_pair_width * ctx.act_bytes / head_div
-        comm = ctx.opts.cp_comm if axis == "sp" else "allgather"  # TSP's K/V: its own zigzag gather
+        comm = exchange(ctx.layout, ctx.opts)
         if comm == "a2a":
             # Sequence for heads before the whole-sequence attention, heads for sequence after it; the
             # backward swaps the output's gradient and then dQ, dK, dV back. Not overlapped.
@@ -65,10 +65,16 @@ def block_comms(ctx, kind: str, axis: str = "sp"):
     return []
 
 
+def exchange(layout: Layout, opts) -> str:
+    """How this layout's sequence shards reach each other's K/V (Stack.cp_comm_type's names): as the
+    run's options say on the sp axis; TSP gathers its own, in zigzag."""
+    return opts.cp_comm if layout.sp > 1 else "allgather"
+
+
 def violation(model, layout: Layout, opts) -> str | None:
     """Why context parallelism cannot run as `opts` makes it, or None: Ulysses-style all-to-alls deal
     each rank whole heads (query and K/V heads alike, after tensor parallelism's split)."""
-    if layout.sp == 1 or model.attention is None or opts.cp_comm != "a2a":
+    if model.attention is None or exchange(layout, opts) != "a2a":
         return None
     tensor = layout.tensor_degree
     heads, kv_heads = model.attention.heads // tensor, model.attention.kv_heads // tensor
