@@ -4,9 +4,13 @@ cuDNN, memory-efficient), whole-sequence and on a sequence shard's key prefix, a
 
 Attention's useful FLOPs: causal forward 4·s²·d·heads/2 a sequence, backward 2.5× (FlashAttention-2's 5
 matmuls to 2), so forward + backward counts 3.5× the forward. A shard's prefix attention: q queries, the
-last q of k keys, lower-right causal: 4·d·heads·(q·k − q²/2) forward.
+last q of k keys, lower-right causal: 4·d·heads·(q·k − q²/2) forward. The same shard as Transformer
+Engine's context-parallel attention runs it (backend "cudnn-blocks": AttnFuncWithCPAndKVP2P attends each
+step's K/V block apart, unmasked off the diagonal and causal on it, with cuDNN's fused kernel): a full
+q × (k − q) block plus a causal q × q block, timed together, at the same useful FLOPs.
 
     python benchmarks/bench_rates.py --out $OUT/rates-h100.json
+    python benchmarks/bench_rates.py --only attention --out $OUT/attention-blocks-h100.json
 """
 
 from __future__ import annotations
@@ -82,6 +86,31 @@ def attention_rate(seq, heads, kv, d, batch, backend, prefix_q=0):
     return flops * 3.5 / t / 1e12, None
 
 
+def blockwise_rate(seq, heads, kv, d, batch, prefix_q):
+    """Forward + backward TFLOP/s of a shard's `prefix_q` queries over `seq` keys run as two cuDNN calls:
+    the unmasked block of the keys before the shard and the causal block of its own keys."""
+    q = torch.randn(batch, heads, prefix_q, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(batch, kv, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (x.repeat_interleave(heads // kv, dim=1).requires_grad_() for x in (k, v))
+    go = torch.randn_like(q)
+    split = seq - prefix_q
+    flops = 4 * d * heads * batch * (prefix_q * seq - prefix_q * prefix_q / 2)
+
+    def step():
+        # The two blocks' backward runs apart here; TE merges their outputs by log-sum-exp, which costs
+        # an elementwise pass over the output (not timed).
+        off = F.scaled_dot_product_attention(q, k[:, :, :split], v[:, :, :split])
+        diag = F.scaled_dot_product_attention(q, k[:, :, split:], v[:, :, split:], is_causal=True)
+        torch.autograd.backward((off, diag), (go, go))
+
+    with sdpa_kernel([BACKENDS["cudnn"]]):
+        try:
+            t = median_time_s(step, reps=10, warmup=3)
+        except RuntimeError as exc:
+            return None, str(exc).splitlines()[0][:160]
+    return flops * 3.5 / t / 1e12, None
+
+
 def gemm_rates(m, n, k):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -108,10 +137,28 @@ def gemm_rates(m, n, k):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", choices=("attention", "gemm"), default=None, help="one half of the sweep")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     rows = []
-    for seq, heads, kv, d, batch in ATTENTION_SHAPES:
+    for seq, heads, kv, d, batch in ATTENTION_SHAPES if args.only != "gemm" else ():
+        rate, err = blockwise_rate(seq, heads, kv, d, batch, seq // 4)
+        rows.append(
+            {
+                "case": "attention",
+                "seq": seq,
+                "heads": heads,
+                "kv_heads": kv,
+                "head_dim": d,
+                "batch": batch,
+                "backend": "cudnn-blocks",
+                "prefix_queries": seq // 4,
+                "tflops": rate,
+                "error": err,
+            }
+        )
+        what = f"attention s {seq} h {heads}/{kv} cudnn-blocks prefix {seq // 4:5}"
+        print(f"{what}: {rate or 0:7.1f} TFLOP/s", flush=True)
         for backend in BACKENDS:
             for prefix in (0, seq // 4):
                 rate, err = attention_rate(seq, heads, kv, d, batch, backend, prefix)
@@ -132,12 +179,14 @@ def main() -> int:
                 what = f"attention s {seq} h {heads}/{kv} {backend:9} prefix {prefix:5}"
                 print(f"{what}: {rate or 0:7.1f} TFLOP/s", flush=True)
                 torch.cuda.empty_cache()
-    for name, m, n, k in GEMM_SHAPES:
+    for name, m, n, k in GEMM_SHAPES if args.only != "attention" else ():
         r = gemm_rates(m, n, k)
         rows.append({"case": "gemm", "name": name, "m": m, "n": n, "k": k, **r})
         print(f"gemm {name:14}: " + ", ".join(f"{k} {v:.0f}" for k, v in r.items() if isinstance(v, float)), flush=True)
     out = {
-        "command": f"python benchmarks/bench_rates.py --out {args.out}",
+        "command": " ".join(
+            ["python benchmarks/bench_rates.py", *([f"--only {args.only}"] if args.only else []), f"--out {args.out}"]
+        ),
         "gpu": torch.cuda.get_device_name(0),
         "sms": props.multi_processor_count,
         "torch": torch.__version__,

@@ -31,7 +31,7 @@ from meshplan.costmodel.stacks import get_stack
 from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout
-from meshplan.models import gpt
+from meshplan.models import dense, gpt
 from meshplan.planner.plan import search_knobs
 from meshplan.topologies.cluster import load_cluster
 
@@ -90,6 +90,19 @@ def load_rows() -> list[Row]:
 
 
 def model_of(row: Row):
+    """The row's model: a Llama-shaped decoder (grouped-query attention, SwiGLU, RMSNorm, rotary
+    positions: meshplan.models.dense) where it gives `kv_heads`, else the Megatron papers' GPT."""
+    if "kv_heads" in row.fields:
+        return dense(
+            row["id"],
+            row["hidden"],
+            row["layers"],
+            row["heads"],
+            row["kv_heads"],
+            row["ffn_hidden"],
+            row["vocab"],
+            tied=row.get("tied", False),
+        )
     return gpt(
         row["id"],
         row["hidden"],
@@ -103,11 +116,14 @@ def model_of(row: Row):
 
 
 def layout_of(row: Row) -> Layout:
-    mp = row["tp"] * row.get("pp", 1)
+    """tp × pp × cp (context parallelism: meshplan's sp axis) from the row, dp the GPUs left."""
+    cp = row.get("cp", 1)
+    mp = row["tp"] * row.get("pp", 1) * cp
     if row["gpus"] % mp:
-        raise MeshplanError(f"{row['id']}: {row['gpus']} GPUs are not a multiple of tp × pp = {mp}")
+        raise MeshplanError(f"{row['id']}: {row['gpus']} GPUs are not a multiple of tp × pp × cp = {mp}")
     dp = row["gpus"] // mp
-    return Layout(dp=dp, tp=row["tp"], pp=row.get("pp", 1), zero=row.get("zero", 0) if dp > 1 else 0)
+    zero = row.get("zero", 0) if dp * cp > 1 else 0
+    return Layout(dp=dp, tp=row["tp"], pp=row.get("pp", 1), sp=cp, zero=zero)
 
 
 def base_options(row: Row, **knobs) -> CostOptions:
@@ -121,7 +137,9 @@ def base_options(row: Row, **knobs) -> CostOptions:
         # Megatron-LM's GPT of these papers trains with dropout; its fp16/bf16 runs keep fp32 main gradients
         # (--accumulate-allreduce-grads-in-fp32; Korthikanti Fig. 1's 45.6 GiB is ~18 B a parameter).
         dropout=not stack.flash_attention,
-        grad_dtype=stack.grad_dtype,
+        # The run's gradient buffers where its source states them (NeMo's performance scripts reduce in
+        # bf16), else the stack's
+        grad_dtype=row.get("grad_dtype", stack.grad_dtype),
         global_batch=row["global_batch"],
         schedule=knobs.get("schedule", row.get("schedule", "1f1b")),
         virtual_stages=knobs.get("virtual_stages", 1),
@@ -129,6 +147,13 @@ def base_options(row: Row, **knobs) -> CostOptions:
         # The GEMMs' precision as the run's: FP8 where it ran Transformer Engine FP8; fp16 and bf16 GEMMs run
         # at one tensor-core rate, priced as bf16
         precision="fp8" if row.get("precision") == "fp8" else "bf16",
+        fp8_param_gather=bool(row.get("fp8_param_gather", False)),
+        # A production pipeline layout (Megatron-Core's --account-for-embedding/loss-in-pipeline-split,
+        # --decoder-first/last-pipeline-num-layers) where the row states one
+        account_for_embedding=bool(row.get("account_for_embedding", False)),
+        account_for_loss=bool(row.get("account_for_loss", False)),
+        first_stage_layers=row.get("first_stage_layers", 0),
+        last_stage_layers=row.get("last_stage_layers", 0),
     )
 
 
@@ -240,6 +265,8 @@ def predicted_value(row: Row, p: dict) -> float:
         row["hidden"],
         row["vocab"],
     )
+    if metric == "tokens_per_s_per_gpu":  # no FLOP formula: tokens over the predicted step time
+        return row["global_batch"] * row["seq"] / est.step_time_s / row["gpus"]
     if metric == "tflops_per_gpu":
         return flops / est.step_time_s / row["gpus"] / 1e12
     if metric == "mfu":

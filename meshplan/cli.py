@@ -30,8 +30,8 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 STACK_HELP = (
-    "Whose kernels and overlap rules: megatron (Megatron-Core, the default) | megatron-2021 | deepspeed | "
-    "meshplan (this project's executor, as its runs calibrate it)."
+    "Whose kernels and overlap rules: megatron (Megatron-Core with Transformer Engine, the default) | "
+    "megatron-2021 | deepspeed | llama3 | meshplan (this project's executor, as its runs calibrate it)."
 )
 
 
@@ -406,6 +406,8 @@ def assumed(opts) -> dict:
     """The stack and the knobs a number was computed under, as every output names them."""
     return {
         "stack": opts.stack,
+        "stack_version": opts.stack_spec.version,
+        "attention_kernel": opts.stack_spec.attention_kernel,
         "grad_dtype": opts.grad_dtype,
         "tp_sequence_parallel": opts.tp_sequence_parallel,
         "flash_attention": opts.flash_attention,
@@ -441,7 +443,10 @@ def fmt_assumed(opts, *, searched: frozenset = frozenset()) -> str:
     if opts.precision != "bf16":
         gather = ", weights gathered in FP8" if opts.fp8_param_gather else ""
         parts.append(f"linear GEMMs in {opts.precision} (attention core, router, head in bf16){gather}")
-    return f"stack {opts.stack}: " + ", ".join(parts)
+    return (
+        f"stack {opts.stack} ({opts.stack_spec.version}; attention: {opts.stack_spec.attention_kernel}): "
+        + ", ".join(parts)
+    )
 
 
 def fmt_moe(opts) -> str:

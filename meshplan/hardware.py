@@ -16,8 +16,12 @@ class Rates:
     """Achieved / peak under one stack on one GPU kind; None: the executor's measured defaults."""
 
     gemm: float | None
-    attention: float | None  # one rate for every key length; None: the executor's tables by length
+    attention: float | None  # one rate for every key length; None: the tables below, or the executor's
     source: str
+    # Attention's rate by key length, ((keys, achieved / peak), ...), whole-sequence causal and on a
+    # sequence shard's key prefix, where the stack's kernel was measured by length (else `attention`).
+    attention_causal: tuple[tuple[int, float], ...] | None = None
+    attention_prefix: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,23 @@ class GpuKind:
 # machines.
 H100_GEMM_EFFICIENCY = 0.679
 H100_ATTENTION_EFFICIENCY = 0.31
+# cuDNN's fused attention, which Transformer Engine's DotProductAttention runs on Hopper whenever both it
+# and FlashAttention take the shape (TE v1.2 on, NVIDIA/TransformerEngine commit 32db3928, 2023-12: "Select
+# FusedAttention on sm90 and FlashAttention on others for performance"; v2.x get_attention_backend
+# keeps it for sm90+), its context-parallel ring included (AttnFuncWithCPAndKVP2P calls fused_attn_fwd when
+# FusedAttention is selected, TE v1.3 on). Measured through torch SDPA's CUDNN backend (cuDNN 9.19, bf16,
+# 128-wide heads, forward + backward, useful FLOPs 3.5 × 2·s²·d·heads) on one H100 SXM by key length:
+# whole-sequence causal, 2K (24 heads, batch 4) to 32K (32 query / 8 KV heads); and a sequence shard as
+# TE's ring attends it, each K/V block apart, unmasked off the diagonal and causal on it — timed as a
+# quarter of the keys' queries over the keys before them plus their own causal block ("cudnn-blocks";
+# TE's ring makes one call a step, smaller than these two). Achieved TFLOP/s over 989.4
+# (benchmarks/results/attention-blocks-h100.json, `python benchmarks/bench_rates.py --only attention`;
+# the first run, rates-h100.json, within 3%). torch's default FLASH backend (FlashAttention-2) reached
+# 0.20-0.33 on the same shapes.
+H100_CUDNN_ATTENTION_CAUSAL = ((2048, 0.344), (4096, 0.428), (8192, 0.516), (16384, 0.541), (32768, 0.569))
+H100_CUDNN_ATTENTION_PREFIX = ((2048, 0.146), (4096, 0.233), (8192, 0.366), (16384, 0.471), (32768, 0.528))
+_CUDNN_H100 = "benchmarks/results/attention-blocks-h100.json"
+
 # A100 GEMM rate under Megatron-LM (fp16): no A100 is lent to this project, so it is set from the
 # published per-layer timings of the same software on the same cluster — Korthikanti et al. 2022 Table 4,
 # one 22B layer (h 6144, TP 8, MBS 4, s 2048) forward and backward under five recompute / SP settings:
@@ -63,11 +84,22 @@ A100_GEMM_EFFICIENCY = 0.736
 FP8_GEMM_SPEEDUP_H100 = 1.763
 _RATES_H100 = "benchmarks/results/rates-h100.json (torch._scaled_mm, per-tensor scales)"
 
-_H100_MEGATRON = Rates(H100_GEMM_EFFICIENCY, H100_ATTENTION_EFFICIENCY, "benchmarks/results/gemm-shapes-h100.json")
+# Megatron-Core runs its attention through Transformer Engine (--transformer-impl transformer_engine,
+# --attention-backend auto: TE chooses), so cuDNN's on Hopper.
+_H100_MEGATRON = Rates(
+    H100_GEMM_EFFICIENCY,
+    None,
+    f"benchmarks/results/gemm-shapes-h100.json (GEMMs), {_CUDNN_H100} (cuDNN attention)",
+    attention_causal=H100_CUDNN_ATTENTION_CAUSAL,
+    attention_prefix=H100_CUDNN_ATTENTION_PREFIX,
+)
+# Flash attention as the Llama 3 paper's stack runs it (FlashAttention-2, not Transformer Engine's choice)
+_H100_FLASH = Rates(H100_GEMM_EFFICIENCY, H100_ATTENTION_EFFICIENCY, "benchmarks/results/gemm-shapes-h100.json")
 # An H200 is an H100's SM at the same clocks with more and faster HBM: its GEMM and attention rates are
 # the H100's (the executor's own rates were measured on H200s and priced H100 runs within 2-7%:
 # benchmarks/results/smoke-*-h100.json).
-_H200_AS_H100 = Rates(H100_GEMM_EFFICIENCY, H100_ATTENTION_EFFICIENCY, "the H100's (same SM and clocks)")
+_H200_AS_H100 = replace(_H100_MEGATRON, source="the H100's (same SM and clocks)")
+_H200_FLASH_AS_H100 = replace(_H100_FLASH, source="the H100's (same SM and clocks)")
 _A100 = Rates(A100_GEMM_EFFICIENCY, None, "Korthikanti et al. 2022 Table 4 (fitted)")
 _EXECUTOR = Rates(None, None, "meshplan's executor measured on H200 (meshplan/costmodel/device.py)")
 
@@ -79,7 +111,7 @@ GPUS: tuple[GpuKind, ...] = (
             ("megatron", _H100_MEGATRON),
             ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H100_MEGATRON.source)),
             # Llama 3's PyTorch stack: the same cuBLAS GEMMs at layer shapes and flash attention
-            ("llama3", _H100_MEGATRON),
+            ("llama3", _H100_FLASH),
             ("meshplan", Rates(None, None, "the executor's H200 rates (H100 smoke runs within 2-7%)")),
         ),
         fp8_speedup=FP8_GEMM_SPEEDUP_H100,
@@ -91,7 +123,7 @@ GPUS: tuple[GpuKind, ...] = (
         (
             ("megatron", _H200_AS_H100),
             ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H200_AS_H100.source)),
-            ("llama3", _H200_AS_H100),
+            ("llama3", _H200_FLASH_AS_H100),
             ("meshplan", _EXECUTOR),
         ),
         fp8_speedup=FP8_GEMM_SPEEDUP_H100,  # the H100's: the same SM and tensor cores

@@ -53,3 +53,26 @@ def test_every_miss_is_explained():
     results = pr.evaluate(pr.load_rows())
     unexplained = [r["id"] for r in results if not r["within"] and r["role"] == "test" and not r["why_missed"]]
     assert not unexplained, f"misses without an entry in benchmarks/published/misses.toml: {unexplained}"
+
+
+def test_llama_rows_are_the_presets_shapes_on_their_stated_mesh():
+    """A row giving kv_heads builds the Llama decoder (its 8B row counts exactly the llama3-8b preset's
+    parameters), cp becomes the sequence axis beside tp and pp, the production pipeline split is passed
+    as Megatron states it, and tokens/s/GPU is the global batch's tokens over the step and the GPUs."""
+    from meshplan.models import PRESETS
+
+    pr = _script()
+    rows = {r["id"]: r for r in pr.load_rows()}
+    eight = rows["nemo2407-llama3-8b-fp8"]
+    assert pr.model_of(eight).param_count() == PRESETS["llama3-8b"].param_count()
+    assert str(pr.layout_of(eight)) == "dp=4,sp=2,zero=1"
+    big = rows["nemo2511-llama31-405b-fp8"]
+    assert str(pr.layout_of(big)) == "dp=8,pp=8,tp=8,sp=2,zero=1"
+    opts = pr.base_options(big, virtual_stages=8, schedule="interleaved")
+    assert opts.account_for_embedding and opts.account_for_loss and opts.grad_dtype == "bf16"
+    assert opts.precision == "fp8" and opts.fp8_param_gather
+    p = pr.predict_row(big)
+    tokens = pr.predicted_value(big, p)
+    assert tokens == pytest.approx(512 * 8192 / p["estimate"].step_time_s / 1024)
+    # 128 units (126 layers + embedding + loss) in 64 chunks: the first and last chunk hold one layer
+    assert p["estimate"].chunk_layers[0][0] == 1 and p["estimate"].chunk_layers[-1][-1] == 1

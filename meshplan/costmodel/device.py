@@ -171,6 +171,8 @@ class Device:
                 dev = replace(dev, gemm_efficiency=rates.gemm)
             if rates.attention:
                 dev = replace(dev, attention_causal=((1, rates.attention),), attention_prefix=((1, rates.attention),))
+            if rates.attention_causal:
+                dev = replace(dev, attention_causal=rates.attention_causal, attention_prefix=rates.attention_prefix)
         if cal is not None and cal.gemm_efficiency:
             note = ""  # `meshplan calibrate` measured this cluster
         dev = replace(dev, rates_note=note)

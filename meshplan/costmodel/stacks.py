@@ -79,6 +79,10 @@ class Stack:
     # post-backward waits for it. 0: the stack's reductions run from its own buckets (not counted).
     unit_grad_reduce_bytes_per_param: float = 0.0
     source: str = ""
+    # Which release of the stack these habits are of, and the attention kernel it runs (printed with
+    # every prediction: the rates in meshplan/hardware.py are that kernel's)
+    version: str = ""
+    attention_kernel: str = ""
     # The run's GEMM precision under the stack ("bf16", "fp8", "mxfp8") and whether its FP8 weights are
     # gathered in FP8 (--fp8-param-gather): set per run by stack_at, not per stack.
     precision: str = "bf16"
@@ -148,6 +152,13 @@ STACKS: dict[str, Stack] = {
         frees_stage_outputs=True,
         source="NVIDIA/Megatron-LM README at 937571cfd4 (--overlap-grad-reduce --overlap-param-gather "
         "--tp-comm-overlap, PP overlap by default)",
+        # NeMo 24.07 ships Megatron-Core 0.8 with TE 1.8, 25.09 core 0.14 with TE 2.7, 25.11 core 0.15 with
+        # TE 2.9 (NVIDIA's 24.09 software-versions page; Megatron-Bridge docs/releases/software-versions.md)
+        version="Megatron-Core 0.8-0.15 + Transformer Engine 1.8-2.9, NeMo 24.07-25.11",
+        # TE's DotProductAttention picks cuDNN's fused attention over FlashAttention on sm90+ (TE v1.2 on,
+        # commit 32db3928; v2.x get_attention_backend), context-parallel ring included (TE v1.3 on);
+        # Megatron-Core hands attention to TE (--attention-backend auto).
+        attention_kernel="cuDNN fused, Transformer Engine's pick on Hopper",
     ),
     "megatron-2021": Stack(
         "megatron-2021",
@@ -169,6 +180,8 @@ STACKS: dict[str, Stack] = {
         frees_stage_outputs=True,
         source="Narayanan et al. 2021 §4.1-4.2 (scatter/gather, fused kernels); Korthikanti et al. 2022 §6 "
         "(gradient all-reduce not overlapped)",
+        version="Megatron-LM of 2021-22 (the PTD-P and selective-recompute papers' code)",
+        attention_kernel="QKᵀ and PV as batched GEMMs around a fused scaled masked softmax",
     ),
     "deepspeed": Stack(
         "deepspeed",
@@ -188,6 +201,8 @@ STACKS: dict[str, Stack] = {
         max_zero=3,
         max_zero_with_pp=1,
         source="Rajbhandari et al. 2020 (ZeRO) §7; Narayanan et al. 2021 §5.2 (ZeRO-3 comparison)",
+        version="DeepSpeed ZeRO-3 in Megatron-DeepSpeed (2021)",
+        attention_kernel="Megatron's: batched GEMMs around a fused softmax",
     ),
     "llama3": Stack(
         "llama3",
@@ -231,6 +246,9 @@ STACKS: dict[str, Stack] = {
         # Context parallelism all-gathers K and V before attending (§3.3.2: "all-gather based")
         cp_comm_type="allgather",
         source="Llama Team, The Llama 3 Herd of Models (arXiv 2407.21783) §3.3.2 and Table 4",
+        version="Meta's Llama 3 pre-training stack (2024, as the paper describes it)",
+        # The paper names no attention kernel; priced at FlashAttention-2's measured rate.
+        attention_kernel="FlashAttention-2",
     ),
     "meshplan": Stack(
         "meshplan",
@@ -248,6 +266,8 @@ STACKS: dict[str, Stack] = {
         # The executor's pipeline runs 1F1B only (meshplan/executor/pipeline.py), with ZeRO 0-3.
         interleaved_min_pp=0,
         source="docs/validation.md; the constants of meshplan/costmodel/device.py and costmodel/blocks/",
+        version="meshplan's executor at this commit",
+        attention_kernel="torch scaled_dot_product_attention (its default backend)",
     ),
 }
 DEFAULT_STACK = "megatron"
