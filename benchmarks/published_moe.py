@@ -227,6 +227,10 @@ def plan_of(row: Row, shape: dict, knobs: dict, stage_layers: tuple[int, ...] = 
         mode="train",
         stack=row["stack"],
         recompute=knobs["recompute"],
+        # Megatron-Core's --recompute-modules where the run lists them (selective recompute)
+        recompute_modules=tuple(row.get("recompute_modules", ("core_attn",)))
+        if knobs["recompute"] == "selective"
+        else ("core_attn",),
         tp_sequence_parallel=layout.tensor_degree > 1,  # Megatron-Core's rule for MoE under TP
         flash_attention=stack.flash_attention,
         dropout=False,  # the MoE configs train without dropout (ModelZoo yamls: attention/hidden dropout 0)
@@ -318,7 +322,6 @@ def predict_row(row: Row, models: dict, anchor: float | None) -> dict:
         "fitting": sum(c["fits"] for c in runs),
         "metric_range": (min(fit_metrics), max(fit_metrics)) if fit_metrics else None,
         "metric_range_all": (min(all_metrics), max(all_metrics)),
-        "full_recompute_gib": _full_recompute_gib(row, shape, chosen["knobs"]),
         "min_total_gib": min(c["total_bytes"] for c in runs) / GIB,
         "all_over_memory": all(not c["fits"] for c in runs),
         "alternative_pipeline": alt,
@@ -330,17 +333,6 @@ def predict_row(row: Row, models: dict, anchor: float | None) -> dict:
             else 1.0
         ),
     }
-
-
-def _full_recompute_gib(row: Row, shape: dict, knobs: dict) -> float | None:
-    """For a row whose recompute meshplan cannot express (`recompute_as_run`), the central plan's memory
-    under full recompute: a lower bound of what the run's finer recompute keeps."""
-    if "recompute_as_run" not in row.fields:
-        return None
-    model, cluster, layout, opts, mbs = plan_of(row, shape, {**knobs, "recompute": "full"})
-    # The 1F1B all-to-all overlap refuses full recompute (Megatron's rule) and changes no memory: off here.
-    opts = replace(opts, moe_a2a_overlap=False)
-    return predict(model, cluster, layout, row["seq"], mbs, opts).memory.total_bytes / GIB
 
 
 def _alternative_pipeline(row: Row, shape: dict, knobs: dict) -> dict | None:
@@ -454,8 +446,7 @@ def evaluate(rows: list[Row], models: dict, anchor: float) -> list[dict]:
                 "choices_fitting": p["fitting"],
                 "metric_range_over_searched": p["metric_range"],
                 "metric_range_over_searched_incl_not_fitting": p["metric_range_all"],
-                "recompute_as_run": row.get("recompute_as_run"),
-                "total_gib_if_full_recompute": p["full_recompute_gib"],
+                "recompute_modules": row.get("recompute_modules"),
                 "other_flops_convention_ratio": p["other_flops_ratio"],
                 "alternative_pipeline": p["alternative_pipeline"],
                 "why_missed": None if within else explain(row["id"], explanations),
@@ -521,9 +512,9 @@ def report_markdown(results: list[dict], summary: dict) -> str:
         "knobs are searched (*): the fastest plan that fits is the prediction, the range is the metric over "
         "every searched plan that fits. MFU and TFLOP/s are the source's Megatron FLOP formula over the "
         f"predicted step; the aim is within {TOLERANCE:.0%}. A run meshplan cannot express exactly (virtual stages "
-        "over Megatron's embedding- and loss-accounted pipeline split; recompute by module) is priced as the closest "
-        "plan it takes, named in each toml row (`as_run`); the JSON gives the other candidate split and the memory "
-        "under full recompute beside it.",
+        "over Megatron's embedding- and loss-accounted pipeline split) is priced as the closest plan it takes, named "
+        "in each toml row (`as_run`); the JSON gives the other candidate split beside it. Recompute is priced by "
+        "Megatron's modules where the run lists them (`--recompute-modules`).",
         "",
         f"- MoE Parallel Folding Table 3: {s['table3_oom_rows_predicted_oom']} of {s['table3_oom_rows']} OOM rows "
         f"predicted not to fit under any searched plan; {s['table3_ran_rows_predicted_to_fit']} of "

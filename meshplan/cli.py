@@ -155,6 +155,12 @@ PRECISION = typer.Option(
     "--precision",
     help="Linear layers' GEMMs: bf16 | fp8 (Transformer Engine, per-tensor scales) | mxfp8 (Blackwell).",
 )
+RECOMPUTE_MODULES = typer.Option(
+    "",
+    "--recompute-modules",
+    help="With --recompute selective, what it redoes, in Megatron-Core's names: core_attn (the default), moe "
+    "(the whole MoE layer), layernorm (the MoE pre-norm), shared_experts, mlp; comma list.",
+)
 FP8_PARAM_GATHER = typer.Option(
     False,
     "--fp8-param-gather/--no-fp8-param-gather",
@@ -177,6 +183,7 @@ def memory(
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Replicate the cluster's node N times."),
     stack: str = typer.Option("megatron", "--stack", help=STACK_HELP + " Sets the defaults below."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    recompute_modules: str = RECOMPUTE_MODULES,
     flash: Optional[bool] = typer.Option(
         None, "--flash/--no-flash", help="Fused attention, no s² scores kept (default: as the stack runs attention)."
     ),
@@ -235,6 +242,7 @@ def memory(
         stack,
         mode=mode,
         recompute=recompute,
+        recompute_modules=recompute_modules,
         flash=flash,
         dropout=dropout,
         act_dtype=act_dtype,
@@ -313,6 +321,7 @@ def stack_options(
     *,
     mode: str = "train",
     recompute: str = "none",
+    recompute_modules: str = "",
     flash: Optional[bool] = None,
     grad_dtype: Optional[str] = None,
     tp_sequence_parallel: Optional[bool] = None,
@@ -358,9 +367,11 @@ def stack_options(
         )
     if virtual_stages > 1 and schedule == "1f1b":
         schedule = "interleaved"  # --virtual-stages alone asks for the interleaved schedule
+    modules = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) or ("core_attn",)
     return CostOptions(
         mode=mode,
         recompute=recompute,
+        recompute_modules=modules,
         flash_attention=spec.flash_attention if flash is None else flash,
         dropout=dropout,
         act_dtype=act_dtype,
@@ -412,6 +423,7 @@ def assumed(opts) -> dict:
         "tp_sequence_parallel": opts.tp_sequence_parallel,
         "flash_attention": opts.flash_attention,
         "recompute": opts.recompute,
+        "recompute_modules": list(opts.recompute_modules),
         "act_dtype": opts.act_dtype,
         "optimizer": opts.optimizer,
         "int8_allreduce": opts.int8_allreduce,
@@ -431,6 +443,8 @@ def fmt_assumed(opts, *, searched: frozenset = frozenset()) -> str:
     the planner searches per mesh is said to be searched instead."""
     sp = "searched" if "tp_sequence_parallel" in searched else ("on" if opts.tp_sequence_parallel else "off")
     rc = "searched" if "recompute" in searched else opts.recompute
+    if rc == "selective" and opts.recompute_modules != ("core_attn",):
+        rc = f"selective ({', '.join(opts.recompute_modules)})"
     parts = [
         f"grads {opts.grad_dtype}",
         f"Megatron-SP {sp}",
@@ -733,6 +747,7 @@ def predict(
         False, "--account-for-loss", help="Count the loss as a layer of the last chunk in the split."
     ),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    recompute_modules: str = RECOMPUTE_MODULES,
     tp_sequence_parallel: Optional[bool] = typer.Option(
         None,
         "--tp-sequence-parallel/--no-tp-sequence-parallel",
@@ -766,6 +781,7 @@ def predict(
         stack,
         mode=mode,
         recompute=recompute,
+        recompute_modules=recompute_modules,
         flash=flash,
         grad_dtype=grad_dtype,
         tp_sequence_parallel=tp_sequence_parallel,

@@ -46,7 +46,7 @@ class RandomPlan:
         return (
             f"{self.model.name} on {self.nodes}×{self.cluster_name} {self.layout} seq {self.seq} mb {self.micro_batch} "
             f"{o.mode} stack {o.stack} gbs {o.global_batch} v {o.virtual_stages} rc {o.recompute} "
-            f"tp-sp {o.tp_sequence_parallel}"
+            f"{','.join(o.recompute_modules)} tp-sp {o.tp_sequence_parallel}"
         )
 
 
@@ -186,10 +186,16 @@ def random_plan(choose, integer) -> RandomPlan:
     validate_seq(layout, seq, micro_batch)
     v = choose([1, 1, 2, 3, 4, 8]) if pp > 1 and mode == "train" else 1
     steps = choose([1, 2, 3, 4, 8, 16, 32])
+    recompute = choose(["none", "selective", "full"])
+    # Megatron's selective recompute by module, now and then (CostOptions.recompute_modules)
+    modules = ("core_attn",)
+    if recompute == "selective":
+        modules = choose([modules, modules, ("moe",), ("moe", "layernorm"), ("layernorm", "moe_act"), ("mlp",)])
     opts = CostOptions(
         mode=mode,
         stack=choose(sorted(STACKS)),
-        recompute=choose(["none", "selective", "full"]),
+        recompute=recompute,
+        recompute_modules=modules,
         tp_sequence_parallel=bool(choose([0, 1])),
         global_batch=dp * micro_batch * steps if mode == "train" else 0,
         schedule="interleaved" if v > 1 else "1f1b",

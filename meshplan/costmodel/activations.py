@@ -37,6 +37,14 @@ class Saved:
     split: str  # "hidden" | "heads"
     quadratic: bool = False  # × key length (attention scores)
     recomputed_by_selective: bool = False  # Korthikanti's selective recompute drops it
+    # The Megatron recompute modules whose checkpoint drops it (options.RECOMPUTE_MODULES; (): none does)
+    module: tuple[str, ...] = ()
+
+    def dropped(self, opts) -> bool:
+        """Selective recompute rebuilds it in backward instead of keeping it."""
+        if self.recomputed_by_selective:
+            return opts.recomputes("core_attn")
+        return any(opts.recomputes(m) for m in self.module)
 
 
 def head_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:

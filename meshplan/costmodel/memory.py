@@ -93,12 +93,13 @@ def _split_div(split: str, sh: Sharding, ngroups: int) -> int:
 
 
 def _saved_bytes(
-    items: list[Saved], tokens: float, keys: int, sh: Sharding, ngroups: int = 1, selective: bool = False
+    items: list[Saved], tokens: float, keys: int, sh: Sharding, ngroups: int = 1, opts: MemoryOptions | None = None
 ) -> float:
-    """Bytes of `items` on one GPU for `tokens` tokens (all sequences of the micro-batch)."""
+    """Bytes of `items` on one GPU for `tokens` tokens (all sequences of the micro-batch); `opts`: drop
+    what its selective recompute rebuilds (Saved.dropped)."""
     total = 0.0
     for item in items:
-        if selective and item.recomputed_by_selective:
+        if opts is not None and item.dropped(opts):
             continue
         div = sh.token_div * _split_div(item.split, sh, ngroups)
         total += tokens * item.bytes_per_token * (keys if item.quadratic else 1) / div
@@ -118,10 +119,11 @@ def _block_bytes(
 ) -> float:
     """What one `kind` block saves for `tokens` tokens on one rank: under its own sharding where an
     axis splits it apart (`by_kind`, PlanContext's), at the busiest rank's load (the routed experts'
-    copies under uneven routing or a capacity)."""
+    copies under uneven routing or a capacity); `selective`: less what selective recompute rebuilds."""
     own = by_kind.get(kind, sh) if by_kind else sh
     load = BLOCKS[kind].load(opts)
-    return _saved_bytes(list(block_saved(kind, model, opts)), tokens * load, keys, own, groups, selective)
+    dropping = opts if selective else None
+    return _saved_bytes(list(block_saved(kind, model, opts)), tokens * load, keys, own, groups, dropping)
 
 
 def saved_activation_bytes(
@@ -135,7 +137,8 @@ def saved_activation_bytes(
     sh: Sharding | None = None,
     by_kind: dict | None = None,
 ) -> tuple[float, float]:
-    """(bytes saved for backward by the layers on one GPU, bytes of the largest unit's full set).
+    """(bytes saved for backward by the layers on one GPU, bytes backward rebuilds at once: the largest
+    unit's full set under full recompute, its whole-recomputed blocks' under selective).
 
     The second is the working set of one layer: what a layer's forward keeps alive, and what its
     backward allocates again as gradients (and what full recompute rebuilds). `sh`, `by_kind`: the
@@ -150,7 +153,12 @@ def saved_activation_bytes(
     saved = 0.0
     largest = 0.0
     for blocks, count, width in checkpoint_units(model):
-        full = sum(_block_bytes(model, opts, kind, tokens, seq, sh, by_kind, groups) for kind in blocks)
+        per_block = {kind: _block_bytes(model, opts, kind, tokens, seq, sh, by_kind, groups) for kind in blocks}
+        full = sum(per_block.values())
+        if opts.recompute == "selective":
+            # What backward rebuilds at once: the blocks a recompute module checkpoints whole (Megatron's
+            # moe, mlp, shared_experts), their saved set (Saved.dropped), before their backward runs
+            full = sum(v for kind, v in per_block.items() if rebuilt_whole(kind, opts))
         largest = max(largest, full)
         runs = math.ceil(count * layers_fraction)
         if sh.token_div > 1 and opts.recompute != "full":
@@ -215,8 +223,13 @@ def _backward_layer_bytes(
     model: ModelSpec, sh: Sharding, tokens: float, opts: MemoryOptions, unit_full: float
 ) -> float:
     """What every phase of a layer's backward holds: its input, output and output gradient, and under
-    full recompute the unit's rebuilt activations."""
-    return 3 * _boundary_bytes(model, sh, tokens, opts) + (unit_full if opts.recompute == "full" else 0.0)
+    recompute the unit's (or its whole-recomputed blocks') rebuilt activations."""
+    return 3 * _boundary_bytes(model, sh, tokens, opts) + (unit_full if opts.recompute != "none" else 0.0)
+
+
+def rebuilt_whole(kind: str, opts: MemoryOptions) -> bool:
+    """Selective recompute checkpoints the `kind` block whole (a recompute module it lists covers it)."""
+    return any(opts.recomputes(m) for m in BLOCKS[kind].recompute_modules)
 
 
 def _working_bytes(

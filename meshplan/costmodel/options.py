@@ -12,6 +12,14 @@ from meshplan.models import DTYPE_BYTES, frozen_hash
 MODES = ("train", "prefill", "decode")
 SCHEDULES = ("1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
+# Megatron-Core's --recompute-modules under --recompute-granularity selective (transformer_config.py;
+# default ["core_attn"]): core_attn, the attention core (Korthikanti et al. 2022's selective recompute);
+# moe, the whole MoE layer after its norm — router, token dispatch and combine, routed and shared
+# experts (MoELayer.forward under checkpoint, its all-to-alls redone); layernorm, the norms Transformer
+# Engine does not fuse into a linear (the MoE layer's pre-norm: TENorm, its output discarded and rebuilt
+# by CheckpointWithoutOutput); moe_act, the routed experts' activation (fc1's output kept, fc2's input
+# rebuilt); shared_experts, the shared experts alone; mlp, the dense MLP with its fused norm.
+RECOMPUTE_MODULES = ("core_attn", "moe", "layernorm", "moe_act", "shared_experts", "mlp")
 OPTIMIZERS = ("adam", "none")
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 # An FP8 tensor's bytes an element: the e4m3/e5m2 byte, and under MXFP8 an E8M0 scale a 32-element
@@ -23,6 +31,7 @@ FP8_ELEMENT_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32}
 class CostOptions:
     mode: str = "train"
     recompute: str = "none"  # Korthikanti et al. 2022: none, selective (attention core), full (layer inputs)
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # what selective recompute redoes (RECOMPUTE_MODULES)
     flash_attention: bool = True  # no s² score matrix is stored (FlashAttention / SDPA's fused kernels)
     dropout: bool = False  # 1-byte masks after attention, MLP and in the scores (Korthikanti's 34·sbh has them)
     act_dtype: str = "bf16"
@@ -94,6 +103,17 @@ class CostOptions:
             raise MeshplanError(f"--mode: unknown {self.mode!r}; use one of {', '.join(MODES)}")
         if self.recompute not in RECOMPUTE:
             raise MeshplanError(f"--recompute: unknown {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown or not self.recompute_modules:
+            raise MeshplanError(
+                f"--recompute-modules: unknown {unknown[0] if unknown else 'empty list'!r}; give some of "
+                f"{', '.join(RECOMPUTE_MODULES)} (Megatron-Core's names)"
+            )
+        if self.recompute_modules != ("core_attn",) and self.recompute != "selective":
+            raise MeshplanError(
+                f"--recompute-modules {','.join(self.recompute_modules)} is selective recompute's list: add "
+                "--recompute selective"
+            )
         if self.optimizer not in OPTIMIZERS:
             raise MeshplanError(f"--optimizer: unknown {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
         if self.microbatches < 0:
@@ -183,6 +203,13 @@ class CostOptions:
     @property
     def training(self) -> bool:
         return self.mode == "train"
+
+    def recomputes(self, module: str) -> bool:
+        """Backward redoes `module`'s forward (a Megatron recompute module, RECOMPUTE_MODULES): every
+        module under full recompute, the listed ones under selective."""
+        if self.recompute == "full":
+            return True
+        return self.recompute == "selective" and module in self.recompute_modules
 
     def microbatches_for(self, pp: int) -> int:
         """Micro-batches a step when no global batch is fixed: `microbatches`, else 4·pp under a pipeline."""

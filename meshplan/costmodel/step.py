@@ -26,12 +26,13 @@ from meshplan import rank_order
 from meshplan.costmodel import axes
 from meshplan.costmodel.axes import PlanContext, Sharding, plan_context
 from meshplan.costmodel.blocks import BLOCKS, BlockCompute
+from meshplan.costmodel.blocks.base import selective_modules
 from meshplan.costmodel.blocks.launches import DECODE_KERNEL_GPU_S, step_kernels_per_block
 from meshplan.costmodel.collectives import Comm, GroupPlacement, collective_time_s, place_axis
 from meshplan.costmodel.compute import block_compute, logits_compute, optimizer_time_s
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.invariants import check_block, check_passes, check_step
-from meshplan.costmodel.memory import local_params, zero_sharded
+from meshplan.costmodel.memory import local_params, rebuilt_whole, zero_sharded
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import (
     PipelinePasses,
@@ -394,6 +395,19 @@ class _Blocks:
         return self.exposed_fwd_s + self.exposed_bwd_s
 
 
+def kind_recompute(opts: CostOptions, kind: str) -> str:
+    """How much of a `kind` block backward redoes, as block_compute takes it: "full" when recompute is, or
+    when selective recompute lists the block's module (BlockKind.recompute_modules: Megatron's moe, mlp,
+    shared_experts checkpoint the whole block); "selective:<modules>" for the parts selective recompute
+    lists (blocks.base.selective_modules reads them: the attention core, an unfused norm, the experts'
+    activation); else "none"."""
+    if opts.recompute != "selective":
+        return opts.recompute
+    if rebuilt_whole(kind, opts):
+        return "full"
+    return "selective:" + ",".join(sorted(opts.recompute_modules))
+
+
 def _kind_compute(ctx: PlanContext, kind: str, dev: Device, recompute: str) -> BlockCompute:
     """One invocation of a `kind` block on one rank of this plan (compute.block_compute): its own
     sharding (the experts' decomposition where an axis splits them apart), the causal split of the
@@ -443,7 +457,7 @@ def _floor(model: ModelSpec, layout: Layout, seq: int, batch: int, opts: CostOpt
     links = _links(layout, cluster)
     per_kind = {}
     for kind, _ in ctx.model.block_invocations():
-        per_kind[kind] = _phases_floor(ctx, kind, _kind_compute(ctx, kind, dev, opts.recompute), links)
+        per_kind[kind] = _phases_floor(ctx, kind, _kind_compute(ctx, kind, dev, kind_recompute(opts, kind)), links)
 
     def floor_of(counts: dict) -> float:  # blocks run counts[kind] times each
         return sum(n * per_kind[k] for k, n in counts.items())
@@ -493,7 +507,7 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
     training, decode = opts.training, opts.mode == "decode"
     tokens = batch if decode else batch * ctx.seq / sh.token_div
     out = _Blocks()
-    comps = {kind: _kind_compute(ctx, kind, dev, opts.recompute) for kind in schedule.per_block}
+    comps = {kind: _kind_compute(ctx, kind, dev, kind_recompute(opts, kind)) for kind in schedule.per_block}
     for kind, comms in schedule.per_block.items():
         comp = comps[kind]
         check_block(kind, comp, dev)
@@ -617,7 +631,8 @@ def _microbatch_collectives(
 
 def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) -> float:
     """FLOPs a training step's recompute adds on one replica's micro-batch: one more forward of every
-    block under full recompute, of the attention core under selective (Korthikanti et al. 2022 Eq. 8)."""
+    block under full recompute, of the attention core under selective (Korthikanti et al. 2022 Eq. 8),
+    of the blocks whose module selective recompute lists (kind_recompute)."""
     if opts.recompute == "none":
         return 0.0
     one = Sharding(1, 1, 1, 1, 1)
@@ -627,9 +642,10 @@ def _recompute_flops(model: ModelSpec, batch: int, seq: int, opts: CostOptions) 
     for kind, n in model.block_invocations():
         load = BLOCKS[kind].load(opts)
         comp = block_compute(model, kind, tokens, seq, one, 2, dev, recompute="none", training=False, load=load)
-        if opts.recompute == "full":
+        redone = kind_recompute(opts, kind)
+        if redone == "full":
             total += n * comp.flops_fwd
-        else:
+        elif "core_attn" in selective_modules(redone):
             total += n * BLOCKS[kind].selective_recompute_flops(model, tokens, seq)
     return total
 

@@ -84,6 +84,8 @@ def _overlap_violation(layout: Layout, opts) -> str | None:
         return "--moe-a2a-overlap needs the alltoall or deepep dispatcher (Megatron-Core's rule)"
     if opts.recompute == "full":
         return "--moe-a2a-overlap does not run with full recompute (Megatron-Core's rule); use selective or none"
+    if opts.recomputes("moe"):  # transformer_config.py: 'disable moe in recompute_modules when enabling ...'
+        return "--moe-a2a-overlap does not run with the moe recompute module (Megatron-Core's rule); drop moe"
     if layout.pp > 1 and opts.chunks == 1:
         return "--moe-a2a-overlap under a pipeline needs virtual stages (Megatron-Core's rule): --schedule interleaved"
     return None
@@ -170,6 +172,6 @@ def block_comms(ctx, kind: str):
     if not opts.training:
         return fwd
     bwd = [replace(c, kind=_GRADIENT[c.kind], phase="bwd", what=f"{c.what}: gradient") for c in reversed(fwd)]
-    if opts.recompute == "full":  # the recomputed forward routes the tokens again
+    if opts.recomputes("moe"):  # the recomputed forward (whole layer, or the MoE layer) routes the tokens again
         bwd = [replace(c, phase="bwd", what=f"{c.what}: recomputed") for c in fwd] + bwd
     return fwd + bwd

@@ -15,7 +15,7 @@ absorbed (DeepSeek-V2 report §2.1.2).
 from __future__ import annotations
 
 from meshplan.costmodel.activations import FP32, MASK, NORM_STATS, Saved
-from meshplan.costmodel.blocks.base import ATTENTION_BWD_FACTOR, BlockCompute, BlockKind
+from meshplan.costmodel.blocks.base import ATTENTION_BWD_FACTOR, BlockCompute, BlockKind, selective_modules
 from meshplan.costmodel.device import ATTENTION_EFFICIENCY, Device, _efficiency_table, attention_efficiency
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.models import ModelSpec
@@ -214,7 +214,8 @@ class Attention(BlockKind):
     def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
         # Selective recompute redoes the core; sequence shards keep only their local q, k, v, so the
         # core is recomputed in backward there too — where the stack does (Device.sequence_attention_recompute).
-        return core if recompute == "selective" or (sh.gathers_kv and dev.sequence_attention_recompute) else 0.0
+        redo = "core_attn" in selective_modules(recompute) or (sh.gathers_kv and dev.sequence_attention_recompute)
+        return core if redo else 0.0
 
     def selective_recompute_flops(self, model, tokens, seq):
         """Korthikanti et al. 2022 Eq. 8: selective recompute redoes the attention core's forward."""

@@ -14,6 +14,13 @@ from meshplan.costmodel.device import gemm_time_s, linear_gemm_time_s
 ATTENTION_BWD_FACTOR = 2.5
 
 
+def selective_modules(recompute: str) -> frozenset[str]:
+    """The Megatron recompute modules a block's `recompute` (step.kind_recompute's "selective:<modules>")
+    lists; none under "none" or "full" (full redoes the whole block)."""
+    head, _, modules = recompute.partition(":")
+    return frozenset(modules.split(",")) if head == "selective" and modules else frozenset()
+
+
 @dataclass(frozen=True)
 class BlockCompute:
     gemm_fwd_s: float  # projections (what TSP's weight stream can hide behind)
@@ -53,6 +60,9 @@ class BlockKind:
     # Its projections are Transformer Engine Linear modules, run in FP8 under --precision fp8
     # (meshplan.costmodel.stacks.FP8_GEMM_LAYERS); False: they stay bf16 (the router's)
     fp8_gemms = True
+    # Megatron recompute modules that checkpoint the whole block (options.RECOMPUTE_MODULES): under
+    # selective recompute listing one, the block is redone in backward and keeps only its input
+    recompute_modules: tuple[str, ...] = ()
 
     # -- shapes --------------------------------------------------------------------------------
     def params(self, model) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshplan.costmodel.activations import MASK, NORM_STATS, Saved
 from meshplan.costmodel.blocks.base import BlockKind
 from meshplan.costmodel.options import MemoryOptions
@@ -29,13 +31,17 @@ def mlp_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
             items.append(Saved("silu_gate", e * f, "heads"))
     else:
         items += [Saved("fc1_out", e * f, "heads"), Saved("act_out", gemm_in * f, "heads")]
-    if opts.dropout:
+    # Megatron's "mlp" recompute checkpoints the MLP from its input: with Transformer Engine's spec the
+    # pre-norm is fused into fc1 (TELayerNormColumnParallelLinear), so all but the norm's input is rebuilt
+    items = items[:1] + [replace(item, module=("mlp",)) for item in items[1:]]
+    if opts.dropout:  # the bias-dropout-add is the layer's, outside the checkpoint
         items.append(Saved("mlp_dropout_mask", MASK * mlp.out_hidden, "hidden"))
     return items
 
 
 class Mlp(BlockKind):
     name = "mlp"
+    recompute_modules = ("mlp",)
 
     def params(self, model):
         return model.mlp.param_count()

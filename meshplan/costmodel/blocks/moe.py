@@ -11,8 +11,10 @@ and the shared experts to the tensor axis.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshplan.costmodel.activations import FP32, NORM_STATS, Saved
-from meshplan.costmodel.blocks.base import BlockKind
+from meshplan.costmodel.blocks.base import BlockKind, selective_modules
 from meshplan.costmodel.device import grouped_gemm_time_s
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.models import ModelSpec
@@ -24,6 +26,7 @@ class Router(BlockKind):
     name = "router"
     tensor_comms = False  # replicated on every tensor rank
     fp8_gemms = False  # a plain torch linear in Megatron-Core (TopKRouter), not Transformer Engine's
+    recompute_modules = ("moe",)  # MoELayer.forward (router, dispatch, experts, combine) checkpointed whole
 
     def params(self, model):
         return model.moe.router_params()
@@ -38,16 +41,25 @@ class Router(BlockKind):
         # The pre-norm (read, write), the residual (two reads, a write), the router's fp32 softmax.
         return e * 5 * model.moe.hidden + FP32 * 2 * model.moe.experts
 
+    def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
+        # "layernorm": the pre-norm's forward again (its read and write of the 5·h·e bytes counted above)
+        if "layernorm" not in selective_modules(recompute):
+            return 0.0
+        return mem * 2 * e * model.moe.hidden / self.memory_bound_bytes_per_token(model, sh.head_div, e)
+
     def saved(self, model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         m, e = model.moe, opts.nbytes("act_dtype")
+        # The pre-norm is Transformer Engine's TENorm apart from any linear (a grouped GEMM takes no fused
+        # norm): "layernorm" recompute keeps its input and rebuilds its statistics and output; "moe"
+        # recompute keeps the MoE layer's input (the norm output) and rebuilds the rest.
         return [
             Saved("moe_norm_input", e * m.hidden, "hidden"),
-            Saved("moe_norm_stats", NORM_STATS[model.norm], "hidden"),
-            Saved("router_input", e * m.hidden, "hidden"),
-            Saved("router_probs", FP32 * m.experts, "hidden"),
+            Saved("moe_norm_stats", NORM_STATS[model.norm], "hidden", module=("layernorm",)),
+            Saved("router_input", e * m.hidden, "hidden", module=("layernorm",)),
+            Saved("router_probs", FP32 * m.experts, "hidden", module=("moe",)),
             # the fused permutation's row-id map, an int64 per token and expert (Megatron-MoE-ModelZoo
             # misc/tools/deepseek_mem_estimate.py: permute_row_id_map, s/TP · E · 8 B)
-            Saved("routing_map", INDEX * m.experts, "hidden"),
+            Saved("routing_map", INDEX * m.experts, "hidden", module=("moe",)),
         ]
 
 
@@ -63,6 +75,7 @@ class _ExpertMlp(BlockKind):
 
 class Experts(_ExpertMlp):
     name = "experts"
+    recompute_modules = ("moe",)
     tensor_comms = False  # the expert axes route the tokens and gather them (meshplan.costmodel.axes.ep)
 
     def params(self, model):
@@ -98,6 +111,14 @@ class Experts(_ExpertMlp):
         m = model.moe
         return e * (4 * m.top_k * m.hidden + (m.top_k + 1) * m.hidden + 3 * m.top_k * m.expert_ffn / head_div)
 
+    def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
+        # "moe_act": the experts' activation (SwiGLU over every copy's intermediate, counted above) again
+        if "moe_act" not in selective_modules(recompute):
+            return 0.0
+        m = model.moe
+        act = 3 * m.top_k * m.expert_ffn / sh.head_div * e
+        return mem * act / self.memory_bound_bytes_per_token(model, sh.head_div, e)
+
     def saved(self, model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         m, e = model.moe, opts.nbytes("act_dtype")
         f = m.top_k * m.expert_ffn
@@ -110,12 +131,15 @@ class Experts(_ExpertMlp):
             Saved("expert_inputs", gemm_in * m.top_k * m.hidden, "hidden"),  # the permuted copies
             Saved("expert_probs", FP32 * m.top_k, "hidden"),
         ]
+        # "moe_act" recompute (Megatron's, grouped GEMM only) keeps fc1's output and rebuilds the activation's
+        act = ("moe", "moe_act")
         if m.gated:
             items += [Saved("expert_gate", e * f, "heads"), Saved("expert_up", e * f, "heads")]
-            items += [Saved("expert_product", gemm_in * f, "heads")]
+            items += [Saved("expert_product", gemm_in * f, "heads", module=act)]
         else:
-            items += [Saved("expert_fc1_out", e * f, "heads"), Saved("expert_act_out", gemm_in * f, "heads")]
-        return items
+            items += [Saved("expert_fc1_out", e * f, "heads")]
+            items += [Saved("expert_act_out", gemm_in * f, "heads", module=act)]
+        return [item if item.module else replace(item, module=("moe",)) for item in items]
 
 
 class SharedExpert(_ExpertMlp):
@@ -123,6 +147,8 @@ class SharedExpert(_ExpertMlp):
     reduce-scattered (Megatron-Core's SharedExpertMLP)."""
 
     name = "shared_expert"
+    # inside MoELayer (its "moe" checkpoint), or checkpointed alone ("shared_experts")
+    recompute_modules = ("moe", "shared_experts")
 
     def params(self, model):
         return model.moe.shared_params()
@@ -143,15 +169,17 @@ class SharedExpert(_ExpertMlp):
         gemm_in = opts.gemm_input_bytes
         fp8_input = [Saved("shared_input_fp8", gemm_in * m.hidden, "hidden")] if opts.precision != "bf16" else []
         if not m.gated:  # Nemotron-H's squared-ReLU shared expert: up, and its activation for down
-            return fp8_input + [
+            items = fp8_input + [
                 Saved("shared_fc1_out", e * m.shared_ffn, "heads"),
                 Saved("shared_act_out", gemm_in * m.shared_ffn, "heads"),
             ]
-        return fp8_input + [
-            Saved("shared_gate", e * m.shared_ffn, "heads"),
-            Saved("shared_up", e * m.shared_ffn, "heads"),
-            Saved("shared_product", gemm_in * m.shared_ffn, "heads"),
-        ]
+        else:
+            items = fp8_input + [
+                Saved("shared_gate", e * m.shared_ffn, "heads"),
+                Saved("shared_up", e * m.shared_ffn, "heads"),
+                Saved("shared_product", gemm_in * m.shared_ffn, "heads"),
+            ]
+        return [replace(item, module=self.recompute_modules) for item in items]
 
 
 ROUTER, EXPERTS, SHARED_EXPERT = Router(), Experts(), SharedExpert()
