@@ -121,3 +121,31 @@ def test_fused_blocks_call_their_aten_ops_with_the_right_arguments(blocks):
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     _, lse, _ = blocks.forward(q, k[:, :, :128], v[:, :, :128], True)
     assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
+
+
+def test_attention_paths_benchmark_runs_its_plumbing_on_the_cpu(tmp_path):
+    """benchmarks/bench_attention_paths.py at tiny shapes on the CPU: every case timed old and new, the
+    check's bf16 blocks within bf16 rounding of float64, and the tables keyed as device.py's."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "bench_attention_paths.py"
+    spec = importlib.util.spec_from_file_location("bench_attention_paths", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "paths.json"
+    assert bench.main(["--device", "cpu", "--quick", "--reps", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [c["blocks"] for c in result["check"]] == ["math"]
+    assert all(result["check"][0][g] < 1e-2 for g in ("out", "dq", "dk", "dv"))
+    assert [(r["path"], r["queries"], r["keys"]) for r in result["rows"]] == [
+        ("causal", 256, 256),
+        ("prefix", 256, 512),
+        ("prefix", 128, 512),
+    ]
+    assert all(r["old_ms"] > 0 and r["new_ms"] > 0 for r in result["rows"])
+    assert result["tables"] == {
+        "ATTENTION_EFFICIENCY_CAUSAL": [[256, round(result["rows"][0]["new_efficiency"], 3)]],
+        "ATTENTION_EFFICIENCY_PREFIX": [[512, round(result["rows"][1]["new_efficiency"], 3)]],
+    }

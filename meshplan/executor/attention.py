@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from meshplan.kernels.reference import acc
 
@@ -225,14 +226,14 @@ def shard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
         raise ValueError(f"a shard's {t} queries need at least as many keys, not {kv_len}")
     blocks = shard_blocks(q, k, v)
     if blocks is None:  # no fused kernel takes the blocks (fp32, a head dim past 256): one masked SDPA
-        return _lower_right_sdpa(q, k, v)
+        return masked_shard_attention(q, k, v)
     return _ShardAttention.apply(q, k, v, blocks)
 
 
-def _lower_right_sdpa(q, k, v):
-    """SDPA with a lower-right causal bias; K/V repeated per query head (CausalBias takes no enable_gqa)."""
-    from torch.nn.attention.bias import causal_lower_right
-
+def masked_shard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A shard's attention as one SDPA call with a lower-right causal bias, K/V repeated per query head
+    (CausalBias takes no enable_gqa): the executor's path before the blocks, kept where no fused kernel
+    takes them and as the baseline benchmarks/bench_attention_paths.py times them against."""
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
