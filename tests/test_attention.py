@@ -149,3 +149,24 @@ def test_attention_paths_benchmark_runs_its_plumbing_on_the_cpu(tmp_path):
         "ATTENTION_EFFICIENCY_CAUSAL": [[256, round(result["rows"][0]["new_efficiency"], 3)]],
         "ATTENTION_EFFICIENCY_PREFIX": [[512, round(result["rows"][1]["new_efficiency"], 3)]],
     }
+
+
+def test_peers_benchmark_layer_computes_meshplans_dense_layer():
+    """benchmarks/peers.py's torchtitan-style layer, given meshplan's DenseLayer weights, is the same
+    function (float64, GQA), so the peers time the same work."""
+    import importlib.util
+    from pathlib import Path
+
+    from meshplan.executor.blocks import DenseLayer
+    from meshplan.models import dense
+
+    path = Path(__file__).parent.parent / "benchmarks" / "peers.py"
+    spec = importlib.util.spec_from_file_location("peers", path)
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    model = dense("tiny-gqa", 64, 2, 8, 2, 128, 100)
+    torch.manual_seed(4)
+    ref = DenseLayer(model).double()
+    peer = peers.PeerLayer(model).double().load_from(ref)
+    x = torch.randn(2, 24, 64, dtype=torch.float64)
+    torch.testing.assert_close(peer(x), ref(x), rtol=1e-12, atol=1e-12)
