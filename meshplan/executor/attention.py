@@ -199,9 +199,10 @@ class _ShardAttention(torch.autograd.Function):
         o_off, lse_off, extra_off = blocks.forward(q, k[:, :, :past], v[:, :, :past], False)
         o_diag, lse_diag, extra_diag = blocks.forward(q, k[:, :, past:], v[:, :, past:], True)
         lse = torch.logaddexp(lse_off, lse_diag)
-        # out = o_off·exp(lse_off − lse) + o_diag·exp(lse_diag − lse), as o_off + w·(o_diag − o_off)
+        # out = o_off·exp(lse_off − lse) + o_diag·exp(lse_diag − lse), as o_off + w·(o_diag − o_off), in
+        # place in the accumulation dtype: two fp32 copies of the output live at once, beside the blocks'
         weight = torch.exp(lse_diag - lse).unsqueeze(-1)
-        out = torch.lerp(acc(o_off), acc(o_diag), weight).to(q.dtype)
+        out = acc(o_off).lerp_(acc(o_diag), weight).to(q.dtype)
         ctx.blocks, ctx.extra = blocks, (extra_off, extra_diag)
         ctx.save_for_backward(q, k, v, out, lse.contiguous())
         return out

@@ -1,7 +1,7 @@
 """Pieces the layout modules share: the Sharded base (slicing reference weights into shards, remembering
 which slice each local parameter is, and saying which gradients stay partial sums) and the Sublayer
-base (one pre-norm residual branch of a layer), token shards of a sequence, and causal masks for shard
-positions."""
+base (one pre-norm residual branch of a layer), token shards of a sequence, and causal attention of
+shard positions (meshplan.executor.attention's blocks)."""
 
 from __future__ import annotations
 
