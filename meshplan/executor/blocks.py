@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from meshplan.executor.attention import causal_attention
 from meshplan.executor.experts import expert_mlp, routed_experts
 from meshplan.executor.rotary import Rotary, rotate_qk
 from meshplan.kernels.launch import SSD_CHUNK
@@ -64,7 +65,7 @@ def attention_core(q, k, v, flash: bool):
     b, s, a, d = q.shape
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if flash:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=kh.shape[1] != a)
+        out = causal_attention(qh, kh, vh)  # cuDNN's fused kernel first on Hopper (meshplan.executor.attention)
     else:
         rep = a // kh.shape[1]
         kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)

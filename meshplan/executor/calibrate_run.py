@@ -147,8 +147,7 @@ def measure_collectives(sizes: list[int], device: str, reps: int, progress=None)
 
 def measure_compute(device: str, quick: bool) -> dict:
     """GEMM efficiency over the model's shapes, copy bandwidth, attention rates (this GPU)."""
-    import torch.nn.functional as F
-    from torch.nn.attention.bias import causal_lower_right
+    from meshplan.executor.attention import causal_attention, shard_attention
 
     peak = float(os.environ.get("MESHPLAN_PEAK_TFLOPS", "989.4")) * 1e12
     a = torch.empty(2**30, dtype=torch.uint8, device=device)
@@ -171,14 +170,9 @@ def measure_compute(device: str, quick: bool) -> dict:
             q_len = keys // 2 if prefix else keys
             q = torch.randn(1, 32, q_len, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
             kv = torch.randn(1, 32, keys, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
-            mask = causal_lower_right(q_len, keys) if prefix else None
 
-            def step():
-                o = (
-                    F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
-                    if prefix
-                    else F.scaled_dot_product_attention(q, kv, kv, is_causal=True)
-                )
+            def step():  # the executor's own attention paths (meshplan.executor.attention)
+                o = shard_attention(q, kv, kv) if prefix else causal_attention(q, kv, kv)
                 o.sum().backward()
 
             visible = (keys - q_len / 2) / keys

@@ -1,15 +1,14 @@
 """Pieces the layout modules share: the Sharded base (slicing reference weights into shards, remembering
 which slice each local parameter is, and saying which gradients stay partial sums) and the Sublayer
-base (one pre-norm residual branch of a layer), token shards of a sequence, and causal masks for shard
-positions."""
+base (one pre-norm residual branch of a layer), token shards of a sequence, and causal attention of
+shard positions (meshplan.executor.attention's blocks)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
 
+from meshplan.executor.attention import shard_attention
 from meshplan.executor.blocks import RMSNorm
 from meshplan.kernels.reference import acc
 
@@ -159,15 +158,12 @@ def attend_zigzag(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: Zigza
 
 def attend_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int) -> torch.Tensor:
     """Causal attention of `q` (b, t, a, d) — the last t of the first kv_len positions — to the
-    first kv_len keys of k, v (b, S, a_kv, d), in position order. A lower-right causal bias keeps
-    SDPA on its fused kernels, which skip the masked blocks."""
+    first kv_len keys of k, v (b, S, a_kv, d), in position order: the keys before the shard's own and
+    its causal diagonal as two fused blocks merged by their log-sum-exps (meshplan.executor.attention),
+    GQA's K/V not repeated."""
     qh = q.transpose(1, 2)
     kh, vh = k[:, :kv_len].transpose(1, 2), v[:, :kv_len].transpose(1, 2)
-    if kh.shape[1] != qh.shape[1]:  # GQA: repeat K/V per query head (CausalBias takes no enable_gqa)
-        rep = qh.shape[1] // kh.shape[1]
-        kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
-    bias = causal_lower_right(q.shape[1], kv_len)
-    return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias).transpose(1, 2)
+    return shard_attention(qh, kh, vh).transpose(1, 2)
 
 
 DECODE_HEADROOM = 64  # tokens of room a prefilled KV cache keeps for decoding (≤ 0.4% of a 16K cache)

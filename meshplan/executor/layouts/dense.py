@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from meshplan.executor.attention import causal_attention
 from meshplan.executor.blocks import DenseLayer
 from meshplan.executor.comm import (
     CopyToAxis,
@@ -102,9 +103,7 @@ class ParallelAttention(Sublayer):
             # Contiguous shards: this rank's queries see every key up to the end of its own shard.
             return attend_prefix(q, k, v, self.kv_len).reshape(b, t, a * d)
         else:
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=k.shape[2] != a
-            )
+            out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return out.transpose(1, 2).reshape(b, t, a * d)
 
     def forward(self, x):

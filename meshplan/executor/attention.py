@@ -1,0 +1,241 @@
+"""The executor's attention core: whole-sequence causal attention, and a sequence shard's attention over
+the keys up to the end of its own tokens. Tensors are head-major, as SDPA takes them: q (b, a, t, d),
+k and v (b, a_kv, S, d) with a_kv dividing a (GQA: query head i reads KV head i // (a / a_kv)).
+
+Whole sequence (t = S): SDPA with is_causal. On Hopper and later, cuDNN's fused kernel is asked for
+first (priority cuDNN → FlashAttention-2 → memory-efficient → math): forward + backward 1.75-1.9× the
+FlashAttention-2 rate SDPA picks by default on an H100 at 4K-32K tokens
+(benchmarks/results/rates-h100.json, benchmarks/bench_rates.py).
+
+A shard (t < S, lower-right causal: query i sees keys up to S − t + i) is two blocks — the off-diagonal
+keys [0, S − t), which every query sees whole, and the square causal diagonal [S − t, S) — each run by a
+fused kernel that returns its log-sum-exp, the outputs merged by those (ring attention's merge:
+TransformerEngine's AttnFuncWithCPAndKVP2P, flash-attn's ring implementations, torch's
+_context_parallel/_attention.py _SDPAMerger). The backward runs each block's backward given the merged
+output and log-sum-exp, which make each block's probabilities the merged softmax's
+(FlashAttention-2 Alg. 2: dS = P ∘ (dP − rowsum(dO ∘ O))). A lower-right causal bias on SDPA instead
+reached only the memory-efficient kernel, with GQA's K/V repeated to every query head.
+
+Saved for backward: q, k, v, the merged output and its fp32 log-sum-exp per query head — what a fused
+kernel saves for whole-sequence attention and what meshplan.costmodel.blocks.attention counts (the
+executor's shards recompute attention in backward, so these live only there).
+
+On the CPU, and wherever no fused kernel takes the blocks, the same blockwise forward and backward run
+in plain torch (MATH_BLOCKS), which is also the reference the tests hold the kernels' path to.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+from meshplan.kernels.reference import acc
+
+# SDPA's backends in the order the executor asks for them on Hopper and later.
+CUDNN_FIRST = [
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
+# cuDNN releases up to 9.15.0 give wrong results for sequence lengths that are not multiples of 128
+# (torch's sdp_utils.cpp check_prefer_cudnn_attention asks for > 9.15.0 before preferring cuDNN,
+# pytorch/pytorch#169849; NVIDIA/cudnn-frontend#160: NaN gradients at such lengths): below it the
+# executor takes cuDNN only for lengths that are.
+CUDNN_ANY_LENGTH_VERSION = 91500
+CUDNN_LENGTH_MULTIPLE = 128
+
+
+def _cudnn_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
+    """Whether cuDNN's fused attention runs these head-major tensors on this GPU: Hopper or later,
+    lengths it computes right, and torch's own check (dtype, head dim, GQA, strides)."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False
+    version = torch.backends.cudnn.version() or 0
+    lengths = (q.shape[-2], k.shape[-2])
+    if version <= CUDNN_ANY_LENGTH_VERSION and any(n % CUDNN_LENGTH_MULTIPLE for n in lengths):
+        return False
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, causal, k.shape[1] != q.shape[1])
+    return torch.backends.cuda.can_use_cudnn_attention(params)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Whole-sequence causal attention (t = S) → (b, a, t, d); GQA K/V are not repeated."""
+    gqa = k.shape[1] != q.shape[1]
+    prefer = sdpa_kernel(CUDNN_FIRST, set_priority=True) if _cudnn_takes(q, k, v, True) else nullcontext()
+    with prefer:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+# -- one block's attention with its log-sum-exp, three ways -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A kernel for one block: forward(q, k, v, causal) → (out, lse (b, a, t) fp32, what its backward
+    needs beyond the tensors); backward(dout, q, k, v, out, lse, causal, extra) → (dq, dk, dv). `causal`
+    blocks are square."""
+
+    name: str
+    forward: Callable
+    backward: Callable
+
+
+def _math_forward(q, k, v, causal):
+    """Plain torch, in the accumulation dtype, query heads grouped onto their KV head without copying K/V."""
+    b, a, t, d = q.shape
+    scores = _grouped_scores(q, k, causal)  # (b, a_kv, rep, t, S)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    out = torch.einsum("bgrts,bgsd->bgrtd", probs, acc(v)).reshape(b, a, t, d).to(q.dtype)
+    return out, lse.reshape(b, a, t), None
+
+
+def _grouped_scores(q, k, causal):
+    b, a, t, d = q.shape
+    a_kv = k.shape[1]
+    qg = acc(q).reshape(b, a_kv, a // a_kv, t, d)
+    scores = torch.einsum("bgrtd,bgsd->bgrts", qg, acc(k)) / math.sqrt(d)
+    if causal:
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return scores
+
+
+def _math_backward(dout, q, k, v, out, lse, causal, extra):
+    """The block's gradients from the merged output and log-sum-exp (FlashAttention-2 Alg. 2)."""
+    b, a, t, d = q.shape
+    a_kv = k.shape[1]
+    group = (b, a_kv, a // a_kv, t)
+    probs = torch.exp(_grouped_scores(q, k, causal) - acc(lse).reshape(group).unsqueeze(-1))
+    do = acc(dout).reshape(*group, d)
+    dv = torch.einsum("bgrts,bgrtd->bgsd", probs, do)
+    dprobs = torch.einsum("bgrtd,bgsd->bgrts", do, acc(v))
+    rowdot = (do * acc(out).reshape(*group, d)).sum(-1, keepdim=True)
+    dscores = probs * (dprobs - rowdot) / math.sqrt(d)
+    dq = torch.einsum("bgrts,bgsd->bgrtd", dscores, acc(k)).reshape(b, a, t, d)
+    dk = torch.einsum("bgrts,bgrtd->bgsd", dscores, acc(q).reshape(*group, d))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+MATH_BLOCKS = Blocks("math", _math_forward, _math_backward)
+
+
+def _cudnn_forward(q, k, v, causal):
+    # aten::_scaled_dot_product_cudnn_attention(query, key, value, attn_bias, compute_log_sumexp,
+    # dropout_p, is_causal, return_debug_mask) → (output, logsumexp (b, a, t, 1), cum_seq_q, cum_seq_k,
+    # max_q, max_k, philox_seed, philox_offset, debug_attn_mask): the same on torch 2.11 and 2.13.
+    out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, causal, False
+    )
+    return out, lse.reshape(lse.shape[:3]), (cum_q, cum_k, max_q, max_k, seed, offset)
+
+
+def _cudnn_backward(dout, q, k, v, out, lse, causal, extra):
+    cum_q, cum_k, max_q, max_k, seed, offset = extra
+    # cuDNN reads the log-sum-exp at the sizes and strides it is given (aten/src/ATen/native/cudnn/MHA.cpp)
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        dout, q, k, v, out, lse.unsqueeze(-1), seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, causal
+    )
+
+
+CUDNN_BLOCKS = Blocks("cudnn", _cudnn_forward, _cudnn_backward)
+
+
+def _flash_forward(q, k, v, causal):
+    # aten::_scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, return_debug_mask)
+    # → (output, logsumexp (b, a, t), cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused, debug_mask);
+    # FlashAttention-2 takes GQA's K/V as they are.
+    out, lse, cum_q, cum_k, max_q, max_k, rng, unused, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, causal, False
+    )
+    return out, lse, (cum_q, cum_k, max_q, max_k, rng, unused)
+
+
+def _flash_backward(dout, q, k, v, out, lse, causal, extra):
+    cum_q, cum_k, max_q, max_k, rng, unused = extra
+    return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, rng, unused
+    )
+
+
+FLASH_BLOCKS = Blocks("flash", _flash_forward, _flash_backward)
+
+
+def _flash_takes(q, k, v, causal):
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, causal, k.shape[1] != q.shape[1])
+    return torch.backends.cuda.can_use_flash_attention(params)
+
+
+def shard_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Blocks | None:
+    """The kernel that runs both blocks of a shard's attention: cuDNN (Hopper and later), else
+    FlashAttention-2, on the GPU; plain torch on the CPU; None where no fused kernel takes them on the GPU."""
+    past = k.shape[2] - q.shape[2]
+    diagonal = (q, k[:, :, past:], v[:, :, past:])
+    off = (q, k[:, :, :past], v[:, :, :past])
+    if not q.is_cuda:
+        return MATH_BLOCKS
+    for blocks, takes in ((CUDNN_BLOCKS, _cudnn_takes), (FLASH_BLOCKS, _flash_takes)):
+        if takes(*diagonal, True) and takes(*off, False):
+            return blocks
+    return None
+
+
+# -- a shard: off-diagonal and diagonal blocks merged by their log-sum-exps ---------------------------------
+
+
+class _ShardAttention(torch.autograd.Function):
+    """q (b, a, t, d) over k, v (b, a_kv, S, d), S > t, lower-right causal."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks):
+        past = k.shape[2] - q.shape[2]
+        o_off, lse_off, extra_off = blocks.forward(q, k[:, :, :past], v[:, :, :past], False)
+        o_diag, lse_diag, extra_diag = blocks.forward(q, k[:, :, past:], v[:, :, past:], True)
+        lse = torch.logaddexp(lse_off, lse_diag)
+        # out = o_off·exp(lse_off − lse) + o_diag·exp(lse_diag − lse), as o_off + w·(o_diag − o_off), in
+        # place in the accumulation dtype: two fp32 copies of the output live at once, beside the blocks'
+        weight = torch.exp(lse_diag - lse).unsqueeze(-1)
+        out = acc(o_off).lerp_(acc(o_diag), weight).to(q.dtype)
+        ctx.blocks, ctx.extra = blocks, (extra_off, extra_diag)
+        ctx.save_for_backward(q, k, v, out, lse.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        blocks, (extra_off, extra_diag) = ctx.blocks, ctx.extra
+        past = k.shape[2] - q.shape[2]
+        dout = dout.contiguous() if dout.stride(-1) != 1 else dout
+        dq_off, dk_off, dv_off = blocks.backward(dout, q, k[:, :, :past], v[:, :, :past], out, lse, False, extra_off)
+        dq_diag, dk_diag, dv_diag = blocks.backward(dout, q, k[:, :, past:], v[:, :, past:], out, lse, True, extra_diag)
+        return dq_off + dq_diag, torch.cat([dk_off, dk_diag], 2), torch.cat([dv_off, dv_diag], 2), None
+
+
+def shard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A shard's t queries — the last t of S positions — over all S keys, lower-right causal → (b, a, t, d)."""
+    t, kv_len = q.shape[2], k.shape[2]
+    if kv_len == t:
+        return causal_attention(q, k, v)
+    if t == 0 or kv_len < t:
+        raise ValueError(f"a shard's {t} queries need at least as many keys, not {kv_len}")
+    blocks = shard_blocks(q, k, v)
+    if blocks is None:  # no fused kernel takes the blocks (fp32, a head dim past 256): one masked SDPA
+        return masked_shard_attention(q, k, v)
+    return _ShardAttention.apply(q, k, v, blocks)
+
+
+def masked_shard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A shard's attention as one SDPA call with a lower-right causal bias, K/V repeated per query head
+    (CausalBias takes no enable_gqa): the executor's path before the blocks, kept where no fused kernel
+    takes them and as the baseline benchmarks/bench_attention_paths.py times them against."""
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
