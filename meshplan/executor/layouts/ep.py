@@ -16,11 +16,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import MoELayer, route, shared_expert
+from meshplan.executor.blocks import MoELayer, route, shared_expert, top_k_of
 from meshplan.executor.comm import AllToAllSplits, CopyToAxis, Mesh, ReduceFromAxis, exchange_counts
 from meshplan.executor.experts import expert_mlp, routed_experts, take
 from meshplan.executor.layouts.common import Sublayer
-from meshplan.executor.layouts.splits import shared_expert_splits
+from meshplan.executor.layouts.splits import router_split, shared_expert_splits
+from meshplan.executor.layouts.tsp import RingRowsFn
 
 
 class ScaleGrad(torch.autograd.Function):
@@ -62,7 +63,12 @@ class ExpertParallelMoE(Sublayer):
         mine = torch.arange(r * self.local, (r + 1) * self.local)
         self.take_norm("moe.mlp_norm", ref, "norm")
         self.index["norm.weight"] = ("moe.mlp_norm.weight", None, None)
-        self.take("w_router", ref, "moe.w_router")
+        # Under TSP the router's expert rows are split over tsp and streamed (tsp.RingRowsFn).
+        self.tsp = mesh.layout.tsp > 1
+        if self.tsp and hasattr(moe, "w_shared_gate_up"):
+            raise ValueError("the executor streams no shared experts under tsp")
+        ring = (0, router_split(experts).indices(mesh.axis("tsp").size, mesh.axis("tsp").rank)) if self.tsp else ()
+        self.take("w_router", ref, "moe.w_router", *ring)
         self.take("w_gate_up", ref, "moe.w_gate_up", 0, mine)
         self.take("w_down", ref, "moe.w_down", 0, mine)
         self.norm_topk = moe.norm_topk
@@ -72,6 +78,10 @@ class ExpertParallelMoE(Sublayer):
                     cut = (split.dim, split.indices(t, t_rank)) if t > 1 else (None, None)
                     self.take(name, ref, f"moe.{name}", *cut)
         self.sent_rows = self.received_rows = 0
+
+    def partial_grads(self) -> dict:
+        """TSP: the norm's scale, whole on every rank, has each rank's tokens' gradient."""
+        return {"tsp": [self.norm.weight]} if self.tsp else {}
 
     def expert_params(self) -> list:
         """The weights split over ep, whose gradients are summed over edp (not dp)."""
@@ -85,7 +95,10 @@ class ExpertParallelMoE(Sublayer):
 
     def forward(self, x):
         xn = self.norm(x).reshape(-1, x.shape[-1])
-        weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
+        if self.tsp:
+            weights, experts = top_k_of(RingRowsFn.apply(xn, self.w_router, self.mesh), self.top_k, self.norm_topk)
+        else:
+            weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
         # The T·k copies sorted by expert (so by destination rank); gathers both ways (experts.take), no scatter-add.
         k = self.top_k
         expert_of = experts.reshape(-1)

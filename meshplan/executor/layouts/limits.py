@@ -85,12 +85,15 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"model: the executor builds SwiGLU experts without biases, not {model.name}'s {what}; "
             f"`meshplan memory` and `recommend` price it"
         )
-    split = {"tsp": layout.tsp, "tpssm": layout.tpssm}
-    if any(v > 1 for v in split.values()):
-        axes = ", ".join(f"{k}={v}" for k, v in split.items() if v > 1)
+    if layout.tpssm > 1:
         return (
-            f"layout: the executor runs a mixture of experts on dp, ep, pp, tp and sp (issue #32), not with "
-            f"{axes}; drop {axes.split('=')[0]} or use tp or sp"
+            f"layout: the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (issue #32), not with "
+            f"tpssm={layout.tpssm}; drop tpssm or use tp"
+        )
+    if layout.tsp > 1 and moe.shared_ffn:  # ep.ExpertParallelMoE streams the router alone
+        return (
+            f"layout: the executor streams no shared experts under tsp={layout.tsp}, which {model.name} has; "
+            f"use tp or sp"
         )
     if layout.expert_tensor_degree > 1:
         # ep.ExpertParallelMoE: every tensor rank routes its shard's tokens to whole experts (etp defaults to tp)
