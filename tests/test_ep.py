@@ -25,19 +25,21 @@ MIXTRAL = ModelSpec(
 
 
 def test_ep_splits_the_routed_experts_alone():
-    """tp=2, ep=4 on dp=4: attention, router, norms and the vocabulary as under tp=2; each rank holds
-    8/4 = 2 experts, each split 2 ways by the tensor axis (ETP = TP): by hand, in bf16."""
+    """tp=2, ep=4 on dp=4: attention and the vocabulary as under tp=2, the norms and the routers whole
+    on every tensor rank (Megatron-Core's TopKRouter.weight is not split); each rank holds 8/4 = 2
+    experts, each split 2 ways by the tensor axis (ETP = TP): by hand, in bf16."""
     opts = CostOptions(optimizer="none")
     expert = 3 * 4096 * 14336
     experts = 32 * 8 * expert
     norms = MIXTRAL.norm_params()
+    routers = 32 * 8 * 4096
     rest = MIXTRAL.param_count() - experts
-    want = (rest - norms) / 2 + norms + experts / (2 * 4)
+    want = (rest - norms - routers) / 2 + norms + routers + experts / (2 * 4)
     got = memory_per_gpu(MIXTRAL, Layout(dp=4, tp=2, ep=4), 4096, 1, opts).per_gpu_bytes["parameters"]
     assert got == round(2 * want)
     # ep = 1: every expert on every rank of the data axis.
     plain = memory_per_gpu(MIXTRAL, Layout(dp=4, tp=2), 4096, 1, opts).per_gpu_bytes["parameters"]
-    assert plain == round(2 * (MIXTRAL.param_count() - norms) / 2 + 2 * norms)
+    assert plain == round(2 * (MIXTRAL.param_count() - norms - routers) / 2 + 2 * (norms + routers))
     # The activations do not depend on where the experts live.
     acts = [
         memory_per_gpu(MIXTRAL, Layout(dp=4, tp=2, ep=e), 4096, 1, opts).per_gpu_bytes["activations"] for e in (1, 4)
@@ -84,8 +86,8 @@ def test_zero_shards_the_experts_over_the_expert_data_parallel_ranks():
     opts = CostOptions(optimizer="adam", tp_sequence_parallel=True)
     mem = memory_per_gpu(MIXTRAL, Layout(dp=4, tp=2, ep=2, zero=1), 4096, 1, opts).per_gpu_bytes
     experts = 32 * 8 * 3 * 4096 * 14336 / (2 * 2)
-    norms = MIXTRAL.norm_params()
-    rest = (MIXTRAL.param_count() - 32 * 8 * 3 * 4096 * 14336 - norms) / 2 + norms
+    whole = MIXTRAL.norm_params() + 32 * 8 * 4096  # the norms and the routers, on every tensor rank
+    rest = (MIXTRAL.param_count() - 32 * 8 * 3 * 4096 * 14336 - whole) / 2 + whole
     assert mem["optimizer_state"] == round(12 * (rest / 4 + experts / 2))
 
 
@@ -155,8 +157,8 @@ def test_etp_folds_the_experts_onto_the_tensor_ranks_too():
     opts = CostOptions(optimizer="none")
     params = memory_per_gpu(MIXTRAL, layout, 4096, 1, opts).per_gpu_bytes["parameters"]
     experts = 32 * 8 * 3 * 4096 * 14336
-    norms = MIXTRAL.norm_params()
-    assert params == round(2 * ((MIXTRAL.param_count() - experts - norms) / 2 + norms + experts / 8))
+    whole = MIXTRAL.norm_params() + 32 * 8 * 4096  # the norms and the routers, on every tensor rank
+    assert params == round(2 * ((MIXTRAL.param_count() - experts - whole) / 2 + whole + experts / 8))
 
 
 def test_etp_moves_the_same_flops_and_saved_copies_as_etp_equal_tp():
@@ -493,3 +495,20 @@ def test_the_experts_states_shard_over_their_own_data_ranks_without_dp():
     experts = 12 * 32 * 8 * 3 * 4096 * 14336 / 2  # a rank's 4 whole experts, 12 B a parameter
     assert whole - sharded == pytest.approx(experts * 3 / 4, rel=1e-6)
     assert layout in enumerate_layouts(MIXTRAL, 8, 4096, 1, "train", stack=opts.stack_spec)
+
+
+def test_the_meshplan_stack_routes_every_tensor_ranks_tokens_without_megatron_sp():
+    """meshplan's executor runs no Megatron-SP: each tensor rank routes all its shard's tokens
+    (executor/layouts/ep.py), which its stack prices with no refusal — the all-to-alls twice the bytes
+    of Megatron-SP's 1/tp share at tp=2."""
+    from meshplan.costmodel.schedule import step_schedule
+    from meshplan.predict import predict
+
+    layout = parse_layout("dp=8,tp=2,ep=8,etp=1")
+    predict(MIXTRAL, load_cluster("h100-sxm-8", 2), layout, 4096, 1, CostOptions(stack="meshplan"))
+
+    def a2a_bytes(opts):
+        per_block = step_schedule(MIXTRAL, layout, 4096, 1, opts).per_block["experts"]
+        return sum(c.message_bytes * c.count for c in per_block if c.kind == "all_to_all")
+
+    assert a2a_bytes(CostOptions(stack="meshplan")) == 2 * a2a_bytes(CostOptions(tp_sequence_parallel=True))

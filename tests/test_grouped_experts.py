@@ -52,3 +52,17 @@ def test_the_reference_grouped_gemm_is_a_loop_over_groups():
     torch.testing.assert_close(out[:4], a[:4] @ b[0])
     torch.testing.assert_close(out[4:8], a[4:8] @ b[1])
     assert not out[8:].any()
+
+
+def test_a_rank_that_no_copy_reached_runs_no_rows_and_keeps_its_graph():
+    """Expert parallelism can leave a rank's experts no copies (one decoded token a sequence, its k copies
+    on other ranks): no rows out, and the backward still runs (its all-to-alls pair with the other
+    ranks'), giving the weights zero gradients."""
+    h, f, experts = 16, 12, 4
+    x = torch.zeros(0, h, dtype=torch.float64, requires_grad=True)
+    w1 = torch.randn(experts, 2 * f, h, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn(experts, h, f, dtype=torch.float64, requires_grad=True)
+    out = routed_experts(x, torch.zeros(0, dtype=torch.long), experts, w1, w2)
+    assert out.shape == (0, h) and out.requires_grad
+    out.sum().backward()
+    assert x.grad.shape == (0, h) and not w1.grad.any() and not w2.grad.any()

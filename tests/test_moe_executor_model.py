@@ -3,7 +3,8 @@ whose MLP is the MoE (Mixtral's routed experts; Qwen2-MoE's shared expert behind
 top-k probabilities left un-renormalised), final norm, head and loss, on dp × ep (× pp) in gloo
 processes against the single-process float64 model — the loss, every weight's gradient, ZeRO's
 optimizer step with the experts' states over edp, the log-probabilities after a prefill and each
-decoded token — and the counted bytes equal to the cost model's schedule, per kind and axis. The
+decoded token — and the counted bytes equal to the cost model's schedule, per kind and axis; beside a
+tensor axis (ep with tp, etp=1), a sequence axis (ep with sp) and under TSP too. The
 single-process model against transformers' MixtralForCausalLM and Qwen2MoeForCausalLM with the same
 (checkpoint) weights; `meshplan execute` on a Mixtral checkpoint end to end; what is not run, refused
 in one line."""
@@ -34,6 +35,9 @@ QWEN2_MOE = moe(
     dense("tiny-qwen2-moe", 64, 2, 8, 4, 128, 100),
     MoeSpec(64, 4, 2, 64, shared_ffn=96, shared_gate=True, norm_topk=False),
 )
+# Qwen3-MoE's shape as the executor runs it (its query/key norms left out: support.executed_spec): more,
+# narrower experts, the top-k probabilities renormalised, no shared expert.
+QWEN3_MOE = moe(dense("tiny-qwen3-moe", 64, 2, 8, 4, 128, 100), MoeSpec(64, 8, 2, 32))
 ALL_MODES = ("train", "prefill", "decode")
 # (processes, model, [(layout, modes)]): dp=2,ep=2 holds each expert on one rank (edp = 1); dp=2 (no ep)
 # every expert on both; dp=4,ep=2
@@ -49,6 +53,33 @@ CASES = {
         4,
         QWEN2_MOE,
         [("dp=4,ep=2", ALL_MODES), ("dp=4,ep=2,zero=2", ("train",)), ("dp=2,pp=2,ep=2,zero=1", ("train",))],
+    ),
+    # Beside a tensor axis (etp=1: each tensor rank routes all its tokens to whole experts; the shared
+    # expert split as a dense MLP), a sequence axis (each rank routes its own tokens) and TSP (the router
+    # streamed around its ring).
+    "mixtral-tp-sp-tsp-2": (
+        2,
+        MIXTRAL,
+        [("tp=2,ep=2,etp=1", ALL_MODES), ("sp=2,ep=2", ALL_MODES), ("tsp=2,ep=2", ALL_MODES)],
+    ),
+    "qwen2-moe-tp-sp-4": (
+        4,
+        QWEN2_MOE,
+        [
+            ("dp=2,tp=2,ep=2,etp=1", ALL_MODES),
+            ("dp=2,tp=2,ep=2,etp=1,zero=1", ("train",)),
+            ("tp=2,sp=2,ep=2,etp=1", ("train",)),
+        ],
+    ),
+    "qwen3-moe-tp-sp-tsp-4": (
+        4,
+        QWEN3_MOE,
+        [
+            ("dp=2,tp=2,ep=4,etp=1", ALL_MODES),
+            ("dp=2,sp=2,ep=4", ALL_MODES),
+            ("tsp=4,ep=4", ("train", "prefill")),
+            ("dp=2,tsp=2,ep=2,zero=1", ("train",)),
+        ],
     ),
 }
 SEQ, BATCH, VOCAB = 16, 2, 64
@@ -189,9 +220,10 @@ def test_execute_trains_a_mixtral_checkpoint_on_dp_ep_zero(checkpoints, tmp_path
 @pytest.mark.parametrize(
     "model, layout, options, needle",
     [
-        ("mixtral-8x7b", "dp=2,tp=2,ep=2", None, "not with tp=2; drop tp"),
-        ("mixtral-8x7b", "dp=2,sp=2,ep=2", None, "not with sp=2; drop sp"),
-        ("mixtral-8x7b", "dp=4,ep=2,etp=2", None, "drop etp=2"),
+        ("mixtral-8x7b", "tpssm=2,ep=2", None, "not with tpssm=2; drop tpssm"),
+        ("mixtral-8x7b", "dp=2,tp=2,ep=2", None, "not split etp=2 ways; add etp=1"),
+        ("mixtral-8x7b", "dp=4,ep=2,etp=2", None, "not split etp=2 ways; add etp=1"),
+        ("mixtral-8x7b", "dp=2,tp=2,etp=1", None, "splits the experts over ep; add ep"),
         ("mixtral-8x7b", "dp=4,ep=2,zero=3", None, "zero=2 or below"),
         ("mixtral-8x7b", "dp=2,ep=2", CostOptions(moe_dispatcher="allgather"), "moe_dispatcher: "),
         ("mixtral-8x7b", "dp=2,ep=2", CostOptions(capacity_factor=1.25), "capacity_factor: "),
@@ -204,9 +236,21 @@ def test_what_the_moe_executor_does_not_run_is_one_line_naming_the_field(model, 
     assert reason.split(":")[0] in ("layout", "model", "moe_dispatcher", "capacity_factor")
     with_dense = moe(dense("tiny-dense-first", 64, 2, 8, 4, 128, 100), MoeSpec(64, 4, 2, 128), dense_layer_ids=(0,))
     assert "dense MLPs on layers [0]" in unsupported(parse_layout("dp=2,ep=2"), with_dense)
+    assert "streams no shared experts under tsp=2" in unsupported(parse_layout("tsp=2,ep=2"), QWEN2_MOE)
 
 
-@pytest.mark.parametrize("layout", ["dp=8,ep=8", "dp=4,ep=2,zero=2", "dp=2,pp=2,ep=2,zero=1", "dp=2,ep=2"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "dp=8,ep=8",
+        "dp=4,ep=2,zero=2",
+        "dp=2,pp=2,ep=2,zero=1",
+        "dp=2,ep=2",
+        "dp=4,tp=2,ep=8,etp=1",
+        "dp=2,sp=2,ep=4",
+        "dp=2,tsp=4,ep=8",
+    ],
+)
 def test_what_the_moe_executor_runs(layout):
     assert unsupported(parse_layout(layout), PRESETS["mixtral-8x7b"], options=CostOptions()) is None
     assert unsupported(parse_layout(layout), PRESETS["qwen3-30b-a3b"]) is None

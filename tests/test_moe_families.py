@@ -36,7 +36,8 @@ MLA = V3.attention  # 128 heads; q_lora 1536, kv_lora 512, nope 128, rope 64, v 
 def test_mla_weights_on_a_tensor_rank():
     """tp=8: the down-projections to the latents (7168 × (1536 + 512 + 64)) and every norm whole on each
     rank, the up- and output projections an eighth (Megatron-Core's MLASelfAttention); by hand, per
-    layer and with the experts, dense MLPs and vocabulary as under plain TP."""
+    layer and with the experts, dense MLPs and vocabulary as under plain TP (the 58 MoE layers' routers,
+    256 × 7168, whole on every rank as Megatron-Core's TopKRouter keeps them)."""
     down = 7168 * (1536 + 512 + 64)
     q_b, kv_b, o = 1536 * 128 * 192, 512 * 128 * (128 + 128), 128 * 128 * 7168
     norms = 7168 + 1536 + 512  # the pre-norm and the two latent norms
@@ -46,7 +47,8 @@ def test_mla_weights_on_a_tensor_rank():
     attention = 61 * (down + (q_b + kv_b + o) / 8 + norms)
     others = V3.layer_params() - 61 * MLA.param_count()
     other_norms = V3.norm_params(embeddings=False) - 61 * (MLA.hidden + MLA.norm_extra)
-    want = attention + (others - other_norms) / 8 + other_norms
+    whole = other_norms + 58 * 256 * 7168
+    want = attention + (others - whole) / 8 + whole
     assert local_params(V3, sh, embeddings=False) == pytest.approx(want, rel=1e-12)
 
 

@@ -24,6 +24,7 @@ from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
 from meshplan.costmodel.axes import PlanContext, Sharding, own_shardings, plan_context, sharding_for, sp, tp
 from meshplan.costmodel.axes.dp import expert_zero_stage, zero_stage
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
+from meshplan.costmodel.blocks.moe import tensor_replicated_params
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import StageLayout, in_flight_chunks, in_flight_peak, rank_block_counts, stage_layout
 from meshplan.costmodel.shapes import local_bc_channels
@@ -321,8 +322,8 @@ def local_params(
     by_kind: dict | None = None,
 ) -> float:
     """Parameters one rank holds: split weights / weight_div, plus the replicated norm scales,
-    (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections and (TP on MLA) the
-    replicated latent down-projections. `layer_share`: the
+    (TP-SSM with fewer B/C groups than ranks) the replicated B/C projections, (TP on MLA) the
+    replicated latent down-projections and (TP on MoE) the routers. `layer_share`: the
     stage's share of the layers (1/pp unless the stages are uneven). `by_kind`: the block kinds an
     axis splits apart (PlanContext.by_kind), each held at its own split."""
     share = 1 / pp if layer_share is None else layer_share
@@ -330,6 +331,7 @@ def local_params(
     norms = model.norm_params(embeddings) * share if sh.weight_div > 1 else 0.0
     held = (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) * share
     held += replicated_latent_params(model, sh.head_div) * share
+    held += tensor_replicated_params(model, sh.head_div) * share
     for kind, own in (by_kind or {}).items():
         # These blocks' weights (less their norm scales, counted above) at their own split.
         held += share * _kind_weights(model, kind) * (1 / own.weight_div - 1 / sh.weight_div)

@@ -127,7 +127,12 @@ def route(
     """Top-k routing of tokens xn (T, h): softmax over the router's logits, the k largest probabilities
     renormalised to sum to one where `norm_topk` (transformers' MixtralTopKRouter; Qwen2/3-MoE's
     norm_topk_prob), else kept as they are. Returns (weights (T, k), expert indices (T, k))."""
-    probs = torch.softmax(F.linear(xn, w_router), dim=-1)
+    return top_k_of(F.linear(xn, w_router), top_k, norm_topk)
+
+
+def top_k_of(logits: torch.Tensor, top_k: int, norm_topk: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """route's choice from the router's logits (T, E) (computed elsewhere: TSP's router ring)."""
+    probs = torch.softmax(logits, dim=-1)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     return (weights / weights.sum(dim=-1, keepdim=True) if norm_topk else weights), experts
 

@@ -41,7 +41,7 @@ class Take(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, index, back, fold=1, blank=None, blank_back=None):
-        out = x.index_select(0, index)
+        out = _rows(x, index)
         if blank is not None:
             out.masked_fill_(blank.unsqueeze(1), 0)
         ctx.save_for_backward(back, blank_back)
@@ -51,12 +51,18 @@ class Take(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         back, blank_back = ctx.saved_tensors
-        g = grad.index_select(0, back)
+        g = _rows(grad, back)
         if ctx.fold > 1:
             g = g.view(-1, ctx.fold, g.shape[1]).sum(1)
         if blank_back is not None:
             g = g.masked_fill(blank_back.unsqueeze(1), 0)
         return g, None, None, None, None, None
+
+
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[index]; zeros where x has no rows (a rank whose experts no copy reached: every place it
+    lays out is padding)."""
+    return x.index_select(0, index) if x.shape[0] else x.new_zeros(index.shape[0], *x.shape[1:])
 
 
 def take(x, index, back, fold: int = 1, blank=None, blank_back=None) -> torch.Tensor:

@@ -62,8 +62,12 @@ def violation(model, layout: Layout, opts) -> str | None:
 
 
 def tensor_violation(model, layout: Layout, opts) -> str | None:
-    """Megatron-SP under the tensor axis in training (the mesh-wide part of `violation`)."""
+    """Megatron-SP under the tensor axis in training (the mesh-wide part of `violation`). Not under the
+    meshplan stack: its executor runs no Megatron-SP, and every tensor rank routes all its shard's
+    tokens (meshplan/executor/layouts/ep.py), as block_comms and expert_sharding price it without."""
     if model.moe is None or not opts.training or layout.tensor_degree == 1 or opts.tp_sequence_parallel:
+        return None
+    if opts.stack == "meshplan":
         return None
     axis = "tpssm" if layout.tpssm > 1 else "tp"
     return (

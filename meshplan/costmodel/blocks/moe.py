@@ -183,3 +183,16 @@ class SharedExpert(_ExpertMlp):
 
 
 ROUTER, EXPERTS, SHARED_EXPERT = Router(), Experts(), SharedExpert()
+
+
+def tensor_replicated_params(model: ModelSpec, head_div: int) -> float:
+    """Extra parameters per rank when a tensor axis splits an MoE model's layers `head_div` ways: each
+    MoE layer's router projection (and bias), and Qwen2-MoE's shared-expert gate, stay whole on every
+    tensor rank (Megatron-Core's TopKRouter.weight and SharedExpertMLP.gate_weight are not split; nor
+    are meshplan's executor's, executor/layouts/ep.py). The norm scales are counted with the others."""
+    m = model.moe
+    if m is None or head_div == 1:
+        return 0.0
+    layers = dict(model.block_invocations()).get("router", 0)
+    whole = m.router_params() - m.hidden + (m.hidden if m.shared_gate and m.shared_ffn else 0)
+    return layers * whole * (1 - 1 / head_div)

@@ -14,11 +14,27 @@ them over the expert-data-parallel ranks (edp) and everything else over dp.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from meshplan.executor.blocks import MoELayer, route, shared_expert
-from meshplan.executor.comm import AllToAllSplits, Mesh, exchange_counts
-from meshplan.executor.experts import routed_experts, take
+from meshplan.executor.blocks import MoELayer, route, shared_expert, top_k_of
+from meshplan.executor.comm import AllToAllSplits, CopyToAxis, Mesh, ReduceFromAxis, exchange_counts
+from meshplan.executor.experts import expert_mlp, routed_experts, take
 from meshplan.executor.layouts.common import Sublayer
+from meshplan.executor.layouts.splits import router_split, shared_expert_splits
+from meshplan.executor.layouts.tsp import RingRowsFn
+
+
+class ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times `scale` backward."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
 
 
 class ExpertParallelMoE(Sublayer):
@@ -28,9 +44,11 @@ class ExpertParallelMoE(Sublayer):
     and sent back (the combine's rows: T_d·top_k only when the routing is even, as the cost model
     prices it)."""
 
-    def __init__(self, ref: MoELayer, mesh: Mesh, axis: str = "ep"):
+    def __init__(self, ref: MoELayer, mesh: Mesh, axis: str = "ep", tensor_axis: str | None = None):
         super().__init__()
-        self.mesh, self.axis = mesh, axis
+        self.mesh, self.axis, self.tensor_axis = mesh, axis, tensor_axis
+        t = mesh.axis(tensor_axis).size if tensor_axis else 1
+        t_rank = mesh.axis(tensor_axis).rank if tensor_axis else 0
         ax = mesh.axes.get(axis)
         ep, r = (ax.size, ax.rank) if ax is not None else (1, 0)
         moe = ref.moe
@@ -38,18 +56,32 @@ class ExpertParallelMoE(Sublayer):
         if experts % ep:
             raise ValueError(f"ep={ep} does not divide {experts} experts")
         self.top_k, self.experts, self.ep = moe.top_k, experts, ep
+        # The tensor ranks that route each token to the same experts' ep group (summed there and over
+        # edp, each token counts this many times); without ep each rank runs its own copy of every expert.
+        self.holders = t if ep > 1 else 1
         self.local = experts // ep
         mine = torch.arange(r * self.local, (r + 1) * self.local)
         self.take_norm("moe.mlp_norm", ref, "norm")
         self.index["norm.weight"] = ("moe.mlp_norm.weight", None, None)
-        self.take("w_router", ref, "moe.w_router")
+        # Under TSP the router's expert rows are split over tsp and streamed (tsp.RingRowsFn).
+        self.tsp = mesh.layout.tsp > 1
+        if self.tsp and hasattr(moe, "w_shared_gate_up"):
+            raise ValueError("the executor streams no shared experts under tsp")
+        ring = (0, router_split(experts).indices(mesh.axis("tsp").size, mesh.axis("tsp").rank)) if self.tsp else ()
+        self.take("w_router", ref, "moe.w_router", *ring)
         self.take("w_gate_up", ref, "moe.w_gate_up", 0, mine)
         self.take("w_down", ref, "moe.w_down", 0, mine)
         self.norm_topk = moe.norm_topk
-        for name in ("w_shared_gate_up", "w_shared_down", "w_shared_gate"):  # whole on every rank
-            if hasattr(moe, name):
-                self.take(name, ref, f"moe.{name}")
+        if hasattr(moe, "w_shared_gate_up"):  # split over the tensor axis as a dense MLP (whole without one)
+            for name, split in shared_expert_splits(moe.w_shared_down.shape[1]).items():
+                if hasattr(moe, name):
+                    cut = (split.dim, split.indices(t, t_rank)) if t > 1 else (None, None)
+                    self.take(name, ref, f"moe.{name}", *cut)
         self.sent_rows = self.received_rows = 0
+
+    def partial_grads(self) -> dict:
+        """TSP: the norm's scale, whole on every rank, has each rank's tokens' gradient."""
+        return {"tsp": [self.norm.weight]} if self.tsp else {}
 
     def expert_params(self) -> list:
         """The weights split over ep, whose gradients are summed over edp (not dp)."""
@@ -63,7 +95,10 @@ class ExpertParallelMoE(Sublayer):
 
     def forward(self, x):
         xn = self.norm(x).reshape(-1, x.shape[-1])
-        weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
+        if self.tsp:
+            weights, experts = top_k_of(RingRowsFn.apply(xn, self.w_router, self.mesh), self.top_k, self.norm_topk)
+        else:
+            weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
         # The T·k copies sorted by expert (so by destination rank); gathers both ways (experts.take), no scatter-add.
         k = self.top_k
         expert_of = experts.reshape(-1)
@@ -79,8 +114,23 @@ class ExpertParallelMoE(Sublayer):
         # Rows arrive source-major, expert-minor: through this rank's experts, one grouped GEMM a
         # projection (meshplan.executor.experts), and back in arrival order for the combine.
         local_of = torch.arange(self.local, device=x.device).repeat(self.ep).repeat_interleave(recv_counts.reshape(-1))
-        ran = routed_experts(arrived, local_of, self.local, self.w_gate_up, self.w_down)
+        w_gate_up, w_down = self.w_gate_up, self.w_down
+        if self.holders > 1:  # each token arrived from every tensor rank that holds it
+            w_gate_up, w_down = ScaleGrad.apply(w_gate_up, 1 / self.holders), ScaleGrad.apply(w_down, 1 / self.holders)
+        ran = routed_experts(arrived, local_of, self.local, w_gate_up, w_down)
         copies = take(self._all_to_all(ran, recv, send), inverse, order)  # each token's k copies, in order
         out = (copies.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(1)
-        shared = shared_expert(self, xn)
+        shared = self._shared(xn)
         return (out if shared is None else out + shared).view_as(x)
+
+    def _shared(self, xn):
+        """The shared experts' output for every token of xn: whole, or their FFN columns on this tensor
+        rank, summed over the axis (TP's "f" and "g"), then behind the whole sigmoid gate."""
+        if self.tensor_axis is None or not hasattr(self, "w_shared_gate_up"):
+            return shared_expert(self, xn)
+        partial = expert_mlp(
+            CopyToAxis.apply(xn, self.mesh, self.tensor_axis), self.w_shared_gate_up, self.w_shared_down
+        )
+        out = ReduceFromAxis.apply(partial, self.mesh, self.tensor_axis)
+        gate = getattr(self, "w_shared_gate", None)
+        return out * torch.sigmoid(F.linear(xn, gate)) if gate is not None else out

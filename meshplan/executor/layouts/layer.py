@@ -6,8 +6,8 @@ meshplan/costmodel/axes/__init__.py:
     dense         attention    dense.ParallelAttention                tsp.TSPAttention
                   mlp          dense.ParallelMLP                      tsp.TSPMLP
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
-    MoE           attention    dense.ParallelAttention (dp, ep, pp)   —
-                  mlp          ep.ExpertParallelMoE (dp, ep, pp)      —
+    MoE           attention    dense.ParallelAttention                tsp.TSPAttention
+                  mlp          ep.ExpertParallelMoE (and ep)          ep.ExpertParallelMoE (and ep)
 
 Every sublayer is a pre-norm residual branch (common.Sublayer: its own norm, then its mixing), and the
 layer adds each branch's output to the stream in turn, so that a later kind of sublayer — an MoE in the
@@ -72,11 +72,16 @@ def build_layer(
     tensor_axis = layout.weight_axis if layout.tensor_degree > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
     if isinstance(ref, MoELayer):
-        if layout.tensor_degree > 1 or layout.sp > 1 or layout.expert_tensor_degree > 1:
-            raise ValueError(f"the executor runs a mixture of experts on dp, ep and pp only, not {layout}")
+        if layout.tpssm > 1 or layout.expert_tensor_degree > 1:
+            raise ValueError(
+                f"the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (etp=1), not {layout}"
+            )
+        if layout.tsp > 1:
+            return Layer(attention=TSPAttention(ref, mesh, seq), mlp=ExpertParallelMoE(ref, mesh))
+        zigzag = sp_zigzag(layout, seq, attention_only)
         return Layer(
-            attention=ParallelAttention(ref, mesh, None, None, positions, seq),
-            mlp=ExpertParallelMoE(ref, mesh),
+            attention=ParallelAttention(ref, mesh, tensor_axis, seq_axis, positions, seq, zigzag),
+            mlp=ExpertParallelMoE(ref, mesh, tensor_axis=tensor_axis),
         )
     if isinstance(ref, DenseLayer):
         if layout.tsp > 1:

@@ -69,8 +69,9 @@ def vocab_limits(layout: Layout, model: ModelSpec) -> str | None:
 
 def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
     """Why the mixture-of-experts layers (blocks.MoELayer under ep.ExpertParallelMoE: dropless top-k
-    SwiGLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank, ZeRO 1-2 of
-    the experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
+    SwiGLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank — beside tp
+    (etp=1: every tensor rank routes all its tokens) or sp (a rank routes its own) — ZeRO 1-2 of the
+    experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
     `options`: the cost model's MoE settings a plan was priced with (dispatcher, capacity)."""
     moe = model.moe
     if model.dense_layer_ids:
@@ -84,18 +85,26 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"model: the executor builds SwiGLU experts without biases, not {model.name}'s {what}; "
             f"`meshplan memory` and `recommend` price it"
         )
-    split = {"tp": layout.tp, "sp": layout.sp, "tsp": layout.tsp, "tpssm": layout.tpssm}
-    if any(v > 1 for v in split.values()):
-        axes = ", ".join(f"{k}={v}" for k, v in split.items() if v > 1)
+    if layout.tpssm > 1:
         return (
-            f"layout: the executor runs a mixture of experts on dp, ep and pp (issue #32), not with {axes}; "
-            f"drop {axes.split('=')[0]} or run dp×ep"
+            f"layout: the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (issue #32), not with "
+            f"tpssm={layout.tpssm}; drop tpssm or use tp"
+        )
+    if layout.tsp > 1 and moe.shared_ffn:  # ep.ExpertParallelMoE streams the router alone
+        return (
+            f"layout: the executor streams no shared experts under tsp={layout.tsp}, which {model.name} has; "
+            f"use tp or sp"
         )
     if layout.expert_tensor_degree > 1:
+        # ep.ExpertParallelMoE: every tensor rank routes its shard's tokens to whole experts (etp defaults to tp)
         return (
-            f"layout: the executor keeps each expert whole on its ep rank; drop etp={layout.expert_tensor_degree} "
-            f"(etp=1)"
+            f"layout: the executor keeps each expert whole on its ep rank, not split etp={layout.expert_tensor_degree} "
+            f"ways; add etp=1"
         )
+    if layout.tensor_degree > 1 and layout.ep == 1:
+        # Without ep the tensor ranks hold every expert and the same tokens: the cost model sums the
+        # experts' gradients over them (edp), which the executor's already-whole gradients do not need.
+        return f"layout: beside tp={layout.tensor_degree} the executor splits the experts over ep; add ep (ep=2)"
     if layout.dp > 1 and layout.zero >= 3:
         return (
             f"layout: the executor's ZeRO 3 gathers weights over dp, not the experts over edp; with "

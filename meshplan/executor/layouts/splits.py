@@ -13,6 +13,8 @@ the tensor axis). `dim` None keeps the weight whole (the norm scales, applied to
                        tsp.TSPMLP                mlp_splits
     tpssm, tpssm+sp    mamba.ParallelMamba2      mamba2_splits
     tsp                tsp_mamba.TSPMamba2       contiguous_splits (one part a weight)
+    tp (MoE, etp=1)    ep.ExpertParallelMoE      shared_expert_splits (the routed experts: whole, over ep)
+    tsp (MoE)          ep.ExpertParallelMoE      router_split (the routed experts: whole, over ep)
     tp / tpssm; tsp    vocab.ParallelEmbedding,  vocab_split (vocabulary rows; hidden columns)
                        vocab.ParallelHead
 """
@@ -80,6 +82,18 @@ def mlp_splits(ffn: int, gated: bool) -> dict[str, Split]:
         "w_in": _cut(0, ffn, ffn) if gated else _cut(0, ffn),
         "w_down": _cut(1, ffn),
     }
+
+
+def shared_expert_splits(ffn: int) -> dict[str, Split]:
+    """An MoE's shared experts on a tensor axis, as a dense MLP (Megatron-Core's SharedExpertMLP): the
+    [gate; up] rows column-parallel, part by part; down row-parallel; Qwen2-MoE's sigmoid gate (a
+    hidden → 1 projection) whole."""
+    return {"w_shared_gate_up": _cut(0, ffn, ffn), "w_shared_down": _cut(1, ffn), "w_shared_gate": WHOLE}
+
+
+def router_split(experts: int) -> Split:
+    """TSP: an MoE router's expert rows in contiguous pieces, streamed around the ring (tsp.RingRowsFn)."""
+    return _cut(0, experts)
 
 
 def dense_splits(q_width: int, kv_width: int, ffn: int, gated: bool) -> dict[str, Split]:

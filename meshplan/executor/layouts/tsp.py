@@ -215,6 +215,51 @@ class _TSPMlpFn(torch.autograd.Function):
         return dxn, own[: w_in.numel()].view_as(w_in), own[w_in.numel() :].view_as(w_down), None
 
 
+class RingRowsFn(torch.autograd.Function):
+    """x @ W.T for a W whose row shards lie one on each rank of tsp (an MoE router's experts): the
+    shards go around the send/recv ring, each hop filling the output columns of the shard in hand while
+    the next travels (costmodel/axes/tsp.py's "weight shard ring"). Backward: the ring again, x's
+    gradient summed over the shards, each shard's weight gradient (from this rank's tokens)
+    reduce-scattered onto its owner."""
+
+    @staticmethod
+    def forward(ctx, x, w, mesh):
+        ax, rows = mesh.axis("tsp"), w.shape[0]
+        out = x.new_empty(*x.shape[:-1], rows * ax.size)
+        cur = w.detach()
+        for hop in range(ax.size):
+            # Hop k: this rank holds shard (rank − k) mod D while it sends it on and receives the next.
+            nxt, reqs = ring_shift(mesh, cur, "tsp") if hop < ax.size - 1 else (None, [])
+            j = (ax.rank - hop) % ax.size
+            out[..., j * rows : (j + 1) * rows] = x @ cur.t()
+            for r in reqs:
+                r.wait()
+            cur = nxt
+        ctx.mesh = mesh
+        ctx.save_for_backward(x, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, w = ctx.saved_tensors
+        mesh, rows = ctx.mesh, w.shape[0]
+        ax = mesh.axis("tsp")
+        dx = torch.zeros_like(x)
+        grads = torch.zeros(ax.size, w.numel(), dtype=w.dtype, device=w.device)
+        cur = w.detach()
+        for hop in range(ax.size):
+            nxt, reqs = ring_shift(mesh, cur, "tsp") if hop < ax.size - 1 else (None, [])
+            j = (ax.rank - hop) % ax.size
+            d_j = dout[..., j * rows : (j + 1) * rows]
+            dx += d_j @ cur
+            grads[j] = (d_j.reshape(-1, rows).t() @ x.reshape(-1, x.shape[-1])).flatten()
+            for r in reqs:
+                r.wait()
+            cur = nxt
+        own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
+        return dx, own.view_as(w), None
+
+
 class TSPAttention(Sublayer):
     """RMSNorm of this rank's tokens → every rank's packed W_Q, W_K, W_V, W_O shard broadcast in turn,
     each shard's heads attended over its all-gathered K/V (_TSPAttentionFn). Every rank keeps the norm's
