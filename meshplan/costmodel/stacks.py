@@ -51,6 +51,10 @@ class Stack:
     # --overlap-moe-expert-parallel-comm; model_chunk_schedule_plan.py interleaves a forward and a
     # backward layer by layer)
     moe_a2a_overlap: bool = False
+    # Mixtures of experts under TP need Megatron-SP (MoELayer.forward's ValueError in Megatron-Core: each
+    # tensor rank routes its sequence shard); False: every tensor rank routes all its tokens (meshplan's
+    # executor, meshplan/executor/layouts/ep.py)
+    moe_needs_tp_sequence_parallel: bool = True
     # Sequence shards recompute the attention core in backward (meshplan's executor keeps only the
     # local q, k, v); Transformer Engine's context-parallel attention keeps each step's output and
     # log-sum-exp instead (AttnFuncWithCPAndKVP2P saves them for its backward), recomputing nothing.
@@ -263,6 +267,7 @@ STACKS: dict[str, Stack] = {
         pp_scatter_gather=False,
         grad_dtype="bf16",
         fused_swiglu=False,
+        moe_needs_tp_sequence_parallel=False,
         # The executor's pipeline runs 1F1B only (meshplan/executor/pipeline.py), with ZeRO 0-3.
         interleaved_min_pp=0,
         source="docs/validation.md; the constants of meshplan/costmodel/device.py and costmodel/blocks/",

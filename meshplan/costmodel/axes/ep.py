@@ -62,12 +62,12 @@ def violation(model, layout: Layout, opts) -> str | None:
 
 
 def tensor_violation(model, layout: Layout, opts) -> str | None:
-    """Megatron-SP under the tensor axis in training (the mesh-wide part of `violation`). Not under the
-    meshplan stack: its executor runs no Megatron-SP, and every tensor rank routes all its shard's
-    tokens (meshplan/executor/layouts/ep.py), as block_comms and expert_sharding price it without."""
+    """Megatron-SP under the tensor axis in training (the mesh-wide part of `violation`), where the stack
+    asks it (Stack.moe_needs_tp_sequence_parallel: not meshplan's executor, whose every tensor rank routes
+    all its shard's tokens, meshplan/executor/layouts/ep.py, as block_comms and expert_sharding price it)."""
     if model.moe is None or not opts.training or layout.tensor_degree == 1 or opts.tp_sequence_parallel:
         return None
-    if opts.stack == "meshplan":
+    if not opts.stack_spec.moe_needs_tp_sequence_parallel:
         return None
     axis = "tpssm" if layout.tpssm > 1 else "tp"
     return (
