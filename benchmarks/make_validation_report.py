@@ -3,6 +3,10 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run69-x2-dense-cudnn-attention.json: every dense layout of 2 GPUs (the grid of run 53)
+  with the executor's attention through cuDNN (whole sequence, and a shard's prefix as two blocks merged
+  by log-sum-exp); the dense SP and TSP rows of earlier runs ran the masked single-call shard attention
+  the model no longer describes (their time errors grew when the tables were re-measured).
 - validation-h200-run60-x2-norm-one-pass.json: every layout of 2 GPUs (the grid of run 53) with the
   one-pass gated RMSNorm and the fused SSD state passing; validation-h200-run62-x2-mamba2-long-conv-head.json:
   the final code at 128K-1M tokens (runs 59 and 61, the same grid before, ran a state passing whose
@@ -93,6 +97,13 @@ SOURCES = [
         "a Mamba-2 sequence shard's correction for its entering state as Triton kernels, and the in_proj "
         "output's gradient joined a block of rows at a time (cat_last): SP training at 16K-1M tokens and "
         "prefill at 16K and 128K, 2 x H200",
+    ),
+    (
+        "validation-h200-run69-x2-dense-cudnn-attention.json",
+        "the executor's attention through cuDNN in every layout (meshplan/executor/attention.py: whole-sequence "
+        "SDPA with cuDNN first, a shard's prefix as two fused blocks merged by log-sum-exp), every dense layout of "
+        "2 GPUs (as run 53), 2 x H200; the model's attention tables re-measured on the same paths "
+        "(attention-paths-h200.json)",
     ),
     (
         "validation-h200-run65-x2-mamba2-long-cat.json",

@@ -30,15 +30,20 @@ GEMM_EFFICIENCY = 0.74
 EAGER_ELEMENTWISE_FACTOR = 3.3
 
 
-# Achieved / peak of torch SDPA forward + backward (bf16, 32 heads of 128) by key length, measured on
-# an H200 with torch 2.11 (benchmarks/results/attention-h200.json, `python benchmarks/bench_attention.py`):
-# the fused causal kernel (queries and keys aligned: one GPU, TP) and the lower-right causal bias over
-# a key prefix that sequence shards use (SP, TSP), which torch runs on its memory-efficient kernel.
-# Other GPUs get the same fractions of their own peak until `meshplan calibrate` measures them.
-ATTENTION_EFFICIENCY_CAUSAL = ((4096, 0.39), (16384, 0.54), (32768, 0.56))
+# Achieved / peak of the executor's attention forward + backward (bf16, 32 heads of 128) by key length,
+# measured on an H200 with torch 2.11 through its own paths (meshplan/executor/attention.py;
+# benchmarks/results/attention-paths-h200.json, `python benchmarks/bench_attention_paths.py`): whole-sequence
+# causal attention through SDPA with cuDNN asked first (queries and keys aligned: one GPU, TP), and a
+# sequence shard's queries over its key prefix (SP, TSP) as an unmasked off-diagonal block and a causal
+# diagonal block merged by log-sum-exp, each on cuDNN's fused kernel (keys/2 queries a shard). The shard
+# path ran at 0.27-0.33 as one SDPA call with a lower-right causal mask, on the memory-efficient kernel
+# (attention-h200.json, the tables before #34). The same bench on an H100 gave the same within 0.03
+# (attention-paths-h100.json). Other GPUs get the same fractions of their own peak until `meshplan
+# calibrate` measures them.
+ATTENTION_EFFICIENCY_CAUSAL = ((4096, 0.344), (16384, 0.514), (32768, 0.541))
 
 
-ATTENTION_EFFICIENCY_PREFIX = ((8192, 0.27), (16384, 0.31), (32768, 0.33))
+ATTENTION_EFFICIENCY_PREFIX = ((8192, 0.442), (16384, 0.526), (32768, 0.534))
 
 
 ATTENTION_EFFICIENCY = 0.35  # decode and anything off the tables' shapes
