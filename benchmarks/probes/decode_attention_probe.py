@@ -1,4 +1,5 @@
 """Decode peak with the executor's causal_attention as is, and with plain SDPA in its place."""
+
 import runpy
 import sys
 
