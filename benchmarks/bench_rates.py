@@ -142,43 +142,18 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     rows = []
     for seq, heads, kv, d, batch in ATTENTION_SHAPES if args.only != "gemm" else ():
-        rate, err = blockwise_rate(seq, heads, kv, d, batch, seq // 4)
-        rows.append(
-            {
-                "case": "attention",
-                "seq": seq,
-                "heads": heads,
-                "kv_heads": kv,
-                "head_dim": d,
-                "batch": batch,
-                "backend": "cudnn-blocks",
-                "prefix_queries": seq // 4,
-                "tflops": rate,
-                "error": err,
-            }
-        )
-        what = f"attention s {seq} h {heads}/{kv} cudnn-blocks prefix {seq // 4:5}"
-        print(f"{what}: {rate or 0:7.1f} TFLOP/s", flush=True)
-        for backend in BACKENDS:
-            for prefix in (0, seq // 4):
+        shape = {"seq": seq, "heads": heads, "kv_heads": kv, "head_dim": d, "batch": batch}
+        runs = [("cudnn-blocks", seq // 4)] + [(b, prefix) for b in BACKENDS for prefix in (0, seq // 4)]
+        for backend, prefix in runs:
+            if backend == "cudnn-blocks":
+                rate, err = blockwise_rate(seq, heads, kv, d, batch, prefix)
+            else:
                 rate, err = attention_rate(seq, heads, kv, d, batch, backend, prefix)
-                rows.append(
-                    {
-                        "case": "attention",
-                        "seq": seq,
-                        "heads": heads,
-                        "kv_heads": kv,
-                        "head_dim": d,
-                        "batch": batch,
-                        "backend": backend,
-                        "prefix_queries": prefix,
-                        "tflops": rate,
-                        "error": err,
-                    }
-                )
-                what = f"attention s {seq} h {heads}/{kv} {backend:9} prefix {prefix:5}"
-                print(f"{what}: {rate or 0:7.1f} TFLOP/s", flush=True)
-                torch.cuda.empty_cache()
+            row = {"backend": backend, "prefix_queries": prefix, "tflops": rate, "error": err}
+            rows.append({"case": "attention", **shape, **row})
+            what = f"attention s {seq} h {heads}/{kv} {backend:9} prefix {prefix:5}"
+            print(f"{what}: {rate or 0:7.1f} TFLOP/s", flush=True)
+            torch.cuda.empty_cache()
     for name, m, n, k in GEMM_SHAPES if args.only != "attention" else ():
         r = gemm_rates(m, n, k)
         rows.append({"case": "gemm", "name": name, "m": m, "n": n, "k": k, **r})

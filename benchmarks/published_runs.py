@@ -148,6 +148,7 @@ def base_options(row: Row, **knobs) -> CostOptions:
         # at one tensor-core rate, priced as bf16
         precision="fp8" if row.get("precision") == "fp8" else "bf16",
         fp8_param_gather=bool(row.get("fp8_param_gather", False)),
+        fp8_recipe=row.get("fp8_recipe", "delayed"),
         # A production pipeline layout (Megatron-Core's --account-for-embedding/loss-in-pipeline-split,
         # --decoder-first/last-pipeline-num-layers) where the row states one
         account_for_embedding=bool(row.get("account_for_embedding", False)),

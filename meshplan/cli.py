@@ -159,7 +159,14 @@ RECOMPUTE_MODULES = typer.Option(
     "",
     "--recompute-modules",
     help="With --recompute selective, what it redoes, in Megatron-Core's names: core_attn (the default), moe "
-    "(the whole MoE layer), layernorm (the MoE pre-norm), shared_experts, mlp; comma list.",
+    "(the whole MoE layer), layernorm (the MoE pre-norm), moe_act (the experts' activation), shared_experts, mlp; "
+    "comma list.",
+)
+FP8_RECIPE = typer.Option(
+    "delayed",
+    "--fp8-recipe",
+    help="Per-tensor FP8 scaling (Megatron-Core --fp8-recipe): delayed (TE's default) | current (an amax "
+    "pass a tensor).",
 )
 FP8_PARAM_GATHER = typer.Option(
     False,
@@ -215,6 +222,7 @@ def memory(
     precision: str = PRECISION,
     cp_comm_type: str = CP_COMM_TYPE,
     fp8_param_gather: bool = FP8_PARAM_GATHER,
+    fp8_recipe: str = FP8_RECIPE,
     sweep_seq: Optional[str] = typer.Option(None, "--sweep-seq", help="Comma list, e.g. 16k,32k,64k,128k."),
     plot: Optional[str] = typer.Option(
         None, "--plot", help="Write memory by component against sequence length to this image (.png, .pdf, .svg)."
@@ -256,6 +264,7 @@ def memory(
         ),
         precision=precision,
         fp8_param_gather=fp8_param_gather,
+        fp8_recipe=fp8_recipe,
         cp_comm_type=cp_comm_type,
     )
     cluster_spec = load_cluster(cluster, nodes) if cluster else None
@@ -345,6 +354,7 @@ def stack_options(
     moe: dict | None = None,
     precision: str = "bf16",
     fp8_param_gather: bool = False,
+    fp8_recipe: str = "delayed",
     cp_comm_type: str = "",
 ):
     """CostOptions for a stack, as every command builds them: where an option is not given (None), the
@@ -395,6 +405,7 @@ def stack_options(
         stack=stack,
         precision=precision,
         fp8_param_gather=fp8_param_gather,
+        fp8_recipe=fp8_recipe,
         cp_comm_type=cp_comm_type,
         **(moe or {}),
     )
@@ -423,7 +434,7 @@ def assumed(opts) -> dict:
         "tp_sequence_parallel": opts.tp_sequence_parallel,
         "flash_attention": opts.flash_attention,
         "recompute": opts.recompute,
-        "recompute_modules": list(opts.recompute_modules),
+        "recompute_modules": list(opts.recompute_modules) if opts.recompute == "selective" else [],
         "act_dtype": opts.act_dtype,
         "optimizer": opts.optimizer,
         "int8_allreduce": opts.int8_allreduce,
@@ -435,6 +446,7 @@ def assumed(opts) -> dict:
         "moe_a2a_overlap": opts.moe_a2a_overlap,
         "precision": opts.precision,
         "fp8_param_gather": opts.fp8_param_gather,
+        "fp8_recipe": opts.fp8_recipe,
     }
 
 
@@ -455,7 +467,9 @@ def fmt_assumed(opts, *, searched: frozenset = frozenset()) -> str:
     if opts.int8_allreduce:
         parts.append("int8 all-reduce")
     if opts.precision != "bf16":
-        gather = ", weights gathered in FP8" if opts.fp8_param_gather else ""
+        gather = (", weights gathered in FP8" if opts.fp8_param_gather else "") + (
+            ", current scaling" if opts.fp8_recipe == "current" else ""
+        )
         parts.append(f"linear GEMMs in {opts.precision} (attention core, router, head in bf16){gather}")
     return (
         f"stack {opts.stack} ({opts.stack_spec.version}; attention: {opts.stack_spec.attention_kernel}): "
@@ -552,6 +566,7 @@ def recommend(
     precision: str = PRECISION,
     cp_comm_type: str = CP_COMM_TYPE,
     fp8_param_gather: bool = FP8_PARAM_GATHER,
+    fp8_recipe: str = FP8_RECIPE,
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -607,6 +622,7 @@ def recommend(
         ),
         precision=precision,
         fp8_param_gather=fp8_param_gather,
+        fp8_recipe=fp8_recipe,
         cp_comm_type=cp_comm_type,
     )
     micro = batch or 1
@@ -766,6 +782,7 @@ def predict(
     precision: str = PRECISION,
     cp_comm_type: str = CP_COMM_TYPE,
     fp8_param_gather: bool = FP8_PARAM_GATHER,
+    fp8_recipe: str = FP8_RECIPE,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Cost of one given plan — memory, step time, throughput, MFU/HFU, exposed communication, the
@@ -800,6 +817,7 @@ def predict(
         ),
         precision=precision,
         fp8_param_gather=fp8_param_gather,
+        fp8_recipe=fp8_recipe,
         cp_comm_type=cp_comm_type,
     )
     result = predict_plan(

@@ -23,6 +23,10 @@ class Rates:
     attention_causal: tuple[tuple[int, float], ...] | None = None
     attention_prefix: tuple[tuple[int, float], ...] | None = None
 
+    def __post_init__(self) -> None:
+        if (self.attention_causal is None) != (self.attention_prefix is None):
+            raise ValueError(f"Rates({self.source}): give attention_causal and attention_prefix together")
+
 
 @dataclass(frozen=True)
 class GpuKind:
@@ -109,7 +113,7 @@ GPUS: tuple[GpuKind, ...] = (
         "h100-sxm-8",
         (
             ("megatron", _H100_MEGATRON),
-            ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H100_MEGATRON.source)),
+            ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H100_FLASH.source)),
             # Llama 3's PyTorch stack: the same cuBLAS GEMMs at layer shapes and flash attention
             ("llama3", _H100_FLASH),
             ("meshplan", Rates(None, None, "the executor's H200 rates (H100 smoke runs within 2-7%)")),
@@ -122,7 +126,7 @@ GPUS: tuple[GpuKind, ...] = (
         "h200-8",
         (
             ("megatron", _H200_AS_H100),
-            ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H200_AS_H100.source)),
+            ("megatron-2021", Rates(H100_GEMM_EFFICIENCY, None, _H200_FLASH_AS_H100.source)),
             ("llama3", _H200_FLASH_AS_H100),
             ("meshplan", _EXECUTOR),
         ),

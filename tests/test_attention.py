@@ -75,7 +75,7 @@ def test_shard_attention_in_low_precision_stays_near_float64(dtype, tol):
         torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol, msg=name)
 
 
-def test_causal_attention_takes_gqa_without_repeating():
+def test_causal_attention_takes_gqa_kv_as_they_are():
     torch.manual_seed(2)
     inputs, go = _inputs(12, 12, 8, 2, torch.float64)
     got = _output_and_grads(causal_attention, inputs, go)

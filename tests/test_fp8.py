@@ -224,3 +224,47 @@ def test_recommend_on_nine_nvl72_racks(tmp_path):
 
 def _megatron(**kw) -> CostOptions:
     return CostOptions(stack="megatron", grad_dtype="fp32", tp_sequence_parallel=True, **kw)
+
+
+def test_quantize_kernels_by_hand():
+    """Transformer Engine's FP8 casts around a dense-7b layer's GEMMs at tp=1 (h = 4096, F = 16384, MHA):
+    forward, QKV's input quantized by the norm (delayed: 1 B instead of 2, a transpose 1 + 1 → +1 B an
+    element; current: the bf16 norm output cast with its transpose, +4), the output projection's input
+    (h) and fc2's (F) cast with their transposes (4 B; current +2 for the amax pass), fc1's input by its
+    norm like QKV's; backward, every GEMM's output gradient cast and transposed (QKV 3h, out-proj h,
+    fc1 2F, fc2 h: 4 B, current 6) — at the H100's 3.35 TB/s, 4096 tokens."""
+    from meshplan.costmodel.compute import block_compute
+
+    h100 = load_cluster("h100-sxm-8")
+    sh = sharding_for(parse_layout("tp=1"), _opts())
+    hbm, t = 3.35e12, SEQ
+    expected = {
+        ("delayed", "attention"): (H * 1 + H * 4, (3 * H + H) * 4),
+        ("current", "attention"): (H * 4 + H * 6, (3 * H + H) * 6),
+        ("delayed", "mlp"): (H * 1 + F * 4, (2 * F + H) * 4),
+        ("current", "mlp"): (H * 4 + F * 6, (2 * F + H) * 6),
+    }
+    for (recipe, kind), (fwd, bwd) in expected.items():
+        dev = Device.of(h100, stack_at("megatron", "fp8", False, recipe))
+        comp = block_compute(MODEL, kind, t, SEQ, sh, 2, dev, recompute="none", training=True)
+        assert dev.rated_hbm == hbm
+        assert comp.cast_fwd_s == pytest.approx(t * fwd / hbm) and comp.cast_bwd_s == pytest.approx(t * bwd / hbm)
+    # bf16 runs no casts; a recomputed forward runs its casts again
+    bf16 = block_compute(
+        MODEL, "mlp", t, SEQ, sh, 2, Device.of(h100, STACKS["megatron"]), recompute="none", training=True
+    )
+    assert bf16.cast_fwd_s == bf16.cast_bwd_s == 0.0
+    dev = Device.of(h100, stack_at("megatron", "fp8"))
+    full = block_compute(MODEL, "mlp", t, SEQ, sh, 2, dev, recompute="full", training=True)
+    none = block_compute(MODEL, "mlp", t, SEQ, sh, 2, dev, recompute="none", training=True)
+    assert full.recompute_fwd_s == pytest.approx(none.fwd_s)
+
+
+def test_current_scaling_is_slower_and_asks_for_fp8():
+    h100 = load_cluster("h100-sxm-8")
+    layout = parse_layout("tp=8")
+    delayed = estimate_step(MODEL, layout, SEQ, 1, _opts(precision="fp8"), h100).step_time_s
+    current = estimate_step(MODEL, layout, SEQ, 1, _opts(precision="fp8", fp8_recipe="current"), h100).step_time_s
+    assert delayed < current
+    with pytest.raises(MeshplanError, match="--fp8-recipe current .* needs --precision fp8"):
+        _opts(fp8_recipe="current")

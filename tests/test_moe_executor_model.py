@@ -237,6 +237,9 @@ def test_what_the_moe_executor_does_not_run_is_one_line_naming_the_field(model, 
     with_dense = moe(dense("tiny-dense-first", 64, 2, 8, 4, 128, 100), MoeSpec(64, 4, 2, 128), dense_layer_ids=(0,))
     assert "dense MLPs on layers [0]" in unsupported(parse_layout("dp=2,ep=2"), with_dense)
     assert "streams no shared experts under tsp=2" in unsupported(parse_layout("tsp=2,ep=2"), QWEN2_MOE)
+    # the router's rows ring over tsp in equal shards: 6 experts on tsp=4 would leave two behind
+    six = moe(dense("tiny-six-experts", 64, 2, 8, 4, 128, 100), MoeSpec(64, 6, 2, 128))
+    assert "tsp=4 must divide tiny-six-experts's 6 experts" in unsupported(parse_layout("tsp=4,ep=2"), six)
 
 
 @pytest.mark.parametrize(

@@ -111,3 +111,47 @@ def test_full_and_none_are_the_same_for_every_block():
     for kind in ("attention", "router", "experts", "shared_expert", "mlp"):
         assert kind_recompute(_opts("full"), kind) == "full"
         assert kind_recompute(BASE, kind) == "none"
+
+
+def test_what_each_module_redoes_by_hand():
+    """`moe` redoes the MoE blocks' forward whole (recompute time = forward time); `moe_act` the experts'
+    activation alone: 3·k·f bf16 bytes a token (SwiGLU reads gate and up, writes the product) at the
+    stack's HBM rate; `layernorm` the pre-norm's read and write, 2·h bytes."""
+    from meshplan.costmodel.axes import sharding_for
+    from meshplan.costmodel.compute import block_compute
+    from meshplan.costmodel.device import Device
+
+    dev = Device.of(load_cluster("h100-sxm-8"), BASE.stack_spec)
+    sh = sharding_for(LAYOUT, BASE)
+    m, t = QWEN.moe, SEQ
+
+    def comp(kind, opts):
+        return block_compute(QWEN, kind, t, SEQ, sh, 2, dev, recompute=kind_recompute(opts, kind), training=True)
+
+    for kind in ("router", "experts"):
+        whole = comp(kind, _opts(modules=("moe",)))
+        assert whole.recompute_fwd_s == pytest.approx(whole.fwd_s)
+    act = comp("experts", _opts(modules=("moe_act",)))
+    assert act.recompute_fwd_s == pytest.approx(
+        t * 3 * m.top_k * m.expert_ffn * 2 * dev.elementwise_factor / dev.rated_hbm
+    )
+    norm = comp("router", _opts(modules=("layernorm",)))
+    assert norm.recompute_fwd_s == pytest.approx(t * 2 * m.hidden * 2 * dev.elementwise_factor / dev.rated_hbm)
+    assert comp("experts", BASE).recompute_fwd_s == 0.0
+
+
+def test_the_mlp_module_keeps_only_the_blocks_input():
+    """Megatron's `mlp` checkpoint starts at the MLP's input: with Transformer Engine's spec its norm is
+    fused into fc1, so of a dense layer's MLP tensors only the norm's input stays (2·h bytes a token)."""
+    llama = replace(PRESETS["llama3-8b"], layers=2)
+    layout = parse_layout("dp=8")
+    opts = replace(BASE, recompute="selective", recompute_modules=("mlp",))
+    assert _kept_in(llama, "mlp", opts) == {"mlp_norm_input"}
+    none = saved_activation_bytes(llama, layout, SEQ, 1, BASE)[0]
+    mlp = saved_activation_bytes(llama, layout, SEQ, 1, opts)[0]
+    dropped = sum(i.bytes_per_token for i in block_saved("mlp", llama, BASE) if i.name != "mlp_norm_input")
+    assert none - mlp == pytest.approx(llama.layers * SEQ * dropped)
+
+
+def _kept_in(model, kind, opts):
+    return {item.name for item in block_saved(kind, model, opts) if not item.dropped(opts)}

@@ -54,16 +54,29 @@ def block_compute(
     flops += core_flops
     mem = busy * b.memory_bound_bytes_per_token(model, sh.head_div, e) * b.eager_factor(dev) / dev.rated_hbm
     kernel_fwd, kernel_bwd = b.kernels_s(model, tokens, sh, e, dev, row_tokens)
+    cast_fwd = cast_bwd = 0.0
+    if dev.precision != "bf16":  # Transformer Engine's quantize kernels around the FP8 GEMMs
+        fwd_bytes, bwd_bytes = b.fp8_cast_bytes_per_token(model, sh.head_div, dev.fp8_current_scaling)
+        cast_fwd, cast_bwd = busy * fwd_bytes / dev.rated_hbm, busy * bwd_bytes / dev.rated_hbm
     recompute_s = 0.0
     if training:
         if recompute == "full":
-            recompute_s += gemm + core + mem + kernel_fwd
+            recompute_s += gemm + core + mem + kernel_fwd + cast_fwd
         else:
             recompute_s += b.partial_recompute_s(
                 model, recompute, sh, gemm=gemm, core=core, mem=mem, kernel_fwd=kernel_fwd, tokens=tokens, e=e, dev=dev
             )
     return BlockCompute(
-        gemm, core, mem, recompute_s, flops, kernel_fwd, kernel_bwd if training else 0.0, b.core_bwd_factor(dev)
+        gemm,
+        core,
+        mem,
+        recompute_s,
+        flops,
+        kernel_fwd,
+        kernel_bwd if training else 0.0,
+        b.core_bwd_factor(dev),
+        cast_fwd,
+        cast_bwd if training else 0.0,
     )
 
 

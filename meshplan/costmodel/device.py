@@ -37,12 +37,15 @@ EAGER_ELEMENTWISE_FACTOR = 3.3
 # sequence shard's queries over its key prefix (SP, TSP) as an unmasked off-diagonal block and a causal
 # diagonal block merged by log-sum-exp, each on cuDNN's fused kernel (keys/2 queries a shard). The shard
 # path ran at 0.27-0.33 as one SDPA call with a lower-right causal mask, on the memory-efficient kernel
-# (attention-h200.json, the tables before #34). The same bench on an H100 gave the same within 0.03
+# (attention-h200.json, the tables before #34). The same bench on an H100 gave the same within 0.04
 # (attention-paths-h100.json). Other GPUs get the same fractions of their own peak until `meshplan
 # calibrate` measures them.
 ATTENTION_EFFICIENCY_CAUSAL = ((4096, 0.344), (16384, 0.514), (32768, 0.541))
 
 
+# A shard's rate is keyed by its keys alone, measured with keys/2 queries (sp = 2); hardware.py's cuDNN
+# prefix table was measured with keys/4: a shard with fewer queries over the same keys runs smaller calls
+# (slower), with more faster — neither table is keyed by the queries, nor by the heads a rank holds.
 ATTENTION_EFFICIENCY_PREFIX = ((8192, 0.442), (16384, 0.526), (32768, 0.534))
 
 
@@ -128,6 +131,7 @@ class Device:
     fp8_speedup: float = 1.0
     fp8_peak_flops: float = 0.0
     fp8_input_bytes: float = 1.0  # bytes an FP8 GEMM operand element reads (MXFP8: + a scale a 32)
+    fp8_current_scaling: bool = False  # each quantized tensor read once more for its amax (--fp8-recipe current)
 
     __hash__ = frozen_hash  # block_compute's cache keys on it
 
@@ -182,7 +186,7 @@ class Device:
             note = ""  # `meshplan calibrate` measured this cluster
         dev = replace(dev, rates_note=note)
         if stack is not None and stack.precision != "bf16":
-            dev = _at_fp8(dev, cluster, stack.precision)
+            dev = replace(_at_fp8(dev, cluster, stack.precision), fp8_current_scaling=stack.fp8_recipe == "current")
         if cal is None:
             return dev
         return replace(

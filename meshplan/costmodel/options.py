@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
-from meshplan.costmodel.stacks import CP_COMM_TYPES, PRECISIONS, get_stack, stack_at
+from meshplan.costmodel.stacks import CP_COMM_TYPES, FP8_RECIPES, PRECISIONS, get_stack, stack_at
 from meshplan.errors import MeshplanError
 from meshplan.models import DTYPE_BYTES, frozen_hash
 
@@ -17,7 +17,8 @@ RECOMPUTE = ("none", "selective", "full")
 # moe, the whole MoE layer after its norm — router, token dispatch and combine, routed and shared
 # experts (MoELayer.forward under checkpoint, its all-to-alls redone); layernorm, the norms Transformer
 # Engine does not fuse into a linear (the MoE layer's pre-norm: TENorm, its output discarded and rebuilt
-# by CheckpointWithoutOutput); moe_act, the routed experts' activation (fc1's output kept, fc2's input
+# by CheckpointWithoutOutput; MLA's separate input norm, which Megatron recomputes too, is not priced);
+# moe_act, the routed experts' activation (fc1's output kept, fc2's input
 # rebuilt); shared_experts, the shared experts alone; mlp, the dense MLP with its fused norm.
 RECOMPUTE_MODULES = ("core_attn", "moe", "layernorm", "moe_act", "shared_experts", "mlp")
 OPTIMIZERS = ("adam", "none")
@@ -95,6 +96,8 @@ class CostOptions:
     # Megatron-Core --fp8-param-gather: the FP8 GEMMs' weights kept in FP8 (TE's fp8_model_init), so the
     # distributed optimizer's (and ZeRO-3's) parameter all-gather moves 1 byte a weight, not 2
     fp8_param_gather: bool = False
+    # Per-tensor FP8 scaling (--fp8-recipe): delayed (TE's default) or current (an amax pass a tensor)
+    fp8_recipe: str = "delayed"
 
     __hash__ = frozen_hash
 
@@ -140,6 +143,10 @@ class CostOptions:
                 "--fp8-param-gather keeps per-tensor-scaled FP8 weights: it needs --precision fp8"
                 + (" (MXFP8 weights are not priced)" if self.precision == "mxfp8" else "")
             )
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise MeshplanError(f"--fp8-recipe: unknown {self.fp8_recipe!r}; use one of {', '.join(FP8_RECIPES)}")
+        if self.fp8_recipe != "delayed" and self.precision != "fp8":
+            raise MeshplanError(f"--fp8-recipe {self.fp8_recipe} scales per-tensor FP8: it needs --precision fp8")
         if self.cp_comm_type and self.cp_comm_type not in CP_COMM_TYPES:
             raise MeshplanError(
                 f"--cp-comm-type: unknown {self.cp_comm_type!r}; use one of {', '.join(CP_COMM_TYPES)} "
@@ -237,7 +244,7 @@ class CostOptions:
     @property
     def stack_spec(self):
         """The stack as this run runs it: at its GEMM precision (meshplan.costmodel.stacks.stack_at)."""
-        return stack_at(self.stack, self.precision, self.fp8_param_gather)
+        return stack_at(self.stack, self.precision, self.fp8_param_gather, self.fp8_recipe)
 
     @property
     def cp_comm(self) -> str:

@@ -91,9 +91,13 @@ class Stack:
     # gathered in FP8 (--fp8-param-gather): set per run by stack_at, not per stack.
     precision: str = "bf16"
     fp8_param_gather: bool = False
+    # Per-tensor FP8 scaling (Megatron-Core --fp8-recipe): "delayed" (amax history, TE's default) or
+    # "current" (each tensor's own amax, a pass over it before the cast: Float8CurrentScaling)
+    fp8_recipe: str = "delayed"
 
 
 PRECISIONS = ("bf16", "fp8", "mxfp8")
+FP8_RECIPES = ("delayed", "current")
 CP_COMM_TYPES = ("allgather", "p2p", "a2a")
 
 # Which GEMMs run in FP8 under Megatron-Core with Transformer Engine (--fp8-format hybrid: e4m3 forward,
@@ -108,13 +112,13 @@ CP_COMM_TYPES = ("allgather", "p2p", "a2a")
 
 
 @functools.lru_cache(maxsize=64)
-def stack_at(name: str, precision: str = "bf16", fp8_param_gather: bool = False) -> Stack:
-    """The stack `name` as a run runs it, at its GEMM precision (its own object, made once: the cost
-    model's caches key on it)."""
+def stack_at(name: str, precision: str = "bf16", fp8_param_gather: bool = False, fp8_recipe: str = "delayed") -> Stack:
+    """The stack `name` as a run runs it, at its GEMM precision and FP8 scaling (its own object, made once:
+    the cost model's caches key on it)."""
     stack = get_stack(name)
     if precision == "bf16" and not fp8_param_gather:
         return stack
-    return replace(stack, precision=precision, fp8_param_gather=fp8_param_gather)
+    return replace(stack, precision=precision, fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe)
 
 
 # Megatron-LM's fused kernels (fused LayerNorm, bias-GeLU, bias-dropout-add, scaled masked softmax:
@@ -272,7 +276,7 @@ STACKS: dict[str, Stack] = {
         interleaved_min_pp=0,
         source="docs/validation.md; the constants of meshplan/costmodel/device.py and costmodel/blocks/",
         version="meshplan's executor at this commit",
-        attention_kernel="torch scaled_dot_product_attention (its default backend)",
+        attention_kernel="cuDNN fused through torch SDPA (a shard's two blocks merged by log-sum-exp)",
     ),
 }
 DEFAULT_STACK = "megatron"

@@ -421,6 +421,21 @@ def ring_shift(mesh: Mesh, t: torch.Tensor, axis: str) -> tuple[torch.Tensor, li
     return recv, dist.batch_isend_irecv(ops)
 
 
+def ring_shards(mesh: Mesh, own: torch.Tensor, each, axis: str = "tsp") -> None:
+    """Pass this rank's shard `own` round the ring of `axis`: `each(j, shard)` runs on shard j (at hop k
+    this rank holds rank − k's) while the next one is in flight."""
+    ax = mesh.axis(axis)
+    cur = own.detach()
+    for hop in range(ax.size):
+        pending = ring_shift(mesh, cur, axis) if hop < ax.size - 1 else None
+        each((ax.rank - hop) % ax.size, cur)
+        if pending is not None:
+            received, requests = pending
+            for req in requests:
+                req.wait()
+            cur = received
+
+
 # -- autograd functions ----------------------------------------------------------------------------
 
 

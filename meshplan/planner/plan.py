@@ -435,7 +435,15 @@ SKIPPED = "skipped"
 def _trial(opts: CostOptions, sp: bool, v: int, recompute: str) -> CostOptions:
     """`opts` with one setting of the searched knobs (virtual stages > 1: the interleaved schedule)."""
     schedule = "interleaved" if v > 1 else "1f1b"
-    return replace(opts, tp_sequence_parallel=sp, virtual_stages=v, schedule=schedule, recompute=recompute)
+    modules = opts.recompute_modules if recompute == "selective" else ("core_attn",)
+    return replace(
+        opts,
+        tp_sequence_parallel=sp,
+        virtual_stages=v,
+        schedule=schedule,
+        recompute=recompute,
+        recompute_modules=modules,
+    )
 
 
 def _gib(n: float) -> str:

@@ -14,6 +14,15 @@ from meshplan.costmodel.device import gemm_time_s, linear_gemm_time_s
 ATTENTION_BWD_FACTOR = 2.5
 
 
+# Transformer Engine 2.x's FP8 quantize traffic an element on Hopper, whose FP8 GEMMs take only the TN layout
+# (csrc quantizer.cpp: with_transpose when the columnwise copy is used; cast_kernels.cuh cast_transpose;
+# normalization.cpp / ln_api.cpp: the norm writes FP8 under delayed scaling, a separate nvte_transpose
+# follows; quantizer.cpp quantize_impl: current scaling runs nvte_compute_amax over the tensor first):
+FP8_CAST_BYTES = 2 + 1 + 1  # read bf16, write the FP8 copy and its transpose
+FP8_AMAX_BYTES = 2  # current scaling's amax pass: the bf16 tensor read once more
+FP8_NORM_FUSED_BYTES = -1 + 1 + 1  # the norm writes 1 B instead of 2; the transpose reads 1 and writes 1
+
+
 def selective_modules(recompute: str) -> frozenset[str]:
     """The Megatron recompute modules a block's `recompute` (step.kind_recompute's "selective:<modules>")
     lists; none under "none" or "full" (full redoes the whole block)."""
@@ -31,10 +40,13 @@ class BlockCompute:
     kernel_fwd_s: float = 0.0  # Mamba-2's scan and conv kernels
     kernel_bwd_s: float = 0.0
     attn_bwd_factor: float = ATTENTION_BWD_FACTOR  # backward / forward time of the attention core
+    # FP8 quantize kernels around the FP8 GEMMs (BlockKind.fp8_cast_bytes_per_token), forward and backward
+    cast_fwd_s: float = 0.0
+    cast_bwd_s: float = 0.0
 
     @property
     def fwd_s(self) -> float:
-        return self.gemm_fwd_s + self.attn_fwd_s + self.mem_fwd_s + self.kernel_fwd_s
+        return self.gemm_fwd_s + self.attn_fwd_s + self.mem_fwd_s + self.kernel_fwd_s + self.cast_fwd_s
 
     @property
     def bwd_s(self) -> float:
@@ -44,6 +56,7 @@ class BlockCompute:
             + 2 * self.mem_fwd_s
             + self.recompute_fwd_s
             + self.kernel_bwd_s
+            + self.cast_bwd_s
         )
 
 
@@ -60,6 +73,9 @@ class BlockKind:
     # Its projections are Transformer Engine Linear modules, run in FP8 under --precision fp8
     # (meshplan.costmodel.stacks.FP8_GEMM_LAYERS); False: they stay bf16 (the router's)
     fp8_gemms = True
+    # Its first projection reads its pre-norm's output, which Transformer Engine's LayerNormLinear
+    # quantizes itself (fp8_cast_bytes_per_token)
+    norm_fed = True
     # Megatron recompute modules that checkpoint the whole block (options.RECOMPUTE_MODULES): under
     # selective recompute listing one, the block is redone in backward and keeps only its input
     recompute_modules: tuple[str, ...] = ()
@@ -91,6 +107,26 @@ class BlockKind:
     def memory_bound_bytes_per_token(self, model, head_div: int, e: int) -> float:
         """HBM traffic of the non-GEMM work a token: norm, residual, the block's elementwise ops."""
         raise NotImplementedError
+
+    def fp8_cast_bytes_per_token(self, model, head_div: int, current_scaling: bool) -> tuple[float, float]:
+        """(forward, backward) HBM bytes a token of Transformer Engine's quantize kernels around the block's
+        FP8 GEMMs, on Hopper (TE 2.x; docs/design.md §4a): each GEMM input cast with its transposed copy
+        (read 2 B, write 1 + 1); the first's, where `norm_fed`, by the pre-norm itself (delayed scaling:
+        the norm writes 1 B instead of its 2, a transpose reads and writes 1 + 1; current scaling: the
+        norm's bf16 output cast and transposed, its amax fused in the norm); each output gradient cast
+        and transposed in backward; under current scaling every other cast reads its tensor once more for
+        the amax (2 B). Weights are cast once a step (the first micro-batch), not counted."""
+        if not self.fp8_gemms:
+            return 0.0, 0.0
+        cast = FP8_CAST_BYTES + (FP8_AMAX_BYTES if current_scaling else 0.0)
+        fwd = bwd = 0.0
+        for i, (n, k) in enumerate(self.gemms(model, head_div)):
+            if i == 0 and self.norm_fed:
+                fwd += k * (FP8_CAST_BYTES if current_scaling else FP8_NORM_FUSED_BYTES)
+            else:
+                fwd += k * cast
+            bwd += n * cast
+        return fwd, bwd
 
     def saved(self, model, opts) -> list:
         """The tensors one invocation saves for backward (meshplan.costmodel.activations.Saved)."""

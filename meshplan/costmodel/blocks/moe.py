@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.costmodel.activations import FP32, NORM_STATS, Saved
-from meshplan.costmodel.blocks.base import BlockKind, selective_modules
+from meshplan.costmodel.blocks.base import FP8_AMAX_BYTES, FP8_CAST_BYTES, BlockKind, selective_modules
 from meshplan.costmodel.device import grouped_gemm_time_s
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.models import ModelSpec
@@ -26,7 +26,9 @@ class Router(BlockKind):
     name = "router"
     tensor_comms = False  # replicated on every tensor rank
     fp8_gemms = False  # a plain torch linear in Megatron-Core (TopKRouter), not Transformer Engine's
-    recompute_modules = ("moe",)  # MoELayer.forward (router, dispatch, experts, combine) checkpointed whole
+    # MoELayer.forward (router, dispatch, experts, combine) checkpointed whole; the block's pre-norm and
+    # residual traffic, outside Megatron's checkpoint, are redone with it here (a few h-wide passes)
+    recompute_modules = ("moe",)
 
     def params(self, model):
         return model.moe.router_params()
@@ -111,6 +113,15 @@ class Experts(_ExpertMlp):
         m = model.moe
         return e * (4 * m.top_k * m.hidden + (m.top_k + 1) * m.hidden + 3 * m.top_k * m.expert_ffn / head_div)
 
+    def fp8_cast_bytes_per_token(self, model, head_div, current_scaling):
+        """TEGroupedLinear quantizes the routed copies (top_k of them a token) and the activation's output
+        before fc2, forward; both projections' output gradients in backward (multi_cast_transpose under
+        delayed scaling, a cast with its amax pass an expert under current)."""
+        m = model.moe
+        cast = FP8_CAST_BYTES + (FP8_AMAX_BYTES if current_scaling else 0.0)
+        width = m.top_k * m.expert_ffn / head_div
+        return (m.top_k * m.hidden + width) * cast, (m.n_input_matrices * width + m.top_k * m.hidden) * cast
+
     def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
         # "moe_act": the experts' activation (SwiGLU over every copy's intermediate, counted above) again
         if "moe_act" not in selective_modules(recompute):
@@ -147,6 +158,7 @@ class SharedExpert(_ExpertMlp):
     reduce-scattered (Megatron-Core's SharedExpertMLP)."""
 
     name = "shared_expert"
+    norm_fed = False  # its input is the router's norm output (TENorm apart): its own Linear casts it
     # inside MoELayer (its "moe" checkpoint), or checkpointed alone ("shared_experts")
     recompute_modules = ("moe", "shared_experts")
 

@@ -90,6 +90,11 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"layout: the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (issue #32), not with "
             f"tpssm={layout.tpssm}; drop tpssm or use tp"
         )
+    if layout.tsp > 1 and moe.experts % layout.tsp:  # tsp.RingRowsFn: the router's rows ring in equal shards
+        return (
+            f"layout: tsp={layout.tsp} must divide {model.name}'s {moe.experts} experts (the router's rows go "
+            f"round the tsp ring in equal shards); pick tsp from the divisors of {moe.experts}"
+        )
     if layout.tsp > 1 and moe.shared_ffn:  # ep.ExpertParallelMoE streams the router alone
         return (
             f"layout: the executor streams no shared experts under tsp={layout.tsp}, which {model.name} has; "

@@ -17,7 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.executor.blocks import DenseLayer
-from meshplan.executor.comm import Mesh, all_gather, all_gather_start, broadcast, reduce_scatter, ring_shift
+from meshplan.executor.comm import (
+    Mesh,
+    all_gather,
+    all_gather_start,
+    broadcast,
+    reduce_scatter,
+    ring_shards,
+    ring_shift,
+)
 from meshplan.executor.layouts.common import (
     KVCache,
     Sublayer,
@@ -226,15 +234,11 @@ class RingRowsFn(torch.autograd.Function):
     def forward(ctx, x, w, mesh):
         ax, rows = mesh.axis("tsp"), w.shape[0]
         out = x.new_empty(*x.shape[:-1], rows * ax.size)
-        cur = w.detach()
-        for hop in range(ax.size):
-            # Hop k: this rank holds shard (rank − k) mod D while it sends it on and receives the next.
-            nxt, reqs = ring_shift(mesh, cur, "tsp") if hop < ax.size - 1 else (None, [])
-            j = (ax.rank - hop) % ax.size
-            out[..., j * rows : (j + 1) * rows] = x @ cur.t()
-            for r in reqs:
-                r.wait()
-            cur = nxt
+
+        def rows_of(j, shard):
+            out[..., j * rows : (j + 1) * rows] = x @ shard.t()
+
+        ring_shards(mesh, w, rows_of)
         ctx.mesh = mesh
         ctx.save_for_backward(x, w)
         return out
@@ -246,16 +250,13 @@ class RingRowsFn(torch.autograd.Function):
         ax = mesh.axis("tsp")
         dx = torch.zeros_like(x)
         grads = torch.zeros(ax.size, w.numel(), dtype=w.dtype, device=w.device)
-        cur = w.detach()
-        for hop in range(ax.size):
-            nxt, reqs = ring_shift(mesh, cur, "tsp") if hop < ax.size - 1 else (None, [])
-            j = (ax.rank - hop) % ax.size
+
+        def grads_of(j, shard):
             d_j = dout[..., j * rows : (j + 1) * rows]
-            dx += d_j @ cur
+            dx.add_(d_j @ shard)
             grads[j] = (d_j.reshape(-1, rows).t() @ x.reshape(-1, x.shape[-1])).flatten()
-            for r in reqs:
-                r.wait()
-            cur = nxt
+
+        ring_shards(mesh, w, grads_of)
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
         return dx, own.view_as(w), None
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.comm import AllToAll, CopyToAxis, Mesh, ReduceFromAxis, all_reduce, reduce_scatter, ring_shift
+from meshplan.executor.comm import AllToAll, CopyToAxis, Mesh, ReduceFromAxis, all_reduce, reduce_scatter, ring_shards
 from meshplan.executor.layouts.common import Sharded
 from meshplan.executor.layouts.splits import vocab_split
 from meshplan.executor.model import OutputHead, TokenEmbedding
@@ -83,21 +83,11 @@ def log_softmax_over(logits: torch.Tensor, mesh: Mesh, axis: str | None) -> torc
     return z - sums.log()
 
 
-def _ring_columns(mesh: Mesh, x: torch.Tensor, own: torch.Tensor, each) -> None:
+def _ring_columns(mesh: Mesh, own: torch.Tensor, each) -> None:
     """Pass this rank's column shard `own` (V, h/D) round the tsp ring; `each(j, shard, cols)` runs on
     shard j (columns `cols` of x) while the next one is in flight."""
-    ax = mesh.axis("tsp")
-    d, r, c = ax.size, ax.rank, own.shape[1]
-    cur = own.detach()
-    for k in range(d):
-        j = (r - k) % d
-        pending = ring_shift(mesh, cur, "tsp") if k < d - 1 else None
-        each(j, cur, slice(j * c, (j + 1) * c))
-        if pending is not None:
-            received, requests = pending
-            for req in requests:
-                req.wait()
-            cur = received
+    c = own.shape[1]
+    ring_shards(mesh, own, lambda j, shard: each(j, shard, slice(j * c, (j + 1) * c)))
 
 
 class _TSPLogits(torch.autograd.Function):
@@ -106,7 +96,7 @@ class _TSPLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, mesh):
         out = x.new_zeros(x.shape[0], w.shape[0], dtype=torch.promote_types(x.dtype, torch.float32))
-        _ring_columns(mesh, x, w, lambda j, shard, cols: out.add_(x[:, cols] @ shard.t()))
+        _ring_columns(mesh, w, lambda j, shard, cols: out.add_(x[:, cols] @ shard.t()))
         ctx.mesh = mesh
         ctx.save_for_backward(x, w)
         return out
@@ -122,7 +112,7 @@ class _TSPLogits(torch.autograd.Function):
             dx[:, cols] = g @ shard
             partial[:, cols] = g.t() @ x[:, cols]
 
-        _ring_columns(ctx.mesh, x, w, each)
+        _ring_columns(ctx.mesh, w, each)
         return dx, reduce_scatter(ctx.mesh, partial, "tsp", 1), None
 
 
