@@ -6,7 +6,8 @@ Whole sequence (t = S): SDPA with is_causal. On Hopper and later, cuDNN's fused 
 first (priority cuDNN → FlashAttention-2 → memory-efficient → math). cuDNN runs causal attention 1.75-1.9×
 FlashAttention-2's rate on an H100 (benchmarks/results/rates-h100.json), but torch 2.11 with cuDNN 9.19
 already picks it by default there: asking first changed the whole-sequence time by ×0.92-1.01 (H100) and
-×0.98-1.01 (H200) at 4K-32K (attention-paths-h100.json, -h200.json). The gain is the shard's.
+×0.98-1.01 (H200) at 4K-32K (attention-paths-h100.json, attention-paths-h200.json). The gain is the
+shard's.
 
 A shard (t < S, lower-right causal: query i sees keys up to S − t + i) is two blocks — the off-diagonal
 keys [0, S − t), which every query sees whole, and the square causal diagonal [S − t, S) — each run by a
