@@ -122,6 +122,12 @@ def test_logits_at_128k_are_design_md_16_8_gb_and_the_gemms_bf16_copy():
     assert 131072 * 32000 * 4 == pytest.approx(16.8e9, rel=0.01)
     tp = memory_per_gpu(model, Layout(tp=8), 131072, 1)  # vocab-parallel loss
     assert tp.per_gpu_bytes["transient_logits"] == 131072 * 4000 * (4 + 2)
+    # TSP's head sums its column shards in fp32: two fp32 copies of the rank's 1/8 of the tokens' logits
+    # (memory-peak-mamba2-130m-tsp2-sp2-h200x2.json), beside the ring's shards and partial gradient
+    tsp = memory_per_gpu(model, Layout(tsp=8), 131072, 1)
+    matrix = 32000 * 4096
+    ring = 2 * matrix / 8 * 2 + matrix * 2  # two shards in bf16, the partial gradient of all in bf16
+    assert tsp.per_gpu_bytes["transient_logits"] == pytest.approx(131072 / 8 * 32000 * (4 + 4) + ring)
 
 
 def test_tsp_in_flight_shards():

@@ -653,9 +653,11 @@ def _logits_transient(
         # H200, the whole model's peak is there, with these two copies live (4 + 2 bytes a logit:
         # benchmarks/results/memory-peak-whole-*-h200.json); counting two fp32 copies over-predicted
         # those peaks by 7-26%.
-        logits = loss_logits_bytes(model, sh, seq, batch, opts) * (
-            1 + opts.nbytes("act_dtype") / opts.nbytes("logits_dtype")
-        )
+        # Under TSP the head's ring sums its column shards' products into fp32 logits (_TSPLogits), so both
+        # copies are fp32: measured at the peak of mamba2-130m, whole, tsp=2, 16K (two 1.535 GiB fp32
+        # buffers, vocab.py's _TSPLogits and the loss's copy; memory-peak-mamba2-130m-tsp2-sp2-h200x2.json).
+        head = opts.nbytes("logits_dtype") if sh.streams_weights else opts.nbytes("act_dtype")
+        logits = loss_logits_bytes(model, sh, seq, batch, opts) * (1 + head / opts.nbytes("logits_dtype"))
     else:
         logits = batch * model.vocab * opts.nbytes("logits_dtype") / sh.vocab_div  # last position only
     if sh.streams_weights:
