@@ -200,6 +200,10 @@ def measure(
     decode = mode == "decode"
     if decode:  # prefill once (not timed); the timed steps decode one token per sequence each
         x = _prefill(layers, pipe, x, model, batch, device, DTYPES[dtype], gen, whole=whole)
+        # The prefill's input goes with it: the decode steps hold the caches, not a (b, s, h) tensor (kept
+        # alive here it added 1 GiB to every 16K decode peak of batch 8 from commit bf7185d on: the
+        # census in benchmarks/probes/decode_census_probe.py)
+        hidden = None
 
     def step():
         if decode:
