@@ -67,9 +67,37 @@ def vocab_limits(layout: Layout, model: ModelSpec) -> str | None:
     return None
 
 
+# The layers of a mixed model the executor builds (blocks.mixed_layer): one block each, as Nemotron-H's.
+MIXED_LAYERS_RUN = (
+    ("mamba2",),
+    ("attention",),
+    ("mlp",),
+    ("router", "experts"),
+    ("router", "experts", "shared_expert"),
+)
+
+
+def mixed_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
+    """Why a mixed model's layers (blocks.mixed_layer under layer.build_layer: Nemotron-H's one block a
+    layer — Mamba-2, attention, a dense MLP or a mixture of experts — each its own pre-norm residual
+    branch, on dp and ep) cannot run `layout` on `model`; None when they can."""
+    other = sorted(set(model.layer_blocks()) - set(MIXED_LAYERS_RUN))
+    if other:
+        return (
+            f"model: the executor builds mixed models of one block a layer (Nemotron-H's), not {model.name}'s "
+            f"layers of {', '.join('+'.join(b) for b in other)}; `meshplan memory` and `recommend` price it"
+        )
+    if layout.tensor_degree > 1 or layout.sp > 1 or layout.tsp > 1 or layout.pp > 1:
+        return (
+            f"layout: the executor runs {model.name}'s mixed layers on dp and ep, not {layout}; drop tp, "
+            f"tpssm, sp, tsp and pp"
+        )
+    return moe_limits(layout, model, options) if model.moe is not None else None
+
+
 def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
     """Why the mixture-of-experts layers (blocks.MoELayer under ep.ExpertParallelMoE: dropless top-k
-    SwiGLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank — beside tp
+    SwiGLU or squared-ReLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank — beside tp
     (etp=1: every tensor rank routes all its tokens) or sp (a rank routes its own) — ZeRO 1-2 of the
     experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
     `options`: the cost model's MoE settings a plan was priced with (dispatcher, capacity)."""
@@ -79,11 +107,15 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"model: the executor builds MoE models whose every layer is a mixture of experts; {model.name} keeps "
             f"dense MLPs on layers {list(model.dense_layer_ids)}; `meshplan memory` and `recommend` price it"
         )
-    if not moe.gated or moe.expert_bias or moe.router_bias:
-        what = "ungated experts" if not moe.gated else "expert or router biases"
+    if moe.expert_bias or moe.router_bias:
         return (
-            f"model: the executor builds SwiGLU experts without biases, not {model.name}'s {what}; "
+            f"model: the executor builds experts without biases, not {model.name}'s expert or router biases; "
             f"`meshplan memory` and `recommend` price it"
+        )
+    if not moe.gated and layout.tensor_degree > 1:  # splits.shared_expert_splits cuts [gate; up] in two
+        return (
+            f"layout: the executor splits gated shared experts over tp={layout.tensor_degree}, not {model.name}'s "
+            f"ungated ones; drop the tensor axis"
         )
     if layout.tpssm > 1:
         return (
