@@ -38,8 +38,8 @@ def unsupported(layout: Layout, model: ModelSpec, whole: bool = True, options: C
             return reason
     elif model.family not in ("dense", "mamba2"):
         return (
-            f"model: the executor builds dense, Mamba-2, mixture-of-experts and Nemotron-H-like mixed models, not {model.family} "
-            f"({model.name}) in {layout}; `meshplan memory` and `recommend` price it"
+            f"model: the executor builds dense, Mamba-2, mixture-of-experts and Nemotron-H-like mixed models, "
+            f"not {model.family} ({model.name}) in {layout}; `meshplan memory` and `recommend` price it"
         )
     if layout.pp > 1 and model.layers % layout.pp:
         return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"

@@ -25,6 +25,7 @@ from meshplan.executor.comm import (
     ReduceFromAxis,
     all_gather,
 )
+from meshplan.executor.experts import activate
 from meshplan.executor.layouts.common import (
     KVCache,
     Sublayer,
@@ -35,7 +36,6 @@ from meshplan.executor.layouts.common import (
     partial_attention,
 )
 from meshplan.executor.layouts.splits import attention_splits, mlp_splits
-from meshplan.executor.experts import activate
 from meshplan.executor.rotary import rotate_qk
 
 
@@ -155,8 +155,9 @@ class ParallelAttention(Sublayer):
 
 
 class ParallelMLP(Sublayer):
-    """RMSNorm → this rank's columns of [gate; up] → SwiGLU (or GeLU, or Nemotron-H's squared ReLU) → W_down's rows of those columns,
-    summed over the tensor axis. Every rank of a sequence axis runs its own tokens; decode is the forward."""
+    """RMSNorm → this rank's columns of [gate; up] → SwiGLU (GeLU, Nemotron-H's squared ReLU) → W_down's
+    rows of those columns, summed over the tensor axis. Every rank of a sequence axis runs its own tokens;
+    decode is the forward."""
 
     def __init__(self, ref: DenseLayer, mesh: Mesh, tensor_axis: str | None):
         super().__init__()
