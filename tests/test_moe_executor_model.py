@@ -57,13 +57,13 @@ NEMOTRON_H = ModelSpec(
     name="tiny-nemotron-h",
     family="mixed",
     d_model=64,
-    layers=5,
+    layers=6,
     vocab=64,
     mamba2=Mamba2Spec(64, d_state=16, expand=2, headdim=16, ngroups=2, d_conv=4, chunk_size=8, d_inner_width=128),
     attention=AttentionSpec(64, 4, 2, 16, 64),
     mlp=MlpSpec(64, 96, gated=False, relu2=True),
     moe=MoeSpec(64, 8, 2, 32, gated=False, shared_ffn=48, score="sigmoid", expert_groups=2, routed_scaling=2.5),
-    layer_kinds=tuple(NEMOTRON_H_KINDS[c] for c in "M*E-E"),
+    layer_kinds=tuple(NEMOTRON_H_KINDS[c] for c in "M*E-EM"),
     rope=RopeSpec(kind="none"),
 )
 ALL_MODES = ("train", "prefill", "decode")
@@ -110,9 +110,29 @@ CASES = {
         ],
     ),
     # A mixed model (Nemotron-H's layers) on dp × ep: each expert on one rank (ep=2 of 2, ep=4 of 4), on
-    # two of four (edp = 2, with ZeRO 2 over it), and every expert on every rank (no ep).
-    "nemotron-h-2": (2, NEMOTRON_H, [("dp=2,ep=2", ALL_MODES), ("dp=2,zero=1", ("train",))]),
-    "nemotron-h-4": (4, NEMOTRON_H, [("dp=4,ep=4", ALL_MODES), ("dp=4,ep=2,zero=2", ("train",))]),
+    # two of four (edp = 2, with ZeRO 2 over it), and every expert on every rank (no ep); beside a tensor
+    # axis (the Mamba-2 heads, attention heads, MLP and shared-expert columns split, etp=1), a sequence
+    # axis, both, and two pipeline stages ("M*E" and "-EM").
+    "nemotron-h-2": (
+        2,
+        NEMOTRON_H,
+        [
+            ("dp=2,ep=2", ALL_MODES),
+            ("dp=2,zero=1", ("train",)),
+            ("tp=2,ep=2,etp=1", ALL_MODES),
+            ("sp=2,ep=2", ALL_MODES),
+        ],
+    ),
+    "nemotron-h-4": (
+        4,
+        NEMOTRON_H,
+        [
+            ("dp=4,ep=4", ALL_MODES),
+            ("dp=4,ep=2,zero=2", ("train",)),
+            ("tp=2,sp=2,ep=2,etp=1", ("train", "prefill")),
+            ("dp=2,pp=2,ep=2,zero=1", ("train",)),
+        ],
+    ),
 }
 SEQ, BATCH, VOCAB = 16, 2, 64
 

@@ -24,8 +24,8 @@ from meshplan.models import PRESETS
 CONFIG = dict(
     vocab_size=64,
     hidden_size=64,
-    hybrid_override_pattern="M*E-E",
-    num_hidden_layers=5,
+    hybrid_override_pattern="M*E-EM",
+    num_hidden_layers=6,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=16,
@@ -121,7 +121,7 @@ def test_the_config_reads_as_the_executor_builds_it(models):
     moe = spec.moe
     assert (moe.score, moe.expert_groups, moe.topk_groups, moe.routed_scaling) == ("sigmoid", 2, 1, 2.5)
     kinds = [type(layer).__name__ for layer in ours.stack.layers]
-    assert kinds == ["Mamba2Block", "AttentionLayer", "MoEOnlyLayer", "MlpLayer", "MoEOnlyLayer"]
+    assert kinds == ["Mamba2Block", "AttentionLayer", "MoEOnlyLayer", "MlpLayer", "MoEOnlyLayer", "Mamba2Block"]
     # Parameters as the cost model counts them (the correction bias is a buffer, as in transformers)
     assert sum(p.numel() for p in ours.parameters()) == spec.embedding_params() + spec.layer_params()
 
@@ -151,12 +151,12 @@ def test_the_model_is_transformers_nemotron_h(models):
 @pytest.mark.parametrize(
     "layout, needle",
     [
-        ("dp=2,tp=2,ep=2,etp=1", "on dp and ep, not"),
-        ("dp=2,sp=2,ep=2", "on dp and ep, not"),
-        ("tsp=2,ep=2", "on dp and ep, not"),
-        ("dp=2,pp=2,ep=2", "on dp and ep, not"),
-        ("dp=4,tpssm=2,ep=2", "on dp and ep, not"),
+        ("tsp=2,ep=2", "not tsp=2; use tp or sp"),
+        ("dp=4,tpssm=2,ep=2", "not tpssm=2; use tp or sp"),
         ("dp=4,ep=4,zero=3", "zero=2 or below"),
+        ("dp=2,pp=3,ep=2", "pp=3 does not divide"),
+        ("dp=2,tp=2,ep=2", "add etp=1"),
+        ("dp=2,tp=2,etp=1", "splits the experts over ep; add ep"),
     ],
 )
 def test_what_the_executor_does_not_run_of_nemotron_h_is_one_line(layout, needle):
@@ -176,6 +176,10 @@ def test_mixed_layers_of_several_blocks_are_refused_in_one_line(tmp_path):
     assert reason.startswith("model: the executor builds mixed models of one block a layer") and "\n" not in reason
 
 
-@pytest.mark.parametrize("layout", ["dp=8,ep=8", "dp=4,ep=2,zero=2", "dp=2", "dp=8,ep=4,zero=1"])
+@pytest.mark.parametrize(
+    "layout",
+    ["dp=8,ep=8", "dp=4,ep=2,zero=2", "dp=2", "dp=8,ep=4,zero=1", "dp=2,tp=2,ep=4,etp=1", "dp=2,sp=2,ep=4"]
+    + ["dp=2,pp=2,ep=4,zero=1", "tp=2,sp=2,ep=4,etp=1"],
+)
 def test_what_the_executor_runs_of_nemotron_h(layout):
     assert unsupported(parse_layout(layout), PRESETS["nemotron-3-nano"]) is None

@@ -75,7 +75,7 @@ class ExpertParallelMoE(Sublayer):
         if hasattr(moe, "score_bias"):  # the sigmoid router's correction bias: a buffer, whole on every rank
             self.register_buffer("score_bias", moe.score_bias.detach().clone())
         if hasattr(moe, "w_shared_gate_up"):  # split over the tensor axis as a dense MLP (whole without one)
-            for name, split in shared_expert_splits(moe.w_shared_down.shape[1]).items():
+            for name, split in shared_expert_splits(moe.w_shared_down.shape[1], moe.gated).items():
                 if hasattr(moe, name):
                     cut = (split.dim, split.indices(t, t_rank)) if t > 1 else (None, None)
                     self.take(name, ref, f"moe.{name}", *cut)

@@ -8,7 +8,7 @@ meshplan/costmodel/axes/__init__.py:
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
     MoE           attention    dense.ParallelAttention                tsp.TSPAttention
                   mlp          ep.ExpertParallelMoE (and ep)          ep.ExpertParallelMoE (and ep)
-    mixed (Nemotron-H), one block a layer, on dp and ep alone:
+    mixed (Nemotron-H), one block a layer, beside tp and sp (not tsp or tpssm):
     attention     attention    dense.ParallelAttention
     MLP           mlp          dense.ParallelMLP
     MoE           mlp          ep.ExpertParallelMoE (and ep)
@@ -77,14 +77,15 @@ def build_layer(
     tensor_axis = layout.weight_axis if layout.tensor_degree > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
     if isinstance(ref, (AttentionLayer, MlpLayer, MoEOnlyLayer)):
-        # A mixed model's one-block layers: the executor runs them on dp and ep (limits.mixed_limits)
-        if layout.tensor_degree > 1 or layout.sp > 1 or layout.tsp > 1:
-            raise ValueError(f"the executor runs a mixed model's layers on dp and ep, not {layout}")
+        # A mixed model's one-block layers: the executor runs them on dp, ep, pp, tp and sp (limits.mixed_limits)
+        if layout.tsp > 1 or layout.tpssm > 1:
+            raise ValueError(f"the executor runs a mixed model's layers on dp, ep, pp, tp and sp, not {layout}")
         if isinstance(ref, MoEOnlyLayer):
-            return Layer(mlp=ExpertParallelMoE(ref, mesh))
+            return Layer(mlp=ExpertParallelMoE(ref, mesh, tensor_axis=tensor_axis))
         if isinstance(ref, MlpLayer):
-            return Layer(mlp=ParallelMLP(ref, mesh, None))
-        return Layer(attention=ParallelAttention(ref, mesh, None, None, positions, seq, False))
+            return Layer(mlp=ParallelMLP(ref, mesh, tensor_axis))
+        zigzag = sp_zigzag(layout, seq, attention_only)
+        return Layer(attention=ParallelAttention(ref, mesh, tensor_axis, seq_axis, positions, seq, zigzag))
     if isinstance(ref, MoELayer):
         if layout.tpssm > 1 or layout.expert_tensor_degree > 1:
             raise ValueError(

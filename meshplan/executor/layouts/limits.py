@@ -42,7 +42,7 @@ def layer_limits(layout: Layout, model: ModelSpec) -> str | None:
     if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:  # tsp.TSPMLP
         return f"layout: the executor's TSP ring is written for gated MLPs; {model.name}'s is not gated"
     t = layout.tensor_degree
-    if model.family == "mamba2" and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
+    if model.mamba2 is not None and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
         return (
             f"layout: the executor splits Mamba-2's {model.mamba2.ngroups} B/C groups over the tensor axis "
             f"or replicates one group; {t} does not divide {model.mamba2.ngroups}"
@@ -80,17 +80,19 @@ MIXED_LAYERS_RUN = (
 def mixed_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
     """Why a mixed model's layers (blocks.mixed_layer under layer.build_layer: Nemotron-H's one block a
     layer — Mamba-2, attention, a dense MLP or a mixture of experts — each its own pre-norm residual
-    branch, on dp and ep) cannot run `layout` on `model`; None when they can."""
+    branch, on dp, ep, pp, tp and sp) cannot run `layout` on `model`; None when they can."""
     other = sorted(set(model.layer_blocks()) - set(MIXED_LAYERS_RUN))
     if other:
         return (
             f"model: the executor builds mixed models of one block a layer (Nemotron-H's), not {model.name}'s "
             f"layers of {', '.join('+'.join(b) for b in other)}; `meshplan memory` and `recommend` price it"
         )
-    if layout.tensor_degree > 1 or layout.sp > 1 or layout.tsp > 1 or layout.pp > 1:
+    if layout.tsp > 1 or layout.tpssm > 1:
+        # tsp.TSPAttention turns q and k by a rotary, tsp.TSPMLP is gated, and ep.ExpertParallelMoE
+        # streams no shared expert; tpssm splits no MoE (moe_limits)
         return (
-            f"layout: the executor runs {model.name}'s mixed layers on dp and ep, not {layout}; drop tp, "
-            f"tpssm, sp, tsp and pp"
+            f"layout: the executor runs {model.name}'s mixed layers on dp, ep, pp, tp and sp, not "
+            f"{'tsp' if layout.tsp > 1 else 'tpssm'}={max(layout.tsp, layout.tpssm)}; use tp or sp"
         )
     return moe_limits(layout, model, options) if model.moe is not None else None
 
@@ -111,11 +113,6 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
         return (
             f"model: the executor builds experts without biases, not {model.name}'s expert or router biases; "
             f"`meshplan memory` and `recommend` price it"
-        )
-    if not moe.gated and layout.tensor_degree > 1:  # splits.shared_expert_splits cuts [gate; up] in two
-        return (
-            f"layout: the executor splits gated shared experts over tp={layout.tensor_degree}, not {model.name}'s "
-            f"ungated ones; drop the tensor axis"
         )
     if layout.tpssm > 1:
         return (
