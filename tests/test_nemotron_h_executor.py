@@ -12,7 +12,9 @@ import json
 import pytest
 import torch
 from transformers import NemotronHConfig, NemotronHForCausalLM
+from typer.testing import CliRunner
 
+from meshplan.cli import app
 from meshplan.executor.model import CausalLM
 from meshplan.executor.support import unsupported
 from meshplan.hf_config import load_model
@@ -89,12 +91,18 @@ def _theirs(ours: CausalLM, grads: bool = False) -> dict:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def folder(tmp_path_factory) -> str:
+    """A folder holding CONFIG as a user's config.json."""
+    path = tmp_path_factory.mktemp("nemotron-h")
+    (path / "config.json").write_text(json.dumps({"model_type": "nemotron_h", **CONFIG}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def models(folder):
     """(our spec, our float64 model, transformers' float64 model with the same weights): norm scales and the
     router's correction bias not left at their defaults, so that one read from the wrong tensor shows."""
-    folder = tmp_path_factory.mktemp("nemotron-h")
-    (folder / "config.json").write_text(json.dumps({"model_type": "nemotron_h", **CONFIG}))
-    spec = load_model(str(folder))
+    spec = load_model(folder)
     torch.manual_seed(0)
     ours = CausalLM(spec).double()
     with torch.no_grad():
@@ -183,3 +191,18 @@ def test_mixed_layers_of_several_blocks_are_refused_in_one_line(tmp_path):
 )
 def test_what_the_executor_runs_of_nemotron_h(layout):
     assert unsupported(parse_layout(layout), PRESETS["nemotron-3-nano"]) is None
+
+
+def test_execute_runs_a_nemotron_h_config_on_dp_ep_zero(folder, tmp_path):
+    """`meshplan execute` on two gloo processes, dp=2,ep=2 with ZeRO 1, from the config.json (random
+    weights): nothing of the model left out, and every collective's bytes the prediction's."""
+    out = tmp_path / "run.json"
+    args = ["execute", "--model", folder, "--nproc", "2"]
+    args += ["--layout", "dp=2,ep=2,zero=1", "--seq", str(SEQ), "--batch", str(BATCH), "--steps", "2"]
+    res = CliRunner().invoke(app, args + ["--timeout", "120", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    run = json.loads(out.read_text())
+    assert run["status"] == "ok" and run["world"] == 2 and run["not_executed"] == []
+    measured, predicted = run["measured"], run["predicted"]
+    assert measured["comm_bytes"] == predicted["comm_bytes"]
+    assert set(measured["comm_bytes"]) == {"all_to_all/ep", "reduce_scatter/dp", "all_gather/dp"}
