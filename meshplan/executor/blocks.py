@@ -1,4 +1,5 @@
-"""Plain (single-GPU, mesh-unaware) dense decoder layers, their mixture-of-experts form, and Mamba-2 blocks.
+"""Plain (single-GPU, mesh-unaware) dense decoder layers, their mixture-of-experts form, Mamba-2 blocks, and
+a mixed model's layers of one block each (Nemotron-H's: Mamba-2, attention, MLP or MoE).
 
 The executor's layouts parallelize these from the outside. What they save for backward is what
 `meshplan.costmodel.activations` counts; tests/test_saved_activations.py holds the two together.

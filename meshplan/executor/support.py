@@ -94,7 +94,7 @@ def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
         dropped.append("LayerNorm (run as RMSNorm)")
     if model.positions == "learned":
         dropped.append("learned positions")
-    if model.family in ("dense", "hybrid", "moe") and model.rope.kind not in RopeSpec.EXECUTED:
+    if model.family in ("dense", "hybrid", "moe", "mixed") and model.rope.kind not in RopeSpec.EXECUTED:
         dropped.append(f"{model.rope.kind} rotary scaling (run with unscaled frequencies)")
     if not dropped:
         return model, []
