@@ -8,6 +8,7 @@ single-process model and the cost model's bytes is a case of tests/test_moe_exec
 is not run is refused in one line."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from transformers import NemotronHConfig, NemotronHForCausalLM
 from typer.testing import CliRunner
 
 from meshplan.cli import app
+from meshplan.executor.blocks import route
 from meshplan.executor.model import CausalLM
 from meshplan.executor.support import unsupported
 from meshplan.hf_config import load_model
@@ -132,6 +134,19 @@ def test_the_config_reads_as_the_executor_builds_it(models):
     assert kinds == ["Mamba2Block", "AttentionLayer", "MoEOnlyLayer", "MlpLayer", "MoEOnlyLayer", "Mamba2Block"]
     # Parameters as the cost model counts them (the correction bias is a buffer, as in transformers)
     assert sum(p.numel() for p in ours.parameters()) == spec.embedding_params() + spec.layer_params()
+
+
+def test_the_grouped_router_chooses_in_one_group_and_scales_the_weights(models):
+    """Two groups of four experts, one searched: a token's two experts share a group (where the plain top
+    two often would not), and its weights, renormalised, sum to routed_scaling_factor."""
+    spec, ours, _ = models
+    moe = ours.stack.layers[2].moe
+    xn = torch.randn(256, CONFIG["hidden_size"], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    weights, experts = route(xn, moe.w_router, spec.moe, moe.score_bias)
+    assert bool((experts[:, 0] // 4 == experts[:, 1] // 4).all())
+    assert torch.allclose(weights.sum(-1), torch.full((256,), 2.5, dtype=torch.float64))
+    _, plain = route(xn, moe.w_router, replace(spec.moe, expert_groups=1), moe.score_bias)
+    assert bool((plain[:, 0] // 4 != plain[:, 1] // 4).any())
 
 
 def test_the_model_is_transformers_nemotron_h(models):
