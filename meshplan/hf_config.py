@@ -837,8 +837,15 @@ def _nemotron_h(f: _Fields, name: str) -> ModelSpec:
         heads, kv_heads = f.whole("num_attention_heads", default=32), f.whole("num_key_value_heads", default=8)
         _divides(f, "num_key_value_heads", kv_heads, "num_attention_heads", heads)
         attention = AttentionSpec(hidden, heads, kv_heads, f.whole("head_dim", default=128), hidden)
+    relu2 = f.get("mlp_hidden_act", "relu2") == "relu2"  # NemotronHConfig's default activation
     if "-" in pattern:
-        mlp = MlpSpec(hidden, f.whole("intermediate_size", default=21504), gated=False, bias=f.flag("mlp_bias", False))
+        mlp = MlpSpec(
+            hidden,
+            f.whole("intermediate_size", default=21504),
+            gated=False,
+            bias=f.flag("mlp_bias", False),
+            relu2=relu2,
+        )
     if "E" in pattern:
         f.refuse_unless("mlp_bias", False, "biases on the shared experts")
         if f.raw.get("moe_latent_size") is not None:
@@ -855,9 +862,16 @@ def _nemotron_h(f: _Fields, name: str) -> ModelSpec:
             f.whole("moe_intermediate_size", default=7688),
             gated=False,
             shared_ffn=f.whole("moe_shared_expert_intermediate_size", default=7688),
+            # NemotronHTopkRouter: sigmoid scores, grouped top-k, the weights renormalised and scaled
+            score="sigmoid",
+            expert_groups=f.whole("n_group", default=1),
+            topk_groups=f.whole("topk_group", default=1),
+            norm_topk=f.flag("norm_topk_prob", True),
+            routed_scaling=float(f.get("routed_scaling_factor", 1.0) or 1.0),
         )
     spec = _mixed(f, name, hidden, kinds, attention=attention, mamba2=mamba, mlp=mlp, moe=moe)
-    return replace(spec, norm_eps=_eps(f, "layer_norm_epsilon"))
+    # NemotronHAttention applies no rotary positions
+    return replace(spec, norm_eps=_eps(f, "layer_norm_epsilon"), rope=RopeSpec(kind="none"))
 
 
 def _jamba(f: _Fields, name: str) -> ModelSpec:

@@ -49,7 +49,8 @@ class RopeSpec:
     """Rotary position frequencies (transformers' rope_theta and rope_scaling / rope_parameters). They
     change no cost; the executor's rotary embedding uses them, so loaded weights give the model's loss.
     `kind`: "default"; "linear" (positions / factor); "llama3" (Llama 3.1's low / high frequency
-    bands, transformers' _compute_llama3_parameters); any other kind is priced and not executed."""
+    bands, transformers' _compute_llama3_parameters); "none": no rotary positions at all (Nemotron-H's
+    attention, transformers' NemotronHAttention); any other kind is priced and not executed."""
 
     theta: float = 10000.0
     kind: str = "default"
@@ -58,7 +59,7 @@ class RopeSpec:
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
 
-    EXECUTED = ("default", "linear", "llama3")
+    EXECUTED = ("default", "linear", "llama3", "none")
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ class MlpSpec:
     out_hidden: int = 0  # 0: same as hidden
     bias: bool = False  # biases on both projections (GPT-2, NeoX, OPT)
     post_norm: bool = False  # a norm of the block's output too (Gemma2/3)
+    relu2: bool = False  # ungated: a squared ReLU instead of GeLU (Nemotron-H's mlp_hidden_act "relu2")
 
     def __post_init__(self) -> None:
         _positive("mlp", hidden=self.hidden, ffn_hidden=self.ffn_hidden)
@@ -273,7 +275,12 @@ class MoeSpec:
     """A mixture-of-experts MLP: a router over `experts` routed experts, each token sent to `top_k`
     of them, and optionally shared experts every token runs (`shared_ffn` wide in all; Qwen2-MoE gates
     theirs with a sigmoid of a hidden → 1 projection). `gated`: SwiGLU experts (gate, up, down), else
-    two matrices (Nemotron-H's squared-ReLU up and down), shared experts alike."""
+    two matrices (Nemotron-H's squared-ReLU up and down), shared experts alike.
+
+    The router's choice changes no shape and no cost: `score` "softmax" (Mixtral, Qwen) or "sigmoid"
+    (DeepSeek-V3, Nemotron-H: transformers' NemotronHTopkRouter — experts chosen by sigmoid + a
+    correction bias kept as a buffer, among the `topk_groups` of `expert_groups` groups whose two best
+    scores sum highest; weighted by their sigmoid, renormalised where norm_topk, times `routed_scaling`)."""
 
     hidden: int
     experts: int
@@ -285,11 +292,23 @@ class MoeSpec:
     expert_bias: bool = False  # gpt-oss: biases on each routed expert's gate/up and down projections
     router_bias: bool = False  # gpt-oss: a bias on the router's logits
     norm_topk: bool = True  # the top_k probabilities renormalised to sum to one (Mixtral; Qwen's norm_topk_prob)
+    score: str = "softmax"  # "softmax" | "sigmoid" (the router's scores)
+    expert_groups: int = 1  # n_group: the experts in groups, ...
+    topk_groups: int = 1  # ... topk_group of them searched for a token's top_k
+    routed_scaling: float = 1.0  # routed_scaling_factor: the routed experts' weights scaled
 
     def __post_init__(self) -> None:
         _positive("moe", hidden=self.hidden, experts=self.experts, top_k=self.top_k, expert_ffn=self.expert_ffn)
         if self.top_k > self.experts:
             raise MeshplanError(f"moe: top_k ({self.top_k}) exceeds the {self.experts} experts; use top_k <= experts")
+        if self.score not in ("softmax", "sigmoid"):
+            raise MeshplanError(f"moe.score: unknown {self.score!r}; use softmax or sigmoid")
+        _positive("moe", expert_groups=self.expert_groups, topk_groups=self.topk_groups)
+        if self.experts % self.expert_groups or self.topk_groups > self.expert_groups:
+            raise MeshplanError(
+                f"moe: {self.expert_groups} expert groups must divide the {self.experts} experts and hold "
+                f"topk_groups ({self.topk_groups}); pick n_group among the experts' divisors"
+            )
 
     @property
     def n_input_matrices(self) -> int:
@@ -1097,7 +1116,8 @@ PRESETS: dict[str, ModelSpec] = {
             2688, d_state=128, expand=2, headdim=64, ngroups=8, d_conv=4, chunk_size=128, d_inner_width=4096
         ),
         attention=AttentionSpec(2688, 32, 2, 128, 2688),
-        moe=MoeSpec(2688, 128, 6, 1856, gated=False, shared_ffn=3712),
+        moe=MoeSpec(2688, 128, 6, 1856, gated=False, shared_ffn=3712, score="sigmoid"),
+        rope=RopeSpec(kind="none"),
         layer_kinds=tuple(NEMOTRON_H_KINDS[c] for c in "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"),
         source="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json",
     ),

@@ -27,7 +27,18 @@ from meshplan.executor.model import CausalLM
 from meshplan.executor.support import unsupported
 from meshplan.hf_config import load_model
 from meshplan.layout import parse_layout
-from meshplan.models import PRESETS, MoeSpec, dense, moe
+from meshplan.models import (
+    NEMOTRON_H_KINDS,
+    PRESETS,
+    AttentionSpec,
+    Mamba2Spec,
+    MlpSpec,
+    ModelSpec,
+    MoeSpec,
+    RopeSpec,
+    dense,
+    moe,
+)
 
 MIXTRAL = moe(dense("tiny-mixtral", 64, 2, 8, 4, 128, 100), MoeSpec(64, 4, 2, 128))
 # Qwen2-MoE's shape: a shared expert of 96 behind a sigmoid gate, the top-k probabilities as they are.
@@ -38,6 +49,23 @@ QWEN2_MOE = moe(
 # Qwen3-MoE's shape as the executor runs it (its query/key norms left out: support.executed_spec): more,
 # narrower experts, the top-k probabilities renormalised, no shared expert.
 QWEN3_MOE = moe(dense("tiny-qwen3-moe", 64, 2, 8, 4, 128, 100), MoeSpec(64, 8, 2, 32))
+# Nemotron-H's shape (tests/test_nemotron_h_executor.py holds it against transformers): one block a
+# layer — Mamba-2, attention without rotary positions, a squared-ReLU MLP, an MoE of ungated squared-ReLU
+# experts with a shared expert behind the sigmoid router of two expert groups (one searched), its
+# weights renormalised and scaled.
+NEMOTRON_H = ModelSpec(
+    name="tiny-nemotron-h",
+    family="mixed",
+    d_model=64,
+    layers=6,
+    vocab=64,
+    mamba2=Mamba2Spec(64, d_state=16, expand=2, headdim=16, ngroups=2, d_conv=4, chunk_size=8, d_inner_width=128),
+    attention=AttentionSpec(64, 4, 2, 16, 64),
+    mlp=MlpSpec(64, 96, gated=False, relu2=True),
+    moe=MoeSpec(64, 8, 2, 32, gated=False, shared_ffn=48, score="sigmoid", expert_groups=2, routed_scaling=2.5),
+    layer_kinds=tuple(NEMOTRON_H_KINDS[c] for c in "M*E-EM"),
+    rope=RopeSpec(kind="none"),
+)
 ALL_MODES = ("train", "prefill", "decode")
 # (processes, model, [(layout, modes)]): dp=2,ep=2 holds each expert on one rank (edp = 1); dp=2 (no ep)
 # every expert on both; dp=4,ep=2
@@ -79,6 +107,30 @@ CASES = {
             ("dp=2,sp=2,ep=4", ALL_MODES),
             ("tsp=4,ep=4", ("train", "prefill")),
             ("dp=2,tsp=2,ep=2,zero=1", ("train",)),
+        ],
+    ),
+    # A mixed model (Nemotron-H's layers) on dp × ep: each expert on one rank (ep=2 of 2, ep=4 of 4), on
+    # two of four (edp = 2, with ZeRO 2 over it), and every expert on every rank (no ep); beside a tensor
+    # axis (the Mamba-2 heads, attention heads, MLP and shared-expert columns split, etp=1), a sequence
+    # axis, both, and two pipeline stages ("M*E" and "-EM").
+    "nemotron-h-2": (
+        2,
+        NEMOTRON_H,
+        [
+            ("dp=2,ep=2", ALL_MODES),
+            ("dp=2,zero=1", ("train",)),
+            ("tp=2,ep=2,etp=1", ALL_MODES),
+            ("sp=2,ep=2", ALL_MODES),
+        ],
+    ),
+    "nemotron-h-4": (
+        4,
+        NEMOTRON_H,
+        [
+            ("dp=4,ep=4", ALL_MODES),
+            ("dp=4,ep=2,zero=2", ("train",)),
+            ("tp=2,sp=2,ep=2,etp=1", ("train", "prefill")),
+            ("dp=2,pp=2,ep=2,zero=1", ("train",)),
         ],
     ),
 }

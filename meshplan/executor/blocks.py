@@ -1,4 +1,5 @@
-"""Plain (single-GPU, mesh-unaware) dense decoder layers, their mixture-of-experts form, and Mamba-2 blocks.
+"""Plain (single-GPU, mesh-unaware) dense decoder layers, their mixture-of-experts form, Mamba-2 blocks, and
+a mixed model's layers of one block each (Nemotron-H's: Mamba-2, attention, MLP or MoE).
 
 The executor's layouts parallelize these from the outside. What they save for backward is what
 `meshplan.costmodel.activations` counts; tests/test_saved_activations.py holds the two together.
@@ -14,11 +15,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.attention import causal_attention
-from meshplan.executor.experts import expert_mlp, routed_experts
+from meshplan.executor.experts import activate, expert_mlp, routed_experts
 from meshplan.executor.rotary import Rotary, rotate_qk
 from meshplan.kernels.launch import SSD_CHUNK
 from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref
-from meshplan.models import ModelSpec
+from meshplan.models import ModelSpec, MoeSpec
 
 
 class _RMSNormFn(torch.autograd.Function):
@@ -80,15 +81,23 @@ class DenseLayer(nn.Module):
 
     def __init__(self, model: ModelSpec, flash: bool = True, selective_recompute: bool = False):
         super().__init__()
-        attn, mlp = model.attention, model.mlp
+        self._attention_weights(model, flash, selective_recompute)
+        self._mlp_weights(model)
+
+    def _attention_weights(self, model: ModelSpec, flash: bool, selective_recompute: bool) -> None:
+        attn = model.attention
         self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
         self.flash, self.selective = flash, selective_recompute
         self.attn_norm = RMSNorm(attn.hidden, model.norm_eps)
-        self.rotary = Rotary(model.rope, attn.head_dim)
+        # rope kind "none": no positions at all (Nemotron-H); rotate_qk leaves q and k as they are
+        self.rotary = Rotary(model.rope, attn.head_dim) if model.rope.kind != "none" else None
         self.w_qkv = _init(attn.q_width + 2 * attn.kv_width, attn.hidden)
         self.w_o = _init(attn.out_hidden, attn.q_width)
+
+    def _mlp_weights(self, model: ModelSpec) -> None:
+        mlp = model.mlp
         self.mlp_norm = RMSNorm(mlp.hidden, model.norm_eps)
-        self.gated = mlp.gated
+        self.gated, self.relu2 = mlp.gated, mlp.relu2
         self.w_in = _init(mlp.n_input_matrices * mlp.ffn_hidden, mlp.hidden)  # [gate; up] when gated
         self.w_down = _init(mlp.out_hidden, mlp.ffn_hidden)
 
@@ -109,11 +118,7 @@ class DenseLayer(nn.Module):
 
     def mlp(self, x):
         h = F.linear(self.mlp_norm(x), self.w_in)
-        if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h)
+        h = activate(h, gated=True) if self.gated else activate(h, gated=False) if self.relu2 else F.gelu(h)
         return F.linear(h, self.w_down)
 
     def forward(self, x):
@@ -122,19 +127,38 @@ class DenseLayer(nn.Module):
 
 
 def route(
-    xn: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk: bool = True
+    xn: torch.Tensor, w_router: torch.Tensor, moe: MoeSpec, score_bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k routing of tokens xn (T, h): softmax over the router's logits, the k largest probabilities
-    renormalised to sum to one where `norm_topk` (transformers' MixtralTopKRouter; Qwen2/3-MoE's
-    norm_topk_prob), else kept as they are. Returns (weights (T, k), expert indices (T, k))."""
-    return top_k_of(F.linear(xn, w_router), top_k, norm_topk)
+    """Top-k routing of tokens xn (T, h) by `moe`'s router (top_k_of). Returns (weights (T, k), expert
+    indices (T, k))."""
+    return top_k_of(F.linear(xn, w_router), moe, score_bias)
 
 
-def top_k_of(logits: torch.Tensor, top_k: int, norm_topk: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """route's choice from the router's logits (T, E) (computed elsewhere: TSP's router ring)."""
-    probs = torch.softmax(logits, dim=-1)
-    weights, experts = torch.topk(probs, top_k, dim=-1)
-    return (weights / weights.sum(dim=-1, keepdim=True) if norm_topk else weights), experts
+def top_k_of(
+    logits: torch.Tensor, moe: MoeSpec, score_bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """route's choice from the router's logits (T, E) (computed elsewhere: TSP's router ring).
+
+    softmax (transformers' MixtralTopKRouter, Qwen2/3-MoE): the k largest probabilities. sigmoid
+    (transformers' NemotronHTopkRouter, DeepSeek-V3's): the k largest of sigmoid + `score_bias` (the
+    e_score_correction_bias buffer) among the topk_groups groups whose two best biased scores sum
+    highest, weighted by their unbiased sigmoid. Either way the weights are renormalised to sum to one
+    where norm_topk (Qwen's norm_topk_prob), then times routed_scaling."""
+    if moe.score == "softmax":
+        weights, experts = torch.topk(torch.softmax(logits, dim=-1), moe.top_k, dim=-1)
+    else:
+        scores = torch.sigmoid(logits)
+        choice = scores if score_bias is None else scores + score_bias
+        if moe.topk_groups < moe.expert_groups:
+            grouped = choice.view(choice.shape[0], moe.expert_groups, -1)
+            best = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(-1)
+            kept = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(moe.topk_groups, dim=-1)[1], True)
+            choice = grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view_as(choice)
+        experts = torch.topk(choice, moe.top_k, dim=-1)[1]
+        weights = scores.gather(1, experts)
+    if moe.norm_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights * moe.routed_scaling if moe.routed_scaling != 1.0 else weights), experts
 
 
 def shared_expert(module: nn.Module, xn: torch.Tensor) -> torch.Tensor | None:
@@ -142,30 +166,36 @@ def shared_expert(module: nn.Module, xn: torch.Tensor) -> torch.Tensor | None:
     behind Qwen2-MoE's sigmoid gate (a hidden → 1 projection) where the model has one — or None."""
     if not hasattr(module, "w_shared_gate_up"):
         return None
-    out = expert_mlp(xn, module.w_shared_gate_up, module.w_shared_down)
+    out = expert_mlp(xn, module.w_shared_gate_up, module.w_shared_down, module.gated)
     gate = getattr(module, "w_shared_gate", None)
     return out * torch.sigmoid(F.linear(xn, gate)) if gate is not None else out
 
 
 class MoEMLP(nn.Module):
-    """A mixture of SwiGLU experts behind a pre-norm (Mixtral, Qwen2/3-MoE): each token runs its top_k
-    experts (route), the outputs weighted by their (renormalised, where norm_topk) probabilities and
-    summed, plus the shared experts every token runs (Qwen2-MoE: behind a sigmoid gate). Weights as
-    transformers' MixtralSparseMoeBlock stores them: router (E, h), experts' [gate; up] (E, 2f, h) and
-    down (E, h, f); the shared experts' [gate; up] (2s, h), down (h, s) and gate (1, h)."""
+    """A mixture of experts behind a pre-norm (Mixtral, Qwen2/3-MoE, Nemotron-H): each token runs its
+    top_k experts (route), the outputs weighted by their routing weights and summed, plus the shared
+    experts every token runs (Qwen2-MoE: behind a sigmoid gate). Weights as transformers'
+    MixtralSparseMoeBlock stores them: router (E, h), experts' [gate; up] (E, 2f, h) — for Nemotron-H's
+    ungated squared-ReLU experts up alone (E, f, h), under the same name — and down (E, h, f); the
+    shared experts' [gate; up] (2s, h) (up (s, h) ungated), down (h, s) and gate (1, h). A sigmoid
+    router keeps its correction bias (E,) as the buffer `score_bias` (NemotronHTopkRouter's
+    e_score_correction_bias: it steers the choice, is not trained)."""
 
     def __init__(self, model: ModelSpec):
         super().__init__()
         moe = model.moe
-        if not moe.gated or moe.expert_bias or moe.router_bias:
-            raise ValueError(f"MoEMLP builds SwiGLU experts without biases: not {model.name}'s")
-        self.top_k, self.norm_topk = moe.top_k, moe.norm_topk
+        if moe.expert_bias or moe.router_bias:
+            raise ValueError(f"MoEMLP builds experts without biases: not {model.name}'s")
+        self.spec, self.top_k, self.gated = moe, moe.top_k, moe.gated
+        width = moe.n_input_matrices * moe.expert_ffn
         self.mlp_norm = RMSNorm(moe.hidden, model.norm_eps)
         self.w_router = _init(moe.experts, moe.hidden)
-        self.w_gate_up = nn.Parameter(torch.stack([_init(2 * moe.expert_ffn, moe.hidden) for _ in range(moe.experts)]))
+        self.w_gate_up = nn.Parameter(torch.stack([_init(width, moe.hidden) for _ in range(moe.experts)]))
         self.w_down = nn.Parameter(torch.stack([_init(moe.hidden, moe.expert_ffn) for _ in range(moe.experts)]))
+        if moe.score == "sigmoid":
+            self.register_buffer("score_bias", torch.zeros(moe.experts))
         if moe.shared_ffn:
-            self.w_shared_gate_up = _init(2 * moe.shared_ffn, moe.hidden)
+            self.w_shared_gate_up = _init(moe.n_input_matrices * moe.shared_ffn, moe.hidden)
             self.w_shared_down = _init(moe.hidden, moe.shared_ffn)
             if moe.shared_gate:
                 self.w_shared_gate = _init(1, moe.hidden)
@@ -173,11 +203,17 @@ class MoEMLP(nn.Module):
     def forward(self, x):
         """x (b, s, h) → what the MoE adds to the stream (b, s, h)."""
         xn = self.mlp_norm(x).reshape(-1, x.shape[-1])
-        weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
+        weights, experts = route(xn, self.w_router, self.spec, getattr(self, "score_bias", None))
         # Each token's k copies through their experts (one grouped GEMM a projection:
         # meshplan.executor.experts), weighted and summed back per token.
         copies = routed_experts(
-            xn, experts.reshape(-1), self.w_gate_up.shape[0], self.w_gate_up, self.w_down, fold=self.top_k
+            xn,
+            experts.reshape(-1),
+            self.w_gate_up.shape[0],
+            self.w_gate_up,
+            self.w_down,
+            fold=self.top_k,
+            gated=self.gated,
         )
         out = (copies.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(1)
         shared = shared_expert(self, xn)
@@ -189,17 +225,63 @@ class MoELayer(DenseLayer):
 
     def __init__(self, model: ModelSpec, flash: bool = True, selective_recompute: bool = False):
         nn.Module.__init__(self)
-        attn = model.attention
-        self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
-        self.flash, self.selective = flash, selective_recompute
-        self.attn_norm = RMSNorm(attn.hidden, model.norm_eps)
-        self.rotary = Rotary(model.rope, attn.head_dim)
-        self.w_qkv = _init(attn.q_width + 2 * attn.kv_width, attn.hidden)
-        self.w_o = _init(attn.out_hidden, attn.q_width)
+        self._attention_weights(model, flash, selective_recompute)
         self.moe = MoEMLP(model)
 
     def mlp(self, x):
         return self.moe(x)
+
+
+# A mixed model's layers (Nemotron-H: transformers' NemotronHBlock): each layer one block behind its own
+# pre-norm and residual — a Mamba-2 mixer (Mamba2Block), attention, a dense MLP or a mixture of experts —
+# holding the weights, under the names, of the DenseLayer / MoELayer branch it is, so that the layouts'
+# sublayers take them alike.
+
+
+class AttentionLayer(DenseLayer):
+    """A layer that is attention alone: x + attention(x)."""
+
+    def __init__(self, model: ModelSpec, flash: bool = True, selective_recompute: bool = False):
+        nn.Module.__init__(self)
+        self._attention_weights(model, flash, selective_recompute)
+
+    def forward(self, x):
+        return x + self.attention(x)
+
+
+class MlpLayer(DenseLayer):
+    """A layer that is a dense MLP alone: x + mlp(x)."""
+
+    def __init__(self, model: ModelSpec):
+        nn.Module.__init__(self)
+        self._mlp_weights(model)
+
+    def forward(self, x):
+        return x + self.mlp(x)
+
+
+class MoEOnlyLayer(nn.Module):
+    """A layer that is a mixture of experts alone (`moe`, a MoEMLP): x + moe(x)."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        self.moe = MoEMLP(model)
+
+    def forward(self, x):
+        return x + self.moe(x)
+
+
+def mixed_layer(model: ModelSpec, blocks: tuple[str, ...], flash: bool = True, selective: bool = False) -> nn.Module:
+    """The reference layer of a mixed model's layer that runs `blocks` (models.ModelSpec.layer_blocks)."""
+    if blocks == ("mamba2",):
+        return Mamba2Block(model)
+    if blocks == ("attention",):
+        return AttentionLayer(model, flash, selective)
+    if blocks == ("mlp",):
+        return MlpLayer(model)
+    if blocks in (("router", "experts"), ("router", "experts", "shared_expert")):
+        return MoEOnlyLayer(model)
+    raise ValueError(f"the executor builds mixed layers of one block each (Nemotron-H's), not {blocks}")
 
 
 def gated_rmsnorm(y, z, weight, group_size: int, eps: float = 1e-5):
@@ -456,7 +538,8 @@ class Mamba2Block(nn.Module):
 
 
 class Stack(nn.Module):
-    """`n_layers` repetition units of a dense or Mamba-2 model, with a recompute policy."""
+    """`n_layers` repetition units of a dense or Mamba-2 model (a mixed model's first n_layers layers, in
+    their order), with a recompute policy."""
 
     def __init__(self, model: ModelSpec, n_layers: int, recompute: str = "none", flash: bool = True):
         super().__init__()
@@ -466,8 +549,11 @@ class Stack(nn.Module):
             make = lambda: Mamba2Block(model)  # noqa: E731
         elif model.family == "moe" and not model.dense_layer_ids:
             make = lambda: MoELayer(model, flash=flash, selective_recompute=recompute == "selective")  # noqa: E731
+        elif model.family == "mixed":
+            kinds = iter(model.layer_blocks())
+            make = lambda: mixed_layer(model, next(kinds), flash, recompute == "selective")  # noqa: E731
         else:
-            raise ValueError(f"Stack supports dense, mamba2 and all-MoE models, not {model.family}")
+            raise ValueError(f"Stack supports dense, mamba2, all-MoE and mixed models, not {model.family}")
         self.layers = nn.ModuleList(make() for _ in range(n_layers))
         self.recompute = recompute
 

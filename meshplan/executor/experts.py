@@ -102,29 +102,42 @@ def groups_of(group_of: torch.Tensor, groups: int, align: int = ALIGN) -> Groups
     return Groups(slot, src, pad, ends.to(torch.int32))
 
 
-def experts_mlp(buf: torch.Tensor, offs: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mm=None):
-    """Each group of rows of `buf` (P, h) — rows up to offs[0], then to offs[1], … — through its SwiGLU
-    expert: [gate; up] (E, 2f, h), down (E, h, f); rows past the last group are left undefined. `mm`: the
-    grouped GEMM (torch._grouped_mm where it runs, else reference_grouped_mm)."""
+def activate(h: torch.Tensor, gated: bool = True) -> torch.Tensor:
+    """An expert's activation of its input projection h: SwiGLU of h's [gate; up] halves where `gated`,
+    else the squared ReLU of Nemotron-H's ungated experts (transformers' ACT2FN["relu2"]: relu(h)²)."""
+    if gated:
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return torch.square(F.relu(h))
+
+
+def experts_mlp(
+    buf: torch.Tensor, offs: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mm=None, gated: bool = True
+):
+    """Each group of rows of `buf` (P, h) — rows up to offs[0], then to offs[1], … — through its expert:
+    [gate; up] (E, 2f, h) — up alone (E, f, h) when not `gated` —, down (E, h, f); rows past the last
+    group are left undefined. `mm`: the grouped GEMM (torch._grouped_mm where it runs, else
+    reference_grouped_mm)."""
     mm = mm or (torch._grouped_mm if grouped_mm_ok(buf) else reference_grouped_mm)
-    gate, up = mm(buf, w_gate_up.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
-    return mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+    h = mm(buf, w_gate_up.transpose(-2, -1), offs=offs)
+    return mm(activate(h, gated), w_down.transpose(-2, -1), offs=offs)
 
 
-def routed_experts(x: torch.Tensor, group_of: torch.Tensor, groups: int, w_gate_up, w_down, fold: int = 1, mm=None):
+def routed_experts(
+    x: torch.Tensor, group_of: torch.Tensor, groups: int, w_gate_up, w_down, fold: int = 1, mm=None, gated=True
+):
     """Rows x (n/fold, h), each taken `fold` times (a token's routed copies, copy c of row c // fold),
     copy c through expert group_of[c]: the outputs (n, h) in copy order, the experts run as one grouped
     GEMM a projection on rows laid out by expert (Groups)."""
     g = groups_of(group_of, groups)
     buf = take(x, g.src // fold, g.slot, fold, g.pad)
-    out = experts_mlp(buf, g.offs, w_gate_up, w_down, mm)
+    out = experts_mlp(buf, g.offs, w_gate_up, w_down, mm, gated)
     return take(out, g.slot, g.src, blank_back=g.pad)
 
 
-def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """One SwiGLU expert on its tokens x (n, h): [gate; up] (2f, h), down (h, f)."""
-    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w_down)
+def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, gated: bool = True) -> torch.Tensor:
+    """One expert on its tokens x (n, h): [gate; up] (2f, h) — up (f, h) when not `gated` —, down (h, f)."""
+    return F.linear(activate(F.linear(x, w_gate_up), gated), w_down)
 
 
 def reference_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 The cost model scores more than the executor runs: ZeRO 2 and 3 under pipeline stages with a tsp or
 tpssm axis, ZeRO 3 under TSP, mixtures of experts beside tpssm, with shared experts under tsp, with experts
-split by etp (or under ZeRO 3), and models other than dense, Mamba-2 and all-MoE stacks are priced but not
-executed. `meshplan
+split by etp (or under ZeRO 3), mixed models (Nemotron-H's) under tsp, tpssm or ZeRO 3, and models other than
+dense, Mamba-2, all-MoE and one-block-a-layer mixed stacks are priced but not executed. `meshplan
 execute` refuses them with one line; `meshplan recommend` marks them. What each layout module runs
 is checked beside those modules (executor/layouts/limits.py).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshplan.executor.layouts.limits import layer_limits, moe_limits, vocab_limits
+from meshplan.executor.layouts.limits import layer_limits, mixed_limits, moe_limits, vocab_limits
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec, RopeSpec
 
@@ -33,10 +33,13 @@ def unsupported(layout: Layout, model: ModelSpec, whole: bool = True, options: C
     if model.family == "moe":
         if (reason := moe_limits(layout, model, options)) is not None:
             return reason
+    elif model.family == "mixed":
+        if (reason := mixed_limits(layout, model, options)) is not None:
+            return reason
     elif model.family not in ("dense", "mamba2"):
         return (
-            f"model: the executor builds dense, Mamba-2 and mixture-of-experts models, not {model.family} "
-            f"({model.name}) in {layout}; `meshplan memory` and `recommend` price it"
+            f"model: the executor builds dense, Mamba-2, mixture-of-experts and Nemotron-H-like mixed models, "
+            f"not {model.family} ({model.name}) in {layout}; `meshplan memory` and `recommend` price it"
         )
     if layout.pp > 1 and model.layers % layout.pp:
         return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"
@@ -91,7 +94,7 @@ def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
         dropped.append("LayerNorm (run as RMSNorm)")
     if model.positions == "learned":
         dropped.append("learned positions")
-    if model.family in ("dense", "hybrid", "moe") and model.rope.kind not in RopeSpec.EXECUTED:
+    if model.family in ("dense", "hybrid", "moe", "mixed") and model.rope.kind not in RopeSpec.EXECUTED:
         dropped.append(f"{model.rope.kind} rotary scaling (run with unscaled frequencies)")
     if not dropped:
         return model, []

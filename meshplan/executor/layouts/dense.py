@@ -25,6 +25,7 @@ from meshplan.executor.comm import (
     ReduceFromAxis,
     all_gather,
 )
+from meshplan.executor.experts import activate
 from meshplan.executor.layouts.common import (
     KVCache,
     Sublayer,
@@ -154,22 +155,19 @@ class ParallelAttention(Sublayer):
 
 
 class ParallelMLP(Sublayer):
-    """RMSNorm → this rank's columns of [gate; up] → SwiGLU (or GeLU) → W_down's rows of those columns,
-    summed over the tensor axis. Every rank of a sequence axis runs its own tokens; decode is the forward."""
+    """RMSNorm → this rank's columns of [gate; up] → SwiGLU (GeLU, Nemotron-H's squared ReLU) → W_down's
+    rows of those columns, summed over the tensor axis. Every rank of a sequence axis runs its own tokens;
+    decode is the forward."""
 
     def __init__(self, ref: DenseLayer, mesh: Mesh, tensor_axis: str | None):
         super().__init__()
         self.mesh, self.tensor_axis = mesh, tensor_axis
         t = mesh.axis(tensor_axis).size if tensor_axis else 1
         r = mesh.axis(tensor_axis).rank if tensor_axis else 0
-        self.gated = ref.gated
+        self.gated, self.relu2 = ref.gated, ref.relu2
         self.take_splits(ref, mlp_splits(ref.w_down.shape[1], ref.gated), t, r, local={"mlp_norm": "norm"})
 
     def forward(self, x):
         h = F.linear(_enter(self.norm(x), self.mesh, self.tensor_axis), self.w_in)
-        if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h)
+        h = activate(h, gated=True) if self.gated else activate(h, gated=False) if self.relu2 else F.gelu(h)
         return _leave(F.linear(h, self.w_down), self.mesh, self.tensor_axis)

@@ -71,9 +71,11 @@ class ExpertParallelMoE(Sublayer):
         self.take("w_router", ref, "moe.w_router", *ring)
         self.take("w_gate_up", ref, "moe.w_gate_up", 0, mine)
         self.take("w_down", ref, "moe.w_down", 0, mine)
-        self.norm_topk = moe.norm_topk
+        self.spec, self.gated = moe.spec, moe.gated
+        if hasattr(moe, "score_bias"):  # the sigmoid router's correction bias: a buffer, whole on every rank
+            self.register_buffer("score_bias", moe.score_bias.detach().clone())
         if hasattr(moe, "w_shared_gate_up"):  # split over the tensor axis as a dense MLP (whole without one)
-            for name, split in shared_expert_splits(moe.w_shared_down.shape[1]).items():
+            for name, split in shared_expert_splits(moe.w_shared_down.shape[1], moe.gated).items():
                 if hasattr(moe, name):
                     cut = (split.dim, split.indices(t, t_rank)) if t > 1 else (None, None)
                     self.take(name, ref, f"moe.{name}", *cut)
@@ -95,10 +97,11 @@ class ExpertParallelMoE(Sublayer):
 
     def forward(self, x):
         xn = self.norm(x).reshape(-1, x.shape[-1])
+        bias = getattr(self, "score_bias", None)
         if self.tsp:
-            weights, experts = top_k_of(RingRowsFn.apply(xn, self.w_router, self.mesh), self.top_k, self.norm_topk)
+            weights, experts = top_k_of(RingRowsFn.apply(xn, self.w_router, self.mesh), self.spec, bias)
         else:
-            weights, experts = route(xn, self.w_router, self.top_k, self.norm_topk)
+            weights, experts = route(xn, self.w_router, self.spec, bias)
         # The T·k copies sorted by expert (so by destination rank); gathers both ways (experts.take), no scatter-add.
         k = self.top_k
         expert_of = experts.reshape(-1)
@@ -117,7 +120,7 @@ class ExpertParallelMoE(Sublayer):
         w_gate_up, w_down = self.w_gate_up, self.w_down
         if self.holders > 1:  # each token arrived from every tensor rank that holds it
             w_gate_up, w_down = ScaleGrad.apply(w_gate_up, 1 / self.holders), ScaleGrad.apply(w_down, 1 / self.holders)
-        ran = routed_experts(arrived, local_of, self.local, w_gate_up, w_down)
+        ran = routed_experts(arrived, local_of, self.local, w_gate_up, w_down, gated=self.gated)
         copies = take(self._all_to_all(ran, recv, send), inverse, order)  # each token's k copies, in order
         out = (copies.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(1)
         shared = self._shared(xn)
@@ -129,7 +132,7 @@ class ExpertParallelMoE(Sublayer):
         if self.tensor_axis is None or not hasattr(self, "w_shared_gate_up"):
             return shared_expert(self, xn)
         partial = expert_mlp(
-            CopyToAxis.apply(xn, self.mesh, self.tensor_axis), self.w_shared_gate_up, self.w_shared_down
+            CopyToAxis.apply(xn, self.mesh, self.tensor_axis), self.w_shared_gate_up, self.w_shared_down, self.gated
         )
         out = ReduceFromAxis.apply(partial, self.mesh, self.tensor_axis)
         gate = getattr(self, "w_shared_gate", None)

@@ -8,6 +8,11 @@ meshplan/costmodel/axes/__init__.py:
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
     MoE           attention    dense.ParallelAttention                tsp.TSPAttention
                   mlp          ep.ExpertParallelMoE (and ep)          ep.ExpertParallelMoE (and ep)
+    mixed (Nemotron-H), one block a layer, beside tp and sp (not tsp or tpssm):
+    attention     attention    dense.ParallelAttention
+    MLP           mlp          dense.ParallelMLP
+    MoE           mlp          ep.ExpertParallelMoE (and ep)
+    Mamba-2       mixer        mamba.ParallelMamba2
 
 Every sublayer is a pre-norm residual branch (common.Sublayer: its own norm, then its mixing), and the
 layer adds each branch's output to the stream in turn, so that a later kind of sublayer — an MoE in the
@@ -20,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from meshplan.executor.blocks import DenseLayer, Mamba2Block, MoELayer
+from meshplan.executor.blocks import AttentionLayer, DenseLayer, Mamba2Block, MlpLayer, MoELayer, MoEOnlyLayer
 from meshplan.executor.comm import Mesh
 from meshplan.executor.layouts.common import Sharded, Sublayer, contiguous_tokens, zigzag_tokens
 from meshplan.executor.layouts.dense import ParallelAttention, ParallelMLP
@@ -71,6 +76,16 @@ def build_layer(
     layout = mesh.layout
     tensor_axis = layout.weight_axis if layout.tensor_degree > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
+    if isinstance(ref, (AttentionLayer, MlpLayer, MoEOnlyLayer)):
+        # A mixed model's one-block layers: the executor runs them on dp, ep, pp, tp and sp (limits.mixed_limits)
+        if layout.tsp > 1 or layout.tpssm > 1:
+            raise ValueError(f"the executor runs a mixed model's layers on dp, ep, pp, tp and sp, not {layout}")
+        if isinstance(ref, MoEOnlyLayer):
+            return Layer(mlp=ExpertParallelMoE(ref, mesh, tensor_axis=tensor_axis))
+        if isinstance(ref, MlpLayer):
+            return Layer(mlp=ParallelMLP(ref, mesh, tensor_axis))
+        zigzag = sp_zigzag(layout, seq, attention_only)
+        return Layer(attention=ParallelAttention(ref, mesh, tensor_axis, seq_axis, positions, seq, zigzag))
     if isinstance(ref, MoELayer):
         if layout.tpssm > 1 or layout.expert_tensor_degree > 1:
             raise ValueError(

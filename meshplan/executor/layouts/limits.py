@@ -42,7 +42,7 @@ def layer_limits(layout: Layout, model: ModelSpec) -> str | None:
     if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:  # tsp.TSPMLP
         return f"layout: the executor's TSP ring is written for gated MLPs; {model.name}'s is not gated"
     t = layout.tensor_degree
-    if model.family == "mamba2" and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
+    if model.mamba2 is not None and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
         return (
             f"layout: the executor splits Mamba-2's {model.mamba2.ngroups} B/C groups over the tensor axis "
             f"or replicates one group; {t} does not divide {model.mamba2.ngroups}"
@@ -67,9 +67,39 @@ def vocab_limits(layout: Layout, model: ModelSpec) -> str | None:
     return None
 
 
+# The layers of a mixed model the executor builds (blocks.mixed_layer): one block each, as Nemotron-H's.
+MIXED_LAYERS_RUN = (
+    ("mamba2",),
+    ("attention",),
+    ("mlp",),
+    ("router", "experts"),
+    ("router", "experts", "shared_expert"),
+)
+
+
+def mixed_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
+    """Why a mixed model's layers (blocks.mixed_layer under layer.build_layer: Nemotron-H's one block a
+    layer — Mamba-2, attention, a dense MLP or a mixture of experts — each its own pre-norm residual
+    branch, on dp, ep, pp, tp and sp) cannot run `layout` on `model`; None when they can."""
+    other = sorted(set(model.layer_blocks()) - set(MIXED_LAYERS_RUN))
+    if other:
+        return (
+            f"model: the executor builds mixed models of one block a layer (Nemotron-H's), not {model.name}'s "
+            f"layers of {', '.join('+'.join(b) for b in other)}; `meshplan memory` and `recommend` price it"
+        )
+    if layout.tsp > 1 or layout.tpssm > 1:
+        # tsp.TSPAttention turns q and k by a rotary, tsp.TSPMLP is gated, and ep.ExpertParallelMoE
+        # streams no shared expert; tpssm splits no MoE (moe_limits)
+        return (
+            f"layout: the executor runs {model.name}'s mixed layers on dp, ep, pp, tp and sp, not "
+            f"{'tsp' if layout.tsp > 1 else 'tpssm'}={max(layout.tsp, layout.tpssm)}; use tp or sp"
+        )
+    return moe_limits(layout, model, options) if model.moe is not None else None
+
+
 def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
     """Why the mixture-of-experts layers (blocks.MoELayer under ep.ExpertParallelMoE: dropless top-k
-    SwiGLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank — beside tp
+    SwiGLU or squared-ReLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank — beside tp
     (etp=1: every tensor rank routes all its tokens) or sp (a rank routes its own) — ZeRO 1-2 of the
     experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
     `options`: the cost model's MoE settings a plan was priced with (dispatcher, capacity)."""
@@ -79,10 +109,9 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"model: the executor builds MoE models whose every layer is a mixture of experts; {model.name} keeps "
             f"dense MLPs on layers {list(model.dense_layer_ids)}; `meshplan memory` and `recommend` price it"
         )
-    if not moe.gated or moe.expert_bias or moe.router_bias:
-        what = "ungated experts" if not moe.gated else "expert or router biases"
+    if moe.expert_bias or moe.router_bias:
         return (
-            f"model: the executor builds SwiGLU experts without biases, not {model.name}'s {what}; "
+            f"model: the executor builds experts without biases, not {model.name}'s expert or router biases; "
             f"`meshplan memory` and `recommend` price it"
         )
     if layout.tpssm > 1:

@@ -84,11 +84,12 @@ def mlp_splits(ffn: int, gated: bool) -> dict[str, Split]:
     }
 
 
-def shared_expert_splits(ffn: int) -> dict[str, Split]:
+def shared_expert_splits(ffn: int, gated: bool = True) -> dict[str, Split]:
     """An MoE's shared experts on a tensor axis, as a dense MLP (Megatron-Core's SharedExpertMLP): the
-    [gate; up] rows column-parallel, part by part; down row-parallel; Qwen2-MoE's sigmoid gate (a
-    hidden → 1 projection) whole."""
-    return {"w_shared_gate_up": _cut(0, ffn, ffn), "w_shared_down": _cut(1, ffn), "w_shared_gate": WHOLE}
+    [gate; up] rows (Nemotron-H's up alone, ungated) column-parallel, part by part; down row-parallel;
+    Qwen2-MoE's sigmoid gate (a hidden → 1 projection) whole."""
+    gate_up = _cut(0, ffn, ffn) if gated else _cut(0, ffn)
+    return {"w_shared_gate_up": gate_up, "w_shared_down": _cut(1, ffn), "w_shared_gate": WHOLE}
 
 
 def router_split(experts: int) -> Split:
