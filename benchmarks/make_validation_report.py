@@ -3,6 +3,7 @@
     python benchmarks/make_validation_report.py
 
 Raw runs (measured on lent H200s with benchmarks/gpu_validation.py; each file names its command):
+- validation-h200-run70-x2-dense-decode-fix.json: run 69's grid with the decode prefill's input freed.
 - validation-h200-run69-x2-dense-cudnn-attention.json: every dense layout of 2 GPUs (the grid of run 53)
   with the executor's attention through cuDNN (whole sequence, and a shard's prefix as two blocks merged
   by log-sum-exp); the dense SP and TSP rows of earlier runs ran the masked single-call shard attention
@@ -97,6 +98,11 @@ SOURCES = [
         "a Mamba-2 sequence shard's correction for its entering state as Triton kernels, and the in_proj "
         "output's gradient joined a block of rows at a time (cat_last): SP training at 16K-1M tokens and "
         "prefill at 16K and 128K, 2 x H200",
+    ),
+    (
+        "validation-h200-run70-x2-dense-decode-fix.json",
+        "the code of run 69 with the decode prefill's input freed (measure kept it through the decode steps "
+        "since commit bf7185d: 1 GiB at batch 8, 16K), every dense layout of 2 GPUs (as run 53), 2 x H200",
     ),
     (
         "validation-h200-run69-x2-dense-cudnn-attention.json",
