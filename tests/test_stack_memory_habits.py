@@ -75,3 +75,23 @@ def test_llama3_runs_zero2_under_pipelining_and_megatron_does_not():
     assert schedule_violation(llama3, 16, 2, 32, 2) is None  # interleaved, 32 micro-batches in groups of 16
     assert "ZeRO up to stage 2 with pipeline" in schedule_violation(llama3, 16, 3, 32, 1)
     assert "ZeRO up to stage 1 with pipeline" in schedule_violation(megatron, 16, 2, 32, 1)
+
+
+def test_the_executors_stacked_experts_step_whole():
+    """meshplan's executor keeps a layer's routed experts as one (E, 2f, h) parameter and casts each
+    parameter's gradient to fp32 in its step: at the optimizer's moment the fp32 temporaries are the
+    rank's experts' [gate; up] together (Stack.experts_stacked), not one expert's as Megatron's per-expert
+    weights (hand count: 2 × 4 B × E/ep · 2f · h over the gradients, Mixtral-8x7B's 2 layers at ep=2)."""
+    from dataclasses import replace
+
+    from meshplan.layout import parse_layout
+    from meshplan.models import PRESETS
+
+    mixtral = replace(PRESETS["mixtral-8x7b"], layers=2)
+    m = mixtral.moe
+    layout = parse_layout("dp=2,ep=2")
+    mine = memory_per_gpu(mixtral, layout, 4096, 1, CostOptions(stack="meshplan"))
+    assert mine.peak_phase == "optimizer"
+    stacked = (m.experts // 2) * 2 * m.expert_ffn * m.hidden
+    assert mine.at_peak_bytes["transient_working"] == pytest.approx(2 * stacked * 4)
+    assert not STACKS["megatron"].experts_stacked and STACKS["meshplan"].experts_stacked

@@ -55,6 +55,11 @@ class Stack:
     # tensor rank routes its sequence shard); False: every tensor rank routes all its tokens (meshplan's
     # executor, meshplan/executor/layouts/ep.py)
     moe_needs_tp_sequence_parallel: bool = True
+    # A layer's routed experts held as one stacked parameter a projection ((E, 2f, h) and (E, h, f):
+    # meshplan/executor/blocks.MoEMLP), each stepped whole by the optimizer (optim.MixedAdam casts a
+    # parameter's gradient to fp32 at a time): its fp32 temporaries are the rank's experts', not one
+    # expert's. Megatron-Core's TEGroupedMLP keeps one weight an expert (weight0 … weightN).
+    experts_stacked: bool = False
     # Sequence shards recompute the attention core in backward (meshplan's executor keeps only the
     # local q, k, v); Transformer Engine's context-parallel attention keeps each step's output and
     # log-sum-exp instead (AttnFuncWithCPAndKVP2P saves them for its backward), recomputing nothing.
@@ -272,6 +277,7 @@ STACKS: dict[str, Stack] = {
         grad_dtype="bf16",
         fused_swiglu=False,
         moe_needs_tp_sequence_parallel=False,
+        experts_stacked=True,
         # The executor's pipeline runs 1F1B only (meshplan/executor/pipeline.py), with ZeRO 0-3.
         interleaved_min_pp=0,
         source="docs/validation.md; the constants of meshplan/costmodel/device.py and costmodel/blocks/",
