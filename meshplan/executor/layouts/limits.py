@@ -92,7 +92,7 @@ def mixed_limits(layout: Layout, model: ModelSpec, options: CostOptions | None =
     if layout.tpssm > 1:  # tpssm splits no MoE (moe_limits) nor attention beside Mamba-2 here
         return (
             f"layout: the executor runs {model.name}'s mixed layers on dp, ep, pp, tp, sp and tsp, not "
-            f"tpssm={layout.tpssm}; use tp or tsp"
+            f"tpssm={layout.tpssm}; use tp, sp or tsp"
         )
     return moe_limits(layout, model, options) if model.moe is not None else None
 
