@@ -98,7 +98,8 @@ def build_layer(
                 f"the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (etp=1), not {layout}"
             )
         if layout.tsp > 1:
-            return Layer(attention=TSPAttention(ref, mesh, seq, zigzag=attention_only), mlp=ExpertParallelMoE(ref, mesh))
+            attention = TSPAttention(ref, mesh, seq, zigzag=attention_only)
+            return Layer(attention=attention, mlp=ExpertParallelMoE(ref, mesh))
         zigzag = sp_zigzag(layout, seq, attention_only)
         return Layer(
             attention=ParallelAttention(ref, mesh, tensor_axis, seq_axis, positions, seq, zigzag),

@@ -40,9 +40,7 @@ def layer_limits(layout: Layout, model: ModelSpec) -> str | None:
                 f"pick a tsp that divides them"
             )
     if layout.tsp > 1 and model.mlp is not None and not (model.mlp.gated or model.mlp.relu2):  # tsp.TSPMLP
-        return (
-            f"layout: the executor's TSP ring runs gated and squared-ReLU MLPs, not {model.name}'s; use tp or sp"
-        )
+        return f"layout: the executor's TSP ring runs gated and squared-ReLU MLPs, not {model.name}'s; use tp or sp"
     t = layout.tensor_degree
     if model.mamba2 is not None and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
         return (
