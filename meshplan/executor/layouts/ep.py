@@ -65,8 +65,6 @@ class ExpertParallelMoE(Sublayer):
         self.index["norm.weight"] = ("moe.mlp_norm.weight", None, None)
         # Under TSP the router's expert rows are split over tsp and streamed (tsp.RingRowsFn).
         self.tsp = mesh.layout.tsp > 1
-        if self.tsp and hasattr(moe, "w_shared_gate"):
-            raise ValueError("the executor streams no gated shared experts (Qwen2-MoE's sigmoid gate) under tsp")
         ring = (0, router_split(experts).indices(mesh.axis("tsp").size, mesh.axis("tsp").rank)) if self.tsp else ()
         self.take("w_router", ref, "moe.w_router", *ring)
         self.take("w_gate_up", ref, "moe.w_gate_up", 0, mine)
@@ -78,7 +76,8 @@ class ExpertParallelMoE(Sublayer):
             # split over the tensor axis as a dense MLP (whole without one); under TSP over tsp, streamed
             # around its ring as TSP streams a dense MLP (tsp.TSPSharedExpert)
             n, n_rank = (mesh.axis("tsp").size, mesh.axis("tsp").rank) if self.tsp else (t, t_rank)
-            for name, split in shared_expert_splits(moe.w_shared_down.shape[1], moe.gated).items():
+            splits = shared_expert_splits(moe.w_shared_down.shape[1], moe.gated, moe.w_router.shape[1], self.tsp)
+            for name, split in splits.items():
                 if hasattr(moe, name):
                     cut = (split.dim, split.indices(n, n_rank)) if n > 1 else (None, None)
                     self.take(name, ref, f"moe.{name}", *cut)
@@ -133,9 +132,10 @@ class ExpertParallelMoE(Sublayer):
     def _shared(self, xn):
         """The shared experts' output for every token of xn: whole, or their FFN columns on this tensor
         rank, summed over the axis (TP's "f" and "g"), then behind the whole sigmoid gate; under TSP
-        their shards streamed around the tsp ring (no gate there)."""
+        their shards (the gate's hidden columns too) streamed around the tsp ring."""
         if self.tsp and hasattr(self, "w_shared_gate_up"):
-            return self.streamed_shared(xn, self.w_shared_gate_up, self.w_shared_down)
+            gate = getattr(self, "w_shared_gate", None)
+            return self.streamed_shared(xn, self.w_shared_gate_up, self.w_shared_down, gate)
         if self.tensor_axis is None or not hasattr(self, "w_shared_gate_up"):
             return shared_expert(self, xn)
         partial = expert_mlp(

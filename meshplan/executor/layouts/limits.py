@@ -122,11 +122,6 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"layout: tsp={layout.tsp} must divide {model.name}'s {moe.experts} experts (the router's rows go "
             f"round the tsp ring in equal shards); pick tsp from the divisors of {moe.experts}"
         )
-    if layout.tsp > 1 and moe.shared_ffn and moe.shared_gate:  # tsp.TSPSharedExpert streams no gate
-        return (
-            f"layout: the executor streams no gated shared experts under tsp={layout.tsp}, which {model.name} "
-            f"has; use tp or sp"
-        )
     if layout.expert_tensor_degree > 1:
         # ep.ExpertParallelMoE: every tensor rank routes its shard's tokens to whole experts (etp defaults to tp)
         return (

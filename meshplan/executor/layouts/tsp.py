@@ -303,6 +303,43 @@ class RingRowsFn(torch.autograd.Function):
         return dx, own.view_as(w), None
 
 
+class RingColumnsFn(torch.autograd.Function):
+    """x @ W.T for a W whose column shards lie one on each rank of tsp (Qwen2-MoE's shared-expert gate,
+    one row of hidden columns): the shards go around the send/recv ring, each hop adding the product of
+    x's columns of the shard in hand. Backward: the ring again, x's gradient filled column shard by
+    column shard, each shard's weight gradient (from this rank's tokens) reduce-scattered onto its owner."""
+
+    @staticmethod
+    def forward(ctx, x, w, mesh):
+        cols = w.shape[1]
+        out = x.new_zeros(*x.shape[:-1], w.shape[0])
+
+        def add_columns(j, shard):
+            out.add_(x[..., j * cols : (j + 1) * cols] @ shard.t())
+
+        ring_shards(mesh, w, add_columns)
+        ctx.mesh = mesh
+        ctx.save_for_backward(x, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, w = ctx.saved_tensors
+        mesh, cols = ctx.mesh, w.shape[1]
+        ax = mesh.axis("tsp")
+        dx = torch.empty_like(x)
+        grads = torch.zeros(ax.size, w.numel(), dtype=w.dtype, device=w.device)
+
+        def grads_of(j, shard):
+            x_j = x[..., j * cols : (j + 1) * cols]
+            dx[..., j * cols : (j + 1) * cols] = dout @ shard
+            grads[j] = (dout.reshape(-1, w.shape[0]).t() @ x_j.reshape(-1, cols)).flatten()
+
+        ring_shards(mesh, w, grads_of)
+        own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
+        return dx, own.view_as(w), None
+
+
 class TSPAttention(Sublayer):
     """RMSNorm of this rank's tokens → every rank's packed W_Q, W_K, W_V, W_O shard broadcast in turn,
     each shard's heads attended over its all-gathered K/V (_TSPAttentionFn). Every rank keeps the norm's
@@ -398,10 +435,12 @@ class TSPMLP(Sublayer):
 class TSPSharedExpert:
     """An MoE's shared expert streamed around the tsp ring as TSPMLP streams a dense MLP (the owning
     ep.ExpertParallelMoE holds its [gate; up] (or up) row shard and down column shard; no norm of its
-    own): what it adds for every token of xn (T, h)."""
+    own), behind Qwen2-MoE's sigmoid gate where it has one (its hidden columns streamed too:
+    RingColumnsFn): what it adds for every token of xn (T, h)."""
 
     def __init__(self, mesh: Mesh, gated: bool):
         self.mesh, self.gated = mesh, gated
 
-    def __call__(self, xn, w_in, w_down):
-        return _TSPMlpFn.apply(xn.unsqueeze(0), w_in, w_down, self).squeeze(0)
+    def __call__(self, xn, w_in, w_down, w_gate=None):
+        out = _TSPMlpFn.apply(xn.unsqueeze(0), w_in, w_down, self).squeeze(0)
+        return out if w_gate is None else out * torch.sigmoid(RingColumnsFn.apply(xn, w_gate, self.mesh))
