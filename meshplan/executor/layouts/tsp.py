@@ -1,9 +1,12 @@
-"""TSP on one axis D: each rank owns 1/D of every weight matrix and 1/D of the tokens (zigzag). A dense
-layer's two sublayers, TSPAttention and TSPMLP (meshplan.executor.layouts.layer.Layer puts them in order).
+"""TSP on one axis D: each rank owns 1/D of every weight matrix and 1/D of the tokens (zigzag; a
+contiguous shard beside Mamba-2 blocks). A dense layer's two sublayers, TSPAttention and TSPMLP
+(meshplan.executor.layouts.layer.Layer puts them in order); an MoE's shared expert streamed as an MLP
+(TSPSharedExpert) and its router's rows (RingRowsFn), for meshplan.executor.layouts.ep.
 
 Attention: the packed W_Q, W_K, W_V, W_O shard of rank j is broadcast in turn; each rank computes
-q, k, v of its tokens for shard j's heads, all-gathers that shard's K/V, attends, and adds the
-shard's W_O contribution to its output — no all-reduce. Gated MLP: the packed [W_gate; W_up], W_down
+q, k, v of its tokens for shard j's heads (q and k turned by the rotary, where the model has one),
+all-gathers that shard's K/V, attends, and adds the shard's W_O contribution to its output — no
+all-reduce. MLP (SwiGLU, or Nemotron-H's squared ReLU): the packed [W_gate; W_up] (or W_up), W_down
 shards travel a send/recv ring, the next shard in flight while the GEMMs of the one in hand run.
 Backward streams the shards again, re-gathers K/V, reduce-scatters dK/dV, and reduce-scatters the
 weight gradients (each rank has partial gradients of every shard from its own tokens) to the owner.
