@@ -97,6 +97,8 @@ CASES = {
             ("dp=2,tp=2,ep=2,etp=1", ALL_MODES),
             ("dp=2,tp=2,ep=2,etp=1,zero=1", ("train",)),
             ("tp=2,sp=2,ep=2,etp=1", ("train",)),
+            # TSP streams the shared expert around its ring as a dense MLP, its sigmoid gate's columns too
+            ("dp=2,tsp=2,ep=2", ("train", "decode")),
         ],
     ),
     "qwen3-moe-tp-sp-tsp-4": (
@@ -112,7 +114,10 @@ CASES = {
     # A mixed model (Nemotron-H's layers) on dp × ep: each expert on one rank (ep=2 of 2, ep=4 of 4), on
     # two of four (edp = 2, with ZeRO 2 over it), and every expert on every rank (no ep); beside a tensor
     # axis (the Mamba-2 heads, attention heads, MLP and shared-expert columns split, etp=1), a sequence
-    # axis, both, and two pipeline stages ("M*E" and "-EM").
+    # axis, both, two pipeline stages ("M*E" and "-EM"), and TSP (contiguous token shards, as the Mamba-2
+    # blocks need; attention without a rotary; the squared-ReLU MLP, the shared expert and the router
+    # streamed around the tsp ring, the routed experts split over ep) alone, beside dp with ZeRO 1 and
+    # under two pipeline stages.
     "nemotron-h-2": (
         2,
         NEMOTRON_H,
@@ -121,6 +126,7 @@ CASES = {
             ("dp=2,zero=1", ("train",)),
             ("tp=2,ep=2,etp=1", ALL_MODES),
             ("sp=2,ep=2", ALL_MODES),
+            ("tsp=2,ep=2", ALL_MODES),
         ],
     ),
     "nemotron-h-4": (
@@ -131,6 +137,8 @@ CASES = {
             ("dp=4,ep=2,zero=2", ("train",)),
             ("tp=2,sp=2,ep=2,etp=1", ("train", "prefill")),
             ("dp=2,pp=2,ep=2,zero=1", ("train",)),
+            ("dp=2,tsp=2,ep=2,zero=1", ("train",)),
+            ("pp=2,tsp=2,ep=2", ("train",)),
         ],
     ),
 }
@@ -288,7 +296,6 @@ def test_what_the_moe_executor_does_not_run_is_one_line_naming_the_field(model, 
     assert reason.split(":")[0] in ("layout", "model", "moe_dispatcher", "capacity_factor")
     with_dense = moe(dense("tiny-dense-first", 64, 2, 8, 4, 128, 100), MoeSpec(64, 4, 2, 128), dense_layer_ids=(0,))
     assert "dense MLPs on layers [0]" in unsupported(parse_layout("dp=2,ep=2"), with_dense)
-    assert "streams no shared experts under tsp=2" in unsupported(parse_layout("tsp=2,ep=2"), QWEN2_MOE)
     # the router's rows ring over tsp in equal shards: 6 experts on tsp=4 would leave two behind
     six = moe(dense("tiny-six-experts", 64, 2, 8, 4, 128, 100), MoeSpec(64, 6, 2, 128))
     assert "tsp=4 must divide tiny-six-experts's 6 experts" in unsupported(parse_layout("tsp=4,ep=2"), six)
@@ -309,3 +316,10 @@ def test_what_the_moe_executor_does_not_run_is_one_line_naming_the_field(model, 
 def test_what_the_moe_executor_runs(layout):
     assert unsupported(parse_layout(layout), PRESETS["mixtral-8x7b"], options=CostOptions()) is None
     assert unsupported(parse_layout(layout), PRESETS["qwen3-30b-a3b"]) is None
+
+
+def test_shared_experts_run_under_tsp():
+    """Behind Qwen2-MoE's sigmoid gate or Nemotron-H's ungated, each streamed around the tsp ring."""
+    for model in (QWEN2_MOE, NEMOTRON_H):
+        assert unsupported(parse_layout("tsp=2,ep=2"), model) is None
+        assert unsupported(parse_layout("dp=2,tsp=2,ep=2,zero=1"), model) is None

@@ -21,7 +21,7 @@ from meshplan.executor.comm import AllToAllSplits, CopyToAxis, Mesh, ReduceFromA
 from meshplan.executor.experts import expert_mlp, routed_experts, take
 from meshplan.executor.layouts.common import Sublayer
 from meshplan.executor.layouts.splits import router_split, shared_expert_splits
-from meshplan.executor.layouts.tsp import RingRowsFn
+from meshplan.executor.layouts.tsp import RingRowsFn, TSPSharedExpert
 
 
 class ScaleGrad(torch.autograd.Function):
@@ -65,8 +65,6 @@ class ExpertParallelMoE(Sublayer):
         self.index["norm.weight"] = ("moe.mlp_norm.weight", None, None)
         # Under TSP the router's expert rows are split over tsp and streamed (tsp.RingRowsFn).
         self.tsp = mesh.layout.tsp > 1
-        if self.tsp and hasattr(moe, "w_shared_gate_up"):
-            raise ValueError("the executor streams no shared experts under tsp")
         ring = (0, router_split(experts).indices(mesh.axis("tsp").size, mesh.axis("tsp").rank)) if self.tsp else ()
         self.take("w_router", ref, "moe.w_router", *ring)
         self.take("w_gate_up", ref, "moe.w_gate_up", 0, mine)
@@ -74,11 +72,16 @@ class ExpertParallelMoE(Sublayer):
         self.spec, self.gated = moe.spec, moe.gated
         if hasattr(moe, "score_bias"):  # the sigmoid router's correction bias: a buffer, whole on every rank
             self.register_buffer("score_bias", moe.score_bias.detach().clone())
-        if hasattr(moe, "w_shared_gate_up"):  # split over the tensor axis as a dense MLP (whole without one)
-            for name, split in shared_expert_splits(moe.w_shared_down.shape[1], moe.gated).items():
+        if hasattr(moe, "w_shared_gate_up"):
+            # split over the tensor axis as a dense MLP (whole without one); under TSP over tsp, streamed
+            # around its ring as TSP streams a dense MLP (tsp.TSPSharedExpert)
+            n, n_rank = (mesh.axis("tsp").size, mesh.axis("tsp").rank) if self.tsp else (t, t_rank)
+            splits = shared_expert_splits(moe.w_shared_down.shape[1], moe.gated, moe.w_router.shape[1], self.tsp)
+            for name, split in splits.items():
                 if hasattr(moe, name):
-                    cut = (split.dim, split.indices(t, t_rank)) if t > 1 else (None, None)
+                    cut = (split.dim, split.indices(n, n_rank)) if n > 1 else (None, None)
                     self.take(name, ref, f"moe.{name}", *cut)
+            self.streamed_shared = TSPSharedExpert(mesh, moe.gated) if self.tsp else None
         self.sent_rows = self.received_rows = 0
 
     def partial_grads(self) -> dict:
@@ -128,7 +131,11 @@ class ExpertParallelMoE(Sublayer):
 
     def _shared(self, xn):
         """The shared experts' output for every token of xn: whole, or their FFN columns on this tensor
-        rank, summed over the axis (TP's "f" and "g"), then behind the whole sigmoid gate."""
+        rank, summed over the axis (TP's "f" and "g"), then behind the whole sigmoid gate; under TSP
+        their shards (the gate's hidden columns too) streamed around the tsp ring."""
+        if self.tsp and hasattr(self, "w_shared_gate_up"):
+            gate = getattr(self, "w_shared_gate", None)
+            return self.streamed_shared(xn, self.w_shared_gate_up, self.w_shared_down, gate)
         if self.tensor_axis is None or not hasattr(self, "w_shared_gate_up"):
             return shared_expert(self, xn)
         partial = expert_mlp(

@@ -8,11 +8,11 @@ meshplan/costmodel/axes/__init__.py:
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
     MoE           attention    dense.ParallelAttention                tsp.TSPAttention
                   mlp          ep.ExpertParallelMoE (and ep)          ep.ExpertParallelMoE (and ep)
-    mixed (Nemotron-H), one block a layer, beside tp and sp (not tsp or tpssm):
-    attention     attention    dense.ParallelAttention
-    MLP           mlp          dense.ParallelMLP
-    MoE           mlp          ep.ExpertParallelMoE (and ep)
-    Mamba-2       mixer        mamba.ParallelMamba2
+    mixed (Nemotron-H), one block a layer (not tpssm):
+    attention     attention    dense.ParallelAttention                tsp.TSPAttention (contiguous)
+    MLP           mlp          dense.ParallelMLP                      tsp.TSPMLP
+    MoE           mlp          ep.ExpertParallelMoE (and ep)          ep.ExpertParallelMoE (and ep)
+    Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
 
 Every sublayer is a pre-norm residual branch (common.Sublayer: its own norm, then its mixing), and the
 layer adds each branch's output to the stream in turn, so that a later kind of sublayer — an MoE in the
@@ -77,9 +77,15 @@ def build_layer(
     tensor_axis = layout.weight_axis if layout.tensor_degree > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
     if isinstance(ref, (AttentionLayer, MlpLayer, MoEOnlyLayer)):
-        # A mixed model's one-block layers: the executor runs them on dp, ep, pp, tp and sp (limits.mixed_limits)
-        if layout.tsp > 1 or layout.tpssm > 1:
-            raise ValueError(f"the executor runs a mixed model's layers on dp, ep, pp, tp and sp, not {layout}")
+        # A mixed model's one-block layers: the executor runs them on dp, ep, pp, tp, sp and tsp (limits.mixed_limits)
+        if layout.tpssm > 1:
+            raise ValueError(f"the executor runs a mixed model's layers on dp, ep, pp, tp, sp and tsp, not {layout}")
+        if layout.tsp > 1:
+            if isinstance(ref, MoEOnlyLayer):
+                return Layer(mlp=ExpertParallelMoE(ref, mesh))
+            if isinstance(ref, MlpLayer):
+                return Layer(mlp=TSPMLP(ref, mesh))
+            return Layer(attention=TSPAttention(ref, mesh, seq, zigzag=attention_only))
         if isinstance(ref, MoEOnlyLayer):
             return Layer(mlp=ExpertParallelMoE(ref, mesh, tensor_axis=tensor_axis))
         if isinstance(ref, MlpLayer):
@@ -92,7 +98,8 @@ def build_layer(
                 f"the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (etp=1), not {layout}"
             )
         if layout.tsp > 1:
-            return Layer(attention=TSPAttention(ref, mesh, seq), mlp=ExpertParallelMoE(ref, mesh))
+            attention = TSPAttention(ref, mesh, seq, zigzag=attention_only)
+            return Layer(attention=attention, mlp=ExpertParallelMoE(ref, mesh))
         zigzag = sp_zigzag(layout, seq, attention_only)
         return Layer(
             attention=ParallelAttention(ref, mesh, tensor_axis, seq_axis, positions, seq, zigzag),
@@ -100,7 +107,7 @@ def build_layer(
         )
     if isinstance(ref, DenseLayer):
         if layout.tsp > 1:
-            return Layer(attention=TSPAttention(ref, mesh, seq), mlp=TSPMLP(ref, mesh))
+            return Layer(attention=TSPAttention(ref, mesh, seq, zigzag=attention_only), mlp=TSPMLP(ref, mesh))
         zigzag = sp_zigzag(layout, seq, attention_only)
         return Layer(
             attention=ParallelAttention(ref, mesh, tensor_axis, seq_axis, positions, seq, zigzag),

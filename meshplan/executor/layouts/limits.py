@@ -30,7 +30,7 @@ def layer_limits(layout: Layout, model: ModelSpec) -> str | None:
             f"layout: the executor's TSP streams its own weight shards and does not also shard them "
             f"for ZeRO 3; with tsp={layout.tsp} execute zero=2 or below"
         )
-    if layout.tsp > 1 and model.family == "mamba2":  # tsp_mamba.TSPMamba2's contiguous splits
+    if layout.tsp > 1 and model.mamba2 is not None:  # tsp_mamba.TSPMamba2's contiguous splits
         m = model.mamba2
         sizes = {"in_proj rows": m.in_proj_width, "conv channels": m.conv_dim, "heads": m.nheads, "d_inner": m.d_inner}
         bad = [f"{k} {v}" for k, v in sizes.items() if v % layout.tsp]
@@ -39,8 +39,8 @@ def layer_limits(layout: Layout, model: ModelSpec) -> str | None:
                 f"layout: tsp={layout.tsp} must divide {model.name}'s Mamba-2 weights ({', '.join(bad)}); "
                 f"pick a tsp that divides them"
             )
-    if layout.tsp > 1 and model.mlp is not None and not model.mlp.gated:  # tsp.TSPMLP
-        return f"layout: the executor's TSP ring is written for gated MLPs; {model.name}'s is not gated"
+    if layout.tsp > 1 and model.mlp is not None and not (model.mlp.gated or model.mlp.relu2):  # tsp.TSPMLP
+        return f"layout: the executor's TSP ring runs gated and squared-ReLU MLPs, not {model.name}'s; use tp or sp"
     t = layout.tensor_degree
     if model.mamba2 is not None and t > 1 and model.mamba2.ngroups % t and model.mamba2.ngroups != 1:
         return (
@@ -80,19 +80,17 @@ MIXED_LAYERS_RUN = (
 def mixed_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
     """Why a mixed model's layers (blocks.mixed_layer under layer.build_layer: Nemotron-H's one block a
     layer — Mamba-2, attention, a dense MLP or a mixture of experts — each its own pre-norm residual
-    branch, on dp, ep, pp, tp and sp) cannot run `layout` on `model`; None when they can."""
+    branch, on dp, ep, pp, tp, sp and tsp) cannot run `layout` on `model`; None when they can."""
     other = sorted(set(model.layer_blocks()) - set(MIXED_LAYERS_RUN))
     if other:
         return (
             f"model: the executor builds mixed models of one block a layer (Nemotron-H's), not {model.name}'s "
             f"layers of {', '.join('+'.join(b) for b in other)}; `meshplan memory` and `recommend` price it"
         )
-    if layout.tsp > 1 or layout.tpssm > 1:
-        # tsp.TSPAttention turns q and k by a rotary, tsp.TSPMLP is gated, and ep.ExpertParallelMoE
-        # streams no shared expert; tpssm splits no MoE (moe_limits)
+    if layout.tpssm > 1:  # tpssm splits no MoE (moe_limits) nor attention beside Mamba-2 here
         return (
-            f"layout: the executor runs {model.name}'s mixed layers on dp, ep, pp, tp and sp, not "
-            f"{'tsp' if layout.tsp > 1 else 'tpssm'}={max(layout.tsp, layout.tpssm)}; use tp or sp"
+            f"layout: the executor runs {model.name}'s mixed layers on dp, ep, pp, tp, sp and tsp, not "
+            f"tpssm={layout.tpssm}; use tp, sp or tsp"
         )
     return moe_limits(layout, model, options) if model.moe is not None else None
 
@@ -123,11 +121,6 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
         return (
             f"layout: tsp={layout.tsp} must divide {model.name}'s {moe.experts} experts (the router's rows go "
             f"round the tsp ring in equal shards); pick tsp from the divisors of {moe.experts}"
-        )
-    if layout.tsp > 1 and moe.shared_ffn:  # ep.ExpertParallelMoE streams the router alone
-        return (
-            f"layout: the executor streams no shared experts under tsp={layout.tsp}, which {model.name} has; "
-            f"use tp or sp"
         )
     if layout.expert_tensor_degree > 1:
         # ep.ExpertParallelMoE: every tensor rank routes its shard's tokens to whole experts (etp defaults to tp)

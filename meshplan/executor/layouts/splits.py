@@ -14,7 +14,8 @@ the tensor axis). `dim` None keeps the weight whole (the norm scales, applied to
     tpssm, tpssm+sp    mamba.ParallelMamba2      mamba2_splits
     tsp                tsp_mamba.TSPMamba2       contiguous_splits (one part a weight)
     tp (MoE, etp=1)    ep.ExpertParallelMoE      shared_expert_splits (the routed experts: whole, over ep)
-    tsp (MoE)          ep.ExpertParallelMoE      router_split (the routed experts: whole, over ep)
+    tsp (MoE)          ep.ExpertParallelMoE      router_split, shared_expert_splits (streamed; the routed
+                                                 experts: whole, over ep)
     tp / tpssm; tsp    vocab.ParallelEmbedding,  vocab_split (vocabulary rows; hidden columns)
                        vocab.ParallelHead
 """
@@ -84,12 +85,14 @@ def mlp_splits(ffn: int, gated: bool) -> dict[str, Split]:
     }
 
 
-def shared_expert_splits(ffn: int, gated: bool = True) -> dict[str, Split]:
+def shared_expert_splits(ffn: int, gated: bool = True, hidden: int = 0, streamed: bool = False) -> dict[str, Split]:
     """An MoE's shared experts on a tensor axis, as a dense MLP (Megatron-Core's SharedExpertMLP): the
     [gate; up] rows (Nemotron-H's up alone, ungated) column-parallel, part by part; down row-parallel;
-    Qwen2-MoE's sigmoid gate (a hidden → 1 projection) whole."""
+    Qwen2-MoE's sigmoid gate (a hidden → 1 projection) whole — or, `streamed` around TSP's ring, its
+    `hidden` columns in contiguous pieces (tsp.RingColumnsFn)."""
     gate_up = _cut(0, ffn, ffn) if gated else _cut(0, ffn)
-    return {"w_shared_gate_up": gate_up, "w_shared_down": _cut(1, ffn), "w_shared_gate": WHOLE}
+    gate = _cut(1, hidden) if streamed else WHOLE
+    return {"w_shared_gate_up": gate_up, "w_shared_down": _cut(1, ffn), "w_shared_gate": gate}
 
 
 def router_split(experts: int) -> Split:

@@ -1,9 +1,12 @@
-"""TSP on one axis D: each rank owns 1/D of every weight matrix and 1/D of the tokens (zigzag). A dense
-layer's two sublayers, TSPAttention and TSPMLP (meshplan.executor.layouts.layer.Layer puts them in order).
+"""TSP on one axis D: each rank owns 1/D of every weight matrix and 1/D of the tokens (zigzag; a
+contiguous shard beside Mamba-2 blocks). A dense layer's two sublayers, TSPAttention and TSPMLP
+(meshplan.executor.layouts.layer.Layer puts them in order); an MoE's shared expert streamed as an MLP
+(TSPSharedExpert) and its router's rows (RingRowsFn), for meshplan.executor.layouts.ep.
 
 Attention: the packed W_Q, W_K, W_V, W_O shard of rank j is broadcast in turn; each rank computes
-q, k, v of its tokens for shard j's heads, all-gathers that shard's K/V, attends, and adds the
-shard's W_O contribution to its output — no all-reduce. Gated MLP: the packed [W_gate; W_up], W_down
+q, k, v of its tokens for shard j's heads (q and k turned by the rotary, where the model has one),
+all-gathers that shard's K/V, attends, and adds the shard's W_O contribution to its output — no
+all-reduce. MLP (SwiGLU, or Nemotron-H's squared ReLU): the packed [W_gate; W_up] (or W_up), W_down
 shards travel a send/recv ring, the next shard in flight while the GEMMs of the one in hand run.
 Backward streams the shards again, re-gathers K/V, reduce-scatters dK/dV, and reduce-scatters the
 weight gradients (each rank has partial gradients of every shard from its own tokens) to the owner.
@@ -30,8 +33,10 @@ from meshplan.executor.layouts.common import (
     KVCache,
     Sublayer,
     ZigzagKeys,
+    attend_prefix,
     attend_zigzag,
     combine_partials,
+    contiguous_tokens,
     partial_attention,
     zigzag_tokens,
 )
@@ -39,8 +44,18 @@ from meshplan.executor.layouts.splits import attention_splits, mlp_splits
 
 
 def _attend(q, k, v, attn):
-    """Zigzag causal attention (common.attend_zigzag) with the sublayer's key order and chunk ends."""
+    """Causal attention of this rank's queries to the gathered K/V: zigzag (common.attend_zigzag, with
+    the sublayer's key order and chunk ends), or, for contiguous shards, every key up to the end of the
+    rank's own (common.attend_prefix)."""
+    if attn.keys is None:
+        return attend_prefix(q, k, v, attn.kv_len)
     return attend_zigzag(q, k, v, attn.keys)
+
+
+def _turn(attn, t, positions, inverse=False):
+    """t turned by the sublayer's rotary (in place), or left as it is where the model has none (rope
+    kind "none": Nemotron-H's attention has no positions)."""
+    return t if attn.rotary is None else attn.rotary.apply(t, positions, inverse=inverse)
 
 
 def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
@@ -51,13 +66,13 @@ def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
 
 def _project(attn, xn, w, positions):
     """q, k, v of this rank's tokens (at `positions`) for one shard's heads, q and k turned by the
-    rotary, and the shard's W_O."""
+    rotary (where the model has one), and the shard's W_O."""
     b, t, _ = xn.shape
     wq, wk, wv, wo = attn.unpack(w)
     hd = attn.head_dim
     q, k = (xn @ wq.t()).view(b, t, attn.lq // hd, hd), (xn @ wk.t()).view(b, t, attn.lkv // hd, hd)
-    attn.rotary.apply(q, positions)
-    attn.rotary.apply(k, positions)
+    _turn(attn, q, positions)
+    _turn(attn, k, positions)
     return q, k, (xn @ wv.t()).view(b, t, attn.lkv // hd, hd), wo
 
 
@@ -149,8 +164,8 @@ class _TSPAttentionFn(torch.autograd.Function):
             dk = reduce_scatter(mesh, dkk, "tsp", 1)
             dv = reduce_scatter(mesh, dvv, "tsp", 1).flatten(2)
             # q and k were turned after the projection: their gradients turn back before it.
-            dq = attn.rotary.apply(dq, attn.q_positions, inverse=True).flatten(2)
-            dk = attn.rotary.apply(dk, attn.q_positions, inverse=True).flatten(2)
+            dq = _turn(attn, dq, attn.q_positions, inverse=True).flatten(2)
+            dk = _turn(attn, dk, attn.q_positions, inverse=True).flatten(2)
             # This rank's tokens' share of shard j's weight gradients, and the input's gradient.
             dwo = torch.einsum("bth,btq->hq", dy, o)
             dwq, dwk, dwv = (torch.einsum("btn,bth->nh", g, xn) for g in (dq, dk, dv))
@@ -161,10 +176,41 @@ class _TSPAttentionFn(torch.autograd.Function):
         return dxn, own[: w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel() :].view_as(w_o), None
 
 
+def _mlp_hop(xn, w_in, down, gated):
+    """One shard's partial MLP output for this rank's tokens, and what its backward keeps: SwiGLU of the
+    [gate; up] rows where `gated`, else the squared ReLU of Nemotron-H's up rows (experts.activate)."""
+    if gated:
+        lf = w_in.shape[0] // 2
+        g, u = xn @ w_in[:lf].t(), xn @ w_in[lf:].t()
+        sg = F.silu(g)
+        p = sg * u
+        return p @ down.t(), (g, sg, u, p)
+    u = xn @ w_in.t()
+    p = torch.square(F.relu(u))
+    return p @ down.t(), (u, p)
+
+
+def _mlp_hop_grads(dy, xn, w_in, down, saved, gated):
+    """One shard's input gradient and its weight gradients ([gate; up] or up, down) from this rank's tokens."""
+    dp = dy @ down
+    ddown = torch.einsum("bth,btf->hf", dy, saved[-1])
+    if gated:
+        g, sg, u, _ = saved
+        sig = torch.sigmoid(g)
+        dh = torch.cat([dp * u * sig * (1 + g * (1 - sig)), dp * sg], dim=-1)
+    else:
+        u, _ = saved
+        dh = dp * 2 * F.relu(u)
+    return dh @ w_in, torch.einsum("btf,bth->fh", dh, xn), ddown
+
+
 class _TSPMlpFn(torch.autograd.Function):
+    """A dense MLP (or an MoE's shared expert) whose [gate; up] (or up) row shards and W_down column
+    shards lie one on each rank of tsp; `ring`: its mesh and whether it is gated (.mesh, .gated)."""
+
     @staticmethod
-    def forward(ctx, xn, w_in, w_down, mlp):
-        mesh, ax = mlp.mesh, mlp.mesh.axis("tsp")
+    def forward(ctx, xn, w_in, w_down, ring):
+        mesh, ax = ring.mesh, ring.mesh.axis("tsp")
         cur = torch.cat([w_in.flatten(), w_down.flatten()])
         y = None
         saved = []
@@ -175,17 +221,14 @@ class _TSPMlpFn(torch.autograd.Function):
             reqs = []
             if hop < ax.size - 1:
                 nxt, reqs = ring_shift(mesh, cur, "tsp")  # the next shard travels while this one computes
-            gate, up, down = mlp.unpack(cur)
-            g, u = xn @ gate.t(), xn @ up.t()
-            sg = F.silu(g)
-            p = sg * u
-            y = p @ down.t() if y is None else y + p @ down.t()
-            saved += [g, sg, u, p]
+            part, kept = _mlp_hop(xn, *_mlp_shard(cur, w_in.shape, w_down.shape), ring.gated)
+            y = part if y is None else y + part
+            saved += kept
             for r in reqs:
                 r.wait()
             if hop < ax.size - 1:
                 cur = nxt
-        ctx.mlp = mlp
+        ctx.ring = ring
         ctx.save_for_backward(xn, w_in, w_down, *saved)
         return y
 
@@ -193,8 +236,9 @@ class _TSPMlpFn(torch.autograd.Function):
     def backward(ctx, dy):
         xn, w_in, w_down, *saved = ctx.saved_tensors
         packed = torch.cat([w_in.flatten(), w_down.flatten()])
-        mlp = ctx.mlp
-        mesh, ax = mlp.mesh, mlp.mesh.axis("tsp")
+        ring = ctx.ring
+        mesh, ax = ring.mesh, ring.mesh.axis("tsp")
+        per_hop = len(saved) // ax.size
         dxn = torch.zeros_like(xn)
         grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
         # The ring again, in the forward's order: hop k's saved activations go with shard (rank − k) mod
@@ -205,22 +249,23 @@ class _TSPMlpFn(torch.autograd.Function):
             if hop < ax.size - 1:
                 nxt, reqs = ring_shift(mesh, cur, "tsp")
             j = (ax.rank - hop) % ax.size
-            gate, up, down = mlp.unpack(cur)
-            g, sg, u, p = saved[4 * hop : 4 * hop + 4]
-            dp = dy @ down
-            ddown = torch.einsum("bth,btf->hf", dy, p)
-            du = dp * sg
-            sig = torch.sigmoid(g)
-            dg = dp * u * sig * (1 + g * (1 - sig))
-            dgate, dup = torch.einsum("btf,bth->fh", dg, xn), torch.einsum("btf,bth->fh", du, xn)
-            dxn += dg @ gate + du @ up
-            grads[j] = torch.cat([dgate.flatten(), dup.flatten(), ddown.flatten()])
+            w_in_j, down = _mlp_shard(cur, w_in.shape, w_down.shape)
+            kept = saved[per_hop * hop : per_hop * (hop + 1)]
+            dx, dw_in, ddown = _mlp_hop_grads(dy, xn, w_in_j, down, kept, ring.gated)
+            dxn += dx
+            grads[j] = torch.cat([dw_in.flatten(), ddown.flatten()])
             for r in reqs:
                 r.wait()
             if hop < ax.size - 1:
                 cur = nxt
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
         return dxn, own[: w_in.numel()].view_as(w_in), own[w_in.numel() :].view_as(w_down), None
+
+
+def _mlp_shard(w, in_shape, down_shape):
+    """A packed MLP shard → its [gate; up] (or up) rows and W_down columns."""
+    n = in_shape[0] * in_shape[1]
+    return w[:n].view(in_shape), w[n:].view(down_shape)
 
 
 class RingRowsFn(torch.autograd.Function):
@@ -261,12 +306,51 @@ class RingRowsFn(torch.autograd.Function):
         return dx, own.view_as(w), None
 
 
+class RingColumnsFn(torch.autograd.Function):
+    """x @ W.T for a W whose column shards lie one on each rank of tsp (Qwen2-MoE's shared-expert gate,
+    one row of hidden columns): the shards go around the send/recv ring, each hop adding the product of
+    x's columns of the shard in hand. Backward: the ring again, x's gradient filled column shard by
+    column shard, each shard's weight gradient (from this rank's tokens) reduce-scattered onto its owner."""
+
+    @staticmethod
+    def forward(ctx, x, w, mesh):
+        cols = w.shape[1]
+        out = x.new_zeros(*x.shape[:-1], w.shape[0])
+
+        def add_columns(j, shard):
+            out.add_(x[..., j * cols : (j + 1) * cols] @ shard.t())
+
+        ring_shards(mesh, w, add_columns)
+        ctx.mesh = mesh
+        ctx.save_for_backward(x, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, w = ctx.saved_tensors
+        mesh, cols = ctx.mesh, w.shape[1]
+        ax = mesh.axis("tsp")
+        dx = torch.empty_like(x)
+        grads = torch.zeros(ax.size, w.numel(), dtype=w.dtype, device=w.device)
+
+        def grads_of(j, shard):
+            x_j = x[..., j * cols : (j + 1) * cols]
+            dx[..., j * cols : (j + 1) * cols] = dout @ shard
+            grads[j] = (dout.reshape(-1, w.shape[0]).t() @ x_j.reshape(-1, cols)).flatten()
+
+        ring_shards(mesh, w, grads_of)
+        own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
+        return dx, own.view_as(w), None
+
+
 class TSPAttention(Sublayer):
     """RMSNorm of this rank's tokens → every rank's packed W_Q, W_K, W_V, W_O shard broadcast in turn,
     each shard's heads attended over its all-gathered K/V (_TSPAttentionFn). Every rank keeps the norm's
-    scale whole: its gradient, from the rank's own tokens, is summed over tsp after the backward."""
+    scale whole: its gradient, from the rank's own tokens, is summed over tsp after the backward.
+    `zigzag`: the rank holds zigzag chunks (attention-only stacks), else a contiguous shard (beside Mamba
+    blocks, whose recurrence runs along the ranks in order: layer.tokens_held)."""
 
-    def __init__(self, ref: DenseLayer, mesh: Mesh, seq: int):
+    def __init__(self, ref: DenseLayer, mesh: Mesh, seq: int, zigzag: bool = True):
         super().__init__()
         ax = mesh.axis("tsp")
         d, r = ax.size, ax.rank
@@ -275,10 +359,11 @@ class TSPAttention(Sublayer):
         q_w, kv_w = ref.heads * ref.head_dim, ref.kv_heads * ref.head_dim
         self.lq, self.lkv, self.hidden = q_w // d, kv_w // d, ref.w_o.shape[0]
         self.take_splits(ref, attention_splits(q_w, kv_w), d, r, local={"attn_norm": "norm"})
-        self.q_positions = zigzag_tokens(seq, d, r)
+        self.q_positions = zigzag_tokens(seq, d, r) if zigzag else contiguous_tokens(seq, d, r)
         self.rotary, self.seq = ref.rotary, seq
         self.next_position = seq  # decode's next token (prefill resets it)
-        self.keys = ZigzagKeys(seq, d, r)
+        self.keys = ZigzagKeys(seq, d, r) if zigzag else None
+        self.kv_len = int(self.q_positions[-1]) + 1  # the keys a contiguous shard's queries see
         self.keep_cache, self.kv_cache = False, None
 
     def unpack(self, w):
@@ -328,29 +413,37 @@ class TSPAttention(Sublayer):
 
 
 class TSPMLP(Sublayer):
-    """RMSNorm of this rank's tokens → the packed [W_gate; W_up], W_down shards around the send/recv ring,
-    each hop's GEMMs overlapped with the next shard's transfer (_TSPMlpFn); decode is the forward. The
-    norm's scale is whole on every rank, its gradient summed over tsp after the backward."""
+    """RMSNorm of this rank's tokens → the packed [W_gate; W_up] (Nemotron-H's squared-ReLU MLP: W_up),
+    W_down shards around the send/recv ring, each hop's GEMMs overlapped with the next shard's transfer
+    (_TSPMlpFn); decode is the forward. The norm's scale is whole on every rank, its gradient summed over
+    tsp after the backward."""
 
     def __init__(self, ref: DenseLayer, mesh: Mesh):
         super().__init__()
         ax = mesh.axis("tsp")
         d, r = ax.size, ax.rank
-        self.mesh = mesh
-        if not ref.gated:
-            raise NotImplementedError("TSP's MLP ring is written for gated MLPs")
+        self.mesh, self.gated = mesh, ref.gated
+        if not ref.gated and not ref.relu2:
+            raise NotImplementedError("TSP's MLP ring runs gated and squared-ReLU MLPs")
         f = ref.w_down.shape[1]
-        self.lf, self.hidden = f // d, ref.w_o.shape[0]
-        self.take_splits(ref, mlp_splits(f, gated=True), d, r, local={"mlp_norm": "norm"})
-
-    def unpack(self, w):
-        """A packed MLP shard → its W_gate, W_up, W_down."""
-        h, lf = self.hidden, self.lf
-        w_in = w[: 2 * lf * h].view(2 * lf, h)
-        return w_in[:lf], w_in[lf:], w[2 * lf * h :].view(h, lf)
+        self.take_splits(ref, mlp_splits(f, gated=ref.gated), d, r, local={"mlp_norm": "norm"})
 
     def forward(self, x):
         return _TSPMlpFn.apply(self.norm(x), self.w_in, self.w_down, self)
 
     def partial_grads(self) -> dict:
         return {"tsp": [self.norm.weight]}
+
+
+class TSPSharedExpert:
+    """An MoE's shared expert streamed around the tsp ring as TSPMLP streams a dense MLP (the owning
+    ep.ExpertParallelMoE holds its [gate; up] (or up) row shard and down column shard; no norm of its
+    own), behind Qwen2-MoE's sigmoid gate where it has one (its hidden columns streamed too:
+    RingColumnsFn): what it adds for every token of xn (T, h)."""
+
+    def __init__(self, mesh: Mesh, gated: bool):
+        self.mesh, self.gated = mesh, gated
+
+    def __call__(self, xn, w_in, w_down, w_gate=None):
+        out = _TSPMlpFn.apply(xn.unsqueeze(0), w_in, w_down, self).squeeze(0)
+        return out if w_gate is None else out * torch.sigmoid(RingColumnsFn.apply(xn, w_gate, self.mesh))
