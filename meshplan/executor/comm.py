@@ -436,6 +436,19 @@ def ring_shards(mesh: Mesh, own: torch.Tensor, each, axis: str = "tsp") -> None:
             cur = received
 
 
+def ring_weight_grads(mesh: Mesh, own: torch.Tensor, each, axis: str = "tsp") -> torch.Tensor:
+    """The backward of a weight whose shards go round the ring (ring_shards): `each(j, shard)` returns
+    shard j's gradient from this rank's tokens (and may add to the input's gradient meanwhile); the
+    shards' gradients are reduce-scattered onto their owners: this rank's own shard's, shaped as `own`."""
+    grads = torch.zeros(mesh.axis(axis).size, own.numel(), dtype=own.dtype, device=own.device)
+
+    def fill(j, shard):
+        grads[j] = each(j, shard).flatten()
+
+    ring_shards(mesh, own, fill, axis)
+    return reduce_scatter(mesh, grads.flatten(), axis, 0).view_as(own)
+
+
 # -- autograd functions ----------------------------------------------------------------------------
 
 

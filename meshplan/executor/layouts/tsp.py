@@ -28,6 +28,7 @@ from meshplan.executor.comm import (
     reduce_scatter,
     ring_shards,
     ring_shift,
+    ring_weight_grads,
 )
 from meshplan.executor.layouts.common import (
     KVCache,
@@ -291,19 +292,15 @@ class RingRowsFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         x, w = ctx.saved_tensors
-        mesh, rows = ctx.mesh, w.shape[0]
-        ax = mesh.axis("tsp")
+        rows = w.shape[0]
         dx = torch.zeros_like(x)
-        grads = torch.zeros(ax.size, w.numel(), dtype=w.dtype, device=w.device)
 
-        def grads_of(j, shard):
+        def grad_of(j, shard):
             d_j = dout[..., j * rows : (j + 1) * rows]
             dx.add_(d_j @ shard)
-            grads[j] = (d_j.reshape(-1, rows).t() @ x.reshape(-1, x.shape[-1])).flatten()
+            return d_j.reshape(-1, rows).t() @ x.reshape(-1, x.shape[-1])
 
-        ring_shards(mesh, w, grads_of)
-        own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
-        return dx, own.view_as(w), None
+        return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 
 
 class RingColumnsFn(torch.autograd.Function):
@@ -328,19 +325,15 @@ class RingColumnsFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         x, w = ctx.saved_tensors
-        mesh, cols = ctx.mesh, w.shape[1]
-        ax = mesh.axis("tsp")
+        cols = w.shape[1]
         dx = torch.empty_like(x)
-        grads = torch.zeros(ax.size, w.numel(), dtype=w.dtype, device=w.device)
 
-        def grads_of(j, shard):
+        def grad_of(j, shard):
             x_j = x[..., j * cols : (j + 1) * cols]
             dx[..., j * cols : (j + 1) * cols] = dout @ shard
-            grads[j] = (dout.reshape(-1, w.shape[0]).t() @ x_j.reshape(-1, cols)).flatten()
+            return dout.reshape(-1, w.shape[0]).t() @ x_j.reshape(-1, cols)
 
-        ring_shards(mesh, w, grads_of)
-        own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
-        return dx, own.view_as(w), None
+        return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 
 
 class TSPAttention(Sublayer):

@@ -26,7 +26,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.comm import AllToAll, CopyToAxis, Mesh, ReduceFromAxis, all_reduce, reduce_scatter, ring_shards
+from meshplan.executor.comm import (
+    AllToAll,
+    CopyToAxis,
+    Mesh,
+    ReduceFromAxis,
+    all_reduce,
+    ring_shards,
+    ring_weight_grads,
+)
 from meshplan.executor.layouts.common import Sharded
 from meshplan.executor.layouts.splits import vocab_split
 from meshplan.executor.model import OutputHead, TokenEmbedding
@@ -83,20 +91,14 @@ def log_softmax_over(logits: torch.Tensor, mesh: Mesh, axis: str | None) -> torc
     return z - sums.log()
 
 
-def _ring_columns(mesh: Mesh, own: torch.Tensor, each) -> None:
-    """Pass this rank's column shard `own` (V, h/D) round the tsp ring; `each(j, shard, cols)` runs on
-    shard j (columns `cols` of x) while the next one is in flight."""
-    c = own.shape[1]
-    ring_shards(mesh, own, lambda j, shard: each(j, shard, slice(j * c, (j + 1) * c)))
-
-
 class _TSPLogits(torch.autograd.Function):
     """x (n, h) → logits (n, V) in fp32, summed over the ring's column shards of the head."""
 
     @staticmethod
     def forward(ctx, x, w, mesh):
         out = x.new_zeros(x.shape[0], w.shape[0], dtype=torch.promote_types(x.dtype, torch.float32))
-        _ring_columns(mesh, w, lambda j, shard, cols: out.add_(x[:, cols] @ shard.t()))
+        c = w.shape[1]  # the column shards go round the tsp ring, each added in while the next travels
+        ring_shards(mesh, w, lambda j, shard: out.add_(x[:, j * c : (j + 1) * c] @ shard.t()))
         ctx.mesh = mesh
         ctx.save_for_backward(x, w)
         return out
@@ -106,14 +108,14 @@ class _TSPLogits(torch.autograd.Function):
         x, w = ctx.saved_tensors
         g = grad.to(x.dtype)
         dx = torch.empty_like(x)
-        partial = w.new_empty(w.shape[0], x.shape[1])  # every shard's gradient from this rank's tokens
+        c = w.shape[1]
 
-        def each(j, shard, cols):
+        def grad_of(j, shard):  # shard j's gradient from this rank's tokens
+            cols = slice(j * c, (j + 1) * c)
             dx[:, cols] = g @ shard
-            partial[:, cols] = g.t() @ x[:, cols]
+            return g.t() @ x[:, cols]
 
-        _ring_columns(ctx.mesh, w, each)
-        return dx, reduce_scatter(ctx.mesh, partial, "tsp", 1), None
+        return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 
 
 def take_vocab_matrix(module: Sharded, ref, mesh: Mesh, tensor_axis: str | None) -> int:
