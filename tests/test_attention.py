@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from benchmark_scripts import load
 
 from meshplan.executor.attention import (
     CUDNN_BLOCKS,
@@ -126,14 +127,9 @@ def test_fused_blocks_call_their_aten_ops_with_the_right_arguments(blocks):
 def test_attention_paths_benchmark_runs_its_plumbing_on_the_cpu(tmp_path):
     """benchmarks/bench_attention_paths.py at tiny shapes on the CPU: every case timed old and new, the
     check's bf16 blocks within bf16 rounding of float64, and the tables keyed as device.py's."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).parent.parent / "benchmarks" / "bench_attention_paths.py"
-    spec = importlib.util.spec_from_file_location("bench_attention_paths", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load("bench_attention_paths")
     out = tmp_path / "paths.json"
     assert bench.main(["--device", "cpu", "--quick", "--reps", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -154,16 +150,10 @@ def test_attention_paths_benchmark_runs_its_plumbing_on_the_cpu(tmp_path):
 def test_peers_benchmark_layer_computes_meshplans_dense_layer():
     """benchmarks/peers.py's torchtitan-style layer, given meshplan's DenseLayer weights, is the same
     function (float64, GQA), so the peers time the same work."""
-    import importlib.util
-    from pathlib import Path
-
     from meshplan.executor.blocks import DenseLayer
     from meshplan.models import dense
 
-    path = Path(__file__).parent.parent / "benchmarks" / "peers.py"
-    spec = importlib.util.spec_from_file_location("peers", path)
-    peers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peers)
+    peers = load("peers")
     model = dense("tiny-gqa", 64, 2, 8, 2, 128, 100)
     torch.manual_seed(4)
     ref = DenseLayer(model).double()

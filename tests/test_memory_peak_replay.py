@@ -1,12 +1,8 @@
 """benchmarks/memory_peak.py's replay of an allocator trace: the peak, and what is live at it by site."""
 
-import importlib.util
-from pathlib import Path
+from benchmark_scripts import load
 
-_path = Path(__file__).parents[1] / "benchmarks" / "memory_peak.py"
-_spec = importlib.util.spec_from_file_location("memory_peak", _path)
-memory_peak = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(memory_peak)
+memory_peak = load("memory_peak")
 
 
 def _alloc(addr, size, line, file="/x/meshplan/executor/a.py"):

@@ -2,26 +2,13 @@
 models and the FLOP formula held to their sources by hand, the imbalance anchor reproducing its calibration
 pair — and issue #31's done-when criteria, those that do not hold yet marked xfail (strict) with why."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from benchmark_scripts import load
 
 
 @pytest.fixture(scope="module")
 def pm():
-    return _script("published_moe")
+    return load("published_moe")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +56,7 @@ def test_flops_give_the_modelzoo_tflops_column(pm):
 
 
 def test_dense_harness_does_not_read_the_moe_rows():
-    dense = _script("published_runs")
+    dense = load("published_runs")
     assert not [r for r in dense.load_rows() if "moe" in r.source]
 
 

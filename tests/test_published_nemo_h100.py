@@ -2,25 +2,12 @@
 row's model TFLOP/s/GPU is its tokens/s/GPU times the korthikanti_eq7 FLOPs a token (NeMo's GPT-3 formula,
 V = 51,200), to the table's rounding."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published_runs"] = module
-    spec.loader.exec_module(module)
-    return module
+from benchmark_scripts import load
 
 
 def test_nemo_h100_tflops_are_tokens_times_the_formula():
-    pr = _script()
+    pr = load("published_runs")
     rows = [r for r in pr.load_rows() if r.source == "nemo_h100.toml"]
     assert len(rows) == 4
     for r in rows:

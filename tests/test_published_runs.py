@@ -1,27 +1,14 @@
 """The public test set: every row with a measured figure is predicted, and the A100 GEMM rate in
 meshplan/hardware.py is what Korthikanti et al. 2022 Table 4 gives (its calibration rows)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_scripts import load
 
 from meshplan import hardware
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published_runs"] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_every_published_row_is_predicted():
-    pr = _script()
+    pr = load("published_runs")
     rows = pr.load_rows()
     results = pr.evaluate(rows)
     assert len(results) == len(rows) > 100
@@ -34,12 +21,12 @@ def test_every_published_row_is_predicted():
 
 
 def test_a100_rate_is_the_table4_fit():
-    pr = _script()
+    pr = load("published_runs")
     assert pr.fit_a100(pr.load_rows()) == pytest.approx(hardware.A100_GEMM_EFFICIENCY, abs=0.002)
 
 
 def test_paper_flops_formulas_by_hand():
-    pr = _script()
+    pr = load("published_runs")
     # Narayanan Eq. 3 at 1T (B 3072, s 2048, l 128, h 25600, V 51200).
     f = pr.paper_flops("narayanan_eq3", 3072, 2048, 128, 25600, 51200)
     assert f == pytest.approx(96 * 3072 * 2048 * 128 * 25600**2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600)))
@@ -49,7 +36,7 @@ def test_paper_flops_formulas_by_hand():
 
 
 def test_every_miss_is_explained():
-    pr = _script()
+    pr = load("published_runs")
     results = pr.evaluate(pr.load_rows())
     unexplained = [r["id"] for r in results if not r["within"] and r["role"] == "test" and not r["why_missed"]]
     assert not unexplained, f"misses without an entry in benchmarks/published/misses.toml: {unexplained}"
@@ -61,7 +48,7 @@ def test_llama_rows_are_the_presets_shapes_on_their_stated_mesh():
     as Megatron states it, and tokens/s/GPU is the global batch's tokens over the step and the GPUs."""
     from meshplan.models import PRESETS
 
-    pr = _script()
+    pr = load("published_runs")
     rows = {r["id"]: r for r in pr.load_rows()}
     eight = rows["nemo2407-llama3-8b-fp8"]
     assert pr.model_of(eight).param_count() == PRESETS["llama3-8b"].param_count()
