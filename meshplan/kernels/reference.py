@@ -311,3 +311,29 @@ def dequantize_packed_ref(buf: torch.Tensor, group: int = 128, dtype: torch.dtyp
     """(rows, chunk bytes) packed → the rows' values, concatenated, in `dtype`."""
     q, s = unpack_int8_ref(buf, group)
     return (q.view(q.shape[0], -1, group).to(torch.float32) * s[:, :, None]).reshape(-1).to(dtype)
+
+
+def adam_step_ref(
+    w: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    grad: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    step: int,
+) -> None:
+    """One Adam step (AdamW with weight decay 0: Loshchilov & Hutter 2019, Algorithm 2) on one parameter,
+    in place: the fp32 master weight w and moments m, v (one shape) from `grad` (w's shape, any float
+    dtype), then the flat `out` (the parameter's dtype, w's length) ← w. The arithmetic torch.optim.AdamW's
+    single-tensor path does, which optim.MixedAdam runs off the GPU:
+        m ← b1·m + (1 − b1)·g;  v ← b2·v + (1 − b2)·g²;  w ← w − lr/(1 − b1^t) · m / (√v / √(1 − b2^t) + eps)."""
+    b1, b2 = betas
+    c1, c2 = 1 - b1**step, 1 - b2**step
+    g = grad.float()
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    w.addcdiv_(m, v.sqrt().div_(c2**0.5).add_(eps), value=-lr / c1)
+    out.copy_(w.reshape(-1))
