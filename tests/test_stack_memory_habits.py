@@ -77,11 +77,12 @@ def test_llama3_runs_zero2_under_pipelining_and_megatron_does_not():
     assert "ZeRO up to stage 1 with pipeline" in schedule_violation(megatron, 16, 2, 32, 1)
 
 
-def test_the_executors_stacked_experts_step_whole():
-    """meshplan's executor keeps a layer's routed experts as one (E, 2f, h) parameter and casts each
-    parameter's gradient to fp32 in its step: at the optimizer's moment the fp32 temporaries are the
-    rank's experts' [gate; up] together (Stack.experts_stacked), not one expert's as Megatron's per-expert
-    weights (hand count: 2 × 4 B × E/ep · 2f · h over the gradients, Mixtral-8x7B's 2 layers at ep=2)."""
+def test_the_executors_adam_step_holds_no_fp32_temporaries():
+    """meshplan's executor steps each parameter as one kernel (meshplan/kernels/adam.py) that reads the bf16
+    gradient where it lies and writes the bf16 weight in place: at the optimizer's moment the rank holds
+    its gradients and nothing transient. Megatron's count adds two fp32 copies of its largest matrix, one
+    expert's [gate; up] (hand count: 2 × 4 B × 2f · h). Mixtral-8x7B's 2 layers at dp=2, ep=2, 256 tokens:
+    the gradients of both layers outweigh one layer's activations, so the step sets the peak."""
     from dataclasses import replace
 
     from meshplan.layout import parse_layout
@@ -90,8 +91,30 @@ def test_the_executors_stacked_experts_step_whole():
     mixtral = replace(PRESETS["mixtral-8x7b"], layers=2)
     m = mixtral.moe
     layout = parse_layout("dp=2,ep=2")
-    mine = memory_per_gpu(mixtral, layout, 4096, 1, CostOptions(stack="meshplan"))
-    assert mine.peak_phase == "optimizer"
-    stacked = (m.experts // 2) * 2 * m.expert_ffn * m.hidden
-    assert mine.at_peak_bytes["transient_working"] == pytest.approx(2 * stacked * 4)
-    assert not STACKS["megatron"].experts_stacked and STACKS["meshplan"].experts_stacked
+    mine = memory_per_gpu(mixtral, layout, 256, 1, CostOptions(stack="meshplan"))
+    theirs = memory_per_gpu(mixtral, layout, 256, 1, CostOptions(stack="megatron"))
+    assert mine.peak_phase == theirs.peak_phase == "optimizer"
+    assert mine.at_peak_bytes["transient_working"] == 0
+    assert mine.at_peak_bytes["gradients"] == mine.per_gpu_bytes["gradients"]
+    assert theirs.at_peak_bytes["transient_working"] == pytest.approx(2 * 4 * 2 * m.expert_ffn * m.hidden)
+    assert theirs.total_bytes - mine.total_bytes == pytest.approx(2 * 4 * 2 * m.expert_ffn * m.hidden, abs=2)
+
+
+def test_the_executors_adam_step_moves_28_bytes_a_parameter():
+    """The optimizer step's time is the rank's kept states over HBM at the stack's bytes a parameter:
+    28 for meshplan's one-kernel step (read the bf16 gradient 2, fp32 weight, m, v 12; write them 12 and
+    the bf16 weight 2), 40 for torch's casts around its fused AdamW, which the other stacks are priced at.
+    A dense 2-layer model on one GPU keeps every parameter's states."""
+    from meshplan.costmodel.device import Device
+    from meshplan.costmodel.memory import local_params
+    from meshplan.costmodel.step import estimate_step
+
+    model = dense("tiny-2l", 2048, 2, 16, 8, 5632, 32000)
+    cluster = load_cluster("h200-8")
+    kept = local_params(model, sharding_for(Layout(), CostOptions()))
+    assert STACKS["meshplan"].optimizer_step_bytes_per_param == 28
+    assert {s.optimizer_step_bytes_per_param for name, s in STACKS.items() if name != "meshplan"} == {40}
+    for stack, nbytes in (("meshplan", 28), ("megatron", 40)):
+        opts = CostOptions(stack=stack, global_batch=1)
+        est = estimate_step(model, Layout(), 4096, 1, opts, cluster)
+        assert est.optimizer_s == pytest.approx(kept * nbytes / Device.of(cluster, opts.stack_spec).hbm_bytes_per_s)

@@ -15,11 +15,6 @@ from meshplan.costmodel.blocks import BLOCKS, BlockCompute
 from meshplan.costmodel.device import Device, gemm_time_s
 from meshplan.models import ModelSpec
 
-# Adam step traffic per parameter, as meshplan.executor.optim.MixedAdam runs it: the bf16 gradient
-# cast to fp32 (read 2, write 4), one fused AdamW pass (read fp32 weight, grad, m, v: 16; write
-# weight, m, v: 12), the bf16 copy-back (read 4, write 2).
-ADAM_STEP_BYTES_PER_PARAM = 40
-
 
 @functools.lru_cache(maxsize=65536)
 def block_compute(
@@ -88,5 +83,7 @@ def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: D
     return BlockCompute(gemm, 0.0, mem, 0.0, 2 * tokens * vocab * model.d_model)
 
 
-def optimizer_time_s(local_params: float, dev: Device) -> float:
-    return local_params * ADAM_STEP_BYTES_PER_PARAM / dev.hbm_bytes_per_s
+def optimizer_time_s(local_params: float, bytes_per_param: float, dev: Device) -> float:
+    """The optimizer step over the states a rank keeps, bound by HBM: `bytes_per_param` as the stack's
+    step moves them (Stack.optimizer_step_bytes_per_param)."""
+    return local_params * bytes_per_param / dev.hbm_bytes_per_s

@@ -183,14 +183,10 @@ def _largest_block_share(model: ModelSpec) -> float:
     return max(block_params(model, k) for k, _ in model.block_invocations()) / model.layer_params()
 
 
-def largest_matrix(model: ModelSpec, sh: Sharding, stacked_experts_div: float = 0.0) -> float:
-    """Elements of the largest weight matrix one rank holds (the optimizer's fp32 temporaries);
-    `stacked_experts_div`: where the stack keeps a layer's routed experts as one stacked parameter
-    (Stack.experts_stacked), the experts' split — the rank's experts' [gate; up] then count as one matrix."""
+def largest_matrix(model: ModelSpec, sh: Sharding) -> float:
+    """Elements of the largest weight matrix one rank holds (the size of the optimizer step's fp32
+    temporaries: Stack.optimizer_fp32_temporaries)."""
     sizes = []
-    if model.moe is not None and stacked_experts_div:
-        m = model.moe
-        sizes.append(m.experts * m.n_input_matrices * m.expert_ffn * m.hidden / stacked_experts_div)
     if model.mlp is not None:
         sizes.append(model.mlp.n_input_matrices * model.mlp.ffn_hidden * model.mlp.hidden / sh.weight_div)
     if model.attention is not None:
@@ -803,7 +799,8 @@ def _stage_peak(
     streaming = layer["weight_shards"] + layer["comm_buffers"]
     # Without gradient accumulation the gradients are set to None after each step and built up
     # during backward: at the activation peak (backward start) only the last layer's exist; all
-    # of them meet the optimizer step instead, with its fp32 temporaries of the largest matrix.
+    # of them meet the optimizer step instead, with its fp32 temporaries of the largest matrix (as many
+    # as the stack's step makes: none for meshplan's one-kernel step).
     accumulating = pp > 1 or microbatches > 1
     grads_at_peak = grad_b if accumulating else grad_b * _largest_block_share(model)
     phases = {
@@ -811,8 +808,8 @@ def _stage_peak(
         "logits": acts + grads_at_peak + parts["transient_logits"],
     }
     if train:
-        stacked = (by_kind or {}).get("experts", sh).weight_div if opts.stack_spec.experts_stacked else 0.0
-        phases["optimizer"] = grad_b + 2 * largest_matrix(model, sh, stacked) * 4 / shards
+        temporaries = opts.stack_spec.optimizer_fp32_temporaries
+        phases["optimizer"] = grad_b + temporaries * largest_matrix(model, sh) * 4 / shards
         if layer["attention_phase"]:
             phases["attention"] = acts + grads_at_peak + layer["attention_phase"] + streaming
     phase = max(phases, key=phases.get)

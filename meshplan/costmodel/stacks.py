@@ -55,11 +55,16 @@ class Stack:
     # tensor rank routes its sequence shard); False: every tensor rank routes all its tokens (meshplan's
     # executor, meshplan/executor/layouts/ep.py)
     moe_needs_tp_sequence_parallel: bool = True
-    # A layer's routed experts held as one stacked parameter a projection ((E, 2f, h) and (E, h, f):
-    # meshplan/executor/blocks.MoEMLP), each stepped whole by the optimizer (optim.MixedAdam casts a
-    # parameter's gradient to fp32 at a time): its fp32 temporaries are the rank's experts', not one
-    # expert's. Megatron-Core's TEGroupedMLP keeps one weight an expert (weight0 … weightN).
-    experts_stacked: bool = False
+    # HBM bytes the optimizer step moves for each parameter whose states the rank keeps (mixed-precision
+    # Adam, bf16 gradients and weights): 40 as torch's ops run it — the gradient cast to fp32 (read 2,
+    # write 4), one fused AdamW pass over the fp32 weight, gradient, m and v (read 16, write 12), the
+    # bf16 copy-back (read 4, write 2) — which every stack but meshplan's is priced at; 28 for one pass
+    # that reads the bf16 gradient where it lies and writes the bf16 weight (meshplan/kernels/adam.py).
+    optimizer_step_bytes_per_param: float = 40.0
+    # fp32 copies of the rank's largest weight matrix (memory.largest_matrix) held beside the gradients
+    # during the optimizer step, over the ZeRO shards: the model's count for the stacks that step through
+    # fp32 gradient copies; 0 where the step allocates nothing (meshplan/kernels/adam.py).
+    optimizer_fp32_temporaries: int = 2
     # Sequence shards recompute the attention core in backward (meshplan's executor keeps only the
     # local q, k, v); Transformer Engine's context-parallel attention keeps each step's output and
     # log-sum-exp instead (AttnFuncWithCPAndKVP2P saves them for its backward), recomputing nothing.
@@ -277,7 +282,15 @@ STACKS: dict[str, Stack] = {
         grad_dtype="bf16",
         fused_swiglu=False,
         moe_needs_tp_sequence_parallel=False,
-        experts_stacked=True,
+        # optim.MixedAdam / ZeroAdam step each parameter as one Triton kernel on the GPU
+        # (meshplan/kernels/adam.py): the bf16 gradient (or its reduce-scattered shard) read where it
+        # lies, fp32 weight, m and v read and written, the bf16 weight written into the parameter (or the
+        # slice the ZeRO all-gather fills around in place) — 2 + 12 + 12 + 2 B a parameter and no fp32
+        # temporaries. (A weight whose size is not a multiple of the ZeRO group gathers into a padded
+        # bf16 buffer of its size instead, up to three at once; every matrix of the presets divides by
+        # power-of-two groups, so that is not priced.)
+        optimizer_step_bytes_per_param=28.0,
+        optimizer_fp32_temporaries=0,
         # The executor's pipeline runs 1F1B only (meshplan/executor/pipeline.py), with ZeRO 0-3.
         interleaved_min_pp=0,
         source="docs/validation.md; the constants of meshplan/costmodel/device.py and costmodel/blocks/",
