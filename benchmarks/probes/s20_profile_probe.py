@@ -31,12 +31,12 @@ from meshplan.models import PRESETS  # noqa: E402
 
 def dense_profiles(out: dict) -> None:
     import torch.distributed as dist
+    from peers import PeerLayer, peer_layers  # noqa: F401
 
     from meshplan.executor.comm import build_mesh
+    from meshplan.executor.optim import MixedAdam
     from meshplan.executor.run import measure
     from meshplan.layout import parse_layout
-    from peers import PeerLayer, peer_layers  # noqa: F401
-    from meshplan.executor.optim import MixedAdam
 
     model = replace(PRESETS["dense-7b"], layers=2)
     lay = parse_layout("single")
@@ -65,8 +65,11 @@ def dense_profiles(out: dict) -> None:
 
         timed(step, 3, True)
         ms = statistics.median(timed(step, 5, True)) * 1e3
-        out[f"dense_peer_{'compile' if compiled else 'eager'}_4k"] = {"step_ms": ms, "phases": profile_step(step, top=25)}
-        del layers, opt
+        out[f"dense_peer_{'compile' if compiled else 'eager'}_4k"] = {
+            "step_ms": ms,
+            "phases": profile_step(step, top=25),
+        }
+        layers = opt = None  # freed before the next variant (del would leave step() naming unbound names)
         torch.cuda.empty_cache()
     dist.barrier()
 
@@ -125,7 +128,7 @@ def grouped_layouts(out: dict) -> None:
         timed(step, 3, True)
         ms = statistics.median(timed(step, 10, True)) * 1e3
         res[name] = {"fwd_bwd_ms": ms, "phases": profile_step(step, top=8)}
-        del w
+        w = None  # freed before the next layout
         torch.cuda.empty_cache()
     out["grouped_mm_layouts"] = res
 
