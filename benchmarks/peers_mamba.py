@@ -65,8 +65,8 @@ def load(cpu: bool) -> types.SimpleNamespace | str:
         from mamba_ssm.ops.triton.layer_norm import rms_norm_fn
         from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except ImportError as e:  # einops or packaging missing, or a copy from another layout
-        return f"the vendored mamba_ssm does not import: {e}"
+    except Exception as e:  # einops or packaging missing, a copy of another layout, a Triton it predates
+        return f"the vendored mamba_ssm does not import: {type(e).__name__}: {e}"
     meta = json.loads((root / "SOURCE.json").read_text()) if (root / "SOURCE.json").is_file() else {}
     return types.SimpleNamespace(
         chunk_scan=mamba_chunk_scan_combined,
