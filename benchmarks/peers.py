@@ -1,23 +1,48 @@
-"""meshplan's executor against plain PyTorch on the same training step (issue #34): the 7B-shaped dense
-model's 2-layer stack (PRESETS["dense-7b"]: hidden 4096, 32 heads, gated MLP 16384), bf16, one sequence,
-forward + backward + the optimizer step on random hidden states, as meshplan.executor.run.measure times
-its own step (CUDA events, median of --steps after --warmup).
+"""meshplan's executor against plain PyTorch and mamba_ssm on the same training work (issue #34).
 
-The peers are the same layers written as torchtitan writes a Llama block — separate W_Q, W_K, W_V, W_O,
+Dense: the 7B-shaped dense model's 2-layer stack (PRESETS["dense-7b"]: hidden 4096, 32 heads, gated MLP
+16384), bf16, one sequence, forward + backward + the optimizer step on random hidden states, as
+meshplan.executor.run.measure times its own step (CUDA events, median of --steps after --warmup). The
+peers are the same layers written as torchtitan writes a Llama block — separate W_Q, W_K, W_V, W_O,
 W_1 (gate), W_3 (up), W_2 (down) nn.Linear weights, RMSNorm, rotate-half rotary, SDPA, SwiGLU — and step
-through the same MixedAdam, so a difference is the layers'. On one GPU, at 4K and 16K tokens:
-- torch-eager, torch-eager-cudnn: eager, SDPA on its default backend / cuDNN first;
-- torch-compile, torch-compile-cudnn: each layer torch.compile'd (torchtitan's apply_compile, per
-  TransformerBlock), likewise.
-On two GPUs (the second launch rank onward), meshplan's tp=2 against the peer layers under DTensor TP as
-torchtitan's apply_tp places them (ColwiseParallel on W_Q, W_K, W_V, W_1, W_3; RowwiseParallel on W_O,
-W_2; no sequence parallelism, as meshplan's tp=2 has none): dtensor-tp-eager, dtensor-tp-compile.
+through the same MixedAdam, so a difference is the layers'.
+- case dense-2layer-train (rank 0's GPU): torch-eager, torch-eager-cudnn (eager, SDPA on its default
+  backend / cuDNN first); torch-compile, torch-compile-cudnn (each layer torch.compile'd, torchtitan's
+  apply_compile per TransformerBlock), likewise.
+- case dense-2layer-train-tp2 (ranks 0 and 1): meshplan's tp=2 against the peer layers under DTensor TP
+  as torchtitan's apply_tp places them (ColwiseParallel on W_Q, W_K, W_V, W_1, W_3; RowwiseParallel on
+  W_O, W_2; no sequence parallelism, as meshplan's tp=2 has none): dtensor-tp, dtensor-tp-compile.
 
-    torchrun --nproc-per-node 2 benchmarks/peers.py --out $OUT/peers.json
-    torchrun --nproc-per-node 2 benchmarks/peers.py --smoke --out /tmp/peers.json   (CPU, gloo: the plumbing)
+Mamba-2 (rank 0's GPU; PRESETS["mamba2-2.7b"]: d_model 2560, 80 heads of 64, d_state 128, one group),
+against mamba_ssm's own Triton kernels (peer mamba_ssm; benchmarks/peers_mamba.py), at each
+--mamba-chunks (mamba_ssm's Mamba2 default 256, and meshplan's SSD_CHUNK; meshplan runs its own):
+- case ssd-scan-fwd-bwd: the SSD scan of one sequence, forward + backward, as each library's block calls
+  it (meshplan: dt's bias and softplus in fp32 torch, then its Triton scan; mamba_ssm:
+  mamba_chunk_scan_combined with dt_bias and dt_softplus=True), from the same bf16 x, B, C, raw dt;
+- case mamba2-block-train: the 2-layer Mamba-2 stack's training step, shaped as the dense case (forward,
+  backward, MixedAdam on random hidden states; meshplan's through run.measure), the peer being
+  meshplan's Mamba2Block composed from mamba_ssm's pieces as its Mamba2 module runs without
+  causal_conv1d (peers_mamba.PeerMamba2Block), with meshplan's weights.
+Before timing, each Mamba pair runs once on the same inputs: the record holds each compared tensor's
+norm-relative error (output, gradients), the largest (max_rel_err) and `agrees` (all within
+peers_mamba.AGREE_REL_ERR). Without benchmarks/third_party/mamba_ssm (python
+benchmarks/vendor_mamba_ssm.py) the Mamba cases are skipped with one line saying so.
 
-Rank 0 writes a list of records {case, gpus, seq, meshplan_ms, peer, peer_ms} after each case and
-prints a table at the end.
+Issue #34's run, on one H100 (every case but the tp2 one, 4K and 16K tokens; records are written after each
+sequence), after `python benchmarks/vendor_mamba_ssm.py` here and carrying what it wrote
+(carry: ["benchmarks/third_party"]):
+
+    PYTHONPATH=. torchrun --nproc-per-node 1 benchmarks/peers.py --out $OUT/peers-h100.json
+
+On two H100s, --nproc-per-node 2 runs all four cases in one call. On the CPU (gloo, a tiny dense and
+Mamba-2 model, one short sequence; the Mamba cases need Triton's interpreter, set before triton is
+imported, and are skipped without it):
+
+    TRITON_INTERPRET=1 PYTHONPATH=. torchrun --nproc-per-node 2 benchmarks/peers.py --smoke --out /tmp/peers.json
+
+Rank 0 writes a list of records {case, gpus, seq, meshplan_ms, peer, peer_ms, …} after each sequence and
+prints a table at the end. `python benchmarks/peers.py --table FILE…` prints README's Markdown table of
+results files (session 19's older names read as today's: normalized).
 """
 
 from __future__ import annotations
@@ -25,11 +50,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -43,13 +70,20 @@ from meshplan.executor.comm import build_mesh
 from meshplan.executor.optim import MixedAdam
 from meshplan.executor.rotary import inv_freq
 from meshplan.executor.run import measure, timed
+from meshplan.kernels.launch import SSD_CHUNK
 from meshplan.layout import parse_layout
-from meshplan.models import PRESETS, ModelSpec, dense
+from meshplan.models import PRESETS, ModelSpec, dense, mamba2
+
+sys.path.insert(0, str(Path(__file__).parent))
+import peers_mamba  # noqa: E402 (the Mamba-2 peers beside this script)
 
 SEQS = (4096, 16384)
 SINGLE_PEERS = ("torch-eager", "torch-eager-cudnn", "torch-compile", "torch-compile-cudnn")
-TP_PEERS = ("dtensor-tp-eager", "dtensor-tp-compile")
-CASE = "dense-7b 2 layers train"
+TP_PEERS = ("dtensor-tp", "dtensor-tp-compile")
+MAMBA_PEERS = (peers_mamba.PEER,)
+DENSE_CASE, TP_CASE = "dense-2layer-train", "dense-2layer-train-tp2"
+SCAN_CASE, BLOCK_CASE = "ssd-scan-fwd-bwd", "mamba2-block-train"
+MAMBA_CHUNKS = (256, SSD_CHUNK)  # mamba_ssm's Mamba2 default chunk_size, and meshplan's
 
 
 class PeerLayer(nn.Module):
@@ -143,10 +177,15 @@ def peer_step_ms(layers: nn.ModuleList, seq: int, hidden: int, *, compiled: bool
         opt.zero_grad()
         x.grad = None
 
-    cuda = device == "cuda"
     with prefer:
-        timed(step, args.warmup, cuda)  # compilation happens here
-        return statistics.median(timed(step, args.steps, cuda)) * 1e3
+        return median_ms(step, args)  # compilation happens in the warm-up
+
+
+def median_ms(step, args) -> float:
+    """Median ms of `step` over --steps calls after --warmup (run.timed: CUDA events on the GPU)."""
+    cuda = args.device == "cuda"
+    timed(step, args.warmup, cuda)
+    return statistics.median(timed(step, args.steps, cuda)) * 1e3
 
 
 def meshplan_ms(model: ModelSpec, layout: str, members: list[int], seq: int, args) -> float | None:
@@ -175,7 +214,9 @@ def single_gpu_cases(model: ModelSpec, seq: int, args) -> list[dict]:
             ms = peer_step_ms(
                 layers, seq, model.d_model, compiled="compile" in peer, cudnn=peer.endswith("cudnn"), args=args
             )
-            records.append({"case": CASE, "gpus": 1, "seq": seq, "meshplan_ms": mine, "peer": peer, "peer_ms": ms})
+            records.append(
+                {"case": DENSE_CASE, "gpus": 1, "seq": seq, "meshplan_ms": mine, "peer": peer, "peer_ms": ms}
+            )
             del layers
             _empty(args.device)
     dist.barrier()
@@ -195,11 +236,68 @@ def tp_cases(model: ModelSpec, seq: int, args) -> list[dict]:
         layers = peer_layers(model, args.device, args.dtype)
         apply_tp(layers, tp_mesh)
         ms = peer_step_ms(layers, seq, model.d_model, compiled=peer.endswith("compile"), cudnn=False, args=args)
-        records.append({"case": CASE, "gpus": 2, "seq": seq, "meshplan_ms": mine, "peer": peer, "peer_ms": ms})
+        records.append({"case": TP_CASE, "gpus": 2, "seq": seq, "meshplan_ms": mine, "peer": peer, "peer_ms": ms})
         del layers
         _empty(args.device)
     dist.barrier()
     return records
+
+
+def mamba_cases(model: ModelSpec, seq: int, args) -> list[dict]:
+    """Rank 0 alone: the SSD scan, then the Mamba-2 stack's training step, each against mamba_ssm's
+    kernels at each --mamba-chunks, each pair checked before it is timed (benchmarks/peers_mamba.py)."""
+    mine = meshplan_ms(model, "single", [0], seq, args)
+    records = []
+    if dist.get_rank() == 0:
+        records = scan_records(model.mamba2, seq, args)
+        for chunk in args.mamba_chunks:
+            check = peers_mamba.block_errors(model, seq, args.mamba, chunk, args.device, args.dtype)
+            _empty(args.device)
+            refs = peers_mamba.reference_blocks(model, args.device, args.dtype)
+            layers = peers_mamba.peer_blocks(model, args.mamba, chunk, refs)
+            del refs
+            ms = peer_step_ms(layers, seq, model.d_model, compiled=False, cudnn=False, args=args)
+            records.append(_mamba_record(BLOCK_CASE, seq, mine, ms, chunk, check, layers=model.layers))
+            del layers
+            _empty(args.device)
+    dist.barrier()
+    return records
+
+
+def scan_records(m, seq: int, args) -> list[dict]:
+    """meshplan's scan, forward + backward from a fixed gradient, then mamba_ssm's at each chunk size."""
+    leaves = peers_mamba.scan_inputs(m, seq, args.device, args.dtype)
+    gen = torch.Generator(device=args.device).manual_seed(1)
+    dy = torch.randn(leaves[0].shape, device=args.device, generator=gen).to(args.dtype)
+
+    def scan_ms(fn) -> float:
+        return median_ms(lambda: peers_mamba.forward_backward(fn, leaves, dy), args)
+
+    mine = scan_ms(peers_mamba.meshplan_scan)
+    records = []
+    for chunk in args.mamba_chunks:
+        check = peers_mamba.scan_errors(m, seq, args.mamba, chunk, args.device, args.dtype)
+        ms = scan_ms(peers_mamba.peer_scan(args.mamba, chunk))
+        records.append(_mamba_record(SCAN_CASE, seq, mine, ms, chunk, check, heads=m.nheads))
+    _empty(args.device)
+    return records
+
+
+def _mamba_record(case: str, seq: int, mine: float, peer_ms: float, chunk: int, check: dict, **shape) -> dict:
+    if not check["agrees"]:
+        print(f"{case} seq {seq}: mamba_ssm (chunk {chunk}) differs from meshplan: {check['rel_err']}", flush=True)
+    return {
+        "case": case,
+        "gpus": 1,
+        "seq": seq,
+        "meshplan_ms": mine,
+        "peer": peers_mamba.PEER,
+        "peer_ms": peer_ms,
+        **shape,
+        "meshplan_chunk": SSD_CHUNK,
+        "peer_chunk": chunk,
+        **check,
+    }
 
 
 def _empty(device: str) -> None:
@@ -208,23 +306,94 @@ def _empty(device: str) -> None:
 
 
 def table(records: list[dict]) -> str:
-    lines = [f"{'gpus':>4} {'seq':>6} {'peer':22} {'meshplan ms':>12} {'peer ms':>10} {'peer/meshplan':>14}"]
+    """The run's records, one a line, for the console."""
+    head = f"{'case':22} {'gpus':>4} {'seq':>6} {'peer':24} {'meshplan ms':>12} {'peer ms':>10} {'peer/meshplan':>14}"
+    lines = [head + f" {'max rel err':>12}"]
     for r in records:
         ratio = r["peer_ms"] / r["meshplan_ms"] if r["meshplan_ms"] else float("nan")
         times = f"{r['meshplan_ms']:>12.2f} {r['peer_ms']:>10.2f} {ratio:>14.2f}"
-        lines.append(f"{r['gpus']:>4} {r['seq']:>6} {r['peer']:22} {times}")
+        err = f" {r['max_rel_err']:>12.1e}" if "max_rel_err" in r else ""
+        lines.append(f"{r['case']:22} {r['gpus']:>4} {r['seq']:>6} {_peer_label(r):24} {times}{err}")
     return "\n".join(lines)
+
+
+# The names of session 19's files (benchmarks/results/peers-h100-1gpu.json, peers-h200x2.json) → today's.
+OLD_CASE = "dense-7b 2 layers train"
+OLD_PEERS = {"dtensor-tp-eager": "dtensor-tp"}
+# README's columns, in order: each peer's heading.
+COLUMNS = {
+    "torch-eager": "torch eager",
+    "torch-eager-cudnn": "eager, cuDNN attention",
+    "torch-compile": "torch.compile",
+    "torch-compile-cudnn": "compile, cuDNN attention",
+    "dtensor-tp": "DTensor TP",
+    "dtensor-tp-compile": "DTensor TP compiled",
+    peers_mamba.PEER: "mamba_ssm",
+}
+
+
+def normalized(record: dict) -> dict:
+    """A record under today's names: session 19 called both dense cases "dense-7b 2 layers train" and
+    DTensor TP's eager peer "dtensor-tp-eager"."""
+    r = dict(record)
+    if r["case"] == OLD_CASE:
+        r["case"] = DENSE_CASE if r["gpus"] == 1 else TP_CASE
+    r["peer"] = OLD_PEERS.get(r["peer"], r["peer"])
+    return r
+
+
+def _peer_label(r: dict) -> str:
+    return f"{r['peer']}, chunk {r['peer_chunk']}" if "peer_chunk" in r else r["peer"]
+
+
+def markdown(paths: list[str]) -> str:
+    """README's table of results files: a row per case, GPUs and sequence, meshplan's time and each peer's
+    time over it (×; "differs" where the pair's check failed), then the files it came from."""
+    rows: dict[tuple, dict] = {}
+    columns: dict[str, str] = {}
+    for path in paths:
+        run = json.loads(Path(path).read_text())
+        gpu = re.search(r"\b([A-Z]\d{3})\b", run.get("gpu") or "")
+        gpu = gpu.group(1) if gpu else run.get("gpu") or "CPU"
+        for r in map(normalized, run["records"]):
+            row = rows.setdefault((r["case"], f"{r['gpus']} × {gpu}", r["seq"]), {"meshplan": r["meshplan_ms"]})
+            label = _peer_label(r)
+            row[label] = f"{r['peer_ms'] / r['meshplan_ms']:.2f}×" + ("" if r.get("agrees", True) else " differs")
+            columns[label] = COLUMNS.get(r["peer"], r["peer"]) + label[len(r["peer"]) :]
+    order = [c for p in COLUMNS for c in columns if c == p or c.startswith(p + ", ")]
+    order += [c for c in columns if c not in order]
+    lines = ["| case | GPUs | seq | meshplan | " + " | ".join(columns[c] for c in order) + " |"]
+    lines.append("|---|---|---:|---:|" + "---:|" * len(order))
+    cases = (DENSE_CASE, TP_CASE, SCAN_CASE, BLOCK_CASE)
+    ordered = sorted(rows.items(), key=lambda kv: (cases.index(kv[0][0]) if kv[0][0] in cases else 4, kv[0][1:]))
+    for (case, gpus, seq), row in ordered:
+        cells = [
+            case,
+            gpus,
+            f"{seq // 1024}K" if seq % 1024 == 0 else str(seq),
+            f"{row['meshplan']:.{1 if row['meshplan'] >= 10 else 2}f} ms",
+        ]
+        lines.append("| " + " | ".join(cells + [row.get(c, "") for c in order]) + " |")
+    names = ", ".join(f"`{Path(p).name}`" for p in paths)
+    return "\n".join(lines) + f"\n\n(`python benchmarks/peers.py --table` of {names} in `benchmarks/results/`.)"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--smoke", action="store_true", help="CPU, gloo, a tiny model, one short sequence")
+    ap.add_argument("--out", help="the results file rank 0 writes")
+    ap.add_argument("--table", nargs="+", metavar="FILE", help="print README's table of these results files")
+    ap.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny models, one short sequence")
     ap.add_argument("--seqs", type=int, nargs="*", default=None)
-    ap.add_argument("--peers", nargs="*", default=list(SINGLE_PEERS + TP_PEERS))
+    ap.add_argument("--peers", nargs="*", default=list(SINGLE_PEERS + TP_PEERS + MAMBA_PEERS))
+    ap.add_argument("--mamba-chunks", type=int, nargs="+", default=list(MAMBA_CHUNKS))
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.table:
+        print(markdown(args.table))
+        return 0
+    if not args.out:
+        ap.error("--out is required (or --table)")
     cuda = torch.cuda.is_available() and not args.smoke
     args.device, args.dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     if cuda:
@@ -232,13 +401,20 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30))
     if args.smoke:
         model, seqs = dense("smoke-dense", 64, 2, 8, 4, 128, 100), args.seqs or [64]
+        mamba_model = mamba2("smoke-mamba2", 64, 2, 100, d_state=16, headdim=16)
     else:
         model, seqs = replace(PRESETS["dense-7b"], layers=2), args.seqs or list(SEQS)
+        mamba_model = replace(PRESETS["mamba2-2.7b"], layers=2)
+    args.mamba = peers_mamba.load(cpu=not cuda) if peers_mamba.PEER in args.peers else "not among --peers"
+    if isinstance(args.mamba, str) and dist.get_rank() == 0:
+        print(f"Mamba-2 cases skipped: {args.mamba}", flush=True)
     records: list[dict] = []
     for seq in seqs:
         records += single_gpu_cases(model, seq, args)
         if dist.get_world_size() >= 2:
             records += tp_cases(model, seq, args)
+        if not isinstance(args.mamba, str):
+            records += mamba_cases(mamba_model, seq, args)
         if dist.get_rank() == 0:
             _write(args, records, cuda)
     if dist.get_rank() == 0:
@@ -254,6 +430,8 @@ def _write(args, records: list[dict], cuda: bool) -> None:
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
     }
+    if not isinstance(args.mamba, str):
+        meta["mamba_ssm"] = {"version": args.mamba.version, "commit": args.mamba.commit}
     with open(args.out, "w") as f:
         json.dump({**meta, "records": records}, f, indent=1)
 

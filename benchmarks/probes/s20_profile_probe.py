@@ -65,9 +65,11 @@ def dense_profiles(out: dict) -> None:
 
         timed(step, 3, True)
         ms = statistics.median(timed(step, 5, True)) * 1e3
-        key = f"dense_peer_{'compile' if compiled else 'eager'}_4k"
-        out[key] = {"step_ms": ms, "phases": profile_step(step, top=25)}
-        layers = opt = None  # dropped before the next round's layers
+        out[f"dense_peer_{'compile' if compiled else 'eager'}_4k"] = {
+            "step_ms": ms,
+            "phases": profile_step(step, top=25),
+        }
+        layers = opt = None  # freed before the next variant (del would leave step() naming unbound names)
         torch.cuda.empty_cache()
     dist.barrier()
 
@@ -126,7 +128,7 @@ def grouped_layouts(out: dict) -> None:
         timed(step, 3, True)
         ms = statistics.median(timed(step, 10, True)) * 1e3
         res[name] = {"fwd_bwd_ms": ms, "phases": profile_step(step, top=8)}
-        w = None  # dropped before the next layout's weight
+        w = None  # freed before the next layout
         torch.cuda.empty_cache()
     out["grouped_mm_layouts"] = res
 
