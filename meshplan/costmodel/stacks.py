@@ -275,7 +275,7 @@ STACKS: dict[str, Stack] = {
         zero3_prefetch=False,
         pp_scatter_gather=False,
         grad_dtype="bf16",
-        fused_swiglu=False,
+        fused_swiglu=True,  # executor.experts.SwiGLUFn keeps [gate; up], recomputing silu(gate)
         moe_needs_tp_sequence_parallel=False,
         experts_stacked=True,
         # The executor's pipeline runs 1F1B only (meshplan/executor/pipeline.py), with ZeRO 0-3.
