@@ -51,12 +51,13 @@ def test_full_recompute_keeps_each_layer_input():
     assert acts("single", replace(PAPER, recompute="full")) == 2 * S * B * H
 
 
-def test_gated_mlp_without_dropout_is_48_sbh_with_rmsnorm():
-    # Our executor's dense layer: SwiGLU (gate, silu(gate), up, product: 4·F·sbh·2 bytes = 32 sbh at F = 4),
-    # MLP input 2, QKV input 2, Q K V 6, attention output 2, norm inputs 4 → 48·sbh; + rstd 2·4 B and lse.
+def test_gated_mlp_without_dropout_is_40_sbh_with_rmsnorm():
+    # Our executor's dense layer: SwiGLU (its input [gate; up] and the product — silu(gate) is recomputed
+    # in backward, experts.SwiGLUFn: 3·F·sbh·2 bytes = 24 sbh at F = 4), MLP input 2, QKV input 2, Q K V 6,
+    # attention output 2, norm inputs 4 → 40·sbh; + rstd 2·4 B and lse.
     model = dense("ours", H, 1, A, A, 4 * H, 1000)
     got = acts("single", MemoryOptions(), model)
-    assert got == 48 * S * B * H + 2 * 4 * S * B + 4 * A * S * B
+    assert got == 40 * S * B * H + 2 * 4 * S * B + 4 * A * S * B
 
 
 def test_model_states_dense_7b_tp8():
@@ -253,7 +254,7 @@ def test_training_peak_at_attention_frees_the_layers_mlp_first():
     assert r.peak_phase == "attention"
     kv = 2 * seq * 1024 * 2 * 2  # K and V of the whole sequence in bf16, and their gradients
     boundary = 3 * local * 1024 * 2  # the layer's input, output and output gradient
-    mlp_saved = local * (2 * 1024 * 2 + 4 + 4 * 512 * 2)  # norm input, rstd, w_in input; gate, silu, up, product
+    mlp_saved = local * (2 * 1024 * 2 + 4 + 3 * 512 * 2)  # norm input, rstd, w_in input; [gate; up], product
     p = r.per_gpu_bytes
     share = block_params(model, "attention") / model.layer_params()  # gradients that exist as backward starts
     kept = p["parameters"] + p["optimizer_state"] + p["blas_workspace"]

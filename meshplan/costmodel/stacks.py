@@ -280,7 +280,7 @@ STACKS: dict[str, Stack] = {
         zero3_prefetch=False,
         pp_scatter_gather=False,
         grad_dtype="bf16",
-        fused_swiglu=False,
+        fused_swiglu=True,  # executor.experts.SwiGLUFn keeps [gate; up], recomputing silu(gate)
         moe_needs_tp_sequence_parallel=False,
         # optim.MixedAdam / ZeroAdam step each parameter as one Triton kernel on the GPU
         # (meshplan/kernels/adam.py): the bf16 gradient (or its reduce-scattered shard) read where it

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from meshplan.kernels.reference import swiglu_grad_ref, swiglu_ref
+
 ALIGN = 8  # rows: 16 bytes of bf16 (torch._grouped_mm's operand alignment)
 
 
@@ -102,12 +104,53 @@ def groups_of(group_of: torch.Tensor, groups: int, align: int = ALIGN) -> Groups
     return Groups(slot, src, pad, ends.to(torch.int32))
 
 
+def _swiglu_kernel(h: torch.Tensor) -> bool:
+    """Whether the Triton SwiGLU runs h: a CUDA tensor it computes in fp32 (not float64)."""
+    return h.is_cuda and h.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    """silu(gate) · up of h (…, 2f) = [gate | up], outside autograd: one Triton pass on the GPU
+    (meshplan.kernels.swiglu), the torch reference elsewhere."""
+    if _swiglu_kernel(h):
+        from meshplan.kernels.swiglu import swiglu_fwd
+
+        return swiglu_fwd(h)
+    return swiglu_ref(h)
+
+
+def swiglu_grad(h: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """h's gradient (…, 2f) through swiglu from the output's gradient, recomputing silu(gate) from h."""
+    if _swiglu_kernel(h):
+        from meshplan.kernels.swiglu import swiglu_bwd
+
+        return swiglu_bwd(h, grad)
+    return swiglu_grad_ref(h, grad)
+
+
+class SwiGLUFn(torch.autograd.Function):
+    """SwiGLU keeping only its input h = [gate; up] for backward — not silu(gate), which autograd
+    through silu and a product would keep beside it (f more bytes of activation dtype a row); the
+    down projection keeps the output. What the cost model counts (costmodel/blocks/mlp.py, moe.py:
+    gate, up and the product)."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        return swiglu(h)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (h,) = ctx.saved_tensors
+        return swiglu_grad(h, grad)
+
+
 def activate(h: torch.Tensor, gated: bool = True) -> torch.Tensor:
-    """An expert's activation of its input projection h: SwiGLU of h's [gate; up] halves where `gated`,
-    else the squared ReLU of Nemotron-H's ungated experts (transformers' ACT2FN["relu2"]: relu(h)²)."""
+    """An expert's activation of its input projection h: SwiGLU of h's [gate; up] halves where `gated`
+    (SwiGLUFn), else the squared ReLU of Nemotron-H's ungated experts (transformers' ACT2FN["relu2"]:
+    relu(h)²)."""
     if gated:
-        gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return SwiGLUFn.apply(h)
     return torch.square(F.relu(h))
 
 

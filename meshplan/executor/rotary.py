@@ -3,7 +3,9 @@ each head's first and second halves are the two coordinates of d/2 rotations, q_
 position · inv_freq_i (the "rotate_half" convention HF checkpoints are stored in).
 
 Nothing is kept for backward: a rotation's gradient is the inverse rotation of the output's gradient,
-and cos / sin are recomputed from the positions. Rotating in place inside the QKV projection's output
+and cos / sin are recomputed from the positions. On the GPU one Triton pass each way
+(meshplan.kernels.rotary: cos and sin made in the kernel, the backward's gradient written whole into a
+fresh tensor); elsewhere the torch ops below. Rotating in place inside the QKV projection's output
 keeps the saved activations what meshplan.costmodel.activations counts (q, k, v as one tensor); an
 out-of-place q and k would keep a second copy alive through v's view of the projection.
 """
@@ -40,12 +42,25 @@ def inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
     return freq
 
 
+def _kernel(t: torch.Tensor) -> bool:
+    """Whether the Triton rotation (meshplan.kernels.rotary) turns t: a CUDA tensor it computes in fp32
+    (not float64) whose head dimension is contiguous."""
+    return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16, torch.float32) and t.stride(-1) == 1
+
+
 class Rotary:
     """The rotation of one head width: `apply(t, positions)` turns t (b, s, n, d) in place."""
 
     def __init__(self, rope: RopeSpec, head_dim: int):
         self.freq = inv_freq(rope, head_dim)
         self.half = head_dim // 2
+        self._freq_on: dict[torch.device, torch.Tensor] = {}  # the frequencies on each GPU the kernel runs
+
+    def freq_on(self, device: torch.device) -> torch.Tensor:
+        """The fp32 frequencies on `device`, copied there once."""
+        if device not in self._freq_on:
+            self._freq_on[device] = self.freq.to(device)
+        return self._freq_on[device]
 
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (s, 1, d/2) in the rotated tensor's dtype, from fp32 angles as transformers takes
@@ -54,7 +69,12 @@ class Rotary:
         return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
 
     def apply(self, t: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        """t (b, s, n, d), rotated in place by each row's position (backwards when `inverse`)."""
+        """t (b, s, n, d), rotated in place by each row's position (backwards when `inverse`): one Triton
+        pass on the GPU, torch ops elsewhere."""
+        if _kernel(t):
+            from meshplan.kernels.rotary import rotate
+
+            return rotate(t, positions, self.freq_on(t.device), inverse)
         cos, sin = self._tables(positions, t.dtype)
         if inverse:
             sin = -sin
@@ -77,6 +97,15 @@ class _RotateQK(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        rotary, positions, q_width, kv_width, head_dim = ctx.args
+        if _kernel(grad) and grad.shape[-1] % head_dim == 0:
+            # One pass into a fresh tensor (autograd's gradient may be shared): q and k turned back, v copied.
+            from meshplan.kernels.rotary import rotate
+
+            heads = grad.unflatten(-1, (grad.shape[-1] // head_dim, head_dim))
+            out = torch.empty(heads.shape, dtype=grad.dtype, device=grad.device)
+            rotate(heads, positions, rotary.freq_on(grad.device), True, out, (q_width + kv_width) // head_dim)
+            return out.flatten(-2), None, None, None, None, None
         grad = grad.clone()
         _turn(grad, *ctx.args, inverse=True)
         return grad, None, None, None, None, None

@@ -17,6 +17,20 @@ def acc(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def swiglu_ref(h: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of h (…, 2f) = [gate | up]: silu(gate) · up (…, f), as transformers' Llama MLP computes it."""
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def swiglu_grad_ref(h: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """h's gradient (…, 2f) through swiglu_ref from the output's gradient: [grad · up · silu'(gate) |
+    grad · silu(gate)], silu'(x) = σ(x)·(1 + x·(1 − σ(x))), in the accumulation dtype, rounded to h's."""
+    gate, up = acc(h).chunk(2, dim=-1)
+    g, sig = acc(grad), torch.sigmoid(gate)
+    return torch.cat([g * up * sig * (1 + gate * (1 - sig)), g * gate * sig], dim=-1).to(h.dtype)
+
+
 def causal_conv1d_ref(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -30,6 +30,7 @@ from meshplan.executor.comm import (
     ring_shift,
     ring_weight_grads,
 )
+from meshplan.executor.experts import swiglu, swiglu_grad
 from meshplan.executor.layouts.common import (
     KVCache,
     Sublayer,
@@ -179,13 +180,12 @@ class _TSPAttentionFn(torch.autograd.Function):
 
 def _mlp_hop(xn, w_in, down, gated):
     """One shard's partial MLP output for this rank's tokens, and what its backward keeps: SwiGLU of the
-    [gate; up] rows where `gated`, else the squared ReLU of Nemotron-H's up rows (experts.activate)."""
+    [gate; up] rows where `gated` (kept: their output h and the product, as experts.SwiGLUFn keeps them),
+    else the squared ReLU of Nemotron-H's up rows (experts.activate)."""
     if gated:
-        lf = w_in.shape[0] // 2
-        g, u = xn @ w_in[:lf].t(), xn @ w_in[lf:].t()
-        sg = F.silu(g)
-        p = sg * u
-        return p @ down.t(), (g, sg, u, p)
+        h = xn @ w_in.t()
+        p = swiglu(h)
+        return p @ down.t(), (h, p)
     u = xn @ w_in.t()
     p = torch.square(F.relu(u))
     return p @ down.t(), (u, p)
@@ -196,9 +196,7 @@ def _mlp_hop_grads(dy, xn, w_in, down, saved, gated):
     dp = dy @ down
     ddown = torch.einsum("bth,btf->hf", dy, saved[-1])
     if gated:
-        g, sg, u, _ = saved
-        sig = torch.sigmoid(g)
-        dh = torch.cat([dp * u * sig * (1 + g * (1 - sig)), dp * sg], dim=-1)
+        dh = swiglu_grad(saved[0], dp)
     else:
         u, _ = saved
         dh = dp * 2 * F.relu(u)
