@@ -125,8 +125,9 @@ def test_the_optimizer_steps_the_experts_states_each_rank_keeps():
     assert kept == pytest.approx((held - experts) / 4 + experts / 2)
     est = estimate_step(MIXTRAL, layout, 4096, 1, opts, cluster)
     dev = Device.of(cluster, opts.stack_spec)
-    # The executor's one-kernel step: 28 B a kept parameter (Stack.optimizer_step_bytes_per_param)
-    assert est.optimizer_s == pytest.approx(kept * 28 / dev.hbm_bytes_per_s)
+    # The executor's one-kernel step: 28 B a kept parameter (Stack.optimizer_step_bytes_per_param) at the
+    # copy rate it was measured at, 0.86 of HBM (Stack.optimizer_hbm_fraction)
+    assert est.optimizer_s == pytest.approx(kept * 28 / (dev.hbm_bytes_per_s * 0.86))
 
 
 # -- MoE parallel folding: etp, the dispatchers, uneven routing (issue #31) ------------------------------

@@ -103,8 +103,9 @@ def test_the_executors_adam_step_holds_no_fp32_temporaries():
 def test_the_executors_adam_step_moves_28_bytes_a_parameter():
     """The optimizer step's time is the rank's kept states over HBM at the stack's bytes a parameter:
     28 for meshplan's one-kernel step (read the bf16 gradient 2, fp32 weight, m, v 12; write them 12 and
-    the bf16 weight 2), 40 for torch's casts around its fused AdamW, which the other stacks are priced at.
-    A dense 2-layer model on one GPU keeps every parameter's states."""
+    the bf16 weight 2) at the copy rate it was measured at (0.86 of HBM), 40 for torch's casts around its
+    fused AdamW at the HBM rate, which the other stacks are priced at. A dense 2-layer model on one GPU keeps
+    every parameter's states."""
     from meshplan.costmodel.device import Device
     from meshplan.costmodel.memory import local_params
     from meshplan.costmodel.step import estimate_step
@@ -114,7 +115,8 @@ def test_the_executors_adam_step_moves_28_bytes_a_parameter():
     kept = local_params(model, sharding_for(Layout(), CostOptions()))
     assert STACKS["meshplan"].optimizer_step_bytes_per_param == 28
     assert {s.optimizer_step_bytes_per_param for name, s in STACKS.items() if name != "meshplan"} == {40}
-    for stack, nbytes in (("meshplan", 28), ("megatron", 40)):
+    for stack, nbytes, fraction in (("meshplan", 28, 0.86), ("megatron", 40, 1.0)):
         opts = CostOptions(stack=stack, global_batch=1)
         est = estimate_step(model, Layout(), 4096, 1, opts, cluster)
-        assert est.optimizer_s == pytest.approx(kept * nbytes / Device.of(cluster, opts.stack_spec).hbm_bytes_per_s)
+        rate = Device.of(cluster, opts.stack_spec).hbm_bytes_per_s * fraction
+        assert est.optimizer_s == pytest.approx(kept * nbytes / rate)

@@ -22,12 +22,15 @@ from meshplan.models import frozen_hash
 GEMM_EFFICIENCY = 0.74
 
 
-# HBM traffic of the executor's eager elementwise work (SwiGLU, residual adds, layout copies; RMSNorm
-# runs as Triton kernels) against the single pass per tensor the byte counts below assume: 3.1× at 32K
-# and 3.4× at 16K tokens on an H200 (kernels other than GEMM, attention and the optimizer;
-# benchmarks/results/profile-step-h200-triton-norm.json, `python benchmarks/profile_step.py`). With the
-# torch RMSNorm and its fp32 upcasts it was 5.9× (profile-step-h200.json). A fused SwiGLU would lower it.
-EAGER_ELEMENTWISE_FACTOR = 3.3
+# HBM traffic of the executor's elementwise work (RMSNorm, SwiGLU and the rotary as Triton kernels, one pass
+# each way: meshplan/kernels/gated_norm.py, swiglu.py, rotary.py; the residual adds and layout copies in
+# torch) against the single pass per tensor the byte counts below assume: 1.23× at 16K and 1.21× at 32K
+# tokens on an H200 (kernels other than GEMM, attention and the optimizer, 2-layer dense-7b step;
+# benchmarks/results/profile-step-h200-fused.json, `python benchmarks/profile_step.py`; 1.35× at 4K, where
+# small kernels weigh more). Before the SwiGLU and rotary kernels and the one-pass Adam (whose fp32 casts
+# counted here) it was 3.4× / 3.1× (profile-step-h200-triton-norm.json); with the torch RMSNorm too, 5.9×
+# (profile-step-h200.json).
+EAGER_ELEMENTWISE_FACTOR = 1.22
 
 
 # Achieved / peak of the executor's attention forward + backward (bf16, 32 heads of 128) by key length,

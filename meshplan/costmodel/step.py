@@ -238,7 +238,11 @@ def estimate_step(
     held = local_params(model, sh, pp=pp, embeddings=embeddings, by_kind=ctx.by_kind)
     # The optimizer steps the states this rank keeps (ZeRO-1 on: its share; routed experts over edp).
     kept = zero_sharded(model, layout, held, ctx.by_kind, 1 / pp, from_stage=1, stack=stack)
-    opt_s = optimizer_time_s(kept, stack.optimizer_step_bytes_per_param, dev) if training else 0.0
+    opt_s = (
+        optimizer_time_s(kept, stack.optimizer_step_bytes_per_param, dev, stack.optimizer_hbm_fraction)
+        if training
+        else 0.0
+    )
 
     # Each stage: its own layers' blocks and the micro-batch's own collectives, forward and backward; on
     # the last the output head and the loss (pipeline.pipeline_passes). Layers alike: a stage is its

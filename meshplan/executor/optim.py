@@ -28,20 +28,22 @@ class MixedAdam:
         self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
 
     def _master(self, p: torch.Tensor) -> torch.Tensor:
-        return p.detach().float().clone()
+        return _local(p.detach()).float().clone()
 
     def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
-        return p.grad
+        return None if p.grad is None else _local(p.grad)
 
     def _dest(self, p: torch.Tensor) -> torch.Tensor:
         """The flat tensor in p's dtype, of the master's length, that takes p's updated weight: p's own
         memory (a buffer copied back in `_wrote` for a parameter that is not contiguous)."""
-        return p.data.view(-1) if p.is_contiguous() else torch.empty(p.numel(), dtype=p.dtype, device=p.device)
+        q = _local(p.data)
+        return q.view(-1) if q.is_contiguous() else torch.empty(q.numel(), dtype=q.dtype, device=q.device)
 
     def _wrote(self, p: torch.Tensor, dest: torch.Tensor) -> None:
         """`dest` holds p's updated weight."""
-        if dest.data_ptr() != p.data_ptr():
-            p.data.copy_(dest.view(p.shape))
+        q = _local(p.data)
+        if dest.data_ptr() != q.data_ptr():
+            q.copy_(dest.view(q.shape))
 
     @torch.no_grad()
     def step(self) -> None:
@@ -70,6 +72,12 @@ class MixedAdam:
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (benchmarks/peers.py steps DTensor tensor-parallel layers with this
+    optimizer: each rank updates the shard it holds), any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _use_kernel(w, m, v, grad, dest) -> bool:
