@@ -18,6 +18,8 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from meshplan.costmodel.blocks import BLOCKS
+from meshplan.costmodel.device import Device
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.step import estimate_step
 from meshplan.executor.blocks import Stack
@@ -63,6 +65,7 @@ def profile_one(model, cluster, seq: int) -> dict:
         replace(model, param_dtype="bf16"), Layout(), seq, 1, CostOptions(), cluster, embeddings=False
     ).breakdown
     return {
+        "raw_memory_bound_s": raw_memory_bound_s(model, cluster, seq),
         "seq": seq,
         "measured_s": dict(by_cat),
         "kernels_per_step": kernels / 3,
@@ -76,20 +79,34 @@ def profile_one(model, cluster, seq: int) -> dict:
     }
 
 
+def raw_memory_bound_s(model, cluster, seq: int) -> dict[str, float]:
+    """Seconds of each block kind's memory-bound bytes (BlockKind.memory_bound_bytes_per_token, bf16) over a
+    training step at one pass per tensor — forward once, backward at twice forward — at the GPU's rated
+    HBM: what the measured elementwise time over it gives as that kind's eager factor (device.py)."""
+    dev = Device.of(cluster)
+    out: dict[str, float] = defaultdict(float)
+    for kind, n in model.block_invocations():
+        out[kind] += 3 * n * seq * BLOCKS[kind].memory_bound_bytes_per_token(model, 1, 2) / dev.rated_hbm
+    return dict(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="dense-7b")
+    ap.add_argument("--seqs", default="4096,16384,32768", help="comma list of training lengths")
     args = ap.parse_args()
     model = replace(PRESETS[args.model], layers=2, name=f"{args.model}/2L")
     cluster = load_cluster("h200-8")
     rows = []
-    for seq in (4096, 16384, 32768):
+    for seq in (int(x) for x in args.seqs.split(",")):
         rows.append(profile_one(model, cluster, seq))
         torch.cuda.empty_cache()
     json.dump(
         {
-            "command": f"python benchmarks/profile_step.py --model {args.model} --out $OUT/profile.json",
+            "command": (
+                f"python benchmarks/profile_step.py --model {args.model} --seqs {args.seqs} --out $OUT/profile.json"
+            ),
             "gpu": torch.cuda.get_device_name(0),
             "runs": rows,
         },
