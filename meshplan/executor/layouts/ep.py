@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from meshplan.executor.blocks import MoELayer, route, shared_expert, top_k_of
 from meshplan.executor.comm import AllToAllSplits, CopyToAxis, Mesh, ReduceFromAxis, exchange_counts
-from meshplan.executor.experts import expert_mlp, routed_experts, take
+from meshplan.executor.experts import counts_of, expert_mlp, routed_experts, take
 from meshplan.executor.layouts.common import Sublayer
 from meshplan.executor.layouts.splits import router_split, shared_expert_splits
 from meshplan.executor.layouts.tsp import RingRowsFn, TSPSharedExpert
@@ -110,16 +110,22 @@ class ExpertParallelMoE(Sublayer):
         expert_of = experts.reshape(-1)
         order = torch.argsort(expert_of, stable=True)
         inverse = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=x.device))
-        per_expert = torch.bincount(expert_of, minlength=self.experts)
-        send = per_expert.view(self.ep, self.local).sum(1).tolist()
-        # recv_counts[j, e]: copies rank j sends to this rank's local expert e.
+        per_expert = counts_of(expert_of, self.experts)
+        # recv_counts[j, e]: copies rank j sends to this rank's local expert e. The split sizes come to the
+        # host together, once a layer's forward (the all-to-all takes them as lists).
         recv_counts = self._exchange(per_expert).view(self.ep, self.local)
-        recv = recv_counts.sum(1).tolist()
+        sizes = torch.cat([per_expert.view(self.ep, self.local).sum(1), recv_counts.sum(1)]).tolist()
+        send, recv = sizes[: self.ep], sizes[self.ep :]
         self.sent_rows, self.received_rows = len(order), sum(recv)
         arrived = self._all_to_all(take(xn, order // k, inverse, k), send, recv)
         # Rows arrive source-major, expert-minor: through this rank's experts, one grouped GEMM a
         # projection (meshplan.executor.experts), and back in arrival order for the combine.
-        local_of = torch.arange(self.local, device=x.device).repeat(self.ep).repeat_interleave(recv_counts.reshape(-1))
+        # (output_size given: repeat_interleave would read the total back from the GPU, another host sync)
+        local_of = (
+            torch.arange(self.local, device=x.device)
+            .repeat(self.ep)
+            .repeat_interleave(recv_counts.reshape(-1), output_size=self.received_rows)
+        )
         w_gate_up, w_down = self.w_gate_up, self.w_down
         if self.holders > 1:  # each token arrived from every tensor rank that holds it
             w_gate_up, w_down = ScaleGrad.apply(w_gate_up, 1 / self.holders), ScaleGrad.apply(w_down, 1 / self.holders)
