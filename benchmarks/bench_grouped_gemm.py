@@ -10,6 +10,13 @@ rows). Forward and forward + backward (the backward's two GEMMs an expert: the i
 weights'), TFLOP/s on 2·m·n·k a GEMM.
 
     python benchmarks/bench_grouped_gemm.py --out $OUT/grouped-gemm-h100.json
+
+`--grid`: the grouped GEMMs alone (no activation between them), forward + backward, over local experts
+(1 … 128) × tokens an expert (128 … 4,096) for four expert shapes, each as a fraction of one large dense
+GEMM's rate timed in the same run (8192 × 4096 × 16384, forward + backward): how the grouped rate
+depends on the experts a rank runs as well as on their rows.
+
+    python benchmarks/bench_grouped_gemm.py --grid --out $OUT/grouped-gemm-grid-h100.json
 """
 
 from __future__ import annotations
@@ -121,10 +128,76 @@ def measure(hidden: int, ffn: int, groups: int, rows: int) -> dict:
     return out
 
 
+GRID_SHAPES = [
+    ("qwen3-30b", 2048, 768),
+    ("qwen2-57b", 3584, 2560),
+    ("deepseek-v3", 7168, 2048),
+    ("mixtral-8x7b", 4096, 14336),
+]
+GRID_EXPERTS = [1, 4, 16, 64, 128]
+GRID_TOKENS = [128, 256, 512, 1024, 2048, 4096]
+GRID_MAX_WEIGHT_BYTES = 12 * 2**30  # the experts' weights and their gradients must fit beside the rows
+
+
+def grid_cell(hidden: int, ffn: int, groups: int, rows: int) -> float:
+    """TFLOP/s of the gate/up and down grouped GEMMs over `groups` experts of `rows` tokens, fwd + bwd."""
+    dev, dt = "cuda", torch.bfloat16
+    m = groups * rows
+    x = torch.randn(m, hidden, device=dev, dtype=dt, requires_grad=True)
+    w1 = torch.randn(groups, 2 * ffn, hidden, device=dev, dtype=dt, requires_grad=True)
+    w2 = torch.randn(groups, hidden, ffn, device=dev, dtype=dt, requires_grad=True)
+    offs = torch.arange(1, groups + 1, device=dev, dtype=torch.int32) * rows
+    grad = torch.randn(m, hidden, device=dev, dtype=dt)
+
+    def train():
+        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+        torch._grouped_mm(h[:, :ffn], w2.transpose(-2, -1), offs=offs).backward(grad)
+
+    seconds = median_time_s(train, reps=6, warmup=2)
+    return _tflops(3 * 2 * m * hidden * 3 * ffn, seconds)
+
+
+def dense_reference() -> float:
+    """TFLOP/s of one large bf16 GEMM, forward + backward (8192 × 4096 by 4096 × 16384)."""
+    x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(8192, 16384, device="cuda", dtype=torch.bfloat16)
+    seconds = median_time_s(lambda: (x @ w.t()).backward(grad), reps=10, warmup=3)
+    return _tflops(3 * 2 * 8192 * 4096 * 16384, seconds)
+
+
+def grid(out: Path) -> None:
+    props = torch.cuda.get_device_properties(0)
+    ref = dense_reference()
+    print(f"{props.name}, torch {torch.__version__}; dense reference {ref:.1f} TFLOP/s (fwd + bwd)")
+    cells = []
+    for name, hidden, ffn in GRID_SHAPES:
+        for groups in GRID_EXPERTS:
+            line = []
+            for t in GRID_TOKENS:
+                if groups * t > MAX_ROWS or groups * 3 * hidden * ffn * 2 * 2 > GRID_MAX_WEIGHT_BYTES:
+                    continue
+                tflops = grid_cell(hidden, ffn, groups, t)
+                cells.append({"shape": name, "hidden": hidden, "ffn": ffn, "local_experts": groups,
+                              "tokens_per_expert": t, "grouped_fwd_bwd_tflops": round(tflops, 1),
+                              "of_dense_reference": round(tflops / ref, 3)})  # fmt: skip
+                line.append(f"{t}:{tflops / ref:.2f}")
+                torch.cuda.empty_cache()
+            print(f"{name:14} E {groups:3d}  " + " ".join(line), flush=True)
+    meta = {"gpu": props.name, "torch": torch.__version__, "dense_reference_tflops": round(ref, 1),
+            "command": "python benchmarks/bench_grouped_gemm.py --grid"}  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "cells": cells}, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--grid", action="store_true", help="experts × tokens an expert, against a dense GEMM")
     args = parser.parse_args()
+    if args.grid:
+        grid(args.out)
+        return
     rows = []
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}")
