@@ -274,25 +274,26 @@ def linear_gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> flo
     return max(flops / dev.linear_gemm_rate, ((m * k + k * n) * dev.fp8_input_bytes + m * n * e) / dev.hbm_bytes_per_s)
 
 
-# The routed experts' grouped GEMM against a dense GEMM of the same expert shapes, by the routed copies
-# each expert runs: measured on one H100 (torch._grouped_mm, bf16, an expert's gate/up and down
-# projections forward and backward, 9 expert shapes of Mixtral-8x22B … DeepSeek-V3 at their usual
-# experts a rank; the median over shapes of grouped TFLOP/s over the shape's best dense) —
-# benchmarks/results/grouped-gemm-h100.json, `python benchmarks/bench_grouped_gemm.py`; an earlier run
-# gave the same curve within 0.03). Few rows an expert leave the tensor cores waiting on each expert's
-# weights. Transformer Engine's GroupedLinear (Megatron-Core's: one cuBLAS GEMM an expert over 4
-# streams, timed forward as a Python loop there) reaches 0.85-0.92 of dense from 1,024 rows an expert
-# and falls faster below (0.36 at 256): the same curve where these models run.
+# The routed experts' grouped GEMM (torch._grouped_mm, bf16, gate/up then down, forward and backward) as a
+# fraction of one large dense GEMM's rate (8192 × 4096 × 16384, forward + backward, 743.5 TFLOP/s) timed in
+# the same run on one H100 — the rate GEMM_EFFICIENCY stands for — by the routed copies each expert runs:
+# the median over four expert shapes (Qwen3-30B's 2048 → 768, Qwen2-57B's 3584 → 2560, DeepSeek-V3's
+# 7168 → 2048, Mixtral-8x7B's 4096 → 14336) at 16 and 64 local experts
+# (benchmarks/results/grouped-gemm-grid-h100.json, `python benchmarks/bench_grouped_gemm.py --grid`; the
+# shapes spread ±0.05-0.15 about it, Qwen3's narrow experts lowest; 4 experts or fewer run slower still at
+# few rows: the grouped kernel has too few tiles). Few rows an expert leave the tensor cores waiting on each
+# expert's weights. The table before it divided the grouped rate by a dense GEMM of the same few total rows
+# (grouped-gemm-h100.json), itself far below the large GEMM's rate at those sizes, and so put the grouped
+# GEMM 8-25% faster than it runs from 512 rows an expert. Transformer Engine's GroupedLinear
+# (Megatron-Core's: one cuBLAS GEMM an expert over 4 streams, timed forward there) runs within a few
+# percent of torch._grouped_mm from 1,024 rows an expert and slower below (0.36 of dense at 256).
 GROUPED_GEMM_FACTOR = (
-    (64, 0.135),
-    (128, 0.264),
-    (256, 0.425),
-    (512, 0.651),
-    (1024, 0.773),
-    (2048, 0.873),
-    (4096, 0.928),
-    (8192, 0.919),
-    (16384, 0.889),
+    (128, 0.218),
+    (256, 0.393),
+    (512, 0.591),
+    (1024, 0.711),
+    (2048, 0.791),
+    (4096, 0.843),
 )
 
 
