@@ -515,3 +515,21 @@ def test_the_meshplan_stack_routes_every_tensor_ranks_tokens_without_megatron_sp
         return sum(c.message_bytes * c.count for c in per_block if c.kind == "all_to_all")
 
     assert a2a_bytes(CostOptions(stack="meshplan")) == 2 * a2a_bytes(CostOptions(tp_sequence_parallel=True))
+
+
+def test_the_executors_routing_is_priced_at_its_measured_passes():
+    """The meshplan stack prices the router's and the permutation's bytes at EAGER_ROUTING_FACTOR (the
+    executor's torch gathers and weighted sums) and the experts' SwiGLU at the elementwise factor (a Triton
+    kernel); a fused stack (Megatron's) prices both at one pass. Hand arithmetic on Mixtral's shape:
+    routing 4·k·h + (k + 1)·h = 45,056 elements a token, the activation 3·k·f = 86,016."""
+    from meshplan.costmodel.blocks import BLOCKS
+    from meshplan.costmodel.device import EAGER_ELEMENTWISE_FACTOR, EAGER_ROUTING_FACTOR, Device
+
+    cluster = load_cluster("h100-sxm-8")
+    mine = Device.of(cluster, CostOptions().stack_spec)
+    routing, act = 4 * 2 * 4096 + 3 * 4096, 3 * 2 * 14336
+    want = (routing * EAGER_ROUTING_FACTOR + act * EAGER_ELEMENTWISE_FACTOR) / (routing + act)
+    assert BLOCKS["experts"].eager_factor(mine, MIXTRAL, 1) == pytest.approx(want)
+    assert BLOCKS["router"].eager_factor(mine, MIXTRAL, 1) == EAGER_ROUTING_FACTOR
+    fused = Device.of(cluster, CostOptions(stack="megatron").stack_spec)
+    assert BLOCKS["experts"].eager_factor(fused, MIXTRAL, 1) == BLOCKS["router"].eager_factor(fused) == 1.0

@@ -47,7 +47,8 @@ def block_compute(
     flops = sum(2 * ran * n * k for n, k in b.gemms(model, sh.head_div))
     core, core_flops = b.core_s(model, tokens, keys, sh, e, dev, causal_fraction=causal_fraction, zigzag=zigzag)
     flops += core_flops
-    mem = busy * b.memory_bound_bytes_per_token(model, sh.head_div, e) * b.eager_factor(dev) / dev.rated_hbm
+    passes = b.eager_factor(dev, model, sh.head_div)
+    mem = busy * b.memory_bound_bytes_per_token(model, sh.head_div, e) * passes / dev.rated_hbm
     kernel_fwd, kernel_bwd = b.kernels_s(model, tokens, sh, e, dev, row_tokens)
     cast_fwd = cast_bwd = 0.0
     if dev.precision != "bf16":  # Transformer Engine's quantize kernels around the FP8 GEMMs

@@ -33,6 +33,18 @@ GEMM_EFFICIENCY = 0.74
 EAGER_ELEMENTWISE_FACTOR = 1.22
 
 
+# The executor's MoE routing in torch — the router's softmax and top-k, the copies gathered into expert order
+# and back (executor/experts.py Take), the weighted sum of a token's copies, and their backward — against
+# the fused permutation's one pass a tensor that blocks/moe.py counts (the router's and the permutation's
+# bytes; the experts' SwiGLU runs as the Triton kernel, at the factor above): 3.2× (Mixtral-8x7B) and 3.3×
+# (Qwen3-30B-A3B) at 16K tokens, 3.3-3.4× at 8K, 3.5-3.6× at 4K, in 2-layer training steps on an H200
+# (benchmarks/results/profile-step-{mixtral-8x7b,qwen3-30b-a3b}-h200-fused.json, `python
+# benchmarks/profile_step.py --model M --seqs 4096,8192,16384`: the kernels other than GEMM, attention and the
+# optimizer, less the attention block's and the SwiGLU's bytes at the factor above, over the routing bytes).
+# Two families of unlike shapes (8 experts of 14336, top-2; 128 of 768, top-8) give the same factor.
+EAGER_ROUTING_FACTOR = 3.3
+
+
 # Achieved / peak of the executor's attention forward + backward (bf16, 32 heads of 128) by key length,
 # measured on an H200 with torch 2.11 through its own paths (meshplan/executor/attention.py;
 # benchmarks/results/attention-paths-h200.json, `python benchmarks/bench_attention_paths.py`): whole-sequence
@@ -120,6 +132,7 @@ class Device:
     # executor's measured factors by default, 1 for fused kernels.
     elementwise_factor: float = EAGER_ELEMENTWISE_FACTOR
     elementwise_factor_mamba2: float = EAGER_ELEMENTWISE_FACTOR_MAMBA2
+    elementwise_factor_routing: float = EAGER_ROUTING_FACTOR
     flash_attention: bool = True  # False: QKᵀ and PV as batched GEMMs around a fused softmax (Megatron ≤ 2022)
     # Sequence shards redo the attention core in backward (the stack's: Stack.sequence_attention_recompute)
     sequence_attention_recompute: bool = True
@@ -176,6 +189,7 @@ class Device:
                 dev,
                 elementwise_factor=stack.elementwise_factor,
                 elementwise_factor_mamba2=stack.elementwise_factor,
+                elementwise_factor_routing=stack.elementwise_factor,
                 flash_attention=stack.flash_attention,
                 sequence_attention_recompute=stack.sequence_attention_recompute,
             )

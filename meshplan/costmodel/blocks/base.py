@@ -138,7 +138,8 @@ class BlockKind:
         return 1.0
 
     # -- compute -------------------------------------------------------------------------------
-    def eager_factor(self, dev) -> float:
+    def eager_factor(self, dev, model=None, head_div: float = 1) -> float:
+        """HBM passes of the block's memory-bound work per pass counted (Device.elementwise_factor)."""
         return dev.elementwise_factor
 
     def gemm_s(self, model, tokens: float, sh, e: int, dev) -> float:

@@ -333,7 +333,7 @@ class Mamba2(BlockKind):
     def saved(self, model, opts):
         return mamba2_saved(model, opts)
 
-    def eager_factor(self, dev):
+    def eager_factor(self, dev, model=None, head_div=1):
         return dev.elementwise_factor_mamba2
 
     def kernels_s(self, model, tokens, sh, e, dev, row_tokens):

@@ -43,6 +43,9 @@ class Router(BlockKind):
         # The pre-norm (read, write), the residual (two reads, a write), the router's fp32 softmax.
         return e * 5 * model.moe.hidden + FP32 * 2 * model.moe.experts
 
+    def eager_factor(self, dev, model=None, head_div=1):
+        return dev.elementwise_factor_routing
+
     def partial_recompute_s(self, model, recompute, sh, *, gemm, core, mem, kernel_fwd, tokens, e, dev):
         # "layernorm": the pre-norm's forward again (its read and write of the 5·h·e bytes counted above)
         if "layernorm" not in selective_modules(recompute):
@@ -110,8 +113,25 @@ class Experts(_ExpertMlp):
     def memory_bound_bytes_per_token(self, model, head_div, e):
         # The permutation into expert order and back (top_k copies read and written each way), the
         # weighted sum of the copies, and SwiGLU over every copy's intermediate.
+        return e * (self._routing_elements(model) + self._activation_elements(model, head_div))
+
+    @staticmethod
+    def _routing_elements(model) -> float:
         m = model.moe
-        return e * (4 * m.top_k * m.hidden + (m.top_k + 1) * m.hidden + 3 * m.top_k * m.expert_ffn / head_div)
+        return 4 * m.top_k * m.hidden + (m.top_k + 1) * m.hidden
+
+    @staticmethod
+    def _activation_elements(model, head_div) -> float:
+        m = model.moe
+        return 3 * m.top_k * m.expert_ffn / head_div
+
+    def eager_factor(self, dev, model=None, head_div=1):
+        """The routing's share of the bytes at the routing factor, the activation's at the elementwise one
+        (Device.elementwise_factor_routing, elementwise_factor: the same 1 under a fused stack)."""
+        if model is None:
+            return dev.elementwise_factor
+        routing, act = self._routing_elements(model), self._activation_elements(model, head_div)
+        return (routing * dev.elementwise_factor_routing + act * dev.elementwise_factor) / (routing + act)
 
     def fp8_cast_bytes_per_token(self, model, head_div, current_scaling):
         """TEGroupedLinear quantizes the routed copies (top_k of them a token) and the activation's output
