@@ -60,10 +60,7 @@ def measure(hidden: int, ffn: int, groups: int, rows: int) -> dict:
     """One expert layer's gate/up and down projections over `groups` experts of `rows` tokens each."""
     dev, dt = "cuda", torch.bfloat16
     m = groups * rows
-    x = torch.randn(m, hidden, device=dev, dtype=dt, requires_grad=True)
-    w1 = torch.randn(groups, 2 * ffn, hidden, device=dev, dtype=dt, requires_grad=True)
-    w2 = torch.randn(groups, hidden, ffn, device=dev, dtype=dt, requires_grad=True)
-    offs = torch.arange(1, groups + 1, device=dev, dtype=torch.int32) * rows
+    x, w1, w2, offs = _expert_operands(hidden, ffn, groups, rows, 2 * ffn)
     flops = 2 * m * hidden * 3 * ffn  # gate/up (2·ffn outputs) and down
 
     def grouped():
@@ -137,33 +134,64 @@ GRID_SHAPES = [
 GRID_EXPERTS = [1, 4, 16, 64, 128]
 GRID_TOKENS = [128, 256, 512, 1024, 2048, 4096]
 GRID_MAX_WEIGHT_BYTES = 12 * 2**30  # the experts' weights and their gradients must fit beside the rows
+GRID_MAX_ROWS = 262144  # 64 experts at 4,096 tokens
+
+
+def _expert_operands(hidden: int, ffn: int, groups: int, rows: int, width: int) -> tuple:
+    """Rows (groups·rows, hidden), [gate; up] weights (groups, width, hidden), down weights (groups,
+    hidden, ffn) and the groups' ends, bf16 on the GPU, every tensor requiring its gradient."""
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(groups * rows, hidden, device=dev, dtype=dt, requires_grad=True)
+    w1 = torch.randn(groups, width, hidden, device=dev, dtype=dt, requires_grad=True)
+    w2 = torch.randn(groups, hidden, ffn, device=dev, dtype=dt, requires_grad=True)
+    offs = torch.arange(1, groups + 1, device=dev, dtype=torch.int32) * rows
+    return x, w1, w2, offs
 
 
 def grid_cell(hidden: int, ffn: int, groups: int, rows: int) -> float:
-    """TFLOP/s of the gate/up and down grouped GEMMs over `groups` experts of `rows` tokens, fwd + bwd."""
-    dev, dt = "cuda", torch.bfloat16
+    """TFLOP/s of the two grouped GEMMs of `groups` experts of `rows` tokens, forward + backward: the input
+    to the down projection its own contiguous (rows, ffn) tensor (no slice of the gate/up output, whose
+    backward would add a zero-fill and a copy), gradients returned by autograd.grad (none accumulated into
+    .grad between repetitions)."""
+    x, w1, w2, offs = _expert_operands(hidden, ffn, groups, rows, 2 * ffn)
     m = groups * rows
-    x = torch.randn(m, hidden, device=dev, dtype=dt, requires_grad=True)
-    w1 = torch.randn(groups, 2 * ffn, hidden, device=dev, dtype=dt, requires_grad=True)
-    w2 = torch.randn(groups, hidden, ffn, device=dev, dtype=dt, requires_grad=True)
-    offs = torch.arange(1, groups + 1, device=dev, dtype=torch.int32) * rows
-    grad = torch.randn(m, hidden, device=dev, dtype=dt)
+    a = torch.randn(m, ffn, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g1 = torch.randn(m, 2 * ffn, device="cuda", dtype=torch.bfloat16)
+    g2 = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
 
     def train():
         h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-        torch._grouped_mm(h[:, :ffn], w2.transpose(-2, -1), offs=offs).backward(grad)
+        torch.autograd.grad(h, (x, w1), g1)
+        y = torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs)
+        torch.autograd.grad(y, (a, w2), g2)
 
     seconds = median_time_s(train, reps=6, warmup=2)
     return _tflops(3 * 2 * m * hidden * 3 * ffn, seconds)
 
 
 def dense_reference() -> float:
-    """TFLOP/s of one large bf16 GEMM, forward + backward (8192 × 4096 by 4096 × 16384)."""
+    """TFLOP/s of one large bf16 GEMM, forward + backward (8192 × 4096 by 4096 × 16384), its gradients
+    returned by autograd.grad."""
     x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn(8192, 16384, device="cuda", dtype=torch.bfloat16)
-    seconds = median_time_s(lambda: (x @ w.t()).backward(grad), reps=10, warmup=3)
+    seconds = median_time_s(lambda: torch.autograd.grad(x @ w.t(), (x, w), grad), reps=10, warmup=3)
     return _tflops(3 * 2 * 8192 * 4096 * 16384, seconds)
+
+
+def table_of(cells: list[dict], experts=(16, 64)) -> list[tuple[int, float, int]]:
+    """GROUPED_GEMM_FACTOR from the grid: for each tokens-an-expert, the median over the cells with
+    `experts` local experts (every shape that ran them) of the fraction of the dense reference, and how
+    many cells it is the median of."""
+    import statistics
+
+    rows = sorted({c["tokens_per_expert"] for c in cells})
+    out = []
+    for t in rows:
+        vals = [c["of_dense_reference"] for c in cells if c["tokens_per_expert"] == t and c["local_experts"] in experts]
+        if vals:
+            out.append((t, round(statistics.median(vals), 3), len(vals)))
+    return out
 
 
 def grid(out: Path) -> None:
@@ -175,7 +203,7 @@ def grid(out: Path) -> None:
         for groups in GRID_EXPERTS:
             line = []
             for t in GRID_TOKENS:
-                if groups * t > MAX_ROWS or groups * 3 * hidden * ffn * 2 * 2 > GRID_MAX_WEIGHT_BYTES:
+                if groups * t > GRID_MAX_ROWS or groups * 3 * hidden * ffn * 2 * 2 > GRID_MAX_WEIGHT_BYTES:
                     continue
                 tflops = grid_cell(hidden, ffn, groups, t)
                 cells.append({"shape": name, "hidden": hidden, "ffn": ffn, "local_experts": groups,
@@ -187,7 +215,9 @@ def grid(out: Path) -> None:
     meta = {"gpu": props.name, "torch": torch.__version__, "dense_reference_tflops": round(ref, 1),
             "command": "python benchmarks/bench_grouped_gemm.py --grid"}  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "cells": cells}, indent=1) + "\n")
+    table = table_of(cells)
+    out.write_text(json.dumps({"meta": meta, "cells": cells, "table": table}, indent=1) + "\n")
+    print("GROUPED_GEMM_FACTOR (tokens an expert, median fraction at 16 and 64 experts, cells):", table)
 
 
 def main() -> None:

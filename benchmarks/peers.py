@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(args, records: list[dict], cuda: bool) -> None:
     meta = {
-        "command": "torchrun --nproc-per-node N benchmarks/peers.py " + " ".join(sys.argv[1:]),
+        "command": f"torchrun --nproc-per-node {dist.get_world_size()} benchmarks/peers.py " + " ".join(sys.argv[1:]),
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "cudnn": torch.backends.cudnn.version() if cuda else None,

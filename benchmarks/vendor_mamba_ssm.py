@@ -110,7 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default="HEAD", help="the commit to read (git sources)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
-    record = vendor(Source(args.source, args.commit), Path(args.out))
+    try:
+        record = vendor(Source(args.source, args.commit), Path(args.out))
+    except subprocess.CalledProcessError as err:  # not a git repository, or no such commit
+        print(f"--source/--commit: git could not read {args.source} at {args.commit}: {err.stderr.strip()}")
+        return 2
+    except FileNotFoundError as err:
+        print(f"--source: {args.source} has no {err.filename}; give a mamba git checkout or an unpacked sdist")
+        return 2
     print(f"mamba_ssm {record['version']} ({record['commit'] or 'sdist'}): {len(record['files'])} files in {args.out}")
     return 0
 

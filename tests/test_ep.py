@@ -267,17 +267,17 @@ def test_uneven_routing_slows_the_experts_and_their_all_to_all_not_the_model_flo
 
 
 def test_the_grouped_gemm_rate_falls_with_the_rows_an_expert_runs():
-    """The measured curve (benchmarks/results/grouped-gemm-grid-h100.json): at 128 rows an expert a fifth of
-    a large dense GEMM's rate, at 4,096 about 0.84; rising between, flat above (no grid cell there);
+    """The measured curve (benchmarks/results/grouped-gemm-grid-h100.json): at 128 rows an expert a third of
+    a large dense GEMM's rate, from 2,048 about 0.84; rising to there, flat above (no grid cell there);
     interpolated in log rows, in proportion below the table; the experts block prices it."""
     from meshplan.costmodel.device import GROUPED_GEMM_FACTOR, grouped_gemm_factor
 
-    assert grouped_gemm_factor(128) == pytest.approx(0.218)
-    assert grouped_gemm_factor(32) == pytest.approx(0.218 / 4)
-    assert grouped_gemm_factor(362) == pytest.approx(0.393 + 0.5 * (0.591 - 0.393), rel=1e-3)  # √(256·512)
-    rising = [2**k for k in range(4, 13)]  # up to 4,096 rows; flat above
+    assert grouped_gemm_factor(128) == pytest.approx(0.346)
+    assert grouped_gemm_factor(32) == pytest.approx(0.346 / 4)
+    assert grouped_gemm_factor(362) == pytest.approx(0.596 + 0.5 * (0.747 - 0.596), rel=1e-3)  # √(256·512)
+    rising = [2**k for k in range(4, 12)]  # up to 2,048 rows; flat from there
     assert all(grouped_gemm_factor(a) < grouped_gemm_factor(b) for a, b in zip(rising, rising[1:]))
-    assert all(grouped_gemm_factor(2**k) == pytest.approx(0.843) for k in range(12, 16))
+    assert all(grouped_gemm_factor(2**k) == pytest.approx(0.842) for k in range(12, 16))
     assert max(f for _, f in GROUPED_GEMM_FACTOR) < 1
     # Qwen3-30B-A3B-like fine-grained experts: 128 of them, top-8; fewer tokens a rank = fewer rows an expert.
     fine = ModelSpec(
@@ -290,7 +290,8 @@ def test_the_grouped_gemm_rate_falls_with_the_rows_an_expert_runs():
         estimate_step(fine, Layout(dp=8, ep=8), seq, 1, opts, cluster).breakdown["experts_compute_s"] / seq
         for seq in (512, 8192)
     )
-    assert short > 1.5 * long  # per token: 32 rows an expert against 512
+    # per token: 32 rows an expert against 512 (the routing's per-token bytes are the same at both)
+    assert short > 1.2 * long
 
 
 def test_moe_rules_are_one_line_errors():

@@ -84,8 +84,11 @@ def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: D
     return BlockCompute(gemm, 0.0, mem, 0.0, 2 * tokens * vocab * model.d_model)
 
 
-def optimizer_time_s(local_params: float, bytes_per_param: float, dev: Device, hbm_fraction: float = 1.0) -> float:
+def optimizer_time_s(
+    local_params: float, bytes_per_param: float, dev: Device, hbm_fraction: float | None = None
+) -> float:
     """The optimizer step over the states a rank keeps, bound by HBM: `bytes_per_param` as the stack's
-    step moves them (Stack.optimizer_step_bytes_per_param) at `hbm_fraction` of the HBM rate
-    (Stack.optimizer_hbm_fraction)."""
-    return local_params * bytes_per_param / (dev.hbm_bytes_per_s * hbm_fraction)
+    step moves them (Stack.optimizer_step_bytes_per_param) at `hbm_fraction` of the rated HBM rate where
+    the stack's step was timed (Stack.optimizer_hbm_fraction), else at the device's HBM rate."""
+    rate = dev.rated_hbm * hbm_fraction if hbm_fraction is not None else dev.hbm_bytes_per_s
+    return local_params * bytes_per_param / rate

@@ -26,22 +26,26 @@ GEMM_EFFICIENCY = 0.74
 # each way: meshplan/kernels/gated_norm.py, swiglu.py, rotary.py; the residual adds and layout copies in
 # torch) against the single pass per tensor the byte counts below assume: 1.23× at 16K and 1.21× at 32K
 # tokens on an H200 (kernels other than GEMM, attention and the optimizer, 2-layer dense-7b step;
-# benchmarks/results/profile-step-h200-fused.json, `python benchmarks/profile_step.py`; 1.35× at 4K, where
-# small kernels weigh more). Before the SwiGLU and rotary kernels and the one-pass Adam (whose fp32 casts
-# counted here) it was 3.4× / 3.1× (profile-step-h200-triton-norm.json); with the torch RMSNorm too, 5.9×
-# (profile-step-h200.json).
+# benchmarks/results/profile-step-h200-fused.json, `python benchmarks/profile_step.py`: its elementwise time
+# over its predicted memory_bound, which that run priced at the factor 3.3 then, times 3.3; 1.35× at 4K,
+# where small kernels weigh more). Before the SwiGLU and rotary kernels and the one-pass Adam (whose fp32
+# casts counted here) it was 3.4× / 3.1× (profile-step-h200-triton-norm.json); with the torch RMSNorm too,
+# 5.9× (profile-step-h200.json).
 EAGER_ELEMENTWISE_FACTOR = 1.22
 
 
-# The executor's MoE routing in torch — the router's softmax and top-k, the copies gathered into expert order
-# and back (executor/experts.py Take), the weighted sum of a token's copies, and their backward — against
-# the fused permutation's one pass a tensor that blocks/moe.py counts (the router's and the permutation's
-# bytes; the experts' SwiGLU runs as the Triton kernel, at the factor above): 3.2× (Mixtral-8x7B) and 3.3×
-# (Qwen3-30B-A3B) at 16K tokens, 3.3-3.4× at 8K, 3.5-3.6× at 4K, in 2-layer training steps on an H200
-# (benchmarks/results/profile-step-{mixtral-8x7b,qwen3-30b-a3b}-h200-fused.json, `python
-# benchmarks/profile_step.py --model M --seqs 4096,8192,16384`: the kernels other than GEMM, attention and the
-# optimizer, less the attention block's and the SwiGLU's bytes at the factor above, over the routing bytes).
-# Two families of unlike shapes (8 experts of 14336, top-2; 128 of 768, top-8) give the same factor.
+# The executor's MoE routing in torch — the MoE sublayer's pre-norm and residual, the router's softmax and
+# top-k, the copies gathered into expert order and back (executor/experts.py Take), the weighted sum of a
+# token's copies, and their backward — against one pass a tensor of what blocks/moe.py counts for them (the
+# router kind's bytes and the experts' permutation bytes; the experts' SwiGLU runs as the Triton kernel, at
+# the factor above): 3.2× (Mixtral-8x7B) and 3.3× (Qwen3-30B-A3B) at 16K tokens, 3.2× / 3.4× at 8K, 3.5× /
+# 3.6× at 4K, in 2-layer training steps on an H200 (benchmarks/results/profile-step-{mixtral-8x7b,
+# qwen3-30b-a3b}-h200-fused.json, `python benchmarks/profile_step.py --model M --seqs 4096,8192,16384`: the
+# kernels other than GEMM, attention and the optimizer, less the attention block's and the SwiGLU's bytes at
+# the factor above, over the rest, from the file's raw_memory_bound_s). The pre-norm and residual are in the
+# routing's share because the router kind counts them; priced at the elementwise factor instead, the routing
+# proper comes out 4.1× (Mixtral) and 3.6× (Qwen3). One factor for both families, 8 experts of 14336 top-2 and
+# 128 of 768 top-8, within 3%.
 EAGER_ROUTING_FACTOR = 3.3
 
 
@@ -288,26 +292,27 @@ def linear_gemm_time_s(m: float, n: float, k: float, e: int, dev: Device) -> flo
     return max(flops / dev.linear_gemm_rate, ((m * k + k * n) * dev.fp8_input_bytes + m * n * e) / dev.hbm_bytes_per_s)
 
 
-# The routed experts' grouped GEMM (torch._grouped_mm, bf16, gate/up then down, forward and backward) as a
-# fraction of one large dense GEMM's rate (8192 × 4096 × 16384, forward + backward, 743.5 TFLOP/s) timed in
-# the same run on one H100 — the rate GEMM_EFFICIENCY stands for — by the routed copies each expert runs:
-# the median over four expert shapes (Qwen3-30B's 2048 → 768, Qwen2-57B's 3584 → 2560, DeepSeek-V3's
-# 7168 → 2048, Mixtral-8x7B's 4096 → 14336) at 16 and 64 local experts
-# (benchmarks/results/grouped-gemm-grid-h100.json, `python benchmarks/bench_grouped_gemm.py --grid`; the
-# shapes spread ±0.05-0.15 about it, Qwen3's narrow experts lowest; 4 experts or fewer run slower still at
-# few rows: the grouped kernel has too few tiles). Few rows an expert leave the tensor cores waiting on each
-# expert's weights. The table before it divided the grouped rate by a dense GEMM of the same few total rows
-# (grouped-gemm-h100.json), itself far below the large GEMM's rate at those sizes, and so put the grouped
-# GEMM 8-25% faster than it runs from 512 rows an expert. Transformer Engine's GroupedLinear
-# (Megatron-Core's: one cuBLAS GEMM an expert over 4 streams, timed forward there) runs within a few
-# percent of torch._grouped_mm from 1,024 rows an expert and slower below (0.36 of dense at 256).
+# The routed experts' grouped GEMM (torch._grouped_mm, bf16, gate/up and down, forward and backward, the
+# gradients returned as a training step makes them) as a fraction of one large dense GEMM's rate (8192 × 4096 ×
+# 16384, forward + backward, 790 TFLOP/s) timed in the same run on one H100 — the rate GEMM_EFFICIENCY stands
+# for — by the routed copies each expert runs: the median of the 7 cells at 16 and 64 local experts over four
+# expert shapes (Qwen3-30B's 2048 → 768, Qwen2-57B's 3584 → 2560, DeepSeek-V3's 7168 → 2048 at 16 and 64;
+# Mixtral-8x7B's 4096 → 14336 at 16) (benchmarks/results/grouped-gemm-grid-h100.json, its "table", `python
+# benchmarks/bench_grouped_gemm.py --grid`; the cells spread about ±0.1 around it; 4 experts or fewer run
+# slower at few rows, the grouped kernel having too few tiles; above 4,096 rows the last value). Few rows an
+# expert leave the tensor cores waiting on each expert's weights. The table before it (grouped-gemm-h100.json)
+# divided the grouped rate by a dense GEMM of the same few total rows, itself below the large GEMM's rate at
+# those sizes, with an activation between the GEMMs and gradients accumulated between repetitions:
+# 0.43 / 0.65 / 0.77 / 0.87 / 0.93 at 256 … 4,096 rows. Transformer Engine's GroupedLinear (Megatron-Core's:
+# one cuBLAS GEMM an expert over 4 streams, timed forward there) ran within a few percent of
+# torch._grouped_mm from 1,024 rows an expert and slower below.
 GROUPED_GEMM_FACTOR = (
-    (128, 0.218),
-    (256, 0.393),
-    (512, 0.591),
-    (1024, 0.711),
-    (2048, 0.791),
-    (4096, 0.843),
+    (128, 0.346),
+    (256, 0.596),
+    (512, 0.747),
+    (1024, 0.817),
+    (2048, 0.844),
+    (4096, 0.842),
 )
 
 

@@ -61,9 +61,10 @@ class Stack:
     # bf16 copy-back (read 4, write 2) — which every stack but meshplan's is priced at; 28 for one pass
     # that reads the bf16 gradient where it lies and writes the bf16 weight (meshplan/kernels/adam.py).
     optimizer_step_bytes_per_param: float = 40.0
-    # The optimizer step's rate as a fraction of the GPU's HBM bandwidth (Device.hbm_bytes_per_s): 1.0,
-    # the model's assumption for the stacks whose step it has not timed; meshplan's, measured.
-    optimizer_hbm_fraction: float = 1.0
+    # The optimizer step's rate as a fraction of the GPU's rated (datasheet) HBM bandwidth, where measured
+    # (meshplan's); None: the device's HBM rate as it stands — the datasheet's, or the copy rate `meshplan
+    # calibrate` measured — for the stacks whose step the model has not timed.
+    optimizer_hbm_fraction: float | None = None
     # fp32 copies of the rank's largest weight matrix (memory.largest_matrix) held beside the gradients
     # during the optimizer step, over the ZeRO shards: the model's count for the stacks that step through
     # fp32 gradient copies; 0 where the step allocates nothing (meshplan/kernels/adam.py).
@@ -293,9 +294,10 @@ STACKS: dict[str, Stack] = {
         # bf16 buffer of its size instead, up to three at once; every matrix of the presets divides by
         # power-of-two groups, so that is not priced.)
         optimizer_step_bytes_per_param=28.0,
-        # The kernel runs at the copy rate of the GPU: 4.15 TB/s of 4.8 on an H200 (0.865; 0.84 at 134M
-        # elements) and 2.98 of 3.35 on an H100 (0.89; 0.86 at 134M) over the 134M- and 939M-element
-        # weights of benchmarks/results/adam-h200.json and adam-h100.json (`python benchmarks/bench_adam.py`).
+        # The kernel runs at the GPU's copy rate (0.96-1.00 of it on the large weights): 4.15 TB/s of the
+        # rated 4.8 on an H200 (0.865; 0.84 at 134M elements) and 2.98 of 3.35 on an H100 (0.89; 0.86 at
+        # 134M), benchmarks/results/adam-h200.json and adam-h100.json (`python benchmarks/bench_adam.py`) — a
+        # fraction of the rated rate, so a calibrated profile's measured copy rate does not count it twice.
         optimizer_hbm_fraction=0.86,
         optimizer_fp32_temporaries=0,
         # The executor's pipeline runs 1F1B only (meshplan/executor/pipeline.py), with ZeRO 0-3.

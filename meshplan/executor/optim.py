@@ -31,7 +31,7 @@ class MixedAdam:
         return _local(p.detach()).float().clone()
 
     def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
-        return None if p.grad is None else _local(p.grad)
+        return None if p.grad is None else _local(p.grad, p)
 
     def _dest(self, p: torch.Tensor) -> torch.Tensor:
         """The flat tensor in p's dtype, of the master's length, that takes p's updated weight: p's own
@@ -74,10 +74,15 @@ class MixedAdam:
             p.grad = None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def _local(t: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
     """A DTensor's shard on this rank (benchmarks/peers.py steps DTensor tensor-parallel layers with this
-    optimizer: each rank updates the shard it holds), any other tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
+    optimizer: each rank updates the shard it holds), any other tensor itself. `like`: the parameter a
+    gradient belongs to, whose placements the gradient must have (a partial sum would be stepped unreduced)."""
+    if not hasattr(t, "to_local"):
+        return t
+    if like is not None and tuple(t.placements) != tuple(like.placements):
+        raise ValueError(f"MixedAdam: a DTensor gradient placed {t.placements}, its parameter {like.placements}")
+    return t.to_local()
 
 
 def _use_kernel(w, m, v, grad, dest) -> bool:

@@ -34,10 +34,11 @@ import triton.language as tl
 
 # Elements a program and its warps: the pointwise default of torch inductor (1024-element blocks, a
 # warp per 256 elements: torch/_inductor/runtime/triton_heuristics.py, triton_config), 8 elements a
-# thread — one 16-byte load of the bf16 gradient, two of each fp32 stream. An inline copy of this kernel
-# timed once on an H200 (torch 2.11, Triton 3.6; no results file) ran at 4.06-4.19 TB/s of its 28 B a
-# parameter on 16.8M-939M elements, 2-3% ahead of 2048 / 8 and 4096 / 8, where torch's path ran at
-# 3.3 TB/s of its 40 B; `python benchmarks/bench_adam.py --tune` is the sweep to record.
+# thread — one 16-byte load of the bf16 gradient, two of each fp32 stream. It runs at 3.3-4.15 TB/s on an
+# H200 and 2.5-3.0 on an H100 over 16.8M-939M elements, the GPU's copy rate on the large weights, 1.5-1.8×
+# torch's casts around its fused AdamW (benchmarks/results/adam-h200.json, adam-h100.json, `python
+# benchmarks/bench_adam.py [--tune]`); on the H100 sweep every block of 1,024-4,096 elements with 4-16 warps
+# came within 2% of the others (8,192 with 4 warps 40% slower).
 BLOCK = 1024
 WARPS = 4
 

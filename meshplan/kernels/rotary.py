@@ -31,7 +31,8 @@ from triton.language.extra import libdevice
 # A program's tile: up to TOKENS tokens × heads × d/2 pairs, TILE pairs in all (the heads share each
 # token's cos and sin); WARPS warps. Compiled offline for sm_90 (Triton 3.9, bf16, d = 128), 8 tokens ×
 # 8 heads on 8 warps takes 117 registers a thread and no stack, where 4 warps took 145 and 32 bytes of
-# stack. Not yet timed on a GPU: `python benchmarks/bench_elementwise.py --tune` sweeps them.
+# stack. Timed, not tuned, on an H100: benchmarks/results/elementwise-h100.json
+# (`python benchmarks/bench_elementwise.py`; `--tune` sweeps them).
 TILE = 4096
 TOKENS = 8
 WARPS = 8

@@ -125,11 +125,9 @@ class Experts(_ExpertMlp):
         m = model.moe
         return 3 * m.top_k * m.expert_ffn / head_div
 
-    def eager_factor(self, dev, model=None, head_div=1):
+    def eager_factor(self, dev, model, head_div=1):
         """The routing's share of the bytes at the routing factor, the activation's at the elementwise one
         (Device.elementwise_factor_routing, elementwise_factor: the same 1 under a fused stack)."""
-        if model is None:
-            return dev.elementwise_factor
         routing, act = self._routing_elements(model), self._activation_elements(model, head_div)
         return (routing * dev.elementwise_factor_routing + act * dev.elementwise_factor) / (routing + act)
 
