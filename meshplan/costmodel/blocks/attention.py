@@ -162,6 +162,11 @@ class Attention(BlockKind):
     def norm_width(self, model):
         return model.attention.hidden
 
+    def streamed_params(self, model):
+        """Less every norm scale — the input's, the query/key norms', the output's, MLA's latents' — each
+        kept whole on every TSP rank, its gradient summed over tsp (axes/tsp.step_comms: norm_params)."""
+        return self.params(model) - self.norm_width(model) - model.attention.norm_extra
+
     def output_width(self, model):
         return model.attention.out_hidden
 
