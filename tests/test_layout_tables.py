@@ -4,6 +4,8 @@ for each layout the tables serve — so that what the executor keeps is what the
 (That each table cuts the right rows is checked by the distributed tests, which match the sharded
 modules against the single process.)"""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -17,11 +19,13 @@ from meshplan.executor.model import CausalLM
 from meshplan.layout import parse_layout
 from meshplan.models import dense, mamba2
 
+_QK = dense("qk-norm", 64, 2, 8, 2, 192, 96)
 DENSE_MODELS = [
     dense("mha", 64, 2, 8, 8, 256, 96),
     dense("gqa", 64, 2, 8, 2, 192, 96),
     dense("gelu", 64, 2, 4, 4, 256, 96, gated=False),
     dense("tied", 64, 2, 8, 4, 128, 96, tied=True),
+    replace(_QK, attention=replace(_QK.attention, qk_norm=2 * 8)),  # Qwen3's per-head query/key norms, whole
 ]
 MAMBA_MODELS = [
     mamba2("m2-one-group", 64, 2, 96, d_state=16, headdim=16, ngroups=1),
@@ -34,7 +38,7 @@ def _layer_table(layer, layout):
     if isinstance(layer, DenseLayer):
         degree = layout.tsp if layout.tsp > 1 else layout.tp
         q_w, kv_w = layer.heads * layer.head_dim, layer.kv_heads * layer.head_dim
-        return dense_splits(q_w, kv_w, layer.w_down.shape[1], layer.gated), degree
+        return dense_splits(q_w, kv_w, layer.w_down.shape[1], layer.gated, layer.qk_norms is not None), degree
     if layout.tsp > 1:
         shapes = {name: tuple(getattr(layer, name).shape) for name, _ in SPLIT}
         return {

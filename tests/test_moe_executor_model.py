@@ -10,11 +10,19 @@ single-process model against transformers' MixtralForCausalLM and Qwen2MoeForCau
 in one line."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import (
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 from typer.testing import CliRunner
 
 from meshplan.cli import app
@@ -46,9 +54,10 @@ QWEN2_MOE = moe(
     dense("tiny-qwen2-moe", 64, 2, 8, 4, 128, 100),
     MoeSpec(64, 4, 2, 64, shared_ffn=96, shared_gate=True, norm_topk=False),
 )
-# Qwen3-MoE's shape as the executor runs it (its query/key norms left out: support.executed_spec): more,
-# narrower experts, the top-k probabilities renormalised, no shared expert.
-QWEN3_MOE = moe(dense("tiny-qwen3-moe", 64, 2, 8, 4, 128, 100), MoeSpec(64, 8, 2, 32))
+# Qwen3-MoE's shape: more, narrower experts, the top-k probabilities renormalised, no shared expert, and
+# an RMS norm of each query and key head (a head_dim scale each) before the rotary.
+_QWEN3_DENSE = dense("tiny-qwen3-moe", 64, 2, 8, 4, 128, 100)
+QWEN3_MOE = moe(replace(_QWEN3_DENSE, attention=replace(_QWEN3_DENSE.attention, qk_norm=2 * 8)), MoeSpec(64, 8, 2, 32))
 # Nemotron-H's shape (tests/test_nemotron_h_executor.py holds it against transformers): one block a
 # layer — Mamba-2, attention without rotary positions, a squared-ReLU MLP, an MoE of ungated squared-ReLU
 # experts with a shared expert behind the sigmoid router of two expert groups (one searched), its
@@ -101,11 +110,25 @@ CASES = {
             ("dp=2,tsp=2,ep=2", ("train", "decode")),
         ],
     ),
+    # Qwen3-MoE's query/key norms: whole on every rank; their gradients summed over tp (each tensor rank's
+    # from its heads, before ZeRO's reductions), over tsp (each rank's from its tokens) and over dp / sp.
+    "qwen3-moe-2": (
+        2,
+        QWEN3_MOE,
+        [
+            ("dp=2,ep=2", ALL_MODES),
+            ("tp=2,ep=2,etp=1", ALL_MODES),
+            ("sp=2,ep=2", ("train",)),
+            ("tsp=2,ep=2", ALL_MODES),
+            ("pp=2", ("train", "decode")),
+        ],
+    ),
     "qwen3-moe-tp-sp-tsp-4": (
         4,
         QWEN3_MOE,
         [
             ("dp=2,tp=2,ep=4,etp=1", ALL_MODES),
+            ("dp=2,tp=2,ep=2,etp=1,zero=2", ("train",)),
             ("dp=2,sp=2,ep=4", ALL_MODES),
             ("tsp=4,ep=4", ("train", "prefill")),
             ("dp=2,tsp=2,ep=2,zero=1", ("train",)),
@@ -224,6 +247,17 @@ def checkpoints(tmp_path_factory):
                 norm_topk_prob=False,
             )
         ),
+        # Qwen3-MoE: each query and key head RMS-normed (self_attn.q_norm, k_norm) before the rotary
+        "qwen3_moe": Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(
+                **SHAPE,
+                head_dim=8,
+                intermediate_size=48,
+                moe_intermediate_size=24,
+                num_experts=4,
+                norm_topk_prob=True,
+            )
+        ),
     }
     out = {}
     for name, model in made.items():
@@ -233,13 +267,14 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_the_model_reads_a_checkpoint_to_transformers_logits(checkpoints, name):
     """Every weight read once from the per-expert tensors transformers writes; the logits and the loss
     those of transformers' own model (its router's softmax runs in fp32: agreement to ~1e-8)."""
     folder, hf = checkpoints[name]
     spec = load_model(folder)
-    assert spec.moe.norm_topk == (name == "mixtral") and bool(spec.moe.shared_ffn) == (name == "qwen2_moe")
+    assert spec.moe.norm_topk == (name != "qwen2_moe") and bool(spec.moe.shared_ffn) == (name == "qwen2_moe")
+    assert spec.attention.qk_norm == (2 * 8 if name == "qwen3_moe" else 0)
     ref = CausalLM(spec).double()
     assert load_into([ref], folder, spec) == sum(p.numel() for p in ref.parameters()) * 8
     ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
@@ -251,15 +286,24 @@ def test_the_model_reads_a_checkpoint_to_transformers_logits(checkpoints, name):
         assert loss == pytest.approx(hf(input_ids=ids, labels=ids).loss.item(), rel=1e-6)
 
 
-def test_execute_trains_a_mixtral_checkpoint_on_dp_ep_zero(checkpoints, tmp_path):
-    """`meshplan execute` on two gloo processes, dp=2,ep=2 with ZeRO 1: each rank reads its two experts
-    from the files; the first batch's loss is transformers' on the same ids, and every collective's
-    bytes equal the prediction the run file sets beside them (as the dense path's runs are compared)."""
-    folder, hf = checkpoints["mixtral"]
+@pytest.mark.parametrize(
+    "name, layout, kinds",
+    [
+        ("mixtral", "dp=2,ep=2,zero=1", {"all_to_all/ep", "reduce_scatter/dp", "all_gather/dp"}),
+        # the query/key norms' gradients summed over tp, each tensor rank's from its heads
+        ("qwen3_moe", "tp=2,ep=2,etp=1", {"all_to_all/ep", "all_reduce/tp"}),
+    ],
+)
+def test_execute_trains_a_moe_checkpoint(checkpoints, tmp_path, name, layout, kinds):
+    """`meshplan execute` on two gloo processes — Mixtral on dp=2,ep=2 with ZeRO 1, Qwen3-MoE (its
+    query/key norms too) on tp=2,ep=2,etp=1: each rank reads its two experts (and its heads) from the
+    files; the first batch's loss is transformers' on the same ids, and every collective's bytes equal
+    the prediction the run file sets beside them (as the dense path's runs are compared)."""
+    folder, hf = checkpoints[name]
     ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(7))
     np.save(tmp_path / "ids.npy", ids.numpy())
     out = tmp_path / "run.json"
-    args = ["execute", "--model", folder, "--weights", folder, "--layout", "dp=2,ep=2,zero=1"]
+    args = ["execute", "--model", folder, "--weights", folder, "--layout", layout]
     args += ["--seq", str(SEQ), "--batch", str(BATCH), "--nproc", "2", "--steps", "2", "--timeout", "120"]
     res = CliRunner().invoke(app, args + ["--tokens", str(tmp_path / "ids.npy"), "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -267,14 +311,14 @@ def test_execute_trains_a_mixtral_checkpoint_on_dp_ep_zero(checkpoints, tmp_path
     assert run["status"] == "ok" and run["world"] == 2 and run["not_executed"] == []
     measured, predicted = run["measured"], run["predicted"]
     assert measured["comm_bytes"] == predicted["comm_bytes"]
-    assert set(measured["comm_bytes"]) == {"all_to_all/ep", "reduce_scatter/dp", "all_gather/dp"}
+    assert set(measured["comm_bytes"]) == kinds
     assert measured["step_time_s"] > 0 and predicted["peak_bytes"] > 0 and measured["saved_bytes"] > 0
     with torch.no_grad():
         want = hf(input_ids=ids, labels=ids).loss.item()
     assert measured["loss"] == pytest.approx(want, rel=1e-4)  # the run is fp32
     compared = CliRunner().invoke(app, ["compare", str(out), "--json"])
     rows = {row["quantity"]: row for row in json.loads(compared.stdout)["rows"]}
-    assert rows["bytes all_to_all/ep"]["ok"] and rows["bytes reduce_scatter/dp"]["ok"], rows
+    assert all(rows[f"bytes {kind}"]["ok"] for kind in kinds), rows
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """What autograd really saves (saved_tensors_hooks, by storage, parameters excluded) against the
 memory model's activation term, for the plain dense and Mamba-2 layers the executor runs."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -11,14 +13,17 @@ from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import dense, mamba2
 
+_GQA = dense("gqa", 256, 2, 8, 2, 768, 1000)
 MODELS = {
     "dense-mha": dense("mha", 256, 2, 8, 8, 1024, 1000),
-    "dense-gqa": dense("gqa", 256, 2, 8, 2, 768, 1000),
+    "dense-gqa": _GQA,
+    # Qwen3's per-head query/key norms: the core keeps their outputs, they keep the projection's q and k
+    "dense-qk-norm": replace(_GQA, name="qk-norm", attention=replace(_GQA.attention, qk_norm=2 * 32)),
     "mamba2": mamba2("m2", 128, 2, 1000, d_state=16, headdim=16, ngroups=2),
 }
 CASES = [
     (name, rc, flash)
-    for name in ("dense-mha", "dense-gqa")
+    for name in ("dense-mha", "dense-gqa", "dense-qk-norm")
     for rc, flash in [("none", True), ("none", False), ("selective", False), ("full", True)]
 ] + [("mamba2", "none", True), ("mamba2", "full", True)]
 

@@ -24,6 +24,8 @@ runner = CliRunner()
         ("zamba2-7b", "tpssm=2", "not hybrid (zamba2-7b) in tpssm=2"),
         ("mamba2-2.7b", "dp=2,zero=3", "tied embedding for ZeRO 3"),
         ("mamba2-2.7b", "dp=2,pp=2,zero=2", "execute zero=1"),
+        # Qwen3's query/key norm scales: partial gradients over tp, summed once a step
+        ("qwen3-30b-a3b", "dp=2,pp=2,tp=2,ep=2,etp=1,zero=2", "query/key norm gradients over tp"),
     ],
 )
 def test_unsupported_names_the_field_and_the_way_out(model, layout, needle):
@@ -48,6 +50,8 @@ def test_unsupported_names_the_field_and_the_way_out(model, layout, needle):
         ("llama3-8b", "pp=2,tp=4"),
         ("mamba2-2.7b", "dp=2,pp=2,tpssm=2,zero=1"),
         ("llama3-8b", "dp=2,pp=2,tp=2,zero=2"),
+        ("qwen3-30b-a3b", "dp=2,pp=2,tp=2,ep=2,etp=1,zero=1"),
+        ("qwen3-30b-a3b", "dp=2,tp=2,ep=2,etp=1,zero=2"),
     ],
 )
 def test_what_the_executor_runs(model, layout):

@@ -21,6 +21,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from typer.testing import CliRunner
@@ -83,6 +85,8 @@ def checkpoints(tmp_path_factory):
     made = {
         "llama3": LlamaForCausalLM(LlamaConfig(**SHAPE, rms_norm_eps=1e-6, rope_parameters=LLAMA3_ROPE)),
         "phi3": Phi3ForCausalLM(Phi3Config(**SHAPE)),
+        # each query and key head RMS-normed (self_attn.q_norm, k_norm) before the rotary
+        "qwen3": Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=8)),
         "mamba2": Mamba2ForCausalLM(
             Mamba2Config(
                 vocab_size=VOCAB,
@@ -141,7 +145,7 @@ def test_rotation_in_place_has_the_inverse_rotation_as_gradient():
     assert torch.allclose(out[:, 0], base.detach()[:, 0])
 
 
-@pytest.mark.parametrize("name", ["llama3", "phi3", "mamba2"])
+@pytest.mark.parametrize("name", ["llama3", "phi3", "qwen3", "mamba2"])
 def test_reference_reads_a_checkpoint_to_transformers_loss(checkpoints, name):
     folder, hf = checkpoints[name]
     spec = load_model(folder)
@@ -168,7 +172,11 @@ def _check_all(rank, world, folder, layouts):
 
 @pytest.mark.parametrize(
     "name, layouts",
-    [("llama3", ["tp=2", "tsp=2", "sp=2", "pp=2", "dp=2,zero=3"]), ("mamba2", ["tpssm=2", "tsp=2", "sp=2"])],
+    [
+        ("llama3", ["tp=2", "tsp=2", "sp=2", "pp=2", "dp=2,zero=3"]),
+        ("qwen3", ["tp=2", "tsp=2"]),
+        ("mamba2", ["tpssm=2", "tsp=2", "sp=2"]),
+    ],
 )
 def test_every_rank_reads_its_shard(checkpoints, name, layouts):
     """Each rank's modules read their own slices from the files (not from the reference): the sharded

@@ -5,6 +5,8 @@ step, the next token's log-probabilities after a prefill and each decoded token;
 equal to the cost model's schedule with its embedding and loss terms, per kind and axis; the saved
 activations within 5% of the memory model's (layers, head and the loss's fp32 logits)."""
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan.executor.check import mean_counts
@@ -15,11 +17,14 @@ from meshplan.models import dense, mamba2
 
 DENSE = dense("tiny-lm", 64, 2, 8, 4, 128, 100)
 TIED = dense("tiny-lm-tied", 64, 2, 8, 4, 128, 100, tied=True)
+# Qwen3's per-head query/key norms (a head_dim scale each, whole on every rank)
+QK_NORM = replace(DENSE, name="tiny-lm-qk-norm", attention=replace(DENSE.attention, qk_norm=2 * 8))
 MAMBA = mamba2("tiny-m2-lm", 32, 2, 100, d_state=8, headdim=8, ngroups=1)  # tied, as state-spaces' are
 
 CASES = {
     ("dense", 2): (DENSE, ["tp=2", "sp=2", "tsp=2", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2"]),
     ("tied", 2): (TIED, ["tp=2", "tsp=2", "pp=2", "dp=2,zero=1"]),
+    ("qk-norm", 2): (QK_NORM, ["tp=2", "sp=2", "tsp=2", "dp=2,zero=3", "pp=2"]),
     ("mamba2", 2): (MAMBA, ["tpssm=2", "sp=2", "tsp=2", "dp=2,zero=2", "pp=2"]),
     ("dense", 4): (DENSE, ["tp=2,sp=2", "dp=2,tsp=2,zero=1", "pp=2,tp=2", "dp=2,pp=2,zero=1"]),
     ("mamba2", 4): (MAMBA, ["tpssm=2,sp=2", "pp=2,tpssm=2"]),

@@ -22,23 +22,35 @@ from meshplan.kernels.reference import acc, causal_conv1d_ref, ssd_chunked_ref
 from meshplan.models import ModelSpec, MoeSpec
 
 
+def rms_norm_rows(x, weight, eps):
+    """(RMSNorm of x over its last dimension, the fp32 rstd of each row) — what the norm's backward
+    (rms_norm_rows_grad) needs beside x."""
+    rstd = torch.rsqrt(acc(x).pow(2).mean(-1, keepdim=True) + eps)
+    return (acc(x) * rstd).to(x.dtype) * weight, rstd
+
+
+def rms_norm_rows_grad(x, weight, rstd, grad_out):
+    """The gradients of x and of the scale of rms_norm_rows, from its output's."""
+    xhat = acc(x) * rstd
+    g = acc(grad_out) * acc(weight)
+    grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+    grad_w = (acc(grad_out) * xhat).reshape(-1, x.shape[-1]).sum(0)
+    return grad_x.to(x.dtype), grad_w.to(weight.dtype)
+
+
 class _RMSNormFn(torch.autograd.Function):
     """RMSNorm that keeps only its input and the fp32 rstd per row for backward."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        rstd = torch.rsqrt(acc(x).pow(2).mean(-1, keepdim=True) + eps)
+        out, rstd = rms_norm_rows(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return (acc(x) * rstd).to(x.dtype) * weight
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight, rstd = ctx.saved_tensors
-        xhat = acc(x) * rstd
-        g = acc(grad_out) * acc(weight)
-        grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-        grad_w = (acc(grad_out) * xhat).reshape(-1, x.shape[-1]).sum(0)
-        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
+        return (*rms_norm_rows_grad(x, weight, rstd, grad_out), None)
 
 
 class RMSNorm(nn.Module):
@@ -53,6 +65,37 @@ class RMSNorm(nn.Module):
 
             return rmsnorm_triton(x, self.weight, self.eps)
         return _RMSNormFn.apply(x, self.weight, self.eps)
+
+
+def head_norm(t: torch.Tensor, norm: RMSNorm, head_dim: int) -> torch.Tensor:
+    """t (b, s, n·head_dim), a projection's query or key heads, each head RMS-normed over its head_dim
+    channels by `norm`'s (head_dim,) scale (Qwen3's q_norm / k_norm); a new tensor. Backward keeps t
+    (a view of the QKV projection's output, whose v the core keeps anyway) and on the CPU the fp32
+    rstd of each head; on the GPU the Triton norm reads the heads where they lie, as groups of t's
+    channels (its scale repeated to t's width), and keeps nothing in fp32."""
+    if t.is_cuda:
+        from meshplan.kernels.gated_norm import gated_rmsnorm_triton
+
+        return gated_rmsnorm_triton(t, None, norm.weight.repeat(t.shape[-1] // head_dim), head_dim, norm.eps)
+    return _RMSNormFn.apply(t.unflatten(-1, (-1, head_dim)), norm.weight, norm.eps).flatten(-2)
+
+
+def qkv_heads(qkv, rotary, positions, heads: int, kv_heads: int, head_dim: int, qk_norms=None):
+    """q (b, s, heads, d), k and v (b, s, kv_heads, d) of a fused QKV projection's output (b, s,
+    (heads + 2·kv_heads)·d) for tokens at `positions`: q and k turned by the rotary (in place). With
+    `qk_norms` (the query and the key RMSNorm, Qwen3's), each head of q and k is normed first, as
+    transformers' Qwen3Attention norms before the rotary; the core then keeps the norms' outputs, and
+    the norms the projection's q and k (memory model: the attention block's qk_normed)."""
+    b, s, _ = qkv.shape
+    q_w, kv_w = heads * head_dim, kv_heads * head_dim
+    if qk_norms is None:
+        q, k, v = rotate_qk(qkv, rotary, positions, q_w, kv_w, head_dim).split([q_w, kv_w, kv_w], dim=-1)
+    else:
+        q_norm, k_norm = qk_norms
+        q = rotate_qk(head_norm(qkv[..., :q_w], q_norm, head_dim), rotary, positions, q_w, 0, head_dim)
+        k = rotate_qk(head_norm(qkv[..., q_w : q_w + kv_w], k_norm, head_dim), rotary, positions, kv_w, 0, head_dim)
+        v = qkv[..., q_w + kv_w :]
+    return q.view(b, s, heads, head_dim), k.view(b, s, kv_heads, head_dim), v.view(b, s, kv_heads, head_dim)
 
 
 def _init(linear_out: int, linear_in: int, generator: torch.Generator | None = None) -> nn.Parameter:
@@ -77,7 +120,8 @@ def attention_core(q, k, v, flash: bool):
 
 
 class DenseLayer(nn.Module):
-    """Pre-norm decoder layer: RMSNorm → fused QKV → rotary q, k → causal SDPA → W_O; RMSNorm → SwiGLU MLP."""
+    """Pre-norm decoder layer: RMSNorm → fused QKV → (per-head q, k norms) → rotary q, k → causal SDPA →
+    W_O; RMSNorm → SwiGLU MLP."""
 
     def __init__(self, model: ModelSpec, flash: bool = True, selective_recompute: bool = False):
         super().__init__()
@@ -93,6 +137,18 @@ class DenseLayer(nn.Module):
         self.rotary = Rotary(model.rope, attn.head_dim) if model.rope.kind != "none" else None
         self.w_qkv = _init(attn.q_width + 2 * attn.kv_width, attn.hidden)
         self.w_o = _init(attn.out_hidden, attn.q_width)
+        if attn.qk_norm:
+            # Qwen3's query and key norms: a (head_dim,) scale each, over every head (ones at first, as
+            # RMSNorm's); executor.support drops OLMo2's, over the whole query and key widths.
+            if attn.qk_norm != 2 * attn.head_dim:
+                raise ValueError(f"the executor norms queries and keys per head, not over {model.name}'s widths")
+            self.q_norm = RMSNorm(attn.head_dim, model.norm_eps)
+            self.k_norm = RMSNorm(attn.head_dim, model.norm_eps)
+
+    @property
+    def qk_norms(self) -> tuple[RMSNorm, RMSNorm] | None:
+        """The query and key norms (Qwen3's), or None where the model has none."""
+        return (self.q_norm, self.k_norm) if hasattr(self, "q_norm") else None
 
     def _mlp_weights(self, model: ModelSpec) -> None:
         mlp = model.mlp
@@ -102,14 +158,9 @@ class DenseLayer(nn.Module):
         self.w_down = _init(mlp.out_hidden, mlp.ffn_hidden)
 
     def attention(self, x):
-        b, s, _ = x.shape
         qkv = F.linear(self.attn_norm(x), self.w_qkv)
-        q_w, kv_w = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        qkv = rotate_qk(qkv, self.rotary, torch.arange(s, device=x.device), q_w, kv_w, self.head_dim)
-        q, k, v = qkv.split([q_w, kv_w, kv_w], dim=-1)
-        q = q.view(b, s, self.heads, self.head_dim)
-        k = k.view(b, s, self.kv_heads, self.head_dim)
-        v = v.view(b, s, self.kv_heads, self.head_dim)
+        positions = torch.arange(x.shape[1], device=x.device)
+        q, k, v = qkv_heads(qkv, self.rotary, positions, self.heads, self.kv_heads, self.head_dim, self.qk_norms)
         if self.selective and not self.flash:
             out = checkpoint(attention_core, q, k, v, self.flash, use_reentrant=False)
         else:

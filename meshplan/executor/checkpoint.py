@@ -29,6 +29,8 @@ _LLAMA = {
     "w_down": ["mlp.down_proj.weight"],
 }
 _PHI3 = {**_LLAMA, "w_qkv": ["self_attn.qkv_proj.weight"], "w_in": ["mlp.gate_up_proj.weight"]}
+# Qwen3's per-head query and key norms (a (head_dim,) scale each), whole on every rank.
+_QK_NORMS = {"q_norm.weight": ["self_attn.q_norm.weight"], "k_norm.weight": ["self_attn.k_norm.weight"]}
 _MAMBA2 = {
     "norm.weight": ["norm.weight"],
     "in_proj": ["mixer.in_proj.weight"],
@@ -71,12 +73,13 @@ PACKED_EXPERTS = {
 # model_type → (layer table, layer prefix, embedding, final norm).
 LAYOUTS = {
     "llama": (_LLAMA, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
+    "qwen3": ({**_LLAMA, **_QK_NORMS}, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
     "mistral": (_LLAMA, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
     "phi3": (_PHI3, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
     "mamba2": (_MAMBA2, "backbone.layers", "backbone.embeddings.weight", "backbone.norm_f.weight"),
     "mixtral": (_MIXTRAL, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
     "qwen2_moe": (_QWEN_MOE, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
-    "qwen3_moe": (_QWEN_MOE, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
+    "qwen3_moe": ({**_QWEN_MOE, **_QK_NORMS}, "model.layers", "model.embed_tokens.weight", "model.norm.weight"),
 }
 
 

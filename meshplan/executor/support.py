@@ -72,17 +72,19 @@ def _whole_model(layout: Layout, model: ModelSpec) -> str | None:
 
 
 def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
-    """The model the executor builds — its blocks are pre-RMSNorm attention (rotary, full causal) and
-    (gated or GeLU) MLPs with no biases — and what of `model` that leaves out, named. The
-    run's prediction is made for this model, so that measurement and prediction describe one thing."""
+    """The model the executor builds — its blocks are pre-RMSNorm attention (rotary, full causal; the
+    queries and keys normed per head where the model does, as Qwen3) and (gated or GeLU) MLPs with no
+    biases — and what of `model` that leaves out, named. The run's prediction is made for this model,
+    so that measurement and prediction describe one thing."""
     from dataclasses import replace
 
     dropped = []
     attn, mlp = model.attention, model.mlp
+    head_norms = attn is not None and attn.qk_norm == 2 * attn.head_dim  # Qwen3's (blocks.DenseLayer)
     if attn is not None and (attn.bias or attn.qkv_bias or (mlp is not None and mlp.bias)):
         dropped.append("projection biases")
-    if attn is not None and attn.qk_norm:
-        dropped.append("query/key norms")
+    if attn is not None and attn.qk_norm and not head_norms:
+        dropped.append("query/key norms over the whole query and key widths (OLMo2's; the executor norms each head)")
     if attn is not None and attn.post_norm:
         dropped.append("post-block norms")
     if model.window_layers:
@@ -110,7 +112,9 @@ def executed_spec(model: ModelSpec) -> tuple[ModelSpec, list[str]]:
     if attn is not None:
         spec = replace(
             spec,
-            attention=replace(attn, bias=False, qkv_bias=False, qk_norm=0, post_norm=False),
+            attention=replace(
+                attn, bias=False, qkv_bias=False, qk_norm=attn.qk_norm if head_norms else 0, post_norm=False
+            ),
             mlp=replace(mlp, bias=False, post_norm=False) if mlp is not None else None,
         )
     return spec, dropped

@@ -159,6 +159,23 @@ def _layer_comms(ctx, kind: str, axis: str, int8_forward: bool):
                 overlap="backward",
             ),
         ]
+    attn = ctx.model.attention
+    if kind == "attention" and attn is not None and attn.qk_norm and attn.qk_norm == 2 * attn.head_dim:
+        # Per-head query/key norms (Qwen3's): every rank holds the (head_dim,) scales whole and gets their
+        # gradients from its own heads, summed over the axis once a step (executor: ParallelAttention's
+        # partial_grads).
+        out.append(
+            Comm(
+                "all_reduce",
+                axis,
+                attn.qk_norm * ctx.grad_bytes,
+                t,
+                phase="step",
+                block=kind,
+                what="query/key norm grads",
+                overlap="backward",
+            )
+        )
     if kind == "mamba1":
         x_dbl = ctx.tokens * ctx.model.mamba1.x_proj_width * e
         out += [

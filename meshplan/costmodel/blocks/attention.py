@@ -89,6 +89,10 @@ def attention_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
         Saved("q", e * attn.q_width, "heads"),
         Saved("k", e * attn.kv_width, "heads"),
         Saved("v", e * attn.value_width, "heads"),
+    ]
+    if attn.qk_norm:
+        items += qk_norms_saved(attn, e)
+    items += [
         # The attention output is the out-projection's input; fused kernels save it once for both.
         Saved("attn_out", e * attn.out_width, "heads"),
     ]
@@ -120,6 +124,19 @@ def attention_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     if opts.dropout:
         items.append(Saved("attn_dropout_mask", MASK * attn.out_hidden, "hidden"))
     return items
+
+
+def qk_norms_saved(attn, e: int) -> list[Saved]:
+    """The query and key norms (Qwen3's per head, OLMo2's over the whole widths) between the projection
+    and the rotary: each keeps its input — the projection's q and k, counted above — and its fp32 rstd,
+    and writes a new q and k, which the core keeps (meshplan/executor/blocks.py qkv_heads; TE's norms
+    in Megatron-Core's attention keep theirs alike). The executor's Triton norm (GPU) keeps no rstd:
+    the statistics are its CPU path's, as attn_norm_stats are."""
+    rows = attn.heads + attn.kv_heads if attn.qk_norm == 2 * attn.head_dim else 2
+    return [
+        Saved("qk_normed", e * (attn.q_width + attn.kv_width), "heads"),
+        Saved("qk_norm_stats", FP32 * rows, "heads"),
+    ]
 
 
 def mla_latents_saved(attn, e: int) -> list[Saved]:
@@ -161,6 +178,11 @@ class Attention(BlockKind):
 
     def norm_width(self, model):
         return model.attention.hidden
+
+    def streamed_params(self, model):
+        """Less every norm scale — the input's, the query/key norms', the output's, MLA's latents' — each
+        kept whole on every TSP rank, its gradient summed over tsp (axes/tsp.step_comms: norm_params)."""
+        return self.params(model) - self.norm_width(model) - model.attention.norm_extra
 
     def output_width(self, model):
         return model.attention.out_hidden

@@ -49,6 +49,10 @@ class Mlp(BlockKind):
     def norm_width(self, model):
         return model.mlp.hidden
 
+    def streamed_params(self, model):
+        """Less both norm scales (the output's too, Gemma's), whole on every TSP rank as the input's."""
+        return self.params(model) - self.norm_width(model) - model.mlp.norm_extra
+
     def output_width(self, model):
         return model.mlp.out_hidden
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.attention import causal_attention
-from meshplan.executor.blocks import DenseLayer
+from meshplan.executor.blocks import DenseLayer, qkv_heads
 from meshplan.executor.comm import (
     CopyToAxis,
     GatherFromAxis,
@@ -36,7 +36,6 @@ from meshplan.executor.layouts.common import (
     partial_attention,
 )
 from meshplan.executor.layouts.splits import attention_splits, mlp_splits
-from meshplan.executor.rotary import rotate_qk
 
 
 def _enter(x: torch.Tensor, mesh: Mesh, tensor_axis: str | None) -> torch.Tensor:
@@ -50,8 +49,10 @@ def _leave(y: torch.Tensor, mesh: Mesh, tensor_axis: str | None) -> torch.Tensor
 
 
 class ParallelAttention(Sublayer):
-    """RMSNorm → this rank's heads of QKV → rotary q, k → causal attention (K/V gathered over the
-    sequence axis) → W_O's rows of those heads, summed over the tensor axis."""
+    """RMSNorm → this rank's heads of QKV → (per-head q, k norms) → rotary q, k → causal attention (K/V
+    gathered over the sequence axis) → W_O's rows of those heads, summed over the tensor axis. The
+    query/key norms' scales (Qwen3's) are whole on every rank; on a tensor axis each rank's gradient of
+    them comes from its own heads, summed over the axis after the backward (partial_grads)."""
 
     def __init__(
         self,
@@ -69,7 +70,7 @@ class ParallelAttention(Sublayer):
         r = mesh.axis(tensor_axis).rank if tensor_axis else 0
         self.heads, self.kv_heads, self.head_dim = ref.heads // t, ref.kv_heads // t, ref.head_dim
         q_w, kv_w = ref.heads * ref.head_dim, ref.kv_heads * ref.head_dim
-        self.take_splits(ref, attention_splits(q_w, kv_w), t, r, local={"attn_norm": "norm"})
+        self.take_splits(ref, attention_splits(q_w, kv_w, ref.qk_norms is not None), t, r, local={"attn_norm": "norm"})
         self.q_positions = q_positions
         self.rotary, self.seq = ref.rotary, seq
         self.next_position = seq  # decode's next token (prefill resets it)
@@ -83,15 +84,21 @@ class ParallelAttention(Sublayer):
         self.keep_cache, self.kv_cache = False, None
 
     def _qkv(self, xn, positions):
-        """This rank's heads of q, k, v for tokens at `positions`, q and k turned by the rotary."""
-        return rotate_qk(
-            F.linear(xn, self.w_qkv),
-            self.rotary,
-            positions,
-            self.heads * self.head_dim,
-            self.kv_heads * self.head_dim,
-            self.head_dim,
-        )
+        """This rank's heads of q, k, v (b, t, heads, d) for tokens at `positions`: q and k normed (where
+        the model norms them) and turned by the rotary."""
+        qkv = F.linear(xn, self.w_qkv)
+        return qkv_heads(qkv, self.rotary, positions, self.heads, self.kv_heads, self.head_dim, self.qk_norms)
+
+    @property
+    def qk_norms(self):
+        """The query and key norms (Qwen3's), or None where the model has none."""
+        return (self.q_norm, self.k_norm) if hasattr(self, "q_norm") else None
+
+    def partial_grads(self) -> dict:
+        """On a tensor axis: the query/key norms' scales, each rank's gradient from its own heads."""
+        if self.tensor_axis is None or self.qk_norms is None:
+            return {}
+        return {self.tensor_axis: [self.q_norm.weight, self.k_norm.weight]}
 
     def _attend(self, q, k, v):
         """q (b, t, a, d); k, v local (b, t, a_kv, d): gather K/V over the sequence axis, attend causally."""
@@ -108,14 +115,7 @@ class ParallelAttention(Sublayer):
         return out.transpose(1, 2).reshape(b, t, a * d)
 
     def forward(self, x):
-        b, t, _ = x.shape
-        qkv = self._qkv(_enter(self.norm(x), self.mesh, self.tensor_axis), self.q_positions)
-        q, k, v = qkv.split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
-        )
-        q = q.view(b, t, self.heads, self.head_dim)
-        k = k.view(b, t, self.kv_heads, self.head_dim)
-        v = v.view(b, t, self.kv_heads, self.head_dim)
+        q, k, v = self._qkv(_enter(self.norm(x), self.mesh, self.tensor_axis), self.q_positions)
         if self.keep_cache:  # prefill: this rank's share of the KV cache outlives the step
             self.kv_cache = KVCache(k, v)
             self.next_position = self.seq
@@ -135,14 +135,8 @@ class ParallelAttention(Sublayer):
         attends over its shard of the cache (the last rank also holds the new tokens), and the
         partial outputs are gathered and combined."""
         b = x.shape[0]
-        qkv = self._qkv(self.norm(x), self.q_positions.new_full((1,), self.next_position))
+        q, k, v = self._qkv(self.norm(x), self.q_positions.new_full((1,), self.next_position))
         self.next_position += 1
-        q, k, v = qkv.split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
-        )
-        q = q.view(b, 1, self.heads, self.head_dim)
-        k = k.view(b, 1, self.kv_heads, self.head_dim)
-        v = v.view(b, 1, self.kv_heads, self.head_dim)
         owner = not self.seq_axis or self.mesh.axis(self.seq_axis).rank == self.mesh.axis(self.seq_axis).size - 1
         if owner:
             self.kv_cache.append(k, v)

@@ -25,6 +25,13 @@ def layer_limits(layout: Layout, model: ModelSpec) -> str | None:
             f"layout: the executor pipelines ZeRO {layout.zero} without tsp or tpssm; execute zero=1 or "
             f"drop the tensor axis"
         )
+    attn = model.attention
+    if layout.pp > 1 and layout.dp > 1 and layout.zero >= 2 and layout.tp > 1 and attn is not None and attn.qk_norm:
+        # dense.ParallelAttention's query/key norm scales: partial_grads over tp, as TSP's norm scales
+        return (
+            f"layout: the executor sums {model.name}'s query/key norm gradients over tp once a step, which "
+            f"ZeRO {layout.zero} under pp does not wait for; execute zero=1, or drop pp or tp"
+        )
     if layout.dp > 1 and layout.zero >= 3 and layout.tsp > 1:  # tsp.py, tsp_mamba.py
         return (
             f"layout: the executor's TSP streams its own weight shards and does not also shard them "

@@ -65,11 +65,14 @@ def _cut(dim: int, *sizes: int) -> Split:
     return Split(dim, tuple(Part(n) for n in sizes))
 
 
-def attention_splits(q_width: int, kv_width: int) -> dict[str, Split]:
+def attention_splits(q_width: int, kv_width: int, qk_norm: bool = False) -> dict[str, Split]:
     """Megatron's TP of attention (TSP folds the same split onto its one axis): Q, K and V rows
-    column-parallel, part by part; W_O row-parallel (its input columns)."""
+    column-parallel, part by part; W_O row-parallel (its input columns); the per-head query and key
+    norms' scales (`qk_norm`: Qwen3's) whole, as every head takes the same one."""
+    norms = {"q_norm.weight": WHOLE, "k_norm.weight": WHOLE} if qk_norm else {}
     return {
         "attn_norm.weight": WHOLE,
+        **norms,
         "w_qkv": _cut(0, q_width, kv_width, kv_width),
         "w_o": _cut(1, q_width),
     }
@@ -100,9 +103,9 @@ def router_split(experts: int) -> Split:
     return _cut(0, experts)
 
 
-def dense_splits(q_width: int, kv_width: int, ffn: int, gated: bool) -> dict[str, Split]:
+def dense_splits(q_width: int, kv_width: int, ffn: int, gated: bool, qk_norm: bool = False) -> dict[str, Split]:
     """A dense layer's weights: its attention's and its MLP's."""
-    return {**attention_splits(q_width, kv_width), **mlp_splits(ffn, gated)}
+    return {**attention_splits(q_width, kv_width, qk_norm), **mlp_splits(ffn, gated)}
 
 
 def mamba2_splits(d_inner: int, ngroups: int, d_state: int, nheads: int, degree: int) -> dict[str, Split]:

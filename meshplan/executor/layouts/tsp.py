@@ -4,7 +4,8 @@ contiguous shard beside Mamba-2 blocks). A dense layer's two sublayers, TSPAtten
 (TSPSharedExpert) and its router's rows (RingRowsFn), for meshplan.executor.layouts.ep.
 
 Attention: the packed W_Q, W_K, W_V, W_O shard of rank j is broadcast in turn; each rank computes
-q, k, v of its tokens for shard j's heads (q and k turned by the rotary, where the model has one),
+q, k, v of its tokens for shard j's heads (q and k normed per head where the model norms them, as
+Qwen3's; then turned by the rotary, where the model has one),
 all-gathers that shard's K/V, attends, and adds the shard's W_O contribution to its output — no
 all-reduce. MLP (SwiGLU, or Nemotron-H's squared ReLU): the packed [W_gate; W_up] (or W_up), W_down
 shards travel a send/recv ring, the next shard in flight while the GEMMs of the one in hand run.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshplan.executor.blocks import DenseLayer
+from meshplan.executor.blocks import DenseLayer, rms_norm_rows, rms_norm_rows_grad
 from meshplan.executor.comm import (
     Mesh,
     all_gather,
@@ -67,25 +68,37 @@ def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
 
 
 def _project(attn, xn, w, positions):
-    """q, k, v of this rank's tokens (at `positions`) for one shard's heads, q and k turned by the
-    rotary (where the model has one), and the shard's W_O."""
+    """q, k, v of this rank's tokens (at `positions`) for one shard's heads, q and k normed per head
+    (where the model norms them) and turned by the rotary (where the model has one); the shard's W_O;
+    and what the norms' backward needs — the projection's q and k and each head's fp32 rstd — or None
+    without norms."""
     b, t, _ = xn.shape
     wq, wk, wv, wo = attn.unpack(w)
     hd = attn.head_dim
     q, k = (xn @ wq.t()).view(b, t, attn.lq // hd, hd), (xn @ wk.t()).view(b, t, attn.lkv // hd, hd)
+    kept = None
+    if attn.qk_norm:
+        q_in, k_in = q, k
+        q, q_rstd = rms_norm_rows(q_in, attn.q_norm.weight, attn.q_norm.eps)
+        k, k_rstd = rms_norm_rows(k_in, attn.k_norm.weight, attn.k_norm.eps)
+        kept = (q_in, k_in, q_rstd, k_rstd)
     _turn(attn, q, positions)
     _turn(attn, k, positions)
-    return q, k, (xn @ wv.t()).view(b, t, attn.lkv // hd, hd), wo
+    return q, k, (xn @ wv.t()).view(b, t, attn.lkv // hd, hd), wo, kept
 
 
 class _TSPAttentionFn(torch.autograd.Function):
+    """TSP's attention of this rank's tokens xn over every shard's heads; `q_norm`, `k_norm`: the
+    query/key norms' scales where the model has them (None without), whose gradients from this rank's
+    tokens it returns."""
+
     @staticmethod
-    def forward(ctx, xn, w_qkv, w_o, attn):
+    def forward(ctx, xn, w_qkv, w_o, q_norm, k_norm, attn):
         mesh, ax = attn.mesh, attn.mesh.axis("tsp")
         packed = torch.cat([w_qkv.flatten(), w_o.flatten()])
         b, t, _ = xn.shape
         y = None
-        qs, ks, vs, outs = [], [], [], []
+        qs, ks, vs, outs, norms_kept = [], [], [], [], []
 
         def take(j, pending):
             """Wait for shard j's weights, start shard j + 1's broadcast, project, and start gathering
@@ -94,7 +107,9 @@ class _TSPAttentionFn(torch.autograd.Function):
             if work is not None:
                 work.wait()
             nxt = _start_broadcast(mesh, packed, j + 1) if j + 1 < ax.size else None
-            q, k, v, wo = _project(attn, xn, w, attn.q_positions)
+            q, k, v, wo, kept = _project(attn, xn, w, attn.q_positions)
+            if kept is not None:
+                norms_kept.append(kept)
             return (q, k, v, wo, all_gather_start(mesh, k, "tsp", 1), all_gather_start(mesh, v, "tsp", 1)), nxt
 
         # Prologue: shard 0's weights broadcast, its q/k/v projected, its K/V gather started.
@@ -115,18 +130,22 @@ class _TSPAttentionFn(torch.autograd.Function):
             if j + 1 < ax.size:
                 cur = nxt
         # Saved for backward: the local q/k/v and outputs of every shard's heads (not the gathered K/V,
-        # re-gathered there) and this rank's own weight shards (the others are broadcast again).
+        # re-gathered there), this rank's own weight shards (the others are broadcast again), and
+        # where queries and keys are normed, the projection's q and k and the norms' rstd, all heads'.
         ctx.attn = attn
         k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
         if attn.keep_cache:
             attn.kv_cache = KVCache(k_all, v_all)
             attn.next_position = attn.seq
-        ctx.save_for_backward(xn, w_qkv, w_o, torch.cat(qs, 2), k_all, v_all, torch.cat(outs, -1))
+        norms = [torch.cat(parts, 2) for parts in zip(*norms_kept)]
+        ctx.save_for_backward(
+            xn, w_qkv, w_o, q_norm, k_norm, torch.cat(qs, 2), k_all, v_all, torch.cat(outs, -1), *norms
+        )
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        xn, w_qkv, w_o, q_all, k_all, v_all, o_all = ctx.saved_tensors
+        xn, w_qkv, w_o, q_norm, k_norm, q_all, k_all, v_all, o_all, *norms = ctx.saved_tensors
         packed = torch.cat([w_qkv.flatten(), w_o.flatten()])
         attn = ctx.attn
         mesh, ax = attn.mesh, attn.mesh.axis("tsp")
@@ -134,6 +153,7 @@ class _TSPAttentionFn(torch.autograd.Function):
         nq, nkv = lq // hd, lkv // hd
         dxn = torch.zeros_like(xn)
         grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
+        d_norms = [torch.zeros_like(w) for w in (q_norm, k_norm)] if norms else [None, None]
 
         def gather(j):
             """Start gathering shard j's K/V (saved from the forward: nothing to wait for)."""
@@ -165,9 +185,17 @@ class _TSPAttentionFn(torch.autograd.Function):
                 dq, dkk, dvv = torch.autograd.grad(o_, (q_, kk_, vv_), do)
             dk = reduce_scatter(mesh, dkk, "tsp", 1)
             dv = reduce_scatter(mesh, dvv, "tsp", 1).flatten(2)
-            # q and k were turned after the projection: their gradients turn back before it.
-            dq = _turn(attn, dq, attn.q_positions, inverse=True).flatten(2)
-            dk = _turn(attn, dk, attn.q_positions, inverse=True).flatten(2)
+            # q and k were turned after the projection (and its norms): their gradients turn back
+            # before them, then go back through the norms of shard j's heads.
+            dq = _turn(attn, dq, attn.q_positions, inverse=True)
+            dk = _turn(attn, dk, attn.q_positions, inverse=True)
+            if norms:
+                q_in, k_in, q_rstd, k_rstd = (t[:, :, j * n : (j + 1) * n] for t, n in zip(norms, (nq, nkv, nq, nkv)))
+                dq, dqn = rms_norm_rows_grad(q_in, q_norm, q_rstd, dq)
+                dk, dkn = rms_norm_rows_grad(k_in, k_norm, k_rstd, dk)
+                d_norms[0] += dqn
+                d_norms[1] += dkn
+            dq, dk = dq.flatten(2), dk.flatten(2)
             # This rank's tokens' share of shard j's weight gradients, and the input's gradient.
             dwo = torch.einsum("bth,btq->hq", dy, o)
             dwq, dwk, dwv = (torch.einsum("btn,bth->nh", g, xn) for g in (dq, dk, dv))
@@ -175,7 +203,8 @@ class _TSPAttentionFn(torch.autograd.Function):
             grads[j] = torch.cat([dwq.flatten(), dwk.flatten(), dwv.flatten(), dwo.flatten()])
         # Every rank holds partial gradients of all D shards: one reduce-scatter sums each onto its owner.
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
-        return dxn, own[: w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel() :].view_as(w_o), None
+        dw_qkv, dw_o = own[: w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel() :].view_as(w_o)
+        return dxn, dw_qkv, dw_o, *d_norms, None
 
 
 def _mlp_hop(xn, w_in, down, gated):
@@ -336,8 +365,9 @@ class RingColumnsFn(torch.autograd.Function):
 
 class TSPAttention(Sublayer):
     """RMSNorm of this rank's tokens → every rank's packed W_Q, W_K, W_V, W_O shard broadcast in turn,
-    each shard's heads attended over its all-gathered K/V (_TSPAttentionFn). Every rank keeps the norm's
-    scale whole: its gradient, from the rank's own tokens, is summed over tsp after the backward.
+    each shard's heads attended over its all-gathered K/V (_TSPAttentionFn). Every rank keeps the norms'
+    scales whole (the input's; the query and key norms', Qwen3's): their gradients, from the rank's own
+    tokens, are summed over tsp after the backward.
     `zigzag`: the rank holds zigzag chunks (attention-only stacks), else a contiguous shard (beside Mamba
     blocks, whose recurrence runs along the ranks in order: layer.tokens_held)."""
 
@@ -349,7 +379,8 @@ class TSPAttention(Sublayer):
         self.head_dim = ref.head_dim
         q_w, kv_w = ref.heads * ref.head_dim, ref.kv_heads * ref.head_dim
         self.lq, self.lkv, self.hidden = q_w // d, kv_w // d, ref.w_o.shape[0]
-        self.take_splits(ref, attention_splits(q_w, kv_w), d, r, local={"attn_norm": "norm"})
+        self.qk_norm = ref.qk_norms is not None
+        self.take_splits(ref, attention_splits(q_w, kv_w, self.qk_norm), d, r, local={"attn_norm": "norm"})
         self.q_positions = zigzag_tokens(seq, d, r) if zigzag else contiguous_tokens(seq, d, r)
         self.rotary, self.seq = ref.rotary, seq
         self.next_position = seq  # decode's next token (prefill resets it)
@@ -365,10 +396,12 @@ class TSPAttention(Sublayer):
         return qkv[:lq], qkv[lq : lq + lkv], qkv[lq + lkv :], w[n_qkv:].view(h, lq)
 
     def forward(self, x):
-        return _TSPAttentionFn.apply(self.norm(x), self.w_qkv, self.w_o, self)
+        q_norm, k_norm = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+        return _TSPAttentionFn.apply(self.norm(x), self.w_qkv, self.w_o, q_norm, k_norm, self)
 
     def partial_grads(self) -> dict:
-        return {"tsp": [self.norm.weight]}
+        qk = [self.q_norm.weight, self.k_norm.weight] if self.qk_norm else []
+        return {"tsp": [self.norm.weight, *qk]}
 
     def drop_cache(self) -> None:
         self.kv_cache = None
@@ -391,7 +424,7 @@ class TSPAttention(Sublayer):
             w, work = _start_broadcast(self.mesh, packed, j)
             if work is not None:
                 work.wait()
-            q, k, v, wo = _project(self, xn, w, position)
+            q, k, v, wo, _ = _project(self, xn, w, position)
             if owner:  # the new token sees itself: write its shard-j heads into the next cache slot
                 self.kv_cache.write_next(k, v, j * nkv, (j + 1) * nkv)
             out, lse = partial_attention(q, *self.kv_cache.heads(j * nkv, (j + 1) * nkv, pending=int(owner)))
