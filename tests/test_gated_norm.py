@@ -119,3 +119,26 @@ def test_reads_column_slices_in_place():
 
     for got, want in zip(run(False), run(True)):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("max_block", [None, 16])  # the one-pass kernel, and the two-pass one it falls back to
+def test_output_may_be_turned_in_place(monkeypatch, max_block):
+    """The norm's output is a tensor of its own, not a view made inside the autograd Function: the rotary
+    turns Qwen3's normed query/key heads in place (executor.blocks.qkv_heads), which autograd forbids on such
+    a view ("Output 0 of GatedRMSNormFnBackward is a view and is being modified inplace", run on an H200).
+    The gradient through the in-place change is the reference's: per group of 32 channels, twice y·rstd·w."""
+    import meshplan.kernels.gated_norm as gn
+
+    if max_block is not None:
+        monkeypatch.setattr(gn, "FUSED_MAX_BLOCK", max_block)
+    x, _, w, g = _inputs(3, 64, seed=7)
+    leaf, ref = x.clone().requires_grad_(), x.clone().double().requires_grad_()
+    out = gated_rmsnorm_triton(leaf, None, w, 32)
+    assert out._base is None
+    out.mul_(2.0)  # in place, under autograd
+    out.backward(g)
+    groups = ref.unflatten(-1, (2, 32))
+    want = 2 * (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + 1e-5)).flatten(-2) * w.double()
+    want.backward(g.double())
+    torch.testing.assert_close(out.double(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(leaf.grad.double(), ref.grad, rtol=1e-4, atol=1e-4)

@@ -304,7 +304,10 @@ class GatedRMSNormFn(torch.autograd.Function):
         if fused:
             (y2, yt), (z2, zt) = _rows(y, C), _rows(z if z is not None else y, C)
             R = y2.shape[0]
-            out = torch.empty(R, C, dtype=y.dtype, device=y.device)
+            # The output made in its own shape and written through a (R, C) view: a view returned from a
+            # custom Function may not be modified in place (the rotary turns normed query/key heads so).
+            whole = torch.empty(shape, dtype=y.dtype, device=y.device)
+            out = whole.view(R, C)
             br, block, warps = _fused_launch(local)
             _norm_fwd_rows[(triton.cdiv(R, br), C // local)](
                 y2,
@@ -324,14 +327,15 @@ class GatedRMSNormFn(torch.autograd.Function):
                 num_warps=warps,
             )
             ctx.save_for_backward(y2, z2 if z is not None else None, w)
-            return out.view(shape)
+            return whole
         y2 = y.reshape(-1, C).contiguous()
         z2 = None if z is None else z.reshape(-1, C).contiguous()
         R = y2.shape[0]
         ss = _stats(y2, z2, None, w, local, dot=False)
         if reduce is not None:
             ss = reduce(ss)
-        out = torch.empty_like(y2)
+        whole = torch.empty(shape, dtype=y.dtype, device=y.device)
+        out = whole.view(R, C)
         grid = (triton.cdiv(R, BR), triton.cdiv(C, BC))
         _norm_out[grid](
             y2,
@@ -350,7 +354,7 @@ class GatedRMSNormFn(torch.autograd.Function):
             BC=BC,
         )
         ctx.save_for_backward(y2, z2, w, ss)
-        return out.view(shape)
+        return whole
 
     @staticmethod
     def backward(ctx, dout):
