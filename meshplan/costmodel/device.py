@@ -39,10 +39,11 @@ EAGER_ELEMENTWISE_FACTOR = 1.22
 # token's copies, and their backward — against one pass a tensor of what blocks/moe.py counts for them (the
 # router kind's bytes and the experts' permutation bytes; the experts' SwiGLU runs as the Triton kernel, at
 # the factor above): 3.2× (Mixtral-8x7B) and 3.3× (Qwen3-30B-A3B) at 16K tokens, 3.2× / 3.4× at 8K, 3.5× /
-# 3.6× at 4K, in 2-layer training steps on an H200 (benchmarks/results/profile-step-{mixtral-8x7b,
-# qwen3-30b-a3b}-h200-fused.json, `python benchmarks/profile_step.py --model M --seqs 4096,8192,16384`: the
-# kernels other than GEMM, attention and the optimizer, less the attention block's and the SwiGLU's bytes at
-# the factor above, over the rest, from the file's raw_memory_bound_s). The pre-norm and residual are in the
+# 3.6× at 4K, in 2-layer training steps on an H200
+# (benchmarks/results/profile-step-{mixtral-8x7b,qwen3-30b-a3b}-h200-fused.json,
+# `python benchmarks/profile_step.py --model M --seqs 4096,8192,16384`: the kernels other than GEMM,
+# attention and the optimizer, less the attention block's and the SwiGLU's bytes at the factor above, over
+# the rest, from the file's raw_memory_bound_s). The pre-norm and residual are in the
 # routing's share because the router kind counts them; priced at the elementwise factor instead, the routing
 # proper comes out 4.1× (Mixtral) and 3.6× (Qwen3). One factor for both families, 8 experts of 14336 top-2 and
 # 128 of 768 top-8, within 3%.
