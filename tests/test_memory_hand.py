@@ -299,3 +299,20 @@ def test_zero_shards_over_dp_and_sp_together(zero, div):
     assert r.per_gpu_bytes["parameters"] == round(p * 2 / div[0])
     assert r.per_gpu_bytes["gradients"] == round(p * 2 / div[1])
     assert r.per_gpu_bytes["optimizer_state"] == round(p * 12 / div[2])
+
+
+def test_query_key_norms_add_their_pass_over_q_and_k():
+    """Qwen3's per-head query/key norms read and write q and k once more (forward), priced with the
+    attention block's memory-bound bytes: on top of the pre-norm and residual (5·h) and the rotary
+    (2·(q + kv) widths), 2·(q + kv) bf16 elements a token, split by the tensor degree as the heads are."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.blocks import BLOCKS
+    from meshplan.models import dense
+
+    plain = dense("plain", 2048, 2, 16, 4, 6144, 32000)
+    normed = replace(plain, attention=replace(plain.attention, qk_norm=2 * plain.attention.head_dim))
+    h, qk = 2048, plain.attention.q_width + plain.attention.kv_width
+    assert BLOCKS["attention"].memory_bound_bytes_per_token(plain, 1, 2) == 2 * (5 * h + 2 * qk)
+    assert BLOCKS["attention"].memory_bound_bytes_per_token(normed, 1, 2) == 2 * (5 * h + 4 * qk)
+    assert BLOCKS["attention"].memory_bound_bytes_per_token(normed, 2, 2) == 2 * (5 * h + 2 * qk)

@@ -198,7 +198,10 @@ class Attention(BlockKind):
         if a.mla:  # + the latents' norms (read, write) and K assembled from its nope part and the rope key
             latents = 2 * (a.q_lora_rank + a.kv_lora_rank)
             return e * (5 * a.hidden + latents + (2 * a.q_width + 3 * a.kv_width) / head_div)
-        return e * (5 * a.hidden + 2 * (a.q_width + a.kv_width) / head_div)  # + rotary on q, k
+        # + the rotary on q and k (read, write); query/key norms (Qwen3's, Gemma3's, OLMo2's) read and write q
+        # and k once more
+        qk = 2 * (a.q_width + a.kv_width) / head_div
+        return e * (5 * a.hidden + qk + (qk if a.qk_norm else 0.0))
 
     def saved(self, model, opts):
         return attention_saved(model, opts)
