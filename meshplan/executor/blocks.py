@@ -80,6 +80,12 @@ def head_norm(t: torch.Tensor, norm: RMSNorm, head_dim: int) -> torch.Tensor:
     return _RMSNormFn.apply(t.unflatten(-1, (-1, head_dim)), norm.weight, norm.eps).flatten(-2)
 
 
+def qk_norms_of(module: nn.Module) -> tuple[RMSNorm, RMSNorm] | None:
+    """A layer's (or its attention sublayer's) query and key norms (Qwen3's), or None where the model has
+    none."""
+    return (module.q_norm, module.k_norm) if hasattr(module, "q_norm") else None
+
+
 def qkv_heads(qkv, rotary, positions, heads: int, kv_heads: int, head_dim: int, qk_norms=None):
     """q (b, s, heads, d), k and v (b, s, kv_heads, d) of a fused QKV projection's output (b, s,
     (heads + 2·kv_heads)·d) for tokens at `positions`: q and k turned by the rotary (in place). With
@@ -147,8 +153,7 @@ class DenseLayer(nn.Module):
 
     @property
     def qk_norms(self) -> tuple[RMSNorm, RMSNorm] | None:
-        """The query and key norms (Qwen3's), or None where the model has none."""
-        return (self.q_norm, self.k_norm) if hasattr(self, "q_norm") else None
+        return qk_norms_of(self)
 
     def _mlp_weights(self, model: ModelSpec) -> None:
         mlp = model.mlp

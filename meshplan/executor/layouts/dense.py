@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.attention import causal_attention
-from meshplan.executor.blocks import DenseLayer, qkv_heads
+from meshplan.executor.blocks import DenseLayer, qk_norms_of, qkv_heads
 from meshplan.executor.comm import (
     CopyToAxis,
     GatherFromAxis,
@@ -91,8 +91,7 @@ class ParallelAttention(Sublayer):
 
     @property
     def qk_norms(self):
-        """The query and key norms (Qwen3's), or None where the model has none."""
-        return (self.q_norm, self.k_norm) if hasattr(self, "q_norm") else None
+        return qk_norms_of(self)
 
     def partial_grads(self) -> dict:
         """On a tensor axis: the query/key norms' scales, each rank's gradient from its own heads."""

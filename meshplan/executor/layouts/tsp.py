@@ -211,13 +211,9 @@ def _mlp_hop(xn, w_in, down, gated):
     """One shard's partial MLP output for this rank's tokens, and what its backward keeps: SwiGLU of the
     [gate; up] rows where `gated` (kept: their output h and the product, as experts.SwiGLUFn keeps them),
     else the squared ReLU of Nemotron-H's up rows (experts.activate)."""
-    if gated:
-        h = xn @ w_in.t()
-        p = swiglu(h)
-        return p @ down.t(), (h, p)
-    u = xn @ w_in.t()
-    p = torch.square(F.relu(u))
-    return p @ down.t(), (u, p)
+    h = xn @ w_in.t()
+    p = swiglu(h) if gated else torch.square(F.relu(h))
+    return p @ down.t(), (h, p)
 
 
 def _mlp_hop_grads(dy, xn, w_in, down, saved, gated):
