@@ -40,9 +40,10 @@ imported, and are skipped without it):
 
     TRITON_INTERPRET=1 PYTHONPATH=. torchrun --nproc-per-node 2 benchmarks/peers.py --smoke --out /tmp/peers.json
 
-Rank 0 writes a list of records {case, gpus, seq, meshplan_ms, peer, peer_ms, …} after each sequence and
-prints a table at the end. `python benchmarks/peers.py --table FILE…` prints README's Markdown table of
-results files (session 19's older names read as today's: normalized).
+Rank 0 writes a list of records {case, gpus, seq, meshplan_ms, cuda_graph, peer, peer_ms, …} after each sequence and
+prints a table at the end (meshplan's step replayed as a CUDA graph where the executor captures it, as
+`meshplan execute` runs it, with "meshplan_eager_ms" beside it then). `python benchmarks/peers.py --table
+FILE…` prints README's Markdown table of results files (session 19's older names read as today's: normalized).
 """
 
 from __future__ import annotations
@@ -188,17 +189,28 @@ def median_ms(step, args) -> float:
     return statistics.median(timed(step, args.steps, cuda)) * 1e3
 
 
-def meshplan_ms(model: ModelSpec, layout: str, members: list[int], seq: int, args) -> float | None:
-    """meshplan's own step on the ranks `members` (None on the others)."""
+def meshplan_ms(model: ModelSpec, layout: str, members: list[int], seq: int, args) -> dict | None:
+    """meshplan's own step on the ranks `members` (None on the others), as `meshplan execute` runs it:
+    {"meshplan_ms", "cuda_graph"} — replayed as a CUDA graph where the executor captures the step
+    (meshplan.executor.graphs), and then also "meshplan_eager_ms", the step launched kernel by kernel."""
     lay = parse_layout(layout)
     mesh = build_mesh(lay, members)
     if mesh is None:
         return None
-    result = measure(
-        model, lay, mesh, seq, 1, "train", steps=args.steps, warmup=args.warmup, device=args.device,
-        dtype="bf16" if args.device == "cuda" else "fp32", exposed=False, host_samples=1,
-    )  # fmt: skip
-    return result["step_time_s"] * 1e3
+
+    def once(cuda_graph):
+        return measure(
+            model, lay, mesh, seq, 1, "train", steps=args.steps, warmup=args.warmup, device=args.device,
+            dtype="bf16" if args.device == "cuda" else "fp32", exposed=False, host_samples=1, cuda_graph=cuda_graph,
+        )  # fmt: skip
+
+    result = once(None)
+    out = {"meshplan_ms": result["step_time_s"] * 1e3, "cuda_graph": result["cuda_graph"]}
+    if result["cuda_graph"]:
+        del result
+        _empty(args.device)
+        out["meshplan_eager_ms"] = once(False)["step_time_s"] * 1e3
+    return out
 
 
 def single_gpu_cases(model: ModelSpec, seq: int, args) -> list[dict]:
@@ -214,9 +226,7 @@ def single_gpu_cases(model: ModelSpec, seq: int, args) -> list[dict]:
             ms = peer_step_ms(
                 layers, seq, model.d_model, compiled="compile" in peer, cudnn=peer.endswith("cudnn"), args=args
             )
-            records.append(
-                {"case": DENSE_CASE, "gpus": 1, "seq": seq, "meshplan_ms": mine, "peer": peer, "peer_ms": ms}
-            )
+            records.append({"case": DENSE_CASE, "gpus": 1, "seq": seq, **mine, "peer": peer, "peer_ms": ms})
             del layers
             _empty(args.device)
     dist.barrier()
@@ -236,7 +246,7 @@ def tp_cases(model: ModelSpec, seq: int, args) -> list[dict]:
         layers = peer_layers(model, args.device, args.dtype)
         apply_tp(layers, tp_mesh)
         ms = peer_step_ms(layers, seq, model.d_model, compiled=peer.endswith("compile"), cudnn=False, args=args)
-        records.append({"case": TP_CASE, "gpus": 2, "seq": seq, "meshplan_ms": mine, "peer": peer, "peer_ms": ms})
+        records.append({"case": TP_CASE, "gpus": 2, "seq": seq, **mine, "peer": peer, "peer_ms": ms})
         del layers
         _empty(args.device)
     dist.barrier()
@@ -257,7 +267,8 @@ def mamba_cases(model: ModelSpec, seq: int, args) -> list[dict]:
             layers = peers_mamba.peer_blocks(model, args.mamba, chunk, refs)
             del refs
             ms = peer_step_ms(layers, seq, model.d_model, compiled=False, cudnn=False, args=args)
-            records.append(_mamba_record(BLOCK_CASE, seq, mine, ms, chunk, check, layers=model.layers))
+            records.append(_mamba_record(BLOCK_CASE, seq, mine["meshplan_ms"], ms, chunk, check, layers=model.layers))
+            records[-1].update(mine)
             del layers
             _empty(args.device)
     dist.barrier()

@@ -1022,6 +1022,12 @@ def execute(
     ),
     tolerance: float = typer.Option(0.05, "--tolerance"),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds before a hung run is stopped."),
+    cuda_graph: Optional[bool] = typer.Option(
+        None,
+        "--cuda-graph/--no-cuda-graph",
+        help="Replay the training step as a CUDA graph (one GPU, no experts); "
+        "by default wherever it can be, and the run file says whether it was.",
+    ),
     layers_only: bool = typer.Option(
         False,
         "--layers-only",
@@ -1129,6 +1135,7 @@ def execute(
         weights=weights,
         profile=do_profile,
         int8_allreduce=int8_allreduce,
+        cuda_graph=cuda_graph,
     )
     try:
         with spec_file(record) as path:

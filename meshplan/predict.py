@@ -147,15 +147,22 @@ def predict_run(
     int8_allreduce: bool = False,
     sp_zigzag: bool = True,
     whole: bool = False,
+    launch_floor: bool = True,
 ) -> dict:
     """What `meshplan execute` measures, predicted: the peak memory a GPU and its breakdown, each
     kind/axis's collective bytes a rank a step, the bytes saved for backward (train), and on a cluster
     the step time — the run file's `predicted` (meshplan.executor.worker; compared by
     meshplan.executor.compare). `sp_zigzag=False`: as for an executor that split SP contiguously
     (runs before run 36). `whole`: the whole model (embedding, head, logits and loss), not only its
-    layers."""
+    layers. `launch_floor=False`: a step replayed as a CUDA graph (executor.graphs), which the host's
+    kernel launches do not floor."""
     opts = CostOptions(
-        mode=mode, act_dtype=act_dtype, grad_dtype=model.param_dtype, int8_allreduce=int8_allreduce, sp_zigzag=sp_zigzag
+        mode=mode,
+        act_dtype=act_dtype,
+        grad_dtype=model.param_dtype,
+        int8_allreduce=int8_allreduce,
+        sp_zigzag=sp_zigzag,
+        launch_floor=launch_floor,
     )
     validate_layout(layout, model)
     validate_seq(layout, seq, batch)

@@ -116,6 +116,38 @@ def test_mixed_adam_through_the_kernel_equals_its_torch_path(monkeypatch):
             assert torch.equal(p.detach(), w.to(torch.bfloat16))
 
 
+def test_scalars_read_from_the_device_step_as_the_arguments_do(monkeypatch):
+    """A captured step (executor.graphs) reads its bias corrections from a device tensor that `advance`
+    fills before each replay: MixedAdam so, its `apply` repeated with nothing on the host changed but
+    `advance`, steps bit for bit as MixedAdam with the corrections passed as arguments."""
+    a_params, gen = _params(2)
+    b_params = [torch.nn.Parameter(p.detach().clone()) for p in a_params]
+    a_opt, b_opt = MixedAdam(a_params, lr=1e-2), MixedAdam(b_params, lr=1e-2)
+    with monkeypatch.context() as patch:
+        patch.setattr(optim, "_use_kernel", lambda *t: fits(*t))
+        assert a_opt.on_device_scalars() is None
+        for _ in range(3):
+            for a, b in zip(a_params, b_params):
+                a.grad = torch.randn(a.shape, generator=gen).to(torch.bfloat16)
+                b.grad = a.grad.clone()
+            a_opt.advance()
+            assert a_opt.scalars.tolist() == [
+                pytest.approx(v, rel=1e-7) for v in (1e-2 / (1 - 0.9**a_opt.t), (1 - 0.95**a_opt.t) ** 0.5)
+            ]
+            a_opt.apply()
+            b_opt.step()
+            for mine, theirs in zip(a_opt.master + a_opt.m + a_opt.v, b_opt.master + b_opt.m + b_opt.v):
+                assert torch.equal(mine, theirs)
+
+
+def test_off_the_kernel_the_optimizer_says_why_it_cannot_be_captured():
+    """On the CPU (torch's AdamW path, handed the step count on the host) no step is captured."""
+    opt = MixedAdam(_params(3)[0])
+    reason = opt.on_device_scalars()
+    assert reason is not None and reason.startswith("optimizer: ") and "torch's AdamW" in reason
+    assert opt.scalars is None
+
+
 def test_mixed_adam_cpu_step_is_the_torch_arithmetic():
     """Off the GPU MixedAdam steps as it did before the kernel (the arithmetic written out here): the
     gradient cast to fp32, m and v's updates, the bias-corrected step, the bf16 copy back — bit for bit."""

@@ -26,6 +26,7 @@ class MixedAdam:
         self.m = [torch.zeros_like(w) for w in self.master]
         self.v = [torch.zeros_like(w) for w in self.master]
         self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
+        self.scalars: torch.Tensor | None = None  # the bias corrections on the device (on_device_scalars)
 
     def _master(self, p: torch.Tensor) -> torch.Tensor:
         return _local(p.detach()).float().clone()
@@ -47,7 +48,33 @@ class MixedAdam:
 
     @torch.no_grad()
     def step(self) -> None:
+        self.advance()
+        self.apply()
+
+    def advance(self) -> None:
+        """Count the next step; for a captured step (`on_device_scalars`), write its bias corrections
+        where the captured kernels read them (two fills, no host-device wait)."""
         self.t += 1
+        if self.scalars is not None:
+            from meshplan.kernels.adam import step_scalars
+
+            for i, value in enumerate(step_scalars(self.lr, self.betas, self.t)):
+                self.scalars[i].fill_(value)
+
+    def on_device_scalars(self) -> str | None:
+        """Make every step read its bias corrections from device memory, so that a CUDA graph of
+        `apply` steps on as it replays (executor.graphs); None, or why it cannot (a parameter off the
+        kernel's path takes torch's AdamW, which is handed the step count on the host)."""
+        for p, w, m, v in zip(self.params, self.master, self.m, self.v):
+            q = _local(p.data)  # the gradient and the written weight have the parameter's dtype and length
+            if not q.is_contiguous() or not _use_kernel(w, m, v, q.view(-1), q.view(-1)):
+                return f"optimizer: parameter of shape {tuple(p.shape)} is stepped by torch's AdamW, not the kernel"
+        self.scalars = torch.zeros(2, dtype=torch.float32, device=self.master[0].device) if self.master else None
+        return None
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Step self.t on every parameter that has a gradient (advance counted it)."""
         # The step count as a device tensor for torch's fused AdamW, filled on the device once a step:
         # torch.tensor(t, device=...) copies from pageable host memory, which waits for the GPU to
         # drain, once per parameter.
@@ -60,7 +87,9 @@ class MixedAdam:
             if _use_kernel(w, m, v, grad, dest):
                 from meshplan.kernels.adam import adam_step
 
-                adam_step(w, m, v, grad, dest, lr=self.lr, betas=self.betas, eps=self.eps, step=self.t)
+                adam_step(
+                    w, m, v, grad, dest, lr=self.lr, betas=self.betas, eps=self.eps, step=self.t, scalars=self.scalars
+                )
             else:
                 torch_adam_step(w, m, v, grad, dest, self.lr, self.betas, self.eps, self.t, steps)
             self._wrote(p, dest)

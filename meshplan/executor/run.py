@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 
 from meshplan.costmodel.options import CostOptions
+from meshplan.executor import graphs
 from meshplan.executor.blocks import Stack
 from meshplan.executor.checkpoint import load_into
 from meshplan.executor.comm import Mesh
@@ -152,6 +153,7 @@ def measure(
     tokens: tuple | None = None,
     checkpoint: str | None = None,
     progress=None,
+    cuda_graph: bool | None = None,
 ) -> dict:
     """Build, shard and run the model on this rank; returns this rank's measurements. `whole`: the whole
     model from token ids to the loss (`tokens`: its (ids, labels, documents or None), synthetic when None),
@@ -159,7 +161,10 @@ def measure(
     meshplan.executor.comm.quantized_all_reduce). `host_samples`: times the host's issue time of a
     step is taken (their median is reported). `checkpoint`: a checkpoint folder each rank reads its shard of
     (executor.checkpoint); the result then holds the loss of the first batch before any step ("loss").
-    `progress(done, total, what, seconds)`: called as each step or measurement finishes (Ticks)."""
+    `progress(done, total, what, seconds)`: called as each step or measurement finishes (Ticks).
+    `cuda_graph`: time the training step captured as a CUDA graph and replayed (executor.graphs) —
+    None: wherever graphs.limits allows, True: or fail saying why not, False: never. The result's
+    "cuda_graph" says whether it was, and "cuda_graph_not" why not."""
     cuda = device.startswith("cuda")
     model = replace(model, param_dtype=dtype)
     layers = _build(model, mesh, seq, device, whole=whole, int8_allreduce=int8_allreduce, checkpoint=checkpoint)
@@ -205,7 +210,7 @@ def measure(
         # census in benchmarks/probes/decode_census_probe.py)
         hidden = None
 
-    def step():
+    def eager_step():
         if decode:
             through(layers, pipe, x, lambda layer, h: layer.decode(h))
         elif train:
@@ -232,6 +237,12 @@ def measure(
     # "exposed" at 16K that way), and pipeline stages would stop waiting for each other (their bubbles
     # gone: run 51 read 134 ms at 16K): neither's exposed communication is measured.
     no_comm = exposed and mesh.world > 1 and weights is None and pipe is None
+    graph_not = graphs.limits(layout, model, mode, device) if cuda_graph is not False else "cuda_graph: turned off"
+    if graph_not is None:
+        graph_not = opt.on_device_scalars()
+    if cuda_graph and graph_not is not None:
+        raise ValueError(f"cuda_graph: this step cannot be captured ({graph_not})")
+    step = eager_step
     tick = Ticks(
         progress,
         (1 if whole and train else 0)
@@ -252,6 +263,8 @@ def measure(
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    if graph_not is None:
+        step = _graphed(layers, x, dy, sync, opt, eager_step, feed, micro)
     mesh.reset_counts()
     times = timed(step, steps, cuda, after=lambda i, t: tick(f"step {i + 1}/{steps}", t))
     result = {
@@ -260,7 +273,10 @@ def measure(
         "comm_bytes": {k: v / steps for k, v in mesh.counts.items()},
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "loss": first_loss,
+        "cuda_graph": graph_not is None,
     }
+    if graph_not is not None and cuda:
+        result["cuda_graph_not"] = graph_not
     if cuda:
         result.update(_gpu_extras(step, host_samples, profile, tick))
         result["peak_bytes"] += result["peer_buffer_bytes"]
@@ -281,6 +297,30 @@ def measure(
 
         peer.release([ax.group for ax in mesh.axes.values() if ax is not None and ax.group is not None])
     return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
+
+
+def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int):
+    """The training step captured (executor.graphs.capture) — the forward, backward, the optimizer's
+    kernels and the gradients let go, the labels fed as the eager step feeds them — and a step that
+    counts it (the bias corrections written) and replays it. The capture's allocations set the peak
+    (measure reset the peak just before)."""
+
+    def body():
+        feed(micro)
+        run_layers(layers, x).backward(dy)
+        sync.finish()
+        opt.apply()
+        opt.zero_grad()
+        x.grad = None
+
+    graph = graphs.capture(body, eager_step)
+
+    def replay():
+        opt.advance()
+        graph.replay()
+
+    replay.graph = graph  # kept alive with the step
+    return replay
 
 
 def _build(
@@ -433,6 +473,7 @@ def combine_ranks(ranks: list) -> dict:
     if bad:
         return bad[0] or {"error": "rank returned nothing"}
     out = {
+        "cuda_graph": all(r.get("cuda_graph", False) for r in ranks),
         "step_time_s": max(r["step_time_s"] for r in ranks),
         "peak_bytes": max(r["peak_bytes"] or 0 for r in ranks) or None,
         "loss": next((r["loss"] for r in ranks if r.get("loss") is not None), None),

@@ -51,6 +51,7 @@ class RunSpec(_Record):
     weights: str | None = None  # a HF safetensors checkpoint folder, each rank reading its shard
     profile: bool = False  # GPU time by kernel category (one extra step)
     int8_allreduce: bool = False  # TP-SSM's block all-reduce in int8
+    cuda_graph: bool | None = None  # the step captured and replayed (executor.graphs; None: where it can be)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,13 @@ def _adam_kernel(
     step_size,
     bias2_sqrt,
     eps,
+    scalars_ptr,
     BLOCK: tl.constexpr,
+    SCALARS_ON_DEVICE: tl.constexpr,
 ):
+    if SCALARS_ON_DEVICE:  # a captured step (CUDA graph): the host fills them before each replay
+        step_size = tl.load(scalars_ptr)
+        bias2_sqrt = tl.load(scalars_ptr + 1)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # stacked experts pass 2^31 elements
     mask = offs < n
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -115,12 +120,15 @@ def adam_step(
     betas: tuple[float, float],
     eps: float,
     step: int,
+    scalars: torch.Tensor | None = None,
     block: int = BLOCK,
     num_warps: int = WARPS,
 ) -> None:
     """Step `step` (from 1) of Adam on one parameter: w, m, v (fp32) updated in place from `grad`, and
     `out` ← w in out's dtype. All five contiguous, of one element count (shapes may differ: each is
-    read flat)."""
+    read flat). `scalars`: an fp32 tensor on w's device holding (lr / (1 − b1^t), √(1 − b2^t)) — the
+    kernel reads the bias corrections there instead of taking `step`'s as arguments, so that a CUDA
+    graph that captured the launch steps on (step_scalars fills it before each replay)."""
     if not fits(w, m, v, grad, out):
         raise ValueError(
             "adam_step: w, m, v must be fp32 and grad, out bf16/fp16/fp32, all contiguous, of one length, on one device"
@@ -129,9 +137,31 @@ def adam_step(
     if n == 0:
         return
     b1, b2 = betas
-    # In double on the host, as torch's kernel forms them, then fp32 arguments.
-    step_size = lr / (1 - b1**step)
-    bias2_sqrt = math.sqrt(1 - b2**step)
+    step_size, bias2_sqrt = step_scalars(lr, betas, step)
+    on_device = scalars is not None
     _adam_kernel[(triton.cdiv(n, block),)](
-        w, m, v, grad, out, n, b1, b2, 1 - b1, 1 - b2, step_size, bias2_sqrt, eps, BLOCK=block, num_warps=num_warps
+        w,
+        m,
+        v,
+        grad,
+        out,
+        n,
+        b1,
+        b2,
+        1 - b1,
+        1 - b2,
+        step_size,
+        bias2_sqrt,
+        eps,
+        scalars if on_device else w,  # not read without SCALARS_ON_DEVICE
+        BLOCK=block,
+        SCALARS_ON_DEVICE=on_device,
+        num_warps=num_warps,
     )
+
+
+def step_scalars(lr: float, betas: tuple[float, float], step: int) -> tuple[float, float]:
+    """Step `step`'s bias corrections (lr / (1 − b1^t), √(1 − b2^t)) in double on the host, as torch's
+    kernel forms them; the kernel takes them in fp32."""
+    b1, b2 = betas
+    return lr / (1 - b1**step), math.sqrt(1 - b2**step)

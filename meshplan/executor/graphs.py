@@ -1,0 +1,57 @@
+"""A training step captured once as a CUDA graph and replayed: the host issues one launch a step
+instead of every kernel's (issue #34: at 4K tokens the 7B-shaped 2-layer step's GPU waited on the host
+for 1.1 of 26.5 ms, benchmarks/results/gaps-4k-h100.json).
+
+What is captured is the step as the eager executor runs it — forward, backward, the optimizer's kernels
+(optim.MixedAdam.apply, reading its bias corrections from device memory that `advance` fills before
+each replay), the gradients let go — so the kernels, the tensors saved for backward and the memory they
+take are the eager step's: the graph's private memory pool is allocated during capture as the caching
+allocator allocates the eager step, freed blocks reused within it, and its peak is what
+`max_memory_allocated` reads after the capture. A replay allocates nothing.
+
+Only what has no host round trip in its step is captured: one process (no collective, whose byte
+counters and hooks run on the host), no pipeline, training, and no mixture of experts (the all-to-all's
+split sizes come to the host once a layer). `limits` says why a run is not captured, in one line.
+"""
+
+from __future__ import annotations
+
+from meshplan.layout import Layout
+from meshplan.models import ModelSpec
+
+
+def limits(layout: Layout, model: ModelSpec, mode: str, device: str) -> str | None:
+    """Why a step of `model` under `layout` is not captured as a CUDA graph; None when it is."""
+    if not device.startswith("cuda"):
+        return "device: CUDA graphs need a GPU"
+    if mode != "train":
+        return f"mode: only training steps are captured, not {mode}"
+    if layout.world_size > 1:
+        return f"layout: one GPU's step is captured, not {layout}'s collectives (their hooks run on the host)"
+    if model.moe is not None:
+        return f"model: {model.name}'s experts read their all-to-all split sizes on the host every layer"
+    return None
+
+
+def capture(body, warm, warmups: int = 1):
+    """`warm` (a whole eager step) run `warmups` times on a side stream, as torch's whole-network
+    capture asks (libraries set up their workspaces there), then `body` (the step's device work, on the
+    current stream) captured; returns the torch.cuda.CUDAGraph to replay. The caching allocator's free
+    blocks are released first, so that the graph's pool and the general one do not both hold the step's
+    transients."""
+    import torch
+
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            warm()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    torch.cuda.synchronize()
+    return graph
