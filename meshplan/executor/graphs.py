@@ -35,10 +35,11 @@ def limits(layout: Layout, model: ModelSpec, mode: str, device: str) -> str | No
 
 def capture(body, warm, warmups: int = 1):
     """`warm` (a whole eager step) run `warmups` times on a side stream, as torch's whole-network
-    capture asks (libraries set up their workspaces there), then `body` (the step's device work, on the
-    current stream) captured; returns the torch.cuda.CUDAGraph to replay. The caching allocator's free
-    blocks are released first, so that the graph's pool and the general one do not both hold the step's
-    transients."""
+    capture asks (libraries set up their workspaces there), then `body` (the step's device work)
+    captured on that stream; returns the torch.cuda.CUDAGraph to replay. Before the capture the cuBLAS
+    workspaces (one set a stream: the eager steps' and the warm-up's) and the caching allocator's free
+    blocks are released, and the peak memory statistic is reset: the capture allocates one set, in the
+    graph's pool, and its peak is the step's."""
     import torch
 
     torch.cuda.synchronize()
@@ -49,9 +50,12 @@ def capture(body, warm, warmups: int = 1):
             warm()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+        torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         body()
     torch.cuda.synchronize()
     return graph
