@@ -1,5 +1,6 @@
-"""Which steps the executor captures as a CUDA graph (meshplan.executor.graphs.limits): one GPU's
-training step without experts; everything else says why not in one line, naming the field."""
+"""Which steps the executor captures as a CUDA graph (meshplan.executor.graphs.limits): training steps
+without pipeline stages, ZeRO, experts or the int8 all-reduce; everything else says why not in one line,
+naming the field."""
 
 import pytest
 
@@ -9,8 +10,9 @@ from meshplan.models import PRESETS
 
 
 @pytest.mark.parametrize("preset", ["dense-7b", "mamba2-130m"])
-def test_one_gpu_training_step_is_captured(preset):
-    assert graphs.limits(parse_layout("tp=1"), PRESETS[preset], "train", "cuda:0") is None
+@pytest.mark.parametrize("layout", ["tp=1", "tp=2", "sp=2", "tsp=2", "dp=2", "dp=2,tp=2"])
+def test_training_steps_without_host_round_trips_are_captured(preset, layout):
+    assert graphs.limits(parse_layout(layout), PRESETS[preset], "train", "cuda:0") is None
 
 
 @pytest.mark.parametrize(
@@ -19,11 +21,16 @@ def test_one_gpu_training_step_is_captured(preset):
         ("tp=1", "dense-7b", "train", "cpu", "device"),
         ("tp=1", "dense-7b", "decode", "cuda:0", "mode"),
         ("tp=1", "dense-7b", "prefill", "cuda:0", "mode"),
-        ("tp=2", "dense-7b", "train", "cuda:0", "layout"),
-        ("dp=2", "dense-7b", "train", "cuda:0", "layout"),
+        ("pp=2", "dense-7b", "train", "cuda:0", "layout"),
+        ("dp=2,zero=1", "dense-7b", "train", "cuda:0", "layout"),
         ("tp=1", "mixtral-8x7b", "train", "cuda:0", "model"),
     ],
 )
 def test_other_steps_say_why_not(layout, model, mode, device, field):
     reason = graphs.limits(parse_layout(layout), PRESETS[model], mode, device)
     assert reason is not None and reason.startswith(f"{field}: ") and "\n" not in reason
+
+
+def test_int8_allreduce_is_not_captured():
+    reason = graphs.limits(parse_layout("tpssm=2"), PRESETS["mamba2-130m"], "train", "cuda:0", int8_allreduce=True)
+    assert reason is not None and reason.startswith("int8_allreduce: ")

@@ -9,9 +9,12 @@ take are the eager step's: the graph's private memory pool is allocated during c
 allocator allocates the eager step, freed blocks reused within it, and its peak is what
 `max_memory_allocated` reads after the capture. A replay allocates nothing.
 
-Only what has no host round trip in its step is captured: one process (no collective, whose byte
-counters and hooks run on the host), no pipeline, training, and no mixture of experts (the all-to-all's
-split sizes come to the host once a layer). `limits` says why a run is not captured, in one line.
+Only what has no host round trip in its step is captured: training, no pipeline (its stages meet on the
+host's schedule), no mixture of experts (the all-to-all's split sizes come to the host once a layer),
+no ZeRO (its gathers land through host-side bookkeeping) and no int8 all-reduce (its peer path meets at
+barriers). Collectives are captured with the step (NCCL ≥ 2.9.6 records them into the graph); their
+bytes, counted on the host as the capture issues them, are added to the run's counts at each replay.
+`limits` says why a run is not captured, in one line.
 """
 
 from __future__ import annotations
@@ -20,26 +23,31 @@ from meshplan.layout import Layout
 from meshplan.models import ModelSpec
 
 
-def limits(layout: Layout, model: ModelSpec, mode: str, device: str) -> str | None:
+def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allreduce: bool = False) -> str | None:
     """Why a step of `model` under `layout` is not captured as a CUDA graph; None when it is."""
     if not device.startswith("cuda"):
         return "device: CUDA graphs need a GPU"
     if mode != "train":
         return f"mode: only training steps are captured, not {mode}"
-    if layout.world_size > 1:
-        return f"layout: one GPU's step is captured, not {layout}'s collectives (their hooks run on the host)"
+    if layout.pp > 1:
+        return f"layout: pipeline stages (pp={layout.pp}) meet on the host's schedule; drop pp to capture the step"
+    if layout.zero and layout.dp > 1:
+        return f"layout: ZeRO {layout.zero}'s gathers land through the host's bookkeeping; execute zero=0 to capture"
+    if int8_allreduce:
+        return "int8_allreduce: the peer all-reduce meets at host barriers; execute without it to capture"
     if model.moe is not None:
         return f"model: {model.name}'s experts read their all-to-all split sizes on the host every layer"
     return None
 
 
-def capture(body, warm, warmups: int = 1):
+def capture(body, warm, warmups: int = 1, pool=None):
     """`warm` (a whole eager step) run `warmups` times on a side stream, as torch's whole-network
     capture asks (libraries set up their workspaces there), then `body` (the step's device work)
     captured on that stream; returns the torch.cuda.CUDAGraph to replay. Before the capture the cuBLAS
     workspaces (one set a stream: the eager steps' and the warm-up's) and the caching allocator's free
     blocks are released, and the peak memory statistic is reset: the capture allocates one set, in the
-    graph's pool, and its peak is the step's."""
+    graph's pool, and its peak is the step's. `pool`: another graph's pool to share (graphs replayed
+    one after another, never at once, each freeing what it allocates)."""
     import torch
 
     torch.cuda.synchronize()
@@ -55,7 +63,7 @@ def capture(body, warm, warmups: int = 1):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         body()
     torch.cuda.synchronize()
     return graph

@@ -237,7 +237,11 @@ def measure(
     # "exposed" at 16K that way), and pipeline stages would stop waiting for each other (their bubbles
     # gone: run 51 read 134 ms at 16K): neither's exposed communication is measured.
     no_comm = exposed and mesh.world > 1 and weights is None and pipe is None
-    graph_not = graphs.limits(layout, model, mode, device) if cuda_graph is not False else "cuda_graph: turned off"
+    graph_not = (
+        graphs.limits(layout, model, mode, device, int8_allreduce)
+        if cuda_graph is not False
+        else "cuda_graph: turned off"
+    )
     if graph_not is None:
         graph_not = opt.on_device_scalars()
     if cuda_graph and graph_not is not None:
@@ -264,7 +268,7 @@ def measure(
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     if graph_not is None:
-        step = _graphed(layers, x, dy, sync, opt, eager_step, feed, micro)
+        step = _graphed(layers, x, dy, sync, opt, eager_step, feed, micro, mesh)
     mesh.reset_counts()
     times = timed(step, steps, cuda, after=lambda i, t: tick(f"step {i + 1}/{steps}", t))
     result = {
@@ -299,11 +303,13 @@ def measure(
     return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
 
 
-def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int):
-    """The training step captured (executor.graphs.capture) — the forward, backward, the optimizer's
-    kernels and the gradients let go, the labels fed as the eager step feeds them — and a step that
-    counts it (the bias corrections written) and replays it. The capture's allocations set the peak
-    (measure reset the peak just before)."""
+def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh):
+    """The training step captured (executor.graphs.capture) — the forward, backward, the gradient
+    reductions, the optimizer's kernels and the gradients let go, the labels fed as the eager step
+    feeds them — and a step that counts it (the bias corrections written, the capture's collective
+    bytes added to the mesh's counts) and replays it. The capture's allocations set the peak.
+    `replay.without_comm()`: the same step captured with the transfers skipped (mesh.enabled off, as
+    _time_without_comm times the eager step), in the same memory pool."""
 
     def body():
         feed(micro)
@@ -313,14 +319,24 @@ def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int):
         opt.zero_grad()
         x.grad = None
 
-    graph = graphs.capture(body, eager_step)
+    def captured(pool=None):
+        mesh.reset_counts()
+        graph = graphs.capture(body, eager_step, pool=pool)
+        counts, calls = dict(mesh.counts), dict(mesh.calls)
 
-    def replay():
-        opt.advance()
-        graph.replay()
+        def replay():
+            opt.advance()
+            graph.replay()
+            for key, n in counts.items():
+                mesh.counts[key] += n
+                mesh.calls[key] += calls[key]
 
-    replay.graph = graph  # kept alive with the step
-    return replay
+        replay.graph = graph  # kept alive with the step
+        return replay
+
+    step = captured()
+    step.without_comm = lambda: captured(pool=step.graph.pool())
+    return step
 
 
 def _build(
@@ -433,6 +449,8 @@ def _time_without_comm(step, mesh: Mesh, warmup: int, steps: int, cuda: bool, ti
     difference from the real step)."""
     mesh.enabled = False
     try:
+        if hasattr(step, "without_comm"):  # a replayed graph: its transfers are in it; capture one without
+            step = step.without_comm()
         for i in range(warmup):
             tick.run(step, f"warm-up step {i + 1}/{warmup} without communication")
         return statistics.median(
