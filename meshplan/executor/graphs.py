@@ -12,9 +12,11 @@ allocator allocates the eager step, freed blocks reused within it, and its peak 
 Only what has no host round trip in its step is captured: training, no pipeline (its stages meet on the
 host's schedule), no mixture of experts (the all-to-all's split sizes come to the host once a layer),
 no ZeRO (its gathers land through host-side bookkeeping) and no int8 all-reduce (its peer path meets at
-barriers). Collectives are captured with the step (NCCL ≥ 2.9.6 records them into the graph); their
-bytes, counted on the host as the capture issues them, are added to the run's counts at each replay.
-`limits` says why a run is not captured, in one line.
+barriers); and, by measurement on two H200s, neither TSP (its point-to-point ring hung when replayed) nor
+Mamba-2 under a tensor axis (its captured all-reduces ran 6x slower than eagerly), which run eagerly.
+Collectives are captured with the step (NCCL ≥ 2.9.6 records them into the graph); their bytes, counted on the
+host as the capture issues them, are added to the run's counts at each replay. `limits` says why a run is not
+captured, in one line.
 """
 
 from __future__ import annotations
@@ -37,17 +39,28 @@ def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allred
         return "int8_allreduce: the peer all-reduce meets at host barriers; execute without it to capture"
     if model.moe is not None:
         return f"model: {model.name}'s experts read their all-to-all split sizes on the host every layer"
+    if layout.tsp > 1:
+        # Captured, TSP's ring of point-to-point sends hung its first replay (mamba2-130m tsp=2, 2 x H200)
+        return f"layout: TSP's point-to-point ring (tsp={layout.tsp}) is not captured; it runs eagerly"
+    if model.mamba2 is not None and layout.tensor_degree > 1:
+        # Captured, TP-SSM's block all-reduces ran 886 ms a step against 144 eagerly (mamba2-130m tpssm=2,
+        # 16K packed, 2 x H200: benchmarks/results/packed-docs-h200x2-s21/packed-tpssm2-graph.json)
+        return (
+            f"layout: Mamba-2's tensor-parallel all-reduces ({layout.weight_axis}={layout.tensor_degree}) ran "
+            f"6x slower captured than eagerly; they run eagerly"
+        )
     return None
 
 
-def capture(body, warm, warmups: int = 1, pool=None):
+def capture(body, warm, warmups: int = 1, pool=None, ready=None):
     """`warm` (a whole eager step) run `warmups` times on a side stream, as torch's whole-network
     capture asks (libraries set up their workspaces there), then `body` (the step's device work)
     captured on that stream; returns the torch.cuda.CUDAGraph to replay. Before the capture the cuBLAS
     workspaces (one set a stream: the eager steps' and the warm-up's) and the caching allocator's free
     blocks are released, and the peak memory statistic is reset: the capture allocates one set, in the
     graph's pool, and its peak is the step's. `pool`: another graph's pool to share (graphs replayed
-    one after another, never at once, each freeing what it allocates)."""
+    one after another, never at once, each freeing what it allocates). `ready()`: called between the
+    warm-up and the capture (the mesh's byte counters reset there count the captured step alone)."""
     import torch
 
     torch.cuda.synchronize()
@@ -62,6 +75,8 @@ def capture(body, warm, warmups: int = 1, pool=None):
         torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    if ready is not None:
+        ready()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, stream=side):
         body()

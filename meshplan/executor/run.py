@@ -296,6 +296,11 @@ def measure(
     if no_comm:
         result["step_time_no_comm_s"] = _time_without_comm(step, mesh, warmup, steps, cuda, tick)
         result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
+    if hasattr(step, "graphs"):  # their captured collectives go before the process group does
+        torch.cuda.synchronize()
+        for graph in step.graphs:
+            graph.reset()
+        step.graphs.clear()
     if cuda:  # the next run, perhaps on other groups, starts without this one's peer buffers
         from meshplan.executor import peer
 
@@ -319,9 +324,11 @@ def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh)
         opt.zero_grad()
         x.grad = None
 
+    made = []  # every graph captured: reset before the process group goes (measure's end)
+
     def captured(pool=None):
-        mesh.reset_counts()
-        graph = graphs.capture(body, eager_step, pool=pool)
+        graph = graphs.capture(body, eager_step, pool=pool, ready=mesh.reset_counts)
+        made.append(graph)
         counts, calls = dict(mesh.counts), dict(mesh.calls)
 
         def replay():
@@ -331,11 +338,11 @@ def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh)
                 mesh.counts[key] += n
                 mesh.calls[key] += calls[key]
 
-        replay.graph = graph  # kept alive with the step
         return replay
 
     step = captured()
-    step.without_comm = lambda: captured(pool=step.graph.pool())
+    step.without_comm = lambda: captured(pool=made[0].pool())
+    step.graphs = made
     return step
 
 
