@@ -46,6 +46,7 @@ def rescore(path: str, cluster_name: str = "") -> list[dict]:
             cluster,
             int8_allreduce=run.get("int8_allreduce", False),
             sp_zigzag=data.get("sp_split") == "zigzag",
+            launch_floor=not m.get("cuda_graph", False),  # replayed as a CUDA graph (session 21 on): no host floor
         )
         keys = set(m["comm_bytes"]) | set(p["comm_bytes"])
         exact = all(
