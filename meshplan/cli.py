@@ -1113,6 +1113,11 @@ def execute(
                 f"--tokens: {tokens_file} packs documents, which the executor keeps apart in Mamba-2 "
                 f"blocks only ({spec.name}'s attention would see across them); give a .npy of ids"
             )
+    if cuda_graph:
+        from meshplan.executor.graphs import limits as graph_limits
+
+        if (reason := graph_limits(lay, spec, mode, device, int8_allreduce)) is not None:
+            raise MeshplanError(f"--cuda-graph: this step is not captured ({reason}); drop --cuda-graph")
     if device == "cuda":
         _check_gpus("--device", nproc)
         _warn_if_over_gpu_memory(spec, lay, tokens, batch, mode, not layers_only)

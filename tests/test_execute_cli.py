@@ -88,6 +88,11 @@ EXECUTE_CASES = {
         ["--layers", "has 2 layers"],
     ),
     # The int8 all-reduce is TP-SSM's: under tp=2 it was silently ignored.
+    # A graph was asked for a step that is not captured (the CPU's, here): said, not run eagerly instead.
+    "cuda-graph-off-the-gpu": (
+        ["--model", "{config}", "--layout", "tp=2", "--nproc", "2", "--cuda-graph"],
+        ["--cuda-graph", "device: CUDA graphs need a GPU"],
+    ),
     "int8-on-tp": (
         ["--model", "{config}", "--layout", "tp=2", "--nproc", "2", "--int8-allreduce"],
         ["--int8-allreduce"],
