@@ -105,10 +105,10 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
     if sizes["pp"] > 1:
         # The first and last pipeline stages, which hold the two ends of a tied embedding.
         axes["pp_ends"] = groups(("pp",), "pp_ends", lambda ranks: [ranks[0], ranks[-1]])
-    if sizes["ep"] > 1:
-        # The experts' decomposition (Megatron-Core's MoE parallel folding): ep holds 1/ep of the
-        # experts each, edp sums the experts' gradients.
-        for name in ("ep", "edp"):
+    if layout.expert_axes:
+        # The experts' decomposition (Megatron-Core's MoE parallel folding): etp splits each expert's
+        # FFN, ep holds 1/ep of the experts each, edp sums the experts' gradients.
+        for name in ("etp", "ep", "edp"):
             axes[name] = groups((name,), name, order=rank_order.EXPERT_ORDER)
     if rank < 0:
         return None

@@ -47,7 +47,7 @@ _GRADIENT = {
 def active(layout: Layout) -> bool:
     """The experts are laid out by their own axes: split otherwise than attention (over ep, or etp ≠ tp:
     etp = 1 under tp keeps them whole on every tensor rank), or over an expert-tensor axis."""
-    return layout.folds_experts or layout.expert_tensor_degree > 1
+    return layout.expert_axes
 
 
 def violation(model, layout: Layout, opts) -> str | None:

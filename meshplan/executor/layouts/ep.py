@@ -20,7 +20,7 @@ from meshplan.executor.blocks import MoELayer, route, shared_expert, top_k_of
 from meshplan.executor.comm import AllToAllSplits, CopyToAxis, Mesh, ReduceFromAxis, exchange_counts
 from meshplan.executor.experts import counts_of, expert_mlp, routed_experts, take
 from meshplan.executor.layouts.common import Sublayer
-from meshplan.executor.layouts.splits import router_split, shared_expert_splits
+from meshplan.executor.layouts.splits import expert_splits, router_split, shared_expert_splits
 from meshplan.executor.layouts.tsp import RingRowsFn, TSPSharedExpert
 
 
@@ -35,6 +35,14 @@ class ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.scale, None
+
+
+def copies_per_shard(tensor: int, etp: int, expert_axes: bool) -> int:
+    """How many times each routed copy reaches each shard of its expert, summed over the ep and edp
+    ranks that hold that shard: the tensor ranks route the same tokens, and the `tensor` / `etp` of them
+    on one etp rank each dispatch them (1 when etp = tp). Without the experts' own axes every rank runs
+    its own tokens through its own copy of every expert: once."""
+    return tensor // etp if expert_axes else 1
 
 
 class ExpertParallelMoE(Sublayer):
@@ -56,9 +64,11 @@ class ExpertParallelMoE(Sublayer):
         if experts % ep:
             raise ValueError(f"ep={ep} does not divide {experts} experts")
         self.top_k, self.experts, self.ep = moe.top_k, experts, ep
-        # The tensor ranks that route each token to the same experts' ep group (summed there and over
-        # edp, each token counts this many times); without ep each rank runs its own copy of every expert.
-        self.holders = t if ep > 1 else 1
+        etp_ax = mesh.axes.get("etp")
+        self.etp, e_rank = (etp_ax.size, etp_ax.rank) if etp_ax is not None else (1, 0)
+        if t % self.etp:
+            raise ValueError(f"etp={self.etp} must divide the tensor axis ({t}): its ranks route the same tokens")
+        self.holders = copies_per_shard(t, self.etp, mesh.layout.expert_axes)
         self.local = experts // ep
         mine = torch.arange(r * self.local, (r + 1) * self.local)
         self.take_norm("moe.mlp_norm", ref, "norm")
@@ -67,8 +77,10 @@ class ExpertParallelMoE(Sublayer):
         self.tsp = mesh.layout.tsp > 1
         ring = (0, router_split(experts).indices(mesh.axis("tsp").size, mesh.axis("tsp").rank)) if self.tsp else ()
         self.take("w_router", ref, "moe.w_router", *ring)
-        self.take("w_gate_up", ref, "moe.w_gate_up", 0, mine)
-        self.take("w_down", ref, "moe.w_down", 0, mine)
+        # This rank's experts (over ep), and of each its FFN slice (over etp: gate and up rows alike)
+        for name, split in expert_splits(moe.w_down.shape[2], moe.gated).items():
+            cut = ((0, split.dim), (mine, split.indices(self.etp, e_rank))) if self.etp > 1 else (0, mine)
+            self.take(name, ref, f"moe.{name}", *cut)
         self.spec, self.gated = moe.spec, moe.gated
         if hasattr(moe, "score_bias"):  # the sigmoid router's correction bias: a buffer, whole on every rank
             self.register_buffer("score_bias", moe.score_bias.detach().clone())
@@ -117,7 +129,10 @@ class ExpertParallelMoE(Sublayer):
         sizes = torch.cat([per_expert.view(self.ep, self.local).sum(1), recv_counts.sum(1)]).tolist()
         send, recv = sizes[: self.ep], sizes[self.ep :]
         self.sent_rows, self.received_rows = len(order), sum(recv)
-        arrived = self._all_to_all(take(xn, order // k, inverse, k), send, recv)
+        routed = take(xn, order // k, inverse, k)
+        if self.etp > 1:  # the etp group routes these same copies: their input gradients summed over it
+            routed = CopyToAxis.apply(routed, self.mesh, "etp")
+        arrived = self._all_to_all(routed, send, recv)
         # Rows arrive source-major, expert-minor: through this rank's experts, one grouped GEMM a
         # projection (meshplan.executor.experts), and back in arrival order for the combine.
         # (output_size given: repeat_interleave would read the total back from the GPU, another host sync)
@@ -130,7 +145,10 @@ class ExpertParallelMoE(Sublayer):
         if self.holders > 1:  # each token arrived from every tensor rank that holds it
             w_gate_up, w_down = ScaleGrad.apply(w_gate_up, 1 / self.holders), ScaleGrad.apply(w_down, 1 / self.holders)
         ran = routed_experts(arrived, local_of, self.local, w_gate_up, w_down, gated=self.gated)
-        copies = take(self._all_to_all(ran, recv, send), inverse, order)  # each token's k copies, in order
+        back = self._all_to_all(ran, recv, send)
+        if self.etp > 1:  # each rank's FFN slice of every expert: the partial outputs summed over etp
+            back = ReduceFromAxis.apply(back, self.mesh, "etp")
+        copies = take(back, inverse, order)  # each token's k copies, in order
         out = (copies.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(1)
         shared = self._shared(xn)
         return (out if shared is None else out + shared).view_as(x)

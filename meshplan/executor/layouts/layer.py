@@ -93,10 +93,8 @@ def build_layer(
         zigzag = sp_zigzag(layout, seq, attention_only)
         return Layer(attention=ParallelAttention(ref, mesh, tensor_axis, seq_axis, positions, seq, zigzag))
     if isinstance(ref, MoELayer):
-        if layout.tpssm > 1 or layout.expert_tensor_degree > 1:
-            raise ValueError(
-                f"the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (etp=1), not {layout}"
-            )
+        if layout.tpssm > 1:
+            raise ValueError(f"the executor runs a mixture of experts on dp, ep, etp, pp, tp, sp and tsp, not {layout}")
         if layout.tsp > 1:
             attention = TSPAttention(ref, mesh, seq, zigzag=attention_only)
             return Layer(attention=attention, mlp=ExpertParallelMoE(ref, mesh))

@@ -104,9 +104,10 @@ def mixed_limits(layout: Layout, model: ModelSpec, options: CostOptions | None =
 
 def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
     """Why the mixture-of-experts layers (blocks.MoELayer under ep.ExpertParallelMoE: dropless top-k
-    SwiGLU or squared-ReLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank — beside tp
-    (etp=1: every tensor rank routes all its tokens) or sp (a rank routes its own) — ZeRO 1-2 of the
-    experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
+    SwiGLU or squared-ReLU experts, Megatron-Core's alltoall dispatcher, E/ep experts a rank — beside tp
+    every tensor rank routes all its tokens, each expert whole (etp=1) or its FFN split over etp ranks of
+    the tensor group (etp dividing tp; the default etp = tp), beside sp a rank routes its own — ZeRO 1-2
+    of the experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
     `options`: the cost model's MoE settings a plan was priced with (dispatcher, capacity)."""
     moe = model.moe
     if model.dense_layer_ids:
@@ -121,7 +122,7 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
         )
     if layout.tpssm > 1:
         return (
-            f"layout: the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (issue #32), not with "
+            f"layout: the executor runs a mixture of experts on dp, ep, etp, pp, tp, sp and tsp (issue #32), not with "
             f"tpssm={layout.tpssm}; drop tpssm or use tp"
         )
     if layout.tsp > 1 and moe.experts % layout.tsp:  # tsp.RingRowsFn: the router's rows ring in equal shards
@@ -129,16 +130,14 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"layout: tsp={layout.tsp} must divide {model.name}'s {moe.experts} experts (the router's rows go "
             f"round the tsp ring in equal shards); pick tsp from the divisors of {moe.experts}"
         )
-    if layout.expert_tensor_degree > 1:
-        # ep.ExpertParallelMoE: every tensor rank routes its shard's tokens to whole experts (etp defaults to tp)
+    etp, t = layout.expert_tensor_degree, layout.tensor_degree
+    if etp > 1 and t % etp:
+        # ep.ExpertParallelMoE sums the etp ranks' partial outputs of the same copies: they must route the
+        # same tokens, which only ranks of one tensor group do (etp innermost in rank_order.EXPERT_ORDER)
         return (
-            f"layout: the executor keeps each expert whole on its ep rank, not split etp={layout.expert_tensor_degree} "
-            f"ways; add etp=1"
+            f"layout: the executor splits each expert over etp ranks that share their tokens (etp dividing "
+            f"tp={t}), and etp={etp} would span sp or dp ranks; use etp=1{f' or etp={t}' if t > 1 else ''}"
         )
-    if layout.tensor_degree > 1 and layout.ep == 1:
-        # Without ep the tensor ranks hold every expert and the same tokens: the cost model sums the
-        # experts' gradients over them (edp), which the executor's already-whole gradients do not need.
-        return f"layout: beside tp={layout.tensor_degree} the executor splits the experts over ep; add ep (ep=2)"
     if layout.dp > 1 and layout.zero >= 3:
         return (
             f"layout: the executor's ZeRO 3 gathers weights over dp, not the experts over edp; with "
