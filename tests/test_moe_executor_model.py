@@ -292,6 +292,8 @@ def test_the_model_reads_a_checkpoint_to_transformers_logits(checkpoints, name):
         ("mixtral", "dp=2,ep=2,zero=1", {"all_to_all/ep", "reduce_scatter/dp", "all_gather/dp"}),
         # the query/key norms' gradients summed over tp, each tensor rank's from its heads
         ("qwen3_moe", "tp=2,ep=2,etp=1", {"all_to_all/ep", "all_reduce/tp"}),
+        # every expert split over etp = tp: each rank reads its FFN slice of [gate; up] and of down
+        ("mixtral", "tp=2", {"all_reduce/etp", "all_reduce/tp"}),
     ],
 )
 def test_execute_trains_a_moe_checkpoint(checkpoints, tmp_path, name, layout, kinds):
