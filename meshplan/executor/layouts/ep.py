@@ -17,7 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.executor.blocks import MoELayer, route, shared_expert, top_k_of
-from meshplan.executor.comm import AllToAllSplits, CopyToAxis, Mesh, ReduceFromAxis, exchange_counts
+from meshplan.executor.comm import (
+    AllToAllSplits,
+    CopyToAxis,
+    GatherRows,
+    Mesh,
+    ReduceFromAxis,
+    ScatterRows,
+    exchange_counts,
+    gather_counts,
+)
 from meshplan.executor.experts import counts_of, expert_mlp, routed_experts, take
 from meshplan.executor.layouts.common import Sublayer
 from meshplan.executor.layouts.splits import expert_splits, router_split, shared_expert_splits
@@ -37,12 +46,16 @@ class ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def copies_per_shard(tensor: int, etp: int, expert_axes: bool) -> int:
+def copies_per_shard(tensor: int, etp: int, expert_axes: bool, gather: bool = False) -> int:
     """How many times each routed copy reaches each shard of its expert, summed over the ep and edp
-    ranks that hold that shard: the tensor ranks route the same tokens, and the `tensor` / `etp` of them
-    on one etp rank each dispatch them (1 when etp = tp). Without the experts' own axes every rank runs
-    its own tokens through its own copy of every expert: once."""
-    return tensor // etp if expert_axes else 1
+    ranks that hold that shard. The `tensor` ranks of a tensor group route the same tokens and each
+    dispatches them: where the etp group lies within the tensor group the `tensor` / `etp` of them on
+    one etp rank reach that shard (1 when etp = tp); where the etp ranks gather each other's copies
+    (`gather`) every dispatch reaches every shard: `tensor` times. Without the experts' own axes every
+    rank runs its own tokens through its own copy of every expert: once."""
+    if not expert_axes:
+        return 1
+    return tensor if gather else tensor // etp
 
 
 class ExpertParallelMoE(Sublayer):
@@ -66,9 +79,11 @@ class ExpertParallelMoE(Sublayer):
         self.top_k, self.experts, self.ep = moe.top_k, experts, ep
         etp_ax = mesh.axes.get("etp")
         self.etp, e_rank = (etp_ax.size, etp_ax.rank) if etp_ax is not None else (1, 0)
-        if t % self.etp:
-            raise ValueError(f"etp={self.etp} must divide the tensor axis ({t}): its ranks route the same tokens")
-        self.holders = copies_per_shard(t, self.etp, mesh.layout.expert_axes)
+        # The etp group within one tensor group holds the same tokens (their partial outputs all-reduced);
+        # reaching past it (etp innermost in rank_order.EXPERT_ORDER), over sp or dp ranks, other tokens:
+        # each etp rank gathers the group's arrived copies and reduce-scatters their outputs back.
+        self.gather = self.etp > 1 and t % self.etp != 0
+        self.holders = copies_per_shard(t, self.etp, mesh.layout.expert_axes, self.gather)
         self.local = experts // ep
         mine = torch.arange(r * self.local, (r + 1) * self.local)
         self.take_norm("moe.mlp_norm", ref, "norm")
@@ -126,27 +141,34 @@ class ExpertParallelMoE(Sublayer):
         # recv_counts[j, e]: copies rank j sends to this rank's local expert e. The split sizes come to the
         # host together, once a layer's forward (the all-to-all takes them as lists).
         recv_counts = self._exchange(per_expert).view(self.ep, self.local)
-        sizes = torch.cat([per_expert.view(self.ep, self.local).sum(1), recv_counts.sum(1)]).tolist()
-        send, recv = sizes[: self.ep], sizes[self.ep :]
+        # Gathering over etp: every etp rank's arrived counts too (source-major: etp rank, ep rank, expert)
+        run_counts = gather_counts(self.mesh, recv_counts.reshape(-1), "etp") if self.gather else recv_counts
+        parts = [per_expert.view(self.ep, self.local).sum(1), recv_counts.sum(1)]
+        sizes = torch.cat(parts + ([run_counts.view(self.etp, -1).sum(1)] if self.gather else [])).tolist()
+        send, recv, rows = sizes[: self.ep], sizes[self.ep : 2 * self.ep], sizes[2 * self.ep :]
         self.sent_rows, self.received_rows = len(order), sum(recv)
         routed = take(xn, order // k, inverse, k)
-        if self.etp > 1:  # the etp group routes these same copies: their input gradients summed over it
+        if self.etp > 1 and not self.gather:  # the etp group routes these same copies: input gradients summed
             routed = CopyToAxis.apply(routed, self.mesh, "etp")
         arrived = self._all_to_all(routed, send, recv)
+        if self.gather:  # the etp group's arrived copies, each rank's in turn
+            arrived = GatherRows.apply(arrived, self.mesh, "etp", rows)
         # Rows arrive source-major, expert-minor: through this rank's experts, one grouped GEMM a
         # projection (meshplan.executor.experts), and back in arrival order for the combine.
         # (output_size given: repeat_interleave would read the total back from the GPU, another host sync)
         local_of = (
             torch.arange(self.local, device=x.device)
-            .repeat(self.ep)
-            .repeat_interleave(recv_counts.reshape(-1), output_size=self.received_rows)
+            .repeat(run_counts.numel() // self.local)
+            .repeat_interleave(run_counts.reshape(-1), output_size=sum(rows) if self.gather else self.received_rows)
         )
         w_gate_up, w_down = self.w_gate_up, self.w_down
         if self.holders > 1:  # each token arrived from every tensor rank that holds it
             w_gate_up, w_down = ScaleGrad.apply(w_gate_up, 1 / self.holders), ScaleGrad.apply(w_down, 1 / self.holders)
         ran = routed_experts(arrived, local_of, self.local, w_gate_up, w_down, gated=self.gated)
+        if self.gather:  # the partial outputs of every etp rank's copies, summed back onto it
+            ran = ScatterRows.apply(ran, self.mesh, "etp", rows)
         back = self._all_to_all(ran, recv, send)
-        if self.etp > 1:  # each rank's FFN slice of every expert: the partial outputs summed over etp
+        if self.etp > 1 and not self.gather:  # each rank's FFN slice of every expert: the partial outputs summed
             back = ReduceFromAxis.apply(back, self.mesh, "etp")
         copies = take(back, inverse, order)  # each token's k copies, in order
         out = (copies.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(1)

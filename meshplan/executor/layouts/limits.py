@@ -130,14 +130,6 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"layout: tsp={layout.tsp} must divide {model.name}'s {moe.experts} experts (the router's rows go "
             f"round the tsp ring in equal shards); pick tsp from the divisors of {moe.experts}"
         )
-    etp, t = layout.expert_tensor_degree, layout.tensor_degree
-    if etp > 1 and t % etp:
-        # ep.ExpertParallelMoE sums the etp ranks' partial outputs of the same copies: they must route the
-        # same tokens, which only ranks of one tensor group do (etp innermost in rank_order.EXPERT_ORDER)
-        return (
-            f"layout: the executor splits each expert over etp ranks that share their tokens (etp dividing "
-            f"tp={t}), and etp={etp} would span sp or dp ranks; use etp=1{f' or etp={t}' if t > 1 else ''}"
-        )
     if layout.dp > 1 and layout.zero >= 3:
         return (
             f"layout: the executor's ZeRO 3 gathers weights over dp, not the experts over edp; with "
