@@ -134,6 +134,35 @@ CASES = {
             ("dp=2,tsp=2,ep=2,zero=1", ("train",)),
         ],
     ),
+    # Expert tensor parallelism (issue #32): each expert's [gate; up] rows and down columns split over
+    # etp. Within the tensor ranks (tp=2: etp = tp by default; tp=4 with etp=2) the etp ranks route the
+    # same tokens and all-reduce the partial outputs of their copies; over sp or dp ranks (sp=2,etp=2,
+    # dp=2,etp=2; tp=2 with etp=4 reaching over dp) each gathers the group's copies and reduce-scatters
+    # the outputs; etp=1 beside tp without ep keeps every expert whole on every tensor rank.
+    "mixtral-etp-2": (
+        2,
+        MIXTRAL,
+        [("tp=2", ALL_MODES), ("tp=2,etp=1", ("train",)), ("sp=2,etp=2", ALL_MODES), ("dp=2,etp=2", ("train",))],
+    ),
+    "qwen3-moe-etp-4": (
+        4,
+        QWEN3_MOE,
+        [
+            ("dp=2,tp=2,ep=2", ALL_MODES),
+            ("dp=2,tp=2,ep=2,zero=1", ("train",)),
+            ("tp=4,ep=2,etp=2", ("train", "decode")),
+            ("dp=4,ep=2,etp=2,zero=2", ("train",)),
+            ("dp=2,tp=2,etp=4", ("train",)),
+            ("pp=2,tp=2", ("train",)),
+        ],
+    ),
+    "qwen2-moe-etp-4": (
+        4,
+        QWEN2_MOE,
+        [("tp=2,sp=2,ep=2", ("train", "prefill")), ("dp=2,sp=2,ep=2,etp=2", ("train", "decode"))],
+    ),
+    "nemotron-h-etp-2": (2, NEMOTRON_H, [("tp=2", ALL_MODES), ("sp=2,etp=2", ("train",))]),
+    "nemotron-h-etp-4": (4, NEMOTRON_H, [("dp=2,tp=2,ep=2", ("train", "prefill")), ("dp=4,etp=2,zero=1", ("train",))]),
     # A mixed model (Nemotron-H's layers) on dp × ep: each expert on one rank (ep=2 of 2, ep=4 of 4), on
     # two of four (edp = 2, with ZeRO 2 over it), and every expert on every rank (no ep); beside a tensor
     # axis (the Mamba-2 heads, attention heads, MLP and shared-expert columns split, etp=1), a sequence
@@ -198,7 +227,7 @@ def test_whole_moe_model_matches_single_process_and_the_cost_model(case):
         assert set(counted) == set(predicted), (text, mode, counted, predicted)
         for key, value in predicted.items():
             assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, counted, predicted)
-        if mode == "train" and layout.ep > 1 and layout.expert_data_degree > 1:
+        if mode == "train" and layout.expert_axes and layout.expert_data_degree > 1:
             kinds = ("reduce_scatter/edp", "all_gather/edp") if layout.zero else ("all_reduce/edp",)
             assert all(k in counted for k in kinds), (text, counted)
 
@@ -327,9 +356,6 @@ def test_execute_trains_a_moe_checkpoint(checkpoints, tmp_path, name, layout, ki
     "model, layout, options, needle",
     [
         ("mixtral-8x7b", "tpssm=2,ep=2", None, "not with tpssm=2; drop tpssm"),
-        ("mixtral-8x7b", "dp=2,tp=2,ep=2", None, "not split etp=2 ways; add etp=1"),
-        ("mixtral-8x7b", "dp=4,ep=2,etp=2", None, "not split etp=2 ways; add etp=1"),
-        ("mixtral-8x7b", "dp=2,tp=2,etp=1", None, "splits the experts over ep; add ep"),
         ("mixtral-8x7b", "dp=4,ep=2,zero=3", None, "zero=2 or below"),
         ("mixtral-8x7b", "dp=2,ep=2", CostOptions(moe_dispatcher="allgather"), "moe_dispatcher: "),
         ("mixtral-8x7b", "dp=2,ep=2", CostOptions(capacity_factor=1.25), "capacity_factor: "),
@@ -357,6 +383,13 @@ def test_what_the_moe_executor_does_not_run_is_one_line_naming_the_field(model, 
         "dp=4,tp=2,ep=8,etp=1",
         "dp=2,sp=2,ep=4",
         "dp=2,tsp=4,ep=8",
+        # expert tensor parallelism: within the tensor ranks, over dp or sp ranks, and reaching over both
+        "dp=2,tp=2,ep=2",
+        "dp=4,tp=2",
+        "dp=2,tp=2,etp=1",
+        "dp=4,ep=2,etp=2",
+        "dp=2,sp=2,ep=2,etp=2,zero=2",
+        "dp=4,tp=2,ep=2,etp=4,zero=1",
     ],
 )
 def test_what_the_moe_executor_runs(layout):
@@ -369,3 +402,12 @@ def test_shared_experts_run_under_tsp():
     for model in (QWEN2_MOE, NEMOTRON_H):
         assert unsupported(parse_layout("tsp=2,ep=2"), model) is None
         assert unsupported(parse_layout("dp=2,tsp=2,ep=2,zero=1"), model) is None
+
+
+def test_etp_under_tsp_is_refused_in_one_line():
+    """TSP streams attention's weights and splits the experts by ep alone: `execute` refuses etp there
+    before launching anything (the layout's own check), in one line naming the field and the fix."""
+    args = ["execute", "--model", "mixtral-8x7b", "--layout", "tsp=2,ep=2,etp=2", "--seq", "64", "--nproc", "2"]
+    res = CliRunner().invoke(app, args + ["--device", "cpu"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.startswith("error: layout: under tsp the experts are split by ep alone; leave etp out")
