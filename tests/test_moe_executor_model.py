@@ -4,10 +4,10 @@ top-k probabilities left un-renormalised), final norm, head and loss, on dp × e
 processes against the single-process float64 model — the loss, every weight's gradient, ZeRO's
 optimizer step with the experts' states over edp, the log-probabilities after a prefill and each
 decoded token — and the counted bytes equal to the cost model's schedule, per kind and axis; beside a
-tensor axis (ep with tp, etp=1), a sequence axis (ep with sp) and under TSP too. The
-single-process model against transformers' MixtralForCausalLM and Qwen2MoeForCausalLM with the same
-(checkpoint) weights; `meshplan execute` on a Mixtral checkpoint end to end; what is not run, refused
-in one line."""
+tensor axis (ep with tp, etp=1), a sequence axis (ep with sp) and under TSP too, and with each expert
+split over etp (within the tensor ranks, or over sequence or data ranks). The single-process model
+against transformers' MixtralForCausalLM and Qwen2MoeForCausalLM with the same (checkpoint) weights;
+`meshplan execute` on a Mixtral checkpoint end to end; what is not run, refused in one line."""
 
 import json
 from dataclasses import replace

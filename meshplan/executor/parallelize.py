@@ -266,7 +266,7 @@ class GradientSync:
 
     def group_of(self, p: torch.Tensor) -> tuple[str, int, int]:
         """(axis, ranks, this rank's place) of the group that sums p's gradient and, under ZeRO, shards
-        its optimizer states: the expert-data-parallel ranks for the experts an ep axis splits, the
+        its optimizer states: the expert-data-parallel ranks for the experts etp × ep split, the
         gradient group for every other weight."""
         axis = "edp" if id(p) in self.expert_ids else self.axis
         ax = self.mesh.axes.get(axis)

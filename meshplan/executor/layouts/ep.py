@@ -1,14 +1,31 @@
-"""A mixture of experts split over an expert-parallel axis (ep) — the executor's twin of the cost model's
-meshplan/costmodel/axes/ep.py, with Megatron-Core's alltoall token dispatcher
-(megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher).
+"""A mixture of experts split over an expert-parallel axis (ep) and an expert-tensor axis (etp) — the
+executor's twin of the cost model's meshplan/costmodel/axes/ep.py, with Megatron-Core's alltoall token
+dispatcher (megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher).
 
-Rank r of the ep axis holds experts [r·E/ep, (r+1)·E/ep) whole, and the router and the norm whole. Each
-rank routes the tokens it holds (T_d), sorts their T_d·top_k copies by expert, exchanges the per-expert
-counts, then all-to-alls the copies to their experts' ranks (dispatch); the local experts run what
-arrived, and the outputs go back by the reverse all-to-all (combine), are weighted by their routing
-probabilities and summed per token. Backward runs the two all-to-alls' gradients (each the reverse
-exchange). The experts' gradients are then already summed over the ep ranks' tokens; GradientSync sums
-them over the expert-data-parallel ranks (edp) and everything else over dp.
+The experts fold onto the stage's ranks as etp × ep × edp (rank_order.EXPERT_ORDER, etp innermost):
+rank r of the ep axis holds experts [r·E/ep, (r+1)·E/ep), rank j of the etp axis the j-th etp-th of
+each one's FFN (its gate and up rows alike, down's matching columns: splits.expert_splits); the router
+and the norm whole. Each rank routes the tokens it holds (T_d), sorts their T_d·top_k copies by expert,
+exchanges the per-expert counts, then all-to-alls the copies to their experts' ranks (dispatch); the
+local experts run what arrived, and the outputs go back by the reverse all-to-all (combine), are
+weighted by their routing probabilities and summed per token. Backward runs the two all-to-alls'
+gradients (each the reverse exchange).
+
+etp > 1, two cases, as the cost model prices them (axes.ep.etp_gathers):
+
+- the etp group lies within a tensor group (etp dividing tp; etp = tp is the default): its ranks route
+  the same tokens in the same order, so each rank's copies are the same as its etp peers'. The partial
+  outputs of its FFN slices are all-reduced over etp where the copies were routed (after the combine),
+  and their input gradients likewise (T_d·top_k·h a rank each way, under any routing);
+- the etp group reaches over sp or dp ranks, which hold other tokens: after the dispatch each etp rank
+  gathers the group's arrived copies (uneven counts: comm.all_gather_rows), runs its FFN slices on all
+  of them and reduce-scatters the outputs back to the rank each copy arrived at, before the combine
+  (as Megatron-Core's dispatcher does under Megatron-SP); backward the reverse.
+
+The experts' gradients are then summed over the tokens of the ep ranks (and the etp group's, gathered);
+GradientSync sums them over the expert-data-parallel ranks (edp) and everything else over dp. A copy
+whose token several tensor ranks hold reaches each expert shard once from each that dispatches it to
+that shard (copies_per_shard); its gradient there is scaled down by as many (ScaleGrad).
 """
 
 from __future__ import annotations
@@ -59,11 +76,11 @@ def copies_per_shard(tensor: int, etp: int, expert_axes: bool, gather: bool = Fa
 
 
 class ExpertParallelMoE(Sublayer):
-    """RMSNorm → the router (whole) → the token copies dispatched to their experts' ep ranks → this
-    rank's E/ep experts → combined back, weighted and summed. `sent_rows`: the routed copies this rank
-    sent in the last forward (its dispatch's rows, T_d·top_k); `received_rows`: those its experts ran
-    and sent back (the combine's rows: T_d·top_k only when the routing is even, as the cost model
-    prices it)."""
+    """RMSNorm → the router (whole) → the token copies dispatched to their experts' ep ranks (and over
+    etp: gathered, or all-reduced where its ranks route the same copies) → this rank's FFN slice of its
+    E/ep experts → combined back, weighted and summed. `sent_rows`: the routed copies this rank sent in
+    the last forward (its dispatch's rows, T_d·top_k); `received_rows`: those that arrived here and went
+    back (the combine's rows: T_d·top_k only when the routing is even, as the cost model prices it)."""
 
     def __init__(self, ref: MoELayer, mesh: Mesh, axis: str = "ep", tensor_axis: str | None = None):
         super().__init__()
@@ -116,7 +133,7 @@ class ExpertParallelMoE(Sublayer):
         return {"tsp": [self.norm.weight]} if self.tsp else {}
 
     def expert_params(self) -> list:
-        """The weights split over ep, whose gradients are summed over edp (not dp)."""
+        """The weights split over etp × ep, whose gradients are summed over edp (not dp)."""
         return [self.w_gate_up, self.w_down]
 
     def _exchange(self, counts):

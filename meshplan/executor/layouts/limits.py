@@ -104,10 +104,11 @@ def mixed_limits(layout: Layout, model: ModelSpec, options: CostOptions | None =
 
 def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
     """Why the mixture-of-experts layers (blocks.MoELayer under ep.ExpertParallelMoE: dropless top-k
-    SwiGLU or squared-ReLU experts, Megatron-Core's alltoall dispatcher, E/ep experts a rank — beside tp
-    every tensor rank routes all its tokens, each expert whole (etp=1) or its FFN split over etp ranks of
-    the tensor group (etp dividing tp; the default etp = tp), beside sp a rank routes its own — ZeRO 1-2
-    of the experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
+    SwiGLU or squared-ReLU experts, Megatron-Core's alltoall dispatcher, E/ep experts a rank, each whole
+    (etp=1) or its FFN split over etp — beside tp every tensor rank routes all its tokens, beside sp a
+    rank its own; etp ranks of one tensor group all-reduce their partial outputs, an etp group over sp or
+    dp ranks gathers its copies; ZeRO 1-2 of the experts over edp in parallelize.GradientSync) cannot run
+    `layout` on `model`; None when they can. (etp under tsp: refused by meshplan.layout.validate_layout.)
     `options`: the cost model's MoE settings a plan was priced with (dispatcher, capacity)."""
     moe = model.moe
     if model.dense_layer_ids:
