@@ -159,7 +159,11 @@ CASES = {
     "qwen2-moe-etp-4": (
         4,
         QWEN2_MOE,
-        [("tp=2,sp=2,ep=2", ("train", "prefill")), ("dp=2,sp=2,ep=2,etp=2", ("train", "decode"))],
+        [
+            ("tp=2,sp=2,ep=2", ("train", "prefill")),
+            ("dp=2,sp=2,ep=2,etp=2", ("train", "decode")),
+            ("dp=4,etp=2,zero=2", ("train",)),  # edp = 2: the experts' gradients reduce-scattered there
+        ],
     ),
     "nemotron-h-etp-2": (2, NEMOTRON_H, [("tp=2", ALL_MODES), ("sp=2,etp=2", ("train",))]),
     "nemotron-h-etp-4": (4, NEMOTRON_H, [("dp=2,tp=2,ep=2", ("train", "prefill")), ("dp=4,etp=2,zero=1", ("train",))]),
