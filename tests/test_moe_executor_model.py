@@ -231,6 +231,10 @@ def test_whole_moe_model_matches_single_process_and_the_cost_model(case):
         assert set(counted) == set(predicted), (text, mode, counted, predicted)
         for key, value in predicted.items():
             assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, counted, predicted)
+        # etp ranks of one tensor group all-reduce the partial outputs where the copies were routed: every
+        # rank's own T_d·k copies, the prediction on each rank whatever the routing
+        if "all_reduce/etp" in predicted:
+            assert all(r["counts"]["all_reduce/etp"] == predicted["all_reduce/etp"] for r in results), text
         if mode == "train" and layout.expert_axes and layout.expert_data_degree > 1:
             kinds = ("reduce_scatter/edp", "all_gather/edp") if layout.zero else ("all_reduce/edp",)
             assert all(k in counted for k in kinds), (text, counted)
