@@ -11,6 +11,7 @@ against transformers' MixtralForCausalLM and Qwen2MoeForCausalLM with the same (
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -419,3 +420,49 @@ def test_etp_under_tsp_is_refused_in_one_line():
     res = CliRunner().invoke(app, args + ["--device", "cpu"])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert res.output.startswith("error: layout: under tsp the experts are split by ep alone; leave etp out")
+
+
+def _packed_copy(folder, out, experts: int):
+    """The checkpoint in `folder` with its per-expert tensors packed as transformers 5's modules hold
+    them: gate_up_proj (E, 2f, h) = [w1; w3] of each expert, down_proj (E, h, f)."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    index = json.loads((Path(folder) / "model.safetensors.index.json").read_text())["weight_map"]
+    tensors = {}
+    for name, file in index.items():
+        with safe_open(Path(folder) / file, "pt") as f:
+            tensors[name] = f.get_tensor(name)
+    packed = {}
+    for name in list(tensors):
+        if ".experts.0.w1.weight" in name:
+            base = name.split(".experts.")[0] + ".experts"
+            pick = [[tensors.pop(f"{base}.{e}.w{i}.weight") for e in range(experts)] for i in (1, 3, 2)]
+            packed[f"{base}.gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u in zip(pick[0], pick[1])])
+            packed[f"{base}.down_proj"] = torch.stack(pick[2])
+    save_file({**{k: v for k, v in tensors.items() if ".experts." not in k}, **packed}, str(out / "model.safetensors"))
+    shutil.copy(Path(folder) / "config.json", out / "config.json")
+
+
+def test_experts_split_over_etp_read_from_per_expert_and_packed_tensors(checkpoints, tmp_path):
+    """A rank of ep=2, etp=2 holds experts 2, 3 and of each its FFN's second half: the same slice —
+    [gate; up] rows of that half, down's columns — whether the checkpoint stores one tensor an expert
+    (as transformers writes Mixtral) or the packed (E, …) ones of transformers 5's modules."""
+    from meshplan.executor.checkpoint import Checkpoint, _read_expert_slices, checkpoint_names
+    from meshplan.executor.layouts.common import select
+    from meshplan.executor.layouts.splits import expert_splits
+
+    folder, hf = checkpoints["mixtral"]
+    _packed_copy(folder, tmp_path, 4)
+    experts = hf.model.layers[1].mlp.experts  # transformers' own packed weights (E, 2f, h), (E, h, f)
+    whole = {"moe.w_gate_up": experts.gate_up_proj.detach(), "moe.w_down": experts.down_proj.detach()}
+    mine = torch.tensor([2, 3])
+    for name, split in expert_splits(48, gated=True).items():
+        dims, idx = (0, split.dim), (mine, split.indices(2, 1))
+        want = select(whole[f"moe.{name}"], dims, idx)
+        names = checkpoint_names("mixtral", f"stack.layers.1.moe.{name}", False, 4)
+        for where in (folder, tmp_path):
+            got = _read_expert_slices(Checkpoint(where), names, 4, dims, idx)
+            assert torch.equal(got, want), (name, where)
