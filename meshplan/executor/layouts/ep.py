@@ -142,6 +142,24 @@ class ExpertParallelMoE(Sublayer):
     def _all_to_all(self, rows, send, recv):
         return AllToAllSplits.apply(rows, self.mesh, self.axis, send, recv) if self.ep > 1 else rows
 
+    def _dispatch(self, routed, send, recv, rows):
+        """This rank's routed copies to their experts' ep ranks; over etp, where its ranks route the same
+        copies, their input gradients summed there (the partial sums of its FFN slices); where they route
+        others, the group's arrived copies gathered (rank j's rows[j] in turn)."""
+        if self.etp > 1 and not self.gather:
+            routed = CopyToAxis.apply(routed, self.mesh, "etp")
+        arrived = self._all_to_all(routed, send, recv)
+        return GatherRows.apply(arrived, self.mesh, "etp", rows) if self.gather else arrived
+
+    def _combine(self, ran, send, recv, rows):
+        """The experts' outputs back to where each copy was routed (_dispatch's reverse): over etp, the
+        partial outputs of the group's gathered copies reduce-scattered back to the rank each arrived
+        at, or those of the same copies all-reduced where they were routed."""
+        if self.gather:
+            ran = ScatterRows.apply(ran, self.mesh, "etp", rows)
+        back = self._all_to_all(ran, recv, send)
+        return ReduceFromAxis.apply(back, self.mesh, "etp") if self.etp > 1 and not self.gather else back
+
     def forward(self, x):
         xn = self.norm(x).reshape(-1, x.shape[-1])
         bias = getattr(self, "score_bias", None)
@@ -164,12 +182,7 @@ class ExpertParallelMoE(Sublayer):
         sizes = torch.cat(parts + ([run_counts.view(self.etp, -1).sum(1)] if self.gather else [])).tolist()
         send, recv, rows = sizes[: self.ep], sizes[self.ep : 2 * self.ep], sizes[2 * self.ep :]
         self.sent_rows, self.received_rows = len(order), sum(recv)
-        routed = take(xn, order // k, inverse, k)
-        if self.etp > 1 and not self.gather:  # the etp group routes these same copies: input gradients summed
-            routed = CopyToAxis.apply(routed, self.mesh, "etp")
-        arrived = self._all_to_all(routed, send, recv)
-        if self.gather:  # the etp group's arrived copies, each rank's in turn
-            arrived = GatherRows.apply(arrived, self.mesh, "etp", rows)
+        arrived = self._dispatch(take(xn, order // k, inverse, k), send, recv, rows)
         # Rows arrive source-major, expert-minor: through this rank's experts, one grouped GEMM a
         # projection (meshplan.executor.experts), and back in arrival order for the combine.
         # (output_size given: repeat_interleave would read the total back from the GPU, another host sync)
@@ -179,15 +192,10 @@ class ExpertParallelMoE(Sublayer):
             .repeat_interleave(run_counts.reshape(-1), output_size=sum(rows) if self.gather else self.received_rows)
         )
         w_gate_up, w_down = self.w_gate_up, self.w_down
-        if self.holders > 1:  # each token arrived from every tensor rank that holds it
+        if self.holders > 1:  # each copy reached this shard from every tensor rank that dispatched it
             w_gate_up, w_down = ScaleGrad.apply(w_gate_up, 1 / self.holders), ScaleGrad.apply(w_down, 1 / self.holders)
         ran = routed_experts(arrived, local_of, self.local, w_gate_up, w_down, gated=self.gated)
-        if self.gather:  # the partial outputs of every etp rank's copies, summed back onto it
-            ran = ScatterRows.apply(ran, self.mesh, "etp", rows)
-        back = self._all_to_all(ran, recv, send)
-        if self.etp > 1 and not self.gather:  # each rank's FFN slice of every expert: the partial outputs summed
-            back = ReduceFromAxis.apply(back, self.mesh, "etp")
-        copies = take(back, inverse, order)  # each token's k copies, in order
+        copies = take(self._combine(ran, send, recv, rows), inverse, order)  # each token's k copies, in order
         out = (copies.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(1)
         shared = self._shared(xn)
         return (out if shared is None else out + shared).view_as(x)
