@@ -122,6 +122,12 @@ class Layout:
         """The experts are laid out apart from attention: split over ep, or split otherwise than tp."""
         return self.ep > 1 or self.expert_tensor_degree != self.tensor_degree
 
+    @property
+    def expert_axes(self) -> bool:
+        """The routed experts are laid out by their own axes etp × ep × edp (folded, or split over an
+        expert-tensor axis), their gradients summed over edp; otherwise they are weights like any other."""
+        return self.folds_experts or self.expert_tensor_degree > 1
+
     def __str__(self) -> str:
         parts = [f"{k}={getattr(self, k)}" for k in AXES if getattr(self, k) > 1]
         if self.etp and self.etp != self.tensor_degree:

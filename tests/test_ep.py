@@ -534,3 +534,41 @@ def test_the_executors_routing_is_priced_at_its_measured_passes():
     assert BLOCKS["router"].eager_factor(mine, MIXTRAL, 1) == EAGER_ROUTING_FACTOR
     fused = Device.of(cluster, CostOptions(stack="megatron").stack_spec)
     assert BLOCKS["experts"].eager_factor(fused, MIXTRAL, 1) == BLOCKS["router"].eager_factor(fused) == 1.0
+
+
+def test_etp_over_sequence_or_data_ranks_gathers_the_copies_by_hand():
+    """meshplan's stack (no Megatron-SP), Mixtral-8x7B at 4,096 tokens a rank: with etp = tp = 2 the two
+    etp ranks route the same tokens, and their partial outputs of a rank's 4,096 · 2 copies (64 MiB of
+    bf16) are all-reduced, forward and (the input gradients) backward. With etp = 2 over the data ranks
+    (dp=4, ep=2, etp=2: etp innermost of the experts' order, so the group is two dp ranks) the ranks hold
+    different tokens: summing their partial outputs means nothing, so each gathers the other's arrived
+    copies (2 × 64 MiB) and reduce-scatters the outputs back, and its experts run both ranks' copies at
+    half the FFN width — as under Megatron-SP. The executor runs both (executor/layouts/ep.py)."""
+    from meshplan.costmodel.axes import plan_context
+    from meshplan.costmodel.axes.ep import etp_gathers
+
+    opts = CostOptions(stack="meshplan", global_batch=16)
+    copies = 4096 * 2 * 4096 * 2
+    within = _expert_comms("dp=2,tp=2,ep=2", opts)
+    assert [(c.kind, c.axis, c.phase, c.message_bytes) for c in within] == [
+        ("all_to_all", "ep", "fwd", copies),
+        ("all_reduce", "etp", "fwd", copies),
+        ("all_to_all", "ep", "fwd", copies),
+        ("all_to_all", "ep", "bwd", copies),
+        ("all_reduce", "etp", "bwd", copies),
+        ("all_to_all", "ep", "bwd", copies),
+    ]
+    for text in ("dp=4,ep=2,etp=2", "sp=2,dp=2,ep=2,etp=2", "dp=2,tp=2,etp=4"):
+        layout = parse_layout(text)
+        ctx = plan_context(MIXTRAL, layout, 4096, 1, opts)
+        own = 4096 / layout.sp
+        assert etp_gathers(layout, ctx.sharding), text
+        comms = [(c.kind, c.axis, c.message_bytes) for c in _expert_comms(text, opts) if c.axis == "etp"]
+        group = layout.expert_tensor_degree * copies / layout.sp
+        assert comms == [("all_gather", "etp", group), ("reduce_scatter", "etp", group)] * 2, text
+        experts = ctx.sharding_of("experts")  # the group's copies, over FFN / etp
+        assert 4096 / experts.token_div == layout.expert_tensor_degree * own, text
+        assert experts.head_div == layout.expert_tensor_degree, text
+    # etp = 2 inside tp = 4: both etp ranks are tensor ranks of the same tokens
+    inside = parse_layout("dp=2,tp=4,ep=2,etp=2")
+    assert not etp_gathers(inside, plan_context(MIXTRAL, inside, 4096, 1, opts).sharding)

@@ -136,3 +136,52 @@ def test_expert_gradients_are_summed_over_the_expert_data_parallel_ranks():
         assert r["max_weight_grad_rel_err"] < 1e-9, r
         assert r["expert_grad_rel_err"] < 1e-9, r
         assert {"all_to_all/ep", "all_reduce/dp", "all_reduce/edp"} <= set(r["counts"]), r["counts"]
+
+
+def test_expert_splits_keep_gate_and_up_rows_together():
+    """etp=2 of an FFN of 4: rank 1 keeps gate rows 2, 3 and the matching up rows 6, 7 of [gate; up], and
+    down's columns 2, 3 — its SwiGLU pairs each gate column with its own up column; ungated (Nemotron-H's
+    squared ReLU) the up rows 2, 3 alone."""
+    from meshplan.executor.layouts.splits import expert_splits
+
+    gated, plain = expert_splits(4, gated=True), expert_splits(4, gated=False)
+    assert gated["w_gate_up"].dim == 1 and gated["w_down"].dim == 2
+    assert gated["w_gate_up"].indices(2, 1).tolist() == [2, 3, 6, 7]
+    assert gated["w_down"].indices(2, 1).tolist() == [2, 3]
+    assert plain["w_gate_up"].indices(2, 1).tolist() == [2, 3]
+
+
+def test_each_copy_reaches_each_expert_shard_as_many_times_as_its_gradient_is_scaled():
+    """tp=2 with etp=1 (and ep): both tensor ranks dispatch each copy to whole experts — twice; etp = tp:
+    once per FFN slice; tp=4, etp=2: the two tensor ranks on each etp rank — twice; an etp group that
+    gathers (over dp or sp ranks): every dispatch, tp of them; no expert axes: once."""
+    from meshplan.executor.layouts.ep import copies_per_shard
+
+    assert copies_per_shard(2, 1, True) == 2 and copies_per_shard(2, 2, True) == 1
+    assert copies_per_shard(4, 2, True) == 2 and copies_per_shard(1, 2, True, gather=True) == 1
+    assert copies_per_shard(2, 4, True, gather=True) == 2 and copies_per_shard(1, 1, False) == 1
+
+
+def _uneven_rows(rank, world):
+    from meshplan.executor.comm import GatherRows, ScatterRows
+
+    mesh = build_mesh(parse_layout("sp=2,etp=2"))
+    rows = [3, 1]  # rank 0 holds three rows, rank 1 one
+    x = torch.full((rows[rank], 2), float(rank + 1), dtype=torch.float64, requires_grad=True)
+    gathered = GatherRows.apply(x, mesh, "etp", rows)
+    back = ScatterRows.apply(gathered * (rank + 1), mesh, "etp", rows)  # Σ_r (r + 1) · x = 3x
+    back.sum().backward()
+    return gathered.detach().tolist(), back.detach().tolist(), x.grad.tolist(), dict(mesh.counts)
+
+
+def test_uneven_rows_gather_and_reduce_scatter_back():
+    """The etp group's arrived copies differ in number: every rank gathers all of them rank-major, and the
+    reduce-scatter sums each rank's rows over the group back onto it (the gather's gradient); counted as
+    the all-gather's output and the reduce-scatter's input, 4 rows of 2 float64 each way."""
+    per_rank = run_distributed(_uneven_rows, 2, timeout_s=120)
+    for rank, (gathered, back, grad, counts) in enumerate(per_rank):
+        assert gathered == [[1.0, 1.0]] * 3 + [[2.0, 2.0]]
+        assert back == [[3.0 * (rank + 1)] * 2] * [3, 1][rank]
+        # d back / d x through both: Σ_r (r + 1) = 3 for every element
+        assert grad == [[3.0, 3.0]] * [3, 1][rank]
+        assert counts == {"all_gather/etp": 2 * 4 * 2 * 8, "reduce_scatter/etp": 2 * 4 * 2 * 8}

@@ -4,13 +4,14 @@ top-k probabilities left un-renormalised), final norm, head and loss, on dp × e
 processes against the single-process float64 model — the loss, every weight's gradient, ZeRO's
 optimizer step with the experts' states over edp, the log-probabilities after a prefill and each
 decoded token — and the counted bytes equal to the cost model's schedule, per kind and axis; beside a
-tensor axis (ep with tp, etp=1), a sequence axis (ep with sp) and under TSP too. The
-single-process model against transformers' MixtralForCausalLM and Qwen2MoeForCausalLM with the same
-(checkpoint) weights; `meshplan execute` on a Mixtral checkpoint end to end; what is not run, refused
-in one line."""
+tensor axis (ep with tp, etp=1), a sequence axis (ep with sp) and under TSP too, and with each expert
+split over etp (within the tensor ranks, or over sequence or data ranks). The single-process model
+against transformers' MixtralForCausalLM and Qwen2MoeForCausalLM with the same (checkpoint) weights;
+`meshplan execute` on a Mixtral checkpoint end to end; what is not run, refused in one line."""
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,6 +135,39 @@ CASES = {
             ("dp=2,tsp=2,ep=2,zero=1", ("train",)),
         ],
     ),
+    # Expert tensor parallelism (issue #32): each expert's [gate; up] rows and down columns split over
+    # etp. Within the tensor ranks (tp=2: etp = tp by default; tp=4 with etp=2) the etp ranks route the
+    # same tokens and all-reduce the partial outputs of their copies; over sp or dp ranks (sp=2,etp=2,
+    # dp=2,etp=2; tp=2 with etp=4 reaching over dp) each gathers the group's copies and reduce-scatters
+    # the outputs; etp=1 beside tp without ep keeps every expert whole on every tensor rank.
+    "mixtral-etp-2": (
+        2,
+        MIXTRAL,
+        [("tp=2", ALL_MODES), ("tp=2,etp=1", ("train",)), ("sp=2,etp=2", ALL_MODES), ("dp=2,etp=2", ("train",))],
+    ),
+    "qwen3-moe-etp-4": (
+        4,
+        QWEN3_MOE,
+        [
+            ("dp=2,tp=2,ep=2", ALL_MODES),
+            ("dp=2,tp=2,ep=2,zero=1", ("train",)),
+            ("tp=4,ep=2,etp=2", ("train", "decode")),
+            ("dp=4,ep=2,etp=2,zero=2", ("train",)),
+            ("dp=2,tp=2,etp=4", ("train",)),
+            ("pp=2,tp=2", ("train",)),
+        ],
+    ),
+    "qwen2-moe-etp-4": (
+        4,
+        QWEN2_MOE,
+        [
+            ("tp=2,sp=2,ep=2", ("train", "prefill")),
+            ("dp=2,sp=2,ep=2,etp=2", ("train", "decode")),
+            ("dp=4,etp=2,zero=2", ("train",)),  # edp = 2: the experts' gradients reduce-scattered there
+        ],
+    ),
+    "nemotron-h-etp-2": (2, NEMOTRON_H, [("tp=2", ALL_MODES), ("sp=2,etp=2", ("train",))]),
+    "nemotron-h-etp-4": (4, NEMOTRON_H, [("dp=2,tp=2,ep=2", ("train", "prefill")), ("dp=4,etp=2,zero=1", ("train",))]),
     # A mixed model (Nemotron-H's layers) on dp × ep: each expert on one rank (ep=2 of 2, ep=4 of 4), on
     # two of four (edp = 2, with ZeRO 2 over it), and every expert on every rank (no ep); beside a tensor
     # axis (the Mamba-2 heads, attention heads, MLP and shared-expert columns split, etp=1), a sequence
@@ -198,7 +232,11 @@ def test_whole_moe_model_matches_single_process_and_the_cost_model(case):
         assert set(counted) == set(predicted), (text, mode, counted, predicted)
         for key, value in predicted.items():
             assert counted[key] == pytest.approx(value, rel=1e-12), (text, mode, key, counted, predicted)
-        if mode == "train" and layout.ep > 1 and layout.expert_data_degree > 1:
+        # etp ranks of one tensor group all-reduce the partial outputs where the copies were routed: every
+        # rank's own T_d·k copies, the prediction on each rank whatever the routing
+        if "all_reduce/etp" in predicted:
+            assert all(r["counts"]["all_reduce/etp"] == predicted["all_reduce/etp"] for r in results), text
+        if mode == "train" and layout.expert_axes and layout.expert_data_degree > 1:
             kinds = ("reduce_scatter/edp", "all_gather/edp") if layout.zero else ("all_reduce/edp",)
             assert all(k in counted for k in kinds), (text, counted)
 
@@ -292,6 +330,8 @@ def test_the_model_reads_a_checkpoint_to_transformers_logits(checkpoints, name):
         ("mixtral", "dp=2,ep=2,zero=1", {"all_to_all/ep", "reduce_scatter/dp", "all_gather/dp"}),
         # the query/key norms' gradients summed over tp, each tensor rank's from its heads
         ("qwen3_moe", "tp=2,ep=2,etp=1", {"all_to_all/ep", "all_reduce/tp"}),
+        # every expert split over etp = tp: each rank reads its FFN slice of [gate; up] and of down
+        ("mixtral", "tp=2", {"all_reduce/etp", "all_reduce/tp"}),
     ],
 )
 def test_execute_trains_a_moe_checkpoint(checkpoints, tmp_path, name, layout, kinds):
@@ -325,9 +365,6 @@ def test_execute_trains_a_moe_checkpoint(checkpoints, tmp_path, name, layout, ki
     "model, layout, options, needle",
     [
         ("mixtral-8x7b", "tpssm=2,ep=2", None, "not with tpssm=2; drop tpssm"),
-        ("mixtral-8x7b", "dp=2,tp=2,ep=2", None, "not split etp=2 ways; add etp=1"),
-        ("mixtral-8x7b", "dp=4,ep=2,etp=2", None, "not split etp=2 ways; add etp=1"),
-        ("mixtral-8x7b", "dp=2,tp=2,etp=1", None, "splits the experts over ep; add ep"),
         ("mixtral-8x7b", "dp=4,ep=2,zero=3", None, "zero=2 or below"),
         ("mixtral-8x7b", "dp=2,ep=2", CostOptions(moe_dispatcher="allgather"), "moe_dispatcher: "),
         ("mixtral-8x7b", "dp=2,ep=2", CostOptions(capacity_factor=1.25), "capacity_factor: "),
@@ -355,6 +392,13 @@ def test_what_the_moe_executor_does_not_run_is_one_line_naming_the_field(model, 
         "dp=4,tp=2,ep=8,etp=1",
         "dp=2,sp=2,ep=4",
         "dp=2,tsp=4,ep=8",
+        # expert tensor parallelism: within the tensor ranks, over dp or sp ranks, and reaching over both
+        "dp=2,tp=2,ep=2",
+        "dp=4,tp=2",
+        "dp=2,tp=2,etp=1",
+        "dp=4,ep=2,etp=2",
+        "dp=2,sp=2,ep=2,etp=2,zero=2",
+        "dp=4,tp=2,ep=2,etp=4,zero=1",
     ],
 )
 def test_what_the_moe_executor_runs(layout):
@@ -367,3 +411,58 @@ def test_shared_experts_run_under_tsp():
     for model in (QWEN2_MOE, NEMOTRON_H):
         assert unsupported(parse_layout("tsp=2,ep=2"), model) is None
         assert unsupported(parse_layout("dp=2,tsp=2,ep=2,zero=1"), model) is None
+
+
+def test_etp_under_tsp_is_refused_in_one_line():
+    """TSP streams attention's weights and splits the experts by ep alone: `execute` refuses etp there
+    before launching anything (the layout's own check), in one line naming the field and the fix."""
+    args = ["execute", "--model", "mixtral-8x7b", "--layout", "tsp=2,ep=2,etp=2", "--seq", "64", "--nproc", "2"]
+    res = CliRunner().invoke(app, args + ["--device", "cpu"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.startswith("error: layout: under tsp the experts are split by ep alone; leave etp out")
+
+
+def _packed_copy(folder, out, experts: int):
+    """The checkpoint in `folder` with its per-expert tensors packed as transformers 5's modules hold
+    them: gate_up_proj (E, 2f, h) = [w1; w3] of each expert, down_proj (E, h, f)."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    index = json.loads((Path(folder) / "model.safetensors.index.json").read_text())["weight_map"]
+    tensors = {}
+    for name, file in index.items():
+        with safe_open(Path(folder) / file, "pt") as f:
+            tensors[name] = f.get_tensor(name)
+    packed = {}
+    for name in list(tensors):
+        if ".experts.0.w1.weight" in name:
+            base = name.split(".experts.")[0] + ".experts"
+            pick = [[tensors.pop(f"{base}.{e}.w{i}.weight") for e in range(experts)] for i in (1, 3, 2)]
+            packed[f"{base}.gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u in zip(pick[0], pick[1])])
+            packed[f"{base}.down_proj"] = torch.stack(pick[2])
+    save_file({**{k: v for k, v in tensors.items() if ".experts." not in k}, **packed}, str(out / "model.safetensors"))
+    shutil.copy(Path(folder) / "config.json", out / "config.json")
+
+
+def test_experts_split_over_etp_read_from_per_expert_and_packed_tensors(checkpoints, tmp_path):
+    """A rank of ep=2, etp=2 holds experts 2, 3 and of each its FFN's second half: the same slice —
+    [gate; up] rows of that half, down's columns — whether the checkpoint stores one tensor an expert
+    (as transformers writes Mixtral) or the packed (E, …) ones of transformers 5's modules."""
+    from meshplan.executor.checkpoint import Checkpoint, _read_expert_slices, checkpoint_names
+    from meshplan.executor.layouts.common import select
+    from meshplan.executor.layouts.splits import expert_splits
+
+    folder, hf = checkpoints["mixtral"]
+    _packed_copy(folder, tmp_path, 4)
+    experts = hf.model.layers[1].mlp.experts  # transformers' own packed weights (E, 2f, h), (E, h, f)
+    whole = {"moe.w_gate_up": experts.gate_up_proj.detach(), "moe.w_down": experts.down_proj.detach()}
+    mine = torch.tensor([2, 3])
+    for name, split in expert_splits(48, gated=True).items():
+        dims, idx = (0, split.dim), (mine, split.indices(2, 1))
+        want = select(whole[f"moe.{name}"], dims, idx)
+        names = checkpoint_names("mixtral", f"stack.layers.1.moe.{name}", False, 4)
+        for where in (folder, tmp_path):
+            got = _read_expert_slices(Checkpoint(where), names, 4, dims, idx)
+            assert torch.equal(got, want), (name, where)

@@ -13,6 +13,7 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.executor.blocks import Stack
 from meshplan.executor.comm import build_mesh, shard_of
+from meshplan.executor.layouts.common import select
 from meshplan.executor.optim import MixedAdam, make_optimizer
 from meshplan.executor.parallelize import (
     GradientSync,
@@ -66,8 +67,8 @@ def _max_rel_err(layers, ref_layers, pick) -> float:
         for name, p in layer.named_parameters():
             ref_name, dim, idx = layer.index[name]
             full = ref_params[ref_name]
-            want = full.detach() if dim is None else full.detach().index_select(dim, idx)
-            grad = full.grad if dim is None or full.grad is None else full.grad.index_select(dim, idx)
+            want = select(full.detach(), dim, idx)
+            grad = None if full.grad is None else select(full.grad, dim, idx)
             got, want = pick(p, want, grad)
             errs.append((got - want).abs().max().item() / (want.abs().max().item() + 1e-30))
     return max(errs)

@@ -1,6 +1,7 @@
 """Real weights: a local HuggingFace safetensors checkpoint read into the sharded model.
 
-Each rank reads only the rows or columns its parameters hold. A sharded module (layouts.common.Sharded)
+Each rank reads only the rows or columns its parameters hold (routed experts split over etp too: their
+experts' rows, each expert's FFN slice cut after reading). A sharded module (layouts.common.Sharded)
 records, for every local parameter, the reference parameter it slices and the indices it keeps
 (`index`); `origin` names the reference module it came from ("stack.layers.3", "embed", "head"). The
 table below maps each reference parameter onto the checkpoint's tensors — several concatenated along
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from meshplan.errors import MeshplanError
+from meshplan.executor.layouts.common import select
 from meshplan.models import ModelSpec
 
 # Checkpoint layouts the executor reads, by config.json model_type.
@@ -248,19 +250,42 @@ def load_into(modules, folder: str | Path, model: ModelSpec) -> int:
                 param = module.get_parameter(local)
                 experts = model.moe.experts if model.moe is not None else 0
                 names = checkpoint_names(ckpt.model_type, ref_name, model.tied_embeddings, experts)
-                if len(names) > 1 and param.dim() == 3:  # routed experts, one tensor each
-                    names, dim, idx = _expert_rows(names, ckpt.files, param, dim, idx)
+                if len(names) > 1 and param.dim() == 3 and isinstance(dim, tuple):
+                    # routed experts split over ep and etp: this rank's experts read, their FFN slice cut here
+                    value = _read_expert_slices(ckpt, names, experts, dim, idx)
+                elif len(names) > 1 and param.dim() == 3:  # routed experts, one tensor each
+                    names, dim, idx = _expert_rows(names, ckpt.files, param.shape[1], dim, idx)
+                    value = ckpt.read(names, dim, idx, param.shape)
+                else:
+                    value = ckpt.read(names, dim, idx, param.shape)
                 with torch.no_grad():
-                    param.copy_(ckpt.read(names, dim, idx, param.shape))
+                    param.copy_(value)
     finally:
         ckpt.close()
     return ckpt.bytes_read
 
 
-def _expert_rows(names: list[str], files, param: torch.Tensor, dim: int | None, idx: torch.Tensor | None):
+def _read_expert_slices(ckpt: Checkpoint, names: list[str], experts: int, dims: tuple, idx: tuple) -> torch.Tensor:
+    """A 3-D expert weight's experts idx[0] (dims[0] = 0) read whole, then cut along the other dims
+    (an expert's FFN slice over etp): the checkpoint gives the experts' rows, not their columns, so a
+    rank reads its experts' every FFN column (etp times its share of them; bytes_read counts what it read)."""
+    if dims[0] != 0:
+        raise MeshplanError(f"--weights: cannot read the experts' {', '.join(names[:2])}, … split along dim {dims[0]}")
+    packed = packed_experts(names, ckpt.files)
+    if packed is not None:
+        rest = tuple(ckpt._slice(packed).get_shape()[1:])
+    else:
+        shapes = [ckpt._slice(name).get_shape() for name in names[: len(names) // experts]]
+        rest = (sum(s[0] for s in shapes), shapes[0][1])
+    shape = torch.Size((len(idx[0]), *rest))
+    names, dim, rows = _expert_rows(names, ckpt.files, rest[0], 0, idx[0])
+    return select(ckpt.read(names, dim, rows, shape), dims[1:], idx[1:])
+
+
+def _expert_rows(names: list[str], files, rows: int, dim: int | None, idx: torch.Tensor | None):
     """(names, dim, indices) that read the experts `idx` (all where dim is None) of a 3-D expert weight:
     the packed (E, …) tensor's entries where the checkpoint holds one, else the rows of the per-expert
-    tensors stacked (each expert's param.shape[1] rows in turn)."""
+    tensors stacked (each expert's `rows` rows in turn)."""
     if dim not in (None, 0):
         raise MeshplanError(f"--weights: cannot read the experts' {', '.join(names[:2])}, … split along dim {dim}")
     packed = packed_experts(names, files)
@@ -268,7 +293,6 @@ def _expert_rows(names: list[str], files, param: torch.Tensor, dim: int | None, 
         return [packed], dim, idx
     if dim is None:
         return names, None, None
-    rows = param.shape[1]
     return names, 0, (idx[:, None] * rows + torch.arange(rows)).reshape(-1)
 
 

@@ -105,10 +105,10 @@ def build_mesh(layout: Layout, members: list[int] | None = None) -> Mesh | None:
     if sizes["pp"] > 1:
         # The first and last pipeline stages, which hold the two ends of a tied embedding.
         axes["pp_ends"] = groups(("pp",), "pp_ends", lambda ranks: [ranks[0], ranks[-1]])
-    if sizes["ep"] > 1:
-        # The experts' decomposition (Megatron-Core's MoE parallel folding): ep holds 1/ep of the
-        # experts each, edp sums the experts' gradients.
-        for name in ("ep", "edp"):
+    if layout.expert_axes:
+        # The experts' decomposition (Megatron-Core's MoE parallel folding): etp splits each expert's
+        # FFN, ep holds 1/ep of the experts each, edp sums the experts' gradients.
+        for name in ("etp", "ep", "edp"):
             axes[name] = groups((name,), name, order=rank_order.EXPERT_ORDER)
     if rank < 0:
         return None
@@ -328,6 +328,51 @@ def exchange_counts(mesh: Mesh, counts: torch.Tensor, axis: str) -> torch.Tensor
     return out
 
 
+def gather_counts(mesh: Mesh, counts: torch.Tensor, axis: str) -> torch.Tensor:
+    """counts (c,) integers from every rank of the axis, rank-major (n·c,): the row counts an uneven
+    all-gather (all_gather_rows) needs; not counted with the step's traffic, as exchange_counts."""
+    ax = mesh.axis(axis)
+    if ax.size == 1 or not mesh.enabled:
+        return counts.repeat(ax.size)
+    out = counts.new_empty(ax.size * counts.numel())
+    dist.all_gather_into_tensor(out, counts.contiguous(), group=ax.group)
+    return out
+
+
+def all_gather_rows(mesh: Mesh, t: torch.Tensor, axis: str, rows: list[int]) -> torch.Tensor:
+    """Every rank's rows, rank-major, where rank j holds rows[j] of them (t: this rank's): an all-gather
+    of uneven row counts, sent as an all-to-all of this rank's rows to each rank (gloo's all-gather takes
+    equal sizes only). Counted as the all-gather it is: its output."""
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return t
+    t = t.contiguous()
+    out = t.new_empty((sum(rows), *t.shape[1:]))
+    mesh.record("all_gather", axis, out.numel() * out.element_size())
+    if not mesh.enabled:
+        return out.zero_()
+    sent = t.repeat(ax.size, *([1] * (t.dim() - 1)))
+    dist.all_to_all_single(out, sent, output_split_sizes=rows, input_split_sizes=[t.shape[0]] * ax.size, group=ax.group)
+    return out
+
+
+def reduce_scatter_rows(mesh: Mesh, t: torch.Tensor, axis: str, rows: list[int]) -> torch.Tensor:
+    """t (Σ rows, ...) on every rank of the axis: the sum over the ranks of rank j's rows[j] rows, kept
+    by rank j (all_gather_rows' reverse), sent as an all-to-all of each rank's part to its owner and
+    summed there. Counted as the reduce-scatter it is: its input."""
+    ax = mesh.axis(axis)
+    if ax.size == 1:
+        return t
+    t = t.contiguous()
+    mesh.record("reduce_scatter", axis, t.numel() * t.element_size())
+    mine = rows[ax.rank]
+    got = t.new_empty((ax.size * mine, *t.shape[1:]))
+    if not mesh.enabled:
+        return got[:mine].zero_()
+    dist.all_to_all_single(got, t, output_split_sizes=[mine] * ax.size, input_split_sizes=rows, group=ax.group)
+    return got.view(ax.size, mine, *t.shape[1:]).sum(0)
+
+
 INT8_TRANSPORTS = ("auto", "nccl", "peer")
 
 
@@ -520,6 +565,34 @@ class AllToAllSplits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return all_to_all_splits(ctx.mesh, grad, ctx.axis, ctx.recv, ctx.send), None, None, None, None
+
+
+class GatherRows(torch.autograd.Function):
+    """all_gather_rows forward (every rank's rows, rank j's rows[j]); reduce_scatter_rows of the gradient
+    backward (each rank's rows' gradients summed over the axis, back to it)."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis, rows):
+        ctx.mesh, ctx.axis, ctx.rows = mesh, axis, rows
+        return all_gather_rows(mesh, x, axis, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_rows(ctx.mesh, grad, ctx.axis, ctx.rows), None, None, None
+
+
+class ScatterRows(torch.autograd.Function):
+    """reduce_scatter_rows forward (rank j keeps the sum of its rows[j] rows); all_gather_rows of the
+    gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, axis, rows):
+        ctx.mesh, ctx.axis, ctx.rows = mesh, axis, rows
+        return reduce_scatter_rows(mesh, x, axis, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_rows(ctx.mesh, grad, ctx.axis, ctx.rows), None, None, None
 
 
 class AllReduceBoth(torch.autograd.Function):

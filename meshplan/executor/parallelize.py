@@ -135,7 +135,7 @@ class GradientSync:
     that a layer's late weights — its input norm and attention — do not hold back those ready before.
 
     `finish()`, after the backward, starts any left and waits for all, then divides by the dp replicas
-    (their mean, as DDP takes). The experts an ep axis splits (Sharded.expert_params) are summed over
+    (their mean, as DDP takes). The experts etp × ep split (Sharded.expert_params) are summed over
     the expert-data-parallel ranks (edp) instead, then divided by dp alike; under ZeRO they are
     reduce-scattered there, each rank keeping its 1/edp (group_of names each weight's group). It sums
     TP-SSM's replicated B/C gradients over the tensor axis and TSP's norm scales over tsp; under ZeRO
@@ -147,9 +147,9 @@ class GradientSync:
         layout = mesh.layout
         self.axis, size = grad_group(layout)
         self.zero = layout.zero if layout.dp > 1 else 0
-        # Experts split over ep (layouts/ep.py): summed over edp in finish(), not over the group. Without
-        # an ep axis every rank holds every expert: they are the group's like any other weight.
-        self.experts = [p for m in sharded_modules(layers) for p in m.expert_params()] if layout.ep > 1 else []
+        # Experts laid out by their own axes (etp × ep, layouts/ep.py): summed over edp in finish(), not
+        # over the group. Otherwise every rank holds every expert whole: the group's like any other weight.
+        self.experts = [p for m in sharded_modules(layers) for p in m.expert_params()] if layout.expert_axes else []
         self.expert_ids = {id(p) for p in self.experts}
         params = [p for p in unique_params(reversed(layers)) if id(p) not in self.expert_ids] if size > 1 else []
         # A tied matrix split over the first and last pipeline stages: the two copies' gradients summed.
@@ -266,7 +266,7 @@ class GradientSync:
 
     def group_of(self, p: torch.Tensor) -> tuple[str, int, int]:
         """(axis, ranks, this rank's place) of the group that sums p's gradient and, under ZeRO, shards
-        its optimizer states: the expert-data-parallel ranks for the experts an ep axis splits, the
+        its optimizer states: the expert-data-parallel ranks for the experts etp × ep split, the
         gradient group for every other weight."""
         axis = "edp" if id(p) in self.expert_ids else self.axis
         ax = self.mesh.axes.get(axis)

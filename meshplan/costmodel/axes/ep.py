@@ -47,7 +47,7 @@ _GRADIENT = {
 def active(layout: Layout) -> bool:
     """The experts are laid out by their own axes: split otherwise than attention (over ep, or etp ≠ tp:
     etp = 1 under tp keeps them whole on every tensor rank), or over an expert-tensor axis."""
-    return layout.folds_experts or layout.expert_tensor_degree > 1
+    return layout.expert_axes
 
 
 def violation(model, layout: Layout, opts) -> str | None:
@@ -101,14 +101,25 @@ def sharding(layout: Layout, options, kind: str | None = None) -> Sharding:
     return Sharding(1, 1, 1, 1, 1)
 
 
+def etp_gathers(layout: Layout, base: Sharding) -> bool:
+    """Whether the etp group's ranks route different tokens, so that each gathers the others' copies
+    (and reduce-scatters the outputs back): under Megatron-SP (each tensor rank its 1/tp of the tokens),
+    or where the group reaches past one tensor group's ranks (etp not dividing tp: etp is innermost in
+    rank_order.EXPERT_ORDER, so the group then spans sp or dp ranks, which hold other tokens). Otherwise
+    every etp rank holds the same tokens and their partial outputs are all-reduced."""
+    etp = layout.expert_tensor_degree
+    return etp > 1 and (base.hidden_div > 1 or layout.tensor_degree % etp != 0)
+
+
 def expert_sharding(base: Sharding, layout: Layout) -> Sharding:
     """The routed experts' sharding given attention's `base`: weights over etp × ep; the etp group's
-    dispatched tokens on each rank (a rank's own T_d = b·s / (token_div · hidden_div), etp of them —
-    or, without Megatron-SP (inference), the tokens every tensor rank holds); the FFN width over etp;
-    full-width copies not split further."""
+    dispatched tokens on each rank (a rank's own T_d = b·s / (token_div · hidden_div), etp of them, where
+    the group's ranks route different tokens — or, where they route the same ones (no Megatron-SP, etp
+    within the tensor ranks), those tokens once); the FFN width over etp; full-width copies not split
+    further."""
     etp = layout.expert_tensor_degree
-    # Without Megatron-SP every tensor rank holds all its shard's tokens: its experts run them all.
-    gathered = etp if base.hidden_div > 1 else 1
+    # Where the etp ranks hold the same tokens (no Megatron-SP) the experts run them once.
+    gathered = etp if etp_gathers(layout, base) else 1
     return Sharding(
         weight_div=etp * layout.ep,
         token_div=base.token_div * base.hidden_div / gathered,
@@ -164,13 +175,13 @@ def block_comms(ctx, kind: str):
     else:
         a2a = _dispatch_and_combine(Comm("all_to_all", "ep", copies, ep, block=kind), opts) if ep > 1 else []
         gather = []
-        if etp > 1 and ctx.sharding.hidden_div > 1:
+        if etp_gathers(layout, ctx.sharding):
             gathered = etp * copies
             gather = [
                 Comm("all_gather", "etp", gathered, etp, block=kind, what="gather routed tokens over etp"),
                 Comm("reduce_scatter", "etp", gathered, etp, block=kind, what="reduce-scatter expert outputs over etp"),
             ]
-        elif etp > 1:  # every etp rank holds the tokens (no Megatron-SP): sum the partial outputs
+        elif etp > 1:  # every etp rank holds the same tokens (no Megatron-SP, etp within tp): sum the partial outputs
             gather = [Comm("all_reduce", "etp", copies, etp, block=kind, what="all-reduce expert outputs over etp")]
         fwd = a2a[:1] + gather + a2a[1:]
     if not opts.training:

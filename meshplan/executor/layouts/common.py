@@ -13,21 +13,32 @@ from meshplan.executor.blocks import RMSNorm
 from meshplan.kernels.reference import acc
 
 
+def select(t: torch.Tensor, dim, idx) -> torch.Tensor:
+    """t.index_select(dim, idx); dim None: t whole; dims and indices as tuples: each selection in turn
+    (an expert weight split over ep and etp: its experts along dim 0, then its FFN slice)."""
+    if dim is None:
+        return t
+    if isinstance(dim, tuple):
+        for d, i in zip(dim, idx):
+            t = t.index_select(d, i)
+        return t
+    return t.index_select(dim, idx)
+
+
 class Sharded(nn.Module):
     """A module whose parameters are slices of a reference module's parameters.
 
     `index[local_name] = (reference_name, dim, indices)`: the local parameter equals
-    reference.index_select(dim, indices); dim None means a full copy."""
+    select(reference, dim, indices) — reference.index_select(dim, indices), or for a tuple of dims
+    each in turn; dim None means a full copy."""
 
     def __init__(self):
         super().__init__()
-        self.index: dict[str, tuple[str, int | None, torch.Tensor | None]] = {}
+        self.index: dict[str, tuple[str, int | tuple | None, torch.Tensor | tuple | None]] = {}
 
-    def take(
-        self, local: str, ref_module: nn.Module, ref_name: str, dim: int | None = None, idx: torch.Tensor | None = None
-    ) -> None:
+    def take(self, local: str, ref_module: nn.Module, ref_name: str, dim=None, idx=None) -> None:
         full = dict(ref_module.named_parameters())[ref_name].detach()
-        value = full if dim is None else full.index_select(dim, idx)
+        value = select(full, dim, idx)
         # Register nested names (e.g. "attn_norm.weight") on the right submodule.
         owner, _, leaf = local.rpartition(".")
         target = self.get_submodule(owner) if owner else self

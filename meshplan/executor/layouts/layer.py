@@ -7,11 +7,11 @@ meshplan/costmodel/axes/__init__.py:
                   mlp          dense.ParallelMLP                      tsp.TSPMLP
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
     MoE           attention    dense.ParallelAttention                tsp.TSPAttention
-                  mlp          ep.ExpertParallelMoE (and ep)          ep.ExpertParallelMoE (and ep)
+                  mlp          ep.ExpertParallelMoE (ep, etp)         ep.ExpertParallelMoE (ep)
     mixed (Nemotron-H), one block a layer (not tpssm):
     attention     attention    dense.ParallelAttention                tsp.TSPAttention (contiguous)
     MLP           mlp          dense.ParallelMLP                      tsp.TSPMLP
-    MoE           mlp          ep.ExpertParallelMoE (and ep)          ep.ExpertParallelMoE (and ep)
+    MoE           mlp          ep.ExpertParallelMoE (ep, etp)         ep.ExpertParallelMoE (ep)
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
 
 Every sublayer is a pre-norm residual branch (common.Sublayer: its own norm, then its mixing), and the
@@ -77,9 +77,10 @@ def build_layer(
     tensor_axis = layout.weight_axis if layout.tensor_degree > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
     if isinstance(ref, (AttentionLayer, MlpLayer, MoEOnlyLayer)):
-        # A mixed model's one-block layers: the executor runs them on dp, ep, pp, tp, sp and tsp (limits.mixed_limits)
+        # A mixed model's one-block layers: the executor runs them on dp, ep, etp, pp, tp, sp and tsp
+        # (limits.mixed_limits)
         if layout.tpssm > 1:
-            raise ValueError(f"the executor runs a mixed model's layers on dp, ep, pp, tp, sp and tsp, not {layout}")
+            raise ValueError(f"the executor runs a mixed model's layers on dp, ep, etp, pp, tp, sp, tsp, not {layout}")
         if layout.tsp > 1:
             if isinstance(ref, MoEOnlyLayer):
                 return Layer(mlp=ExpertParallelMoE(ref, mesh))
@@ -93,10 +94,8 @@ def build_layer(
         zigzag = sp_zigzag(layout, seq, attention_only)
         return Layer(attention=ParallelAttention(ref, mesh, tensor_axis, seq_axis, positions, seq, zigzag))
     if isinstance(ref, MoELayer):
-        if layout.tpssm > 1 or layout.expert_tensor_degree > 1:
-            raise ValueError(
-                f"the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (etp=1), not {layout}"
-            )
+        if layout.tpssm > 1:
+            raise ValueError(f"the executor runs a mixture of experts on dp, ep, etp, pp, tp, sp and tsp, not {layout}")
         if layout.tsp > 1:
             attention = TSPAttention(ref, mesh, seq, zigzag=attention_only)
             return Layer(attention=attention, mlp=ExpertParallelMoE(ref, mesh))

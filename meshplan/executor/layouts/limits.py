@@ -104,9 +104,11 @@ def mixed_limits(layout: Layout, model: ModelSpec, options: CostOptions | None =
 
 def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = None) -> str | None:
     """Why the mixture-of-experts layers (blocks.MoELayer under ep.ExpertParallelMoE: dropless top-k
-    SwiGLU or squared-ReLU experts, Megatron-Core's alltoall dispatcher, each expert whole on its ep rank — beside tp
-    (etp=1: every tensor rank routes all its tokens) or sp (a rank routes its own) — ZeRO 1-2 of the
-    experts over edp in parallelize.GradientSync) cannot run `layout` on `model`; None when they can.
+    SwiGLU or squared-ReLU experts, Megatron-Core's alltoall dispatcher, E/ep experts a rank, each whole
+    (etp=1) or its FFN split over etp — beside tp every tensor rank routes all its tokens, beside sp a
+    rank its own; etp ranks of one tensor group all-reduce their partial outputs, an etp group over sp or
+    dp ranks gathers its copies; ZeRO 1-2 of the experts over edp in parallelize.GradientSync) cannot run
+    `layout` on `model`; None when they can. (etp under tsp: refused by meshplan.layout.validate_layout.)
     `options`: the cost model's MoE settings a plan was priced with (dispatcher, capacity)."""
     moe = model.moe
     if model.dense_layer_ids:
@@ -121,7 +123,7 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
         )
     if layout.tpssm > 1:
         return (
-            f"layout: the executor runs a mixture of experts on dp, ep, pp, tp, sp and tsp (issue #32), not with "
+            f"layout: the executor runs a mixture of experts on dp, ep, etp, pp, tp, sp and tsp (issue #32), not with "
             f"tpssm={layout.tpssm}; drop tpssm or use tp"
         )
     if layout.tsp > 1 and moe.experts % layout.tsp:  # tsp.RingRowsFn: the router's rows ring in equal shards
@@ -129,16 +131,6 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"layout: tsp={layout.tsp} must divide {model.name}'s {moe.experts} experts (the router's rows go "
             f"round the tsp ring in equal shards); pick tsp from the divisors of {moe.experts}"
         )
-    if layout.expert_tensor_degree > 1:
-        # ep.ExpertParallelMoE: every tensor rank routes its shard's tokens to whole experts (etp defaults to tp)
-        return (
-            f"layout: the executor keeps each expert whole on its ep rank, not split etp={layout.expert_tensor_degree} "
-            f"ways; add etp=1"
-        )
-    if layout.tensor_degree > 1 and layout.ep == 1:
-        # Without ep the tensor ranks hold every expert and the same tokens: the cost model sums the
-        # experts' gradients over them (edp), which the executor's already-whole gradients do not need.
-        return f"layout: beside tp={layout.tensor_degree} the executor splits the experts over ep; add ep (ep=2)"
     if layout.dp > 1 and layout.zero >= 3:
         return (
             f"layout: the executor's ZeRO 3 gathers weights over dp, not the experts over edp; with "

@@ -13,7 +13,8 @@ the tensor axis). `dim` None keeps the weight whole (the norm scales, applied to
                        tsp.TSPMLP                mlp_splits
     tpssm, tpssm+sp    mamba.ParallelMamba2      mamba2_splits
     tsp                tsp_mamba.TSPMamba2       contiguous_splits (one part a weight)
-    tp (MoE, etp=1)    ep.ExpertParallelMoE      shared_expert_splits (the routed experts: whole, over ep)
+    tp (MoE)           ep.ExpertParallelMoE      shared_expert_splits; the routed experts over ep, then
+                                                 expert_splits over etp (whole where etp = 1)
     tsp (MoE)          ep.ExpertParallelMoE      router_split, shared_expert_splits (streamed; the routed
                                                  experts: whole, over ep)
     tp / tpssm; tsp    vocab.ParallelEmbedding,  vocab_split (vocabulary rows; hidden columns)
@@ -96,6 +97,13 @@ def shared_expert_splits(ffn: int, gated: bool = True, hidden: int = 0, streamed
     gate_up = _cut(0, ffn, ffn) if gated else _cut(0, ffn)
     gate = _cut(1, hidden) if streamed else WHOLE
     return {"w_shared_gate_up": gate_up, "w_shared_down": _cut(1, ffn), "w_shared_gate": gate}
+
+
+def expert_splits(ffn: int, gated: bool = True) -> dict[str, Split]:
+    """Each routed expert's FFN over an expert-tensor axis (etp), as a dense MLP's over tp, on the
+    (E, rows, columns) stacks: the [gate; up] rows (the ungated up alone) column-parallel, part by
+    part; down's FFN columns row-parallel. Its experts are taken over ep first (ep.ExpertParallelMoE)."""
+    return {"w_gate_up": _cut(1, ffn, ffn) if gated else _cut(1, ffn), "w_down": _cut(2, ffn)}
 
 
 def router_split(experts: int) -> Split:
