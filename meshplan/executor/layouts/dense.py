@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.attention import causal_attention
-from meshplan.executor.blocks import DenseLayer, qk_norms_of, qkv_heads
+from meshplan.executor.blocks import DenseLayer, mlp_activation, qk_norms_of, qkv_heads
 from meshplan.executor.comm import (
     CopyToAxis,
     GatherFromAxis,
@@ -25,7 +25,6 @@ from meshplan.executor.comm import (
     ReduceFromAxis,
     all_gather,
 )
-from meshplan.executor.experts import activate
 from meshplan.executor.layouts.common import (
     KVCache,
     Sublayer,
@@ -157,10 +156,9 @@ class ParallelMLP(Sublayer):
         self.mesh, self.tensor_axis = mesh, tensor_axis
         t = mesh.axis(tensor_axis).size if tensor_axis else 1
         r = mesh.axis(tensor_axis).rank if tensor_axis else 0
-        self.gated, self.relu2 = ref.gated, ref.relu2
+        self.gated, self.relu2, self.geglu = ref.gated, ref.relu2, ref.geglu
         self.take_splits(ref, mlp_splits(ref.w_down.shape[1], ref.gated), t, r, local={"mlp_norm": "norm"})
 
     def forward(self, x):
         h = F.linear(_enter(self.norm(x), self.mesh, self.tensor_axis), self.w_in)
-        h = activate(h, gated=True) if self.gated else activate(h, gated=False) if self.relu2 else F.gelu(h)
-        return _leave(F.linear(h, self.w_down), self.mesh, self.tensor_axis)
+        return _leave(F.linear(mlp_activation(self, h), self.w_down), self.mesh, self.tensor_axis)

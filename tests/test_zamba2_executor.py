@@ -1,0 +1,196 @@
+"""Zamba2 through the executor (issue #32): Mamba-2 layers, some of which first run one of the shared
+transformer blocks on concat(hidden, token embeddings) — attention (scores scaled by (head_dim/2)^-½,
+rotary with use_mem_rope) then a GeGLU MLP, no residual inside — whose output, through the layer's own
+linear, is added to its Mamba-2 block's input; each invocation with its own LoRA adapters on the MLP's
+[gate; up] (and on Q, K, V with use_shared_attention_adapter). Read from a config.json by
+meshplan.hf_config and built by the executor's single-process model, against transformers' own
+Zamba2ForCausalLM holding the same weights (an independent implementation: its loss, logits and
+every weight's gradient)."""
+
+import contextlib
+import json
+
+import pytest
+import torch
+from torch import nn
+from transformers import Zamba2Config, Zamba2ForCausalLM
+
+from meshplan.executor.blocks import HybridLayer, Mamba2Block
+from meshplan.executor.model import CausalLM
+from meshplan.hf_config import load_model
+
+# Two shared copies used in turn by three hybrid layers (the third invokes the first copy again), a
+# plain Mamba-2 layer first and between; grouped Mamba-2 B/C; chunks shorter than the sequence.
+BASE = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=5,
+    layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+    num_mem_blocks=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    intermediate_size=48,
+    adapter_rank=4,
+    n_mamba_heads=8,
+    mamba_ngroups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    chunk_size=8,
+    tie_word_embeddings=True,
+    pad_token_id=None,  # no frozen embedding row (nn.Embedding's padding_idx): the executor trains every row
+)
+# Zamba2-7B's shape of options (no attention adapters, no rotary), and Zamba2-1.2B's (both).
+CONFIGS = {
+    "7b-like": dict(BASE, use_shared_attention_adapter=False, use_mem_rope=False, hidden_act="gelu"),
+    "1.2b-like": dict(BASE, use_shared_attention_adapter=True, use_mem_rope=True, hidden_act="gelu"),
+}
+SEQ, BATCH = 16, 2
+
+
+def hybrid_ids(config: dict) -> list[int]:
+    return [i for i, t in enumerate(config["layers_block_type"]) if t == "hybrid"]
+
+
+def theirs(ours: CausalLM, config: dict, grads: bool = False) -> dict:
+    """transformers' Zamba2 state dict holding `ours`'s weights (names from its modeling file: a tied
+    shared block appears under every hybrid layer that invokes it, with every adapter of its copy); with
+    `grads`, their gradients in that layout."""
+
+    def of(t):
+        return t.grad if grads else t
+
+    out = {"model.embed_tokens.weight": of(ours.embed.weight), "lm_head.weight": of(ours.head.weight)}
+    out["model.final_layernorm.weight"] = of(ours.head.final_norm.weight)
+    ids, copies = hybrid_ids(config), config["num_mem_blocks"]
+    hybrids = [ours.stack.layers[i] for i in ids]
+    for i, layer in enumerate(ours.stack.layers):
+        hybrid = isinstance(layer, HybridLayer)
+        pre = f"model.layers.{i}." + ("mamba_decoder." if hybrid else "")
+        mamba = {"in_proj": "in_proj.weight", "conv_b": "conv1d.bias", "dt_bias": "dt_bias", "a_log": "A_log"}
+        mamba |= {"d_skip": "D", "norm_w": "norm.weight", "out_proj": "out_proj.weight"}
+        out |= {pre + "mamba." + name: of(getattr(layer, mine)) for mine, name in mamba.items()}
+        out[pre + "mamba.conv1d.weight"] = of(layer.conv_w).unsqueeze(1)
+        out[pre + "input_layernorm.weight"] = of(layer.norm.weight)
+        if not hybrid:
+            continue
+        pre, block = f"model.layers.{i}.", layer.block
+        out[pre + "linear.weight"] = of(layer.linear)
+        st = pre + "shared_transformer."
+        q, k, v = of(block.w_qkv).split([block.heads * block.head_dim, *2 * [block.kv_heads * block.head_dim]])
+        out |= {st + "self_attn.q_proj.weight": q, st + "self_attn.k_proj.weight": k, st + "self_attn.v_proj.weight": v}
+        out[st + "self_attn.o_proj.weight"] = of(block.w_o)
+        out[st + "input_layernorm.weight"] = of(block.attn_norm.weight)
+        out[st + "pre_ff_layernorm.weight"] = of(block.mlp_norm.weight)
+        out[st + "feed_forward.gate_up_proj.weight"] = of(block.w_in)
+        out[st + "feed_forward.down_proj.weight"] = of(block.w_down)
+        for n, user in enumerate(hybrids):  # every adapter of this copy, each in its invocation's slot
+            if n % copies != layer.copy:
+                continue
+            ff = f"{st}feed_forward.gate_up_proj_adapter_list.{n}."
+            out |= {ff + "0.weight": of(user.mlp_adapter_down), ff + "1.weight": of(user.mlp_adapter_up)}
+            if config["use_shared_attention_adapter"]:
+                downs = of(user.qkv_adapter_down).chunk(3)
+                for part, down, up in zip("qkv", downs, (user.q_adapter_up, user.k_adapter_up, user.v_adapter_up)):
+                    at = f"{st}self_attn.linear_{part}_adapter_list.{n}."
+                    out |= {at + "0.weight": down, at + "1.weight": of(up)}
+    return out
+
+
+def _folder(tmp_path, config: dict) -> str:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "zamba2", **config}))
+    return str(tmp_path)
+
+
+def models(tmp_path, name: str):
+    """(config, our spec, our float64 model, transformers' float64 model with the same weights): norm
+    scales not left at their ones, so that one read from the wrong tensor shows."""
+    config = CONFIGS[name]
+    spec = load_model(_folder(tmp_path, config))
+    torch.manual_seed(0)
+    ours = CausalLM(spec).double()
+    with torch.no_grad():
+        for pname, t in ours.named_parameters():
+            if t.dim() == 1 and not pname.endswith(("dt_bias", "a_log", "d_skip", "conv_b")):
+                t.add_(0.1 * torch.randn_like(t))
+    hf = Zamba2ForCausalLM(Zamba2Config(**config)).double()
+    state = theirs(ours, config)
+    assert set(state) == set(hf.state_dict()), set(hf.state_dict()) ^ set(state)
+    hf.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    # transformers' Zamba2MambaMixer clamps dt from below at time_step_min (its time_step_limit);
+    # meshplan's Mamba-2 scan, as mamba_ssm's Mamba2 with the default dt_limit, does not clamp.
+    for layer in hf.model.layers:
+        mixer = layer.mamba_decoder.mamba if hasattr(layer, "mamba_decoder") else layer.mamba
+        mixer.time_step_limit = (0.0, float("inf"))
+    return config, spec, ours, hf.eval()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_config_reads_as_the_executor_builds_it(tmp_path, name):
+    config, spec, ours, _ = models(tmp_path, name)
+    assert spec.family == "hybrid" and spec.mlp.geglu and spec.hybrid_layer_ids == tuple(hybrid_ids(config))
+    assert (spec.rope.kind == "none") == (not config["use_mem_rope"])
+    kinds = [type(layer).__name__ for layer in ours.stack.layers]
+    assert kinds == ["Mamba2Block", "HybridLayer", "Mamba2Block", "HybridLayer", "HybridLayer"]
+    layers = ours.stack.layers
+    assert layers[1].block is layers[4].block is ours.stack.shared[0] and layers[3].block is ours.stack.shared[1]
+    assert isinstance(layers[0], Mamba2Block) and not isinstance(layers[0], HybridLayer)
+    # Parameters as the cost model counts them: each shared copy once, each invocation's linear and adapters
+    assert sum(p.numel() for p in ours.parameters()) == spec.embedding_params() + spec.layer_params()
+
+
+@contextlib.contextmanager
+def fp32_casts_kept_float64():
+    """transformers' Zamba2 runs its norms (Zamba2RMSNorm, Zamba2RMSNormGated: `.to(torch.float32)`), its
+    eager softmax (dtype=torch.float32) and its Mamba-2 scan (mamba2_chunk_scan: `.float()`) in fp32
+    whatever the model's dtype; inside this context those casts of a float64 tensor keep it float64
+    (the rotary's angles, `.to(device=…, dtype=torch.float)`, stay fp32, as the executor's Rotary
+    computes them). Outside it the two models agree to fp32's rounding (measured: logits 2-4e-6,
+    gradients 7e-6 and 4e-5 relative)."""
+    real_float, real_to, real_softmax = torch.Tensor.float, torch.Tensor.to, nn.functional.softmax
+
+    def to(t, *args, **kwargs):
+        if t.dtype == torch.float64:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+            if kwargs.get("dtype") is torch.float32 and "device" not in kwargs:
+                kwargs["dtype"] = torch.float64
+        return real_to(t, *args, **kwargs)
+
+    def softmax(x, *args, dtype=None, **kwargs):
+        return real_softmax(x, *args, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
+
+    torch.Tensor.float = lambda t, *a, **k: t if t.dtype == torch.float64 else real_float(t, *a, **k)
+    torch.Tensor.to, nn.functional.softmax = to, softmax
+    try:
+        yield
+    finally:
+        torch.Tensor.float, torch.Tensor.to, nn.functional.softmax = real_float, real_to, real_softmax
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_loss_logits_and_every_gradient_match_transformers(tmp_path, name):
+    """float64 (fp32_casts_kept_float64): transformers' loss and logits, and every weight's gradient (a
+    shared copy's summed over its invocations, as transformers' tied Parameter sums them), to 1e-10
+    relative (measured: 2e-14 and 1e-13)."""
+    config, spec, ours, hf = models(tmp_path, name)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, config["vocab_size"], (BATCH, SEQ + 1), generator=g)
+    tokens, labels = ids[:, :-1], ids[:, 1:]
+    loss = ours.token_losses(tokens, labels).mean()
+    loss.backward()
+    with fp32_casts_kept_float64():
+        out = hf(input_ids=tokens)
+        ref_loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
+        ref_loss.backward()
+    logits = ours.head.logits(ours.hidden(tokens)).detach()
+    logit_err = float((logits - out.logits).abs().max() / out.logits.abs().max())
+    assert logit_err <= 1e-10
+    assert abs(float(loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
+    named = dict(hf.named_parameters(remove_duplicate=False))
+    mine = theirs(ours, config, grads=True)
+    worst = 0.0
+    for key, grad in mine.items():
+        ref = named[key].grad
+        err = float((grad - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+        worst = max(worst, err)
+        assert err <= 1e-10, (key, err)
+    print(f"{name}: loss {float(loss):.9f} vs {float(ref_loss):.9f}, logits {logit_err:.1e}, gradients {worst:.1e}")
