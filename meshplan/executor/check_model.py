@@ -30,7 +30,7 @@ from meshplan.executor.parallelize import (
     share_final_states,
     unique_params,
 )
-from meshplan.executor.pipeline import Pipeline, stage_slice, through
+from meshplan.executor.pipeline import Pipeline, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -62,9 +62,7 @@ def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int,
         load_into([ref], weights, model)
         load_into(mods, weights, model)
     pp = layout.pp
-    stage = mesh.axis("pp").rank if pp > 1 else 0
-    ref_mods = list(ref.stack.layers)[stage_slice(model.layers, pp, stage) if pp > 1 else slice(None)]
-    ref_mods = ([ref.embed] if stage == 0 else []) + ref_mods + ([ref.head] if stage == pp - 1 else [])
+    ref_mods = [ref.get_submodule(m.origin) for m in mods]  # the reference module each came from
     like = torch.empty(batch, t_local, model.d_model, dtype=torch.float64)
     pipe = Pipeline(mods, mesh, run_layers, like=like) if pp > 1 else None
     return ref, mesh, mods, ref_mods, pipe

@@ -13,6 +13,7 @@ from torch import nn
 from meshplan.executor.blocks import DenseLayer, Stack
 from meshplan.executor.comm import Mesh, all_reduce, all_reduce_start, reduce_scatter_start
 from meshplan.executor.layouts.common import Sublayer
+from meshplan.executor.layouts.hybrid import hybrid_layers
 from meshplan.executor.layouts.layer import build_layer, sharded_modules, tokens_held
 from meshplan.executor.layouts.vocab import ParallelEmbedding, ParallelHead
 from meshplan.executor.model import CausalLM
@@ -67,8 +68,13 @@ def parallelize_model(ref: CausalLM, mesh: Mesh, seq: int, int8_allreduce: bool 
     positions, index = all_token_positions(mesh, seq, ref.stack)
     tensor_axis = tensor_axis_of(mesh)
     first = stage_slice(len(ref.stack.layers), pp, stage).start if pp > 1 else 0
-    modules = list(parallelize(stage_of(ref.stack, mesh), mesh, seq, int8_allreduce))
-    for i, module in enumerate(modules):  # the reference layer each came from (checkpoint.load_into)
+    if hasattr(ref.stack, "shared"):  # Zamba2: its shared blocks first (layouts.hybrid; one stage)
+        modules = hybrid_layers(ref.stack, mesh, seq, positions[index], int8_allreduce)
+        modules[0].origin = "stack.shared"
+    else:
+        modules = list(parallelize(stage_of(ref.stack, mesh), mesh, seq, int8_allreduce))
+    layers = [m for m in modules if not hasattr(m, "origin")]
+    for i, module in enumerate(layers):  # the reference layer each came from (checkpoint.load_into)
         module.origin = f"stack.layers.{first + i}"
     if stage == 0:
         modules.insert(0, ParallelEmbedding(ref.embed, mesh, tensor_axis, positions, index))

@@ -1,0 +1,123 @@
+"""Zamba2's layers (blocks.SharedBlock, blocks.HybridLayer) sharded for a layout: the shared blocks' sublayers
+built once a copy (SharedBlocks, one module of the model's list, after the embedding) and invoked by the
+hybrid layers that use that copy, so that each copy's weights are one Parameter on a rank and autograd sums
+their gradients over the invocations, as the single-process model's; each hybrid layer's own linear and
+adapters (HybridProjection) and its Mamba-2 mixer (mamba.ParallelMamba2).
+
+    block           module                       dp, sp (tokens: contiguous shards)
+    shared block    SharedBlocks: attention       dense.ParallelAttention (K/V gathered over sp)
+                    SharedBlocks: mlp             dense.ParallelMLP
+    hybrid_proj     HybridProjection              whole on every rank (gradients summed over dp × sp)
+    Mamba-2         ParallelHybridLayer.mixer     mamba.ParallelMamba2
+
+The hybrid layers read the token embeddings beside the stream: SharedBlocks keeps its input (the
+embedding's output, this rank's tokens) for the step, and passes the stream on unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshplan.executor.blocks import HybridLayer
+from meshplan.executor.comm import Mesh
+from meshplan.executor.layouts.common import Sharded
+from meshplan.executor.layouts.dense import ParallelAttention, ParallelMLP
+from meshplan.executor.layouts.layer import Layer
+from meshplan.executor.layouts.mamba import ParallelMamba2
+
+# A hybrid layer's own weights (blocks.HybridLayer), kept whole on every rank.
+PROJECTION_WEIGHTS = (
+    "linear",
+    "mlp_adapter_down",
+    "mlp_adapter_up",
+    "qkv_adapter_down",
+    "q_adapter_up",
+    "k_adapter_up",
+    "v_adapter_up",
+)
+
+
+class SharedBlocks(nn.Module):
+    """Every shared block copy's attention and MLP sublayers on this rank (`copies[j].attention`,
+    `.mlp`), whose weights are the reference's `stack.shared` (origin); forward keeps x — the token
+    embeddings, as it runs right after the embedding — for the hybrid layers and returns it."""
+
+    def __init__(self, shared: nn.ModuleList, mesh: Mesh, seq_axis: str | None, positions: torch.Tensor, seq: int):
+        super().__init__()
+        copies = []
+        for block in shared:
+            attention = ParallelAttention(block, mesh, None, seq_axis, positions, seq, zigzag=False)
+            copies.append(nn.ModuleDict(dict(attention=attention, mlp=ParallelMLP(block, mesh, None))))
+        self.copies = nn.ModuleList(copies)
+        self.emb = None
+
+    @property
+    def index(self) -> dict:
+        """Each local weight's reference slice, named within stack.shared."""
+        return {
+            f"copies.{j}.{slot}.{local}": (f"{j}.{ref}", dim, idx)
+            for j, copy in enumerate(self.copies)
+            for slot, sub in copy.items()
+            for local, (ref, dim, idx) in sub.index.items()
+        }
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.emb = x
+        return x
+
+    def block(self, copy: int, x: torch.Tensor, proj: HybridProjection) -> torch.Tensor:
+        """Shared copy `copy` on x and the kept embeddings, with `proj`'s adapters: attention over
+        concat(x, embeddings), then the MLP, no residual (blocks.SharedBlock.forward)."""
+        subs = self.copies[copy]
+        a = subs["attention"](torch.cat([x, self.emb], dim=-1), adapter=proj.qkv_adapter)
+        return subs["mlp"](a, adapter=proj.mlp_adapter)
+
+
+class HybridProjection(Sharded):
+    """A hybrid layer's own linear (the shared block's output back to d_model) and its LoRA adapters,
+    whole on every rank."""
+
+    def __init__(self, ref: HybridLayer):
+        super().__init__()
+        for name in PROJECTION_WEIGHTS:
+            if hasattr(ref, name):
+                self.take(name, ref, name)
+
+    @property
+    def mlp_adapter(self):
+        return (self.mlp_adapter_down, self.mlp_adapter_up) if hasattr(self, "mlp_adapter_down") else None
+
+    @property
+    def qkv_adapter(self):
+        if not hasattr(self, "qkv_adapter_down"):
+            return None
+        return (self.qkv_adapter_down, self.q_adapter_up, self.k_adapter_up, self.v_adapter_up)
+
+
+class ParallelHybridLayer(Layer):
+    """A Zamba2 hybrid layer on this rank: x + mixer(x + linear(shared block(x, embeddings))), its
+    sublayers the projection and the Mamba-2 mixer (a Sublayer: its own norm, then the mixer); the
+    shared block is SharedBlocks', referenced, not registered."""
+
+    def __init__(self, ref: HybridLayer, shared: SharedBlocks, mixer: ParallelMamba2):
+        super().__init__(proj=HybridProjection(ref), mixer=mixer)
+        self.__dict__["shared"] = shared
+        self.copy = ref.copy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = F.linear(self.shared.block(self.copy, x, self.proj), self.proj.linear)
+        return x + self.mixer(x + t)
+
+
+def hybrid_layers(stack, mesh: Mesh, seq: int, positions: torch.Tensor, int8_allreduce: bool = False) -> list:
+    """A Zamba2 stack on this rank: [SharedBlocks, each layer — a Mamba-2 Layer or a ParallelHybridLayer]
+    (dp and sp: limits.hybrid_limits)."""
+    seq_axis = "sp" if mesh.layout.sp > 1 else None
+    shared = SharedBlocks(stack.shared, mesh, seq_axis, positions, seq)
+    out: list[nn.Module] = [shared]
+    for ref in stack.layers:
+        mixer = ParallelMamba2(ref, mesh, None, seq_axis, int8_allreduce)
+        out.append(ParallelHybridLayer(ref, shared, mixer) if isinstance(ref, HybridLayer) else Layer(mixer=mixer))
+    return out
