@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshplan.executor.layouts.limits import layer_limits, mixed_limits, moe_limits, vocab_limits
+from meshplan.executor.layouts.limits import hybrid_limits, layer_limits, mixed_limits, moe_limits, vocab_limits
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec, RopeSpec
 
@@ -36,10 +36,16 @@ def unsupported(layout: Layout, model: ModelSpec, whole: bool = True, options: C
     elif model.family == "mixed":
         if (reason := mixed_limits(layout, model, options)) is not None:
             return reason
+    elif model.family == "hybrid":
+        if not whole:  # its layers read the token embeddings (layouts.hybrid.SharedBlocks keeps them)
+            return f"--layers-only: the executor runs {model.name}'s hybrid layers in the whole model only; drop it"
+        if (reason := hybrid_limits(layout, model)) is not None:
+            return reason
     elif model.family not in ("dense", "mamba2"):
         return (
-            f"model: the executor builds dense, Mamba-2, mixture-of-experts and Nemotron-H-like mixed models, "
-            f"not {model.family} ({model.name}) in {layout}; `meshplan memory` and `recommend` price it"
+            f"model: the executor builds dense, Mamba-2, mixture-of-experts, Nemotron-H-like mixed and Zamba2 "
+            f"hybrid models, not {model.family} ({model.name}) in {layout}; `meshplan memory` and `recommend` "
+            f"price it"
         )
     if layout.pp > 1 and model.layers % layout.pp:
         return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"

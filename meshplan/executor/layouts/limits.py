@@ -155,3 +155,30 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"price it with --capacity-factor 0"
         )
     return None
+
+
+def hybrid_limits(layout: Layout, model: ModelSpec) -> str | None:
+    """Why a Zamba2 hybrid's layers (hybrid.py: the shared blocks' sublayers built once a copy on a
+    rank, each hybrid layer's linear and adapters whole, the Mamba-2 mixers as ParallelMamba2; on dp,
+    with ZeRO 0-2, and sp) cannot run `layout` on `model`; None when they can."""
+    if layout.tensor_degree > 1 or layout.tsp > 1:
+        axis = next(f"{a}={getattr(layout, a)}" for a in ("tp", "tpssm", "tsp") if getattr(layout, a) > 1)
+        return (
+            f"layout: the executor runs {model.name}'s shared blocks on dp and sp, not {axis}; "
+            f"use sp (or dp) for its tokens"
+        )
+    if layout.pp > 1:
+        # A stage would need the token embeddings beside the stream (the cost model sends d_model a token)
+        # and a copy of every shared block it invokes, their gradients summed over the stages.
+        return (
+            f"layout: the executor runs {model.name}'s shared blocks on one pipeline stage, not pp={layout.pp}; "
+            f"use dp or sp"
+        )
+    if layout.dp > 1 and layout.zero >= 3:
+        return f"layout: the executor's ZeRO 3 does not gather {model.name}'s shared blocks; execute zero=2 or below"
+    if model.attention_adapters and model.attention.kv_heads != model.attention.heads:
+        return (
+            f"model: {model.name}'s Q/K/V adapters are attention_hidden wide, as transformers' Zamba2 builds "
+            f"them, which needs num_key_value_heads = num_attention_heads"
+        )
+    return None
