@@ -242,8 +242,8 @@ def test_zamba2_on_gloo_matches_float64_and_the_cost_models_bytes(tmp_path_facto
 
 def test_execute_trains_a_zamba2_config_end_to_end(tmp_path):
     """`meshplan execute` on a Zamba2 config.json, two gloo processes on sp=2 (ids from a .npy: the CLI
-    takes packed documents for models without attention only): it runs, nothing of the model is left out, and every collective's bytes equal the prediction
-    the run file sets beside them."""
+    takes packed documents for models without attention only): it runs, nothing of the model is left
+    out, and every collective's bytes equal the prediction the run file sets beside them."""
     import numpy as np
     from typer.testing import CliRunner
 
