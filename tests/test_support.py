@@ -21,7 +21,7 @@ runner = CliRunner()
         ("llama3-8b", "dp=2,pp=2,tsp=2,zero=2", "without tsp or tpssm"),
         ("dense-7b", "pp=3", "does not divide"),
         ("llama3-8b", "dp=2,tsp=4,zero=3", "zero=2 or below"),
-        ("zamba2-7b", "tpssm=2", "shared blocks on dp and sp, not tpssm=2"),
+        ("zamba2-7b", "tsp=2", "shared blocks on dp, tp (tpssm) and sp, not tsp=2"),
         ("zamba2-7b", "pp=3", "one pipeline stage, not pp=3"),
         ("zamba2-7b", "dp=2,sp=2,zero=3", "zero=2 or below"),
         ("mamba2-2.7b", "dp=2,zero=3", "tied embedding for ZeRO 3"),
@@ -55,6 +55,7 @@ def test_unsupported_names_the_field_and_the_way_out(model, layout, needle):
         ("qwen3-30b-a3b", "dp=2,pp=2,tp=2,ep=2,etp=1,zero=1"),
         ("qwen3-30b-a3b", "dp=2,tp=2,ep=2,etp=1,zero=2"),
         ("zamba2-7b", "dp=2,sp=4,zero=2"),
+        ("zamba2-7b", "dp=2,tpssm=2,sp=2,zero=1"),
     ],
 )
 def test_what_the_executor_runs(model, layout):

@@ -204,8 +204,20 @@ def tiny_zamba2(tmp_path_factory, name: str = "1.2b-like"):
 # (processes, [(layout, modes, packed)]): data parallel, ZeRO 1, sequence parallel (the Mamba-2 recurrence
 # handed along the sp ranks, the shared attention's K/V gathered over them), with packed documents too.
 DIST = {
-    2: [("dp=2", "train", False), ("dp=2,zero=1", "train", False), ("sp=2", "train", False), ("sp=2", "train", True)],
-    4: [("dp=2,sp=2", "train", False), ("dp=2,sp=2,zero=2", "train", True)],
+    2: [
+        ("dp=2", "train", False),
+        ("dp=2,zero=1", "train", False),
+        ("sp=2", "train", False),
+        ("sp=2", "train", True),
+        ("tp=2", "train", False),
+        ("tpssm=2", "train", True),
+    ],
+    4: [
+        ("dp=2,sp=2", "train", False),
+        ("dp=2,sp=2,zero=2", "train", True),
+        ("tp=2,sp=2", "train", True),
+        ("dp=2,tpssm=2,zero=1", "train", False),
+    ],
 }
 
 
@@ -267,8 +279,7 @@ def test_execute_trains_a_zamba2_config_end_to_end(tmp_path):
 @pytest.mark.parametrize(
     "layout, whole, needle",
     [
-        ("tp=2", True, "shared blocks on dp and sp, not tp=2"),
-        ("tsp=2", True, "not tsp=2"),
+        ("tsp=2", True, "not tsp=2; use tp or sp"),
         ("pp=5", True, "one pipeline stage, not pp=5"),
         ("dp=2,zero=3", True, "zero=2 or below"),
         ("sp=2", False, "in the whole model only"),
@@ -281,3 +292,49 @@ def test_what_the_executor_does_not_run_is_one_line_naming_the_field(tmp_path_fa
     reason = unsupported(parse_layout(layout), tiny_zamba2(tmp_path_factory), whole=whole)
     assert reason is not None and needle in reason and "\n" not in reason, reason
     assert reason.split(":")[0] in ("layout", "model", "--layers-only")
+
+
+def test_adapter_down_grads_on_the_tensor_axis_by_hand():
+    """Zamba2-7B on tp=2: each of its 13 invocations' rank-128 gate/up adapter has its 128 × 3584 down
+    projection whole on both ranks, its gradient summed over tp once a step — 13 · 128 · 3584 fp32
+    elements; prefill moves none of it. With attention adapters, the three
+    128 × 7168 downs of Q, K, V beside it."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.costmodel.schedule import step_schedule
+    from meshplan.layout import parse_layout
+    from meshplan.models import PRESETS
+
+    model = PRESETS["zamba2-7b"]
+    train = CostOptions(mode="train", grad_dtype="fp32")
+
+    def adapter_bytes(model, opts):
+        schedule = step_schedule(model, parse_layout("tp=2"), 4096, 1, opts)
+        comms = [*schedule.per_step, *schedule.per_block.get("hybrid_proj", ())]
+        return sum(c.message_bytes_per_rank for c in comms if c.what == "adapter down-projection grads")  # × count
+
+    assert adapter_bytes(model, train) == 13 * 128 * 3584 * 4
+    assert adapter_bytes(replace(model, attention_adapters=True), train) == 13 * (128 * 3584 + 3 * 128 * 7168) * 4
+    assert adapter_bytes(model, CostOptions(mode="prefill")) == 0
+
+
+def test_what_a_tensor_rank_holds_of_the_hybrid_projections_by_hand():
+    """Zamba2-7B on tp=2: each of the 13 invocations' 3584 × 3584 linear and 128 × 3584 adapter down
+    projection stay whole on both ranks (their up projections, 28672 × 128, split), so a rank holds half
+    of them more than an even split: 13 · (3584² + 128 · 3584) / 2 parameters."""
+    from meshplan.costmodel.axes import sharding_for
+    from meshplan.costmodel.blocks.hybrid_proj import tensor_replicated_hybrid_params
+    from meshplan.costmodel.memory import local_params
+    from meshplan.costmodel.options import MemoryOptions
+    from meshplan.layout import parse_layout
+    from meshplan.models import PRESETS
+
+    model = PRESETS["zamba2-7b"]
+    extra = 13 * (3584 * 3584 + 128 * 3584) / 2
+    assert tensor_replicated_hybrid_params(model, 2) == extra
+    assert tensor_replicated_hybrid_params(model, 1) == 0
+    tp, sp = (sharding_for(parse_layout(text), MemoryOptions()) for text in ("tp=2", "sp=2"))
+    even = (model.param_count() - model.norm_params()) / 2 + model.norm_params()
+    assert local_params(model, tp) == pytest.approx(even + extra, rel=1e-12)
+    assert local_params(model, sp) == model.param_count()

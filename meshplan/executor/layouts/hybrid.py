@@ -4,11 +4,11 @@ hybrid layers that use that copy, so that each copy's weights are one Parameter 
 their gradients over the invocations, as the single-process model's; each hybrid layer's own linear and
 adapters (HybridProjection) and its Mamba-2 mixer (mamba.ParallelMamba2).
 
-    block           module                       dp, sp (tokens: contiguous shards)
-    shared block    SharedBlocks: attention       dense.ParallelAttention (K/V gathered over sp)
+    block           module                       dp, tp / tpssm, sp (tokens: contiguous shards), tp+sp
+    shared block    SharedBlocks: attention       dense.ParallelAttention (heads over tp, K/V gathered over sp)
                     SharedBlocks: mlp             dense.ParallelMLP
-    hybrid_proj     HybridProjection              whole on every rank (gradients summed over dp × sp)
-    Mamba-2         ParallelHybridLayer.mixer     mamba.ParallelMamba2
+    hybrid_proj     HybridProjection              splits.hybrid_proj_splits (the linear whole)
+    Mamba-2         ParallelHybridLayer.mixer     mamba.ParallelMamba2 (TP-SSM heads over tp)
 
 The hybrid layers read the token embeddings beside the stream: SharedBlocks keeps its input (the
 embedding's output, this rank's tokens) for the step, and passes the stream on unchanged.
@@ -26,17 +26,7 @@ from meshplan.executor.layouts.common import Sharded
 from meshplan.executor.layouts.dense import ParallelAttention, ParallelMLP
 from meshplan.executor.layouts.layer import Layer
 from meshplan.executor.layouts.mamba import ParallelMamba2
-
-# A hybrid layer's own weights (blocks.HybridLayer), kept whole on every rank.
-PROJECTION_WEIGHTS = (
-    "linear",
-    "mlp_adapter_down",
-    "mlp_adapter_up",
-    "qkv_adapter_down",
-    "q_adapter_up",
-    "k_adapter_up",
-    "v_adapter_up",
-)
+from meshplan.executor.layouts.splits import hybrid_proj_splits
 
 
 class SharedBlocks(nn.Module):
@@ -44,12 +34,20 @@ class SharedBlocks(nn.Module):
     `.mlp`), whose weights are the reference's `stack.shared` (origin); forward keeps x — the token
     embeddings, as it runs right after the embedding — for the hybrid layers and returns it."""
 
-    def __init__(self, shared: nn.ModuleList, mesh: Mesh, seq_axis: str | None, positions: torch.Tensor, seq: int):
+    def __init__(
+        self,
+        shared: nn.ModuleList,
+        mesh: Mesh,
+        tensor_axis: str | None,
+        seq_axis: str | None,
+        positions: torch.Tensor,
+        seq: int,
+    ):
         super().__init__()
         copies = []
         for block in shared:
-            attention = ParallelAttention(block, mesh, None, seq_axis, positions, seq, zigzag=False)
-            copies.append(nn.ModuleDict(dict(attention=attention, mlp=ParallelMLP(block, mesh, None))))
+            attention = ParallelAttention(block, mesh, tensor_axis, seq_axis, positions, seq, zigzag=False)
+            copies.append(nn.ModuleDict(dict(attention=attention, mlp=ParallelMLP(block, mesh, tensor_axis))))
         self.copies = nn.ModuleList(copies)
         self.emb = None
 
@@ -76,14 +74,24 @@ class SharedBlocks(nn.Module):
 
 
 class HybridProjection(Sharded):
-    """A hybrid layer's own linear (the shared block's output back to d_model) and its LoRA adapters,
-    whole on every rank."""
+    """A hybrid layer's own linear (the shared block's output back to d_model) and its LoRA adapters:
+    whole without a tensor axis; on one, the up projections' rows cut as the projections they add to
+    (splits.hybrid_proj_splits), the down projections' gradients partial sums over the axis."""
 
-    def __init__(self, ref: HybridLayer):
+    def __init__(self, ref: HybridLayer, mesh: Mesh, tensor_axis: str | None):
         super().__init__()
-        for name in PROJECTION_WEIGHTS:
-            if hasattr(ref, name):
-                self.take(name, ref, name)
+        self.tensor_axis = tensor_axis
+        t = mesh.axis(tensor_axis).size if tensor_axis else 1
+        r = mesh.axis(tensor_axis).rank if tensor_axis else 0
+        block = ref.block
+        q_w, kv_w = block.heads * block.head_dim, block.kv_heads * block.head_dim
+        table = hybrid_proj_splits(block.w_down.shape[1], q_w, kv_w)
+        self.take_splits(ref, {name: split for name, split in table.items() if hasattr(ref, name)}, t, r)
+
+    def partial_grads(self) -> dict:
+        """On a tensor axis: the adapters' down projections, each rank's gradient from its own up rows."""
+        downs = [getattr(self, n) for n in ("mlp_adapter_down", "qkv_adapter_down") if hasattr(self, n)]
+        return {self.tensor_axis: downs} if self.tensor_axis and downs else {}
 
     @property
     def mlp_adapter(self):
@@ -101,8 +109,8 @@ class ParallelHybridLayer(Layer):
     sublayers the projection and the Mamba-2 mixer (a Sublayer: its own norm, then the mixer); the
     shared block is SharedBlocks', referenced, not registered."""
 
-    def __init__(self, ref: HybridLayer, shared: SharedBlocks, mixer: ParallelMamba2):
-        super().__init__(proj=HybridProjection(ref), mixer=mixer)
+    def __init__(self, ref: HybridLayer, shared: SharedBlocks, proj: HybridProjection, mixer: ParallelMamba2):
+        super().__init__(proj=proj, mixer=mixer)
         self.__dict__["shared"] = shared
         self.copy = ref.copy
 
@@ -113,11 +121,16 @@ class ParallelHybridLayer(Layer):
 
 def hybrid_layers(stack, mesh: Mesh, seq: int, positions: torch.Tensor, int8_allreduce: bool = False) -> list:
     """A Zamba2 stack on this rank: [SharedBlocks, each layer — a Mamba-2 Layer or a ParallelHybridLayer]
-    (dp and sp: limits.hybrid_limits)."""
-    seq_axis = "sp" if mesh.layout.sp > 1 else None
-    shared = SharedBlocks(stack.shared, mesh, seq_axis, positions, seq)
+    (dp, tp or tpssm, sp: limits.hybrid_limits)."""
+    layout = mesh.layout
+    tensor_axis = layout.weight_axis if layout.tensor_degree > 1 else None
+    seq_axis = "sp" if layout.sp > 1 else None
+    shared = SharedBlocks(stack.shared, mesh, tensor_axis, seq_axis, positions, seq)
     out: list[nn.Module] = [shared]
     for ref in stack.layers:
-        mixer = ParallelMamba2(ref, mesh, None, seq_axis, int8_allreduce)
-        out.append(ParallelHybridLayer(ref, shared, mixer) if isinstance(ref, HybridLayer) else Layer(mixer=mixer))
+        mixer = ParallelMamba2(ref, mesh, tensor_axis, seq_axis, int8_allreduce)
+        if isinstance(ref, HybridLayer):
+            out.append(ParallelHybridLayer(ref, shared, HybridProjection(ref, mesh, tensor_axis), mixer))
+        else:
+            out.append(Layer(mixer=mixer))
     return out

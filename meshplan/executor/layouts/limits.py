@@ -160,12 +160,11 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
 def hybrid_limits(layout: Layout, model: ModelSpec) -> str | None:
     """Why a Zamba2 hybrid's layers (hybrid.py: the shared blocks' sublayers built once a copy on a
     rank, each hybrid layer's linear and adapters whole, the Mamba-2 mixers as ParallelMamba2; on dp,
-    with ZeRO 0-2, and sp) cannot run `layout` on `model`; None when they can."""
-    if layout.tensor_degree > 1 or layout.tsp > 1:
-        axis = next(f"{a}={getattr(layout, a)}" for a in ("tp", "tpssm", "tsp") if getattr(layout, a) > 1)
+    with ZeRO 0-2, tp or tpssm, and sp) cannot run `layout` on `model`; None when they can."""
+    if layout.tsp > 1:
         return (
-            f"layout: the executor runs {model.name}'s shared blocks on dp and sp, not {axis}; "
-            f"use sp (or dp) for its tokens"
+            f"layout: the executor runs {model.name}'s shared blocks on dp, tp (tpssm) and sp, not "
+            f"tsp={layout.tsp}; use tp or sp"
         )
     if layout.pp > 1:
         # A stage would need the token embeddings beside the stream (the cost model sends d_model a token)
