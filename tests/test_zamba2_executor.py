@@ -201,8 +201,10 @@ def tiny_zamba2(tmp_path_factory, name: str = "1.2b-like"):
     return load_model(_folder(tmp_path_factory.mktemp(name), CONFIGS[name]))
 
 
-# (processes, [(layout, modes, packed)]): data parallel, ZeRO 1, sequence parallel (the Mamba-2 recurrence
-# handed along the sp ranks, the shared attention's K/V gathered over them), with packed documents too.
+# (processes, [(layout, mode, packed)]): data parallel, ZeRO 1 and 2, sequence parallel (the Mamba-2
+# recurrence handed along the sp ranks, the shared attention's K/V gathered over them), tensor parallel
+# (tp or tpssm: the same split), both; packed documents; a prefill and decoded tokens (each invocation
+# of a shared attention with its own KV cache).
 DIST = {
     2: [
         ("dp=2", "train", False),
@@ -211,12 +213,18 @@ DIST = {
         ("sp=2", "train", True),
         ("tp=2", "train", False),
         ("tpssm=2", "train", True),
+        ("dp=2", "decode", False),
+        ("sp=2", "prefill", True),
+        ("sp=2", "decode", True),
+        ("tp=2", "prefill", False),
+        ("tp=2", "decode", False),
     ],
     4: [
         ("dp=2,sp=2", "train", False),
         ("dp=2,sp=2,zero=2", "train", True),
         ("tp=2,sp=2", "train", True),
         ("dp=2,tpssm=2,zero=1", "train", False),
+        ("tp=2,sp=2", "decode", False),
     ],
 }
 
@@ -234,16 +242,20 @@ def _run_all(rank, world, model, cases):
 @pytest.mark.parametrize("world", list(DIST))
 def test_zamba2_on_gloo_matches_float64_and_the_cost_models_bytes(tmp_path_factory, world):
     """Each layout against the float64 single-process model — the loss, every weight's gradient (each
-    shared copy's summed over its invocations on a rank, then over the gradient group) — and every
-    collective's bytes equal to the cost model's schedule, per kind and axis."""
+    shared copy's summed over its invocations on a rank, then over the gradient group), ZeRO's step;
+    the next token's log-probabilities after a prefill and each decoded token — and every collective's
+    bytes equal to the cost model's schedule, per kind and axis."""
     from meshplan.executor.check import mean_counts
     from meshplan.executor.distributed import run_distributed
 
     model = tiny_zamba2(tmp_path_factory)
     per_rank = run_distributed(_run_all, world, model, DIST[world], timeout_s=300)
-    for i, (text, _, packed) in enumerate(DIST[world]):
+    for i, (text, mode, packed) in enumerate(DIST[world]):
         results = [r[i][1] for r in per_rank]
         for r in results:
+            if mode != "train":
+                assert r["max_out_err"] < 1e-10, (text, mode, packed, r)
+                continue
             assert r.get("loss_err", 0.0) < 1e-12, (text, packed, r)
             assert r["max_weight_grad_rel_err"] < 1e-9, (text, packed, r)
             if "zero" in text:

@@ -134,12 +134,12 @@ class ParallelAttention(Sublayer):
         self.kv_cache = None
 
     @torch.no_grad()
-    def decode(self, x):
+    def decode(self, x, adapter=None):
         """One new token per sequence (b, 1, h) against the cache prefill left: on SP, each rank
         attends over its shard of the cache (the last rank also holds the new tokens), and the
         partial outputs are gathered and combined."""
         b = x.shape[0]
-        q, k, v = self._qkv(self.norm(x), self.q_positions.new_full((1,), self.next_position))
+        q, k, v = self._qkv(self.norm(x), self.q_positions.new_full((1,), self.next_position), adapter)
         self.next_position += 1
         owner = not self.seq_axis or self.mesh.axis(self.seq_axis).rank == self.mesh.axis(self.seq_axis).size - 1
         if owner:

@@ -65,11 +65,15 @@ class SharedBlocks(nn.Module):
         self.emb = x
         return x
 
-    def block(self, copy: int, x: torch.Tensor, proj: HybridProjection) -> torch.Tensor:
+    decode = forward  # a decoded token's embeddings
+
+    def block(self, copy: int, x: torch.Tensor, proj: HybridProjection, decode: bool = False) -> torch.Tensor:
         """Shared copy `copy` on x and the kept embeddings, with `proj`'s adapters: attention over
-        concat(x, embeddings), then the MLP, no residual (blocks.SharedBlock.forward)."""
+        concat(x, embeddings), then the MLP, no residual (blocks.SharedBlock.forward); `decode`: one new
+        token against the attention's KV cache (the invoking layer's: ParallelHybridLayer.invoke)."""
         subs = self.copies[copy]
-        a = subs["attention"](torch.cat([x, self.emb], dim=-1), adapter=proj.qkv_adapter)
+        attention = subs["attention"].decode if decode else subs["attention"]
+        a = attention(torch.cat([x, self.emb], dim=-1), adapter=proj.qkv_adapter)
         return subs["mlp"](a, adapter=proj.mlp_adapter)
 
 
@@ -113,10 +117,26 @@ class ParallelHybridLayer(Layer):
         super().__init__(proj=proj, mixer=mixer)
         self.__dict__["shared"] = shared
         self.copy = ref.copy
+        self.kv_state = (None, 0)  # this invocation's KV cache and next position (invoke)
+
+    def invoke(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
+        """The shared block's output through the layer's linear. Its attention is shared by every layer
+        invoking the copy, each with a KV cache of its own: the layer's is lent to it for the call."""
+        attention = self.shared.copies[self.copy]["attention"]
+        attention.kv_cache, attention.next_position = self.kv_state
+        try:
+            out = self.shared.block(self.copy, x, self.proj, decode)
+        finally:
+            self.kv_state = (attention.kv_cache, attention.next_position)
+            attention.kv_cache = None
+        return F.linear(out, self.proj.linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = F.linear(self.shared.block(self.copy, x, self.proj), self.proj.linear)
-        return x + self.mixer(x + t)
+        return x + self.mixer(x + self.invoke(x))
+
+    @torch.no_grad()
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mixer.decode(x + self.invoke(x, decode=True))
 
 
 def hybrid_layers(stack, mesh: Mesh, seq: int, positions: torch.Tensor, int8_allreduce: bool = False) -> list:
