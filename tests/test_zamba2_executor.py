@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import Zamba2Config, Zamba2ForCausalLM
 
-from meshplan.executor.blocks import HybridLayer, Mamba2Block
+from meshplan.executor.blocks import HybridLayer
 from meshplan.executor.model import CausalLM
 from meshplan.hf_config import load_model
 
@@ -43,6 +43,16 @@ BASE = dict(
 CONFIGS = {
     "7b-like": dict(BASE, use_shared_attention_adapter=False, use_mem_rope=False, hidden_act="gelu"),
     "1.2b-like": dict(BASE, use_shared_attention_adapter=True, use_mem_rope=True, hidden_act="gelu"),
+    # Six layers for two pipeline stages: the first copy invoked on both (layers 1 and 5), the second
+    # on the second stage alone (layer 3); SwiGLU.
+    "6-layer": dict(
+        BASE,
+        num_hidden_layers=6,
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "mamba", "hybrid"],
+        use_shared_attention_adapter=True,
+        use_mem_rope=True,
+        hidden_act="silu",
+    ),
 }
 SEQ, BATCH = 16, 2
 
@@ -127,13 +137,16 @@ def models(tmp_path, name: str):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_config_reads_as_the_executor_builds_it(tmp_path, name):
     config, spec, ours, _ = models(tmp_path, name)
-    assert spec.family == "hybrid" and spec.mlp.geglu and spec.hybrid_layer_ids == tuple(hybrid_ids(config))
+    ids = hybrid_ids(config)
+    assert spec.family == "hybrid" and spec.hybrid_layer_ids == tuple(ids)
+    assert spec.mlp.geglu == (config["hidden_act"] == "gelu")
     assert (spec.rope.kind == "none") == (not config["use_mem_rope"])
-    kinds = [type(layer).__name__ for layer in ours.stack.layers]
-    assert kinds == ["Mamba2Block", "HybridLayer", "Mamba2Block", "HybridLayer", "HybridLayer"]
     layers = ours.stack.layers
-    assert layers[1].block is layers[4].block is ours.stack.shared[0] and layers[3].block is ours.stack.shared[1]
-    assert isinstance(layers[0], Mamba2Block) and not isinstance(layers[0], HybridLayer)
+    kinds = [type(layer).__name__ for layer in layers]
+    assert kinds == ["HybridLayer" if i in ids else "Mamba2Block" for i in range(len(layers))]
+    # the k-th hybrid layer invokes copy k mod num_mem_blocks, the same object each time
+    for k, i in enumerate(ids):
+        assert layers[i].block is ours.stack.shared[k % config["num_mem_blocks"]]
     # Parameters as the cost model counts them: each shared copy once, each invocation's linear and adapters
     assert sum(p.numel() for p in ours.parameters()) == spec.embedding_params() + spec.layer_params()
 
@@ -227,6 +240,17 @@ DIST = {
         ("tp=2,sp=2", "decode", False),
     ],
 }
+# Two pipeline stages of the 6-layer model (the stages send the embeddings beside the hidden states;
+# the copy invoked on both has its gradients summed over pp), alone and beside dp with ZeRO 1, tp, sp.
+PIPELINE = {
+    2: [("pp=2", "train", False), ("pp=2", "prefill", True), ("pp=2", "decode", False)],
+    4: [
+        ("dp=2,pp=2,zero=1", "train", False),
+        ("pp=2,tp=2", "train", True),
+        ("pp=2,sp=2", "train", True),
+        ("pp=2,sp=2", "decode", True),
+    ],
+}
 
 
 def _run_all(rank, world, model, cases):
@@ -239,8 +263,8 @@ def _run_all(rank, world, model, cases):
     ]
 
 
-@pytest.mark.parametrize("world", list(DIST))
-def test_zamba2_on_gloo_matches_float64_and_the_cost_models_bytes(tmp_path_factory, world):
+@pytest.mark.parametrize("name, world", [("1.2b-like", 2), ("1.2b-like", 4), ("6-layer", 2), ("6-layer", 4)])
+def test_zamba2_on_gloo_matches_float64_and_the_cost_models_bytes(tmp_path_factory, name, world):
     """Each layout against the float64 single-process model — the loss, every weight's gradient (each
     shared copy's summed over its invocations on a rank, then over the gradient group), ZeRO's step;
     the next token's log-probabilities after a prefill and each decoded token — and every collective's
@@ -248,9 +272,10 @@ def test_zamba2_on_gloo_matches_float64_and_the_cost_models_bytes(tmp_path_facto
     from meshplan.executor.check import mean_counts
     from meshplan.executor.distributed import run_distributed
 
-    model = tiny_zamba2(tmp_path_factory)
-    per_rank = run_distributed(_run_all, world, model, DIST[world], timeout_s=300)
-    for i, (text, mode, packed) in enumerate(DIST[world]):
+    cases = (DIST if name == "1.2b-like" else PIPELINE)[world]
+    model = tiny_zamba2(tmp_path_factory, name)
+    per_rank = run_distributed(_run_all, world, model, cases, timeout_s=300)
+    for i, (text, mode, packed) in enumerate(cases):
         results = [r[i][1] for r in per_rank]
         for r in results:
             if mode != "train":
@@ -292,7 +317,7 @@ def test_execute_trains_a_zamba2_config_end_to_end(tmp_path):
     "layout, whole, needle",
     [
         ("tsp=2", True, "not tsp=2; use tp or sp"),
-        ("pp=5", True, "one pipeline stage, not pp=5"),
+        ("pp=5", True, "over two pipeline stages, not pp=5; use pp=2"),
         ("dp=2,zero=3", True, "zero=2 or below"),
         ("sp=2", False, "in the whole model only"),
     ],
@@ -350,3 +375,33 @@ def test_what_a_tensor_rank_holds_of_the_hybrid_projections_by_hand():
     even = (model.param_count() - model.norm_params()) / 2 + model.norm_params()
     assert local_params(model, tp) == pytest.approx(even + extra, rel=1e-12)
     assert local_params(model, sp) == model.param_count()
+
+
+def test_pipeline_stages_of_a_zamba2_by_hand(tmp_path_factory):
+    """The 6-layer model on pp=2 (three layers a stage): copy 0 is invoked on both stages (layers 1, 5),
+    copy 1 on the second (layer 3). A copy is 3·64·64 (Q, K, V) + 32·64 (O) + 64 (its norm) attention
+    weights and 96·32 + 32·48 + 32 MLP weights: 19,040; the one held twice has its gradient summed over
+    pp once a step (fp32: 19,040 · 4 bytes on each of the two ranks), and a rank holds on average half
+    a copy more than the model's parameters / 2. A stage sends each token's hidden state and its
+    embeddings: 2 · 32 fp32 values, forward and backward."""
+    from meshplan.costmodel.axes import sharding_for
+    from meshplan.costmodel.axes.pp import shared_copy_holders, shared_copy_params
+    from meshplan.costmodel.memory import mean_local_params
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.costmodel.schedule import step_schedule
+    from meshplan.layout import parse_layout
+
+    model = tiny_zamba2(tmp_path_factory, "6-layer")
+    copy = 3 * 64 * 64 + 32 * 64 + 64 + 96 * 32 + 32 * 48 + 32
+    assert shared_copy_holders(model, 2) == (2, 1) and shared_copy_holders(model, 1) == ()
+    assert shared_copy_params(model, 1) == copy == 19040
+    assert shared_copy_params(model, 2) == (copy - 96) / 2 + 96  # tp=2: the norms whole
+    opts = CostOptions(mode="train", act_dtype="fp32", grad_dtype="fp32")
+    schedule = step_schedule(model, parse_layout("pp=2"), SEQ, BATCH, opts)
+    summed = [c for c in schedule.per_step if c.what.startswith("shared block copies")]
+    assert [(c.kind, c.axis, c.message_bytes_per_rank) for c in summed] == [("all_reduce", "pp", copy * 4)]
+    sends = [c for c in schedule.per_microbatch if c.kind == "send_recv"]
+    assert {c.message_bytes for c in sends} == {BATCH * SEQ * 2 * 32 * 4} and len(sends) == 2
+    tied = model.vocab * model.d_model  # the head's copy of the tied embedding on the last stage
+    sh = sharding_for(parse_layout("pp=2"), opts)
+    assert mean_local_params(model, sh, 2) == (model.param_count() + tied + copy) / 2

@@ -11,6 +11,7 @@ from dataclasses import replace
 import torch
 
 from meshplan.costmodel.axes import sharding_for
+from meshplan.costmodel.axes.pp import stream_width
 from meshplan.costmodel.memory import head_activation_bytes, loss_logits_bytes, saved_activation_bytes
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
@@ -63,7 +64,7 @@ def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int,
         load_into(mods, weights, model)
     pp = layout.pp
     ref_mods = [ref.get_submodule(m.origin) for m in mods]  # the reference module each came from
-    like = torch.empty(batch, t_local, model.d_model, dtype=torch.float64)
+    like = torch.empty(batch, t_local, stream_width(model), dtype=torch.float64)  # Zamba2's: its embeddings too
     pipe = Pipeline(mods, mesh, run_layers, like=like) if pp > 1 else None
     return ref, mesh, mods, ref_mods, pipe
 
@@ -200,7 +201,7 @@ def _check_decode(
     keep_caches(mods, False)
     share_final_states(mods)
     if pipe is not None:
-        pipe.like = torch.empty(batch, 1, model.d_model, dtype=torch.float64)
+        pipe.like = torch.empty(batch, 1, stream_width(model), dtype=torch.float64)
     mesh.reset_counts()
     errs = []
     with torch.no_grad():

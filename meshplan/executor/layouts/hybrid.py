@@ -30,9 +30,11 @@ from meshplan.executor.layouts.splits import hybrid_proj_splits
 
 
 class SharedBlocks(nn.Module):
-    """Every shared block copy's attention and MLP sublayers on this rank (`copies[j].attention`,
-    `.mlp`), whose weights are the reference's `stack.shared` (origin); forward keeps x — the token
-    embeddings, as it runs right after the embedding — for the hybrid layers and returns it."""
+    """The attention and MLP sublayers of each shared block copy this rank's stage invokes (`held`:
+    `copies["j"].attention`, `.mlp`), whose weights are the reference's `stack.shared` (origin);
+    `summed`: the copies another stage holds too. Forward keeps the token embeddings for the hybrid
+    layers — its input on the first stage, right after the embedding; on a later stage the second half
+    of what the previous one sent (`unpack`) — and returns the hidden states."""
 
     def __init__(
         self,
@@ -42,27 +44,42 @@ class SharedBlocks(nn.Module):
         seq_axis: str | None,
         positions: torch.Tensor,
         seq: int,
+        held: tuple[int, ...],
+        summed: tuple[int, ...] = (),
+        unpack: bool = False,
     ):
         super().__init__()
-        copies = []
-        for block in shared:
+        copies = {}
+        for j in held:
+            block = shared[j]
             attention = ParallelAttention(block, mesh, tensor_axis, seq_axis, positions, seq, zigzag=False)
-            copies.append(nn.ModuleDict(dict(attention=attention, mlp=ParallelMLP(block, mesh, tensor_axis))))
-        self.copies = nn.ModuleList(copies)
+            copies[str(j)] = nn.ModuleDict(dict(attention=attention, mlp=ParallelMLP(block, mesh, tensor_axis)))
+        self.copies = nn.ModuleDict(copies)
+        self.summed, self.unpack = summed, unpack
         self.emb = None
+
+    def stage_summed_params(self) -> list[nn.Parameter]:
+        """The weights of the copies another pipeline stage holds too: their gradients are summed over
+        the stages once a step (parallelize.GradientSync)."""
+        return [p for j in self.summed for p in self.copies[str(j)].parameters()]
 
     @property
     def index(self) -> dict:
         """Each local weight's reference slice, named within stack.shared."""
         return {
             f"copies.{j}.{slot}.{local}": (f"{j}.{ref}", dim, idx)
-            for j, copy in enumerate(self.copies)
+            for j, copy in self.copies.items()
             for slot, sub in copy.items()
             for local, (ref, dim, idx) in sub.index.items()
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.emb = x
+        """x: the embeddings (the first stage), or what the previous stage sent — the hidden states and
+        the embeddings side by side (StreamOut)."""
+        if self.unpack:
+            x, self.emb = x.chunk(2, dim=-1)
+        else:
+            self.emb = x
         return x
 
     decode = forward  # a decoded token's embeddings
@@ -71,7 +88,7 @@ class SharedBlocks(nn.Module):
         """Shared copy `copy` on x and the kept embeddings, with `proj`'s adapters: attention over
         concat(x, embeddings), then the MLP, no residual (blocks.SharedBlock.forward); `decode`: one new
         token against the attention's KV cache (the invoking layer's: ParallelHybridLayer.invoke)."""
-        subs = self.copies[copy]
+        subs = self.copies[str(copy)]
         attention = subs["attention"].decode if decode else subs["attention"]
         a = attention(torch.cat([x, self.emb], dim=-1), adapter=proj.qkv_adapter)
         return subs["mlp"](a, adapter=proj.mlp_adapter)
@@ -122,7 +139,7 @@ class ParallelHybridLayer(Layer):
     def invoke(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
         """The shared block's output through the layer's linear. Its attention is shared by every layer
         invoking the copy, each with a KV cache of its own: the layer's is lent to it for the call."""
-        attention = self.shared.copies[self.copy]["attention"]
+        attention = self.shared.copies[str(self.copy)]["attention"]
         attention.kv_cache, attention.next_position = self.kv_state
         try:
             out = self.shared.block(self.copy, x, self.proj, decode)
@@ -139,18 +156,53 @@ class ParallelHybridLayer(Layer):
         return x + self.mixer.decode(x + self.invoke(x, decode=True))
 
 
+class StreamOut(nn.Module):
+    """The last module of a pipeline stage before another: the hidden states and the kept embeddings
+    side by side, what the next stage's SharedBlocks takes apart."""
+
+    index: dict = {}
+
+    def __init__(self, shared: SharedBlocks):
+        super().__init__()
+        self.__dict__["shared"] = shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, self.shared.emb], dim=-1)
+
+    decode = forward
+
+
+def stage_copies(stack, pp: int) -> list[set[int]]:
+    """The shared copies each of `pp` even stages invokes."""
+    per = len(stack.layers) // pp
+    return [
+        {ref.copy for ref in list(stack.layers)[s * per : (s + 1) * per] if isinstance(ref, HybridLayer)}
+        for s in range(pp)
+    ]
+
+
 def hybrid_layers(stack, mesh: Mesh, seq: int, positions: torch.Tensor, int8_allreduce: bool = False) -> list:
-    """A Zamba2 stack on this rank: [SharedBlocks, each layer — a Mamba-2 Layer or a ParallelHybridLayer]
-    (dp, tp or tpssm, sp: limits.hybrid_limits)."""
+    """A Zamba2 stack's stage on this rank: [SharedBlocks (the copies the stage invokes), each layer — a
+    Mamba-2 Layer or a ParallelHybridLayer —, and StreamOut before a later stage] (dp, tp or tpssm, sp,
+    pp=2: limits.hybrid_limits). Module origins: checkpoint.load_into."""
     layout = mesh.layout
     tensor_axis = layout.weight_axis if layout.tensor_degree > 1 else None
     seq_axis = "sp" if layout.sp > 1 else None
-    shared = SharedBlocks(stack.shared, mesh, tensor_axis, seq_axis, positions, seq)
+    pp, stage = layout.pp, mesh.axis("pp").rank if layout.pp > 1 else 0
+    copies = stage_copies(stack, pp)
+    held = tuple(sorted(copies[stage]))
+    summed = tuple(j for j in held if sum(j in c for c in copies) > 1)
+    shared = SharedBlocks(stack.shared, mesh, tensor_axis, seq_axis, positions, seq, held, summed, unpack=stage > 0)
+    shared.origin = "stack.shared"
     out: list[nn.Module] = [shared]
-    for ref in stack.layers:
+    per = len(stack.layers) // pp
+    for ref in list(stack.layers)[stage * per : (stage + 1) * per]:
         mixer = ParallelMamba2(ref, mesh, tensor_axis, seq_axis, int8_allreduce)
         if isinstance(ref, HybridLayer):
             out.append(ParallelHybridLayer(ref, shared, HybridProjection(ref, mesh, tensor_axis), mixer))
         else:
             out.append(Layer(mixer=mixer))
+    if stage < pp - 1:
+        out.append(StreamOut(shared))
+        out[-1].origin = "stack"
     return out
