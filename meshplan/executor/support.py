@@ -2,8 +2,9 @@
 
 The cost model scores more than the executor runs: ZeRO 2 and 3 under pipeline stages with a tsp or
 tpssm axis, ZeRO 3 under TSP, mixtures of experts beside tpssm, with experts split by etp (or under
-ZeRO 3), mixed models (Nemotron-H's) under tpssm or ZeRO 3, and models other than dense, Mamba-2,
-all-MoE and one-block-a-layer mixed stacks are priced but not executed. `meshplan
+ZeRO 3), mixed models (Nemotron-H's) under tpssm or ZeRO 3, Zamba2 hybrids under tsp, pp > 2, ZeRO 2-3
+under pp, ZeRO 3 or --layers-only, and models other than dense, Mamba-2, all-MoE, one-block-a-layer
+mixed stacks and Zamba2 hybrids (Mamba-1, Jamba-like mixed layers, MLA) are priced but not executed. `meshplan
 execute` refuses them with one line; `meshplan recommend` marks them. What each layout module runs
 is checked beside those modules (executor/layouts/limits.py).
 """
