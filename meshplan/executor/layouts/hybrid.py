@@ -1,17 +1,19 @@
 """Zamba2's layers (blocks.SharedBlock, blocks.HybridLayer) sharded for a layout: the shared blocks' sublayers
-built once a copy (SharedBlocks, one module of the model's list, after the embedding) and invoked by the
-hybrid layers that use that copy, so that each copy's weights are one Parameter on a rank and autograd sums
-their gradients over the invocations, as the single-process model's; each hybrid layer's own linear and
-adapters (HybridProjection) and its Mamba-2 mixer (mamba.ParallelMamba2).
+built once a copy a stage (SharedBlocks, one module of the model's list, after the embedding) and invoked by
+the hybrid layers that use that copy, so that each copy's weights are one Parameter on a rank and autograd
+sums their gradients over the invocations, as the single-process model's; each hybrid layer's own linear
+and adapters (HybridProjection) and its Mamba-2 mixer (mamba.ParallelMamba2).
 
-    block           module                       dp, tp / tpssm, sp (tokens: contiguous shards), tp+sp
+    block           module                        dp, tp / tpssm, sp (contiguous token shards), pp=2
     shared block    SharedBlocks: attention       dense.ParallelAttention (heads over tp, K/V gathered over sp)
                     SharedBlocks: mlp             dense.ParallelMLP
     hybrid_proj     HybridProjection              splits.hybrid_proj_splits (the linear whole)
     Mamba-2         ParallelHybridLayer.mixer     mamba.ParallelMamba2 (TP-SSM heads over tp)
+    (stage end)     StreamOut                     hidden states and embeddings side by side to the next stage
 
-The hybrid layers read the token embeddings beside the stream: SharedBlocks keeps its input (the
-embedding's output, this rank's tokens) for the step, and passes the stream on unchanged.
+The hybrid layers read the token embeddings beside the stream: SharedBlocks keeps them (the embedding's
+output, this rank's tokens, or the second half of what the previous stage sent) for the step. A copy held
+on both pipeline stages has its gradients summed over pp once a step (parallelize.GradientSync).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from meshplan.executor.layouts.dense import ParallelAttention, ParallelMLP
 from meshplan.executor.layouts.layer import Layer
 from meshplan.executor.layouts.mamba import ParallelMamba2
 from meshplan.executor.layouts.splits import hybrid_proj_splits
+from meshplan.executor.pipeline import stage_slice
 
 
 class SharedBlocks(nn.Module):
@@ -160,11 +163,13 @@ class StreamOut(nn.Module):
     """The last module of a pipeline stage before another: the hidden states and the kept embeddings
     side by side, what the next stage's SharedBlocks takes apart."""
 
-    index: dict = {}
-
     def __init__(self, shared: SharedBlocks):
         super().__init__()
         self.__dict__["shared"] = shared
+
+    @property
+    def index(self) -> dict:
+        return {}  # no weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, self.shared.emb], dim=-1)
@@ -173,11 +178,10 @@ class StreamOut(nn.Module):
 
 
 def stage_copies(stack, pp: int) -> list[set[int]]:
-    """The shared copies each of `pp` even stages invokes."""
-    per = len(stack.layers) // pp
+    """The shared copies each of `pp` stages invokes."""
+    layers = list(stack.layers)
     return [
-        {ref.copy for ref in list(stack.layers)[s * per : (s + 1) * per] if isinstance(ref, HybridLayer)}
-        for s in range(pp)
+        {ref.copy for ref in layers[stage_slice(len(layers), pp, s)] if isinstance(ref, HybridLayer)} for s in range(pp)
     ]
 
 
@@ -195,8 +199,7 @@ def hybrid_layers(stack, mesh: Mesh, seq: int, positions: torch.Tensor, int8_all
     shared = SharedBlocks(stack.shared, mesh, tensor_axis, seq_axis, positions, seq, held, summed, unpack=stage > 0)
     shared.origin = "stack.shared"
     out: list[nn.Module] = [shared]
-    per = len(stack.layers) // pp
-    for ref in list(stack.layers)[stage * per : (stage + 1) * per]:
+    for ref in list(stack.layers)[stage_slice(len(stack.layers), pp, stage)]:
         mixer = ParallelMamba2(ref, mesh, tensor_axis, seq_axis, int8_allreduce)
         if isinstance(ref, HybridLayer):
             out.append(ParallelHybridLayer(ref, shared, HybridProjection(ref, mesh, tensor_axis), mixer))
