@@ -95,6 +95,10 @@ def qkv_heads(qkv, rotary, positions, heads: int, kv_heads: int, head_dim: int, 
     multiplies q (a softmax scale other than head_dim^-½)."""
     b, s, _ = qkv.shape
     q_w, kv_w = heads * head_dim, kv_heads * head_dim
+    if q_scale != 1.0 and qk_norms is None:
+        # Zamba2's shared attention: scores scaled by (head_dim / 2)^-½ (SharedBlock.q_scale). In place,
+        # as the rotary turns q (the rotation is linear): no copy of q beside the QKV output k, v keep.
+        qkv[..., :q_w].mul_(q_scale)
     if qk_norms is None:
         q, k, v = rotate_qk(qkv, rotary, positions, q_w, kv_w, head_dim).split([q_w, kv_w, kv_w], dim=-1)
     else:
@@ -103,9 +107,29 @@ def qkv_heads(qkv, rotary, positions, heads: int, kv_heads: int, head_dim: int, 
         k = rotate_qk(head_norm(qkv[..., q_w : q_w + kv_w], k_norm, head_dim), rotary, positions, kv_w, 0, head_dim)
         v = qkv[..., q_w + kv_w :]
     q = q.view(b, s, heads, head_dim)
-    if q_scale != 1.0:  # Zamba2's shared attention: scores scaled by (head_dim / 2)^-½ (SharedBlock.q_scale)
+    if q_scale != 1.0 and qk_norms is not None:
         q = q * q_scale
     return q, k.view(b, s, kv_heads, head_dim), v.view(b, s, kv_heads, head_dim)
+
+
+class _GeGLUFn(torch.autograd.Function):
+    """GeGLU (an exact GeLU of the gate, times up) keeping only its input h = [gate; up] for backward, as
+    experts.SwiGLUFn keeps SwiGLU's: what the memory model counts (gate, up and the product)."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        gate, up = h.chunk(2, dim=-1)
+        return F.gelu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        (h,) = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = h.detach().requires_grad_(True)
+            gate, up = leaf.chunk(2, dim=-1)
+            (grad_h,) = torch.autograd.grad(F.gelu(gate) * up, leaf, grad)
+        return grad_h
 
 
 def mlp_activation(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -113,10 +137,7 @@ def mlp_activation(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
     says: SwiGLU of h's [gate; up] halves, GeGLU (an exact GeLU of the gate: Zamba2's), the squared
     ReLU (Nemotron-H's) or GeLU."""
     if module.gated:
-        if getattr(module, "geglu", False):
-            gate, up = h.chunk(2, dim=-1)
-            return F.gelu(gate) * up
-        return activate(h, gated=True)
+        return _GeGLUFn.apply(h) if getattr(module, "geglu", False) else activate(h, gated=True)
     return activate(h, gated=False) if module.relu2 else F.gelu(h)
 
 
