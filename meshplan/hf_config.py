@@ -478,6 +478,9 @@ def _zamba2(f: _Fields, name: str) -> ModelSpec:
         d_conv=f.whole("mamba_d_conv", default=4),
         chunk_size=f.whole("chunk_size", default=256),
     )
+    act = f.get("hidden_act", "gelu")  # Zamba2Config's default: the shared MLP's gate through GeLU
+    if act not in ("gelu", "silu"):
+        raise f.error(f"hidden_act {act!r}: the shared MLP's gate runs gelu (GeGLU) or silu (SwiGLU); give one")
     return ModelSpec(
         name=name,
         family="hybrid",
@@ -487,13 +490,16 @@ def _zamba2(f: _Fields, name: str) -> ModelSpec:
         tied_embeddings=f.flag("tie_word_embeddings", True),
         mamba2=mamba,
         attention=AttentionSpec(attn_hidden, heads, kv_heads, attn_hidden // heads, hidden),
-        mlp=MlpSpec(hidden, f.whole("intermediate_size", default=4 * hidden), gated=True),
+        mlp=MlpSpec(hidden, f.whole("intermediate_size", default=4 * hidden), gated=True, geglu=act == "gelu"),
         hybrid_layers=hybrid_layers,
         hybrid_layer_ids=tuple(i for i, t in enumerate(block_types) if t == "hybrid"),
         # transformers builds a copy only for each of the first num_mem_blocks hybrid layers.
         shared_blocks=min(f.whole("num_mem_blocks", default=1), hybrid_layers),
         adapter_rank=f.whole("adapter_rank", default=128, minimum=0),
         attention_adapters=f.flag("use_shared_attention_adapter", False),
+        norm_eps=_eps(f, "rms_norm_eps"),
+        # use_mem_rope: the shared attention turns q and k by the rotary (its head_dim wide); else no positions
+        rope=_rope(f) if f.flag("use_mem_rope", False) else RopeSpec(kind="none"),
         source=f.where,
     )
 

@@ -245,6 +245,7 @@ class MlpSpec:
     bias: bool = False  # biases on both projections (GPT-2, NeoX, OPT)
     post_norm: bool = False  # a norm of the block's output too (Gemma2/3)
     relu2: bool = False  # ungated: a squared ReLU instead of GeLU (Nemotron-H's mlp_hidden_act "relu2")
+    geglu: bool = False  # gated: an exact GeLU of the gate instead of SiLU (Zamba2's hidden_act "gelu")
 
     def __post_init__(self) -> None:
         _positive("mlp", hidden=self.hidden, ffn_hidden=self.ffn_hidden)

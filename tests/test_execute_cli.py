@@ -113,8 +113,8 @@ EXECUTE_CASES = {
     "zero-timeout": (["--model", "{config}", "--layout", "single", "--nproc", "1", "--timeout", "0"], ["--timeout"]),
     # A hybrid cut to one layer: what the executor cannot build, not a spec's complaint about the cut.
     "hybrid-layers": (
-        ["--model", "zamba2-7b", "--layers", "1", "--layout", "tp=2", "--nproc", "2"],
-        ["not hybrid (zamba2-7b)"],
+        ["--model", "zamba2-7b", "--layers", "1", "--layout", "tsp=2", "--nproc", "2"],
+        ["zamba2-7b's shared blocks", "not tsp=2"],
     ),
 }
 

@@ -21,7 +21,10 @@ runner = CliRunner()
         ("llama3-8b", "dp=2,pp=2,tsp=2,zero=2", "without tsp or tpssm"),
         ("dense-7b", "pp=3", "does not divide"),
         ("llama3-8b", "dp=2,tsp=4,zero=3", "zero=2 or below"),
-        ("zamba2-7b", "tpssm=2", "not hybrid (zamba2-7b) in tpssm=2"),
+        ("zamba2-7b", "tsp=2", "shared blocks on dp, tp (tpssm), sp and pp, not tsp=2"),
+        ("zamba2-7b", "pp=3", "over two pipeline stages, not pp=3"),
+        ("zamba2-7b", "dp=2,pp=2,zero=2", "execute zero=1"),
+        ("zamba2-7b", "dp=2,sp=2,zero=3", "zero=2 or below"),
         ("mamba2-2.7b", "dp=2,zero=3", "tied embedding for ZeRO 3"),
         ("mamba2-2.7b", "dp=2,pp=2,zero=2", "execute zero=1"),
         # Qwen3's query/key norm scales: partial gradients over tp, summed once a step
@@ -52,6 +55,8 @@ def test_unsupported_names_the_field_and_the_way_out(model, layout, needle):
         ("llama3-8b", "dp=2,pp=2,tp=2,zero=2"),
         ("qwen3-30b-a3b", "dp=2,pp=2,tp=2,ep=2,etp=1,zero=1"),
         ("qwen3-30b-a3b", "dp=2,tp=2,ep=2,etp=1,zero=2"),
+        ("zamba2-7b", "dp=2,sp=4,zero=2"),
+        ("zamba2-7b", "dp=2,tpssm=2,sp=2,zero=1"),
     ],
 )
 def test_what_the_executor_runs(model, layout):

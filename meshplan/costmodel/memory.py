@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from meshplan.costmodel.activations import Saved, checkpoint_units, head_saved
 from meshplan.costmodel.axes import PlanContext, Sharding, own_shardings, plan_context, sharding_for, sp, tp
 from meshplan.costmodel.axes.dp import expert_zero_stage, zero_stage
+from meshplan.costmodel.axes.pp import extra_copy_params
 from meshplan.costmodel.blocks import BLOCKS, block_params, block_saved, streamed_block_params
+from meshplan.costmodel.blocks.hybrid_proj import tensor_replicated_hybrid_params
 from meshplan.costmodel.blocks.moe import tensor_replicated_params
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.costmodel.pipeline import StageLayout, in_flight_chunks, in_flight_peak, rank_block_counts, stage_layout
@@ -333,6 +335,7 @@ def local_params(
     held = (total - norms) / sh.weight_div + norms + replicated_group_params(model, sh.head_div) * share
     held += replicated_latent_params(model, sh.head_div) * share
     held += tensor_replicated_params(model, sh.head_div) * share
+    held += tensor_replicated_hybrid_params(model, sh.head_div) * share
     for kind, own in (by_kind or {}).items():
         # These blocks' weights (less their norm scales, counted above) at their own split.
         held += share * _kind_weights(model, kind) * (1 / own.weight_div - 1 / sh.weight_div)
@@ -412,6 +415,7 @@ def mean_local_params(
     whole = local_params(model, sh, embeddings=embeddings, by_kind=by_kind)
     if pp > 1 and embeddings and model.tied_embeddings:
         whole += model.vocab * model.d_model / sh.weight_div
+    whole += extra_copy_params(model, pp, sh.weight_div)  # a Zamba2's shared copies on several stages
     return whole / pp
 
 

@@ -88,6 +88,7 @@ def step_schedule(
     ends = [c for c in axes.end_comms(ctx, training) if keep(c)] if embeddings else []
     per_mb = [c for c in ends if c.phase != "step"] + axes.pp.microbatch_comms(ctx, training)
     per_step: list[Comm] = once + [c for c in ends if c.phase == "step"] + axes.tsp.step_comms(ctx, embeddings)
+    per_step += axes.pp.step_comms(ctx, training)  # a Zamba2's shared copies on several stages
     data_mb, data_step = axes.dp.comms(
         ctx,
         mean_local_params(model, sh, layout.pp, embeddings, ctx.by_kind),

@@ -86,14 +86,19 @@ def qk_norms_of(module: nn.Module) -> tuple[RMSNorm, RMSNorm] | None:
     return (module.q_norm, module.k_norm) if hasattr(module, "q_norm") else None
 
 
-def qkv_heads(qkv, rotary, positions, heads: int, kv_heads: int, head_dim: int, qk_norms=None):
+def qkv_heads(qkv, rotary, positions, heads: int, kv_heads: int, head_dim: int, qk_norms=None, q_scale: float = 1.0):
     """q (b, s, heads, d), k and v (b, s, kv_heads, d) of a fused QKV projection's output (b, s,
     (heads + 2·kv_heads)·d) for tokens at `positions`: q and k turned by the rotary (in place). With
     `qk_norms` (the query and the key RMSNorm, Qwen3's), each head of q and k is normed first, as
     transformers' Qwen3Attention norms before the rotary; the core then keeps the norms' outputs, and
-    the norms the projection's q and k (memory model: the attention block's qk_normed)."""
+    the norms the projection's q and k (memory model: the attention block's qk_normed). `q_scale`
+    multiplies q (a softmax scale other than head_dim^-½)."""
     b, s, _ = qkv.shape
     q_w, kv_w = heads * head_dim, kv_heads * head_dim
+    if q_scale != 1.0 and qk_norms is None:
+        # Zamba2's shared attention: scores scaled by (head_dim / 2)^-½ (SharedBlock.q_scale). In place,
+        # as the rotary turns q (the rotation is linear): no copy of q beside the QKV output k, v keep.
+        qkv[..., :q_w].mul_(q_scale)
     if qk_norms is None:
         q, k, v = rotate_qk(qkv, rotary, positions, q_w, kv_w, head_dim).split([q_w, kv_w, kv_w], dim=-1)
     else:
@@ -101,7 +106,39 @@ def qkv_heads(qkv, rotary, positions, heads: int, kv_heads: int, head_dim: int, 
         q = rotate_qk(head_norm(qkv[..., :q_w], q_norm, head_dim), rotary, positions, q_w, 0, head_dim)
         k = rotate_qk(head_norm(qkv[..., q_w : q_w + kv_w], k_norm, head_dim), rotary, positions, kv_w, 0, head_dim)
         v = qkv[..., q_w + kv_w :]
-    return q.view(b, s, heads, head_dim), k.view(b, s, kv_heads, head_dim), v.view(b, s, kv_heads, head_dim)
+    q = q.view(b, s, heads, head_dim)
+    if q_scale != 1.0 and qk_norms is not None:
+        q = q * q_scale
+    return q, k.view(b, s, kv_heads, head_dim), v.view(b, s, kv_heads, head_dim)
+
+
+class _GeGLUFn(torch.autograd.Function):
+    """GeGLU (an exact GeLU of the gate, times up) keeping only its input h = [gate; up] for backward, as
+    experts.SwiGLUFn keeps SwiGLU's: what the memory model counts (gate, up and the product)."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        gate, up = h.chunk(2, dim=-1)
+        return F.gelu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        (h,) = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = h.detach().requires_grad_(True)
+            gate, up = leaf.chunk(2, dim=-1)
+            (grad_h,) = torch.autograd.grad(F.gelu(gate) * up, leaf, grad)
+        return grad_h
+
+
+def mlp_activation(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A dense MLP's activation of its input projection h, as `module` (a layer or its MLP sublayer)
+    says: SwiGLU of h's [gate; up] halves, GeGLU (an exact GeLU of the gate: Zamba2's), the squared
+    ReLU (Nemotron-H's) or GeLU."""
+    if module.gated:
+        return _GeGLUFn.apply(h) if getattr(module, "geglu", False) else activate(h, gated=True)
+    return activate(h, gated=False) if module.relu2 else F.gelu(h)
 
 
 def _init(linear_out: int, linear_in: int, generator: torch.Generator | None = None) -> nn.Parameter:
@@ -138,6 +175,7 @@ class DenseLayer(nn.Module):
         attn = model.attention
         self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
         self.flash, self.selective = flash, selective_recompute
+        self.q_scale = 1.0  # SharedBlock's differs
         self.attn_norm = RMSNorm(attn.hidden, model.norm_eps)
         # rope kind "none": no positions at all (Nemotron-H); rotate_qk leaves q and k as they are
         self.rotary = Rotary(model.rope, attn.head_dim) if model.rope.kind != "none" else None
@@ -158,24 +196,33 @@ class DenseLayer(nn.Module):
     def _mlp_weights(self, model: ModelSpec) -> None:
         mlp = model.mlp
         self.mlp_norm = RMSNorm(mlp.hidden, model.norm_eps)
-        self.gated, self.relu2 = mlp.gated, mlp.relu2
+        self.gated, self.relu2, self.geglu = mlp.gated, mlp.relu2, mlp.geglu
         self.w_in = _init(mlp.n_input_matrices * mlp.ffn_hidden, mlp.hidden)  # [gate; up] when gated
         self.w_down = _init(mlp.out_hidden, mlp.ffn_hidden)
 
-    def attention(self, x):
-        qkv = F.linear(self.attn_norm(x), self.w_qkv)
+    def attention(self, x, qkv_adapter=None):
+        """What attention adds for x; `qkv_adapter` (a hybrid layer's, adapter_delta) adds to QKV's output."""
+        xn = self.attn_norm(x)
+        qkv = F.linear(xn, self.w_qkv)
+        if qkv_adapter is not None:
+            qkv = qkv + adapter_delta(xn, *qkv_adapter)
         positions = torch.arange(x.shape[1], device=x.device)
-        q, k, v = qkv_heads(qkv, self.rotary, positions, self.heads, self.kv_heads, self.head_dim, self.qk_norms)
+        q, k, v = qkv_heads(
+            qkv, self.rotary, positions, self.heads, self.kv_heads, self.head_dim, self.qk_norms, self.q_scale
+        )
         if self.selective and not self.flash:
             out = checkpoint(attention_core, q, k, v, self.flash, use_reentrant=False)
         else:
             out = attention_core(q, k, v, self.flash)
         return F.linear(out, self.w_o)
 
-    def mlp(self, x):
-        h = F.linear(self.mlp_norm(x), self.w_in)
-        h = activate(h, gated=True) if self.gated else activate(h, gated=False) if self.relu2 else F.gelu(h)
-        return F.linear(h, self.w_down)
+    def mlp(self, x, adapter=None):
+        """What the MLP adds for x; `adapter` (a hybrid layer's, adapter_delta) adds to [gate; up]'s output."""
+        xn = self.mlp_norm(x)
+        h = F.linear(xn, self.w_in)
+        if adapter is not None:
+            h = h + adapter_delta(xn, *adapter)
+        return F.linear(mlp_activation(self, h), self.w_down)
 
     def forward(self, x):
         x = x + self.attention(x)
@@ -574,6 +621,10 @@ class Mamba2Block(nn.Module):
 
     def forward(self, x, seq_idx=None):
         """`seq_idx` (b, s): packed sequences, each starting from a zero state and an empty conv window."""
+        return x + self.mix(x, seq_idx)
+
+    def mix(self, x, seq_idx=None):
+        """What the block adds to the stream for input x: its norm, in_proj and mixer."""
         zxbcdt = F.linear(self.norm(x), self.in_proj)
         out, _ = Mamba2CoreFn.apply(
             zxbcdt,
@@ -590,7 +641,79 @@ class Mamba2Block(nn.Module):
             None,
             seq_idx,
         )
-        return x + out
+        return out
+
+
+# Zamba2 (transformers' modeling_zamba2.py): Mamba-2 layers, some of which ("hybrid" layers) first run a
+# shared transformer block — one of shared_blocks copies, used in turn — on concat(hidden, the token
+# embeddings), with no residual inside it, and add its output, through the layer's own linear, to the
+# Mamba-2 block's input (not to the stream: the block's residual is the layer's input).
+
+
+def adapter_delta(xn: torch.Tensor, down: torch.Tensor, *ups: torch.Tensor) -> torch.Tensor:
+    """A LoRA adapter's output for xn: xn through `down` (r·len(ups), in), each rank-r part through its
+    `up` (out_i, r), the parts' outputs side by side (Zamba2's gate/up adapter: one up; its Q, K, V
+    adapters: three, one a projection)."""
+    u = F.linear(xn, down)
+    if len(ups) == 1:
+        return F.linear(u, ups[0])
+    parts = u.split(u.shape[-1] // len(ups), dim=-1)
+    return torch.cat([F.linear(p, up) for p, up in zip(parts, ups)], dim=-1)
+
+
+class SharedBlock(DenseLayer):
+    """Zamba2's shared transformer block (Zamba2AttentionDecoderLayer): RMSNorm of concat(hidden,
+    embeddings) (2·d_model wide) → attention (heads of 2·d_model / heads, scores scaled by
+    (head_dim / 2)^-½, rotary only with use_mem_rope) → W_O to d_model → RMSNorm → gated MLP; no
+    residual. Each invocation brings its own adapters (a HybridLayer's)."""
+
+    def __init__(self, model: ModelSpec, flash: bool = True):
+        nn.Module.__init__(self)
+        self._attention_weights(model, flash, False)
+        self._mlp_weights(model)
+        self.q_scale = math.sqrt(2.0)
+
+    def forward(self, x, emb, layer: HybridLayer):
+        a = self.attention(torch.cat([x, emb], dim=-1), layer.qkv_adapter)
+        return self.mlp(a, layer.mlp_adapter)
+
+
+class HybridLayer(Mamba2Block):
+    """A Zamba2 hybrid layer (Zamba2HybridLayer): its shared block's output for (x, embeddings), through
+    the layer's own linear, added to the Mamba-2 block's input; the stream's residual is x:
+    x + mamba(norm(x + linear(block(x, emb)))). The layer owns its Mamba-2 weights, the linear and its
+    adapters (mlp_adapter_*: on the MLP's [gate; up]; qkv_adapter_down, {q,k,v}_adapter_up: on QKV,
+    with attention_adapters); the block (`block`, one of the Stack's `shared`) is referenced, not
+    registered, so that its weights are the stack's once."""
+
+    def __init__(self, model: ModelSpec, block: SharedBlock, copy: int):
+        super().__init__(model)
+        self.__dict__["block"] = block  # not a submodule: Stack.shared holds it
+        self.copy = copy
+        f, a, rank = model.mlp, model.attention, model.adapter_rank
+        self.linear = _init(model.d_model, f.out_hidden)
+        if rank:
+            self.mlp_adapter_down = _init(rank, f.hidden)
+            self.mlp_adapter_up = _init(f.n_input_matrices * f.ffn_hidden, rank)
+        if rank and model.attention_adapters:
+            self.qkv_adapter_down = _init(3 * rank, a.hidden)
+            self.q_adapter_up = _init(a.q_width, rank)
+            self.k_adapter_up = _init(a.kv_width, rank)
+            self.v_adapter_up = _init(a.kv_width, rank)
+
+    @property
+    def mlp_adapter(self):
+        return (self.mlp_adapter_down, self.mlp_adapter_up) if hasattr(self, "mlp_adapter_down") else None
+
+    @property
+    def qkv_adapter(self):
+        if not hasattr(self, "qkv_adapter_down"):
+            return None
+        return (self.qkv_adapter_down, self.q_adapter_up, self.k_adapter_up, self.v_adapter_up)
+
+    def forward(self, x, emb, seq_idx=None):
+        t = F.linear(self.block(x, emb, self), self.linear)
+        return x + self.mix(x + t, seq_idx)
 
 
 class Stack(nn.Module):
@@ -608,15 +731,33 @@ class Stack(nn.Module):
         elif model.family == "mixed":
             kinds = iter(model.layer_blocks())
             make = lambda: mixed_layer(model, next(kinds), flash, recompute == "selective")  # noqa: E731
+        elif model.family == "hybrid":
+            # Zamba2: the shared blocks held once, here; the k-th hybrid layer invokes copy k mod shared_blocks
+            self.shared = nn.ModuleList(SharedBlock(model, flash) for _ in range(model.shared_blocks))
+            layers = iter(hybrid_layers(model, self.shared))
+            make = lambda: next(layers)  # noqa: E731
         else:
-            raise ValueError(f"Stack supports dense, mamba2, all-MoE and mixed models, not {model.family}")
+            raise ValueError(f"Stack supports dense, mamba2, all-MoE, mixed and hybrid models, not {model.family}")
         self.layers = nn.ModuleList(make() for _ in range(n_layers))
         self.recompute = recompute
 
     def forward(self, x, seq_idx=None):
-        """`seq_idx` (b, s): packed documents, which the Mamba-2 blocks keep apart (attention does not)."""
+        """`seq_idx` (b, s): packed documents, which the Mamba-2 blocks keep apart (attention does not).
+        A hybrid layer reads the stack's input (the token embeddings) beside x."""
+        emb = x
         for layer in self.layers:
             args = (x, seq_idx) if seq_idx is not None and isinstance(layer, Mamba2Block) else (x,)
+            if isinstance(layer, HybridLayer):
+                args = (x, emb, seq_idx)
             # Full recompute keeps only each layer's input (the reentrant form saves exactly that).
             x = checkpoint(layer, *args, use_reentrant=True) if self.recompute == "full" else layer(*args)
         return x
+
+
+def hybrid_layers(model: ModelSpec, shared: nn.ModuleList) -> list[Mamba2Block]:
+    """A Zamba2 model's layers in order: Mamba2Block, or at the hybrid layer ids a HybridLayer invoking
+    the shared copies in turn (transformers' Zamba2Model.get_layers: copy k mod num_mem_blocks)."""
+    copy = {i: k % len(shared) for k, i in enumerate(model._hybrid_ids())}
+    return [
+        HybridLayer(model, shared[copy[i]], copy[i]) if i in copy else Mamba2Block(model) for i in range(model.layers)
+    ]

@@ -11,6 +11,7 @@ from dataclasses import replace
 import torch
 
 from meshplan.costmodel.axes import sharding_for
+from meshplan.costmodel.axes.pp import stream_width
 from meshplan.costmodel.memory import head_activation_bytes, loss_logits_bytes, saved_activation_bytes
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.schedule import step_schedule
@@ -30,7 +31,7 @@ from meshplan.executor.parallelize import (
     share_final_states,
     unique_params,
 )
-from meshplan.executor.pipeline import Pipeline, stage_slice, through
+from meshplan.executor.pipeline import Pipeline, through
 from meshplan.executor.saved import count_saved_bytes
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
@@ -62,10 +63,8 @@ def _build(model: ModelSpec, layout: Layout, seq: int, batch: int, t_local: int,
         load_into([ref], weights, model)
         load_into(mods, weights, model)
     pp = layout.pp
-    stage = mesh.axis("pp").rank if pp > 1 else 0
-    ref_mods = list(ref.stack.layers)[stage_slice(model.layers, pp, stage) if pp > 1 else slice(None)]
-    ref_mods = ([ref.embed] if stage == 0 else []) + ref_mods + ([ref.head] if stage == pp - 1 else [])
-    like = torch.empty(batch, t_local, model.d_model, dtype=torch.float64)
+    ref_mods = [ref.get_submodule(m.origin) for m in mods]  # the reference module each came from
+    like = torch.empty(batch, t_local, stream_width(model), dtype=torch.float64)  # Zamba2's: its embeddings too
     pipe = Pipeline(mods, mesh, run_layers, like=like) if pp > 1 else None
     return ref, mesh, mods, ref_mods, pipe
 
@@ -202,7 +201,7 @@ def _check_decode(
     keep_caches(mods, False)
     share_final_states(mods)
     if pipe is not None:
-        pipe.like = torch.empty(batch, 1, model.d_model, dtype=torch.float64)
+        pipe.like = torch.empty(batch, 1, stream_width(model), dtype=torch.float64)
     mesh.reset_counts()
     errs = []
     with torch.no_grad():

@@ -13,6 +13,7 @@ from torch import nn
 from meshplan.executor.blocks import DenseLayer, Stack
 from meshplan.executor.comm import Mesh, all_reduce, all_reduce_start, reduce_scatter_start
 from meshplan.executor.layouts.common import Sublayer
+from meshplan.executor.layouts.hybrid import hybrid_layers
 from meshplan.executor.layouts.layer import build_layer, sharded_modules, tokens_held
 from meshplan.executor.layouts.vocab import ParallelEmbedding, ParallelHead
 from meshplan.executor.model import CausalLM
@@ -67,8 +68,12 @@ def parallelize_model(ref: CausalLM, mesh: Mesh, seq: int, int8_allreduce: bool 
     positions, index = all_token_positions(mesh, seq, ref.stack)
     tensor_axis = tensor_axis_of(mesh)
     first = stage_slice(len(ref.stack.layers), pp, stage).start if pp > 1 else 0
-    modules = list(parallelize(stage_of(ref.stack, mesh), mesh, seq, int8_allreduce))
-    for i, module in enumerate(modules):  # the reference layer each came from (checkpoint.load_into)
+    if hasattr(ref.stack, "shared"):  # Zamba2: the stage's shared block copies first (layouts.hybrid)
+        modules = hybrid_layers(ref.stack, mesh, seq, positions[index], int8_allreduce)
+    else:
+        modules = list(parallelize(stage_of(ref.stack, mesh), mesh, seq, int8_allreduce))
+    layers = [m for m in modules if not hasattr(m, "origin")]
+    for i, module in enumerate(layers):  # the reference layer each came from (checkpoint.load_into)
         module.origin = f"stack.layers.{first + i}"
     if stage == 0:
         modules.insert(0, ParallelEmbedding(ref.embed, mesh, tensor_axis, positions, index))
@@ -164,6 +169,10 @@ class GradientSync:
             if mesh.layout.pp > 1 and tied
             else []
         )
+        # A Zamba2's shared block copies held on several pipeline stages (layouts.hybrid.SharedBlocks):
+        # their gradients summed over the stages once a step.
+        copies = [layer.stage_summed_params() for layer in layers if hasattr(layer, "stage_summed_params")]
+        self.copies = [p for params in copies for p in params]
         held = {id(p) for p in self._summed_first()} if self.zero else set()
         self.order = [p for p in params if id(p) not in held]
         self.held = [p for p in params if id(p) in held]
@@ -188,7 +197,7 @@ class GradientSync:
         modules = sharded_modules(self.layers)
         out = [p for m in modules for p in m.replicated_grad_params()]
         out += [p for params in _partial_grads(modules).values() for p in params]
-        return out + self.tied
+        return out + self.tied + self.copies
 
     def _ready(self, p: torch.Tensor) -> None:
         if not self.armed:
@@ -248,6 +257,8 @@ class GradientSync:
             _all_reduce_grads(params, self.mesh, axis)
         if self.tied and self.mesh.axis("pp_ends") is not None:
             _all_reduce_grads(self.tied, self.mesh, "pp_ends")
+        if self.copies:  # pp=2 (limits.hybrid_limits): the two stages are the pp axis
+            _all_reduce_grads(self.copies, self.mesh, "pp")
         for p in self.held:
             self._reduce(p)
         self._wait()

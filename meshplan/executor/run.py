@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import torch
 
+from meshplan.costmodel.axes.pp import stream_width
 from meshplan.costmodel.options import CostOptions
 from meshplan.executor import graphs
 from meshplan.executor.blocks import Stack
@@ -173,8 +174,9 @@ def measure(
     gen = torch.Generator(device=device).manual_seed(mesh.rank)
     # Hidden states: the stack's input; for the whole model, what a later pipeline stage receives (none
     # without pp, where an unused tensor of the sequence's width would count in the measured peak).
+    width = stream_width(model) if whole else model.d_model  # a Zamba2's stages send its embeddings too
     hidden = (
-        torch.randn(batch, t_local, model.d_model, dtype=DTYPES[dtype], device=device, generator=gen)
+        torch.randn(batch, t_local, width, dtype=DTYPES[dtype], device=device, generator=gen)
         if not whole or layout.pp > 1
         else None
     )
@@ -404,7 +406,7 @@ def _prefill(layers, pipe, x, model: ModelSpec, batch: int, device: str, dtype, 
     if not whole:
         return one
     if pipe is not None:
-        pipe.like = one
+        pipe.like = torch.randn(batch, 1, stream_width(model), dtype=dtype, device=device, generator=gen)
     return torch.randint(0, model.vocab, (batch, 1), device=device, generator=gen)
 
 

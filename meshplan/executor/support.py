@@ -2,17 +2,18 @@
 
 The cost model scores more than the executor runs: ZeRO 2 and 3 under pipeline stages with a tsp or
 tpssm axis, ZeRO 3 under TSP, mixtures of experts beside tpssm (or under ZeRO 3), mixed models
-(Nemotron-H's) under tpssm or ZeRO 3, and models other than dense, Mamba-2, all-MoE and
-one-block-a-layer mixed stacks are priced but not executed. `meshplan execute` refuses them with one
-line; `meshplan recommend` marks them. What each layout module runs is checked beside those modules
-(executor/layouts/limits.py).
+(Nemotron-H's) under tpssm or ZeRO 3, Zamba2 hybrids under tsp, pp > 2, ZeRO 2-3 under pp, ZeRO 3 or
+--layers-only, and models other than dense, Mamba-2, all-MoE, one-block-a-layer mixed stacks and Zamba2
+hybrids (Mamba-1, Jamba-like mixed layers, MLA) are priced but not executed. `meshplan execute` refuses
+them with one line; `meshplan recommend` marks them. What each layout module runs is checked beside
+those modules (executor/layouts/limits.py).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshplan.executor.layouts.limits import layer_limits, mixed_limits, moe_limits, vocab_limits
+from meshplan.executor.layouts.limits import hybrid_limits, layer_limits, mixed_limits, moe_limits, vocab_limits
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec, RopeSpec
 
@@ -36,10 +37,16 @@ def unsupported(layout: Layout, model: ModelSpec, whole: bool = True, options: C
     elif model.family == "mixed":
         if (reason := mixed_limits(layout, model, options)) is not None:
             return reason
+    elif model.family == "hybrid":
+        if not whole:  # its layers read the token embeddings (layouts.hybrid.SharedBlocks keeps them)
+            return f"--layers-only: the executor runs {model.name}'s hybrid layers in the whole model only; drop it"
+        if (reason := hybrid_limits(layout, model)) is not None:
+            return reason
     elif model.family not in ("dense", "mamba2"):
         return (
-            f"model: the executor builds dense, Mamba-2, mixture-of-experts and Nemotron-H-like mixed models, "
-            f"not {model.family} ({model.name}) in {layout}; `meshplan memory` and `recommend` price it"
+            f"model: the executor builds dense, Mamba-2, mixture-of-experts, Nemotron-H-like mixed and Zamba2 "
+            f"hybrid models, not {model.family} ({model.name}) in {layout}; `meshplan memory` and `recommend` "
+            f"price it"
         )
     if layout.pp > 1 and model.layers % layout.pp:
         return f"layout: pp={layout.pp} does not divide {model.name}'s {model.layers} layers; pick pp from its divisors"

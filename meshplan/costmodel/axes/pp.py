@@ -23,7 +23,7 @@ def microbatch_comms(ctx, training: bool) -> list[Comm]:
     if layout.pp == 1:
         return []
     t = layout.tensor_degree
-    act = ctx.tokens * model.d_model * ctx.act_bytes
+    act = ctx.tokens * stream_width(model) * ctx.act_bytes
     split = opts.tp_sequence_parallel and t > 1
     scatter = opts.scatter_gather and t > 1 and not split
     if split or scatter:
@@ -58,7 +58,7 @@ def decode_comms(ctx) -> list[Comm]:
     layout = ctx.layout
     if layout.pp == 1:
         return []
-    act = ctx.batch * ctx.model.d_model * ctx.act_bytes
+    act = ctx.batch * stream_width(ctx.model) * ctx.act_bytes
     return [Comm("send_recv", "pp", act, layout.pp, block="model", what="activations to next stage", line=True)]
 
 
@@ -78,6 +78,62 @@ def end_comms(ctx, training: bool) -> list[Comm]:
             what="tied embedding grads (first and last stage)",
             ranks_share=2 / layout.pp,
         )
+    ]
+
+
+def stream_width(model) -> int:
+    """What a stage sends of each token: its hidden state, and a Zamba2's token embeddings beside it
+    (the shared blocks of later stages read them; their gradient comes back with the hidden state's)."""
+    return 2 * model.d_model if model.family == "hybrid" else model.d_model
+
+
+def shared_copy_holders(model, pp: int) -> tuple[int, ...]:
+    """How many of `pp` even stages hold each of a Zamba2's shared block copies: those whose layers
+    invoke it (the k-th hybrid layer invokes copy k mod shared_blocks); () for other models or one stage."""
+    if model.family != "hybrid" or pp == 1:
+        return ()
+    per = model.layers // pp
+    stages: dict[int, set[int]] = {}
+    for k, layer in enumerate(model._hybrid_ids()):
+        stages.setdefault(k % model.shared_blocks, set()).add(min(layer // per, pp - 1))
+    return tuple(len(stages.get(j, ())) for j in range(model.shared_blocks))
+
+
+def shared_copy_params(model, weight_div: float) -> float:
+    """One shared block copy's parameters on a rank: its attention's and MLP's weights split
+    `weight_div` ways, their norm scales whole."""
+    from meshplan.costmodel.blocks import BLOCKS
+
+    kinds = model.shared_block_kinds()
+    norms = sum(BLOCKS[k].norm_width(model) for k in kinds)
+    return (sum(BLOCKS[k].params(model) for k in kinds) - norms) / weight_div + norms
+
+
+def extra_copy_params(model, pp: int, weight_div: float) -> float:
+    """The shared copies the pipeline's stages hold beyond one each (summed over the stages)."""
+    return sum(n - 1 for n in shared_copy_holders(model, pp)) * shared_copy_params(model, weight_div)
+
+
+def step_comms(ctx, training: bool) -> list[Comm]:
+    """A Zamba2's shared block copies held on several stages: their gradients summed over those stages
+    once a step (the executor: parallelize.GradientSync over pp), each copy's on its holders."""
+    layout, model = ctx.layout, ctx.model
+    if not (training and layout.pp > 1):
+        return []
+    per_rank = shared_copy_params(model, ctx.sharding.weight_div) * ctx.grad_bytes
+    return [
+        Comm(
+            "all_reduce",
+            "pp",
+            per_rank,
+            n,
+            phase="step",
+            block="shared",
+            what="shared block copies' grads (stages holding them)",
+            ranks_share=n / layout.pp,
+        )
+        for n in shared_copy_holders(model, layout.pp)
+        if n > 1
     ]
 
 

@@ -16,6 +16,7 @@ import math
 
 from meshplan.costmodel.axes.base import Sharding
 from meshplan.costmodel.blocks import BLOCKS
+from meshplan.costmodel.blocks.hybrid_proj import adapter_down_params
 from meshplan.costmodel.collectives import Comm
 from meshplan.costmodel.device import Device
 from meshplan.costmodel.options import MemoryOptions
@@ -98,6 +99,8 @@ def _layer_comms(ctx, kind: str, axis: str, int8_forward: bool):
     reduce-scatter of the same total size; the backward re-gathers the saved sequence shard.
     Mamba-1 adds the all-reduce of x_proj's output (dt, B, C come from all d_inner channels)."""
     t = ctx.layout.tensor_degree
+    if t > 1 and kind == "hybrid_proj":
+        return _adapter_down_comms(ctx, axis, t)
     if t == 1 or not BLOCKS[kind].tensor_comms:
         return []
     e = ctx.act_bytes
@@ -183,6 +186,28 @@ def _layer_comms(ctx, kind: str, axis: str, int8_forward: bool):
             Comm("all_reduce", axis, x_dbl, t, phase="bwd", block=kind, what="all-reduce x_proj grad"),
         ]
     return out
+
+
+def _adapter_down_comms(ctx, axis: str, t: int) -> list[Comm]:
+    """A Zamba2 invocation's LoRA adapters on the tensor axis (executor: hybrid.HybridProjection): each up
+    projection's rows split with the projection it adds to, each down projection whole on every rank
+    reading the replicated input, its gradient — from the rank's own up rows — summed over the axis
+    once a step. The invocation's linear reads the block's summed output whole: no collective."""
+    downs = adapter_down_params(ctx.model)
+    if not downs:
+        return []
+    return [
+        Comm(
+            "all_reduce",
+            axis,
+            downs * ctx.grad_bytes,
+            t,
+            phase="step",
+            block="hybrid_proj",
+            what="adapter down-projection grads",
+            overlap="backward",
+        )
+    ]
 
 
 def end_comms(ctx, training: bool) -> list[Comm]:

@@ -20,6 +20,26 @@ def hybrid_proj_saved(model: ModelSpec, opts: MemoryOptions) -> list[Saved]:
     return items
 
 
+def adapter_down_params(model: ModelSpec) -> int:
+    """One invocation's LoRA down projections (rank × the input they read): the gate/up adapter's and,
+    with attention adapters, Q's, K's and V's."""
+    rank = model.adapter_rank
+    if model.family != "hybrid" or not rank:
+        return 0
+    return rank * model.mlp.hidden + (3 * rank * model.attention.hidden if model.attention_adapters else 0)
+
+
+def tensor_replicated_hybrid_params(model: ModelSpec, head_div: int) -> float:
+    """Extra parameters per rank when a tensor axis splits a Zamba2's layers `head_div` ways: each
+    invocation's linear (it reads the shared block's summed output) and its adapters' down projections
+    (they read the replicated input) stay whole on every tensor rank; the adapters' up projections are
+    split with the projections they add to (the executor's splits.hybrid_proj_splits)."""
+    if model.family != "hybrid" or head_div == 1:
+        return 0.0
+    whole = model.mlp.out_hidden * model.d_model + adapter_down_params(model)
+    return model.hybrid_invocations * whole * (1 - 1 / head_div)
+
+
 class HybridProj(BlockKind):
     name = "hybrid_proj"
     tensor_comms = False

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.executor.attention import causal_attention
-from meshplan.executor.blocks import DenseLayer, qk_norms_of, qkv_heads
+from meshplan.executor.blocks import DenseLayer, adapter_delta, mlp_activation, qk_norms_of, qkv_heads
 from meshplan.executor.comm import (
     CopyToAxis,
     GatherFromAxis,
@@ -25,7 +25,6 @@ from meshplan.executor.comm import (
     ReduceFromAxis,
     all_gather,
 )
-from meshplan.executor.experts import activate
 from meshplan.executor.layouts.common import (
     KVCache,
     Sublayer,
@@ -73,6 +72,7 @@ class ParallelAttention(Sublayer):
         self.take_splits(ref, attention_splits(q_w, kv_w, ref.qk_norms is not None), t, r, local={"attn_norm": "norm"})
         self.q_positions = q_positions
         self.rotary, self.seq = ref.rotary, seq
+        self.q_scale = ref.q_scale  # Zamba2's shared attention: (head_dim / 2)^-½ scores (blocks.SharedBlock)
         self.next_position = seq  # decode's next token (prefill resets it)
         # The keys this rank's queries see, as Python ints, read once here: q_positions sits on the
         # GPU, and reading it in every attention call made the host wait for the GPU to drain there.
@@ -83,11 +83,16 @@ class ParallelAttention(Sublayer):
             self.keys = ZigzagKeys(seq, sp.size, sp.rank)
         self.keep_cache, self.kv_cache = False, None
 
-    def _qkv(self, xn, positions):
+    def _qkv(self, xn, positions, adapter=None):
         """This rank's heads of q, k, v (b, t, heads, d) for tokens at `positions`: q and k normed (where
-        the model norms them) and turned by the rotary."""
+        the model norms them) and turned by the rotary. `adapter`: a Zamba2 invocation's LoRA adapter on
+        QKV (blocks.adapter_delta's weights, its up rows this rank's heads)."""
         qkv = F.linear(xn, self.w_qkv)
-        return qkv_heads(qkv, self.rotary, positions, self.heads, self.kv_heads, self.head_dim, self.qk_norms)
+        if adapter is not None:
+            qkv = qkv + adapter_delta(xn, *adapter)
+        return qkv_heads(
+            qkv, self.rotary, positions, self.heads, self.kv_heads, self.head_dim, self.qk_norms, self.q_scale
+        )
 
     @property
     def qk_norms(self):
@@ -113,8 +118,8 @@ class ParallelAttention(Sublayer):
             out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return out.transpose(1, 2).reshape(b, t, a * d)
 
-    def forward(self, x):
-        q, k, v = self._qkv(_enter(self.norm(x), self.mesh, self.tensor_axis), self.q_positions)
+    def forward(self, x, adapter=None):
+        q, k, v = self._qkv(_enter(self.norm(x), self.mesh, self.tensor_axis), self.q_positions, adapter)
         if self.keep_cache:  # prefill: this rank's share of the KV cache outlives the step
             self.kv_cache = KVCache(k, v)
             self.next_position = self.seq
@@ -129,12 +134,12 @@ class ParallelAttention(Sublayer):
         self.kv_cache = None
 
     @torch.no_grad()
-    def decode(self, x):
+    def decode(self, x, adapter=None):
         """One new token per sequence (b, 1, h) against the cache prefill left: on SP, each rank
         attends over its shard of the cache (the last rank also holds the new tokens), and the
         partial outputs are gathered and combined."""
         b = x.shape[0]
-        q, k, v = self._qkv(self.norm(x), self.q_positions.new_full((1,), self.next_position))
+        q, k, v = self._qkv(self.norm(x), self.q_positions.new_full((1,), self.next_position), adapter)
         self.next_position += 1
         owner = not self.seq_axis or self.mesh.axis(self.seq_axis).rank == self.mesh.axis(self.seq_axis).size - 1
         if owner:
@@ -157,10 +162,13 @@ class ParallelMLP(Sublayer):
         self.mesh, self.tensor_axis = mesh, tensor_axis
         t = mesh.axis(tensor_axis).size if tensor_axis else 1
         r = mesh.axis(tensor_axis).rank if tensor_axis else 0
-        self.gated, self.relu2 = ref.gated, ref.relu2
+        self.gated, self.relu2, self.geglu = ref.gated, ref.relu2, ref.geglu
         self.take_splits(ref, mlp_splits(ref.w_down.shape[1], ref.gated), t, r, local={"mlp_norm": "norm"})
 
-    def forward(self, x):
-        h = F.linear(_enter(self.norm(x), self.mesh, self.tensor_axis), self.w_in)
-        h = activate(h, gated=True) if self.gated else activate(h, gated=False) if self.relu2 else F.gelu(h)
-        return _leave(F.linear(h, self.w_down), self.mesh, self.tensor_axis)
+    def forward(self, x, adapter=None):
+        """`adapter`: a Zamba2 invocation's LoRA adapter on [gate; up] (its up rows this rank's columns)."""
+        xn = _enter(self.norm(x), self.mesh, self.tensor_axis)
+        h = F.linear(xn, self.w_in)
+        if adapter is not None:
+            h = h + adapter_delta(xn, *adapter)
+        return _leave(F.linear(mlp_activation(self, h), self.w_down), self.mesh, self.tensor_axis)

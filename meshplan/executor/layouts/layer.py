@@ -13,6 +13,10 @@ meshplan/costmodel/axes/__init__.py:
     MLP           mlp          dense.ParallelMLP                      tsp.TSPMLP
     MoE           mlp          ep.ExpertParallelMoE (ep, etp)         ep.ExpertParallelMoE (ep)
     Mamba-2       mixer        mamba.ParallelMamba2                   tsp_mamba.TSPMamba2
+    Zamba2 hybrid (hybrid.hybrid_layers, not build_layer; tp, tpssm, sp, pp=2 — not tsp):
+    shared block  (SharedBlocks, once a copy a stage) dense.ParallelAttention, dense.ParallelMLP
+    hybrid layer  proj         hybrid.HybridProjection (the linear and the invocation's adapters)
+                  mixer        mamba.ParallelMamba2 (its input: x + the shared block's output)
 
 Every sublayer is a pre-norm residual branch (common.Sublayer: its own norm, then its mixing), and the
 layer adds each branch's output to the stream in turn, so that a later kind of sublayer — an MoE in the

@@ -147,3 +147,34 @@ def moe_limits(layout: Layout, model: ModelSpec, options: CostOptions | None = N
             f"price it with --capacity-factor 0"
         )
     return None
+
+
+def hybrid_limits(layout: Layout, model: ModelSpec) -> str | None:
+    """Why a Zamba2 hybrid's layers (hybrid.py: the shared blocks' sublayers built once a copy on a
+    rank, each hybrid layer's linear and adapters whole, the Mamba-2 mixers as ParallelMamba2; on dp,
+    with ZeRO 0-2, tp or tpssm, sp and pp=2) cannot run `layout` on `model`; None when they can."""
+    if layout.tsp > 1:
+        return (
+            f"layout: the executor runs {model.name}'s shared blocks on dp, tp (tpssm), sp and pp, not "
+            f"tsp={layout.tsp}; use tp or sp"
+        )
+    if layout.pp > 2:
+        # hybrid.SharedBlocks: a copy held on several stages has its gradients summed over the pp axis,
+        # which is the stages holding it only when there are two.
+        return (
+            f"layout: the executor sums {model.name}'s shared block copies over two pipeline stages, not "
+            f"pp={layout.pp}; use pp=2"
+        )
+    if layout.pp > 1 and layout.dp > 1 and layout.zero >= 2:
+        return (
+            f"layout: the executor sums {model.name}'s shared block copies over the stages once a step, "
+            f"which ZeRO {layout.zero} under pp does not wait for; execute zero=1"
+        )
+    if layout.dp > 1 and layout.zero >= 3:
+        return f"layout: the executor's ZeRO 3 does not gather {model.name}'s shared blocks; execute zero=2 or below"
+    if model.attention_adapters and model.attention.kv_heads != model.attention.heads:
+        return (
+            f"model: {model.name}'s Q/K/V adapters are attention_hidden wide, as transformers' Zamba2 builds "
+            f"them, which needs num_key_value_heads = num_attention_heads"
+        )
+    return None

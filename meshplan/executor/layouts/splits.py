@@ -13,6 +13,8 @@ the tensor axis). `dim` None keeps the weight whole (the norm scales, applied to
                        tsp.TSPMLP                mlp_splits
     tpssm, tpssm+sp    mamba.ParallelMamba2      mamba2_splits
     tsp                tsp_mamba.TSPMamba2       contiguous_splits (one part a weight)
+    tp, tpssm (Zamba2) hybrid.HybridProjection  hybrid_proj_splits (its shared blocks: attention_splits,
+                                                 mlp_splits; its Mamba-2 mixers: mamba2_splits)
     tp (MoE)           ep.ExpertParallelMoE      shared_expert_splits; the routed experts over ep, then
                                                  expert_splits over etp (whole where etp = 1)
     tsp (MoE)          ep.ExpertParallelMoE      router_split, shared_expert_splits (streamed; the routed
@@ -86,6 +88,23 @@ def mlp_splits(ffn: int, gated: bool) -> dict[str, Split]:
         "mlp_norm.weight": WHOLE,
         "w_in": _cut(0, ffn, ffn) if gated else _cut(0, ffn),
         "w_down": _cut(1, ffn),
+    }
+
+
+def hybrid_proj_splits(ffn: int, q_width: int, kv_width: int) -> dict[str, Split]:
+    """A Zamba2 hybrid layer's own weights on a tensor axis (hybrid.HybridProjection): the linear after
+    the shared block whole (it reads the block's summed output; every rank gets the same gradient), each
+    LoRA adapter's down projection whole (it reads the replicated input; its gradient, from this rank's
+    rows of the up projection, is summed over the axis once a step) and its up rows cut as the
+    projection they add to — [gate; up] part by part, Q, K and V by heads."""
+    return {
+        "linear": WHOLE,
+        "mlp_adapter_down": WHOLE,
+        "mlp_adapter_up": _cut(0, ffn, ffn),
+        "qkv_adapter_down": WHOLE,
+        "q_adapter_up": _cut(0, q_width),
+        "k_adapter_up": _cut(0, kv_width),
+        "v_adapter_up": _cut(0, kv_width),
     }
 
 
