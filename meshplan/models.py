@@ -844,7 +844,8 @@ def _layered_invocations(model: ModelSpec) -> tuple[tuple[str, int], ...]:
 def first_layers(model: ModelSpec, layers: int, field_name: str = "--layers") -> ModelSpec:
     """The model cut to its first `layers` layers (`meshplan execute --layers`), named "<model>/<k>L".
     What is counted over the layers keeps its share of them: a hybrid's shared-block invocations and
-    the sliding-window layers (at least one of each where the model has any). More layers than the
+    the sliding-window layers (at least one of each where the model has any), and the shared-block
+    copies those invocations run. More layers than the
     model has is an error naming `field_name`."""
     if not isinstance(layers, int) or not 1 <= layers <= model.layers:
         raise MeshplanError(
@@ -865,6 +866,10 @@ def first_layers(model: ModelSpec, layers: int, field_name: str = "--layers") ->
         layers=layers,
         hybrid_layers=hybrid,
         hybrid_layer_ids=(),  # the cut's shared-block layers spread evenly, in the model's proportion
+        # The copies of the shared block those layers invoke (invocation k runs copy k mod copies): the cut
+        # holds no copy it never runs (6 of Zamba2-7B's 81 layers invoke one of its two: predicted with
+        # both, the 6-layer run's peak was 4.7 GiB under, session 21)
+        shared_blocks=min(model.shared_blocks, hybrid) if hybrid else model.shared_blocks,
         window_layers=share(model.window_layers, attention),
         dense_layer_ids=tuple(i for i in model.dense_layer_ids if i < layers),
         layer_kinds=kept if model.family == "mixed" else (),

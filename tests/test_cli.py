@@ -660,6 +660,16 @@ def test_first_layers_keeps_a_models_proportions():
     zamba = first_layers(PRESETS["zamba2-7b"], 1)
     assert zamba.layers == 1 and zamba.hybrid_layers == 1 and zamba.name == "zamba2-7b/1L"
     assert first_layers(PRESETS["zamba2-7b"], 40).hybrid_layers == round(13 * 40 / 81)
+    # The cut holds the shared-block copies its invocations run, as the executor builds it.
+    import torch
+
+    from meshplan.executor.model import CausalLM
+
+    for k, copies in ((6, 1), (40, 2)):
+        cut = first_layers(PRESETS["zamba2-7b"], k)
+        with torch.device("meta"):
+            built = sum(p.numel() for p in CausalLM(cut).parameters())
+        assert cut.shared_blocks == copies and built == cut.param_count()
     windowed = replace(PRESETS["dense-7b"], attention_window=4096, window_layers=16)
     assert first_layers(windowed, 2).window_layers == 1 and first_layers(windowed, 1).window_layers == 1
     assert first_layers(PRESETS["dense-7b"], 32) is PRESETS["dense-7b"]

@@ -30,6 +30,7 @@ def test_mamba2_training_steps_without_a_tensor_axis_are_captured(layout):
         ("tsp=2", "dense-7b", "train", "cuda:0", "layout"),
         ("tpssm=2", "mamba2-130m", "train", "cuda:0", "layout"),
         ("tp=2", "mamba2-130m", "train", "cuda:0", "layout"),
+        ("tp=1", "zamba2-7b", "train", "cuda:0", "model"),
         ("tp=1", "mixtral-8x7b", "train", "cuda:0", "model"),
     ],
 )
