@@ -43,7 +43,7 @@ def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allred
     if model.family == "hybrid":
         # Zamba2-7B's first 6 layers on one H200 (session 21): the capture was invalidated
         # (cudaErrorStreamCaptureInvalidated), its first failing operation not found
-        return f"model: {model.name}'s hybrid step did not capture on an H200 (the capture was invalidated); it runs eagerly"
+        return f"model: {model.name}'s hybrid step did not capture on an H200 (capture invalidated); it runs eagerly"
     if layout.tsp > 1:
         # Captured, TSP's ring of point-to-point sends hung its first replay (mamba2-130m tsp=2, 2 x H200)
         return f"layout: TSP's point-to-point ring (tsp={layout.tsp}) is not captured; it runs eagerly"
