@@ -408,3 +408,17 @@ def test_pipeline_stages_of_a_zamba2_by_hand(tmp_path_factory):
     tied = model.vocab * model.d_model  # the head's copy of the tied embedding on the last stage
     sh = sharding_for(parse_layout("pp=2"), opts)
     assert mean_local_params(model, sh, 2) == (model.param_count() + tied + copy) / 2
+
+
+def test_a_new_prefill_forgets_the_caches_hybrid_layers_lent_their_shared_attention():
+    """parallelize.drop_caches, before each timed prefill, also drops the KV cache a hybrid layer keeps
+    for the shared attention it invokes (ParallelHybridLayer.kv_state): kept, the previous prefill's
+    caches stood beside the new ones until each was replaced (a review finding)."""
+    from torch import nn
+
+    from meshplan.executor.parallelize import drop_caches
+
+    holder = nn.Module()
+    holder.kv_state = (torch.zeros(2), 7)
+    drop_caches(nn.ModuleList([nn.Sequential(holder)]))
+    assert holder.kv_state == (None, 0)

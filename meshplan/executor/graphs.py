@@ -26,6 +26,10 @@ from meshplan.layout import Layout
 from meshplan.models import ModelSpec
 
 
+class CaptureFailed(RuntimeError):
+    """A step asked to be captured could not be: one line naming why and the way out."""
+
+
 def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allreduce: bool = False) -> str | None:
     """Why a step of `model` under `layout` is not captured as a CUDA graph; None when it is."""
     if not device.startswith("cuda"):
@@ -83,7 +87,12 @@ def capture(body, warm, warmups: int = 1, pool=None, ready=None):
     if ready is not None:
         ready()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=side):
-        body()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            body()
+    except RuntimeError as exc:  # torch's AcceleratorError is one
+        graph.reset()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CaptureFailed(f"cuda_graph: the step did not capture ({first}); rerun with --no-cuda-graph") from exc
     torch.cuda.synchronize()
     return graph

@@ -103,10 +103,15 @@ def keep_caches(layers, keep: bool) -> None:
 
 
 def drop_caches(layers) -> None:
-    """Forget the previous prefill's caches."""
+    """Forget the previous prefill's caches (and the KV caches Zamba2's hybrid layers lend their shared
+    attention: layouts/hybrid.ParallelHybridLayer.kv_state)."""
     for module in sharded_modules(layers):
         if isinstance(module, Sublayer):
             module.drop_cache()
+    for layer in layers:
+        for module in layer.modules():
+            if hasattr(module, "kv_state"):
+                module.kv_state = (None, 0)
 
 
 def share_final_states(layers) -> None:

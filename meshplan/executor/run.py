@@ -1,7 +1,8 @@
 """Run a layout for real and measure it next to the cost model's prediction.
 
 Measured, per rank: step time (CUDA events after warm-up, median), peak memory
-(torch.cuda.max_memory_allocated over the timed steps), collective bytes by kind/axis (the counting
+(torch.cuda.max_memory_allocated over the timed steps, or over the capture of a step replayed as a CUDA
+graph: executor.graphs), collective bytes by kind/axis (the counting
 wrapper), bytes saved for backward (saved_tensors_hooks), and the exposed communication: the same
 step timed again with the transfers skipped (counted, not sent), subtracted from the real one.
 The prediction a run file sets beside these is meshplan.predict.predict_run.
@@ -247,7 +248,7 @@ def measure(
     if graph_not is None:
         graph_not = opt.on_device_scalars()
     if cuda_graph and graph_not is not None:
-        raise ValueError(f"cuda_graph: this step cannot be captured ({graph_not})")
+        raise graphs.CaptureFailed(f"cuda_graph: this step cannot be captured ({graph_not})")
     step = eager_step
     tick = Ticks(
         progress,
@@ -266,48 +267,70 @@ def measure(
     )
     for i in range(warmup):
         tick.run(step, f"warm-up step {i + 1}/{warmup}")
+    saved = None
+    if graph_not is None:
+        # Counted before the capture: an eager pass beside a live graph's pool would need its memory twice.
+        feed(1)
+        saved = tick.run(
+            lambda: _saved_bytes(layers, x, dy if head is not None or not whole else None, sync, opt),
+            "saved activations counted",
+        )
+        x.grad = None
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     if graph_not is None:
         step = _graphed(layers, x, dy, sync, opt, eager_step, feed, micro, mesh)
-    mesh.reset_counts()
-    times = timed(step, steps, cuda, after=lambda i, t: tick(f"step {i + 1}/{steps}", t))
-    result = {
-        "step_time_s": statistics.median(times),
-        "step_times_s": times,
-        "comm_bytes": {k: v / steps for k, v in mesh.counts.items()},
-        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
-        "loss": first_loss,
-        "cuda_graph": graph_not is None,
-    }
-    if graph_not is not None and cuda:
-        result["cuda_graph_not"] = graph_not
-    if cuda:
-        result.update(_gpu_extras(step, host_samples, profile, tick))
-        result["peak_bytes"] += result["peer_buffer_bytes"]
-    if train:
-        feed(1)
-        # One micro-batch through this rank's layers alone (a later stage's input a copy of its own).
-        inp = x if pipe is None or pipe.first else hidden.detach().clone().requires_grad_()
-        result["saved_bytes"] = tick.run(
-            lambda: _saved_bytes(layers, inp, dy if head is not None or not whole else None, sync, opt),
-            "saved activations counted",
-        )
-        x.grad = None
-    if no_comm:
-        result["step_time_no_comm_s"] = _time_without_comm(step, mesh, warmup, steps, cuda, tick)
-        result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
-    if hasattr(step, "graphs"):  # their captured collectives go before the process group does
+    try:
+        mesh.reset_counts()
+        times = timed(step, steps, cuda, after=lambda i, t: tick(f"step {i + 1}/{steps}", t))
+        result = {
+            "step_time_s": statistics.median(times),
+            "step_times_s": times,
+            "comm_bytes": {k: v / steps for k, v in mesh.counts.items()},
+            "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+            "loss": first_loss,
+            "cuda_graph": graph_not is None,
+        }
+        if graph_not is not None and cuda:
+            result["cuda_graph_not"] = graph_not
+        if cuda:
+            result.update(_gpu_extras(step, host_samples, profile, tick))
+            result["peak_bytes"] += result["peer_buffer_bytes"]
+        if train and saved is not None:
+            result["saved_bytes"] = saved
+        elif train:
+            feed(1)
+            # One micro-batch through this rank's layers alone (a later stage's input a copy of its own).
+            inp = x if pipe is None or pipe.first else hidden.detach().clone().requires_grad_()
+            result["saved_bytes"] = tick.run(
+                lambda: _saved_bytes(layers, inp, dy if head is not None or not whole else None, sync, opt),
+                "saved activations counted",
+            )
+            x.grad = None
+        if no_comm:
+            result["step_time_no_comm_s"] = _time_without_comm(step, mesh, warmup, steps, cuda, tick)
+            result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
+        _release_graphs(step)  # their captured collectives go before the process group does
+        if cuda:  # the next run, perhaps on other groups, starts without this one's peer buffers
+            from meshplan.executor import peer
+
+            peer.release([ax.group for ax in mesh.axes.values() if ax is not None and ax.group is not None])
+        return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
+
+    finally:
+        _release_graphs(step)
+
+
+def _release_graphs(step) -> None:
+    """The step's CUDA graphs reset (their pool freed), before the process group goes: captured
+    collectives that outlived it hung a run at exit."""
+    if hasattr(step, "graphs"):
         torch.cuda.synchronize()
         for graph in step.graphs:
             graph.reset()
         step.graphs.clear()
-    if cuda:  # the next run, perhaps on other groups, starts without this one's peer buffers
-        from meshplan.executor import peer
-
-        peer.release([ax.group for ax in mesh.axes.values() if ax is not None and ax.group is not None])
-    return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
+        torch.cuda.empty_cache()
 
 
 def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh):
@@ -315,8 +338,8 @@ def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh)
     reductions, the optimizer's kernels and the gradients let go, the labels fed as the eager step
     feeds them — and a step that counts it (the bias corrections written, the capture's collective
     bytes added to the mesh's counts) and replays it. The capture's allocations set the peak.
-    `replay.without_comm()`: the same step captured with the transfers skipped (mesh.enabled off, as
-    _time_without_comm times the eager step), in the same memory pool."""
+    `replay.without_comm()`: the same step captured anew with the transfers skipped (mesh.enabled off,
+    as _time_without_comm times the eager step), once the first graph is reset."""
 
     def body():
         feed(micro)
@@ -328,8 +351,8 @@ def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh)
 
     made = []  # every graph captured: reset before the process group goes (measure's end)
 
-    def captured(pool=None):
-        graph = graphs.capture(body, eager_step, pool=pool, ready=mesh.reset_counts)
+    def captured():
+        graph = graphs.capture(body, eager_step, ready=mesh.reset_counts)
         made.append(graph)
         counts, calls = dict(mesh.counts), dict(mesh.calls)
 
@@ -342,8 +365,17 @@ def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh)
 
         return replay
 
+    def without_comm():
+        # The timed graph is done with: its pool goes before the next capture (a live pool and an eager
+        # warm-up beside it would hold the step's transients twice).
+        for graph in made:
+            graph.reset()
+        made.clear()
+        torch.cuda.empty_cache()
+        return captured()
+
     step = captured()
-    step.without_comm = lambda: captured(pool=made[0].pool())
+    step.without_comm = without_comm
     step.graphs = made
     return step
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.executor.comm import build_mesh
+from meshplan.executor.graphs import CaptureFailed
 from meshplan.executor.model import tokens_from_file
 from meshplan.executor.run import combine_ranks, environment, measure, use_expandable_segments
 from meshplan.executor.runspec import RunSpec
@@ -81,6 +82,8 @@ def main(spec_path: str) -> int:
             progress=_say if rank == 0 else None,
             cuda_graph=spec.cuda_graph,
         )
+    except CaptureFailed as exc:  # one line: why, and --no-cuda-graph
+        mine = {"error": str(exc)}
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
         # Triton's kernels and NCCL report an exhausted GPU as a RuntimeError: record it as torch's is.
         if not isinstance(exc, torch.cuda.OutOfMemoryError) and "out of memory" not in str(exc).lower():
