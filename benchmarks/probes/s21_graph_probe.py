@@ -49,7 +49,7 @@ def _train(model, seq: int, graph: bool, steps: int = 3) -> list[torch.Tensor]:
 
     if graph:
         assert opt.on_device_scalars() is None
-        step = _graphed(layers, x, dy, NoSync(), opt, eager, lambda n: None, 1)  # its warm-up: step 1
+        step = _graphed(layers, x, dy, NoSync(), opt, eager, lambda n: None, 1, mesh)  # its warm-up: step 1
         for _ in range(steps - 1):
             step()
     else:
