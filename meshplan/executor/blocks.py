@@ -678,7 +678,23 @@ class SharedBlock(DenseLayer):
         return self.mlp(a, layer.mlp_adapter)
 
 
-class HybridLayer(Mamba2Block):
+class Adapters:
+    """A Zamba2 invocation's LoRA adapters as the shared block takes them (None where it has none):
+    `mlp_adapter` (down, up) on the MLP's [gate; up], `qkv_adapter` (down, q up, k up, v up) — read from
+    the weights of that name its class holds (HybridLayer; its shard, layouts/hybrid.HybridProjection)."""
+
+    @property
+    def mlp_adapter(self):
+        return (self.mlp_adapter_down, self.mlp_adapter_up) if hasattr(self, "mlp_adapter_down") else None
+
+    @property
+    def qkv_adapter(self):
+        if not hasattr(self, "qkv_adapter_down"):
+            return None
+        return (self.qkv_adapter_down, self.q_adapter_up, self.k_adapter_up, self.v_adapter_up)
+
+
+class HybridLayer(Adapters, Mamba2Block):
     """A Zamba2 hybrid layer (Zamba2HybridLayer): its shared block's output for (x, embeddings), through
     the layer's own linear, added to the Mamba-2 block's input; the stream's residual is x:
     x + mamba(norm(x + linear(block(x, emb)))). The layer owns its Mamba-2 weights, the linear and its
@@ -700,16 +716,6 @@ class HybridLayer(Mamba2Block):
             self.q_adapter_up = _init(a.q_width, rank)
             self.k_adapter_up = _init(a.kv_width, rank)
             self.v_adapter_up = _init(a.kv_width, rank)
-
-    @property
-    def mlp_adapter(self):
-        return (self.mlp_adapter_down, self.mlp_adapter_up) if hasattr(self, "mlp_adapter_down") else None
-
-    @property
-    def qkv_adapter(self):
-        if not hasattr(self, "qkv_adapter_down"):
-            return None
-        return (self.qkv_adapter_down, self.q_adapter_up, self.k_adapter_up, self.v_adapter_up)
 
     def forward(self, x, emb, seq_idx=None):
         t = F.linear(self.block(x, emb, self), self.linear)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.executor.blocks import HybridLayer
+from meshplan.executor.blocks import Adapters, HybridLayer
 from meshplan.executor.comm import Mesh
 from meshplan.executor.layouts.common import Sharded
 from meshplan.executor.layouts.dense import ParallelAttention, ParallelMLP
@@ -97,7 +97,7 @@ class SharedBlocks(nn.Module):
         return subs["mlp"](a, adapter=proj.mlp_adapter)
 
 
-class HybridProjection(Sharded):
+class HybridProjection(Adapters, Sharded):
     """A hybrid layer's own linear (the shared block's output back to d_model) and its LoRA adapters:
     whole without a tensor axis; on one, the up projections' rows cut as the projections they add to
     (splits.hybrid_proj_splits), the down projections' gradients partial sums over the axis."""
@@ -116,16 +116,6 @@ class HybridProjection(Sharded):
         """On a tensor axis: the adapters' down projections, each rank's gradient from its own up rows."""
         downs = [getattr(self, n) for n in ("mlp_adapter_down", "qkv_adapter_down") if hasattr(self, n)]
         return {self.tensor_axis: downs} if self.tensor_axis and downs else {}
-
-    @property
-    def mlp_adapter(self):
-        return (self.mlp_adapter_down, self.mlp_adapter_up) if hasattr(self, "mlp_adapter_down") else None
-
-    @property
-    def qkv_adapter(self):
-        if not hasattr(self, "qkv_adapter_down"):
-            return None
-        return (self.qkv_adapter_down, self.q_adapter_up, self.k_adapter_up, self.v_adapter_up)
 
 
 class ParallelHybridLayer(Layer):
