@@ -31,7 +31,9 @@ from meshplan.models import PRESETS
 from meshplan.topologies import load_cluster
 
 
-def profile_one(model, cluster, seq: int) -> dict:
+def two_layer_step(model, seq: int):
+    """The eager training step of `model`'s 2-layer stack (bf16, seeded) on one sequence of `seq` random
+    hidden states on the GPU: forward, backward from a random gradient, MixedAdam, gradients let go."""
     torch.manual_seed(0)
     with torch.device("cuda"):
         stack = Stack(model, 2).to(torch.bfloat16)
@@ -45,6 +47,11 @@ def profile_one(model, cluster, seq: int) -> dict:
         opt.zero_grad()
         x.grad = None
 
+    return step
+
+
+def profile_one(model, cluster, seq: int) -> dict:
+    step = two_layer_step(model, seq)
     for _ in range(3):
         step()
     torch.cuda.synchronize()

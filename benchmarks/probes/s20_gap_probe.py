@@ -12,15 +12,16 @@ import json
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from meshplan.executor.blocks import Stack
-from meshplan.executor.optim import MixedAdam
-from meshplan.executor.parallelize import run_layers
 from meshplan.models import PRESETS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from profile_step import two_layer_step  # noqa: E402 (benchmarks/profile_step.py: the step it profiles)
 
 
 def main() -> int:
@@ -31,20 +32,7 @@ def main() -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29534")
     dist.init_process_group("nccl", rank=0, world_size=1)
-    model = replace(PRESETS["dense-7b"], layers=2)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        stack = Stack(model, 2).to(torch.bfloat16)
-    x = torch.randn(1, args.seq, model.d_model, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn_like(x)
-    opt = MixedAdam(stack.parameters())
-
-    def step():
-        run_layers(stack.layers, x).backward(dy)
-        opt.step()
-        opt.zero_grad()
-        x.grad = None
-
+    step = two_layer_step(replace(PRESETS["dense-7b"], layers=2), args.seq)
     for _ in range(4):
         step()
     torch.cuda.synchronize()

@@ -61,15 +61,14 @@ def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allred
     return None
 
 
-def capture(body, warm, warmups: int = 1, pool=None, ready=None):
-    """`warm` (a whole eager step) run `warmups` times on a side stream, as torch's whole-network
-    capture asks (libraries set up their workspaces there), then `body` (the step's device work)
-    captured on that stream; returns the torch.cuda.CUDAGraph to replay. Before the capture the cuBLAS
-    workspaces (one set a stream: the eager steps' and the warm-up's) and the caching allocator's free
-    blocks are released, and the peak memory statistic is reset: the capture allocates one set, in the
-    graph's pool, and its peak is the step's. `pool`: another graph's pool to share (graphs replayed
-    one after another, never at once, each freeing what it allocates). `ready()`: called between the
-    warm-up and the capture (the mesh's byte counters reset there count the captured step alone)."""
+def capture(body, warm, warmups: int = 1, ready=None):
+    """`warm` (a whole eager step) run `warmups` times on a side stream, as torch's whole-network capture
+    asks (libraries set up their workspaces there), then `body` (the step's device work) captured on that
+    stream; returns the torch.cuda.CUDAGraph to replay. Before the capture the cuBLAS workspaces (one set a
+    stream: the eager steps' and the warm-up's) and the caching allocator's free blocks are released, and
+    the peak memory statistic is reset: the capture allocates one set, in the graph's pool, and its peak is
+    the step's. `ready()`: called between the warm-up and the capture (the mesh's byte counters reset there
+    count the captured step alone)."""
     import torch
 
     torch.cuda.synchronize()
@@ -88,7 +87,7 @@ def capture(body, warm, warmups: int = 1, pool=None, ready=None):
         ready()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=pool, stream=side):
+        with torch.cuda.graph(graph, stream=side):
             body()
     except RuntimeError as exc:  # torch's AcceleratorError is one
         graph.reset()

@@ -267,15 +267,21 @@ def measure(
     )
     for i in range(warmup):
         tick.run(step, f"warm-up step {i + 1}/{warmup}")
-    saved = None
-    if graph_not is None:
-        # Counted before the capture: an eager pass beside a live graph's pool would need its memory twice.
+
+    def count_saved() -> float:
+        """One micro-batch through this rank's layers alone (a later stage's input a copy of its own)."""
         feed(1)
-        saved = tick.run(
-            lambda: _saved_bytes(layers, x, dy if head is not None or not whole else None, sync, opt),
+        inp = x if pipe is None or pipe.first else hidden.detach().clone().requires_grad_()
+        out = tick.run(
+            lambda: _saved_bytes(layers, inp, dy if head is not None or not whole else None, sync, opt),
             "saved activations counted",
         )
         x.grad = None
+        return out
+
+    # Under a graph, counted before the capture: an eager pass beside a live graph's pool would need
+    # its memory twice.
+    saved = count_saved() if train and graph_not is None else None
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -297,39 +303,28 @@ def measure(
         if cuda:
             result.update(_gpu_extras(step, host_samples, profile, tick))
             result["peak_bytes"] += result["peer_buffer_bytes"]
-        if train and saved is not None:
-            result["saved_bytes"] = saved
-        elif train:
-            feed(1)
-            # One micro-batch through this rank's layers alone (a later stage's input a copy of its own).
-            inp = x if pipe is None or pipe.first else hidden.detach().clone().requires_grad_()
-            result["saved_bytes"] = tick.run(
-                lambda: _saved_bytes(layers, inp, dy if head is not None or not whole else None, sync, opt),
-                "saved activations counted",
-            )
-            x.grad = None
+        if train:
+            result["saved_bytes"] = saved if saved is not None else count_saved()
         if no_comm:
             result["step_time_no_comm_s"] = _time_without_comm(step, mesh, warmup, steps, cuda, tick)
             result["exposed_comm_s"] = result["step_time_s"] - result["step_time_no_comm_s"]
-        _release_graphs(step)  # their captured collectives go before the process group does
         if cuda:  # the next run, perhaps on other groups, starts without this one's peer buffers
             from meshplan.executor import peer
 
             peer.release([ax.group for ax in mesh.axes.values() if ax is not None and ax.group is not None])
         return result  # the stack, optimizer and caches go with this frame; callers empty the CUDA cache
-
     finally:
-        _release_graphs(step)
+        # Captured collectives go before the process group does (ones that outlived it hung a run at exit).
+        _reset_graphs(getattr(step, "graphs", []))
 
 
-def _release_graphs(step) -> None:
-    """The step's CUDA graphs reset (their pool freed), before the process group goes: captured
-    collectives that outlived it hung a run at exit."""
-    if hasattr(step, "graphs"):
+def _reset_graphs(made: list) -> None:
+    """Reset the CUDA graphs in `made` (their pools freed) once the GPU is done with them, and forget them."""
+    if made:
         torch.cuda.synchronize()
-        for graph in step.graphs:
+        for graph in made:
             graph.reset()
-        step.graphs.clear()
+        made.clear()
         torch.cuda.empty_cache()
 
 
@@ -368,10 +363,7 @@ def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh)
     def without_comm():
         # The timed graph is done with: its pool goes before the next capture (a live pool and an eager
         # warm-up beside it would hold the step's transients twice).
-        for graph in made:
-            graph.reset()
-        made.clear()
-        torch.cuda.empty_cache()
+        _reset_graphs(made)
         return captured()
 
     step = captured()
