@@ -61,7 +61,7 @@ MAMBA_LAYOUTS = [
     "tpssm=2,sp=2",
 ]
 # Mixtures of experts (--family moe): a coarse model (8 experts, top-2) and a fine-grained one (128, top-8).
-MOE_LAYOUTS = ["single", "dp=2", "dp=2,ep=2", "dp=2,ep=2,zero=1"]
+MOE_LAYOUTS = ["single", "dp=2", "dp=2,ep=2", "dp=2,ep=2,zero=1", "dp=4,ep=4", "dp=2,tp=2,ep=2"]
 
 
 def plan(args) -> list[dict]:

@@ -4,15 +4,17 @@ workspaces, NCCL's communicator buffers, and the caching allocator's slack (rese
 Each rank reads the driver's view (torch.cuda.mem_get_info: total − free) and the allocator's
 (memory_reserved), and records what lies outside the allocator after each step:
   context      CUDA initialised, nothing allocated
-  cublas       a bf16 GEMM run (cuBLAS handle; its workspace sits in the allocator since torch 2.x)
+  cublas       a bf16 GEMM run (cuBLAS's kernels loaded; its workspace sits in the allocator)
   attention    SDPA's flash and cuDNN backends run (cuDNN handle, plans)
-  nccl_world   the default NCCL communicator made and an all-reduce run over every rank
-  nccl_groups  each further communicator (new_group over the same ranks, an all-reduce, an all-to-all,
-               a send/recv) — what one more mesh axis costs a rank
-Then a training-like loop of mixed-size tensors (the executor's dense 2-layer step where it runs) for
-the allocator's peak reserved / peak allocated.
+  nccl_world   the default NCCL communicator made over every rank, its ring collectives run
+  groups       further communicators, one group size at a time (every divisor of the world above 1):
+               one that runs only the ring collectives (all-reduce, all-gather, reduce-scatter, small
+               and large messages, so every protocol connects), one only an all-to-all, one only a
+               send/recv to the next rank of the group, one all three in turn — each step's growth
+Then a training-like loop of mixed-size tensors for the allocator's peak reserved / peak allocated.
+meshplan/costmodel/runtime.py prices a plan's communicators from these figures.
 
-Run (2 GPUs): python benchmarks/probe_runtime_memory.py --out $OUT/runtime-memory.json
+Run (2 or 4 GPUs): python benchmarks/probe_runtime_memory.py --out $OUT/runtime-memory.json
 """
 
 from __future__ import annotations
@@ -27,20 +29,49 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 GIB = 2**30
+SMALL, LARGE = 256, 16 << 20  # float32 elements: 1 KiB (the LL protocols) and 64 MiB (Simple)
 
 
 def _outside(device: int) -> int:
     """Bytes the driver reports used beyond what the caching allocator holds."""
+    torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
     return total - free - torch.cuda.memory_reserved(device)
 
 
-def _rank(rank: int, world: int, port: int, groups: int, queue) -> None:
+def _ring(dev, group, size: int) -> None:
+    for n in (SMALL, LARGE):
+        x = torch.ones(n * size, device=dev)
+        dist.all_reduce(x, group=group)
+        out = torch.empty(n * size * size, device=dev)
+        dist.all_gather_into_tensor(out, x, group=group)
+        dist.reduce_scatter_tensor(x, out, group=group)
+    del x, out
+
+
+def _all_to_all(dev, group, size: int) -> None:
+    for n in (SMALL, LARGE):
+        x = torch.ones(n * size, device=dev)
+        y = torch.empty_like(x)
+        dist.all_to_all_single(y, x, group=group)
+
+
+def _send_recv(dev, group, ranks: list[int], rank: int) -> None:
+    i = ranks.index(rank)
+    nxt, prev = ranks[(i + 1) % len(ranks)], ranks[(i - 1) % len(ranks)]
+    for n in (SMALL, LARGE):
+        x = torch.ones(n, device=dev)
+        y = torch.empty_like(x)
+        ops = [dist.P2POp(dist.isend, x, nxt, group), dist.P2POp(dist.irecv, y, prev, group)]
+        for r in dist.batch_isend_irecv(ops):
+            r.wait()
+
+
+def _rank(rank: int, world: int, port: int, queue) -> None:
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
     torch.cuda.init()
     torch.empty(1, device=dev)  # the context made
-    torch.cuda.synchronize()
     out = {"context": _outside(rank)}
     a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
     (a @ a).sum().item()
@@ -54,31 +85,34 @@ def _rank(rank: int, world: int, port: int, groups: int, queue) -> None:
                 torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
         except RuntimeError:
             pass
-    torch.cuda.synchronize()
+    del a, q
     out["attention"] = _outside(rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
-    x = torch.ones(1 << 20, device=dev)
-    dist.all_reduce(x)
-    torch.cuda.synchronize()
+    _ring(dev, None, world)
     out["nccl_world"] = _outside(rank)
-    steps = []
-    for _ in range(groups):
-        g = dist.new_group(list(range(world)))
-        dist.all_reduce(x, group=g)
-        before = _outside(rank)
-        y = torch.empty_like(x)
-        dist.all_to_all_single(y, x, group=g)
-        after_a2a = _outside(rank)
-        if world > 1:
-            peer = rank ^ 1
-            if peer < world:
-                ops = [dist.P2POp(dist.isend, x, peer, g), dist.P2POp(dist.irecv, y, peer, g)]
-                for r in dist.batch_isend_irecv(ops):
-                    r.wait()
-        torch.cuda.synchronize()
-        steps.append({"after_all_reduce": before, "after_all_to_all": after_a2a, "after_send_recv": _outside(rank)})
-    out["nccl_groups"] = steps
+    groups = []
+    steps = {
+        "ring": lambda g, ranks: _ring(dev, g, len(ranks)),
+        "all_to_all": lambda g, ranks: _all_to_all(dev, g, len(ranks)),
+        "send_recv": lambda g, ranks: _send_recv(dev, g, ranks, rank),
+    }
+    # One communicator for each use alone (a tensor axis's ring collectives, an expert axis's
+    # all-to-all, a pipeline's send/recv), then one that does all three (are they additive?).
+    uses = [("ring",), ("all_to_all",), ("send_recv",), ("ring", "all_to_all", "send_recv")]
+    for size in [s for s in range(2, world + 1) if world % s == 0]:
+        for use in uses:
+            # every rank makes every group (new_group is collective); each uses its own
+            made = [dist.new_group(list(range(s, s + size))) for s in range(0, world, size)]
+            ranks = list(range(rank - rank % size, rank - rank % size + size))
+            g = made[rank // size]
+            entry = {"size": size, "uses": list(use)}
+            for step in use:
+                before = _outside(rank)
+                steps[step](g, ranks)
+                entry[step] = _outside(rank) - before
+            groups.append(entry)
+    out["groups"] = groups
     # The allocator's slack under a training-like mix of sizes: layers' activations saved, freed in reverse.
     torch.cuda.reset_peak_memory_stats(dev)
     w = [torch.randn(4096, 11008, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(4)]
@@ -105,12 +139,11 @@ def _rank(rank: int, world: int, port: int, groups: int, queue) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
-    ap.add_argument("--groups", type=int, default=4, help="further communicators made, one after another")
     args = ap.parse_args()
     world = torch.cuda.device_count()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, 29533, args.groups, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, 29533, queue)) for r in range(world)]
     for p in procs:
         p.start()
     results = dict(queue.get() for _ in procs)
@@ -120,14 +153,9 @@ def main() -> int:
     print(f"{world} × {torch.cuda.get_device_name(0)}, torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}")
     for key in ("context", "cublas", "attention", "nccl_world"):
         print(f"  outside the allocator after {key:10s} {r0[key] / GIB:6.3f} GiB")
-    last = r0["nccl_world"]
-    for i, s in enumerate(r0["nccl_groups"]):
-        print(
-            f"  communicator {i + 2}: +{(s['after_all_reduce'] - last) / 2**20:7.1f} MiB all-reduce, "
-            f"+{(s['after_all_to_all'] - s['after_all_reduce']) / 2**20:6.1f} all-to-all, "
-            f"+{(s['after_send_recv'] - s['after_all_to_all']) / 2**20:6.1f} send/recv"
-        )
-        last = s["after_send_recv"]
+    for g in r0["groups"]:
+        grew = ", ".join(f"+{g[u] / 2**20:.1f} MiB {u}" for u in g["uses"])
+        print(f"  a further communicator of {g['size']}: {grew}")
     a = r0["allocator"]
     print(f"  allocator peak reserved / allocated {a['peak_reserved'] / a['peak_allocated']:.3f}")
     record = {
@@ -136,6 +164,7 @@ def main() -> int:
         "gpus": world,
         "torch": torch.__version__,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
         "host": platform.node(),
         "ranks": {str(k): v for k, v in sorted(results.items())},
     }

@@ -27,6 +27,7 @@ import tomllib
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import pipeline_stages, schedule_violation
+from meshplan.costmodel.runtime import fits_device, outside_allocator
 from meshplan.costmodel.stacks import get_stack
 from meshplan.costmodel.step import estimate_step
 from meshplan.errors import MeshplanError
@@ -231,9 +232,10 @@ def predict_row(row: Row) -> dict:
         steps = trial.steps_for(layout.dp, layout.pp, choice["micro_batch"])
         if schedule_violation(trial.stack_spec, layout.pp, layout.zero, steps, trial.chunks):
             continue  # a schedule the row's stack does not run
-        if (
-            memory_per_gpu(model, layout, row["seq"], choice["micro_batch"], trial).total_bytes
-            <= cluster.gpu.memory_bytes
+        if fits_device(
+            memory_per_gpu(model, layout, row["seq"], choice["micro_batch"], trial).total_bytes,
+            outside_allocator(model, layout, row["seq"], trial, cluster.gpus_per_node),
+            cluster.gpu.memory_bytes,
         ):
             fitting_steps.append(
                 estimate_step(model, layout, row["seq"], choice["micro_batch"], trial, cluster).step_time_s

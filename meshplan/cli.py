@@ -296,7 +296,8 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
         title=title,
         caption="total = params + optim + caches + BLAS (+ int8buf) + the largest phase: a layer (acts, "
         "the grads built so far, its transients; in training the MLP's work and the "
-        "attention's KVgath peak apart), the logits or the optimizer step",
+        "attention's KVgath peak apart), the logits or the optimizer step; beside = what the GPU holds "
+        "outside PyTorch's allocator (the CUDA context, NCCL's buffers), counted in fits",
         pad_edge=False,
     )
     table.add_column("layout")
@@ -305,11 +306,13 @@ def _render_memory(records, spec, opts, cluster_spec) -> None:
         table.add_column(COMPONENT_LABELS[key], justify="right")
     table.add_column("total", justify="right", style="bold")
     if cluster_spec:
+        table.add_column("+ beside", justify="right")
         table.add_column(f"fits {cluster_spec.gpu.memory_bytes / gib:.0f}", justify="center")
     for r in records:
         row = [r["layout"], fmt_tokens(r["seq"])] + [f"{r['per_gpu_bytes'][k] / gib:.2f}" for k in shown]
         row.append(f"{r['total_bytes'] / gib:.2f}")
         if cluster_spec:
+            row.append(f"{r['outside_allocator_bytes'] / gib:.2f}")
             row.append("[green]yes[/]" if r["fits"] else "[red]no[/]")
         table.add_row(*row)
     console.print(table)
@@ -662,7 +665,7 @@ def recommend(
             str(i),
             name,
             _fmt_knobs(c.knobs, c.layout),
-            fmt_bytes(c.total_bytes),
+            fmt_bytes(c.device_bytes),
             _fmt_s(e.step_time_s),
             f"{e.tokens_per_s:,.0f}",
             _fmt_s(e.exposed_comm_s),
@@ -695,9 +698,10 @@ RECOMMEND_LEGEND = (
     "legend: knobs chosen per mesh — rc = activation recompute (none | selective: attention's core | full: "
     "whole layers), mbs = micro-batch size in sequences, tp-sp = Megatron sequence parallelism on the TP "
     "axis (norms and dropouts split by sequence), v = interleaved virtual pipeline stages a rank; "
-    "* = not runnable by meshplan execute. mem/GPU = predicted peak memory a GPU; {what}; exposed comm = "
-    "transfer time not hidden behind compute; comm/step = bytes a GPU sends a step; MFU = model FLOPs "
-    "over the GPUs' bf16 peak; regime = the tokens a micro-batch puts through a layer (b·s) against the "
+    "* = not runnable by meshplan execute. mem/GPU = predicted peak memory a GPU, the CUDA context and "
+    "NCCL's buffers beside the allocator included; {what}; exposed comm = transfer time not hidden "
+    "behind compute; comm/step = bytes a GPU sends a step; MFU = model FLOPs over the GPUs' bf16 peak; "
+    "regime = the tokens a micro-batch puts through a layer (b·s) against the "
     "b·s above which TSP moves fewer bytes than TP at the mesh's tensor degree, in units of the hidden "
     "size h (`meshplan crossover` explains it); `no weight split` = no tensor axis."
 )
@@ -852,8 +856,15 @@ def predict(
         ),
         (
             "memory per GPU",
-            f"{fmt_bytes(out['total_bytes'])} of {fmt_bytes(out['gpu_memory_bytes'])} "
+            f"{fmt_bytes(out['total_bytes'])} + {fmt_bytes(out['outside_allocator_bytes'])} of "
+            f"{fmt_bytes(out['gpu_memory_bytes'])} "
             f"({'fits' if out['fits'] else 'does NOT fit'}; peak: {out['pipeline_stage']} stage, {out['peak_phase']})",
+        ),
+        (
+            "  beside the allocator",
+            f"CUDA context {fmt_bytes(out['outside_allocator']['cuda_context'])}, NCCL "
+            f"{fmt_bytes(out['outside_allocator']['nccl_communicators'])} "
+            f"({len(out['outside_allocator']['communicators'])} communicators)",
         ),
         ("step time", _fmt_s(out["step_time_s"])),
         (

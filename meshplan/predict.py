@@ -17,6 +17,7 @@ from meshplan.costmodel.memory import (
 )
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import schedule_violation, validate_batch
+from meshplan.costmodel.runtime import OutsideAllocator, fits_device, outside_allocator
 from meshplan.costmodel.schedule import step_schedule
 from meshplan.costmodel.step import StepEstimate, estimate_step
 from meshplan.errors import MeshplanError
@@ -37,8 +38,13 @@ class Prediction:
     step: StepEstimate
 
     @property
+    def outside(self) -> OutsideAllocator:
+        """What the rank holds beside the allocator: the CUDA context and NCCL's buffers."""
+        return outside_allocator(self.model, self.layout, self.seq, self.opts, self.cluster.gpus_per_node)
+
+    @property
     def fits(self) -> bool:
-        return self.memory.total_bytes <= self.cluster.gpu.memory_bytes
+        return fits_device(self.memory.total_bytes, self.outside, self.cluster.gpu.memory_bytes)
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -66,6 +72,8 @@ class Prediction:
             "tp_sequence_parallel": o.tp_sequence_parallel,
             "fits": self.fits,
             "total_bytes": self.memory.total_bytes,
+            "outside_allocator_bytes": self.outside.total_bytes,
+            "outside_allocator": self.outside.as_dict(),
             "gpu_memory_bytes": self.cluster.gpu.memory_bytes,
             "peak_phase": self.memory.peak_phase,
             "pipeline_stage": self.memory.pipeline_stage,
@@ -182,6 +190,10 @@ def predict_run(
         "comm_bytes": schedule.bytes_by_kind_and_axis(message=True),
         "saved_bytes": saved,
         "whole_model": whole,
+        # beside the allocator (the CUDA context, NCCL's communicators): a run's outside_allocator_bytes
+        "outside_allocator_bytes": outside_allocator(
+            model, layout, seq, opts, cluster.gpus_per_node if cluster else layout.world_size, embeddings=whole
+        ).total_bytes,
     }
     if cluster is not None:
         est = estimate_step(model, layout, seq, batch, opts, cluster, schedule=schedule, embeddings=whole, ctx=ctx)

@@ -6,6 +6,7 @@ import re
 
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import MemoryOptions
+from meshplan.costmodel.runtime import fits_device, outside_allocator
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout
 from meshplan.models import ModelSpec
@@ -51,7 +52,9 @@ def memory_record(
     if cluster is not None:
         record["cluster"] = cluster.name
         record["gpu_memory_bytes"] = cluster.gpu.memory_bytes
-        record["fits"] = result.total_bytes <= cluster.gpu.memory_bytes
+        outside = outside_allocator(model, layout, seq, opts, cluster.gpus_per_node)
+        record["outside_allocator_bytes"] = outside.total_bytes
+        record["fits"] = fits_device(result.total_bytes, outside, cluster.gpu.memory_bytes)
     return record
 
 

@@ -248,7 +248,9 @@ def test_a_runner_up_that_ties_in_less_memory_is_not_said_to_lose_on_memory():
     win = result.ranked[0]
     e = win.estimate
     hair = replace(e, step_time_s=e.step_time_s * 1.0005, tokens_per_s=e.tokens_per_s / 1.0005)
-    lighter = replace(result.ranked[1], estimate=hair, total_bytes=win.total_bytes - 2**30)
+    lighter = replace(
+        result.ranked[1], estimate=hair, total_bytes=win.total_bytes - 2**30, outside_bytes=win.outside_bytes
+    )
     reason = _runner_up(win, lighter, "throughput", "step")
     assert "0.05% slower" in reason and "a tie inside the cost model's error, though it needs less" in reason
     assert "ties on time and it needs" not in reason

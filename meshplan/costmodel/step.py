@@ -76,22 +76,27 @@ class StepEstimate:
     pipeline_simulated: bool = False  # the passes priced by the schedule simulator, not the closed form
 
 
+def group_placements(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
+    """Where each mesh axis's group sits (meshplan.rank_order: the executor's rank order), by the names
+    the collectives use (Comm.axis)."""
+    g = gpus_per_node
+    tensor = place_axis(*rank_order.group(layout, ("tensor",)), g)
+    groups = {name: tensor if name == layout.weight_axis else place_axis(1, 1, g) for name in ("tp", "tpssm", "tsp")}
+    for name, spans in (("sp", ("sp",)), ("dp", ("dp",)), ("dp+sp", ("sp", "dp")), ("pp", ("pp",))):
+        groups[name] = place_axis(*rank_order.group(layout, spans), g)
+    groups["pp_ends"] = place_axis(*rank_order.pipeline_ends(layout), g)
+    # the experts' decomposition of the same ranks
+    for name, spans in (("etp", ("etp",)), ("ep", ("ep",)), ("edp", ("edp",)), ("etp+ep", ("etp", "ep"))):
+        groups[name] = place_axis(*rank_order.group(layout, spans, rank_order.EXPERT_ORDER), g)
+    return groups
+
+
 class _Links:
     """Group placement of each mesh axis (meshplan.rank_order: the executor's rank order), and the
     α-β parameters of the cluster."""
 
     def __init__(self, layout: Layout, cluster: ClusterSpec):
-        g = cluster.gpus_per_node
-        tensor = place_axis(*rank_order.group(layout, ("tensor",)), g)
-        self.groups: dict[str, GroupPlacement] = {
-            name: tensor if name == layout.weight_axis else place_axis(1, 1, g) for name in ("tp", "tpssm", "tsp")
-        }
-        for name, spans in (("sp", ("sp",)), ("dp", ("dp",)), ("dp+sp", ("sp", "dp")), ("pp", ("pp",))):
-            self.groups[name] = place_axis(*rank_order.group(layout, spans), g)
-        self.groups["pp_ends"] = place_axis(*rank_order.pipeline_ends(layout), g)
-        # the experts' decomposition of the same ranks
-        for name, spans in (("etp", ("etp",)), ("ep", ("ep",)), ("edp", ("edp",)), ("etp+ep", ("etp", "ep"))):
-            self.groups[name] = place_axis(*rank_order.group(layout, spans, rank_order.EXPERT_ORDER), g)
+        self.groups = group_placements(layout, cluster.gpus_per_node)
         self.cluster = cluster
 
     def time_s(self, c: Comm) -> float:

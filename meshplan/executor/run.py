@@ -303,6 +303,7 @@ def measure(
         if cuda:
             result.update(_gpu_extras(step, host_samples, profile, tick))
             result["peak_bytes"] += result["peer_buffer_bytes"]
+            result.update(_device_extras())
         if train:
             result["saved_bytes"] = saved if saved is not None else count_saved()
         if no_comm:
@@ -451,6 +452,17 @@ def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | 
     return float(total) / layout.dp
 
 
+def _device_extras() -> dict:
+    """What the caching allocator reserved at its peak, and what the driver holds beyond the allocator
+    (the CUDA context, library modules, NCCL's communicator buffers: meshplan/costmodel/runtime.py)."""
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+        "outside_allocator_bytes": total - free - torch.cuda.memory_reserved(),
+    }
+
+
 def _gpu_extras(step, host_samples: int, profile, tick) -> dict:
     """What a GPU run records beside time and peak: the int8 all-reduce's peer buffer (device memory
     outside torch's allocator, added to the peak), the host's issue time of a step, the cuBLAS
@@ -533,6 +545,9 @@ def combine_ranks(ranks: list) -> dict:
     out["comm_bytes"] = {k: sum(r["comm_bytes"].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
     if "blas_workspace_bytes" in ranks[0]:
         out["blas_workspace_bytes"] = ranks[0]["blas_workspace_bytes"]
+    for key in ("peak_reserved_bytes", "outside_allocator_bytes"):
+        if key in ranks[0]:
+            out[key] = max(r[key] for r in ranks)
     if "saved_bytes" in ranks[0]:
         out["saved_bytes"] = max(r["saved_bytes"] for r in ranks)
     if "host_enqueue_s" in ranks[0]:

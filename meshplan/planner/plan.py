@@ -15,6 +15,7 @@ from meshplan.costmodel.crossover import regime
 from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import pipeline_stages, schedule_violation
+from meshplan.costmodel.runtime import fits_device, outside_allocator
 from meshplan.costmodel.stacks import Stack
 from meshplan.costmodel.step import StepEstimate, estimate_step, step_floor_s
 from meshplan.errors import MeshplanError
@@ -35,6 +36,12 @@ class Candidate:
     regime: str
     not_executed: str | None = None  # why `meshplan execute` cannot run it (meshplan.executor.support)
     knobs: dict = field(default_factory=dict)  # the values chosen (or pinned) for this mesh
+    outside_bytes: int = 0  # beside the allocator: the CUDA context, NCCL's buffers (costmodel.runtime)
+
+    @property
+    def device_bytes(self) -> int:
+        """The allocator's peak and what lies beside it: what the GPU must hold."""
+        return self.total_bytes + self.outside_bytes
 
     def as_dict(self) -> dict:
         e = self.estimate
@@ -46,6 +53,7 @@ class Candidate:
             "layout": str(self.layout),
             "kind": self.layout.kind,
             "total_bytes": self.total_bytes,
+            "outside_allocator_bytes": self.outside_bytes,
             "fits": self.fits,
             "step_time_s": e.step_time_s if e else None,
             "tokens_per_s": e.tokens_per_s if e else None,
@@ -142,10 +150,10 @@ def _expert_layouts(model: ModelSpec, ranks: int, shape: dict) -> list[dict]:
 
 def _sort_key(objective: str, mode: str):
     if objective == "memory":
-        return lambda c: (c.total_bytes, c.estimate.step_time_s)
+        return lambda c: (c.device_bytes, c.estimate.step_time_s)
     if objective == "latency":
-        return lambda c: (c.estimate.step_time_s, c.total_bytes)
-    return lambda c: (-c.estimate.tokens_per_s, c.total_bytes)
+        return lambda c: (c.estimate.step_time_s, c.device_bytes)
+    return lambda c: (-c.estimate.tokens_per_s, c.device_bytes)
 
 
 KNOBS = ("recompute", "tp_sequence_parallel", "micro_batch", "virtual_stages")
@@ -201,7 +209,7 @@ def plan(
     dropped = [c for _, d, _ in parts for c in d]
     pruned = sum(p for _, _, p in parts)
     fitting.sort(key=_sort_key(objective, opts.mode))
-    dropped.sort(key=lambda c: c.total_bytes)
+    dropped.sort(key=lambda c: c.device_bytes)
     reason = explain(fitting, dropped, objective, opts, cluster, pruned, keep)
     return Plan(fitting, dropped, len(layouts), objective, reason, pruned)
 
@@ -290,6 +298,7 @@ def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
             regime(model, layout, new_tokens, used),
             unsupported(layout, model),
             knobs,
+            outside_allocator(model, layout, seq, used, cluster.gpus_per_node).total_bytes,
         )
         (fitting if fits else dropped).append(cand)
         if job.keep and fits:
@@ -380,6 +389,9 @@ def search_knobs(
         return None
     batches, chunks, sps, recomputes = space
     best = smallest = fitted = None
+    # Beside the allocator (the CUDA context, one set of NCCL buffers a communicator): the same for every
+    # setting of this mesh's knobs, priced once.
+    outside = functools.cache(lambda: outside_allocator(model, layout, seq, opts, cluster.gpus_per_node))
 
     def behind(ctx) -> bool:
         """The setting's floor is slower a token than the bound (a floor tying it is kept)."""
@@ -408,7 +420,7 @@ def search_knobs(
                         smallest = (mem, None, False, knobs, trial)
                     if opts.training and ep.violation(model, layout, trial):
                         continue  # a setting the stack's MoE rules refuse (the all-to-all overlap's)
-                    if mem.total_bytes > cluster.gpu.memory_bytes:
+                    if not fits_device(mem.total_bytes, outside(), cluster.gpu.memory_bytes):
                         continue
                     if bound < math.inf and behind(ctx):
                         fitted = fitted or (mem, None, True, knobs, trial)
@@ -466,7 +478,12 @@ def explain(
     """One paragraph: why the winner wins, and what the runner-up lost on."""
     if not ranked:
         least = dropped[0] if dropped else None
-        need = f"; the smallest, {least.layout}, needs {_gib(least.total_bytes)}" if least else ""
+        need = (
+            f"; the smallest, {least.layout}, needs {_gib(least.device_bytes)} (with the CUDA context and NCCL's "
+            f"buffers, {_gib(least.outside_bytes)})"
+            if least
+            else ""
+        )
         return (
             f"Nothing fits in {_gib(cluster.gpu.memory_bytes)} per GPU{need}. Use more GPUs (--nodes), "
             f"a shorter --seq, a smaller --batch, or --recompute full."
@@ -477,7 +494,7 @@ def explain(
     per = {"train": "step", "prefill": "prefill", "decode": "token"}[opts.mode]
     text = [
         f"{win.layout} wins on {objective}: {w.tokens_per_s:,.0f} tokens/s, {what} {_ms(w.step_time_s)}, "
-        f"{_gib(win.total_bytes)} per GPU ({w.bound}; {win.regime})."
+        f"{_gib(win.device_bytes)} per GPU ({w.bound}; {win.regime})."
     ]
     if w.bound.startswith("launch-bound"):
         text.append(
@@ -491,10 +508,10 @@ def explain(
         c for c in ranked[1:] if c.estimate.step_time_s and abs(c.estimate.tokens_per_s / w.tokens_per_s - 1) <= 0.02
     ]
     if close:
-        roomiest = min([win] + close, key=lambda c: c.total_bytes)
+        roomiest = min([win] + close, key=lambda c: c.device_bytes)
         text.append(
             f"{len(close) + 1} meshes are within 2% of the winner's throughput, inside the cost model's "
-            f"error: among them {roomiest.layout} leaves the most memory free ({_gib(roomiest.total_bytes)} "
+            f"error: among them {roomiest.layout} leaves the most memory free ({_gib(roomiest.device_bytes)} "
             f"per GPU)."
         )
     if opts.mode == "decode":
@@ -542,19 +559,19 @@ def _runner_up(win: Candidate, run: Candidate, objective: str, per: str) -> str:
     w, r = win.estimate, run.estimate
     head = f"The runner-up, {run.layout} ({r.tokens_per_s:,.0f} tokens/s)"
     if objective == "memory":
-        return f"{head}, lost because it needs {_gib(run.total_bytes)} per GPU against {_gib(win.total_bytes)}."
+        return f"{head}, lost because it needs {_gib(run.device_bytes)} per GPU against {_gib(win.device_bytes)}."
     # Seconds of each part for the winner's tokens (throughput) or for one step (latency).
     scale = w.tokens_per_step / r.tokens_per_step if objective == "throughput" and r.tokens_per_step else 1.0
     w_total, r_total = w.step_time_s, r.step_time_s * scale
     slower = r_total / w_total - 1 if w_total > 0 else 0.0
     unit = per if scale == 1.0 else f"{w.tokens_per_step:,.0f} tokens"
     if slower <= 1e-3:
-        if run.total_bytes >= win.total_bytes:
-            need = f"{_gib(run.total_bytes)} per GPU against {_gib(win.total_bytes)}"
+        if run.device_bytes >= win.device_bytes:
+            need = f"{_gib(run.device_bytes)} per GPU against {_gib(win.device_bytes)}"
             return f"{head}, lost because it ties on time and needs {need}."
         return (
             f"{head}, is {slower:.2%} slower per {unit}, a tie inside the cost model's error, though it needs less "
-            f"memory ({_gib(run.total_bytes)} per GPU against {_gib(win.total_bytes)})."
+            f"memory ({_gib(run.device_bytes)} per GPU against {_gib(win.device_bytes)})."
         )
     diffs = {name: getattr(r, attr) * scale - getattr(w, attr) for name, attr in STEP_PARTS}
     main = max(diffs, key=diffs.get)
