@@ -15,8 +15,15 @@ from __future__ import annotations
 DECODE_KERNEL_GPU_S = 6.4e-6
 
 
+# A mixture-of-experts layer in training (router and experts; only their sum is measured, put on the
+# experts): 370 kernels a 2-layer Mixtral step on one GPU, the same on an H100 and on two H200 machines
+# (benchmarks/results/s22-h200x4/profile-moe-h200x4-s22.json, validation-moe-h200x2-s20-single-profile.json,
+# validation-moe-h100-s20-qknorm-single-profile.json: `phases_s.kernels_per_step`), less two attention
+# blocks' 41.9: 143.1 a layer — the eager routing's sort, counts, gathers and scatter-adds around the
+# grouped GEMMs, whose number does not grow with the experts. Qwen3-MoE's step launches 404 (its q/k
+# norms' kernels, 17 a layer, not counted here: its floor is that much low).
 STEP_KERNELS_PER_BLOCK = {
-    "train": {"attention": 41.9, "mlp": 41.9, "mamba2": 106.5},
+    "train": {"attention": 41.9, "mlp": 41.9, "mamba2": 106.5, "router": 0.0, "experts": 143.1},
     "prefill": {"attention": 10.0, "mlp": 10.0, "mamba2": 23.0},
     "decode": {"attention": 16.0, "mlp": 16.0, "mamba2": 32.0},
 }
@@ -40,6 +47,12 @@ STEP_KERNELS_PER_BLOCK = {
 # nothing is added there, so the floor is a lower bound.
 STEP_KERNELS_SHARDED = {
     "train": {
+        # Expert parallelism's all-to-alls (dispatch and combine, their size exchanges, forward and
+        # backward): 20 communication kernels a 2-layer Mixtral step at ep = 2 and at ep = 4, 24 for
+        # Qwen3-MoE; a tensor axis under ep 8 (Mixtral) and 9 (Qwen3) more (the same profiles, 2-4 × H200).
+        # What dp and ep add to the optimizer's kernels (gradients bucketed and reduced over dp and edp:
+        # 20-72 a step over the single GPU's 14-18) depends on the split and is not counted.
+        "experts": {"ep": 10.0, "tp": 4.0},
         "mamba2": {"tpssm": 6.5, "sp": 126.0, "tsp2": 137.0},
         "attention": {"sp": 12.3, "tsp2": 117.0},
         "mlp": {"sp": 12.3, "tsp2": 117.0},
@@ -62,6 +75,8 @@ def step_kernels_per_block(kind: str, mode: str, layout) -> float:
     n = base[known]
     if layout.tp > 1:
         n += extra.get("tp", 0.0)
+    if layout.ep > 1:
+        n += extra.get("ep", 0.0)
     if layout.tpssm > 1:
         n += extra.get("tpssm", 0.0)
     if layout.sp > 1:
