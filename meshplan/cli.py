@@ -1311,7 +1311,8 @@ def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
         console.print(
             f"legend: error = (measured − predicted) / predicted; ok = within --tolerance {tolerance:g} "
             "(bytes moved must match exactly); bytes KIND/AXIS = a rank's bytes a step in that collective on "
-            "that mesh axis; peak memory and step time are compared on GPU runs only",
+            "that mesh axis; peak memory and step time are compared on GPU runs only, and beside the allocator "
+            "(the CUDA context and NCCL's buffers the driver holds outside PyTorch's, within 10%)",
             highlight=False,
         )
     if not ok:

@@ -20,29 +20,50 @@ from meshplan.topologies import load_cluster
 
 MIB = 2**20
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "s22-h200x4"
+EXECUTES = RESULTS.parent / "s22-h200x2-execute"
 MIXTRAL = replace(PRESETS["mixtral-8x7b"], layers=2, name="mixtral-8x7b/2L")
 DENSE = replace(PRESETS["dense-7b"], layers=2, name="dense-7b/2L")
 EXECUTOR = CostOptions(stack="meshplan")
+MEGATRON = CostOptions(stack="megatron")
 
 
-def _opened(model, layout: str, gpus_per_node: int = 8, embeddings: bool = True) -> dict[str, tuple]:
-    comms = runtime.communicators(model, parse_layout(layout), 4096, EXECUTOR, gpus_per_node, embeddings)
+def _opened(model, layout: str, gpus_per_node: int = 8, embeddings: bool = True, opts=EXECUTOR) -> dict[str, tuple]:
+    comms = runtime.communicators(model, parse_layout(layout), 4096, opts, gpus_per_node, embeddings)
     return {c.axis: (c.ranks, c.ring, c.p2p_links) for c in comms}
 
 
 def test_one_gpu_holds_the_context_alone():
-    out = runtime.outside_allocator(DENSE, parse_layout("single"), 4096, EXECUTOR, 8)
-    assert out.communicators == () and out.total_bytes == runtime.CONTEXT_BYTES
+    for opts in (MEGATRON, EXECUTOR):
+        out = runtime.outside_allocator(DENSE, parse_layout("single"), 4096, opts, 8)
+        assert out.communicators == () and out.total_bytes == (
+            opts.stack_spec.cuda_context_bytes or runtime.CONTEXT_BYTES
+        )
+    assert (
+        runtime.outside_allocator(DENSE, parse_layout("single"), 4096, MEGATRON, 8).total_bytes == runtime.CONTEXT_BYTES
+    )
 
 
 def test_expert_parallel_plan_by_hand():
-    # dp=4,ep=4 on 4 GPUs: the default group and dp's gradient all-reduce run ring collectives; the
-    # experts' all-to-all sends to and receives from 3 peers: 6 links.
-    assert _opened(MIXTRAL, "dp=4,ep=4") == {"world": (4, True, 0), "ep": (4, False, 6), "dp": (4, True, 0)}
-    out = runtime.outside_allocator(MIXTRAL, parse_layout("dp=4,ep=4"), 4096, EXECUTOR, 8)
+    # dp=4,ep=4 on 4 GPUs under Megatron: the default group (its barriers) and dp's gradient all-reduce
+    # run ring collectives; the experts' all-to-all sends to and receives from 3 peers: 6 links.
+    opened = _opened(MIXTRAL, "dp=4,ep=4", opts=MEGATRON)
+    assert opened == {"world": (4, True, 0), "ep": (4, False, 6), "dp": (4, True, 0)}
+    out = runtime.outside_allocator(MIXTRAL, parse_layout("dp=4,ep=4"), 4096, MEGATRON, 8)
     ring = runtime.COMMUNICATOR_BYTES + runtime.RING_BYTES
     a2a = runtime.COMMUNICATOR_BYTES + 6 * runtime.P2P_LINK_BYTES
     assert out.total_bytes == runtime.CONTEXT_BYTES + runtime.NCCL_PROCESS_BYTES + 2 * ring + a2a
+    # meshplan's executor runs nothing on the default group: no communicator for it
+    assert "world" not in _opened(MIXTRAL, "dp=4,ep=4")
+
+
+@pytest.mark.parametrize("path", sorted(EXECUTES.glob("execute-*.json")), ids=lambda p: p.stem)
+def test_a_run_holds_what_is_priced_beside_its_allocator(path):
+    # `meshplan execute` on 2 × H200 (benchmarks/sweeps/s22-two-gpu.sh), one process group a run: the
+    # driver's bytes beyond the allocator after the timed steps against the executor's price.
+    run = json.loads(path.read_text())
+    model = replace(PRESETS[run["model"].split("/")[0]], layers=run["layers"])
+    out = runtime.outside_allocator(model, parse_layout(run["layout"]), run["seq"], EXECUTOR, 8)
+    assert out.total_bytes == pytest.approx(run["measured"]["outside_allocator_bytes"], rel=0.05)
 
 
 def test_pipeline_and_ring_links_by_hand():
@@ -52,7 +73,7 @@ def test_pipeline_and_ring_links_by_hand():
     assert _opened(DENSE, "pp=4")["pp"] == (4, False, 4)
     assert _opened(DENSE, "tsp=4", embeddings=False)["tsp"] == (4, True, 2)
     prefill = runtime.communicators(DENSE, parse_layout("pp=4"), 4096, replace(EXECUTOR, mode="prefill"), 8)
-    assert {c.axis: c.p2p_links for c in prefill}["pp"] == 2  # forward only
+    assert {c.axis: c.p2p_links for c in prefill} == {"pp": 2}  # forward only
 
 
 def test_links_to_other_nodes_are_not_counted():
@@ -112,6 +133,6 @@ def test_a_plan_that_fits_the_allocator_but_not_beside_it_does_not_fit():
 def test_adding_a_data_parallel_axis_never_shrinks_what_lies_beside(axis, degree, nodes_gpus):
     base = parse_layout(f"{axis}={degree}")
     more = parse_layout(f"{axis}={degree},dp=2") if axis != "dp" else parse_layout(f"dp={2 * degree}")
-    a = runtime.outside_allocator(DENSE, base, 4096, EXECUTOR, nodes_gpus).total_bytes
-    b = runtime.outside_allocator(DENSE, more, 4096, EXECUTOR, nodes_gpus).total_bytes
+    a = runtime.outside_allocator(DENSE, base, 4096, MEGATRON, nodes_gpus).total_bytes
+    b = runtime.outside_allocator(DENSE, more, 4096, MEGATRON, nodes_gpus).total_bytes
     assert runtime.CONTEXT_BYTES + runtime.NCCL_PROCESS_BYTES < a <= b

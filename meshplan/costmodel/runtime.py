@@ -92,13 +92,15 @@ def communicators(
     model: ModelSpec, layout: Layout, seq: int, opts: CostOptions, gpus_per_node: int, embeddings: bool = True
 ) -> tuple[Communicator, ...]:
     """One communicator per group the step's collectives run over (step_schedule's axes), and the
-    default group over every rank (the process group's own; barriers, the loss's reduction).
+    default group over every rank where the stack runs collectives on it (Stack.default_group_nccl).
     Point-to-point links to ranks on other nodes are not counted (module docstring: NIC buffers are
     unmeasured). `embeddings=False`: the executor's bare layer stack."""
     if layout.world_size == 1:
         return ()
     placed = group_placements(layout, gpus_per_node)
-    groups: dict[str, dict] = {"world": {"ranks": layout.world_size, "ring": True, "links": set()}}
+    groups: dict[str, dict] = {}
+    if opts.stack_spec.default_group_nccl:
+        groups["world"] = {"ranks": layout.world_size, "ring": True, "links": set()}
     for comm, _ in step_schedule(model, layout, seq, 1, opts, embeddings=embeddings).all_comms():
         n = comm.group_size
         if n <= 1:
@@ -130,7 +132,8 @@ def outside_allocator(
 ) -> OutsideAllocator:
     """Bytes a rank of this plan holds beyond the allocator's (module docstring); `gpus_per_node`: the
     cluster's (a plan on one machine: its world size or more)."""
-    return OutsideAllocator(CONTEXT_BYTES, communicators(model, layout, seq, opts, gpus_per_node, embeddings))
+    context = opts.stack_spec.cuda_context_bytes or CONTEXT_BYTES
+    return OutsideAllocator(context, communicators(model, layout, seq, opts, gpus_per_node, embeddings))
 
 
 def fits_device(allocator_bytes: float, outside: OutsideAllocator, gpu_memory_bytes: int) -> bool:

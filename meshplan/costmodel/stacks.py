@@ -108,6 +108,13 @@ class Stack:
     # Per-tensor FP8 scaling (Megatron-Core --fp8-recipe): "delayed" (amax history, TE's default) or
     # "current" (each tensor's own amax, a pass over it before the cast: Float8CurrentScaling)
     fp8_recipe: str = "delayed"
+    # What the GPU holds beside the caching allocator (meshplan/costmodel/runtime.py): the CUDA context
+    # once the stack's kernels are loaded (0: runtime.CONTEXT_BYTES, CUDA with cuBLAS and cuDNN, a floor
+    # for stacks that load more), and whether the default process group opens an NCCL communicator
+    # (Megatron's initialize.py barriers on it while loading its fused kernels; a stack that runs no
+    # collective there leaves it unconnected).
+    cuda_context_bytes: int = 0
+    default_group_nccl: bool = True
 
 
 PRECISIONS = ("bf16", "fp8", "mxfp8")
@@ -294,6 +301,13 @@ STACKS: dict[str, Stack] = {
         # bf16 buffer of its size instead, up to three at once; every matrix of the presets divides by
         # power-of-two groups, so that is not priced.)
         optimizer_step_bytes_per_param=28.0,
+        # The executor's first run in a process held 769-841 MiB beside the allocator before any NCCL
+        # buffer (median 823: CUDA, cuBLAS, cuDNN and its Triton kernels' modules;
+        # benchmarks/results/s22-h200x4/, each file's first run, and s22-h200x2-execute's single run, 839);
+        # its workers report through files, so the default group never connects (the same runs: a
+        # standalone tp=2 run held one communicator's buffers).
+        cuda_context_bytes=823 * 2**20,
+        default_group_nccl=False,
         # The kernel runs at the GPU's copy rate (0.96-1.00 of it on the large weights): 4.15 TB/s of the
         # rated 4.8 on an H200 (0.865; 0.84 at 134M elements) and 2.98 of 3.35 on an H100 (0.89; 0.86 at
         # 134M), benchmarks/results/adam-h200.json and adam-h100.json (`python benchmarks/bench_adam.py`) — a
