@@ -514,7 +514,9 @@ def report_markdown(results: list[dict], summary: dict) -> str:
         f"predicted step; the aim is within {TOLERANCE:.0%}. A run meshplan cannot express exactly (virtual stages "
         "over Megatron's embedding- and loss-accounted pipeline split) is priced as the closest plan it takes, named "
         "in each toml row (`as_run`); the JSON gives the other candidate split beside it. Recompute is priced by "
-        "Megatron's modules where the run lists them (`--recompute-modules`).",
+        "Megatron's modules where the run lists them (`--recompute-modules`). A plan fits when the allocator's "
+        "peak (the GiB shown) and what the GPU holds beside it — the CUDA context and NCCL's buffers, "
+        "meshplan/costmodel/runtime.py — fit together.",
         "",
         f"- MoE Parallel Folding Table 3: {s['table3_oom_rows_predicted_oom']} of {s['table3_oom_rows']} OOM rows "
         f"predicted not to fit under any searched plan; {s['table3_ran_rows_predicted_to_fit']} of "
@@ -535,7 +537,7 @@ def report_markdown(results: list[dict], summary: dict) -> str:
         )
         + ".",
         "",
-        "| row | metric | published | predicted | error | range over searched | fits (GiB) | layout "
+        "| row | metric | published | predicted | error | range over searched | fits (allocator GiB) | layout "
         "| knobs (searched*) |",
         "|---|---|---:|---:|---:|---|---|---|---|",
     ]

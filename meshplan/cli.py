@@ -856,7 +856,7 @@ def predict(
         ),
         (
             "memory per GPU",
-            f"{fmt_bytes(out['total_bytes'])} + {fmt_bytes(out['outside_allocator_bytes'])} of "
+            f"{fmt_bytes(out['total_bytes'])} + {fmt_bytes(out['outside_allocator_bytes'])} beside of "
             f"{fmt_bytes(out['gpu_memory_bytes'])} "
             f"({'fits' if out['fits'] else 'does NOT fit'}; peak: {out['pipeline_stage']} stage, {out['peak_phase']})",
         ),
@@ -1239,7 +1239,8 @@ def _warn_if_over_gpu_memory(spec, lay, seq: int, batch: int, mode: str, whole: 
     from meshplan.predict import predict_run
 
     have = torch.cuda.get_device_properties(0).total_memory
-    need = predict_run(spec, lay, seq, batch, mode, None, whole=whole)["peak_bytes"]
+    predicted = predict_run(spec, lay, seq, batch, mode, None, whole=whole)
+    need = predicted["peak_bytes"] + predicted["outside_allocator_bytes"]  # with the CUDA context, NCCL's buffers
     if need > have:
         err_console.print(
             f"warning: the predicted peak, {fmt_bytes(need)} a GPU, exceeds this GPU's "

@@ -102,9 +102,13 @@ def memory_figure(records: list[dict]):
                 if height:
                     ax.bar(x, height, width * 0.92, bottom=bottom, color=color, edgecolor="white", linewidth=0.4)
                 bottom += height
+            beside = r.get("outside_allocator_bytes", 0) / gib  # the CUDA context and NCCL's buffers
+            if beside:
+                ax.bar(x, beside, width * 0.92, bottom=bottom, color="lightgrey", edgecolor="white", linewidth=0.4)
+                bottom += beside
             over = "gpu_memory_bytes" in r and not r["fits"]
             ax.annotate(
-                f"{name}\n{r['total_bytes'] / gib:.1f}" + (" ✗" if over else ""),
+                f"{name}\n{bottom:.1f}" + (" ✗" if over else ""),
                 (x, bottom),
                 xytext=(0, 2),
                 textcoords="offset points",
@@ -115,7 +119,9 @@ def memory_figure(records: list[dict]):
             )
     for _, label, color in shown:  # one legend entry per component, in stacking order
         ax.bar(0, 0, color=color, label=label)
-    top = max(r["total_bytes"] for r in records) / gib
+    if any(r.get("outside_allocator_bytes") for r in records):
+        ax.bar(0, 0, color="lightgrey", label="beside the allocator (CUDA context, NCCL)")
+    top = max(r["total_bytes"] + r.get("outside_allocator_bytes", 0) for r in records) / gib
     if "gpu_memory_bytes" in records[0]:
         cap = records[0]["gpu_memory_bytes"] / gib
         top = max(top, cap)

@@ -7,7 +7,7 @@ less what the allocator reserved, after each step of a fresh process), NVLink mu
 device machines (NCCL_NVLS_ENABLE=0: with it on, NCCL holds more, so these are floors). A
 communicator's bytes are the buffers of the connections its collectives make: the ring collectives
 connect each rank to its ring neighbours, whatever the group's size; an all-to-all connects every
-peer, a send/recv the next and previous rank. Point-to-point links to other nodes' ranks go through
+peer, a send/recv the next and previous rank (_neighbour_links). Point-to-point links to other nodes' ranks go through
 the NIC's transport, whose buffers no probe here measured: they count nothing (a floor), and a ring
 across nodes is priced as on NVLink.
 """
@@ -27,7 +27,7 @@ MIB = 2**20
 
 # benchmarks/results/s22-h200x4/: runtime-memory-h200x4.json (4 × H200, torch 2.11, NCCL 2.28.9,
 # NVLS off) and the executor's own runs beside it (validation-*-s22.json, outside_allocator_bytes: each
-# layout's new communicators; ten layouts, every one within 1% of these figures — docs/design.md §3).
+# layout's new communicators — docs/design.md §3 and tests/test_runtime_memory.py compare them).
 # The CUDA context after a bf16 GEMM and SDPA's flash and cuDNN attention ran (cuBLAS's and cuDNN's
 # kernels loaded; cuBLAS's workspace lies in the allocator: memory's blas_workspace). 701 MiB on 2 × H200
 # (runtime-memory-h200x2.json), 703 on 4.
@@ -38,12 +38,14 @@ NCCL_PROCESS_BYTES = 358 * MIB
 # Each communicator, once made (the executor's layouts: a pipeline pair's grew 580 MiB = this + one
 # send/recv pair; a ring-only group's 484-490 = this + RING_BYTES).
 COMMUNICATOR_BYTES = 196 * MIB
-# A communicator's ring collectives (all-reduce, all-gather, reduce-scatter, broadcast; small and large
-# messages): 288 MiB for a group of 2 and of 4 alike — a rank connects to its ring neighbours only.
+# A communicator's ring collectives (all-reduce, all-gather, reduce-scatter; small and large messages):
+# 288 MiB for a group of 2 and of 4 alike — a rank connects to its ring neighbours only. A broadcast,
+# not probed, is taken to ride the same ring (the executor's TSP broadcasts held no more: tsp=2, 868).
 RING_BYTES = 288 * MIB
-# Point-to-point buffers for each peer a rank sends to, and each it receives from: an all-to-all over 2
-# ranks grew 384 MiB (a send and a receive link), over 4 ranks 1,152 (six); a send to the next rank and
-# a receive from the previous one 384 (two) for 2 and 4 ranks alike; a pipeline pair's 580 (above).
+# Point-to-point buffers for each peer a rank sends to, and each it receives from: an all-to-all over 4
+# ranks grew 1,152 MiB (six links), over 2 ranks 384 after the ring collectives (446 alone); a send to the
+# next rank and a receive from the previous one 384 (two) for 2 and 4 ranks alike; a pipeline pair's
+# 580 (above).
 P2P_LINK_BYTES = 192 * MIB
 
 RING_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast"})
@@ -106,25 +108,33 @@ def communicators(
         if n <= 1:
             continue
         g = groups.setdefault(comm.axis, {"ranks": n, "ring": False, "links": set()})
-        local = placed[comm.axis].per_node if comm.axis in placed else n  # the group's ranks on one node
+        local = placed[comm.axis].per_node  # the group's ranks on one node (every Comm.axis is placed)
         if comm.kind in RING_KINDS:
             g["ring"] = True
         elif comm.kind == "all_to_all":
             g["links"] |= {(way, peer) for peer in range(1, local) for way in ("send", "recv")}
-        elif comm.kind == "send_recv" and local > 1:
-            g["links"] |= _neighbour_links(n, comm.line, comm.phase)
+        elif comm.kind == "send_recv":
+            g["links"] |= _neighbour_links(n, local, comm.line, comm.phase)
     return tuple(Communicator(axis, g["ranks"], g["ring"], len(g["links"])) for axis, g in groups.items())
 
 
-def _neighbour_links(n: int, line: bool, phase: str) -> set:
-    """(direction, peer offset) links of the group's fullest rank for one send/recv: a ring's sends go
-    to the next rank, its receives come from the previous; a line's forward likewise (its first rank
-    only sends, its last only receives), its backward the other way."""
-    back = line and phase == "bwd"
-    nxt, prev = (n - 1, 1) if back else (1, n - 1)
-    if line and n == 2:  # two ends: one link each way per direction of travel
-        return {("recv", prev)} if back else {("send", nxt)}
-    return {("send", nxt), ("recv", prev)}
+def _neighbour_links(n: int, local: int, line: bool, phase: str) -> set:
+    """(direction, peer offset) links a rank opens on its node for one send/recv. A ring sends to the
+    next rank and receives from the previous (a pair's two ranks: one link each way). A pipeline pair
+    sends forward and receives the gradients back: two links. A longer line is counted as its forward
+    alone, two links: on 4 × H200 the fullest rank of a Mamba-2 conv-tail line of 4 (sp=4, forward
+    and back) held two links' worth, 874 MiB where four would be 1,258 (validation-mamba2-h200x4-s22.json;
+    unexplained, so the backward's are not counted: a floor). With two of the group's ranks on a node,
+    one neighbour is on it: one link."""
+    if local <= 1:
+        return set()
+    if line and n == 2:
+        return {("recv", 1)} if phase == "bwd" else {("send", 1)}
+    if line and phase == "bwd":
+        return set()
+    if local == 2 and n > 2:
+        return {("send", 1)}
+    return {("send", 1), ("recv", n - 1)}
 
 
 def outside_allocator(

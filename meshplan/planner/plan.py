@@ -54,6 +54,7 @@ class Candidate:
             "kind": self.layout.kind,
             "total_bytes": self.total_bytes,
             "outside_allocator_bytes": self.outside_bytes,
+            "device_bytes": self.device_bytes,
             "fits": self.fits,
             "step_time_s": e.step_time_s if e else None,
             "tokens_per_s": e.tokens_per_s if e else None,
@@ -298,7 +299,8 @@ def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
             regime(model, layout, new_tokens, used),
             unsupported(layout, model),
             knobs,
-            outside_allocator(model, layout, seq, used, cluster.gpus_per_node).total_bytes,
+            # with the options search_knobs fitted it by (its knobs open no other communicator)
+            outside_allocator(model, layout, seq, opts, cluster.gpus_per_node).total_bytes,
         )
         (fitting if fits else dropped).append(cand)
         if job.keep and fits:
@@ -479,8 +481,8 @@ def explain(
     if not ranked:
         least = dropped[0] if dropped else None
         need = (
-            f"; the smallest, {least.layout}, needs {_gib(least.device_bytes)} (with the CUDA context and NCCL's "
-            f"buffers, {_gib(least.outside_bytes)})"
+            f"; the smallest, {least.layout}, needs {_gib(least.device_bytes)} ({_gib(least.outside_bytes)} of it "
+            f"the CUDA context and NCCL's buffers beside the allocator)"
             if least
             else ""
         )
