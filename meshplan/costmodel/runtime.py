@@ -25,7 +25,7 @@ from meshplan.models import ModelSpec
 
 MIB = 2**20
 
-# benchmarks/results/s22-h200x4/: runtime-memory-h200x4.json (4 × H200, torch 2.11, NCCL 2.28.9,
+# benchmarks/results/s22-h200x4/runtime-memory-h200x4.json (4 × H200, torch 2.11, NCCL 2.28.9,
 # NVLS off) and the executor's own runs beside it (validation-*-s22.json, outside_allocator_bytes: each
 # layout's new communicators — docs/design.md §3 and tests/test_runtime_memory.py compare them).
 # The CUDA context after a bf16 GEMM and SDPA's flash and cuDNN attention ran (cuBLAS's and cuDNN's
@@ -123,7 +123,7 @@ def _neighbour_links(n: int, local: int, line: bool, phase: str) -> set:
     next rank and receives from the previous (a pair's two ranks: one link each way). A pipeline pair
     sends forward and receives the gradients back: two links. A longer line is counted as its forward
     alone, two links: on 4 × H200 the fullest rank of a Mamba-2 conv-tail line of 4 (sp=4, forward
-    and back) held two links' worth, 874 MiB where four would be 1,258 (validation-mamba2-h200x4-s22.json;
+    and back) held two links' worth, 874 MiB where four would be 1,252 (s22-h200x4/validation-mamba2-h200x4-s22.json;
     unexplained, so the backward's are not counted: a floor). With two of the group's ranks on a node,
     one neighbour is on it: one link."""
     if local <= 1:
