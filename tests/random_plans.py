@@ -20,6 +20,7 @@ from meshplan.costmodel.memory import memory_per_gpu
 from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import validate_batch
 from meshplan.costmodel.pipeline_sim import simulate
+from meshplan.costmodel.runtime import CONTEXT_BYTES, outside_allocator
 from meshplan.costmodel.stacks import STACKS
 from meshplan.costmodel.step import estimate_step, step_floor_s
 from meshplan.errors import MeshplanError
@@ -368,6 +369,15 @@ def memory_violations(plan: RandomPlan) -> list[str]:
             twice = None
         if twice is not None and twice.total_bytes < base.total_bytes * (1 - 1e-12):
             out.append("memory shrinks when the micro-batch doubles")
+    # Beside the allocator (the CUDA context, NCCL's buffers): at least the context; the same for any
+    # length (the step's groups do not depend on it); a training step on several GPUs opens a communicator.
+    beside = outside_allocator(model, layout, seq, opts, 8)
+    if beside.total_bytes < (opts.stack_spec.cuda_context_bytes or CONTEXT_BYTES):
+        out.append("less beside the allocator than the CUDA context")
+    if outside_allocator(model, layout, 2 * seq, opts, 8).total_bytes != beside.total_bytes:
+        out.append("what lies beside the allocator changes with the sequence")
+    if opts.training and layout.world_size > 1 and not beside.communicators:
+        out.append("a multi-GPU training step opens no communicator")
     same_phase = getattr(longer, "peak_phase", None) == getattr(base, "peak_phase", None)
     if same_phase and longer.per_gpu_bytes["activations"] < base.per_gpu_bytes["activations"] * (1 - 1e-12):
         out.append("activations shrink when the sequence grows")
