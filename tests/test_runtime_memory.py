@@ -176,3 +176,17 @@ def test_the_memory_report_and_the_planner_refuse_what_fits_only_the_allocator()
     assert record["total_bytes"] < tight.gpu.memory_bytes and not record["fits"]
     chosen = search_knobs(DENSE, tight, layout, 4096, 1, opts, search=frozenset())
     assert chosen is not None and chosen[2] is False  # none of its settings fits
+
+
+def test_a_tight_winner_is_said_to_be_tight():
+    # The caching allocator's slack is not priced: a winner within 5% of the GPU's memory says so.
+    from meshplan.planner.plan import TIGHT_SHARE, explain, plan
+
+    cluster = load_cluster("h100-sxm-8")
+    opts = CostOptions(global_batch=8)
+    result = plan(DENSE, cluster, 4096, 1, opts)
+    win = result.ranked[0]
+    roomy = explain(result.ranked, result.dropped, "throughput", opts, cluster)
+    assert win.device_bytes < (1 - TIGHT_SHARE) * cluster.gpu.memory_bytes and "may not run" not in roomy
+    tight = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=int(win.device_bytes * 1.02)))
+    assert "may not run" in explain(result.ranked, result.dropped, "throughput", opts, tight)

@@ -444,6 +444,11 @@ def search_knobs(
 # search_knobs' answer for a mesh none of whose settings can reach the bound, priced or not
 SKIPPED = "skipped"
 
+# A winner leaving less than this share of the GPU free is said to be tight: the caching allocator's reserved
+# peak stood 1.01-1.26x its allocated peak in the executor's own runs (benchmarks/results/s22-h200x4/,
+# peak_reserved_bytes), a slack the fit check does not count.
+TIGHT_SHARE = 0.05
+
 
 @functools.lru_cache(maxsize=1024)
 def _trial(opts: CostOptions, sp: bool, v: int, recompute: str) -> CostOptions:
@@ -498,6 +503,13 @@ def explain(
         f"{win.layout} wins on {objective}: {w.tokens_per_s:,.0f} tokens/s, {what} {_ms(w.step_time_s)}, "
         f"{_gib(win.device_bytes)} per GPU ({w.bound}; {win.regime})."
     ]
+    free = cluster.gpu.memory_bytes - win.device_bytes
+    if free < TIGHT_SHARE * cluster.gpu.memory_bytes:
+        text.append(
+            f"It leaves {_gib(free)} of {_gib(cluster.gpu.memory_bytes)} free: PyTorch's caching allocator reserves "
+            f"more than it hands out, which no term prices (1.01-1.26x its peak in meshplan's own runs), so a "
+            f"plan this tight may not run; --objective memory ranks the roomiest."
+        )
     if w.bound.startswith("launch-bound"):
         text.append(
             "The step is the host launching an eager PyTorch stack's kernels (measured per kernel): a "
