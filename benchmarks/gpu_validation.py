@@ -282,6 +282,9 @@ def main() -> int:
                     f"{m['phases_s'].get('kernels_by_category')}",
                     flush=True,
                 )
+                if "timeline" in m["phases_s"]:  # rank 0's: GPU idle, and communication beside no compute
+                    parts = m["phases_s"]["timeline"].items()
+                    print("      timeline " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in parts), flush=True)
         dist.barrier()
     dist.destroy_process_group()
     return 0

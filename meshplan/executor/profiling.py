@@ -43,15 +43,67 @@ def profile_step(step, steps: int = 1, top: int = 0) -> dict[str, float] | None:
     out: dict = defaultdict(float)
     names: dict[str, float] = defaultdict(float)
     counts: dict[str, float] = defaultdict(float)
+    spans: dict[bool, list] = {True: [], False: []}  # kernel intervals (µs): communication or not
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             cat = category(evt.name)
             out[cat] += evt.device_time / 1e6 / steps
             names[evt.name[:90]] += evt.device_time / 1e6 / steps
             counts[cat] += 1 / steps
+            spans[cat == "communication"].append((evt.time_range.start, evt.time_range.end))
     out = dict(out)
+    out["timeline"] = {k: v / 1e6 / steps for k, v in timeline(spans[False], spans[True]).items()}
     if top:
         out["kernels_per_step"] = sum(counts.values())
         out["kernels_by_category"] = dict(counts)
         out["top_kernels"] = sorted(names.items(), key=lambda kv: -kv[1])[:top]
     return out
+
+
+def _union(spans: list) -> list:
+    """Intervals merged where they overlap, in order."""
+    out: list = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return out
+
+
+def _length(spans: list) -> float:
+    return sum(end - start for start, end in spans)
+
+
+def _intersection(a: list, b: list) -> float:
+    """Length of the overlap of two merged interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def timeline(compute: list, comm: list) -> dict[str, float]:
+    """From kernel intervals (start, end) — compute kernels and communication kernels, any streams — the
+    span from the first kernel's start to the last one's end, the time some kernel runs (busy), the GPU
+    idle inside the span (waiting on the host or on nothing), and the communication no compute kernel
+    runs beside (exposed) against the part that runs beside one (hidden)."""
+    work, talk = _union(compute), _union(comm)
+    every = _union(compute + comm)
+    if not every:
+        return {"span": 0.0, "busy": 0.0, "idle": 0.0, "comm_exposed": 0.0, "comm_hidden": 0.0}
+    span = every[-1][1] - every[0][0]
+    busy = _length(every)
+    hidden = _intersection(work, talk)
+    return {
+        "span": span,
+        "busy": busy,
+        "idle": span - busy,
+        "comm_exposed": _length(talk) - hidden,
+        "comm_hidden": hidden,
+    }
