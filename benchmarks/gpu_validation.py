@@ -282,9 +282,10 @@ def main() -> int:
                     f"{m['phases_s'].get('kernels_by_category')}",
                     flush=True,
                 )
-                if "timeline" in m["phases_s"]:  # rank 0's: GPU idle, and communication beside no compute
-                    parts = m["phases_s"]["timeline"].items()
-                    print("      timeline " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in parts), flush=True)
+                for i, r in enumerate(ranks):  # each rank's: GPU idle, and communication beside no compute
+                    if "timeline" in (r.get("phases_s") or {}):
+                        parts = r["phases_s"]["timeline"].items()
+                        print(f"      rank {i} timeline " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in parts))
         dist.barrier()
     dist.destroy_process_group()
     return 0

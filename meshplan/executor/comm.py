@@ -41,6 +41,15 @@ class Mesh:
     def axis(self, name: str) -> Axis:
         return self.axes[name]
 
+    def line_up(self) -> None:
+        """Every rank of the layout waits for every other: a barrier over each attention axis in turn
+        (the tensor, sequence, data and pipeline axes span the layout's ranks as a grid, so after the
+        last every rank has entered the first). Only the layout's ranks take part."""
+        for name in rank_order.ATTENTION_ORDER:
+            ax = self.axes.get(name)
+            if ax is not None and ax.size > 1:
+                dist.barrier(group=ax.group)
+
     def record(self, kind: str, axis: str, nbytes: float) -> None:
         key = f"{kind}/{axis}"
         self.counts[key] += nbytes

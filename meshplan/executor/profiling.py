@@ -7,7 +7,9 @@ from collections import defaultdict
 import torch
 
 CATEGORIES = (
-    ("communication", ("nccl",)),
+    # NCCL's kernels, and the int8 all-reduce's peer sum, which waits on its peers' copies (executor/peer.py)
+    ("communication", ("nccl", "_dequant_sum_peers")),
+    ("copy", ("memcpy", "memset")),
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul", "wgmma")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
@@ -26,16 +28,21 @@ def category(kernel_name: str) -> str:
     return "elementwise_other"
 
 
-def profile_step(step, steps: int = 1, top: int = 0) -> dict[str, float] | None:
+def profile_step(step, steps: int = 1, top: int = 0, line_up=None) -> dict | None:
     """Seconds per step of GPU kernel time by category (kernels on different streams may overlap,
-    so the sum can exceed the step); with `top`, also the `top` kernels by time under "top_kernels"
-    and the kernels launched per step, in all and by category.
-    None without a GPU."""
+    so the sum can exceed the step), and under "timeline" the step's kernels laid out in time
+    (timeline: idle, communication beside no compute); with `top`, also the `top` kernels by time under
+    "top_kernels" and the kernels launched per step, in all and by category. `line_up`: a barrier over
+    the layout's ranks (Mesh.line_up), so that they start the profiled step together and one rank's
+    collectives do not wait on another still finishing the step before. None without a GPU."""
     if not torch.cuda.is_available():
         return None
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
+    if line_up is not None:
+        line_up()
+        torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
@@ -44,15 +51,18 @@ def profile_step(step, steps: int = 1, top: int = 0) -> dict[str, float] | None:
     names: dict[str, float] = defaultdict(float)
     counts: dict[str, float] = defaultdict(float)
     spans: dict[bool, list] = {True: [], False: []}  # kernel intervals (µs): communication or not
+    copies: list = []  # copies and memsets: busy, but neither compute nor communication
     for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
+        if evt.device_type == torch.autograd.DeviceType.CUDA and not evt.is_user_annotation:
             cat = category(evt.name)
             out[cat] += evt.device_time / 1e6 / steps
             names[evt.name[:90]] += evt.device_time / 1e6 / steps
             counts[cat] += 1 / steps
-            spans[cat == "communication"].append((evt.time_range.start, evt.time_range.end))
+            span = (evt.time_range.start, evt.time_range.end)
+            (copies if cat == "copy" else spans[cat == "communication"]).append(span)
     out = dict(out)
-    out["timeline"] = {k: v / 1e6 / steps for k, v in timeline(spans[False], spans[True]).items()}
+    if spans[False] or spans[True]:
+        out["timeline"] = {k: v / 1e6 / steps for k, v in timeline(spans[False], spans[True], copies).items()}
     if top:
         out["kernels_per_step"] = sum(counts.values())
         out["kernels_by_category"] = dict(counts)
@@ -76,7 +86,7 @@ def _length(spans: list) -> float:
 
 
 def _intersection(a: list, b: list) -> float:
-    """Length of the overlap of two merged interval lists."""
+    """Length of the overlap of two interval lists, each merged and in order (_union's)."""
     i = j = 0
     total = 0.0
     while i < len(a) and j < len(b):
@@ -88,13 +98,15 @@ def _intersection(a: list, b: list) -> float:
     return total
 
 
-def timeline(compute: list, comm: list) -> dict[str, float]:
-    """From kernel intervals (start, end) — compute kernels and communication kernels, any streams — the
-    span from the first kernel's start to the last one's end, the time some kernel runs (busy), the GPU
-    idle inside the span (waiting on the host or on nothing), and the communication no compute kernel
-    runs beside (exposed) against the part that runs beside one (hidden)."""
+def timeline(compute: list, comm: list, other: list = ()) -> dict[str, float]:
+    """From kernel intervals (start, end) — compute kernels, communication kernels and `other` work
+    (copies), any streams — the span from the first kernel's start to the last one's end, the time some
+    kernel runs (busy), the GPU idle inside the span (waiting on the host or on nothing), and the
+    communication no compute kernel runs beside (exposed) against the part that runs beside one
+    (hidden). A collective's kernel runs from its launch until its peers arrive: its exposed time
+    includes waiting for a slower rank."""
     work, talk = _union(compute), _union(comm)
-    every = _union(compute + comm)
+    every = _union(list(compute) + list(comm) + list(other))
     if not every:
         return {"span": 0.0, "busy": 0.0, "idle": 0.0, "comm_exposed": 0.0, "comm_hidden": 0.0}
     span = every[-1][1] - every[0][0]

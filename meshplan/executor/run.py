@@ -301,7 +301,7 @@ def measure(
         if graph_not is not None and cuda:
             result["cuda_graph_not"] = graph_not
         if cuda:
-            result.update(_gpu_extras(step, host_samples, profile, tick))
+            result.update(_gpu_extras(step, host_samples, profile, tick, mesh))
             result["peak_bytes"] += result["peer_buffer_bytes"]
             result.update(_device_extras())
         if train:
@@ -463,7 +463,7 @@ def _device_extras() -> dict:
     }
 
 
-def _gpu_extras(step, host_samples: int, profile, tick) -> dict:
+def _gpu_extras(step, host_samples: int, profile, tick, mesh: Mesh) -> dict:
     """What a GPU run records beside time and peak: the int8 all-reduce's peer buffer (device memory
     outside torch's allocator, added to the peak), the host's issue time of a step, the cuBLAS
     workspaces, and with `profile` one more step's GPU time by kernel category."""
@@ -484,7 +484,10 @@ def _gpu_extras(step, host_samples: int, profile, tick) -> dict:
         from meshplan.executor.profiling import profile_step
 
         out["phases_s"] = tick.run(
-            lambda: profile_step(step, top=profile if isinstance(profile, int) and profile > 1 else 0), "profiled step"
+            lambda: profile_step(
+                step, top=profile if isinstance(profile, int) and profile > 1 else 0, line_up=mesh.line_up
+            ),
+            "profiled step",
         )
     return out
 
