@@ -28,6 +28,9 @@ def category(kernel_name: str) -> str:
     return "elementwise_other"
 
 
+STEP_RANGE = "meshplan.profiled_step"
+
+
 def profile_step(step, steps: int = 1, top: int = 0, line_up=None) -> dict | None:
     """Seconds per step of GPU kernel time by category (kernels on different streams may overlap,
     so the sum can exceed the step), and under "timeline" the step's kernels laid out in time
@@ -37,23 +40,33 @@ def profile_step(step, steps: int = 1, top: int = 0, line_up=None) -> dict | Non
     collectives do not wait on another still finishing the step before. None without a GPU."""
     if not torch.cuda.is_available():
         return None
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()
-    if line_up is not None:
-        line_up()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        # Lined up inside the profiler (starting it takes each process its own time), the step's
+        # kernels told apart from the barrier's by the range around them
+        if line_up is not None:
+            line_up()
+            torch.cuda.synchronize()
+        with record_function(STEP_RANGE):
+            for _ in range(steps):
+                step()
         torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    events = prof.events()
+    ranges = [e.time_range.start for e in events if e.is_user_annotation and e.name == STEP_RANGE]
+    begin = min(ranges) if ranges else float("-inf")  # the step's range on the GPU (or on the host)
     out: dict = defaultdict(float)
     names: dict[str, float] = defaultdict(float)
     counts: dict[str, float] = defaultdict(float)
     spans: dict[bool, list] = {True: [], False: []}  # kernel intervals (µs): communication or not
     copies: list = []  # copies and memsets: busy, but neither compute nor communication
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA and not evt.is_user_annotation:
+    for evt in events:
+        if (
+            evt.device_type == torch.autograd.DeviceType.CUDA
+            and not evt.is_user_annotation
+            and evt.time_range.start >= begin
+        ):
             cat = category(evt.name)
             out[cat] += evt.device_time / 1e6 / steps
             names[evt.name[:90]] += evt.device_time / 1e6 / steps
