@@ -570,6 +570,12 @@ def recommend(
     cp_comm_type: str = CP_COMM_TYPE,
     fp8_param_gather: bool = FP8_PARAM_GATHER,
     fp8_recipe: str = FP8_RECIPE,
+    etp: str = typer.Option(
+        "tp",
+        "--etp",
+        help="The experts' tensor splits searched: tp (as TP, or whole) | all (any that divides a stage's ranks; "
+        "more meshes, slower).",
+    ),
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -638,6 +644,7 @@ def recommend(
         objective=objective,
         estimate_dropped=show_all,
         search=search,
+        etp=etp,
         keep=max(top, 2),
     )
     rates_note = Device.of(cluster_spec, opts.stack_spec).rates_note

@@ -25,6 +25,10 @@ from meshplan.models import ModelSpec
 from meshplan.topologies.cluster import ClusterSpec
 
 OBJECTIVES = ("throughput", "memory", "latency")
+# The experts' tensor splits recommend searches: "tp", Megatron's default ETP = TP and ETP = 1 (MoE Parallel
+# Folding's recommendation); "all", every etp that divides a stage's ranks (about twice the meshes of
+# deepseek-v3 on 1,024 GPUs: 16,308 against 8,749).
+ETP_SEARCH = ("tp", "all")
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ def enumerate_layouts(
     *,
     global_batch: int = 0,
     stack: Stack | None = None,
+    etp: str = "tp",
 ) -> list[Layout]:
     """Every dp × pp × (TP | SP | TP+SP | TSP | TP-SSM) mesh of exactly `num_gpus`, valid for the model
     and the shape; for a mixture of experts each decomposition of the experts a stage's ranks allow
@@ -117,7 +122,7 @@ def enumerate_layouts(
                 # ZeRO over dp, and the sequence ranks where the stack shards there (dp × cp under Megatron);
                 # a mixture of experts' over its experts' data-parallel ranks too
                 over = dp * (shape.get("sp", 1) if stack is not None and stack.zero_over_sequence else 1)
-                for experts in _expert_layouts(model, dp * mp, shape):
+                for experts in _expert_layouts(model, dp * mp, shape, etp):
                     edp = Layout(dp=dp, **experts, **shape).expert_data_degree if experts else 1
                     zeros = (0, 1, 2, 3) if mode == "train" and max(over, edp) > 1 else (0,)
                     if stack is not None:  # the ZeRO stages the stack runs at this pp (no schedule asked of it)
@@ -133,16 +138,19 @@ def enumerate_layouts(
     return out
 
 
-def _expert_layouts(model: ModelSpec, ranks: int, shape: dict) -> list[dict]:
+def _expert_layouts(model: ModelSpec, ranks: int, shape: dict, search: str = "tp") -> list[dict]:
     """A mixture of experts' decompositions of a stage's `ranks` (MoE parallel folding): each ep its
-    experts allow, the experts split as tp (Megatron's default ETP) or whole (ETP = 1), etp × ep
-    dividing the ranks; [{}] for a model without experts. Under tsp only ep > 1 validates: TSP streams
-    whole layers, and its experts are split by ep."""
+    experts allow, the experts split as tp (Megatron's default ETP) or whole (ETP = 1) — or, with
+    `search` "all", by any etp that divides the ranks (inside a tensor group, or past it over sequence
+    and data ranks, which gather the group's copies: costmodel/axes/ep.py) — etp × ep dividing the
+    ranks; [{}] for a model without experts. Under tsp only ep > 1 validates: TSP streams whole
+    layers, and its experts are split by ep."""
     if model.moe is None:
         return [{}]
     tensor = shape.get("tp", 1) * shape.get("tpssm", 1)
+    splits = divisors(ranks) if search == "all" else sorted({tensor, 1})
     out = []
-    for etp in sorted({tensor, 1}):  # (under tsp the tensor degree is 1: the experts split by ep alone)
+    for etp in splits:  # (under tsp the tensor degree is 1: the experts split by ep alone)
         for degree in divisors(ranks // etp):
             if model.moe.experts % degree == 0:
                 out.append({"ep": degree} | ({} if etp == tensor else {"etp": etp}))
@@ -173,6 +181,7 @@ def plan(
     search: frozenset = frozenset(),
     keep: int = 10,
     workers: int | None = None,
+    etp: str = "tp",
 ) -> Plan:
     """Rank every mesh. `batch` is the micro-batch (sequences); with opts.global_batch the step's
     batch is fixed and DP changes the accumulation steps. `search`: the knobs (KNOBS) chosen per mesh
@@ -181,7 +190,9 @@ def plan(
     of their floors (step.step_floor_s: compute and the collectives it cannot hide), and one whose
     floor is slower a token than the keep-th best so far is not priced, nor any after it (Plan.pruned);
     0 prices every mesh. `workers`: processes that share the meshes out (None: the machine's cores, for
-    a thousand meshes or more; 1: this one)."""
+    a thousand meshes or more; 1: this one). `etp`: the experts' tensor splits searched (ETP_SEARCH)."""
+    if etp not in ETP_SEARCH:
+        raise MeshplanError(f"--etp: unknown {etp!r}; use {' or '.join(ETP_SEARCH)}")
     if objective not in OBJECTIVES:
         raise MeshplanError(f"--objective: unknown {objective!r}; use one of {', '.join(OBJECTIVES)}")
     if unknown := set(search) - set(KNOBS):
@@ -195,7 +206,9 @@ def plan(
             f"{cluster.num_gpus} GPUs ({', '.join(map(str, divisors(cluster.num_gpus)))}); give a micro-batch "
             f"that divides it ({', '.join(map(str, fits))}), or leave --micro-batch out to search it"
         )
-    layouts = enumerate_layouts(model, cluster.num_gpus, seq, batch, opts.mode, global_batch=gbs, stack=opts.stack_spec)
+    layouts = enumerate_layouts(
+        model, cluster.num_gpus, seq, batch, opts.mode, global_batch=gbs, stack=opts.stack_spec, etp=etp
+    )
     if not layouts:
         raise MeshplanError(
             f"no valid mesh of {cluster.num_gpus} GPUs for {model.name} at --seq {seq} --batch {batch}"
