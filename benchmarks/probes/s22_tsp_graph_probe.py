@@ -1,7 +1,9 @@
 """Session-22 probe (2 GPUs): does dense TSP's step replay as a CUDA graph? graphs.limits refuses every
 TSP step since a Mamba-2 tsp=2 capture hung its first replay (session 21); here the refusal is lifted
 for this process only and a dense-7b-shaped 2-layer tsp=2 step is timed eagerly, then captured.
-Run under a timeout: a hang is the answer too.
+Run under a timeout: a hang is the answer too. Then the check: the same weights trained 3 steps eagerly
+(twice: the GPUs' own nondeterminism) and 3 steps through the graph (one eager warm-up, 2 replays); the
+fp32 master weights' largest relative difference.
 
     timeout 150 torchrun --nproc-per-node 2 benchmarks/probes/s22_tsp_graph_probe.py --out $OUT/tsp-graph-probe.json
 """
@@ -18,9 +20,44 @@ import torch.distributed as dist
 
 from meshplan.executor import graphs
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.run import combine_ranks, measure
+from meshplan.executor.optim import MixedAdam
+from meshplan.executor.parallelize import run_layers
+from meshplan.executor.run import _build, _graphed, combine_ranks, measure
 from meshplan.layout import parse_layout
 from meshplan.models import PRESETS
+
+
+def _train(model, layout, seq: int, graph: bool, steps: int = 3) -> list[torch.Tensor]:
+    mesh = build_mesh(layout)
+    layers = _build(model, mesh, seq, "cuda", whole=False, int8_allreduce=False, checkpoint=None)
+    gen = torch.Generator(device="cuda").manual_seed(7 + dist.get_rank())
+    x = torch.randn(1, seq // 2, model.d_model, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
+    dy = torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=gen)
+    opt = MixedAdam([p for layer in layers for p in layer.parameters()])
+
+    class NoSync:  # TSP reduce-scatters its weight gradients inside the layers: nothing left to sum
+        def finish(self):
+            pass
+
+    def eager():
+        run_layers(layers, x).backward(dy)
+        opt.step()
+        opt.zero_grad()
+        x.grad = None
+
+    if graph:
+        step = _graphed(layers, x, dy, NoSync(), opt, eager, lambda n: None, 1, mesh)  # its warm-up: step 1
+        for _ in range(steps - 1):
+            step()
+    else:
+        for _ in range(steps):
+            eager()
+    torch.cuda.synchronize()
+    return [w.clone() for w in opt.master]
+
+
+def _rel(a, b) -> float:
+    return max(((x - y).norm() / y.norm().clamp_min(1e-30)).item() for x, y in zip(a, b))
 
 
 def main() -> int:
@@ -52,6 +89,14 @@ def main() -> int:
             m = out[name]
             graphed, loss = m.get("cuda_graph"), m.get("loss")
             print(f"{name}: {m['step_time_s'] * 1e3:.2f} ms, graphed {graphed}, loss {loss}", flush=True)
+    graphs.limits = lifted
+    a, b = _train(model, layout, 2048, False), _train(model, layout, 2048, False)
+    g = _train(model, layout, 2048, True)
+    check = [None] * 2
+    dist.all_gather_object(check, {"eager_vs_eager": _rel(b, a), "graph_vs_eager": _rel(g, a)})
+    out["check"] = check
+    if rank == 0:
+        print(f"check (per rank): {check}", flush=True)
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
             command = "timeout 150 torchrun --nproc-per-node 2 benchmarks/probes/s22_tsp_graph_probe.py"
