@@ -31,11 +31,12 @@ def _train(model, layout, seq: int, graph: bool, steps: int = 3) -> list[torch.T
     mesh = build_mesh(layout)
     layers = _build(model, mesh, seq, "cuda", whole=False, int8_allreduce=False, checkpoint=None)
     gen = torch.Generator(device="cuda").manual_seed(7 + dist.get_rank())
-    x = torch.randn(1, seq // 2, model.d_model, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
+    shape = (1, seq // layout.token_shard_degree, model.d_model)
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
     dy = torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=gen)
     opt = MixedAdam([p for layer in layers for p in layer.parameters()])
 
-    class NoSync:  # TSP reduce-scatters its weight gradients inside the layers: nothing left to sum
+    class NoSync:  # no gradient summed over ranks, eagerly or captured (TSP's are reduce-scattered inside)
         def finish(self):
             pass
 
@@ -64,12 +65,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--layout", default="tsp=2", help="also tp=2, sp=2, dp=2: graphed by default, checked here too")
     args = ap.parse_args()
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl")
     model = replace(PRESETS["dense-7b"], layers=2, name="dense-7b/2L", param_dtype="bf16")
-    layout = parse_layout("tsp=2")
+    layout = parse_layout(args.layout)
     mesh = build_mesh(layout)
     original = graphs.limits
 
