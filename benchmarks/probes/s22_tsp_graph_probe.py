@@ -32,8 +32,17 @@ def _train(model, layout, seq: int, graph: bool, steps: int = 3) -> list[torch.T
     layers = _build(model, mesh, seq, "cuda", whole=False, int8_allreduce=False, checkpoint=None)
     gen = torch.Generator(device="cuda").manual_seed(7 + dist.get_rank())
     shape = (1, seq // layout.token_shard_degree, model.d_model)
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
-    dy = torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=gen)
+    # each step its own inputs, copied into the buffers the graph reads (a stale read would show)
+    xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(steps)]
+    dys = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(steps)]
+    x = xs[0].clone().requires_grad_(True)
+    dy = dys[0].clone()
+
+    def feed(k):
+        with torch.no_grad():
+            x.copy_(xs[k])
+            dy.copy_(dys[k])
+
     opt = MixedAdam([p for layer in layers for p in layer.parameters()])
 
     class NoSync:  # no gradient summed over ranks, eagerly or captured (TSP's are reduce-scattered inside)
@@ -48,10 +57,12 @@ def _train(model, layout, seq: int, graph: bool, steps: int = 3) -> list[torch.T
 
     if graph:
         step = _graphed(layers, x, dy, NoSync(), opt, eager, lambda n: None, 1, mesh)  # its warm-up: step 1
-        for _ in range(steps - 1):
+        for k in range(1, steps):
+            feed(k)
             step()
     else:
-        for _ in range(steps):
+        for k in range(steps):
+            feed(k)
             eager()
     torch.cuda.synchronize()
     return [w.clone() for w in opt.master]
