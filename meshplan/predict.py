@@ -4,6 +4,7 @@ to measure (`predict_run`), as `meshplan execute` records it beside the measurem
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from meshplan.costmodel.axes import ep, plan_context
@@ -37,9 +38,9 @@ class Prediction:
     memory: MemoryBreakdown
     step: StepEstimate
 
-    @property
+    @functools.cached_property
     def outside(self) -> OutsideAllocator:
-        """What the rank holds beside the allocator: the CUDA context and NCCL's buffers."""
+        """What the rank holds beside the allocator: the CUDA context and NCCL's buffers (priced once)."""
         return outside_allocator(self.model, self.layout, self.seq, self.opts, self.cluster.gpus_per_node)
 
     @property

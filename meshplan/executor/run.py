@@ -303,7 +303,6 @@ def measure(
         if cuda:
             result.update(_gpu_extras(step, host_samples, profile, tick, mesh))
             result["peak_bytes"] += result["peer_buffer_bytes"]
-            result.update(_device_extras())
         if train:
             result["saved_bytes"] = saved if saved is not None else count_saved()
         if no_comm:
@@ -452,21 +451,11 @@ def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | 
     return float(total) / layout.dp
 
 
-def _device_extras() -> dict:
-    """What the caching allocator reserved at its peak, and what the driver holds beyond the allocator
-    (the CUDA context, library modules, NCCL's communicator buffers: meshplan/costmodel/runtime.py)."""
-    torch.cuda.synchronize()
-    free, total = torch.cuda.mem_get_info()
-    return {
-        "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
-        "outside_allocator_bytes": total - free - torch.cuda.memory_reserved(),
-    }
-
-
 def _gpu_extras(step, host_samples: int, profile, tick, mesh: Mesh) -> dict:
     """What a GPU run records beside time and peak: the int8 all-reduce's peer buffer (device memory
     outside torch's allocator, added to the peak), the host's issue time of a step, the cuBLAS
-    workspaces, and with `profile` one more step's GPU time by kernel category."""
+    workspaces, with `profile` one more step's GPU time by kernel category, and the allocator's reserved
+    peak and what lies beside it."""
     from meshplan.executor import peer
 
     out = {"peer_buffer_bytes": peer.buffer_bytes()}
@@ -489,6 +478,12 @@ def _gpu_extras(step, host_samples: int, profile, tick, mesh: Mesh) -> dict:
             ),
             "profiled step",
         )
+    # What the caching allocator reserved at its peak, and what the driver holds beyond the allocator (the
+    # CUDA context, library modules, NCCL's communicator buffers: meshplan/costmodel/runtime.py)
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    out["outside_allocator_bytes"] = total - free - torch.cuda.memory_reserved()
     return out
 
 
