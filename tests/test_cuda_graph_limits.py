@@ -2,6 +2,8 @@
 without pipeline stages, ZeRO, experts or the int8 all-reduce; everything else says why not in one line,
 naming the field."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from meshplan.executor import graphs
@@ -42,3 +44,43 @@ def test_other_steps_say_why_not(layout, model, mode, device, field):
 def test_int8_allreduce_is_not_captured():
     reason = graphs.limits(parse_layout("tpssm=2"), PRESETS["mamba2-130m"], "train", "cuda:0", int8_allreduce=True)
     assert reason is not None and reason.startswith("int8_allreduce: ")
+
+
+class _Optimizer:
+    """Stands in for MixedAdam: whether its bias corrections are on the device, and why not."""
+
+    def __init__(self, why=None):
+        self.scalars, self.why = None, why
+
+    def on_device_scalars(self):
+        if self.why is None:
+            self.scalars = "on the device"
+        return self.why
+
+
+def test_a_capture_puts_the_optimizers_scalars_on_the_device_first(monkeypatch):
+    """A graph that captured Adam with its bias corrections as host constants would replay the capture's
+    step every time (session 22's probe did so and read the drift as a graph-vs-eager gap): `_graphed`
+    moves them to the device before it captures, or refuses in one line."""
+    from meshplan.executor import run
+
+    seen = []
+    monkeypatch.setattr(graphs, "capture", lambda body, warm, ready=None: seen.append(opt.scalars))
+    opt = _Optimizer()
+    mesh = SimpleNamespace(counts={}, calls={}, reset_counts=lambda: None)
+    run._graphed([], None, None, None, opt, None, None, 1, mesh)
+    assert seen == ["on the device"]
+
+    with pytest.raises(graphs.CaptureFailed, match=r"^cuda_graph: .*optimizer: kept on the host\)$"):
+        run._graphed([], None, None, None, _Optimizer("optimizer: kept on the host"), None, None, 1, mesh=None)
+
+
+def test_a_cpu_optimizer_is_refused_before_any_capture():
+    import torch
+
+    from meshplan.executor import run
+    from meshplan.executor.optim import MixedAdam
+
+    opt = MixedAdam([torch.nn.Parameter(torch.zeros(4, 4))])
+    with pytest.raises(graphs.CaptureFailed, match="stepped by torch's AdamW"):
+        run._graphed([], None, None, None, opt, None, None, 1, mesh=None)

@@ -1,7 +1,10 @@
 """Session-22 probe (2 GPUs): does dense TSP's step replay as a CUDA graph? graphs.limits refuses every
 TSP step since a Mamba-2 tsp=2 capture hung its first replay (session 21); here the refusal is lifted
 for this process only and a dense-7b-shaped 2-layer tsp=2 step is timed eagerly, then captured.
-Run under a timeout: a hang is the answer too. Then the check: the same weights trained 3 steps eagerly
+Run under a timeout: a hang is the answer too. (Session 23: `--model`, and the Mamba-2 refusals lifted too;
+run._graphed now puts the optimizer's bias corrections on the device itself — this probe's session-22
+runs captured them as host constants: the suspected cause of their graph-vs-eager gap, checked in session 23.)
+Then the check: the same weights trained 3 steps eagerly
 (twice: the GPUs' own nondeterminism) and 3 steps through the graph (one eager warm-up, 2 replays); the
 fp32 master weights' largest relative difference.
 
@@ -77,17 +80,19 @@ def main() -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--layout", default="tsp=2", help="also tp=2, sp=2, dp=2: graphed by default, checked here too")
+    ap.add_argument("--model", default="dense-7b", help="a preset; mamba2-130m lifts its TSP and tensor refusals too")
     args = ap.parse_args()
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl")
-    model = replace(PRESETS["dense-7b"], layers=2, name="dense-7b/2L", param_dtype="bf16")
+    model = replace(PRESETS[args.model], layers=2, name=f"{args.model}/2L", param_dtype="bf16")
     layout = parse_layout(args.layout)
     mesh = build_mesh(layout)
     original = graphs.limits
 
     def lifted(lay, mdl, mode, device, int8_allreduce=False):
-        return None if lay.tsp > 1 and mdl.mamba2 is None else original(lay, mdl, mode, device, int8_allreduce)
+        lift = lay.tsp > 1 or (mdl.mamba2 is not None and lay.tensor_degree > 1)  # the refusals made by measurement
+        return None if lift else original(lay, mdl, mode, device, int8_allreduce)
 
     out = {}
     for name, graph in (("eager", False), ("graph", True)):
@@ -112,7 +117,9 @@ def main() -> int:
         print(f"check (per rank): {check}", flush=True)
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
-            command = "timeout 150 torchrun --nproc-per-node 2 benchmarks/probes/s22_tsp_graph_probe.py"
+            command = "timeout 150 torchrun --nproc-per-node 2 benchmarks/probes/s22_tsp_graph_probe.py " + " ".join(
+                f"--{k} {v}" for k, v in (("model", args.model), ("layout", args.layout), ("seq", args.seq))
+            )
             json.dump({"command": command, **out}, f, indent=1)
     dist.destroy_process_group()
     return 0

@@ -334,7 +334,14 @@ def _graphed(layers, x, dy, sync, opt, eager_step, feed, micro: int, mesh: Mesh)
     feeds them — and a step that counts it (the bias corrections written, the capture's collective
     bytes added to the mesh's counts) and replays it. The capture's allocations set the peak.
     `replay.without_comm()`: the same step captured anew with the transfers skipped (mesh.enabled off,
-    as _time_without_comm times the eager step), once the first graph is reset."""
+    as _time_without_comm times the eager step), once the first graph is reset. The optimizer is made to
+    read its bias corrections from the device first (a graph captured with them as host constants steps
+    every replay with the capture's: session 22's probe did, and read that as a graph-vs-eager gap)."""
+
+    if opt.scalars is None:  # a captured Adam with host scalars would replay step 1's bias corrections
+        why = opt.on_device_scalars()
+        if why is not None:
+            raise graphs.CaptureFailed(f"cuda_graph: this step cannot be captured ({why})")
 
     def body():
         feed(micro)
