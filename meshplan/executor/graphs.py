@@ -12,9 +12,10 @@ allocator allocates the eager step, freed blocks reused within it, and its peak 
 Only what has no host round trip in its step is captured: training, no pipeline (its stages meet on the
 host's schedule), no mixture of experts (the all-to-all's split sizes come to the host once a layer),
 no ZeRO (its gathers land through host-side bookkeeping) and no int8 all-reduce (its peer path meets at
-barriers); and, by measurement on two H200s, neither TSP (its point-to-point ring hung when replayed),
-Mamba-2 under a tensor axis (its captured all-reduces ran 6x slower than eagerly) nor Zamba2's hybrids (their
-capture was invalidated), which run eagerly.
+barriers); and, by measurement on an H200, not Zamba2's hybrids (their capture was invalidated), which run
+eagerly. (TSP and Mamba-2 under a tensor axis were refused from session 21 to 23 after a hung and a slow
+replay on two H200s; session 23 captured both on two H200s, agreeing with eager runs as two eager runs agree:
+benchmarks/results/s23-h200x2-graphs/.)
 Collectives are captured with the step (NCCL ≥ 2.9.6 records them into the graph); their bytes, counted on the
 host as the capture issues them, are added to the run's counts at each replay. `limits` says why a run is not
 captured, in one line.
@@ -48,16 +49,6 @@ def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allred
         # Zamba2-7B's first 6 layers on one H200 (session 21): the capture was invalidated
         # (cudaErrorStreamCaptureInvalidated), its first failing operation not found
         return f"model: {model.name}'s hybrid step did not capture on an H200 (capture invalidated); it runs eagerly"
-    if layout.tsp > 1:
-        # Captured, TSP's ring of point-to-point sends hung its first replay (mamba2-130m tsp=2, 2 x H200)
-        return f"layout: TSP's point-to-point ring (tsp={layout.tsp}) is not captured; it runs eagerly"
-    if model.mamba2 is not None and layout.tensor_degree > 1:
-        # Captured, TP-SSM's block all-reduces ran 886 ms a step against 144 eagerly (mamba2-130m tpssm=2,
-        # 16K packed, 2 x H200: benchmarks/results/packed-docs-h200x2-s21/packed-tpssm2-graph.json)
-        return (
-            f"layout: Mamba-2's tensor-parallel all-reduces ({layout.weight_axis}={layout.tensor_degree}) ran "
-            f"6x slower captured than eagerly; they run eagerly"
-        )
     return None
 
 
