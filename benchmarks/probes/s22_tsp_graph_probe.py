@@ -47,6 +47,7 @@ def _train(model, layout, seq: int, graph: bool, steps: int = 3) -> list[torch.T
             dy.copy_(dys[k])
 
     opt = MixedAdam([p for layer in layers for p in layer.parameters()])
+    start = [w.clone() for w in opt.master]  # how far training moved them: a check that reads 0 must move them
 
     class NoSync:  # no gradient summed over ranks, eagerly or captured (TSP's are reduce-scattered inside)
         def finish(self):
@@ -68,7 +69,7 @@ def _train(model, layout, seq: int, graph: bool, steps: int = 3) -> list[torch.T
             feed(k)
             eager()
     torch.cuda.synchronize()
-    return [w.clone() for w in opt.master]
+    return [w.clone() for w in opt.master], start
 
 
 def _rel(a, b) -> float:
@@ -108,10 +109,13 @@ def main() -> int:
             graphed, loss = m.get("cuda_graph"), m.get("loss")
             print(f"{name}: {m['step_time_s'] * 1e3:.2f} ms, graphed {graphed}, loss {loss}", flush=True)
     graphs.limits = lifted
-    a, b = _train(model, layout, 2048, False), _train(model, layout, 2048, False)
-    g = _train(model, layout, 2048, True)
+    (a, start), (b, _) = _train(model, layout, 2048, False), _train(model, layout, 2048, False)
+    g, _ = _train(model, layout, 2048, True)
     check = [None] * 2
-    dist.all_gather_object(check, {"eager_vs_eager": _rel(b, a), "graph_vs_eager": _rel(g, a)})
+    moved = min(((x - y).norm() / y.norm().clamp_min(1e-30)).item() for x, y in zip(a, start))
+    dist.all_gather_object(
+        check, {"eager_vs_eager": _rel(b, a), "graph_vs_eager": _rel(g, a), "trained_least_moved": moved}
+    )
     out["check"] = check
     if rank == 0:
         print(f"check (per rank): {check}", flush=True)

@@ -29,3 +29,8 @@ for seq in 4096 16384; do
   t python -m meshplan execute --model dense-7b --layers 2 --layout tsp=2 --seq $seq --device cuda --nproc 2 \
     --out "$OUT/execute-dense-7b-tsp2-$seq.json" --compare --timeout 240
 done
+# the probe again on Mamba-2 with how far 3 steps move the weights (its first run read 0 for both differences)
+for layout in tsp=2 tpssm=2; do
+  t timeout 150 torchrun --nproc-per-node 2 benchmarks/probes/s22_tsp_graph_probe.py --model mamba2-130m \
+      --layout $layout --seq 16384 --out "$OUT/graph-check-mamba2-130m-${layout/=/_}-16384-moved.json"
+done
