@@ -12,10 +12,10 @@ allocator allocates the eager step, freed blocks reused within it, and its peak 
 Only what has no host round trip in its step is captured: training, no pipeline (its stages meet on the
 host's schedule), no mixture of experts (the all-to-all's split sizes come to the host once a layer),
 no ZeRO (its gathers land through host-side bookkeeping) and no int8 all-reduce (its peer path meets at
-barriers); and, by measurement on an H200, not Zamba2's hybrids (their capture was invalidated), which run
-eagerly. (TSP and Mamba-2 under a tensor axis were refused from session 21 to 23 after a hung and a slow
-replay on two H200s; session 23 captured both on two H200s, agreeing with eager runs as two eager runs agree:
-benchmarks/results/s23-h200x2-graphs/.)
+barriers); and, by measurement, neither Zamba2's hybrids (their capture was invalidated on an H200) nor
+TSP (whole models hung on a replay on two H200s; its layers alone replay), which run eagerly. Mamba-2 under a
+tensor axis was refused from session 21 to 23 after a slow replay; session 23 captured tpssm=2 at 1.8x its
+eager speed, agreeing with eager runs bit for bit (benchmarks/results/s23-h200x2-graphs/).
 Collectives are captured with the step (NCCL ≥ 2.9.6 records them into the graph); their bytes, counted on the
 host as the capture issues them, are added to the run's counts at each replay. `limits` says why a run is not
 captured, in one line.
@@ -49,6 +49,11 @@ def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allred
         # Zamba2-7B's first 6 layers on one H200 (session 21): the capture was invalidated
         # (cudaErrorStreamCaptureInvalidated), its first failing operation not found
         return f"model: {model.name}'s hybrid step did not capture on an H200 (capture invalidated); it runs eagerly"
+    if layout.tsp > 1:
+        # Whole models under TSP hung on a replay on two H200s (session 23: dense-7b 2 layers at 4K after
+        # one replay, mamba2-130m packed documents; session 21: the latter), while TSP's layers alone,
+        # without the embedding, head and loss, replay as eager runs train (benchmarks/results/s23-h200x2-graphs/)
+        return f"layout: a whole model's TSP ring (tsp={layout.tsp}) hung when replayed; it runs eagerly"
     return None
 
 
