@@ -5,16 +5,7 @@
 set -euo pipefail
 out=${1:?usage: packed_docs_run.sh OUT_DIR}
 docs=$(mktemp --suffix .npz)
-python - "$docs" <<'PY'
-import sys
-import numpy as np
-rng = np.random.default_rng(0)
-n = 16384 + 1
-tokens = rng.integers(0, 50000, n)
-cuts = np.sort(rng.choice(np.arange(1, n), 5, replace=False))  # 6 documents
-documents = np.searchsorted(cuts, np.arange(n), side="right")
-np.savez(sys.argv[1], tokens=tokens, documents=documents)
-PY
+python benchmarks/packed_docs.py "$docs"
 for layout in single sp=2 tsp=2 tpssm=2; do
   nproc=$([ "$layout" = single ] && echo 1 || echo 2)
   python -m meshplan execute --model mamba2-130m --layout "$layout" --seq 16384 --device cuda --nproc "$nproc" \

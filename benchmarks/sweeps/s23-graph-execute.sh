@@ -8,16 +8,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 t() { local s=$SECONDS; "$@" 2>&1 | grep -v -e '^W1' -e 'OMP_NUM_THREADS' -e 'Warning' -e 'return func' | tail -6; echo "[$(( SECONDS - s )) s] $*"; }
 docs=$(mktemp --suffix .npz)
-python - "$docs" <<'PY'
-import sys
-import numpy as np
-rng = np.random.default_rng(0)
-n = 16384 + 1
-tokens = rng.integers(0, 50000, n)
-cuts = np.sort(rng.choice(np.arange(1, n), 5, replace=False))  # 6 documents
-documents = np.searchsorted(cuts, np.arange(n), side="right")
-np.savez(sys.argv[1], tokens=tokens, documents=documents)
-PY
+python benchmarks/packed_docs.py "$docs"
 for layout in tsp=2 tpssm=2 sp=2 single; do
   nproc=$([ "$layout" = single ] && echo 1 || echo 2)
   t python -m meshplan execute --model mamba2-130m --layout "$layout" --seq 16384 --device cuda --nproc "$nproc" \
