@@ -458,6 +458,9 @@ def _first_loss(layers, pipe, x, head, mesh: Mesh, micro: int, feed) -> float | 
     return float(total) / layout.dp
 
 
+PROFILE_TOP = 20  # kernels named in a profiled run (`execute --profile`), with the count launched a step
+
+
 def _gpu_extras(step, host_samples: int, profile, tick, mesh: Mesh) -> dict:
     """What a GPU run records beside time and peak: the int8 all-reduce's peer buffer (device memory
     outside torch's allocator, added to the peak), the host's issue time of a step, the cuBLAS
@@ -481,7 +484,7 @@ def _gpu_extras(step, host_samples: int, profile, tick, mesh: Mesh) -> dict:
 
         out["phases_s"] = tick.run(
             lambda: profile_step(
-                step, top=profile if isinstance(profile, int) and profile > 1 else 0, line_up=mesh.line_up
+                step, top=profile if isinstance(profile, int) and profile > 1 else PROFILE_TOP, line_up=mesh.line_up
             ),
             "profiled step",
         )
