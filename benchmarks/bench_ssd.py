@@ -183,7 +183,17 @@ def tune_passing(args) -> int:
 
 
 # Shapes of the segmented-passing sweep: the main rows, and long rows of one sequence (a context shard).
-SEGMENT_SHAPES = SHAPES + ((2, 8192, 80, 64, 1, 128), (1, 131072, 80, 64, 1, 128), (1, 65536, 40, 64, 1, 128))
+# Session 23: mamba2-130m's 24 heads at 16K on one GPU, and its halves (tpssm=2's 12 heads, sp=2's 8K shard),
+# where a whole row's passing runs 48 or 24 programs (the packed-documents row's profiles: 11.6-11.7 ms of
+# its 80 ms step in the forward passings, benchmarks/results/s23-h200x2-graphs/profile/).
+SEGMENT_SHAPES = SHAPES + (
+    (2, 8192, 80, 64, 1, 128),
+    (1, 131072, 80, 64, 1, 128),
+    (1, 65536, 40, 64, 1, 128),
+    (1, 16384, 24, 64, 1, 128),
+    (1, 16384, 12, 64, 1, 128),
+    (1, 8192, 24, 64, 1, 128),
+)
 
 
 def segments(args) -> int:
