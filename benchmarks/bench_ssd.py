@@ -199,9 +199,10 @@ SEGMENT_SHAPES = SHAPES + (
 def segments(args) -> int:
     """Segmented state passings (meshplan.kernels.launch.pass_segments) against whole rows: for each
     shape, unsegmented, then each program target with the forward's passing alone segmented and with
-    the backward's too (launch.PASS_SEGMENT_BACKWARD), in two interleaved rounds — the whole calls' median
-    times, each kernel's profiled time, the kernel bandwidth fractions (as the main table counts them:
-    the join's bytes are not counted), and the outputs and gradients against the unsegmented run's."""
+    the backward's too (launch's PASS_SEGMENT_BELOW thresholds lifted), in two interleaved rounds — the
+    whole calls' median times, each kernel's profiled time, the kernel bandwidth fractions (as the main
+    table counts them: the join's bytes are not counted), and the outputs and gradients against the
+    unsegmented run's."""
     copy_bw = copy_roofline_bytes_per_s()
     variants = [("whole", 0, False)] + [
         (f"{w}-{t}", t, w == "both") for t in (256, 512, 1024, 2048) for w in ("forward", "both")
@@ -240,7 +241,9 @@ def _segment_rows(shape, variants, chunk: int, copy_bw: float) -> list[dict]:
     base, rows = None, []
     for rnd in range(2):
         for name, target, backward_too in variants:
-            launch.PASS_PROGRAM_TARGET, launch.PASS_SEGMENT_BACKWARD = target, backward_too
+            launch.PASS_PROGRAM_TARGET = target  # cut whatever the programs where a target is set
+            launch.PASS_SEGMENT_BELOW = 10**9 if target else 0
+            launch.PASS_SEGMENT_BACKWARD_BELOW = 10**9 if target and backward_too else 0
             with torch.no_grad():
                 y, final = fwd()
                 grads = bwd()[:6]

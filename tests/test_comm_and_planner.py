@@ -605,15 +605,17 @@ def test_segmented_scan_passing_pays_a_segment_and_the_join(monkeypatch):
     from meshplan.kernels import launch
 
     monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BELOW", 10**9)  # cut whatever the programs
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD_BELOW", 10**9)
     lat, issue = compute.SCAN_PASS_STEP_LATENCY_S, compute.SCAN_PASS_STEP_ISSUE_S
     assert compute.scan_pass_s(1, 16384, 80, 64, 128) == pytest.approx(64 * max(lat, 5 * issue) + 4 * lat)
     assert compute.scan_pass_s(1, 16384, 40, 64, 128) == pytest.approx(37 * max(lat, 5 * issue) + 7 * lat)
     assert compute.scan_pass_s(4, 4096, 80, 64, 128) == pytest.approx(64 * max(lat, 5 * issue))  # enough already
-    # The backward's two passings whole (launch.PASS_SEGMENT_BACKWARD off): the forward gains, the backward not.
+    # The backward's two passings whole (launch.PASS_SEGMENT_BACKWARD_BELOW 0): the forward gains, the backward not.
     dev = Device.of(load_cluster("h200-8"))
     model = PRESETS["mamba2-2.7b"]
     seg = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
-    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", False)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD_BELOW", 0)
     fwd_only = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
     monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 0)
     whole = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)

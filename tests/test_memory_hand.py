@@ -220,11 +220,13 @@ def test_segmented_passing_keeps_segment_states_beside_the_chunk_states(monkeypa
     whole_fwd = mixer_forward_bytes(model, 16384, sh, 2)
     whole_bwd = mixer_backward_bytes(model, 16384, sh, 2)
     monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BELOW", 10**9)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD_BELOW", 10**9)
     join = 80 * (4 * 64 * 128 * 2 + 256 * 4)
     assert mixer_forward_bytes(model, 16384, sh, 2) == whole_fwd + join
     assert mixer_forward_bytes(model, 16384, sh, 2, rows=4) == whole_fwd
     assert mixer_backward_bytes(model, 16384, sh, 2) == whole_bwd + 2 * join
-    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", False)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD_BELOW", 0)
     assert mixer_backward_bytes(model, 16384, sh, 2) == whole_bwd
 
 

@@ -181,11 +181,14 @@ def _segmented(mp, per_segment: int):
     """Passings cut into as many segments as leave each `per_segment` chunks or more, whatever the
     programs (segments of ⌈chunks / segments⌉, the last shorter where that does not divide)."""
     mp.setattr(launch, "PASS_PROGRAM_TARGET", 10**6)
+    mp.setattr(launch, "PASS_SEGMENT_BELOW", 10**9)
+    mp.setattr(launch, "PASS_SEGMENT_BACKWARD_BELOW", 10**9)
     mp.setattr(launch, "PASS_MIN_SEGMENT_CHUNKS", per_segment)
 
 
 def test_pass_segments_fill_the_target_in_whole_chunks(monkeypatch):
     monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BELOW", 10**9)
     monkeypatch.setattr(launch, "PASS_MIN_SEGMENT_CHUNKS", 8)
     assert launch.pass_segments(4, 80, 64, 128, 64) == (1, 64)  # 640 programs: no cut
     assert launch.pass_segments(1, 80, 64, 128, 256) == (4, 64)  # 160 programs → 640
@@ -231,7 +234,7 @@ def test_segmented_backward_matches_autograd_of_the_reference(
     monkeypatch, per_segment, state_block, backward_too, s, h, p, g, n, chunk, with_init, with_d
 ):
     _segmented(monkeypatch, per_segment)
-    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD", backward_too)
+    monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD_BELOW", 10**9 if backward_too else 0)
     monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
     assert launch.pass_segments(2, h, p, n, -(-s // chunk))[0] > 1
     _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + per_segment)
@@ -251,3 +254,16 @@ def test_segmented_passing_respects_packed_boundaries(lengths, per_segment, with
     with pytest.MonkeyPatch.context() as mp:
         _segmented(mp, per_segment)
         _check_backward(1, sum(lengths), 2, 16, 1, 16, 8, with_init, True, seed % 10_000, seq_idx=seq_idx)
+
+
+def test_committed_segment_thresholds_cut_only_the_few_head_rows():
+    """The committed settings, as the H100 sweep chose them (benchmarks/results/ssd-segments-h100.json):
+    16K tokens × 12 heads (24 programs) cut in both directions, × 24 heads (48) the forward alone, 40 and
+    80 heads whole."""
+    chunks = 16384 // launch.SSD_CHUNK
+    assert launch.pass_segments(1, 12, 64, 128, chunks) == launch.pass_segments(1, 12, 64, 128, chunks, True)
+    assert launch.pass_segments(1, 12, 64, 128, chunks)[0] == 11  # 24 programs → 264
+    assert launch.pass_segments(1, 24, 64, 128, chunks) == (6, 43)
+    assert launch.pass_segments(1, 24, 64, 128, chunks, backward=True) == (1, chunks)
+    for heads in (40, 80):
+        assert launch.pass_segments(1, heads, 64, 128, chunks) == (1, chunks)

@@ -42,33 +42,36 @@ def pass_programs(rows: float, heads: float, headdim: int, d_state: int) -> floa
 
 # Programs the state passings aim for. A program takes its chunks in turn, so a long row with few heads
 # leaves SMs idle: at 16K × 80 heads (160 programs) the passing ran at 51% of the copy roofline where
-# 4 × 4K (640 programs) ran at 74% (benchmarks/results/ssd-h200.json). Short of the target, each row's
-# chunks are cut into segments that pass at once from a zero state, and the chunk kernels add each
-# segment's true entering state, carried across the segments by a short pass of its own
-# (meshplan/kernels/ssd.py pass_states). A segment keeps at least PASS_MIN_SEGMENT_CHUNKS chunks.
-# Off (0) until timed on a GPU — no GPU was lent the session that wrote it; the sweep that will set the
-# target, and whether the backward's passings segment too (PASS_SEGMENT_BACKWARD), is
-# `python benchmarks/bench_ssd.py --segments --out $OUT/ssd-segments.json`. The models follow the
-# setting: the passing priced by its segments (compute.scan_pass_s, the chunk kernels at their
-# unsegmented rates), the segments' entering states and decays in memory (memory.scan_join_bytes).
-PASS_PROGRAM_TARGET = 0
+# 4 × 4K (640 programs) ran at 74% (benchmarks/results/ssd-h200.json). Where a whole row's passing would
+# run fewer than PASS_SEGMENT_BELOW programs, each row's chunks are cut into segments that pass at once
+# from a zero state (enough for PASS_PROGRAM_TARGET programs, each segment at least PASS_MIN_SEGMENT_CHUNKS
+# chunks), and the chunk kernels add each segment's true entering state, carried across the segments by a
+# short pass of its own (meshplan/kernels/ssd.py pass_states). The backward's two passings are cut only
+# below PASS_SEGMENT_BACKWARD_BELOW programs: there the dx and dB/dC kernels add each segment's entering
+# state to the states they read, which costs them registers (the dx kernel, at 255 a thread, from 128 to
+# 232 bytes of spills on sm_90: benchmarks/results/sass-counts.json).
+# Timed on an H100 (`python benchmarks/bench_ssd.py --segments`, benchmarks/results/ssd-segments-h100.json,
+# the kernels' profiled sums, forward + backward, against whole rows): 16K × 12 heads (24 programs) 0.772
+# → 0.602 ms with both directions cut (target 256: 11 segments), 0.681 with the forward alone; 16K × 24
+# heads (48) 1.006 → 0.974 with the forward alone, 1.102 with both; 8K × 24 heads 0.538 → 0.527; 16K × 40
+# heads (80 programs) and every shape of 80 heads slower in every variant (+2-7% forward alone, +29-55%
+# both). Targets of 512-2048 were no better than 256.
+PASS_PROGRAM_TARGET = 256
+PASS_SEGMENT_BELOW = 64
+PASS_SEGMENT_BACKWARD_BELOW = 32
 PASS_MIN_SEGMENT_CHUNKS = 8
-# Whether the backward's two passings cut long rows into segments as the forward's does
-# (pass_segments; meshplan/kernels/ssd_bwd.py): then the dx and dB/dC kernels add each segment's entering
-# state to the states they read. Compiled offline for sm_90 (benchmarks/results/sass-counts.json), that
-# takes the dx kernel, already at 255 registers a thread, from 128 to 232 bytes of spills and from 658
-# to 826 instructions a headdim block, and the dB/dC kernel from 240 registers to 255 with 16 bytes of
-# spills and 235 / 404 to 409 / 620 instructions in its loops (adding the entering states through a
-# second product each, their decays on the token operand, instead: no spills, 504 / 737). Whether the
-# backward gains with the forward is for `bench_ssd.py --segments` to say.
-PASS_SEGMENT_BACKWARD = True
 
 
-def pass_segments(rows: int, heads: int, headdim: int, d_state: int, chunks: int) -> tuple[int, int]:
-    """(segments, chunks a segment) of each row in the state passings: the fewest segments that give
-    PASS_PROGRAM_TARGET programs, each of whole chunks (the last may be shorter); (1, chunks) when the
-    rows, heads and tiles give enough programs alone."""
+def pass_segments(
+    rows: int, heads: int, headdim: int, d_state: int, chunks: int, backward: bool = False
+) -> tuple[int, int]:
+    """(segments, chunks a segment) of each row in a state passing — the forward's, or with `backward` the
+    backward's two: (1, chunks) where the rows, heads and tiles give PASS_SEGMENT_BELOW programs or more
+    (PASS_SEGMENT_BACKWARD_BELOW), else the fewest segments that give PASS_PROGRAM_TARGET programs, each of
+    whole chunks (the last may be shorter)."""
     programs = pass_programs(rows, heads, headdim, d_state)
+    if programs >= (PASS_SEGMENT_BACKWARD_BELOW if backward else PASS_SEGMENT_BELOW):
+        return 1, chunks
     want = min(-(-PASS_PROGRAM_TARGET // max(int(programs), 1)), max(chunks // max(PASS_MIN_SEGMENT_CHUNKS, 1), 1))
     per = -(-chunks // max(want, 1))
     return -(-chunks // per), per

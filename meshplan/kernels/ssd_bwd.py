@@ -359,12 +359,10 @@ def ssd_backward(
     pk = prepare(x, dt, A, B, C, seq_idx, chunk, bp or BWD_HEADDIM_BLOCK)
     b, S, h, p, g, n, nc = pk.shape
     io = pk.x.dtype
-    entering, _ = pass_states(pk, pk.x, pk.B, initial_state, io, segment=launch.PASS_SEGMENT_BACKWARD)
+    entering, _ = pass_states(pk, pk.x, pk.B, initial_state, io, backward=True)
     dy = torch.nn.functional.pad(dy, (0, 0, 0, 0, 0, S - pk.s)) if S > pk.s else dy
     dy = dy.contiguous()
-    d_states, d_init = pass_states(
-        pk, dy, pk.C, dfinal, io, reverse=True, xt=h * p, bt=pk.ct, segment=launch.PASS_SEGMENT_BACKWARD
-    )  # dS_c
+    d_states, d_init = pass_states(pk, dy, pk.C, dfinal, io, reverse=True, xt=h * p, bt=pk.ct, backward=True)  # dS_c
     sid, prev, keep = pk.bookkeeping(dy)
     dx = torch.empty(b, S, h, p, device=x.device, dtype=x.dtype)
     ddt = torch.empty(b, S, h, device=x.device, dtype=torch.float32)

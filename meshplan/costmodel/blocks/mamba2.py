@@ -163,15 +163,16 @@ def mamba2_kernel_bytes(model: ModelSpec, tokens: float, head_div: int, e: int) 
 
 
 def scan_pass_s(
-    rows: float, row_tokens: float, heads: float, headdim: int, d_state: int, segment: bool = True
+    rows: float, row_tokens: float, heads: float, headdim: int, d_state: int, backward: bool = False
 ) -> float:
     """Seconds of one SSD state passing (meshplan/kernels/ssd.py, with the kernel forming its weights)
     over `rows` sequence rows of `row_tokens` tokens and `heads` heads: each program takes its row's
-    chunks (or its segment's, meshplan.kernels.launch.pass_segments, unless `segment` is False) in
-    turn, and the SM's programs share its issue slots (see SCAN_PASS_STEP_ISSUE_S)."""
+    chunks (or its segment's, meshplan.kernels.launch.pass_segments: the forward's, or with `backward`
+    one of the backward's two) in turn, and the SM's programs share its issue slots (see
+    SCAN_PASS_STEP_ISSUE_S)."""
 
     chunks = math.ceil(row_tokens / SSD_CHUNK)
-    segments, steps = pass_segments(math.ceil(rows), heads, headdim, d_state, chunks) if segment else (1, chunks)
+    segments, steps = pass_segments(math.ceil(rows), heads, headdim, d_state, chunks, backward)
     per_sm = math.ceil(segments * pass_programs(math.ceil(rows), heads, headdim, d_state) / SCAN_PASS_SMS)
     # A segmented passing's join takes one step a segment (as a passing's step, unmeasured apart).
     join = segments * SCAN_PASS_STEP_LATENCY_S if segments > 1 else 0.0
@@ -184,7 +185,7 @@ def mamba2_kernel_s(
     """(forward, backward) seconds of the scan and conv kernels: the chunk kernels and the conv at their
     measured HBM fractions, each state passing by `scan_pass_s` (`row_tokens` tokens a sequence row on
     this rank; `tokens` when not given). The backward runs the passing twice (the forward's again, and
-    its own), in segments only with meshplan.kernels.launch.PASS_SEGMENT_BACKWARD."""
+    its own), cut into segments by their own threshold (meshplan.kernels.launch.pass_segments)."""
     if tokens <= 1:  # decode: the state update, costed by the step's decode state I/O
         return 0.0, 0.0
     m = model.mamba2
@@ -193,7 +194,7 @@ def mamba2_kernel_s(
     hbm = dev.rated_hbm
 
     shape = (tokens / row_tokens, row_tokens, m.nheads / head_div, m.headdim, m.d_state)
-    passing, bwd_passing = scan_pass_s(*shape), scan_pass_s(*shape, segment=launch.PASS_SEGMENT_BACKWARD)
+    passing, bwd_passing = scan_pass_s(*shape), scan_pass_s(*shape, backward=True)
     return (
         passing + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
         2 * bwd_passing
@@ -213,15 +214,16 @@ def _scan_state_bytes(model: ModelSpec, tokens: float, sh, nbytes: int) -> float
     return scan_state_bytes(model.mamba2, tokens / sh.token_div, sh.head_div, nbytes)
 
 
-def scan_join_bytes(m, rows: int, local_tokens: float, head_div: int, nbytes: int) -> float:
-    """What a state passing in segments (meshplan/kernels/ssd.py pass_states, launch.pass_segments)
-    leaves beside its states for the chunk kernels, on one rank holding `rows` sequence rows of
-    `local_tokens` tokens in all: each segment's entering state in the activations' dtype and each
-    chunk's decay from its segment's start (fp32). 0 for rows passed whole."""
+def scan_join_bytes(m, rows: int, local_tokens: float, head_div: int, nbytes: int, backward: bool = False) -> float:
+    """What a state passing in segments (meshplan/kernels/ssd.py pass_states, launch.pass_segments: the
+    forward's, or with `backward` one of the backward's) leaves beside its states for the chunk kernels,
+    on one rank holding `rows` sequence rows of `local_tokens` tokens in all: each segment's entering
+    state in the activations' dtype and each chunk's decay from its segment's start (fp32). 0 for rows
+    passed whole."""
     rows = max(int(rows), 1)
     chunks = math.ceil(local_tokens / rows / SSD_CHUNK)
     heads = m.nheads / head_div
-    segments, _ = launch.pass_segments(rows, heads, m.headdim, m.d_state, chunks)
+    segments, _ = launch.pass_segments(rows, heads, m.headdim, m.d_state, chunks, backward)
     if segments == 1:
         return 0.0
     return rows * heads * (segments * m.headdim * m.d_state * nbytes + chunks * 4)
@@ -283,8 +285,7 @@ def mixer_backward_bytes(model: ModelSpec, tokens: float, sh, e: int, rows: int 
     common = t * ((di + bc) * e + nh * 4)
     norm_phase = common + t * di * 5 * e
     narrow = _scan_state_bytes(model, tokens, sh, e)
-    if launch.PASS_SEGMENT_BACKWARD:
-        narrow += scan_join_bytes(m, rows, t, sh.head_div, e)
+    narrow += scan_join_bytes(m, rows, t, sh.head_div, e, backward=True)
     chunks = math.ceil(t / SSD_CHUNK)
     dcb = chunks * nh * SSD_CHUNK**2 * e
     partials = bc * 4 * bwd_splits(chunks, int(nh), int(bc / 2 / m.d_state), m.d_state)  # fp32 dB and dC per split
