@@ -607,6 +607,8 @@ def test_segmented_scan_passing_pays_a_segment_and_the_join(monkeypatch):
     monkeypatch.setattr(launch, "PASS_PROGRAM_TARGET", 512)
     monkeypatch.setattr(launch, "PASS_SEGMENT_BELOW", 10**9)  # cut whatever the programs
     monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD_BELOW", 10**9)
+    monkeypatch.setattr(compute, "SEGMENTED_SCAN_FACTOR", 1.0)  # the passings alone here (the chunk kernels' below)
+    monkeypatch.setattr(compute, "SEGMENTED_BWD_CHUNKS_FACTOR", 1.0)
     lat, issue = compute.SCAN_PASS_STEP_LATENCY_S, compute.SCAN_PASS_STEP_ISSUE_S
     assert compute.scan_pass_s(1, 16384, 80, 64, 128) == pytest.approx(64 * max(lat, 5 * issue) + 4 * lat)
     assert compute.scan_pass_s(1, 16384, 40, 64, 128) == pytest.approx(37 * max(lat, 5 * issue) + 7 * lat)
@@ -638,3 +640,28 @@ def test_scan_constants_are_the_committed_fit():
             assert getattr(compute, name) == pytest.approx(value, rel=2e-3), name
     for name, value in fit["sp_correction_cost_model_constants"].items():
         assert getattr(compute, name) == pytest.approx(value, rel=2e-3), name
+
+
+def test_segmented_chunk_kernels_pay_their_measured_factors(monkeypatch):
+    """mamba2-130m's 24 heads at 16K: the forward's passing is cut (48 programs), so its output kernel
+    runs at SEGMENTED_SCAN_FACTOR of its whole-row time, while the backward's passings stay whole and
+    its chunk kernels at theirs; half the heads (tpssm=2) cut both."""
+    from meshplan.costmodel.blocks import mamba2 as compute
+    from meshplan.costmodel.device import Device
+
+    dev = Device.of(load_cluster("h200-8"))
+    model = PRESETS["mamba2-130m"]
+    fwd, bwd = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
+    fwd2, bwd2 = compute.mamba2_kernel_s(model, 16384, 2, 2, dev)
+    b = compute.mamba2_kernel_bytes(model, 16384, 1, 2)
+    b2 = compute.mamba2_kernel_bytes(model, 16384, 2, 2)
+    fwd_chunks = b["scan_fwd_chunks"] / (dev.rated_hbm * compute.SCAN_FWD_HBM_FRACTION)
+    bwd_chunks2 = b2["scan_bwd_chunks"] / (dev.rated_hbm * compute.SCAN_BWD_HBM_FRACTION)
+    monkeypatch.setattr(compute, "SEGMENTED_SCAN_FACTOR", 1.0)
+    monkeypatch.setattr(compute, "SEGMENTED_BWD_CHUNKS_FACTOR", 1.0)
+    plain_fwd, plain_bwd = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
+    plain_fwd2, plain_bwd2 = compute.mamba2_kernel_s(model, 16384, 2, 2, dev)
+    assert fwd - plain_fwd == pytest.approx(0.55 * fwd_chunks)
+    assert bwd == pytest.approx(plain_bwd)
+    assert bwd2 - plain_bwd2 == pytest.approx(0.71 * bwd_chunks2)
+    assert fwd2 > plain_fwd2

@@ -44,6 +44,16 @@ SCAN_FWD_HBM_FRACTION = 0.670
 SCAN_BWD_HBM_FRACTION = 0.458
 
 
+# The chunk kernels reading the states of a passing cut into segments (meshplan.kernels.launch.pass_segments)
+# add each segment's entering state, decayed, to every tile they read: more instructions and registers, not
+# more HBM bytes (a few segments' states stay in L2). Their profiled time against whole rows, the same shapes
+# on an H100 (benchmarks/results/ssd-segments-h100.json, target 256; 16K × 12, 24, 40 and 80 heads and 8K ×
+# 24): the forward's output kernel 1.46-1.63x (median 1.55), the backward's dx and dB/dC kernels together
+# 1.68-1.75x (median 1.71), nearly independent of the heads.
+SEGMENTED_SCAN_FACTOR = 1.55
+SEGMENTED_BWD_CHUNKS_FACTOR = 1.71
+
+
 SCAN_PASS_STEP_LATENCY_S = 0.638e-6
 
 
@@ -195,10 +205,16 @@ def mamba2_kernel_s(
 
     shape = (tokens / row_tokens, row_tokens, m.nheads / head_div, m.headdim, m.d_state)
     passing, bwd_passing = scan_pass_s(*shape), scan_pass_s(*shape, backward=True)
+    rows, chunks = math.ceil(shape[0]), math.ceil(row_tokens / SSD_CHUNK)
+    heads = shape[2]
+    fwd_cut = pass_segments(rows, heads, m.headdim, m.d_state, chunks)[0] > 1
+    bwd_cut = pass_segments(rows, heads, m.headdim, m.d_state, chunks, backward=True)[0] > 1
     return (
-        passing + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
+        passing
+        + b["scan_fwd_chunks"] / (hbm * SCAN_FWD_HBM_FRACTION) * (SEGMENTED_SCAN_FACTOR if fwd_cut else 1.0)
+        + b["conv_fwd"] / (hbm * CONV_FWD_HBM_FRACTION),
         2 * bwd_passing
-        + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION)
+        + b["scan_bwd_chunks"] / (hbm * SCAN_BWD_HBM_FRACTION) * (SEGMENTED_BWD_CHUNKS_FACTOR if bwd_cut else 1.0)
         + b["conv_bwd"] / (hbm * CONV_BWD_HBM_FRACTION),
     )
 
