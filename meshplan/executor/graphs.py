@@ -14,8 +14,9 @@ host's schedule), no mixture of experts (the all-to-all's split sizes come to th
 no ZeRO (its gathers land through host-side bookkeeping) and no int8 all-reduce (its peer path meets at
 barriers); and, by measurement, neither Zamba2's hybrids (their capture was invalidated on an H200) nor
 TSP (whole models hung on a replay on two H200s; its layers alone replay), which run eagerly. Mamba-2 under a
-tensor axis was refused from session 21 to 23 after a slow replay; session 23 captured tpssm=2 at 1.8x its
-eager speed, agreeing with eager runs bit for bit (benchmarks/results/s23-h200x2-graphs/).
+tensor axis was refused from session 21 to 23 after a slow replay; session 23 captured mamba2-130m at tpssm=2
+(73-79 ms a 16K packed step, against 144 ms eager in session 21), its weights after 3 steps at 2K tokens equal
+to an eager run's (benchmarks/results/s23-h200x2-graphs/); other degrees and mixed stacks are not measured.
 Collectives are captured with the step (NCCL ≥ 2.9.6 records them into the graph); their bytes, counted on the
 host as the capture issues them, are added to the run's counts at each replay. `limits` says why a run is not
 captured, in one line.
