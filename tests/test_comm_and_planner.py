@@ -661,7 +661,7 @@ def test_segmented_chunk_kernels_pay_their_measured_factors(monkeypatch):
     monkeypatch.setattr(compute, "SEGMENTED_BWD_CHUNKS_FACTOR", 1.0)
     plain_fwd, plain_bwd = compute.mamba2_kernel_s(model, 16384, 1, 2, dev)
     plain_fwd2, plain_bwd2 = compute.mamba2_kernel_s(model, 16384, 2, 2, dev)
-    assert fwd - plain_fwd == pytest.approx(0.55 * fwd_chunks)
+    assert fwd - plain_fwd == pytest.approx(0.59 * fwd_chunks)
     assert bwd == pytest.approx(plain_bwd)
     assert bwd2 - plain_bwd2 == pytest.approx(0.71 * bwd_chunks2)
     assert fwd2 > plain_fwd2

@@ -237,7 +237,19 @@ def test_segmented_backward_matches_autograd_of_the_reference(
     monkeypatch.setattr(launch, "PASS_SEGMENT_BACKWARD_BELOW", 10**9 if backward_too else 0)
     monkeypatch.setattr(launch, "BWD_STATE_BLOCK", state_block)
     assert launch.pass_segments(2, h, p, n, -(-s // chunk))[0] > 1
+    cuts = []  # (backward, segments) of each passing launched: the backward's by its own threshold
+
+    def spy(*args, **kwargs):
+        got = pass_segments(*args, **kwargs)
+        cuts.append((bool(args[5] if len(args) > 5 else kwargs.get("backward", False)), got[0]))
+        return got
+
+    pass_segments = launch.pass_segments
+    monkeypatch.setattr(launch, "pass_segments", spy)
     _check_backward(2, s, h, p, g, n, chunk, with_init, with_d, seed=s + per_segment)
+    backward = [seg for bwd, seg in cuts if bwd]
+    assert len(backward) >= 2 and all((seg > 1) == backward_too for seg in backward)
+    assert all(seg > 1 for bwd, seg in cuts if not bwd)
 
 
 @settings(max_examples=6, deadline=None)

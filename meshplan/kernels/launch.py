@@ -53,9 +53,10 @@ def pass_programs(rows: float, heads: float, headdim: int, d_state: int) -> floa
 # Timed on an H100 (`python benchmarks/bench_ssd.py --segments`, benchmarks/results/ssd-segments-h100.json,
 # the kernels' profiled sums, forward + backward, against whole rows): 16K × 12 heads (24 programs) 0.772
 # → 0.602 ms with both directions cut (target 256: 11 segments), 0.681 with the forward alone; 16K × 24
-# heads (48) 1.006 → 0.974 with the forward alone, 1.102 with both; 8K × 24 heads 0.538 → 0.527; 16K × 40
-# heads (80 programs) and every shape of 80 heads slower in every variant (+2-7% forward alone, +29-55%
-# both). Targets of 512-2048 were no better than 256.
+# heads (48) 1.006 → 0.974 with the forward alone, 1.102 with both; 8K × 24 heads 0.538 → 0.527 (sums of the
+# named kernels, torch's other kernels apart). Every shape of 40 or 80 heads that a variant cut ran slower
+# (+2-7% with the forward alone, +29-55% with both; 4 × 4K and 2 × 8K × 80 heads have enough programs to stay
+# whole at target 256). Targets of 512-2048 were no better than 256.
 PASS_PROGRAM_TARGET = 256
 PASS_SEGMENT_BELOW = 64
 PASS_SEGMENT_BACKWARD_BELOW = 32

@@ -47,10 +47,11 @@ SCAN_BWD_HBM_FRACTION = 0.458
 # The chunk kernels reading the states of a passing cut into segments (meshplan.kernels.launch.pass_segments)
 # add each segment's entering state, decayed, to every tile they read: more instructions and registers, not
 # more HBM bytes (a few segments' states stay in L2). Their profiled time against whole rows, the same shapes
-# on an H100 (benchmarks/results/ssd-segments-h100.json, target 256; 16K × 12, 24, 40 and 80 heads and 8K ×
-# 24): the forward's output kernel 1.46-1.63x (median 1.55), the backward's dx and dB/dC kernels together
-# 1.68-1.75x (median 1.71), nearly independent of the heads.
-SEGMENTED_SCAN_FACTOR = 1.55
+# on an H100 (benchmarks/results/ssd-segments-h100.json, target 256, the median of two rounds): the forward's
+# output kernel 1.62, 1.59, 1.55, 1.47 and 1.45x at 8K × 24 and 16K × 12, 24, 40 and 80 heads (falling as the
+# programs rise), 1.59 the median of the shapes the thresholds cut (48 programs or fewer); the backward's dx and
+# dB/dC kernels together 1.68-1.75x (median 1.71; 1.70 at 16K × 12 heads, the one shape cut there).
+SEGMENTED_SCAN_FACTOR = 1.59
 SEGMENTED_BWD_CHUNKS_FACTOR = 1.71
 
 
@@ -184,7 +185,8 @@ def scan_pass_s(
     chunks = math.ceil(row_tokens / SSD_CHUNK)
     segments, steps = pass_segments(math.ceil(rows), heads, headdim, d_state, chunks, backward)
     per_sm = math.ceil(segments * pass_programs(math.ceil(rows), heads, headdim, d_state) / SCAN_PASS_SMS)
-    # A segmented passing's join takes one step a segment (as a passing's step, unmeasured apart).
+    # A segmented passing's join takes one step a segment (as a passing's step; profiled at 3-12 µs a join,
+    # ssd-segments-h100.json, against 1.3-7 µs priced: a few µs a layer).
     join = segments * SCAN_PASS_STEP_LATENCY_S if segments > 1 else 0.0
     return steps * max(SCAN_PASS_STEP_LATENCY_S, per_sm * SCAN_PASS_STEP_ISSUE_S) + join
 
