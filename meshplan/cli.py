@@ -576,6 +576,12 @@ def recommend(
         help="The experts' tensor splits searched: tp (as TP, or whole) | all (any that divides a stage's ranks; "
         "more meshes, slower).",
     ),
+    headroom: float = typer.Option(
+        0.0,
+        "--headroom",
+        help="GiB each GPU must keep free beyond what is priced (the allocator's slack, other buffers): "
+        "plans that leave less are not ranked.",
+    ),
     show_all: bool = typer.Option(False, "--all", help="With --json: every valid mesh, fitting or not."),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -646,6 +652,7 @@ def recommend(
         search=search,
         etp=etp,
         keep=max(top, 2),
+        headroom_bytes=headroom * 2**30,
     )
     rates_note = Device.of(cluster_spec, opts.stack_spec).rates_note
     if as_json:

@@ -182,6 +182,7 @@ def plan(
     keep: int = 10,
     workers: int | None = None,
     etp: str = "tp",
+    headroom_bytes: float = 0.0,
 ) -> Plan:
     """Rank every mesh. `batch` is the micro-batch (sequences); with opts.global_batch the step's
     batch is fixed and DP changes the accumulation steps. `search`: the knobs (KNOBS) chosen per mesh
@@ -190,7 +191,14 @@ def plan(
     of their floors (step.step_floor_s: compute and the collectives it cannot hide), and one whose
     floor is slower a token than the keep-th best so far is not priced, nor any after it (Plan.pruned);
     0 prices every mesh. `workers`: processes that share the meshes out (None: the machine's cores, for
-    a thousand meshes or more; 1: this one). `etp`: the experts' tensor splits searched (ETP_SEARCH)."""
+    a thousand meshes or more; 1: this one). `etp`: the experts' tensor splits searched (ETP_SEARCH).
+    `headroom_bytes`: what a plan must leave free of each GPU's memory, beyond what lies beside the allocator
+    (a user's margin for what no term prices: the caching allocator's slack, buffers of stacks and NICs)."""
+    if headroom_bytes < 0 or headroom_bytes >= cluster.gpu.memory_bytes:
+        raise MeshplanError(
+            f"--headroom: {headroom_bytes / 2**30:.3g} GiB is not between 0 and the GPU's "
+            f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB; give the GiB a plan must leave free"
+        )
     if etp not in ETP_SEARCH:
         raise MeshplanError(f"--etp: unknown {etp!r}; use {' or '.join(ETP_SEARCH)}")
     if objective not in OBJECTIVES:
@@ -217,14 +225,16 @@ def plan(
     # Throughput in training: the best `keep` seconds a token so far bound the rest (search_knobs skips
     # a mesh whose floor is slower than the keep-th best), so the ranking's top `keep` is exact.
     prune = objective == "throughput" and opts.training and not estimate_dropped and keep > 0
-    job = _Job(model, cluster, seq, batch, opts, objective, estimate_dropped, search, keep if prune else 0)
+    job = _Job(
+        model, cluster, seq, batch, opts, objective, estimate_dropped, search, keep if prune else 0, headroom_bytes
+    )
     parts = _in_parallel(job, layouts, workers)
     fitting = [c for f, _, _ in parts for c in f]
     dropped = [c for _, d, _ in parts for c in d]
     pruned = sum(p for _, _, p in parts)
     fitting.sort(key=_sort_key(objective, opts.mode))
     dropped.sort(key=lambda c: c.device_bytes)
-    reason = explain(fitting, dropped, objective, opts, cluster, pruned, keep)
+    reason = explain(fitting, dropped, objective, opts, cluster, pruned, keep, headroom_bytes)
     return Plan(fitting, dropped, len(layouts), objective, reason, pruned)
 
 
@@ -241,6 +251,7 @@ class _Job:
     estimate_dropped: bool
     search: frozenset
     keep: int  # 0: price every mesh
+    headroom_bytes: float = 0.0  # what a plan must leave free of each GPU (plan's argument)
 
 
 # Below this many meshes one process ranks them all: starting workers costs more than it saves.
@@ -294,7 +305,16 @@ def _rank(job: _Job, layouts: list[Layout]) -> tuple[list, list, int]:
             pruned += len(layouts) - i  # this and every later mesh: no setting's floor can reach the bound
             break
         choice = search_knobs(
-            model, cluster, layout, seq, batch, opts, search=job.search, objective=job.objective, bound=bound
+            model,
+            cluster,
+            layout,
+            seq,
+            batch,
+            opts,
+            search=job.search,
+            objective=job.objective,
+            bound=bound,
+            headroom_bytes=job.headroom_bytes,
         )
         if choice is None:
             continue
@@ -386,6 +406,7 @@ def search_knobs(
     search: frozenset,
     objective: str = "throughput",
     bound: float = math.inf,
+    headroom_bytes: float = 0.0,
 ):
     """(memory, estimate or None, fits, knobs, options) for one mesh (valid for the model and the
     cluster: enumerate_layouts checks), its knobs chosen.
@@ -398,7 +419,8 @@ def search_knobs(
     most that divide every stage, each estimated. The fastest that fits wins (the smallest under the
     memory objective); none fitting, the smallest is reported. `bound` (seconds a token): a setting
     whose floor (step.step_floor_s) is slower is not estimated — (memory, None, True, …) when one such was found
-    to fit, SKIPPED when no setting was priced at all."""
+    to fit, SKIPPED when no setting was priced at all. A setting fits when it leaves `headroom_bytes` of the
+    GPU free besides."""
     space = _knob_options(model, layout, batch, opts, search)
     if space is None:
         return None
@@ -435,7 +457,7 @@ def search_knobs(
                         smallest = (mem, None, False, knobs, trial)
                     if opts.training and ep.violation(model, layout, trial):
                         continue  # a setting the stack's MoE rules refuse (the all-to-all overlap's)
-                    if not fits_device(mem.total_bytes, outside(), cluster.gpu.memory_bytes):
+                    if not fits_device(mem.total_bytes, outside(), cluster.gpu.memory_bytes - headroom_bytes):
                         continue
                     if bound < math.inf and behind(ctx):
                         fitted = fitted or (mem, None, True, knobs, trial)
@@ -495,8 +517,10 @@ def explain(
     cluster: ClusterSpec,
     pruned: int = 0,
     keep: int = 0,
+    headroom_bytes: float = 0.0,
 ) -> str:
     """One paragraph: why the winner wins, and what the runner-up lost on."""
+    room = f" with {_gib(headroom_bytes)} left free (--headroom)" if headroom_bytes else ""
     if not ranked:
         least = dropped[0] if dropped else None
         need = (
@@ -506,7 +530,7 @@ def explain(
             else ""
         )
         return (
-            f"Nothing fits in {_gib(cluster.gpu.memory_bytes)} per GPU{need}. Use more GPUs (--nodes), "
+            f"Nothing fits in {_gib(cluster.gpu.memory_bytes)} per GPU{room}{need}. Use more GPUs (--nodes), "
             f"a shorter --seq, a smaller --batch, or --recompute full."
         )
     w = ranked[0].estimate
@@ -523,8 +547,11 @@ def explain(
         text.append(
             f"It leaves {_gib(free)} of {_gib(cluster.gpu.memory_bytes)} free: PyTorch's caching allocator reserves "
             f"more than it hands out, which no term prices (up to 2.3 GiB over its peak in meshplan's own training "
-            f"runs), so a plan this tight may not run; {fix} leaves more room."
+            f"runs), so a plan this tight may not run; {fix} leaves more room, and --headroom GIB ranks only "
+            f"plans that leave that much."
         )
+    elif headroom_bytes:
+        text.append(f"Every plan ranked leaves at least {_gib(headroom_bytes)} of each GPU free (--headroom).")
     if w.bound.startswith("launch-bound"):
         text.append(
             "The step is the host launching an eager PyTorch stack's kernels (measured per kernel): a "
