@@ -1,5 +1,7 @@
 """The executor's attention core (meshplan.executor.attention) against plain SDPA with an explicit mask."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -160,3 +162,65 @@ def test_peers_benchmark_layer_computes_meshplans_dense_layer():
     peer = peers.PeerLayer(model).double().load_from(ref)
     x = torch.randn(2, 24, 64, dtype=torch.float64)
     torch.testing.assert_close(peer(x), ref(x), rtol=1e-12, atol=1e-12)
+
+
+def _causal_reference(q, k, v):
+    """Position-order causal attention, GQA's K/V repeated, in q's dtype: (b, S, a, d)."""
+    b, S, a, d = q.shape
+    rep = a // k.shape[2]
+    qh, kh, vh = (
+        q.transpose(1, 2),
+        k.transpose(1, 2).repeat_interleave(rep, 1),
+        v.transpose(1, 2).repeat_interleave(rep, 1),
+    )
+    scores = (qh @ kh.transpose(-1, -2) / math.sqrt(d)).masked_fill(
+        torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf")
+    )
+    return (scores.softmax(-1) @ vh).transpose(1, 2)
+
+
+def test_zigzag_runs_by_hand():
+    """Two ranks, chunks of 4: rank-major gathered keys [f0 s0 f1 s1] at positions [0, 3, 1, 2] (chunks)."""
+    from meshplan.executor.attention import KeyRun, zigzag_runs
+
+    assert zigzag_runs(2, 0, 4) == (
+        (KeyRun(0, 4, True),),
+        (KeyRun(0, 4, False), KeyRun(4, 4, True), KeyRun(8, 8, False)),
+    )
+    assert zigzag_runs(2, 1, 4) == (
+        (KeyRun(0, 4, False), KeyRun(8, 4, True)),
+        (KeyRun(0, 4, False), KeyRun(8, 4, False), KeyRun(12, 4, True)),
+    )
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)])
+def test_zigzag_attention_over_gathered_keys_is_causal_attention(parts, heads, kv_heads):
+    """Each rank's two zigzag chunks over the keys as the all-gather leaves them (rank-major, never put in
+    position order): its rows of whole-sequence causal attention, its query gradients, and — summed over
+    the ranks, as the reduce-scatter sums them — the keys' and values' gradients, in float64."""
+    from meshplan.executor.attention import zigzag_attention
+    from meshplan.executor.layouts.common import zigzag_tokens
+
+    gen = torch.Generator().manual_seed(parts * 10 + kv_heads)
+    b, S, d = 2, parts * 2 * 4, 8
+    q, k, v = (torch.randn(b, S, n, d, dtype=torch.float64, generator=gen) for n in (heads, kv_heads, kv_heads))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    want = _causal_reference(q, k, v)
+    dy = torch.randn(want.shape, dtype=torch.float64, generator=gen)
+    want.backward(dy)
+    gathered = torch.cat([zigzag_tokens(S, parts, r) for r in range(parts)])
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    for rank in range(parts):
+        mine = zigzag_tokens(S, parts, rank)
+        qr = q.detach()[:, mine].clone().requires_grad_(True)
+        kr, vr = (t.detach()[:, gathered].clone().requires_grad_(True) for t in (k, v))
+        out = zigzag_attention(qr, kr, vr, parts, rank)
+        out.backward(dy[:, mine])
+        torch.testing.assert_close(out, want.detach()[:, mine], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(qr.grad, q.grad[:, mine], rtol=1e-10, atol=1e-10)
+        dk[:, gathered] += kr.grad
+        dv[:, gathered] += vr.grad
+    torch.testing.assert_close(dk, k.grad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(dv, v.grad, rtol=1e-10, atol=1e-10)

@@ -241,3 +241,120 @@ def masked_shard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
+
+
+# -- a zigzag shard: its two query chunks over runs of the gathered keys, as they arrive -----------------
+
+# False: attend_zigzag puts the gathered keys in position order first (index_select, and its inverse on the
+# gradients), as the executor did before session 23; kept for the A/B (benchmarks/probes/s23_zigzag_probe.py).
+ZIGZAG_RUNS = True
+
+
+@dataclass(frozen=True)
+class KeyRun:
+    """Keys [start, start + length) of the all-gathered K/V (rank-major), seen whole or (causal) as the
+    square diagonal of a query chunk."""
+
+    start: int
+    length: int
+    causal: bool
+
+
+def zigzag_runs(parts: int, index: int, chunk: int) -> tuple[tuple[KeyRun, ...], tuple[KeyRun, ...]]:
+    """The key runs rank `index` of a zigzag split over `parts` ranks attends, for its first query chunk
+    (position index) and its second (position 2·parts − 1 − index), in the all-gather's rank-major order
+    (rank s holds positions s and 2·parts − 1 − s, `chunk` tokens each, at s · 2·chunk). The first sees
+    the first chunks of ranks before it whole and its own causally; the second sees every rank's first
+    chunk, and the second chunks of the ranks after it — one run from rank index + 1 to the end — whole,
+    and its own causally. A key a query does not see is in no run."""
+    span = 2 * chunk
+    before = tuple(KeyRun(s * span, chunk, False) for s in range(index))
+    first = before + (KeyRun(index * span, chunk, True),)
+    second = before + (KeyRun(index * span, chunk, False), KeyRun(index * span + chunk, chunk, True))
+    if index < parts - 1:
+        second += (KeyRun((index + 1) * span, (parts - 1 - index) * span, False),)
+    return first, second
+
+
+def run_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runs) -> Blocks | None:
+    """The kernel that takes every run of the zigzag plan (`runs`: the query chunks' KeyRun tuples) for
+    queries q (b, a, t, d) and gathered k, v (b, a_kv, S, d): as shard_blocks picks."""
+    c = q.shape[2] // len(runs)
+    qc = q[:, :, :c]
+    if not q.is_cuda:
+        return MATH_BLOCKS
+    shapes = {(r.length, r.causal) for chunk in runs for r in chunk}
+    for blocks, takes in ((CUDNN_BLOCKS, _cudnn_takes), (FLASH_BLOCKS, _flash_takes)):
+        if all(takes(qc, k[:, :, :n], v[:, :, :n], causal) for n, causal in shapes):
+            return blocks
+    return None
+
+
+class _ZigzagAttention(torch.autograd.Function):
+    """q (b, t, a, d) — a rank's two zigzag chunks — over k, v (b, S, a_kv, d) as the all-gather left them
+    (rank-major): each query chunk's runs (zigzag_runs) through the fused kernel, merged by their
+    log-sum-exps; the backward writes each run's key gradients into its place of the gathered-size
+    gradient. No reordering of the gathered keys either way: they go back to the reduce-scatter as they
+    came. Saved: q, k, v, the merged output and its log-sum-exps (what _ShardAttention saves)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, runs, blocks):
+        b, t, a, d = q.shape
+        c = t // len(runs)
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = torch.empty_like(q)
+        lses, extras = [], []
+        for i, chunk in enumerate(runs):
+            qi = qh[:, :, i * c : (i + 1) * c]
+            merged = lse = None
+            for r in chunk:
+                o, lse_r, extra = blocks.forward(
+                    qi, kh[:, :, r.start : r.start + r.length], vh[:, :, r.start : r.start + r.length], r.causal
+                )
+                extras.append(extra)
+                if merged is None:
+                    merged, lse = acc(o), lse_r
+                    continue
+                total = torch.logaddexp(lse, lse_r)
+                merged.lerp_(acc(o), torch.exp(lse_r - total).unsqueeze(-1))
+                lse = total
+            out[:, i * c : (i + 1) * c] = merged.to(q.dtype).transpose(1, 2)
+            lses.append(lse.contiguous())
+        ctx.runs, ctx.blocks, ctx.extras = runs, blocks, extras
+        ctx.save_for_backward(q, k, v, out, *lses)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, *lses = ctx.saved_tensors
+        runs, blocks, extras = ctx.runs, ctx.blocks, iter(ctx.extras)
+        c = q.shape[1] // len(runs)
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        dq = torch.empty_like(q)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        for i, chunk in enumerate(runs):
+            rows = slice(i * c, (i + 1) * c)
+            # the chunk's output and its gradient head-major and contiguous, as the forward's kernels made it
+            oi, doi = out[:, rows].transpose(1, 2).contiguous(), dout[:, rows].transpose(1, 2).contiguous()
+            qi, dqi = qh[:, :, rows], None
+            for r in chunk:
+                keys = slice(r.start, r.start + r.length)
+                dq_r, dk_r, dv_r = blocks.backward(
+                    doi, qi, kh[:, :, keys], vh[:, :, keys], oi, lses[i], r.causal, next(extras)
+                )
+                dqi = dq_r if dqi is None else dqi.add_(dq_r)
+                dk[:, keys] += dk_r.transpose(1, 2)
+                dv[:, keys] += dv_r.transpose(1, 2)
+            dq[:, rows] = dqi.transpose(1, 2)
+        return dq, dk, dv, None, None
+
+
+def zigzag_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: int, index: int) -> torch.Tensor | None:
+    """Rank `index`'s zigzag queries q (b, t, a, d) over the all-gathered k, v (b, S, a_kv, d) in their
+    rank-major order → (b, t, a, d); None where no fused kernel takes the runs (the caller reorders the
+    keys and masks instead)."""
+    runs = zigzag_runs(parts, index, q.shape[1] // 2)
+    blocks = run_blocks(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), runs)
+    if blocks is None:
+        return None
+    return _ZigzagAttention.apply(q, k, v, runs, blocks)

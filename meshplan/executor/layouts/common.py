@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from meshplan.executor.attention import shard_attention
+from meshplan.executor import attention
+from meshplan.executor.attention import shard_attention, zigzag_attention
 from meshplan.executor.blocks import RMSNorm
 from meshplan.kernels.reference import acc
 
@@ -130,6 +131,7 @@ class ZigzagKeys:
 
     def __init__(self, seq: int, parts: int, index: int):
         gathered = torch.cat([zigzag_tokens(seq, parts, i) for i in range(parts)])  # positions in all-gather order
+        self.parts, self.index = parts, index
         self.order = torch.argsort(gathered)
         self.inverse = torch.argsort(self.order)
         c = seq // (2 * parts)
@@ -157,8 +159,13 @@ class _Reorder(torch.autograd.Function):
 
 
 def attend_zigzag(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: ZigzagKeys) -> torch.Tensor:
-    """Zigzag causal attention: K/V arrive in all-gather order and are put in position order; the
-    rank's first query chunk sees keys [0, keys.ends[0]), its second [0, keys.ends[1])."""
+    """Zigzag causal attention of the rank's two query chunks over K/V in all-gather order: the runs of
+    keys each chunk sees, taken where they arrived (meshplan.executor.attention.zigzag_attention); where no
+    fused kernel takes those, K/V put in position order and the rank's first query chunk attending keys
+    [0, keys.ends[0]), its second [0, keys.ends[1])."""
+    out = zigzag_attention(q, k, v, keys.parts, keys.index) if attention.ZIGZAG_RUNS else None
+    if out is not None:
+        return out
     keys = keys.on(k.device)
     k, v = _Reorder.apply(k, keys.order, keys.inverse), _Reorder.apply(v, keys.order, keys.inverse)
     c = q.shape[1] // 2
