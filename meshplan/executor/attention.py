@@ -245,9 +245,15 @@ def masked_shard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 
 # -- a zigzag shard: its two query chunks over runs of the gathered keys, as they arrive -----------------
 
-# False: attend_zigzag puts the gathered keys in position order first (index_select, and its inverse on the
-# gradients), as the executor did before session 23; kept for the A/B (benchmarks/probes/s23_zigzag_probe.py).
-ZIGZAG_RUNS = True
+# Whether attend_zigzag takes the runs (zigzag_attention) or puts the gathered keys in position order first
+# (index_select, and its inverse on the gradients), as the executor has since run 36. Off until timed on GPUs:
+# `timeout 300 torchrun --nproc-per-node 2 benchmarks/probes/s23_zigzag_probe.py` times both in one process
+# (session 23 wrote it with no device time left). Counted by aten op on the CPU (benchmarks/zigzag_bytes.py,
+# benchmarks/results/zigzag-bytes-cpu.txt), one 16K-token dense-7b layer's attention at sp=2 moves 29.6 and
+# 32.6 gathered-K sizes outside its kernels by runs (ranks 0 and 1) against 34.6 and 38.6 by the reorder: its
+# index_select, cat and slice-backward passes gone, in-place adds and the output's assembly left. Whether the
+# GPU's kernels for those run faster is the probe's to say.
+ZIGZAG_RUNS = False
 
 
 @dataclass(frozen=True)
