@@ -63,19 +63,24 @@ STUB = attention.Blocks("stub", _stub_forward, _stub_backward)
 
 
 def count(seq: int, parts: int, index: int, heads: int, kv_heads: int, runs: bool, d: int = 128) -> _Count:
+    """Rank `index`'s attend_zigzag forward and backward, counted; the kernels stubbed meanwhile only."""
+    saved = (attention.ZIGZAG_RUNS, attention.shard_blocks, attention.run_blocks, common.shard_attention)
     attention.ZIGZAG_RUNS = runs
     attention.shard_blocks = lambda q, k, v: STUB
     attention.run_blocks = lambda q, k, v, plan: STUB
     common.shard_attention = lambda q, k, v: attention._ShardAttention.apply(q, k, v, STUB)  # no whole-chunk SDPA
-    t = seq // parts
-    q = torch.randn(1, t, heads, d, dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(1, seq, kv_heads, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    dy = torch.randn(1, t, heads * d, dtype=torch.bfloat16)
-    keys = common.ZigzagKeys(seq, parts, index)
-    counted = _Count()
-    with counted:
-        common.attend_zigzag(q, k, v, keys).reshape(1, t, heads * d).backward(dy)
-    return counted
+    try:
+        t = seq // parts
+        q = torch.randn(1, t, heads, d, dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(1, seq, kv_heads, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        dy = torch.randn(1, t, heads * d, dtype=torch.bfloat16)
+        keys = common.ZigzagKeys(seq, parts, index)
+        counted = _Count()
+        with counted:
+            common.attend_zigzag(q, k, v, keys).reshape(1, t, heads * d).backward(dy)
+        return counted
+    finally:
+        attention.ZIGZAG_RUNS, attention.shard_blocks, attention.run_blocks, common.shard_attention = saved
 
 
 def main() -> None:

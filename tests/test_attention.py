@@ -224,3 +224,39 @@ def test_zigzag_attention_over_gathered_keys_is_causal_attention(parts, heads, k
         dv[:, gathered] += vr.grad
     torch.testing.assert_close(dk, k.grad, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(dv, v.grad, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize("heads, kv_heads", [(32, 32), (32, 8)])
+def test_zigzag_motion_bytes_are_what_the_executor_moves(parts, heads, kv_heads):
+    """blocks.attention.zigzag_motion_bytes against the executor's own ops counted (benchmarks/zigzag_bytes.py:
+    attend_zigzag forward and backward on the CPU, the attention kernels stubbed) on the busiest rank (the
+    last: a rank past the first, whose second chunk sees fewer than every key)."""
+    from meshplan.costmodel.blocks.attention import zigzag_motion_bytes
+
+    counter = load("zigzag_bytes")
+    seq, d = parts * 2 * 64, 128
+    counted = counter.count(seq, parts, parts - 1, heads, kv_heads, runs=False, d=d)
+    fwd, bwd = zigzag_motion_bytes(seq / parts, parts, heads * d, kv_heads * d, 2)
+    assert fwd + bwd == pytest.approx(sum(counted.bytes.values()), rel=0.01)
+
+
+def test_zigzag_motion_is_priced_for_the_executor_only():
+    """The data motion is meshplan's executor's (Stack.zigzag_motion): its sp and tsp steps pay it, its tp step
+    and Megatron's context parallelism do not; with the recompute of sequence shards' attention the backward
+    moves the forward's again."""
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.costmodel.step import estimate_step
+    from meshplan.layout import parse_layout
+    from meshplan.models import PRESETS
+    from meshplan.topologies.cluster import load_cluster
+
+    cluster = load_cluster("h200-8")
+    model = PRESETS["dense-7b"]
+
+    def motion(layout, stack):
+        opts = CostOptions(mode="train", stack=stack)
+        return estimate_step(model, parse_layout(layout), 16384, 1, opts, cluster).breakdown.get("shard_motion_s", 0.0)
+
+    assert motion("sp=2", "meshplan") > 0 and motion("tsp=2", "meshplan") > 0
+    assert motion("tp=2", "meshplan") == 0 and motion("sp=2", "megatron") == 0

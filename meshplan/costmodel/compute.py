@@ -50,6 +50,7 @@ def block_compute(
     passes = b.eager_factor(dev, model, sh.head_div)
     mem = busy * b.memory_bound_bytes_per_token(model, sh.head_div, e) * passes / dev.rated_hbm
     kernel_fwd, kernel_bwd = b.kernels_s(model, tokens, sh, e, dev, row_tokens)
+    motion_fwd, motion_bwd = b.shard_motion_s(model, busy, sh, e, dev, zigzag=zigzag)
     cast_fwd = cast_bwd = 0.0
     if dev.precision != "bf16":  # Transformer Engine's quantize kernels around the FP8 GEMMs
         fwd_bytes, bwd_bytes = b.fp8_cast_bytes_per_token(model, sh.head_div, dev.fp8_current_scaling)
@@ -73,6 +74,8 @@ def block_compute(
         b.core_bwd_factor(dev),
         cast_fwd,
         cast_bwd if training else 0.0,
+        motion_fwd,
+        motion_bwd if training else 0.0,
     )
 
 

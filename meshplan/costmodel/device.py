@@ -141,6 +141,8 @@ class Device:
     flash_attention: bool = True  # False: QKᵀ and PV as batched GEMMs around a fused softmax (Megatron ≤ 2022)
     # Sequence shards redo the attention core in backward (the stack's: Stack.sequence_attention_recompute)
     sequence_attention_recompute: bool = True
+    # Zigzag sequence shards move the gathered K/V around their attention kernels (Stack.zigzag_motion)
+    zigzag_motion: bool = True
     # Where the rates are borrowed (meshplan.hardware.rates): the note a prediction prints; "" when the
     # table or a calibration has this GPU's own.
     rates_note: str = ""
@@ -197,6 +199,7 @@ class Device:
                 elementwise_factor_routing=stack.elementwise_factor,
                 flash_attention=stack.flash_attention,
                 sequence_attention_recompute=stack.sequence_attention_recompute,
+                zigzag_motion=stack.zigzag_motion,
             )
             if rates.gemm:
                 dev = replace(dev, gemm_efficiency=rates.gemm)

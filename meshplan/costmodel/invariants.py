@@ -48,6 +48,8 @@ def check_block(kind: str, comp: BlockCompute, dev: Device) -> None:
         "recompute": comp.recompute_fwd_s,
         "kernels": comp.kernel_fwd_s,
         "kernels backward": comp.kernel_bwd_s,
+        "shard motion": comp.motion_fwd_s,
+        "shard motion backward": comp.motion_bwd_s,
     }
     for name, value in parts.items():
         if value < 0:

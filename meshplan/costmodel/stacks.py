@@ -73,6 +73,10 @@ class Stack:
     # local q, k, v); Transformer Engine's context-parallel attention keeps each step's output and
     # log-sum-exp instead (AttnFuncWithCPAndKVP2P saves them for its backward), recomputing nothing.
     sequence_attention_recompute: bool = True
+    # Zigzag sequence shards put the gathered K/V in position order, slice, merge and concatenate around
+    # their attention kernels (meshplan's executor: blocks.attention.zigzag_motion_bytes); fused stacks
+    # attend the gathered keys in place (Transformer Engine's context-parallel attention)
+    zigzag_motion: bool = False
     # ZeRO shards over the sequence ranks too (Megatron's distributed optimizer over its data-parallel
     # group with context parallelism, dp × cp); meshplan's executor shards over dp only.
     zero_over_sequence: bool = False
@@ -286,6 +290,7 @@ STACKS: dict[str, Stack] = {
         launch_floor=True,
         elementwise_factor=None,
         flash_attention=True,
+        zigzag_motion=True,
         tp_overlap=False,
         grad_overlap=True,
         zero3_prefetch=False,

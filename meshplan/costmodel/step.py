@@ -562,6 +562,7 @@ def _block_times(ctx: PlanContext, *, schedule: StepSchedule, dev: Device, links
             ("memory_bound", comp.mem_fwd_s * (3 if training else 1)),
             ("recompute", comp.recompute_fwd_s if training else 0.0),
             ("scan_conv", comp.kernel_fwd_s + comp.kernel_bwd_s),
+            ("shard_motion", comp.motion_fwd_s + comp.motion_bwd_s),
         ):
             breakdown[f"{part}_s"] = breakdown.get(f"{part}_s", 0.0) + n * value
         out.fwd_s += n * fwd

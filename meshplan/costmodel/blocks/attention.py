@@ -56,6 +56,28 @@ def zigzag_attention_s(q_width: float, tokens: float, keys: float, parts: int, d
     return sequences * float((t[:parts] + t[parts:]).max())
 
 
+def zigzag_motion_bytes(tokens: float, parts: int, q_width: float, kv_width: float, e: int) -> tuple[float, float]:
+    """(forward, backward) bytes the executor's zigzag sequence shard moves around its attention kernels,
+    for the busiest rank's `tokens` local queries over `parts` shards (meshplan.executor.layouts.common
+    .attend_zigzag, reorder path): G = the gathered K (or V) — tokens · parts · kv_width · e — and L = the
+    rank's queries and output, tokens · q_width · e. Forward: K and V put in position order (index_select,
+    read and written: 4G), the two blocks' outputs of each query chunk lifted to fp32, merged by their
+    log-sum-exps and cast back (9L and 6L), the chunks' outputs concatenated (2L). Backward: the two chunks'
+    K and V gradients summed (6G) and each chunk's two query gradients (3L) and the slices' (3L); each
+    chunk's off-diagonal and diagonal key gradients concatenated, over (2·parts + 1)/(2·parts) of the
+    sequence's keys (4G of that); the key slices' gradients zero-filled to the whole sequence and their
+    keys copied in (2G(2 + (2·parts + 1)/(2·parts)) on a rank past the first, whose second chunk sees
+    fewer than every key), the query slices' (3L); the reorder's inverse (4G). As benchmarks/zigzag_bytes.py
+    counts them (each op's tensor arguments read and its outputs written; tests hold the two equal), no
+    recompute; the attention kernels' own traffic is core_s's."""
+    gathered = tokens * parts * kv_width * e
+    local = tokens * q_width * e
+    reach = (2 * parts + 1) / (2 * parts)  # the keys a rank's two chunks see, over one sequence's
+    forward = 4 * gathered + 17 * local
+    backward = (6 + 4 * reach + 2 * (2 + reach) + 4) * gathered + 9 * local
+    return forward, backward
+
+
 # Megatron-LM's core attention without a fused kernel (Narayanan et al. 2021 §4.2: baddbmm for QKᵀ,
 # a fused scale-mask-softmax, dropout, bmm for PV): the full s × s scores of every head are computed and
 # then masked, and cross HBM as fp16 — written by QKᵀ (2 B), read and written by the softmax (4 B), by
@@ -232,6 +254,18 @@ class Attention(BlockKind):
             attn = (1 - windowed) * attn + windowed * window_s
             core_flops = (1 - windowed) * core_flops + windowed * window_flops
         return attn, core_flops
+
+    def shard_motion_s(self, model, tokens, sh, e, dev, *, zigzag) -> tuple[float, float]:
+        """(forward, backward) seconds of the data motion around a zigzag shard's attention kernels, where
+        the stack moves it (Device.zigzag_motion: meshplan's executor), at the rated HBM rate; the
+        backward redoes the forward's where the stack recomputes sequence shards' attention."""
+        if zigzag <= 1 or not sh.gathers_kv or not dev.zigzag_motion:
+            return 0.0, 0.0
+        a = model.attention
+        fwd, bwd = zigzag_motion_bytes(tokens, zigzag, a.q_width / sh.head_div, a.kv_width / sh.head_div, e)
+        if dev.sequence_attention_recompute:
+            bwd += fwd
+        return fwd / dev.rated_hbm, bwd / dev.rated_hbm
 
     def core_bwd_factor(self, dev):
         return ATTENTION_BWD_FACTOR if dev.flash_attention else UNFUSED_ATTENTION_BWD_FACTOR

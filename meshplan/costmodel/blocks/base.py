@@ -43,10 +43,15 @@ class BlockCompute:
     # FP8 quantize kernels around the FP8 GEMMs (BlockKind.fp8_cast_bytes_per_token), forward and backward
     cast_fwd_s: float = 0.0
     cast_bwd_s: float = 0.0
+    # Data motion around a sequence shard's attention kernels (BlockKind.shard_motion_s), forward and backward
+    motion_fwd_s: float = 0.0
+    motion_bwd_s: float = 0.0
 
     @property
     def fwd_s(self) -> float:
-        return self.gemm_fwd_s + self.attn_fwd_s + self.mem_fwd_s + self.kernel_fwd_s + self.cast_fwd_s
+        return (
+            self.gemm_fwd_s + self.attn_fwd_s + self.mem_fwd_s + self.kernel_fwd_s + self.cast_fwd_s + self.motion_fwd_s
+        )
 
     @property
     def bwd_s(self) -> float:
@@ -57,6 +62,7 @@ class BlockCompute:
             + self.recompute_fwd_s
             + self.kernel_bwd_s
             + self.cast_bwd_s
+            + self.motion_bwd_s
         )
 
 
@@ -155,6 +161,11 @@ class BlockKind:
     def core_bwd_factor(self, dev) -> float:
         """The core's backward time over its forward's."""
         return ATTENTION_BWD_FACTOR
+
+    def shard_motion_s(self, model, tokens, sh, e, dev, *, zigzag) -> tuple[float, float]:
+        """(forward, backward) seconds of data motion around the block's kernels on sequence shards (none
+        but attention's)."""
+        return 0.0, 0.0
 
     def kernels_s(self, model, tokens, sh, e, dev, row_tokens) -> tuple[float, float]:
         """(forward, backward) seconds of the block's own kernels (Mamba-2's scan and conv)."""
