@@ -660,6 +660,7 @@ def recommend(
         # The stack's assumptions beside each mesh's own knobs (recompute and Megatron-SP among them).
         common = {k: v for k, v in assumed(opts).items() if k not in ("recompute", "tp_sequence_parallel")}
         common["rates_note"] = rates_note
+        common["headroom_gib"] = headroom  # what a ranked plan leaves free beyond what is priced ("fits" counts it)
         _print_json([{**c.as_dict(), "assumptions": common} for c in (rows if show_all else rows[:top])])
         if not result.ranked:
             raise typer.Exit(NOTHING_FITS_EXIT)

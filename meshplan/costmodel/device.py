@@ -191,6 +191,8 @@ class Device:
             cluster.gpu.bf16_flops_per_s, cluster.gpu.hbm_bytes_per_s, hbm_rated_bytes_per_s=cluster.gpu.hbm_bytes_per_s
         )
         rates, note = hardware.rates(cluster.gpu.name, stack.name if stack is not None else "meshplan")
+        if stack is not None:
+            dev = replace(dev, zigzag_motion=stack.zigzag_motion)
         if stack is not None and stack.elementwise_factor is not None:
             dev = replace(
                 dev,
@@ -199,7 +201,6 @@ class Device:
                 elementwise_factor_routing=stack.elementwise_factor,
                 flash_attention=stack.flash_attention,
                 sequence_attention_recompute=stack.sequence_attention_recompute,
-                zigzag_motion=stack.zigzag_motion,
             )
             if rates.gemm:
                 dev = replace(dev, gemm_efficiency=rates.gemm)

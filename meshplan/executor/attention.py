@@ -251,8 +251,10 @@ def masked_shard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 # (session 23 wrote it with no device time left). Counted by aten op on the CPU (benchmarks/zigzag_bytes.py,
 # benchmarks/results/zigzag-bytes-cpu.txt), one 16K-token dense-7b layer's attention at sp=2 moves 29.6 and
 # 32.6 gathered-K sizes outside its kernels by runs (ranks 0 and 1) against 34.6 and 38.6 by the reorder: its
-# index_select, cat and slice-backward passes gone, in-place adds and the output's assembly left. Whether the
-# GPU's kernels for those run faster is the probe's to say.
+# index_select, cat and slice-backward passes gone, in-place adds and the output's assembly left. That is multi-head
+# attention at 2 shards: every further run merges through fp32 over the chunk's whole output, so with GQA (32 query,
+# 8 KV heads) at 4 shards the runs count 1.3-1.4x the reorder's (a review's count) — merging all runs in one pass is
+# the change to make before switching it on, and the probe should time GQA at 4 shards too.
 ZIGZAG_RUNS = False
 
 
@@ -340,7 +342,8 @@ class _ZigzagAttention(torch.autograd.Function):
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         for i, chunk in enumerate(runs):
             rows = slice(i * c, (i + 1) * c)
-            # the chunk's output and its gradient head-major and contiguous, as the forward's kernels made it
+            # the chunk's output and its gradient head-major and contiguous alike (cuDNN's backward wants the two
+            # with the same strides)
             oi, doi = out[:, rows].transpose(1, 2).contiguous(), dout[:, rows].transpose(1, 2).contiguous()
             qi, dqi = qh[:, :, rows], None
             for r in chunk:

@@ -194,7 +194,7 @@ def plan(
     a thousand meshes or more; 1: this one). `etp`: the experts' tensor splits searched (ETP_SEARCH).
     `headroom_bytes`: what a plan must leave free of each GPU's memory, beyond what lies beside the allocator
     (a user's margin for what no term prices: the caching allocator's slack, buffers of stacks and NICs)."""
-    if headroom_bytes < 0 or headroom_bytes >= cluster.gpu.memory_bytes:
+    if not 0 <= headroom_bytes < cluster.gpu.memory_bytes:  # NaN too
         raise MeshplanError(
             f"--headroom: {headroom_bytes / 2**30:.3g} GiB is not between 0 and the GPU's "
             f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB; give the GiB a plan must leave free"
@@ -547,10 +547,10 @@ def explain(
         text.append(
             f"It leaves {_gib(free)} of {_gib(cluster.gpu.memory_bytes)} free: PyTorch's caching allocator reserves "
             f"more than it hands out, which no term prices (up to 2.3 GiB over its peak in meshplan's own training "
-            f"runs), so a plan this tight may not run; {fix} leaves more room, and --headroom GIB ranks only "
-            f"plans that leave that much."
+            f"runs), so a plan this tight may not run; {fix} leaves more room"
+            + (", and --headroom GIB ranks only plans that leave that much." if not headroom_bytes else ".")
         )
-    elif headroom_bytes:
+    if headroom_bytes:
         text.append(f"Every plan ranked leaves at least {_gib(headroom_bytes)} of each GPU free (--headroom).")
     if w.bound.startswith("launch-bound"):
         text.append(
