@@ -30,15 +30,12 @@ def block_compute(
     training: bool,
     causal_fraction: float = 0.5,
     zigzag: int = 0,
-    motion_zigzag: int | None = None,
     row_tokens: float | None = None,
     load: float = 1.0,
 ) -> BlockCompute:
     """One invocation of `kind` on one rank: `tokens` local queries attending to `keys` keys, of which
     a query sees `causal_fraction` on average (0.5 for a balanced causal split); `zigzag`: the ranks a
-    zigzag split deals the keys over (blocks.attention.zigzag_attention_s), 0 for none; `motion_zigzag`: the ranks
-    the executor's zigzag shards move their gathered keys over (BlockKind.shard_motion_s; `zigzag` when not given);
-    `row_tokens`: the local tokens
+    zigzag split deals the keys over (blocks.attention.zigzag_attention_s), 0 for none; `row_tokens`: the local tokens
     of one sequence row (the scan passes over a row's chunks in turn; `tokens` when not given); `load`:
     the busiest rank's work over the even share (BlockKind.load) — its time, not the model's FLOPs.
     A pure function of its arguments, computed once for each (the planner asks for the same blocks
@@ -53,8 +50,7 @@ def block_compute(
     passes = b.eager_factor(dev, model, sh.head_div)
     mem = busy * b.memory_bound_bytes_per_token(model, sh.head_div, e) * passes / dev.rated_hbm
     kernel_fwd, kernel_bwd = b.kernels_s(model, tokens, sh, e, dev, row_tokens)
-    motion_parts = zigzag if motion_zigzag is None else motion_zigzag
-    motion_fwd, motion_bwd = b.shard_motion_s(model, busy, sh, e, dev, zigzag=motion_parts)
+    motion_fwd, motion_bwd = b.shard_motion_s(model, busy, sh, e, dev, zigzag=zigzag)
     cast_fwd = cast_bwd = 0.0
     if dev.precision != "bf16":  # Transformer Engine's quantize kernels around the FP8 GEMMs
         fwd_bytes, bwd_bytes = b.fp8_cast_bytes_per_token(model, sh.head_div, dev.fp8_current_scaling)

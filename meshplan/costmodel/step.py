@@ -438,8 +438,6 @@ def _kind_compute(ctx: PlanContext, kind: str, dev: Device, recompute: str) -> B
         training=opts.training,
         causal_fraction=causal,
         zigzag=0 if decode else zigzag_parts,
-        # the executor deals TSP's tokens in zigzag for attention-only stacks alone (executor/layouts/layer.py)
-        motion_zigzag=0 if decode or model.mamba_layers else zigzag_parts,
         row_tokens=1 if decode else seq / own.token_div,
         load=BLOCKS[kind].load(opts),
     )

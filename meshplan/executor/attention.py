@@ -179,14 +179,27 @@ def shard_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Blocks | 
     """The kernel that runs both blocks of a shard's attention: cuDNN (Hopper and later), else
     FlashAttention-2, on the GPU; plain torch on the CPU; None where no fused kernel takes them on the GPU."""
     past = k.shape[2] - q.shape[2]
-    diagonal = (q, k[:, :, past:], v[:, :, past:])
-    off = (q, k[:, :, :past], v[:, :, :past])
-    if not q.is_cuda:
+    return _blocks_taking([(q, k[:, :, past:], v[:, :, past:], True), (q, k[:, :, :past], v[:, :, :past], False)])
+
+
+def _blocks_taking(cases: list) -> Blocks | None:
+    """The first fused kernel (cuDNN, then FlashAttention-2) that takes every (q, k, v, causal) case on the
+    GPU; plain torch on the CPU; None where none takes them all."""
+    if not cases[0][0].is_cuda:
         return MATH_BLOCKS
     for blocks, takes in ((CUDNN_BLOCKS, _cudnn_takes), (FLASH_BLOCKS, _flash_takes)):
-        if takes(*diagonal, True) and takes(*off, False):
+        if all(takes(*case) for case in cases):
             return blocks
     return None
+
+
+def _merge(merged: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_o: torch.Tensor) -> torch.Tensor:
+    """Merge a block's output `o` (log-sum-exps `lse_o`) into `merged` (the accumulation dtype, in place; its
+    log-sum-exps `lse`) and return the merged log-sum-exps: merged·exp(lse − total) + o·exp(lse_o − total),
+    as merged + w·(o − merged) with w = exp(lse_o − total)."""
+    total = torch.logaddexp(lse, lse_o)
+    merged.lerp_(acc(o), torch.exp(lse_o - total).unsqueeze(-1))
+    return total
 
 
 # -- a shard: off-diagonal and diagonal blocks merged by their log-sum-exps ---------------------------------
@@ -200,11 +213,10 @@ class _ShardAttention(torch.autograd.Function):
         past = k.shape[2] - q.shape[2]
         o_off, lse_off, extra_off = blocks.forward(q, k[:, :, :past], v[:, :, :past], False)
         o_diag, lse_diag, extra_diag = blocks.forward(q, k[:, :, past:], v[:, :, past:], True)
-        lse = torch.logaddexp(lse_off, lse_diag)
-        # out = o_off·exp(lse_off − lse) + o_diag·exp(lse_diag − lse), as o_off + w·(o_diag − o_off), in
-        # place in the accumulation dtype: two fp32 copies of the output live at once, beside the blocks'
-        weight = torch.exp(lse_diag - lse).unsqueeze(-1)
-        out = acc(o_off).lerp_(acc(o_diag), weight).to(q.dtype)
+        # in place in the accumulation dtype: two fp32 copies of the output live at once, beside the blocks'
+        out = acc(o_off)
+        lse = _merge(out, lse_off, o_diag, lse_diag)
+        out = out.to(q.dtype)
         ctx.blocks, ctx.extra = blocks, (extra_off, extra_diag)
         ctx.save_for_backward(q, k, v, out, lse.contiguous())
         return out
@@ -287,15 +299,9 @@ def zigzag_runs(parts: int, index: int, chunk: int) -> tuple[tuple[KeyRun, ...],
 def run_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runs) -> Blocks | None:
     """The kernel that takes every run of the zigzag plan (`runs`: the query chunks' KeyRun tuples) for
     queries q (b, a, t, d) and gathered k, v (b, a_kv, S, d): as shard_blocks picks."""
-    c = q.shape[2] // len(runs)
-    qc = q[:, :, :c]
-    if not q.is_cuda:
-        return MATH_BLOCKS
+    qc = q[:, :, : q.shape[2] // len(runs)]
     shapes = {(r.length, r.causal) for chunk in runs for r in chunk}
-    for blocks, takes in ((CUDNN_BLOCKS, _cudnn_takes), (FLASH_BLOCKS, _flash_takes)):
-        if all(takes(qc, k[:, :, :n], v[:, :, :n], causal) for n, causal in shapes):
-            return blocks
-    return None
+    return _blocks_taking([(qc, k[:, :, :n], v[:, :, :n], causal) for n, causal in shapes])
 
 
 class _ZigzagAttention(torch.autograd.Function):
@@ -322,10 +328,8 @@ class _ZigzagAttention(torch.autograd.Function):
                 extras.append(extra)
                 if merged is None:
                     merged, lse = acc(o), lse_r
-                    continue
-                total = torch.logaddexp(lse, lse_r)
-                merged.lerp_(acc(o), torch.exp(lse_r - total).unsqueeze(-1))
-                lse = total
+                else:
+                    lse = _merge(merged, lse, o, lse_r)
             out[:, i * c : (i + 1) * c] = merged.to(q.dtype).transpose(1, 2)
             lses.append(lse.contiguous())
         ctx.runs, ctx.blocks, ctx.extras = runs, blocks, extras

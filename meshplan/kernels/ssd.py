@@ -553,7 +553,6 @@ def pass_states(
     reverse: bool = False,
     xt: int | None = None,
     bt: int | None = None,
-    segment: bool = True,
     backward: bool = False,
 ):
     """(passed, end): the chunks' states passed along each row (meshplan.kernels.ssd._pass_chunks) —
@@ -562,8 +561,8 @@ def pass_states(
     `start`: the initial state, or the final state's gradient (None: zeros). Token strides default to
     the packing's x and B. Where the rows, heads and state tiles give too few programs, each row passes
     in segments (meshplan.kernels.launch.pass_segments) and a short join carries the state across them:
-    `passed` then leaves the last step to the chunk kernels (Passed, state_tile); `segment` False keeps
-    each row whole; `backward`: one of the backward's passings (cut by their own threshold)."""
+    `passed` then leaves the last step to the chunk kernels (Passed, state_tile); `backward`: one of the
+    backward's passings (cut by their own threshold)."""
     b, S, h, p, g, n, nc = pk.shape
     out = torch.empty(b, nc, h, p, n, device=x.device, dtype=out_dtype)
     end = torch.empty(b, h, p, n, device=x.device, dtype=torch.float32)
@@ -575,7 +574,7 @@ def pass_states(
         pk.dt, pk.A, sid, prev, keep, w, decay, S, h, HAS_SID=pk.sid is not None, REVERSE=reverse, L=pk.chunk, BH=bh
     )
     bp, bn = launch.pass_tile(p, n)
-    segments, per = launch.pass_segments(b, h, p, n, nc, backward) if segment else (1, nc)
+    segments, per = launch.pass_segments(b, h, p, n, nc, backward)
     start = start.float().contiguous() if start is not None else None
     if segments > 1:
         seg_end = torch.empty(b, segments, h, p, n, device=x.device, dtype=torch.float32)

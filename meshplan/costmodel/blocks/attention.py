@@ -258,8 +258,9 @@ class Attention(BlockKind):
     def shard_motion_s(self, model, tokens, sh, e, dev, *, zigzag) -> tuple[float, float]:
         """(forward, backward) seconds of the data motion around a zigzag shard's attention kernels, where
         the stack moves it (Device.zigzag_motion: meshplan's executor), at the rated HBM rate; the
-        backward redoes the forward's where the stack recomputes sequence shards' attention."""
-        if zigzag <= 1 or not sh.gathers_kv or not dev.zigzag_motion:
+        backward redoes the forward's where the stack recomputes sequence shards' attention. A stack with
+        Mamba layers has contiguous shards in the executor (TSP's too: executor/layouts/layer.py), no reorder."""
+        if zigzag <= 1 or model.mamba_layers or not sh.gathers_kv or not dev.zigzag_motion:
             return 0.0, 0.0
         a = model.attention
         fwd, bwd = zigzag_motion_bytes(tokens, zigzag, a.q_width / sh.head_div, a.kv_width / sh.head_div, e)
