@@ -1051,8 +1051,8 @@ def execute(
     cuda_graph: Optional[bool] = typer.Option(
         None,
         "--cuda-graph/--no-cuda-graph",
-        help="Replay the training step as a CUDA graph (no pp, ZeRO, experts, TSP, tensor-split "
-        "Mamba-2 or Zamba2); by default wherever it can be, and the run file says whether it was.",
+        help="Replay the training step as a CUDA graph (no pp, ZeRO, experts or Zamba2); by default "
+        "wherever it can be, and the run file says whether it was.",
     ),
     layers_only: bool = typer.Option(
         False,

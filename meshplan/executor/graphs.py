@@ -12,8 +12,9 @@ allocator allocates the eager step, freed blocks reused within it, and its peak 
 Only what has no host round trip in its step is captured: training, no pipeline (its stages meet on the
 host's schedule), no mixture of experts (the all-to-all's split sizes come to the host once a layer),
 no ZeRO (its gathers land through host-side bookkeeping) and no int8 all-reduce (its peer path meets at
-barriers); and, by measurement, neither Zamba2's hybrids (their capture was invalidated on an H200) nor
-TSP (whole models hung on a replay on two H200s; its layers alone replay), which run eagerly. Mamba-2 under a
+barriers); and, by measurement, not Zamba2's hybrids (their capture was invalidated on an H200), which run
+eagerly. TSP's rings replay once NCCL stops registering the graph's buffers in the allocator's expandable
+segments (ring_env; sessions 21-23 read the hang that registration made as TSP's own). Mamba-2 under a
 tensor axis was refused from session 21 to 23 after a slow replay; session 23 captured mamba2-130m at tpssm=2
 (73-79 ms a 16K packed step, against 144 ms eager in session 21), its weights after 3 steps at 2K tokens equal
 to an eager run's (benchmarks/results/s23-h200x2-graphs/); other degrees and mixed stacks are not measured.
@@ -24,8 +25,31 @@ captured, in one line.
 
 from __future__ import annotations
 
+import os
+
 from meshplan.layout import Layout
 from meshplan.models import ModelSpec
+
+# NCCL registers the buffers of the collectives a CUDA graph captures (NCCL_GRAPH_REGISTER, on by default).
+# With the caching allocator's expandable segments (cuMem-mapped memory, run.use_expandable_segments) TSP's
+# rings of weight shards (send/recv between neighbours) hung on the graph's replay: both ranks waiting in
+# the GPU on two H200s, dense-7b 2 layers at 4K whole or layers alone, where the same steps replayed with
+# either off (benchmarks/results/s24-h200x2-tsp-graph/). `meshplan execute` turns registration off for TSP
+# layouts before NCCL starts (worker.py); limits refuses the capture where it is still on (gpu_validation.py
+# leaves it on, as its grids were measured: TSP runs eagerly there unless the caller sets it off).
+RING_NCCL_ENV = {"NCCL_GRAPH_REGISTER": "0"}
+
+
+def ring_env(layout: Layout) -> dict:
+    """The NCCL settings a TSP step needs to be captured (RING_NCCL_ENV); none for other layouts."""
+    return dict(RING_NCCL_ENV) if layout.tsp > 1 else {}
+
+
+def registers_ring_buffers(env=None) -> bool:
+    """Whether NCCL would register a captured ring's buffers in expandable segments (the hang above)."""
+    env = os.environ if env is None else env
+    expandable = "expandable_segments:true" in env.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+    return expandable and env.get("NCCL_GRAPH_REGISTER", "1") != "0"
 
 
 class CaptureFailed(RuntimeError):
@@ -50,11 +74,11 @@ def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allred
         # Zamba2-7B's first 6 layers on one H200 (session 21): the capture was invalidated
         # (cudaErrorStreamCaptureInvalidated), its first failing operation not found
         return f"model: {model.name}'s hybrid step did not capture on an H200 (capture invalidated); it runs eagerly"
-    if layout.tsp > 1:
-        # Whole models under TSP hung on a replay on two H200s (session 23: dense-7b 2 layers at 4K after
-        # one replay, mamba2-130m packed documents; session 21: the latter), while TSP's layers alone,
-        # without the embedding, head and loss, replay as eager runs train (benchmarks/results/s23-h200x2-graphs/)
-        return f"layout: a whole model's TSP ring (tsp={layout.tsp}) hung when replayed; it runs eagerly"
+    if layout.tsp > 1 and registers_ring_buffers():
+        return (
+            f"layout: TSP's ring (tsp={layout.tsp}) hangs a replay while NCCL registers graph buffers in expandable"
+            " segments; set NCCL_GRAPH_REGISTER=0 before the process group starts (meshplan execute does)"
+        )
     return None
 
 
