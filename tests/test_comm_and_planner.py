@@ -46,6 +46,12 @@ def test_tsp_moves_weights_and_kv():
     assert per_layer_fwd(Layout(tsp=d), bs) == pytest.approx(expected)
 
 
+def test_tsp_head_gradient_reduce_scatter_is_exposed_as_the_executor_waits_for_it():
+    schedule = step_schedule(PRESETS["dense-7b"], Layout(tsp=2), 4096, 1, CostOptions())
+    (head,) = [c for c, _ in schedule.all_comms() if c.what == "LM head grad reduce-scatter"]
+    assert head.overlap == "none" and head.phase == "bwd"
+
+
 def test_tpssm_int8_all_reduce_is_one_byte_plus_scales():
     model = PRESETS["mamba2-1.3b"]
     s = step_schedule(model, Layout(tpssm=4), 4096, 2, CostOptions(mode="prefill", int8_allreduce=True))
@@ -120,6 +126,23 @@ def test_hidden_gradient_reductions_slow_the_backward_they_hide_behind():
     )
     # Longer than the backward: the stream's own time sets the phase.
     assert _phase_exposed([(grads, 20e-3)], 10e-3, 0.0, 0.0) == pytest.approx(10e-3)
+
+
+def test_hidden_weight_streams_and_kv_rings_slow_the_compute_as_gradient_reductions_do():
+    """The hidden part of a TSP weight ring (behind the GEMMs) and of a K/V ring (behind the attention)
+    costs GRAD_OVERLAP_CONTENTION of its time, the part that sticks out all of it — by hand."""
+    from meshplan.costmodel.step import GRAD_OVERLAP_CONTENTION, _phase_exposed
+
+    c = GRAD_OVERLAP_CONTENTION
+    # A ring of one hop (count 1): 3 ms of transfer beside the GEMM of the rank's own shard, gemm/2 = 4 ms:
+    # all hidden.
+    ring = Comm("send_recv", "tsp", 1.0, 2, count=1, overlap="gemm")
+    assert _phase_exposed([(ring, 3e-3)], 10e-3, 8e-3, 0.0) == pytest.approx(c * 3e-3)
+    # 6 ms against 4: 2 ms wait, 4 ms hidden.
+    assert _phase_exposed([(ring, 6e-3)], 10e-3, 8e-3, 0.0) == pytest.approx(2e-3 + c * 4e-3)
+    # A K/V ring of 5 ms behind 3 ms of attention: 2 ms wait, 3 ms hidden.
+    kv = Comm("send_recv", "sp", 1.0, 2, overlap="attention")
+    assert _phase_exposed([(kv, 5e-3)], 10e-3, 0.0, 3e-3) == pytest.approx(2e-3 + c * 3e-3)
 
 
 def test_zero2_under_pipeline_stages_reduce_scatters_every_micro_batch():

@@ -83,7 +83,8 @@ def _collective(
         chunk = numel // n
         out = torch.empty(chunk, device=device, dtype=dtype)
         if dist.get_backend() == "nccl":
-            run = lambda: dist.reduce_scatter(out, list(x[: chunk * n].chunk(n)), group=group)  # noqa: E731
+            # the tensor form, as the executor's reduce-scatters of whole rows run (comm.reduce_scatter)
+            run = lambda: dist.reduce_scatter_tensor(out, x[: chunk * n], group=group)  # noqa: E731
         else:  # gloo: all-reduce and slice, as the executor does
 
             def run():

@@ -196,7 +196,12 @@ def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Te
         return chunks[ax.rank]
     if mesh.nccl:
         out = torch.empty_like(chunks[0])
-        dist.reduce_scatter(out, chunks, group=ax.group)
+        if all(size == 1 for size in t.shape[:dim]) and t.shape[dim] % ax.size == 0:
+            # The chunks lie end to end: NCCL reads the tensor where it is, where the list form has torch
+            # copy the chunks into a buffer of its own first (benchmarks/results/reduce-scatter-forms-*.json)
+            dist.reduce_scatter_tensor(out, t, group=ax.group)
+        else:
+            dist.reduce_scatter(out, chunks, group=ax.group)
         return out
     # gloo has no reduce-scatter: all-reduce and slice (counted as the reduce-scatter it stands for).
     dist.all_reduce(t, group=ax.group)

@@ -129,7 +129,8 @@ def end_comms(ctx, training: bool) -> list[Comm]:
                 phase="bwd",
                 block="logits",
                 what="LM head grad reduce-scatter",
-                overlap="backward",
+                # exposed: the executor waits for it before the layers' backward goes on
+                # (executor/layouts/vocab.py _TSPLogits.backward → comm.ring_weight_grads)
             )
         )
     return out
