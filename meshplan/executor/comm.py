@@ -496,13 +496,14 @@ def ring_shards(mesh: Mesh, own: torch.Tensor, each, axis: str = "tsp") -> None:
 
 
 def ring_weight_grads(mesh: Mesh, own: torch.Tensor, each, axis: str = "tsp") -> torch.Tensor:
-    """The backward of a weight whose shards go round the ring (ring_shards): `each(j, shard)` returns
-    shard j's gradient from this rank's tokens (and may add to the input's gradient meanwhile); the
-    shards' gradients are reduce-scattered onto their owners: this rank's own shard's, shaped as `own`."""
-    grads = torch.zeros(mesh.axis(axis).size, own.numel(), dtype=own.dtype, device=own.device)
+    """The backward of a weight whose shards go round the ring (ring_shards): `each(j, shard, out)` writes
+    shard j's gradient from this rank's tokens into `out` (shaped as `own`: a row of the buffer to be
+    reduce-scattered, every row written once) and may add to the input's gradient meanwhile; the shards'
+    gradients are reduce-scattered onto their owners: this rank's own shard's, shaped as `own`."""
+    grads = torch.empty(mesh.axis(axis).size, own.numel(), dtype=own.dtype, device=own.device)
 
     def fill(j, shard):
-        grads[j] = each(j, shard).flatten()
+        each(j, shard, grads[j].view_as(own))
 
     ring_shards(mesh, own, fill, axis)
     return reduce_scatter(mesh, grads.flatten(), axis, 0).view_as(own)

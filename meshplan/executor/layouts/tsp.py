@@ -152,7 +152,8 @@ class _TSPAttentionFn(torch.autograd.Function):
         lq, lkv, hd = attn.lq, attn.lkv, attn.head_dim
         nq, nkv = lq // hd, lkv // hd
         dxn = torch.zeros_like(xn)
-        grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
+        # Each hop's weight gradients are written straight into their row (every row is: one per shard)
+        grads = torch.empty(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
         d_norms = [torch.zeros_like(w) for w in (q_norm, k_norm)] if norms else [None, None]
 
         def gather(j):
@@ -196,11 +197,12 @@ class _TSPAttentionFn(torch.autograd.Function):
                 d_norms[0] += dqn
                 d_norms[1] += dkn
             dq, dk = dq.flatten(2), dk.flatten(2)
-            # This rank's tokens' share of shard j's weight gradients, and the input's gradient.
-            dwo = torch.einsum("bth,btq->hq", dy, o)
-            dwq, dwk, dwv = (torch.einsum("btn,bth->nh", g, xn) for g in (dq, dk, dv))
+            # This rank's tokens' share of shard j's weight gradients, into row j, and the input's gradient.
+            gq, gk, gv, go = attn.unpack(grads[j])
+            _token_sum(dy, o, go)
+            for g, into in ((dq, gq), (dk, gk), (dv, gv)):
+                _token_sum(g, xn, into)
             dxn += dq @ wq + dk @ wk + dv @ wv
-            grads[j] = torch.cat([dwq.flatten(), dwk.flatten(), dwv.flatten(), dwo.flatten()])
         # Every rank holds partial gradients of all D shards: one reduce-scatter sums each onto its owner.
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
         dw_qkv, dw_o = own[: w_qkv.numel()].view_as(w_qkv), own[w_qkv.numel() :].view_as(w_o)
@@ -216,16 +218,24 @@ def _mlp_hop(xn, w_in, down, gated):
     return p @ down.t(), (h, p)
 
 
-def _mlp_hop_grads(dy, xn, w_in, down, saved, gated):
-    """One shard's input gradient and its weight gradients ([gate; up] or up, down) from this rank's tokens."""
+def _token_sum(a, b, out):
+    """out (m, n) = Σ over the batch and tokens of a (…, m) ⊗ b (…, n) — a weight's gradient from this
+    rank's tokens — written into `out` (a row of the gradients to reduce-scatter: no copy of it made)."""
+    torch.mm(a.reshape(-1, a.shape[-1]).t(), b.reshape(-1, b.shape[-1]), out=out)
+
+
+def _mlp_hop_grads(dy, xn, w_in, down, saved, gated, d_in, d_down):
+    """One shard's input gradient; its weight gradients ([gate; up] or up, down) from this rank's tokens
+    written into d_in and d_down."""
     dp = dy @ down
-    ddown = torch.einsum("bth,btf->hf", dy, saved[-1])
+    _token_sum(dy, saved[-1], d_down)
     if gated:
         dh = swiglu_grad(saved[0], dp)
     else:
         u, _ = saved
         dh = dp * 2 * F.relu(u)
-    return dh @ w_in, torch.einsum("btf,bth->fh", dh, xn), ddown
+    _token_sum(dh, xn, d_in)
+    return dh @ w_in
 
 
 class _TSPMlpFn(torch.autograd.Function):
@@ -264,9 +274,9 @@ class _TSPMlpFn(torch.autograd.Function):
         mesh, ax = ring.mesh, ring.mesh.axis("tsp")
         per_hop = len(saved) // ax.size
         dxn = torch.zeros_like(xn)
-        grads = torch.zeros(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
+        grads = torch.empty(ax.size, packed.numel(), dtype=packed.dtype, device=packed.device)
         # The ring again, in the forward's order: hop k's saved activations go with shard (rank − k) mod
-        # D; its weight gradients (from this rank's tokens) land in row j, reduce-scattered at the end.
+        # D; its weight gradients (from this rank's tokens) are written into row j, reduce-scattered at the end.
         cur = packed
         for hop in range(ax.size):
             reqs = []
@@ -275,9 +285,8 @@ class _TSPMlpFn(torch.autograd.Function):
             j = (ax.rank - hop) % ax.size
             w_in_j, down = _mlp_shard(cur, w_in.shape, w_down.shape)
             kept = saved[per_hop * hop : per_hop * (hop + 1)]
-            dx, dw_in, ddown = _mlp_hop_grads(dy, xn, w_in_j, down, kept, ring.gated)
-            dxn += dx
-            grads[j] = torch.cat([dw_in.flatten(), ddown.flatten()])
+            into = _mlp_shard(grads[j], w_in.shape, w_down.shape)  # row j's views: the gradients land there
+            dxn += _mlp_hop_grads(dy, xn, w_in_j, down, kept, ring.gated, *into)
             for r in reqs:
                 r.wait()
             if hop < ax.size - 1:
@@ -318,10 +327,10 @@ class RingRowsFn(torch.autograd.Function):
         rows = w.shape[0]
         dx = torch.zeros_like(x)
 
-        def grad_of(j, shard):
+        def grad_of(j, shard, out):
             d_j = dout[..., j * rows : (j + 1) * rows]
             dx.add_(d_j @ shard)
-            return d_j.reshape(-1, rows).t() @ x.reshape(-1, x.shape[-1])
+            _token_sum(d_j, x, out)
 
         return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 
@@ -351,10 +360,10 @@ class RingColumnsFn(torch.autograd.Function):
         cols = w.shape[1]
         dx = torch.empty_like(x)
 
-        def grad_of(j, shard):
+        def grad_of(j, shard, out):
             x_j = x[..., j * cols : (j + 1) * cols]
             dx[..., j * cols : (j + 1) * cols] = dout @ shard
-            return dout.reshape(-1, w.shape[0]).t() @ x_j.reshape(-1, cols)
+            _token_sum(dout, x_j, out)
 
         return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 

@@ -110,10 +110,10 @@ class _TSPLogits(torch.autograd.Function):
         dx = torch.empty_like(x)
         c = w.shape[1]
 
-        def grad_of(j, shard):  # shard j's gradient from this rank's tokens
+        def grad_of(j, shard, out):  # shard j's gradient from this rank's tokens, into `out`
             cols = slice(j * c, (j + 1) * c)
             dx[:, cols] = g @ shard
-            return g.t() @ x[:, cols]
+            torch.mm(g.t(), x[:, cols], out=out)
 
         return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 
