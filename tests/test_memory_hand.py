@@ -124,11 +124,20 @@ def test_logits_at_128k_are_design_md_16_8_gb_and_the_gemms_bf16_copy():
     tp = memory_per_gpu(model, Layout(tp=8), 131072, 1)  # vocab-parallel loss
     assert tp.per_gpu_bytes["transient_logits"] == 131072 * 4000 * (4 + 2)
     # TSP's head sums its column shards in fp32: two fp32 copies of the rank's 1/8 of the tokens' logits
-    # (memory-peak-mamba2-130m-tsp2-sp2-h200x2.json), beside the ring's shards and partial gradient
+    # (memory-peak-mamba2-130m-tsp2-sp2-h200x2.json) in forward, beside the ring's two shards; in backward
+    # the loss's fp32 exponentials, the logits' bf16 gradient and the partial gradient of the whole head:
+    # the larger of the two.
     tsp = memory_per_gpu(model, Layout(tsp=8), 131072, 1)
     matrix = 32000 * 4096
-    ring = 2 * matrix / 8 * 2 + matrix * 2  # two shards in bf16, the partial gradient of all in bf16
-    assert tsp.per_gpu_bytes["transient_logits"] == pytest.approx(131072 / 8 * 32000 * (4 + 4) + ring)
+    logits = 131072 / 8 * 32000
+    forward, backward = logits * (4 + 4), logits * (4 + 2) + matrix * 2
+    assert tsp.per_gpu_bytes["transient_logits"] == pytest.approx(max(forward, backward) + 2 * matrix / 8 * 2)
+    # At 4K tokens on 2 ranks the head's gradient outweighs the fp32 copy it replaces: the backward holds more.
+    small = memory_per_gpu(model, Layout(tsp=2), 4096, 1)
+    logits = 4096 / 2 * 32000
+    forward, backward = logits * (4 + 4), logits * (4 + 2) + matrix * 2
+    assert backward > forward
+    assert small.per_gpu_bytes["transient_logits"] == pytest.approx(backward + 2 * matrix / 2 * 2)
 
 
 def test_tsp_in_flight_shards():
@@ -137,10 +146,10 @@ def test_tsp_in_flight_shards():
     # The rank's own packed shard, the shard in use and the one arriving, in bf16.
     r = memory_per_gpu(model, Layout(tsp=8), 16384, 1, MemoryOptions(mode="prefill"))
     assert r.per_gpu_bytes["transient_weight_shards"] == round(3 * mlp_params / 8 * 2)
-    # Training also holds the partial gradients of all 8 shards until their reduce-scatter, and in
-    # backward its own packed copy, one hop's weight gradients and the row they are packed into.
+    # Training also holds the partial gradients of all 8 shards until their reduce-scatter, each hop's
+    # written into its row (the backward's ring holds three shards, as the forward's).
     t = memory_per_gpu(model, Layout(tsp=8), 16384, 1, MemoryOptions())
-    assert t.per_gpu_bytes["transient_weight_shards"] == round(6 * mlp_params / 8 * 2 + mlp_params * 2)
+    assert t.per_gpu_bytes["transient_weight_shards"] == round(3 * mlp_params / 8 * 2 + mlp_params * 2)
     # K/V of the whole sequence for one layer: 2 · 16384 · 4096 · 2 B.
     assert r.per_gpu_bytes["transient_kv_gather"] == 2 * 16384 * 4096 * 2
 

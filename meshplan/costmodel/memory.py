@@ -617,14 +617,16 @@ def _layer_transients(
         weight_shards = max(2 * block - working, block) if opts.mode == "decode" else block
     elif sh.streams_weights:
         shard = largest_streamed / sh.weight_div  # TSP: D shards
-        # The rank's own shard packed for sending, the shard in use and the one arriving.
+        # The rank's own shard packed for sending, the shard in use and the one arriving (the backward's
+        # ring again: its own packed copy, the shard in hand, the next).
         weight_shards = 3 * shard * p_bytes
         if train:
-            # Every rank's partial gradients of all D shards of the block, until their reduce-scatter;
-            # and the backward's own packed copy of its shard, one hop's weight gradients and the row
-            # they are packed into (meshplan/executor/layouts/tsp.py, _TSPMlpFn.backward). Without these
-            # three shards TSP training was under-predicted by 0.28 GiB at D = 4 (memory-peak-4xh200.json).
-            weight_shards += largest_streamed * opts.nbytes("grad_dtype") + 3 * shard * p_bytes
+            # Every rank's partial gradients of all D shards of the block, each hop's written straight
+            # into its row, until their reduce-scatter (meshplan/executor/layouts/tsp.py, _TSPMlpFn.backward).
+            # Until session 24 each hop's gradients and the row they were packed into stood beside these
+            # (three more shards, memory-peak-4xh200.json); without them the whole dense-7b 2-layer tsp=2
+            # step peaks at 6.99 / 9.82 GiB at 4K / 16K (benchmarks/results/s24-h200x2-reduce-scatter/).
+            weight_shards += largest_streamed * opts.nbytes("grad_dtype")
     comm_buffers = 0.0
     if zero == 3:
         comm_buffers = 2 * largest_block / sh.weight_div * p_bytes  # gathered layer + the prefetched next one
@@ -668,9 +670,16 @@ def _logits_transient(
     if sh.streams_weights:
         # TSP's head: its column shards travel the ring (the one in hand and the one arriving), and the
         # backward holds this rank's partial gradient of every shard until the reduce-scatter
-        # (meshplan/executor/layouts/vocab.py, _TSPLogits).
+        # (meshplan/executor/layouts/vocab.py, _TSPLogits) — beside the loss's fp32 exponentials and the
+        # logits' gradient in the activation dtype, not beside the forward's two fp32 copies, which are
+        # gone by then: the phase holds the larger of the two.
         matrix = model.vocab * model.d_model
-        logits += 2 * matrix / sh.weight_div * p_bytes + (matrix * opts.nbytes("grad_dtype") if opts.training else 0.0)
+        ring = 2 * matrix / sh.weight_div * p_bytes
+        if opts.training:
+            one = loss_logits_bytes(model, sh, seq, batch, opts)
+            backward = one * (1 + opts.nbytes("act_dtype") / opts.nbytes("logits_dtype"))
+            logits = max(logits, backward + matrix * opts.nbytes("grad_dtype"))
+        logits += ring
     return logits
 
 
