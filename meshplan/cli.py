@@ -1051,8 +1051,9 @@ def execute(
     cuda_graph: Optional[bool] = typer.Option(
         None,
         "--cuda-graph/--no-cuda-graph",
-        help="Replay the training step as a CUDA graph (no pp, ZeRO, experts or Zamba2); by default "
-        "wherever it can be, and the run file says whether it was.",
+        help="Replay the training step as a CUDA graph (no pp, ZeRO, experts, int8 all-reduce or Zamba2; TSP "
+        "with NCCL_GRAPH_REGISTER=0, which execute sets); by default wherever it can be, and the run file says "
+        "whether it was.",
     ),
     layers_only: bool = typer.Option(
         False,
@@ -1141,8 +1142,9 @@ def execute(
             )
     if cuda_graph:
         from meshplan.executor.graphs import limits as graph_limits
+        from meshplan.executor.graphs import worker_env
 
-        if (reason := graph_limits(lay, spec, mode, device, int8_allreduce)) is not None:
+        if (reason := graph_limits(lay, spec, mode, device, int8_allreduce, env=worker_env(lay))) is not None:
             raise MeshplanError(f"--cuda-graph: this step is not captured ({reason}); drop --cuda-graph")
     if device == "cuda":
         _check_gpus("--device", nproc)

@@ -55,6 +55,39 @@ def test_tsp_is_captured_only_where_nccl_leaves_the_rings_buffers_unregistered(m
     assert graphs.limits(tsp, PRESETS[model], "train", "cuda:0") is None
 
 
+@pytest.mark.parametrize(
+    "conf, expandable",
+    [
+        ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128, Expandable_Segments : True"}, True),
+        ({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, True),  # torch ≥ 2.9's name
+        (
+            {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False", "PYTORCH_ALLOC_CONF": "expandable_segments:True"},
+            False,
+        ),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, False),
+        ({}, False),
+    ],
+)
+def test_the_allocator_settings_are_read_as_torch_reads_them(conf, expandable):
+    assert graphs.expandable_segments(conf) is expandable
+    assert graphs.registers_ring_buffers({**conf, "NCCL_GRAPH_REGISTER": " 0 "}) is False
+    assert graphs.registers_ring_buffers(conf) is expandable
+
+
+def test_the_cli_judges_a_tsp_capture_in_its_workers_environment(monkeypatch):
+    """`meshplan execute --cuda-graph --layout tsp=2` with expandable segments exported: the workers turn
+    registration off before NCCL starts, so the CLI's check (made before any worker runs) passes; a
+    user's own NCCL_GRAPH_REGISTER=1 is kept, and refused in one line."""
+    tsp = parse_layout("tsp=2")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
+    model = PRESETS["dense-7b"]
+    assert graphs.limits(tsp, model, "train", "cuda:0", env=graphs.worker_env(tsp)) is None
+    monkeypatch.setenv("NCCL_GRAPH_REGISTER", "1")
+    reason = graphs.limits(tsp, model, "train", "cuda:0", env=graphs.worker_env(tsp))
+    assert reason is not None and reason.startswith("layout: ")
+
+
 def test_execute_turns_registration_off_for_tsp_alone():
     assert graphs.ring_env(parse_layout("tsp=2")) == {"NCCL_GRAPH_REGISTER": "0"}
     assert graphs.ring_env(parse_layout("dp=2,tsp=2")) == {"NCCL_GRAPH_REGISTER": "0"}

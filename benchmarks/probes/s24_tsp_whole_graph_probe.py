@@ -52,10 +52,10 @@ def ring_shards_by_gather(mesh, own, each, axis="tsp"):
 
 def ring_weight_grads_by_gather(mesh, own, each, axis="tsp"):
     ax = mesh.axis(axis)
-    grads = torch.zeros(ax.size, own.numel(), dtype=own.dtype, device=own.device)
+    grads = torch.empty(ax.size, own.numel(), dtype=own.dtype, device=own.device)
 
     def fill(j, shard):
-        grads[j] = each(j, shard).flatten()
+        each(j, shard, grads[j].view_as(own))  # as comm.ring_weight_grads hands each hop its row
 
     ring_shards_by_gather(mesh, own, fill, axis)
     out = torch.empty(own.numel(), dtype=own.dtype, device=own.device)

@@ -11,7 +11,8 @@ What hides and what does not:
 - DP gradient all-reduces overlap the backward, but for the last-ready weights' (the first block's,
   and the input embedding's), which start as it ends; what is left sticks out, and the hidden part
   slows the backward by GRAD_OVERLAP_CONTENTION of its time (measured). TSP's weight-gradient
-  reduce-scatter is exposed (the executor waits on it at the end of each block's backward).
+  reduce-scatters are exposed (the executor waits on each at the end of a block's backward, and on the
+  LM head's before the layers' backward goes on).
 - Everything else (SP Mamba conv tails and shard summaries, pipeline sends, the loss statistics) is exposed.
 Pipeline: (m + pp − 1) micro-batch slots per step (1F1B). Decode is one token per sequence.
 """
@@ -149,7 +150,8 @@ PAIRED = ("block", "layer")
 # the all-reduces started from the hooks against the same step with the transfers skipped, less the
 # exposed last layer's, three interleaved rounds each): the hidden reductions cost 0.56 and 0.39 (4K
 # tokens), 0.93 and 0.87 (16K) of their own time alone; this is the mean of the four
-# (benchmarks/results/dp-overlap-probe-h200x2.json, "contention").
+# (benchmarks/results/dp-overlap-probe-h200x2.json, "contention"). Applied to every transfer that hides
+# behind a phase's compute (_phase_exposed): the same NCCL kernels beside it.
 GRAD_OVERLAP_CONTENTION = 0.69
 
 
@@ -178,7 +180,9 @@ def _phase_exposed(comms: list[tuple[Comm, float]], compute_s: float, gemm_s: fl
     of K/V gathers behind the GEMMs and attention — slow it by GRAD_OVERLAP_CONTENTION of the time they
     run (their NCCL kernels share the GPU with it: measured on the gradient reductions, the same
     mechanism for any NCCL kernel beside compute; with it the dense tsp=2 16K rows of the 2- and 4-GPU
-    grids moved from +17..+22% to +14..+20%, the 4K rows not at all, nothing else).
+    grids moved from +17..+22% to +14..+20%, the 4K rows not at all, nothing else). Transfers hidden
+    behind another micro-batch's or layer's compute (overlap "compute": pipeline sends, ZeRO-3's
+    prefetched gathers) are not priced here and carry no contention.
 
         phase = serial + max(compute + stream waits + K/V waits + contention, busy time of the stream)
     """

@@ -45,19 +45,39 @@ def ring_env(layout: Layout) -> dict:
     return dict(RING_NCCL_ENV) if layout.tsp > 1 else {}
 
 
+def expandable_segments(env=None) -> bool:
+    """Whether the caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF, else torch ≥ 2.9's
+    PYTORCH_ALLOC_CONF) turn on expandable segments."""
+    env = os.environ if env is None else env
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF") or ""
+    settings = dict(item.partition(":")[::2] for item in conf.split(","))
+    return {k.strip().lower(): v.strip().lower() for k, v in settings.items()}.get("expandable_segments") == "true"
+
+
 def registers_ring_buffers(env=None) -> bool:
     """Whether NCCL would register a captured ring's buffers in expandable segments (the hang above)."""
     env = os.environ if env is None else env
-    expandable = "expandable_segments:true" in env.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
-    return expandable and env.get("NCCL_GRAPH_REGISTER", "1") != "0"
+    return expandable_segments(env) and env.get("NCCL_GRAPH_REGISTER", "1").strip() != "0"
+
+
+def worker_env(layout: Layout, env=None) -> dict:
+    """The environment `meshplan execute`'s workers capture under: the caller's, with ring_env's settings
+    where the caller has none (worker.py sets them so)."""
+    env = dict(os.environ if env is None else env)
+    for key, value in ring_env(layout).items():
+        env.setdefault(key, value)
+    return env
 
 
 class CaptureFailed(RuntimeError):
     """A step asked to be captured could not be: one line naming why and the way out."""
 
 
-def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allreduce: bool = False) -> str | None:
-    """Why a step of `model` under `layout` is not captured as a CUDA graph; None when it is."""
+def limits(
+    layout: Layout, model: ModelSpec, mode: str, device: str, int8_allreduce: bool = False, env=None
+) -> str | None:
+    """Why a step of `model` under `layout` is not captured as a CUDA graph; None when it is. `env`: the
+    environment the step runs in (this process's by default; the CLI passes its workers', worker_env)."""
     if not device.startswith("cuda"):
         return "device: CUDA graphs need a GPU"
     if mode != "train":
@@ -74,7 +94,7 @@ def limits(layout: Layout, model: ModelSpec, mode: str, device: str, int8_allred
         # Zamba2-7B's first 6 layers on one H200 (session 21): the capture was invalidated
         # (cudaErrorStreamCaptureInvalidated), its first failing operation not found
         return f"model: {model.name}'s hybrid step did not capture on an H200 (capture invalidated); it runs eagerly"
-    if layout.tsp > 1 and registers_ring_buffers():
+    if layout.tsp > 1 and registers_ring_buffers(env):
         return (
             f"layout: TSP's ring (tsp={layout.tsp}) hangs a replay while NCCL registers graph buffers in expandable"
             " segments; set NCCL_GRAPH_REGISTER=0 before the process group starts (meshplan execute does)"

@@ -529,6 +529,10 @@ def environment() -> dict:
     import platform
 
     env = {"torch": torch.__version__, "python": platform.python_version()}
+    # the settings a step's capture depends on (executor/graphs.py)
+    for key in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "NCCL_GRAPH_REGISTER"):
+        if key in os.environ:
+            env[key] = os.environ[key]
     if torch.cuda.is_available():
         env.update(
             gpu=torch.cuda.get_device_name(0),
