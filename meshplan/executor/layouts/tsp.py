@@ -62,8 +62,9 @@ def _turn(attn, t, positions, inverse=False):
 
 
 def _start_broadcast(mesh: Mesh, packed: torch.Tensor, owner: int):
-    """Begin broadcasting shard `owner` (this rank's own packed weights if it is the owner)."""
-    w = packed.detach().clone() if owner == mesh.axis("tsp").rank else torch.empty_like(packed)
+    """Begin broadcasting shard `owner`: from this rank's own packed weights if it is the owner (which
+    the broadcast only reads), else into a buffer of their size."""
+    w = packed.detach() if owner == mesh.axis("tsp").rank else torch.empty_like(packed)
     return w, broadcast(mesh, w, "tsp", owner, async_op=True)
 
 

@@ -96,12 +96,20 @@ class _TSPLogits(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, mesh):
-        out = x.new_zeros(x.shape[0], w.shape[0], dtype=torch.promote_types(x.dtype, torch.float32))
         c = w.shape[1]  # the column shards go round the tsp ring, each added in while the next travels
-        ring_shards(mesh, w, lambda j, shard: out.add_(x[:, j * c : (j + 1) * c] @ shard.t()))
+        summed = []  # the fp32 sum: the first shard's product converted, the others added in
+
+        def add(j, shard):
+            part = x[:, j * c : (j + 1) * c] @ shard.t()
+            if summed:
+                summed[0].add_(part)
+            else:
+                summed.append(part.to(torch.promote_types(x.dtype, torch.float32)))
+
+        ring_shards(mesh, w, add)
         ctx.mesh = mesh
         ctx.save_for_backward(x, w)
-        return out
+        return summed[0]
 
     @staticmethod
     def backward(ctx, grad):
@@ -152,7 +160,7 @@ class ParallelEmbedding(Sharded):
         if self.columns:
             b = tokens.shape[0]
             shards = [tokens if decode else tokens[:, p] for p in self.all_positions]
-            parts = torch.stack([F.embedding(t, self.weight) for t in shards])  # (D, b, t, h/D)
+            parts = F.embedding(torch.stack(shards), self.weight)  # (D, b, t, h/D): one lookup, one gradient
             got = AllToAll.apply(parts, self.mesh, "tsp")  # row j: rank j's columns of this rank's tokens
             return got.permute(1, 2, 0, 3).reshape(b, got.shape[2], -1)
         mine = tokens if decode else tokens[:, self.positions]
