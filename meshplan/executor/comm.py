@@ -198,7 +198,7 @@ def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Te
         out = torch.empty_like(chunks[0])
         if all(size == 1 for size in t.shape[:dim]) and t.shape[dim] % ax.size == 0:
             # The chunks lie end to end: NCCL reads the tensor where it is, where the list form has torch
-            # copy the chunks into a buffer of its own first (benchmarks/results/reduce-scatter-forms-*.json)
+            # copy the chunks into a buffer of its own first (benchmarks/results/s24-h200x2-reduce-scatter/)
             dist.reduce_scatter_tensor(out, t, group=ax.group)
         else:
             dist.reduce_scatter(out, chunks, group=ax.group)

@@ -61,8 +61,8 @@ def registers_ring_buffers(env=None) -> bool:
 
 
 def worker_env(layout: Layout, env=None) -> dict:
-    """The environment `meshplan execute`'s workers capture under: the caller's, with ring_env's settings
-    where the caller has none (worker.py sets them so)."""
+    """The environment `meshplan execute`'s workers capture under (worker.py puts it in place before NCCL
+    starts; the CLI judges a capture by it): the caller's, with ring_env's settings where the caller has none."""
     env = dict(os.environ if env is None else env)
     for key, value in ring_env(layout).items():
         env.setdefault(key, value)

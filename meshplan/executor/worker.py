@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.executor.comm import build_mesh
-from meshplan.executor.graphs import CaptureFailed, ring_env
+from meshplan.executor.graphs import CaptureFailed, worker_env
 from meshplan.executor.model import tokens_from_file
 from meshplan.executor.run import combine_ranks, environment, measure, use_expandable_segments
 from meshplan.executor.runspec import RunSpec
@@ -57,8 +57,7 @@ def main(spec_path: str) -> int:
         raise SystemExit(f"error: {reason}")
     if spec.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        for key, value in ring_env(layout).items():  # read by NCCL as it starts: TSP's rings in a CUDA graph
-            os.environ.setdefault(key, value)
+        os.environ.update(worker_env(layout))  # read by NCCL as it starts: TSP's rings in a CUDA graph
     dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", timeout=timedelta(seconds=spec.timeout))
     rank = dist.get_rank()
     mesh = build_mesh(layout)

@@ -110,6 +110,12 @@ class Sublayer(Sharded):
         """After a prefill, give every rank the state decode continues from (nothing by default)."""
 
 
+def token_sum(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """out (m, n) = Σ over the batch and tokens of a (…, m) ⊗ b (…, n) — a weight's gradient from this
+    rank's tokens — written into `out` (a row of the gradients to reduce-scatter: no copy of it made)."""
+    torch.mm(a.reshape(-1, a.shape[-1]).t(), b.reshape(-1, b.shape[-1]), out=out)
+
+
 def contiguous_tokens(seq: int, parts: int, index: int) -> torch.Tensor:
     """Positions of shard `index` when the sequence is cut into `parts` contiguous pieces."""
     n = seq // parts

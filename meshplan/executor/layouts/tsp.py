@@ -41,6 +41,7 @@ from meshplan.executor.layouts.common import (
     combine_partials,
     contiguous_tokens,
     partial_attention,
+    token_sum,
     zigzag_tokens,
 )
 from meshplan.executor.layouts.splits import attention_splits, mlp_splits
@@ -200,9 +201,9 @@ class _TSPAttentionFn(torch.autograd.Function):
             dq, dk = dq.flatten(2), dk.flatten(2)
             # This rank's tokens' share of shard j's weight gradients, into row j, and the input's gradient.
             gq, gk, gv, go = attn.unpack(grads[j])
-            _token_sum(dy, o, go)
+            token_sum(dy, o, go)
             for g, into in ((dq, gq), (dk, gk), (dv, gv)):
-                _token_sum(g, xn, into)
+                token_sum(g, xn, into)
             dxn += dq @ wq + dk @ wk + dv @ wv
         # Every rank holds partial gradients of all D shards: one reduce-scatter sums each onto its owner.
         own = reduce_scatter(mesh, grads.flatten(), "tsp", 0)
@@ -219,23 +220,17 @@ def _mlp_hop(xn, w_in, down, gated):
     return p @ down.t(), (h, p)
 
 
-def _token_sum(a, b, out):
-    """out (m, n) = Σ over the batch and tokens of a (…, m) ⊗ b (…, n) — a weight's gradient from this
-    rank's tokens — written into `out` (a row of the gradients to reduce-scatter: no copy of it made)."""
-    torch.mm(a.reshape(-1, a.shape[-1]).t(), b.reshape(-1, b.shape[-1]), out=out)
-
-
 def _mlp_hop_grads(dy, xn, w_in, down, saved, gated, d_in, d_down):
     """One shard's input gradient; its weight gradients ([gate; up] or up, down) from this rank's tokens
     written into d_in and d_down."""
     dp = dy @ down
-    _token_sum(dy, saved[-1], d_down)
+    token_sum(dy, saved[-1], d_down)
     if gated:
         dh = swiglu_grad(saved[0], dp)
     else:
         u, _ = saved
         dh = dp * 2 * F.relu(u)
-    _token_sum(dh, xn, d_in)
+    token_sum(dh, xn, d_in)
     return dh @ w_in
 
 
@@ -331,7 +326,7 @@ class RingRowsFn(torch.autograd.Function):
         def grad_of(j, shard, out):
             d_j = dout[..., j * rows : (j + 1) * rows]
             dx.add_(d_j @ shard)
-            _token_sum(d_j, x, out)
+            token_sum(d_j, x, out)
 
         return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 
@@ -364,7 +359,7 @@ class RingColumnsFn(torch.autograd.Function):
         def grad_of(j, shard, out):
             x_j = x[..., j * cols : (j + 1) * cols]
             dx[..., j * cols : (j + 1) * cols] = dout @ shard
-            _token_sum(dout, x_j, out)
+            token_sum(dout, x_j, out)
 
         return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 

@@ -35,7 +35,7 @@ from meshplan.executor.comm import (
     ring_shards,
     ring_weight_grads,
 )
-from meshplan.executor.layouts.common import Sharded
+from meshplan.executor.layouts.common import Sharded, token_sum
 from meshplan.executor.layouts.splits import vocab_split
 from meshplan.executor.model import OutputHead, TokenEmbedding
 
@@ -121,7 +121,7 @@ class _TSPLogits(torch.autograd.Function):
         def grad_of(j, shard, out):  # shard j's gradient from this rank's tokens, into `out`
             cols = slice(j * c, (j + 1) * c)
             dx[:, cols] = g @ shard
-            torch.mm(g.t(), x[:, cols], out=out)
+            token_sum(g, x[:, cols], out)
 
         return dx, ring_weight_grads(ctx.mesh, w, grad_of), None
 
