@@ -8,7 +8,9 @@ W_1 (gate), W_3 (up), W_2 (down) nn.Linear weights, RMSNorm, rotate-half rotary,
 through the same MixedAdam, so a difference is the layers'.
 - case dense-2layer-train (rank 0's GPU): torch-eager, torch-eager-cudnn (eager, SDPA on its default
   backend / cuDNN first); torch-compile, torch-compile-cudnn (each layer torch.compile'd, torchtitan's
-  apply_compile per TransformerBlock), likewise.
+  apply_compile per TransformerBlock), likewise; torch-compile-graphs, each layer compiled with
+  mode="reduce-overhead" (the mode that may replay CUDA graphs; on an H100 lease it timed as the default
+  mode did, 29.25 against 29.28 ms at 4K: benchmarks/results/peers-h100-s25.json).
 - case dense-2layer-train-tp2 (ranks 0 and 1): meshplan's tp=2 against the peer layers under DTensor TP
   as torchtitan's apply_tp places them (ColwiseParallel on W_Q, W_K, W_V, W_1, W_3; RowwiseParallel on
   W_O, W_2; no sequence parallelism, as meshplan's tp=2 has none): dtensor-tp, dtensor-tp-compile.
@@ -19,10 +21,14 @@ against mamba_ssm's own Triton kernels (peer mamba_ssm; benchmarks/peers_mamba.p
 - case ssd-scan-fwd-bwd: the SSD scan of one sequence, forward + backward, as each library's block calls
   it (meshplan: dt's bias and softplus in fp32 torch, then its Triton scan; mamba_ssm:
   mamba_chunk_scan_combined with dt_bias and dt_softplus=True), from the same bf16 x, B, C, raw dt;
+  on the GPU both sides are timed as the replay of their forward + backward captured as a CUDA graph
+  (meshplan_ms, peer_ms, "timing": "cuda-graph": the GPU's time) and call by call (meshplan_call_ms,
+  peer_call_ms: the host issuing each call sets the pace at 4K and moves with the lease's CPU);
 - case mamba2-block-train: the 2-layer Mamba-2 stack's training step, shaped as the dense case (forward,
   backward, MixedAdam on random hidden states; meshplan's through run.measure), the peer being
   meshplan's Mamba2Block composed from mamba_ssm's pieces as its Mamba2 module runs without
-  causal_conv1d (peers_mamba.PeerMamba2Block), with meshplan's weights.
+  causal_conv1d (peers_mamba.PeerMamba2Block), with meshplan's weights; peer mamba_ssm launches its step
+  call by call, peer mamba_ssm-graph replays it as a CUDA graph, as meshplan's own step is replayed.
 Before timing, each Mamba pair runs once on the same inputs: the record holds each compared tensor's
 norm-relative error (output, gradients), the largest (max_rel_err) and `agrees` (all within
 peers_mamba.AGREE_REL_ERR). Without benchmarks/third_party/mamba_ssm (python
@@ -79,9 +85,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import peers_mamba  # noqa: E402 (the Mamba-2 peers beside this script)
 
 SEQS = (4096, 16384)
-SINGLE_PEERS = ("torch-eager", "torch-eager-cudnn", "torch-compile", "torch-compile-cudnn")
+SINGLE_PEERS = ("torch-eager", "torch-eager-cudnn", "torch-compile", "torch-compile-cudnn", "torch-compile-graphs")
 TP_PEERS = ("dtensor-tp", "dtensor-tp-compile")
-MAMBA_PEERS = (peers_mamba.PEER,)
+MAMBA_PEERS = (peers_mamba.PEER, peers_mamba.PEER + "-graph")
 DENSE_CASE, TP_CASE = "dense-2layer-train", "dense-2layer-train-tp2"
 SCAN_CASE, BLOCK_CASE = "ssd-scan-fwd-bwd", "mamba2-block-train"
 MAMBA_CHUNKS = (256, SSD_CHUNK)  # mamba_ssm's Mamba2 default chunk_size, and meshplan's
@@ -157,17 +163,18 @@ def apply_tp(layers: nn.ModuleList, tp_mesh) -> None:
         parallelize_module(layer, tp_mesh, plan)
 
 
-def peer_step_ms(layers: nn.ModuleList, seq: int, hidden: int, *, compiled: bool, cudnn: bool, args) -> float:
-    """Median ms of the peers' training step: forward, backward from a fixed gradient, MixedAdam."""
+def peer_step(layers: nn.ModuleList, seq: int, hidden: int, *, compiled: bool | str, args):
+    """The peers' training step: forward, backward from a fixed gradient, MixedAdam (`compiled`: each
+    layer torch.compile'd, in that mode where it is a string)."""
     device, dtype = args.device, args.dtype
     if compiled:
+        mode = compiled if isinstance(compiled, str) else None
         for i, layer in enumerate(layers):
-            layers[i] = torch.compile(layer)
+            layers[i] = torch.compile(layer, mode=mode)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(1, seq, hidden, device=device, dtype=dtype, generator=gen, requires_grad=True)
     dy = torch.randn(x.shape, device=device, dtype=dtype, generator=gen)
     opt = MixedAdam(layers.parameters())
-    prefer = sdpa_kernel(CUDNN_FIRST, set_priority=True) if cudnn else nullcontext()
 
     def step():
         h = x
@@ -178,8 +185,32 @@ def peer_step_ms(layers: nn.ModuleList, seq: int, hidden: int, *, compiled: bool
         opt.zero_grad()
         x.grad = None
 
+    return step
+
+
+def peer_step_ms(
+    layers: nn.ModuleList, seq: int, hidden: int, *, compiled: bool | str, cudnn: bool, args, graph: bool = False
+) -> float:
+    """Median ms of the peers' training step (peer_step); with `graph`, of its replay as a CUDA graph."""
+    step = peer_step(layers, seq, hidden, compiled=compiled, args=args)
+    prefer = sdpa_kernel(CUDNN_FIRST, set_priority=True) if cudnn else nullcontext()
     with prefer:
-        return median_ms(step, args)  # compilation happens in the warm-up
+        return graph_replay_ms(step, args) if graph else median_ms(step, args)  # compilation in the warm-up
+
+
+def graph_replay_ms(step, args) -> float:
+    """Median ms of one replay of `step` captured as a CUDA graph — the GPU's time, with no host issuing
+    kernels in it — after --warmup calls on a side stream (where Triton autotunes), over --steps replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(args.warmup, 1)):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return median_ms(graph.replay, args)
 
 
 def median_ms(step, args) -> float:
@@ -223,9 +254,8 @@ def single_gpu_cases(model: ModelSpec, seq: int, args) -> list[dict]:
             if peer not in SINGLE_PEERS:
                 continue
             layers = peer_layers(model, args.device, args.dtype)
-            ms = peer_step_ms(
-                layers, seq, model.d_model, compiled="compile" in peer, cudnn=peer.endswith("cudnn"), args=args
-            )
+            compiled = "reduce-overhead" if peer == "torch-compile-graphs" else "compile" in peer
+            ms = peer_step_ms(layers, seq, model.d_model, compiled=compiled, cudnn=peer.endswith("cudnn"), args=args)
             records.append({"case": DENSE_CASE, "gpus": 1, "seq": seq, **mine, "peer": peer, "peer_ms": ms})
             del layers
             _empty(args.device)
@@ -266,9 +296,13 @@ def mamba_cases(model: ModelSpec, seq: int, args) -> list[dict]:
             refs = peers_mamba.reference_blocks(model, args.device, args.dtype)
             layers = peers_mamba.peer_blocks(model, args.mamba, chunk, refs)
             del refs
-            ms = peer_step_ms(layers, seq, model.d_model, compiled=False, cudnn=False, args=args)
-            records.append(_mamba_record(BLOCK_CASE, seq, mine["meshplan_ms"], ms, chunk, check, layers=model.layers))
-            records[-1].update(mine)
+            for peer in (p for p in MAMBA_PEERS if p in args.peers):
+                graph = peer.endswith("-graph")
+                if graph and args.device != "cuda":
+                    continue
+                ms = peer_step_ms(layers, seq, model.d_model, compiled=False, cudnn=False, args=args, graph=graph)
+                record = _mamba_record(BLOCK_CASE, seq, mine["meshplan_ms"], ms, chunk, check, layers=model.layers)
+                records.append({**record, **mine, "peer": peer})
             del layers
             _empty(args.device)
     dist.barrier()
@@ -281,15 +315,25 @@ def scan_records(m, seq: int, args) -> list[dict]:
     gen = torch.Generator(device=args.device).manual_seed(1)
     dy = torch.randn(leaves[0].shape, device=args.device, generator=gen).to(args.dtype)
 
-    def scan_ms(fn) -> float:
-        return median_ms(lambda: peers_mamba.forward_backward(fn, leaves, dy), args)
+    def scan_ms(fn) -> tuple[float, float]:
+        """(ms of one call, with the host issuing it; ms of its replay as a CUDA graph, the GPU's alone)."""
+        call = lambda: peers_mamba.forward_backward(fn, leaves, dy)  # noqa: E731
+        return median_ms(call, args), graph_replay_ms(call, args) if args.device == "cuda" else float("nan")
 
-    mine = scan_ms(peers_mamba.meshplan_scan)
+    mine_call, mine = scan_ms(peers_mamba.meshplan_scan)
     records = []
     for chunk in args.mamba_chunks:
         check = peers_mamba.scan_errors(m, seq, args.mamba, chunk, args.device, args.dtype)
-        ms = scan_ms(peers_mamba.peer_scan(args.mamba, chunk))
-        records.append(_mamba_record(SCAN_CASE, seq, mine, ms, chunk, check, heads=m.nheads))
+        peer_call, peer = scan_ms(peers_mamba.peer_scan(args.mamba, chunk))
+        # The kernels' comparison is the GPU's time: issued call by call, each side's host (Python, autograd,
+        # Triton's launches: 1.6-2.3 ms for meshplan, 3.6-5.8 for mamba_ssm on an H100 lease,
+        # benchmarks/results/s25-h100-scan/scan-gpu-time-h100.json) sets the pace at 4K and moves with the lease's CPU.
+        if args.device == "cuda":
+            times = {"meshplan_ms": mine, "peer_ms": peer, "timing": "cuda-graph"}
+        else:
+            times = {"meshplan_ms": mine_call, "peer_ms": peer_call, "timing": "call"}
+        record = _mamba_record(SCAN_CASE, seq, mine, peer, chunk, check, heads=m.nheads)
+        records.append({**record, **times, "meshplan_call_ms": mine_call, "peer_call_ms": peer_call})
     _empty(args.device)
     return records
 
@@ -337,9 +381,11 @@ COLUMNS = {
     "torch-eager-cudnn": "eager, cuDNN attention",
     "torch-compile": "torch.compile",
     "torch-compile-cudnn": "compile, cuDNN attention",
+    "torch-compile-graphs": "compile, reduce-overhead",
     "dtensor-tp": "DTensor TP",
     "dtensor-tp-compile": "DTensor TP compiled",
     peers_mamba.PEER: "mamba_ssm",
+    peers_mamba.PEER + "-graph": "mamba_ssm graphed",
 }
 
 
@@ -416,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model, seqs = replace(PRESETS["dense-7b"], layers=2), args.seqs or list(SEQS)
         mamba_model = replace(PRESETS["mamba2-2.7b"], layers=2)
-    args.mamba = peers_mamba.load(cpu=not cuda) if peers_mamba.PEER in args.peers else "not among --peers"
+    wants_mamba = any(p.startswith(peers_mamba.PEER) for p in args.peers)
+    args.mamba = peers_mamba.load(cpu=not cuda) if wants_mamba else "not among --peers"
     if isinstance(args.mamba, str) and dist.get_rank() == 0:
         print(f"Mamba-2 cases skipped: {args.mamba}", flush=True)
     records: list[dict] = []

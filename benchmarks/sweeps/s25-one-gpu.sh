@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Session 25 on one H100: the scan's GPU time against its call time (benchmarks/probes/s25_scan_gpu_time.py),
+# then benchmarks/peers.py with the scan case timed as CUDA-graph replays on both sides, the graphed
+# mamba_ssm block and torch.compile's CUDA-graph mode as peers (mamba_ssm vendored by
+# python benchmarks/vendor_mamba_ssm.py; carry benchmarks/third_party).
+#   bash benchmarks/sweeps/s25-one-gpu.sh
+set -u
+export PYTHONPATH=$PWD
+t() { local s=$SECONDS; "$@" 2>&1 | grep -v -e '^W1' -e 'OMP_NUM_THREADS' -e 'Warning' -e 'warn' -e 'return func'; echo "[$(( SECONDS - s )) s] $*"; }
+t timeout 540 torchrun --nproc-per-node 1 benchmarks/peers.py --out "$OUT/peers-h100.json"
