@@ -29,6 +29,7 @@ default these count as those kernels' nominal bytes ("triton:..." ops), the refe
 from __future__ import annotations
 
 import argparse
+import inspect
 import linecache
 import os
 import re
@@ -354,9 +355,9 @@ def _patched(gpu_kernels: bool):
             setattr(owner, name, value)
 
 
-def _rank(rank: int, world: int, seq: int, gpu_kernels: bool) -> dict:
+def _rank(rank: int, world: int, seq: int, gpu_kernels: bool, model=None) -> dict:
     """One counted training forward, backward and gradient sync on this rank, as run.measure's eager step
-    runs them (no optimizer step)."""
+    runs them (no optimizer step): of `model` (dense-7b at 2 layers in bf16 by default) under tsp=`world`."""
     global COUNT
     from meshplan.executor.comm import build_mesh
     from meshplan.executor.parallelize import GradientSync, keep_caches, run_layers
@@ -364,8 +365,9 @@ def _rank(rank: int, world: int, seq: int, gpu_kernels: bool) -> dict:
     from meshplan.layout import parse_layout
     from meshplan.models import PRESETS
 
-    model = replace(PRESETS["dense-7b"], layers=2, name="dense-7b/2L", param_dtype="bf16")
-    mesh = build_mesh(parse_layout("tsp=2"))
+    if model is None:
+        model = replace(PRESETS["dense-7b"], layers=2, name="dense-7b/2L", param_dtype="bf16")
+    mesh = build_mesh(parse_layout(f"tsp={world}"))
     t0 = time.perf_counter()
     layers = _build(model, mesh, seq, "cpu", whole=True, int8_allreduce=False, checkpoint=None)
     built_s = time.perf_counter() - t0
@@ -399,6 +401,35 @@ def _rank(rank: int, world: int, seq: int, gpu_kernels: bool) -> dict:
     }
 
 
+def _lines(obj) -> tuple[str, range]:
+    """The repository path and line range of a class's or function's source."""
+    lines, start = inspect.getsourcelines(obj)
+    return os.path.relpath(inspect.getsourcefile(obj), ROOT), range(start, start + len(lines))
+
+
+def tsp_motion(r: dict) -> dict[str, float]:
+    """A rank's counted bytes that costmodel/axes/tsp.py prices as TSP's motion, by phase: "layers" — the
+    torch ops of executor/layouts/tsp.py's attention and MLP Functions (not their Triton kernels, nor the
+    autograd nodes of the norms before them) and the copies comm.all_gather_start makes of the K/V slices
+    they gather; "head" — _TSPLogits's (executor/layouts/vocab.py)."""
+    from meshplan.executor import comm
+    from meshplan.executor.layouts import tsp, vocab
+
+    layers = [_lines(tsp._TSPAttentionFn), _lines(tsp._TSPMlpFn), _lines(comm.all_gather_start)]
+    head = [_lines(vocab._TSPLogits)]
+    out = {f"{part} {phase}": 0.0 for part in ("layers", "head") for phase in ("forward", "backward")}
+    for (phase, source, op), nbytes in r["bytes"].items():
+        m = re.match(r"(\S+):(\d+) ", source)
+        tagged = re.search(r" <[A-Z_][^>]*>$", source)  # an autograd node's op: the norms', the residual's
+        if not m or tagged or op.startswith("triton:") or phase not in ("forward", "backward"):
+            continue
+        path, line = m.group(1), int(m.group(2))
+        for part, spans in (("layers", layers), ("head", head)):
+            if any(path == p and line in span for p, span in spans):
+                out[f"{part} {phase}"] += nbytes
+    return out
+
+
 def _code(source: str) -> str:
     """The text of a "path:line fn" source's line."""
     m = re.match(r"(\S+):(\d+) ", source)
@@ -418,6 +449,8 @@ def _report(r: dict, rank: int, top: int) -> None:
     print(f"\n== rank {rank}: {total / 1e9:.3f} GB in {calls} counted ops = {total / HBM_BYTES_PER_S * 1e3:.3f} ms at "
           f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s; gemm/attention (stubbed, not in the total): {gemm / 1e9:.3f} GB "
           f"in {sum(r['stub_calls'].values())} calls")  # fmt: skip
+    motion = ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in tsp_motion(r).items())
+    print(f"   of which TSP's motion as costmodel/axes/tsp.py prices it: {motion}")
     by_phase = defaultdict(float)
     by_op = defaultdict(float)
     op_calls = defaultdict(int)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from meshplan.costmodel.axes import Sharding
+from meshplan.costmodel.axes import Sharding, tsp
 from meshplan.costmodel.blocks import BLOCKS, BlockCompute
 from meshplan.costmodel.device import Device, gemm_time_s
 from meshplan.models import ModelSpec
@@ -51,6 +51,9 @@ def block_compute(
     mem = busy * b.memory_bound_bytes_per_token(model, sh.head_div, e) * passes / dev.rated_hbm
     kernel_fwd, kernel_bwd = b.kernels_s(model, tokens, sh, e, dev, row_tokens)
     motion_fwd, motion_bwd = b.shard_motion_s(model, busy, sh, e, dev, zigzag=zigzag)
+    if sh.streams_weights and dev.tsp_motion:  # TSP's packing, partial sums and concatenations, at the rated rate
+        fwd_bytes, bwd_bytes = tsp.motion_bytes(model, kind, busy, sh.weight_div, e)
+        motion_fwd, motion_bwd = motion_fwd + fwd_bytes / dev.rated_hbm, motion_bwd + bwd_bytes / dev.rated_hbm
     cast_fwd = cast_bwd = 0.0
     if dev.precision != "bf16":  # Transformer Engine's quantize kernels around the FP8 GEMMs
         fwd_bytes, bwd_bytes = b.fp8_cast_bytes_per_token(model, sh.head_div, dev.fp8_current_scaling)
@@ -84,7 +87,13 @@ def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: D
     gemm = gemm_time_s(tokens, vocab, model.d_model, e, dev)
     # softmax / cross-entropy over the fp32 logits: read and write them twice.
     mem = tokens * vocab * 4 * 4 / dev.hbm_bytes_per_s
-    return BlockCompute(gemm, 0.0, mem, 0.0, 2 * tokens * vocab * model.d_model)
+    motion_fwd = motion_bwd = 0.0
+    if sh.streams_weights and dev.tsp_motion:  # TSP's logits summed in fp32 over the head's column shards
+        fwd_bytes, bwd_bytes = tsp.head_motion_bytes(model, tokens, sh.weight_div, e)
+        motion_fwd, motion_bwd = fwd_bytes / dev.rated_hbm, bwd_bytes / dev.rated_hbm
+    return BlockCompute(
+        gemm, 0.0, mem, 0.0, 2 * tokens * vocab * model.d_model, motion_fwd_s=motion_fwd, motion_bwd_s=motion_bwd
+    )
 
 
 def optimizer_time_s(

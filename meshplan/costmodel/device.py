@@ -143,6 +143,8 @@ class Device:
     sequence_attention_recompute: bool = True
     # Zigzag sequence shards move the gathered K/V around their attention kernels (Stack.zigzag_motion)
     zigzag_motion: bool = True
+    # TSP's torch-op data motion around its GEMMs (Stack.tsp_motion)
+    tsp_motion: bool = True
     # Where the rates are borrowed (meshplan.hardware.rates): the note a prediction prints; "" when the
     # table or a calibration has this GPU's own.
     rates_note: str = ""
@@ -192,7 +194,7 @@ class Device:
         )
         rates, note = hardware.rates(cluster.gpu.name, stack.name if stack is not None else "meshplan")
         if stack is not None:
-            dev = replace(dev, zigzag_motion=stack.zigzag_motion)
+            dev = replace(dev, zigzag_motion=stack.zigzag_motion, tsp_motion=stack.tsp_motion)
         if stack is not None and stack.elementwise_factor is not None:
             dev = replace(
                 dev,

@@ -77,6 +77,10 @@ class Stack:
     # their attention kernels (meshplan's executor: blocks.attention.zigzag_motion_bytes); fused stacks
     # attend the gathered keys in place (Transformer Engine's context-parallel attention)
     zigzag_motion: bool = False
+    # TSP packs its weight shards, sums the shards' partial outputs and input gradients, concatenates the
+    # saved per-shard tensors and sums its LM head's fp32 logits shard by shard in torch ops (meshplan's
+    # executor: axes.tsp.motion_bytes, head_motion_bytes); a stack without a TSP executor is priced without them
+    tsp_motion: bool = False
     # ZeRO shards over the sequence ranks too (Megatron's distributed optimizer over its data-parallel
     # group with context parallelism, dp × cp); meshplan's executor shards over dp only.
     zero_over_sequence: bool = False
@@ -291,6 +295,7 @@ STACKS: dict[str, Stack] = {
         elementwise_factor=None,
         flash_attention=True,
         zigzag_motion=True,
+        tsp_motion=True,
         tp_overlap=False,
         grad_overlap=True,
         zero3_prefetch=False,

@@ -158,3 +158,53 @@ def step_comms(ctx, embeddings: bool) -> list[Comm]:
 
 def decode_comms(ctx, kind: str) -> list[Comm]:
     return sp.decode_comms(ctx, kind, axis="tsp")
+
+
+def motion_bytes(model, kind: str, tokens: float, d: int, e: int) -> tuple[float, float]:
+    """(forward, backward) bytes meshplan's executor moves around one TSP block's GEMMs and attention on a
+    rank with `tokens` local tokens, beyond what the block's own elementwise work (its memory-bound bytes)
+    and the zigzag reorder (blocks.attention.zigzag_motion_bytes) move: as benchmarks/tsp_bytes.py counts
+    executor/layouts/tsp.py's ops (tests hold the two equal). W = the rank's packed weight shard
+    (streamed_block_params / D, e bytes each), X = tokens · hidden · e.
+    - Attention: the shard packed (torch.cat, read and written: 2W) forward and again backward; forward,
+      the D shards' partial outputs summed (D − 1 adds, 3X each) and the saved q, outputs, K and V
+      concatenated over the shards (2 · tokens · (2·q + 2·kv) · e; with query/key norms their inputs
+      and fp32 rstd too); backward, the input gradient zero-filled (X) and each hop's three products added into it
+      (9X a hop), and each hop's slice of the saved K and V made contiguous for its gather (2 · tokens ·
+      kv · e over the hops, K and V), and the query/key norm scales' gradients zero-filled and summed over
+      the hops.
+    - Gated (or squared-ReLU) MLP: 2W forward and backward; forward D − 1 adds (3X each); backward the
+      zero fill (X) and one add a hop (3X).
+    Other kinds (Mamba blocks, whose TSP executor gathers the whole shard; experts): 0."""
+    if d <= 1 or kind not in ("attention", "mlp"):
+        return 0.0, 0.0
+    shard = streamed_block_params(model, kind) / d * e
+    x = tokens * model.d_model * e
+    fwd = bwd = 2 * shard
+    fwd += 3 * (d - 1) * x
+    bwd += x
+    if kind == "mlp":
+        return fwd, bwd + 3 * d * x
+    a = model.attention
+    fwd += 2 * tokens * (2 * a.q_width + 2 * a.kv_width) * e
+    if a.qk_norm:  # the norms' inputs and their fp32 rstd a head, concatenated over the shards
+        fwd += 2 * tokens * ((a.q_width + a.kv_width) * e + (a.heads + a.kv_heads) * 4)
+    bwd += 9 * d * x + 2 * tokens * 2 * a.kv_width * e
+    if a.qk_norm:  # the norm scales' gradients: zero-filled, each hop's added in
+        bwd += (1 + 3 * d) * a.qk_norm * e
+    return fwd, bwd
+
+
+def head_motion_bytes(model, tokens: float, d: int, e: int) -> tuple[float, float]:
+    """(forward, backward) bytes TSP's LM head moves beyond the cross-entropy over fp32 logits that
+    compute.logits_compute prices (48 bytes a logit: executor/layouts/vocab.py _VocabParallelCE), as
+    tsp_bytes.py counts _TSPLogits: forward, the first shard's product converted to fp32 (read e, write 4
+    bytes a logit) and each later one added in (read 4 + e, write 4); backward, the logits' gradient cast to
+    e (read 4, write e) and each hop's input-gradient columns copied into place (tokens · hidden · e, read
+    and written)."""
+    if d <= 1:
+        return 0.0, 0.0
+    logits = tokens * model.vocab
+    fwd = logits * ((e + 4) + (d - 1) * (8 + e))
+    bwd = logits * (4 + e) + 2 * tokens * model.d_model * e
+    return fwd, bwd
