@@ -403,9 +403,14 @@ def _peer_label(r: dict) -> str:
     return f"{r['peer']}, chunk {r['peer_chunk']}" if "peer_chunk" in r else r["peer"]
 
 
+def _ms(ms: float) -> str:
+    return f"{ms:.{1 if ms >= 10 else 2}f} ms"
+
+
 def markdown(paths: list[str]) -> str:
-    """README's table of results files: a row per case, GPUs and sequence, meshplan's time and each peer's
-    time over it (×; "differs" where the pair's check failed), then the files it came from."""
+    """README's table of results files: a row per case, GPUs and sequence, meshplan's time (and, where its
+    step was replayed as a CUDA graph, the same step launched eagerly) and each peer's time over it (×;
+    "differs" where the pair's check failed), then the files it came from."""
     rows: dict[tuple, dict] = {}
     columns: dict[str, str] = {}
     for path in paths:
@@ -414,13 +419,15 @@ def markdown(paths: list[str]) -> str:
         gpu = gpu.group(1) if gpu else run.get("gpu") or "CPU"
         for r in map(normalized, run["records"]):
             row = rows.setdefault((r["case"], f"{r['gpus']} × {gpu}", r["seq"]), {"meshplan": r["meshplan_ms"]})
+            if r.get("meshplan_eager_ms"):
+                row["eager"] = r["meshplan_eager_ms"]
             label = _peer_label(r)
             row[label] = f"{r['peer_ms'] / r['meshplan_ms']:.2f}×" + ("" if r.get("agrees", True) else " differs")
             columns[label] = COLUMNS.get(r["peer"], r["peer"]) + label[len(r["peer"]) :]
     order = [c for p in COLUMNS for c in columns if c == p or c.startswith(p + ", ")]
     order += [c for c in columns if c not in order]
-    lines = ["| case | GPUs | seq | meshplan | " + " | ".join(columns[c] for c in order) + " |"]
-    lines.append("|---|---|---:|---:|" + "---:|" * len(order))
+    lines = ["| case | GPUs | seq | meshplan | meshplan eager | " + " | ".join(columns[c] for c in order) + " |"]
+    lines.append("|---|---|---:|---:|---:|" + "---:|" * len(order))
     cases = (DENSE_CASE, TP_CASE, SCAN_CASE, BLOCK_CASE)
     ordered = sorted(rows.items(), key=lambda kv: (cases.index(kv[0][0]) if kv[0][0] in cases else 4, kv[0][1:]))
     for (case, gpus, seq), row in ordered:
@@ -428,7 +435,8 @@ def markdown(paths: list[str]) -> str:
             case,
             gpus,
             f"{seq // 1024}K" if seq % 1024 == 0 else str(seq),
-            f"{row['meshplan']:.{1 if row['meshplan'] >= 10 else 2}f} ms",
+            _ms(row["meshplan"]),
+            _ms(row["eager"]) if "eager" in row else "",
         ]
         lines.append("| " + " | ".join(cells + [row.get(c, "") for c in order]) + " |")
     names = ", ".join(f"`{Path(p).name}`" for p in paths)

@@ -355,9 +355,10 @@ def _patched(gpu_kernels: bool):
             setattr(owner, name, value)
 
 
-def _rank(rank: int, world: int, seq: int, gpu_kernels: bool, model=None) -> dict:
+def _rank(rank: int, world: int, seq: int, gpu_kernels: bool, model=None, batch: int = 1) -> dict:
     """One counted training forward, backward and gradient sync on this rank, as run.measure's eager step
-    runs them (no optimizer step): of `model` (dense-7b at 2 layers in bf16 by default) under tsp=`world`."""
+    runs them (no optimizer step): of `model` (dense-7b at 2 layers in bf16 by default) under tsp=`world`,
+    `batch` sequences of `seq` tokens."""
     global COUNT
     from meshplan.executor.comm import build_mesh
     from meshplan.executor.parallelize import GradientSync, keep_caches, run_layers
@@ -372,8 +373,8 @@ def _rank(rank: int, world: int, seq: int, gpu_kernels: bool, model=None) -> dic
     layers = _build(model, mesh, seq, "cpu", whole=True, int8_allreduce=False, checkpoint=None)
     built_s = time.perf_counter() - t0
     head = layers[-1]
-    x, labels = _token_inputs(model, mesh, layers, seq, 1, "cpu", None)
-    head.scale = 1.0 / seq  # 1 / (micro-batches · batch · seq)
+    x, labels = _token_inputs(model, mesh, layers, seq, batch, "cpu", None)
+    head.scale = 1.0 / (batch * seq)  # 1 / (micro-batches · batch · seq)
     head.labels = [labels]
     sync = GradientSync(layers, mesh, None, tied=model.tied_embeddings)
     keep_caches(layers, False)
@@ -408,23 +409,38 @@ def _lines(obj) -> tuple[str, range]:
 
 
 def tsp_motion(r: dict) -> dict[str, float]:
-    """A rank's counted bytes that costmodel/axes/tsp.py prices as TSP's motion, by phase: "layers" — the
-    torch ops of executor/layouts/tsp.py's attention and MLP Functions (not their Triton kernels, nor the
-    autograd nodes of the norms before them) and the copies comm.all_gather_start makes of the K/V slices
-    they gather; "head" — _TSPLogits's (executor/layouts/vocab.py)."""
+    """A rank's counted bytes that costmodel/axes/tsp.py prices as TSP's motion, by part and phase:
+    "attention", "mlp" — the torch ops of executor/layouts/tsp.py's attention and MLP Functions (not their
+    Triton kernels, nor the autograd nodes of the norms before them), the attention's with the copies
+    comm.all_gather_start makes of the K/V it gathers and the contiguous rank chunks comm.reduce_scatter makes
+    of their gradients; "mamba2" — executor/layouts/tsp_mamba.py's Function, ring gather and layer (its
+    shards' packing and unpacking); "router", "shared gate" — an MoE block's RingRowsFn and RingColumnsFn (its
+    shared expert's ring is _TSPMlpFn's: "mlp"); "head" — _TSPLogits's (executor/layouts/vocab.py)."""
     from meshplan.executor import comm
-    from meshplan.executor.layouts import tsp, vocab
+    from meshplan.executor.layouts import tsp, tsp_mamba, vocab
 
-    layers = [_lines(tsp._TSPAttentionFn), _lines(tsp._TSPMlpFn), _lines(comm.all_gather_start)]
-    head = [_lines(vocab._TSPLogits)]
-    out = {f"{part} {phase}": 0.0 for part in ("layers", "head") for phase in ("forward", "backward")}
+    # comm.reduce_scatter's line that makes the rank chunks contiguous (what NCCL's path copies too; not the
+    # gloo stand-in's slice after its all-reduce)
+    path, span = _lines(comm.reduce_scatter)
+    source, _ = inspect.getsourcelines(comm.reduce_scatter)
+    chunks = [span.start + i for i, text in enumerate(source) if text.strip().startswith("chunks = [")]
+    parts = {
+        "attention": [_lines(tsp._TSPAttentionFn), _lines(comm.all_gather_start), (path, chunks)],
+        "mlp": [_lines(tsp._TSPMlpFn)],
+        "router": [_lines(tsp.RingRowsFn)],
+        "shared gate": [_lines(tsp.RingColumnsFn)],
+        "mamba2": [_lines(tsp_mamba._TSPMamba2Fn), _lines(tsp_mamba.ring_gather)]
+        + [_lines(getattr(tsp_mamba.TSPMamba2, name)) for name in ("pack", "unpack", "gather", "pack_all")],
+        "head": [_lines(vocab._TSPLogits)],
+    }
+    out = {f"{part} {phase}": 0.0 for part in parts for phase in ("forward", "backward")}
     for (phase, source, op), nbytes in r["bytes"].items():
         m = re.match(r"(\S+):(\d+) ", source)
         tagged = re.search(r" <[A-Z_][^>]*>$", source)  # an autograd node's op: the norms', the residual's
         if not m or tagged or op.startswith("triton:") or phase not in ("forward", "backward"):
             continue
         path, line = m.group(1), int(m.group(2))
-        for part, spans in (("layers", layers), ("head", head)):
+        for part, spans in parts.items():
             if any(path == p and line in span for p, span in spans):
                 out[f"{part} {phase}"] += nbytes
     return out

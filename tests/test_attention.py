@@ -262,10 +262,10 @@ def test_zigzag_motion_is_priced_for_the_executor_only():
     assert motion("sp=2", "meshplan") > 0 and motion("tsp=2", "meshplan") > 0
     assert motion("tp=2", "meshplan") == 0 and motion("sp=2", "megatron") == 0
     # TSP deals a hybrid stack's tokens contiguously (its Mamba layers pass state shard to shard): no reorder,
-    # only TSP's own motion around its attention blocks (axes/tsp.motion_bytes; tests/test_tsp_motion.py)
+    # only TSP's own motion around its blocks (axes/tsp.motion_bytes; tests/test_tsp_motion.py)
     from meshplan.costmodel.axes.tsp import motion_bytes
 
     model = PRESETS["nemotron-3-nano"]
-    attention = dict(model.block_invocations())["attention"]
-    own = attention * sum(motion_bytes(model, "attention", 16384 / 2, 2, 2)) / cluster.gpu.hbm_bytes_per_s
-    assert motion("tsp=2", "meshplan") == pytest.approx(own, rel=1e-9)
+    blocks = model.block_invocations()
+    own = sum(n * sum(motion_bytes(model, kind, 16384 / 2, 2, 2)) for kind, n in blocks)
+    assert motion("tsp=2", "meshplan") == pytest.approx(own / cluster.gpu.hbm_bytes_per_s, rel=1e-9)

@@ -9,7 +9,7 @@ from benchmark_scripts import BENCHMARKS, load
 
 from meshplan.costmodel.axes.tsp import head_motion_bytes, motion_bytes
 from meshplan.executor.distributed import run_distributed
-from meshplan.models import dense
+from meshplan.models import MoeSpec, dense, mamba2, moe
 
 
 def _tiny(qk_norm: bool, hidden: int, heads: int, kv_heads: int):
@@ -20,26 +20,68 @@ def _tiny(qk_norm: bool, hidden: int, heads: int, kv_heads: int):
 
 
 @pytest.mark.parametrize(
-    "d, qk_norm, hidden, heads, kv_heads",
-    [(2, False, 64, 8, 4), (3, True, 96, 6, 3)],
+    "d, qk_norm, hidden, heads, kv_heads, batch",
+    [(2, False, 64, 8, 4, 1), (3, True, 96, 6, 3, 1), (2, False, 64, 8, 4, 2)],
 )
-def test_tsp_motion_is_what_the_executor_moves(monkeypatch, d, qk_norm, hidden, heads, kv_heads):
-    """Every rank's counted bytes of the TSP attention and MLP Functions' torch ops and of _TSPLogits equal the
-    formulas' (bf16, GQA; with query/key norms at D = 3)."""
+def test_tsp_motion_is_what_the_executor_moves(monkeypatch, d, qk_norm, hidden, heads, kv_heads, batch):
+    """Every rank's counted bytes of the TSP attention and MLP Functions' torch ops (and the gathers' and
+    reduce-scatters' copies they make) and of _TSPLogits equal the formulas' (bf16, GQA; with query/key norms
+    at D = 3; two sequences a batch)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the spawned ranks import the counter by name
     counter = load("tsp_bytes")
     model = _tiny(qk_norm, hidden, heads, kv_heads)
     seq = 2 * d * 16
-    ranks = run_distributed(counter._rank, d, seq, True, model, timeout_s=300)
-    tokens = seq / d
-    attn, mlp = motion_bytes(model, "attention", tokens, d, 2), motion_bytes(model, "mlp", tokens, d, 2)
+    ranks = run_distributed(counter._rank, d, seq, True, model, batch, timeout_s=300)
+    tokens = batch * seq / d
+    attn = motion_bytes(model, "attention", tokens, d, 2, rows=batch)
+    mlp = motion_bytes(model, "mlp", tokens, d, 2, rows=batch)
     head = head_motion_bytes(model, tokens, d, 2)
     for r in ranks:
         got = counter.tsp_motion(r)
-        assert got["layers forward"] == pytest.approx(model.layers * (attn[0] + mlp[0]), rel=1e-9)
-        assert got["layers backward"] == pytest.approx(model.layers * (attn[1] + mlp[1]), rel=1e-9)
+        for part, want in (("attention", attn), ("mlp", mlp)):
+            assert got[f"{part} forward"] == pytest.approx(model.layers * want[0], rel=1e-9)
+            assert got[f"{part} backward"] == pytest.approx(model.layers * want[1], rel=1e-9)
         assert got["head forward"] == pytest.approx(head[0], rel=1e-9)
         assert got["head backward"] == pytest.approx(head[1], rel=1e-9)
+
+
+@pytest.mark.parametrize("d", [2, 4])
+def test_tsp_mamba2_motion_is_what_the_executor_moves(monkeypatch, d):
+    """A Mamba-2 stack under TSP: every rank's counted bytes of tsp_mamba.py's gathers, packing and Function
+    equal motion_bytes's, and the head's as for a dense model."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    counter = load("tsp_bytes")
+    model = replace(mamba2("tiny-tsp-mamba2", 64, 2, 96, d_state=16, headdim=16), param_dtype="bf16")
+    seq = 64
+    ranks = run_distributed(counter._rank, d, seq, True, model, 1, timeout_s=300)
+    block = motion_bytes(model, "mamba2", seq / d, d, 2)
+    head = head_motion_bytes(model, seq / d, d, 2)
+    for r in ranks:
+        got = counter.tsp_motion(r)
+        assert got["mamba2 forward"] == pytest.approx(model.layers * block[0], rel=1e-9)
+        assert got["mamba2 backward"] == pytest.approx(model.layers * block[1], rel=1e-9)
+        assert (got["head forward"], got["head backward"]) == pytest.approx(head, rel=1e-9)
+
+
+def test_tsp_moe_motion_is_what_the_executor_moves(monkeypatch):
+    """An MoE stack under TSP (Qwen2-MoE's shape: a gated shared expert behind a sigmoid gate): every rank's
+    counted bytes of the router's ring (RingRowsFn), the shared expert's (_TSPMlpFn) and its gate's
+    (RingColumnsFn) equal motion_bytes's."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    counter = load("tsp_bytes")
+    spec = MoeSpec(64, 4, 2, 64, shared_ffn=96, shared_gate=True, norm_topk=False)
+    model = replace(moe(dense("tiny-tsp-moe", 64, 2, 8, 4, 128, 96), spec), param_dtype="bf16")
+    seq, d = 64, 2
+    ranks = run_distributed(counter._rank, d, seq, True, model, 1, timeout_s=300)
+    router = motion_bytes(model, "router", seq / d, d, 2)
+    shared = motion_bytes(model, "shared_expert", seq / d, d, 2)
+    for r in ranks:
+        got = counter.tsp_motion(r)
+        assert (got["router forward"], got["router backward"]) == pytest.approx(
+            tuple(model.layers * b for b in router), rel=1e-9
+        )
+        both = (got["mlp forward"] + got["shared gate forward"], got["mlp backward"] + got["shared gate backward"])
+        assert both == pytest.approx(tuple(model.layers * b for b in shared), rel=1e-9)
 
 
 def test_tsp_motion_is_priced_for_the_executor_only(monkeypatch):

@@ -52,7 +52,8 @@ def block_compute(
     kernel_fwd, kernel_bwd = b.kernels_s(model, tokens, sh, e, dev, row_tokens)
     motion_fwd, motion_bwd = b.shard_motion_s(model, busy, sh, e, dev, zigzag=zigzag)
     if sh.streams_weights and dev.tsp_motion:  # TSP's packing, partial sums and concatenations, at the rated rate
-        fwd_bytes, bwd_bytes = tsp.motion_bytes(model, kind, busy, sh.weight_div, e)
+        rows = busy / row_tokens if row_tokens else 1.0  # the sequence rows (the batch) on the rank
+        fwd_bytes, bwd_bytes = tsp.motion_bytes(model, kind, busy, sh.weight_div, e, rows)
         motion_fwd, motion_bwd = motion_fwd + fwd_bytes / dev.rated_hbm, motion_bwd + bwd_bytes / dev.rated_hbm
     cast_fwd = cast_bwd = 0.0
     if dev.precision != "bf16":  # Transformer Engine's quantize kernels around the FP8 GEMMs

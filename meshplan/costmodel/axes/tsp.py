@@ -160,7 +160,7 @@ def decode_comms(ctx, kind: str) -> list[Comm]:
     return sp.decode_comms(ctx, kind, axis="tsp")
 
 
-def motion_bytes(model, kind: str, tokens: float, d: int, e: int) -> tuple[float, float]:
+def motion_bytes(model, kind: str, tokens: float, d: int, e: int, rows: float = 1.0) -> tuple[float, float]:
     """(forward, backward) bytes meshplan's executor moves around one TSP block's GEMMs and attention on a
     rank with `tokens` local tokens, beyond what the block's own elementwise work (its memory-bound bytes)
     and the zigzag reorder (blocks.attention.zigzag_motion_bytes) move: as benchmarks/tsp_bytes.py counts
@@ -172,27 +172,70 @@ def motion_bytes(model, kind: str, tokens: float, d: int, e: int) -> tuple[float
       and fp32 rstd too); backward, the input gradient zero-filled (X) and each hop's three products added into it
       (9X a hop), and each hop's slice of the saved K and V made contiguous for its gather (2 · tokens ·
       kv · e over the hops, K and V), and the query/key norm scales' gradients zero-filled and summed over
-      the hops.
+      the hops. With more than one sequence row (`rows`, the batch), each hop's gathered K and V (tokens ·
+      kv · e each) are concatenated out of NCCL's rank-major buffer, forward and backward (comm.all_gather_start),
+      and backward their gradients' rank chunks made contiguous for the reduce-scatter (comm.reduce_scatter;
+      its list form's own flattening copy inside c10d is not counted).
     - Gated (or squared-ReLU) MLP: 2W forward and backward; forward D − 1 adds (3X each); backward the
       zero fill (X) and one add a hop (3X).
-    Other kinds (Mamba blocks, whose TSP executor gathers the whole shard; experts): 0."""
-    if d <= 1 or kind not in ("attention", "mlp"):
+    - An MoE block's shared expert: its ring as a gated MLP's (TSPSharedExpert), and Qwen2-MoE's gate
+      (RingColumnsFn): its one-wide output zero-filled and summed over the hops, and backward the input
+      gradient's columns copied into place (2X). The router (RingRowsFn): each hop's output columns copied
+      into place (2 · tokens · experts · e), backward the zero fill (X) and an add a hop (3X).
+    - Mamba-2: _mamba2_motion_bytes.
+    Other kinds (Mamba-1, the routed experts, which ep splits and TSP does not stream): 0."""
+    if d <= 1 or kind not in ("attention", "mlp", "mamba2", "router", "shared_expert"):
         return 0.0, 0.0
-    shard = streamed_block_params(model, kind) / d * e
+    if kind == "mamba2":
+        return _mamba2_motion_bytes(model, tokens, d, e)
+    if kind == "shared_expert" and not model.moe.shared_ffn:
+        return 0.0, 0.0
     x = tokens * model.d_model * e
+    if kind == "router":
+        # RingRowsFn: each hop's columns of the router's output copied into place (tokens · experts · e, read
+        # and written); backward the input gradient zero-filled and each hop's product added in
+        return 2 * tokens * model.moe.experts * e, x + 3 * d * x
+    shard = streamed_block_params(model, kind) / d * e
+    if kind == "shared_expert":
+        m = model.moe
+        shard = (m.n_input_matrices + 1) * m.hidden * m.shared_ffn / d * e  # its _TSPMlpFn ring, as an MLP's
     fwd = bwd = 2 * shard
+    if kind == "shared_expert" and model.moe.shared_gate:
+        # RingColumnsFn (Qwen2-MoE's gate, one output): its output zero-filled and each hop's product added
+        # in; backward each hop's input-gradient columns copied into place
+        fwd += tokens * e * (1 + 3 * d)
+        bwd += 2 * x
     fwd += 3 * (d - 1) * x
     bwd += x
-    if kind == "mlp":
+    if kind in ("mlp", "shared_expert"):
         return fwd, bwd + 3 * d * x
     a = model.attention
     fwd += 2 * tokens * (2 * a.q_width + 2 * a.kv_width) * e
     if a.qk_norm:  # the norms' inputs and their fp32 rstd a head, concatenated over the shards
         fwd += 2 * tokens * ((a.q_width + a.kv_width) * e + (a.heads + a.kv_heads) * 4)
     bwd += 9 * d * x + 2 * tokens * 2 * a.kv_width * e
+    if rows >= 2:
+        gathered = tokens * a.kv_width * e  # one hop's gathered K (or V): D ranks' tokens, the shard's kv / D
+        fwd += d * 2 * 2 * gathered
+        bwd += d * 2 * 2 * gathered * 2
     if a.qk_norm:  # the norm scales' gradients: zero-filled, each hop's added in
         bwd += (1 + 3 * d) * a.qk_norm * e
     return fwd, bwd
+
+
+def _mamba2_motion_bytes(model, tokens: float, d: int, e: int) -> tuple[float, float]:
+    """A Mamba-2 block's TSP motion (executor/layouts/tsp_mamba.py), W = its whole weights but the input
+    norm's scale (streamed_block_params · e), S = W / D the rank's packed shard. Forward, the whole weights
+    gathered: the shard packed (torch.cat, 2S), placed into the ring's (D, S) buffer with each hop's
+    arrival (2W), each weight rebuilt from the D rows (torch.cat, 2W). Backward: gathered again, the
+    in_proj output's gradient cloned (2 · tokens · in_proj width · e), the whole gradients cut into the D
+    shards' packing — out_proj's column chunks made contiguous (2 · out_proj), each rank's row
+    concatenated (2W) and the rows stacked (2W) — for the reduce-scatter."""
+    m = model.mamba2
+    w = streamed_block_params(model, "mamba2") * e
+    gather = 2 * w / d + 2 * w + 2 * w
+    out_proj = m.d_inner * m.d_model * e
+    return gather, gather + 2 * tokens * m.in_proj_width * e + 2 * out_proj + 4 * w
 
 
 def head_motion_bytes(model, tokens: float, d: int, e: int) -> tuple[float, float]:
@@ -201,10 +244,11 @@ def head_motion_bytes(model, tokens: float, d: int, e: int) -> tuple[float, floa
     tsp_bytes.py counts _TSPLogits: forward, the first shard's product converted to fp32 (read e, write 4
     bytes a logit) and each later one added in (read 4 + e, write 4); backward, the logits' gradient cast to
     e (read 4, write e) and each hop's input-gradient columns copied into place (tokens · hidden · e, read
-    and written)."""
+    and written). In fp32 (e = 4) the casts are no copies."""
     if d <= 1:
         return 0.0, 0.0
     logits = tokens * model.vocab
-    fwd = logits * ((e + 4) + (d - 1) * (8 + e))
-    bwd = logits * (4 + e) + 2 * tokens * model.d_model * e
+    cast = 0 if e == 4 else 4 + e  # an fp32 model's .to(fp32) is no copy
+    fwd = logits * (cast + (d - 1) * (8 + e))
+    bwd = logits * cast + 2 * tokens * model.d_model * e
     return fwd, bwd
