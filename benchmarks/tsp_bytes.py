@@ -415,7 +415,8 @@ def tsp_motion(r: dict) -> dict[str, float]:
     comm.all_gather_start makes of the K/V it gathers and the contiguous rank chunks comm.reduce_scatter makes
     of their gradients; "mamba2" — executor/layouts/tsp_mamba.py's Function, ring gather and layer (its
     shards' packing and unpacking); "router", "shared gate" — an MoE block's RingRowsFn and RingColumnsFn (its
-    shared expert's ring is _TSPMlpFn's: "mlp"); "head" — _TSPLogits's (executor/layouts/vocab.py)."""
+    shared expert's ring is _TSPMlpFn's: "mlp"); "head" — _TSPLogits's (executor/layouts/vocab.py); "loss" —
+    its cross-entropy's (_VocabParallelCE; compute.executor_loss_bytes prices it)."""
     from meshplan.executor import comm
     from meshplan.executor.layouts import tsp, tsp_mamba, vocab
 
@@ -432,6 +433,7 @@ def tsp_motion(r: dict) -> dict[str, float]:
         "mamba2": [_lines(tsp_mamba._TSPMamba2Fn), _lines(tsp_mamba.ring_gather)]
         + [_lines(getattr(tsp_mamba.TSPMamba2, name)) for name in ("pack", "unpack", "gather", "pack_all")],
         "head": [_lines(vocab._TSPLogits)],
+        "loss": [_lines(vocab._VocabParallelCE), _lines(vocab._accumulator)],
     }
     out = {f"{part} {phase}": 0.0 for part in parts for phase in ("forward", "backward")}
     for (phase, source, op), nbytes in r["bytes"].items():

@@ -8,6 +8,8 @@ import pytest
 from benchmark_scripts import BENCHMARKS, load
 
 from meshplan.costmodel.axes.tsp import head_motion_bytes, motion_bytes
+from meshplan.costmodel.compute import executor_loss_bytes
+from meshplan.costmodel.device import TORCH_OP_HBM_FRACTION
 from meshplan.executor.distributed import run_distributed
 from meshplan.models import MoeSpec, dense, mamba2, moe
 
@@ -43,6 +45,11 @@ def test_tsp_motion_is_what_the_executor_moves(monkeypatch, d, qk_norm, hidden, 
             assert got[f"{part} backward"] == pytest.approx(model.layers * want[1], rel=1e-9)
         assert got["head forward"] == pytest.approx(head[0], rel=1e-9)
         assert got["head backward"] == pytest.approx(head[1], rel=1e-9)
+        # the loss over TSP's fp32 logits as compute.executor_loss_bytes prices it; beside it only the ops on
+        # each token's row statistics and label (under 160 bytes a token; the logits' are 48 · vocab)
+        loss = executor_loss_bytes(tokens * model.vocab, 4)
+        for phase, want in zip(("forward", "backward"), loss):
+            assert 0 <= got[f"loss {phase}"] - want <= 160 * tokens, (phase, got[f"loss {phase}"], want)
 
 
 @pytest.mark.parametrize("d", [2, 4])
@@ -85,7 +92,7 @@ def test_tsp_moe_motion_is_what_the_executor_moves(monkeypatch):
 
 
 def test_tsp_motion_is_priced_for_the_executor_only(monkeypatch):
-    """meshplan's stack pays TSP's motion at the rated HBM rate, in its layers and its head, over what the
+    """meshplan's stack pays TSP's motion at its torch ops' rate, in its layers and its head, over what the
     same stack pays without it (Stack.tsp_motion off, as for a stack with no TSP executor); tp=2 pays none."""
     from meshplan.costmodel import stacks
     from meshplan.costmodel.options import CostOptions
@@ -108,10 +115,10 @@ def test_tsp_motion_is_priced_for_the_executor_only(monkeypatch):
     finally:
         monkeypatch.undo()
         stacks.stack_at.cache_clear()
-    rated = cluster.gpu.hbm_bytes_per_s
+    rate = cluster.gpu.hbm_bytes_per_s * TORCH_OP_HBM_FRACTION  # the executor's torch ops' measured rate
     attn, mlp = motion_bytes(model, "attention", 2048, 2, 2), motion_bytes(model, "mlp", 2048, 2, 2)
-    layers = model.layers * (sum(attn) + sum(mlp)) / rated
+    layers = model.layers * (sum(attn) + sum(mlp)) / rate
     assert mine["shard_motion_s"] - without["shard_motion_s"] == pytest.approx(layers, rel=1e-6)
-    head = sum(head_motion_bytes(model, 2048, 2, 2)) / rated
+    head = sum(head_motion_bytes(model, 2048, 2, 2)) / rate
     assert mine["logits_compute_s"] - without["logits_compute_s"] == pytest.approx(head, rel=1e-6)
     assert breakdown("tp=2").get("shard_motion_s", 0.0) == 0.0

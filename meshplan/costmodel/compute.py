@@ -51,10 +51,10 @@ def block_compute(
     mem = busy * b.memory_bound_bytes_per_token(model, sh.head_div, e) * passes / dev.rated_hbm
     kernel_fwd, kernel_bwd = b.kernels_s(model, tokens, sh, e, dev, row_tokens)
     motion_fwd, motion_bwd = b.shard_motion_s(model, busy, sh, e, dev, zigzag=zigzag)
-    if sh.streams_weights and dev.tsp_motion:  # TSP's packing, partial sums and concatenations, at the rated rate
+    if sh.streams_weights and dev.tsp_motion:  # TSP's packing, partial sums and concatenations (torch ops)
         rows = busy / row_tokens if row_tokens else 1.0  # the sequence rows (the batch) on the rank
         fwd_bytes, bwd_bytes = tsp.motion_bytes(model, kind, busy, sh.weight_div, e, rows)
-        motion_fwd, motion_bwd = motion_fwd + fwd_bytes / dev.rated_hbm, motion_bwd + bwd_bytes / dev.rated_hbm
+        motion_fwd, motion_bwd = motion_fwd + fwd_bytes / dev.torch_op_hbm, motion_bwd + bwd_bytes / dev.torch_op_hbm
     cast_fwd = cast_bwd = 0.0
     if dev.precision != "bf16":  # Transformer Engine's quantize kernels around the FP8 GEMMs
         fwd_bytes, bwd_bytes = b.fp8_cast_bytes_per_token(model, sh.head_div, dev.fp8_current_scaling)
@@ -83,15 +83,28 @@ def block_compute(
     )
 
 
+def executor_loss_bytes(logits: float, e: int) -> tuple[float, float]:
+    """(forward, backward) bytes of meshplan's executor's cross-entropy over `logits` logits held in e bytes
+    (executor/layouts/vocab.py _VocabParallelCE; benchmarks/bench_loss.py counts the same): forward an fp32
+    copy (read e, write 4), the row maxima (read 4), the shift and the exponentials in place (read and write 4
+    each), their sums (read 4); backward the softmax's division and the gradient's scaling in place (read and
+    write 4 each) and the cast back to e (read 4, write e; no copy in fp32)."""
+    return logits * (e + 28), logits * (16 + (0 if e == 4 else 4 + e))
+
+
 def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: Device) -> BlockCompute:
     vocab = model.vocab / sh.vocab_div
     gemm = gemm_time_s(tokens, vocab, model.d_model, e, dev)
-    # softmax / cross-entropy over the fp32 logits: read and write them twice.
-    mem = tokens * vocab * 4 * 4 / dev.hbm_bytes_per_s
     motion_fwd = motion_bwd = 0.0
+    if dev.executor_loss:  # the executor's passes at its torch ops' rate (TSP's logits are fp32 sums)
+        mem = 0.0
+        fwd_bytes, bwd_bytes = executor_loss_bytes(tokens * vocab, 4 if sh.streams_weights else e)
+        motion_fwd, motion_bwd = fwd_bytes / dev.torch_op_hbm, bwd_bytes / dev.torch_op_hbm
+    else:  # softmax / cross-entropy over the fp32 logits: read and write them twice a direction
+        mem = tokens * vocab * 4 * 4 / dev.hbm_bytes_per_s
     if sh.streams_weights and dev.tsp_motion:  # TSP's logits summed in fp32 over the head's column shards
         fwd_bytes, bwd_bytes = tsp.head_motion_bytes(model, tokens, sh.weight_div, e)
-        motion_fwd, motion_bwd = fwd_bytes / dev.rated_hbm, bwd_bytes / dev.rated_hbm
+        motion_fwd, motion_bwd = motion_fwd + fwd_bytes / dev.torch_op_hbm, motion_bwd + bwd_bytes / dev.torch_op_hbm
     return BlockCompute(
         gemm, 0.0, mem, 0.0, 2 * tokens * vocab * model.d_model, motion_fwd_s=motion_fwd, motion_bwd_s=motion_bwd
     )

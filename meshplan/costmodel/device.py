@@ -33,6 +33,16 @@ GEMM_EFFICIENCY = 0.74
 # 5.9× (profile-step-h200.json).
 EAGER_ELEMENTWISE_FACTOR = 1.22
 
+# The rate of the executor's torch ops over large tensors — its loss's fp32 passes (layouts/vocab.py
+# _VocabParallelCE, forward + backward), TSP's fp32 logits sum and its shards' packing cats — as a fraction
+# of the rated HBM rate: the median of 11 timings on one H200 (0.58-0.70; the loss 0.63-0.70 over 8K-16K
+# tokens × 32K-128K vocabulary, bf16 and fp32 logits; the logits sum 0.58-0.59; the cats 0.59-0.69),
+# benchmarks/results/loss-h200.json, `python benchmarks/bench_loss.py`. What those ops move is counted
+# exactly (blocks.attention.zigzag_motion_bytes, axes/tsp.motion_bytes, compute.executor_loss_bytes); the
+# rate is what the measurement adds. The whole TSP steps' elementwise kernels ran at 0.52-0.58 of it
+# (benchmarks/results/s25-h200x2-tsp/), with the norms' and activations' Triton kernels among them.
+TORCH_OP_HBM_FRACTION = 0.65
+
 
 # The executor's MoE routing in torch — the MoE sublayer's pre-norm and residual, the router's softmax and
 # top-k, the copies gathered into expert order and back (executor/experts.py Take), the weighted sum of a
@@ -145,6 +155,8 @@ class Device:
     zigzag_motion: bool = True
     # TSP's torch-op data motion around its GEMMs (Stack.tsp_motion)
     tsp_motion: bool = True
+    # The loss as the executor's fp32 passes (Stack.executor_loss: compute.executor_loss_bytes)
+    executor_loss: bool = True
     # Where the rates are borrowed (meshplan.hardware.rates): the note a prediction prints; "" when the
     # table or a calibration has this GPU's own.
     rates_note: str = ""
@@ -179,6 +191,11 @@ class Device:
     def rated_hbm(self) -> float:
         return self.hbm_rated_bytes_per_s or self.hbm_bytes_per_s
 
+    @property
+    def torch_op_hbm(self) -> float:
+        """The rate the executor's torch ops move large tensors at (TORCH_OP_HBM_FRACTION of the rated)."""
+        return self.rated_hbm * TORCH_OP_HBM_FRACTION
+
     @classmethod
     def of(cls, cluster, stack=None) -> "Device":
         """The cluster's GPU under a stack (meshplan.costmodel.stacks; None: meshplan's executor), with
@@ -194,7 +211,9 @@ class Device:
         )
         rates, note = hardware.rates(cluster.gpu.name, stack.name if stack is not None else "meshplan")
         if stack is not None:
-            dev = replace(dev, zigzag_motion=stack.zigzag_motion, tsp_motion=stack.tsp_motion)
+            dev = replace(
+                dev, zigzag_motion=stack.zigzag_motion, tsp_motion=stack.tsp_motion, executor_loss=stack.executor_loss
+            )
         if stack is not None and stack.elementwise_factor is not None:
             dev = replace(
                 dev,

@@ -257,7 +257,7 @@ class Attention(BlockKind):
 
     def shard_motion_s(self, model, tokens, sh, e, dev, *, zigzag) -> tuple[float, float]:
         """(forward, backward) seconds of the data motion around a zigzag shard's attention kernels, where
-        the stack moves it (Device.zigzag_motion: meshplan's executor), at the rated HBM rate; the
+        the stack moves it (Device.zigzag_motion: meshplan's executor), at its torch ops' rate; the
         backward redoes the forward's where the stack recomputes sequence shards' attention. A stack with
         Mamba layers has contiguous shards in the executor (TSP's too: executor/layouts/layer.py), no reorder."""
         if zigzag <= 1 or model.mamba_layers or not sh.gathers_kv or not dev.zigzag_motion:
@@ -266,7 +266,7 @@ class Attention(BlockKind):
         fwd, bwd = zigzag_motion_bytes(tokens, zigzag, a.q_width / sh.head_div, a.kv_width / sh.head_div, e)
         if dev.sequence_attention_recompute:
             bwd += fwd
-        return fwd / dev.rated_hbm, bwd / dev.rated_hbm
+        return fwd / dev.torch_op_hbm, bwd / dev.torch_op_hbm
 
     def core_bwd_factor(self, dev):
         return ATTENTION_BWD_FACTOR if dev.flash_attention else UNFUSED_ATTENTION_BWD_FACTOR
