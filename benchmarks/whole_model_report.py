@@ -88,10 +88,11 @@ def section(table: list[dict]) -> str:
         ]
     lines += [
         "",
-        "The dense rows were measured again once rotary embeddings entered the executor's blocks "
-        "(`bash benchmarks/sweeps/rope-weights-gpu.sh`): the rotation runs in place inside the QKV output, and "
-        "the peaks match the earlier runs less the unused hidden-state tensor `measure` had allocated (1 GiB "
-        "at 128K). The Mamba-2 rows predate that fix and include it (0.06 GiB at 16K, 0.5 GiB at 128K).",
+        "Every row was measured again in session 25 with the executor as it stands "
+        "(`bash benchmarks/sweeps/whole-model-h200.sh`, its five memory_peak runs): the peaks fell 0.1-8.0 GiB "
+        "from the runs before (dense-7b at 128K 83.96 → 75.93 GiB), which the memory model had come to predict "
+        "8.9% under; the predicted step now prices the loss as the executor's passes at its torch-op rate "
+        "(`compute.executor_loss_bytes`, `device.TORCH_OP_HBM_FRACTION`).",
     ]
     checks = RESULTS / "weights-check-h200.json"
     if checks.exists():

@@ -41,7 +41,7 @@ EAGER_ELEMENTWISE_FACTOR = 1.22
 # exactly (blocks.attention.zigzag_motion_bytes, axes/tsp.motion_bytes, compute.executor_loss_bytes); the
 # rate is what the measurement adds. The whole TSP steps' elementwise kernels ran at 0.52-0.58 of it
 # (benchmarks/results/s25-h200x2-tsp/), with the norms' and activations' Triton kernels among them.
-TORCH_OP_HBM_FRACTION = 0.65
+TORCH_OP_HBM_FRACTION = 0.645
 
 
 # The executor's MoE routing in torch — the MoE sublayer's pre-norm and residual, the router's softmax and
