@@ -1,10 +1,15 @@
 """The executor's cross-entropy and TSP's logits sum on one GPU: time against the bytes they move, as a
-fraction of the GPU's rated HBM rate (the cost model prices this work from bytes: compute.logits_compute).
+fraction of the GPU's rated HBM rate (the cost model prices this work from bytes: compute.logits_compute,
+device.TORCH_OP_HBM_FRACTION, device.LOSS_KERNEL_HBM_FRACTION).
 
-- loss: executor/layouts/vocab.py _VocabParallelCE forward + backward (one rank's vocabulary, no axis), on
-  logits (tokens × vocab) in bf16 (the head's GEMM output on a tensor axis or none) and fp32 (TSP's summed
-  logits); bytes by costmodel/compute.executor_loss_bytes (52 a logit in bf16, 48 in fp32; tests hold it to
-  tsp_bytes.py's count of the same ops).
+- loss_torch: executor/layouts/vocab.py _VocabParallelCE's torch path, forward + backward (one rank's
+  vocabulary, no axis), on logits (tokens × vocab) in bf16 (the head's GEMM output on a tensor axis or none)
+  and fp32 (TSP's summed logits). Bytes a logit as tsp_bytes.py --cpu-paths counts its ops: the fp32 copy (read
+  e, write 4), row maxima (read 4), shift and exponentials in place (read and write 4 each), sums (read 4);
+  backward the softmax's division and the gradient's scaling in place (read and write 4 each) and the cast
+  back (read 4, write e; none in fp32): 52 in bf16, 48 in fp32.
+- loss_kernels: the same through meshplan.kernels.cross_entropy (the GPU's path), bytes by
+  compute.executor_loss_bytes (14 a logit in bf16, 20 in fp32).
 - tsp_sum: _TSPLogits's forward sum of D = 2 shards' bf16 products into fp32 logits (the first converted,
   read 2 write 4; the second added in, read 4 + 2 write 4) and its backward cast of the fp32 gradient to bf16
   (read 4, write 2): 22 bytes a logit.
@@ -23,6 +28,7 @@ import json
 import torch
 
 from meshplan.costmodel.compute import executor_loss_bytes
+from meshplan.executor.layouts import vocab as vocab_layout
 from meshplan.executor.layouts.vocab import _VocabParallelCE
 from meshplan.executor.run import median_time_s
 
@@ -39,11 +45,21 @@ def main() -> None:
     rows = []
     for tokens, vocab in SHAPES:
         for dtype in (torch.bfloat16, torch.float32):
-            s = median_time_s(_loss_call(tokens, vocab, dtype), args.reps)
             e = torch.tensor([], dtype=dtype).element_size()
-            nbytes = sum(executor_loss_bytes(tokens * vocab, e))
-            rows.append(_row("loss", tokens, vocab, str(dtype).split(".")[-1], s, nbytes, rated))
-            torch.cuda.empty_cache()
+            grads = []
+            for kernels in (False, True):
+                vocab_layout._ce_kernels = lambda t, k=kernels: k
+                call = _loss_call(tokens, vocab, dtype)
+                grads.append(call()[0].float())
+                s = median_time_s(call, args.reps)
+                logits = tokens * vocab
+                nbytes = sum(executor_loss_bytes(logits, e)) if kernels else logits * torch_loss_bytes_per_logit(e)
+                name = "loss_kernels" if kernels else "loss_torch"
+                rows.append(_row(name, tokens, vocab, str(dtype).split(".")[-1], s, nbytes, rated))
+                torch.cuda.empty_cache()
+            # the kernels' gradient against the torch path's, on the same logits and labels
+            rows[-1]["max_abs_grad_diff_vs_torch"] = (grads[1] - grads[0]).abs().max().item()
+            del grads
         s = median_time_s(_tsp_sum_call(tokens, vocab), args.reps)
         rows.append(_row("tsp_sum", tokens, vocab, "bfloat16", s, tokens * vocab * 22, rated))
         torch.cuda.empty_cache()
@@ -65,10 +81,16 @@ def main() -> None:
     json.dump(out, open(args.out, "w"), indent=1)
 
 
+def torch_loss_bytes_per_logit(e: int) -> int:
+    """The torch path's bytes a logit (module docstring)."""
+    return 44 + e + (0 if e == 4 else 4 + e)
+
+
 def _loss_call(tokens: int, vocab: int, dtype: torch.dtype):
     """The executor's cross-entropy forward + backward on random logits (a leaf) and labels."""
-    labels = torch.randint(0, vocab, (tokens,), device="cuda")
-    logits = torch.randn(tokens, vocab, device="cuda", dtype=dtype).requires_grad_()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    labels = torch.randint(0, vocab, (tokens,), device="cuda", generator=gen)
+    logits = (3 * torch.randn(tokens, vocab, device="cuda", generator=gen)).to(dtype).requires_grad_()
 
     def call():
         out = _VocabParallelCE.apply(logits, labels, 0, None, None)

@@ -19,9 +19,11 @@ output gradient is being added in (its "add").
 The GPU runs some memory-bound work as one Triton kernel where the CPU runs torch's reference ops: the
 RMSNorm (meshplan.kernels.gated_norm, the fused one-pass form: forward reads x and writes the output;
 backward reads x, dy, writes dx and a per-program fp32 partial of dw, summed after), the rotary (in place:
-read and write q or k), SwiGLU (forward reads h, writes h/2; backward reads h and dy, writes dh). By
-default these count as those kernels' nominal bytes ("triton:..." ops), the reference ops run uncounted;
-`--cpu-paths` counts the reference ops instead.
+read and write q or k), SwiGLU (forward reads h, writes h/2; backward reads h and dy, writes dh), the loss
+(meshplan.kernels.cross_entropy: the row statistics read the logits, the exponentials read them and write
+fp32, the gradient reads those and writes the logits' dtype). By default these count as those kernels'
+nominal bytes ("triton:..." and "ce:..." ops), the reference ops run uncounted; `--cpu-paths` counts the
+reference ops instead.
 
     PYTHONPATH=. python benchmarks/tsp_bytes.py [--seq 4096] [--cpu-paths] >> FILE
 """
@@ -325,6 +327,36 @@ def _swiglu_grad(original):
     return bwd
 
 
+def _ce_stand_ins():
+    """meshplan.kernels.cross_entropy's three passes as torch ops (quiet), counted as the kernels move bytes."""
+
+    def row_stats(logits, labels, start):
+        with COUNT.quiet():
+            z = logits.float()
+            m = z.amax(-1)
+            s = torch.exp(z - m[:, None]).sum(-1)
+            inside = (labels >= start) & (labels < start + z.shape[-1])
+            t = torch.where(inside, z.gather(1, torch.where(inside, labels - start, 0)[:, None])[:, 0], 0.0)
+        COUNT.add("ce:stats", _nbytes(logits) + 3 * _nbytes(m))
+        return m, s, t
+
+    def exponentials(logits, top):
+        with COUNT.quiet():
+            z = torch.exp(logits.float() - top[:, None])
+        COUNT.add("ce:exps", _nbytes(logits) + _nbytes(z))
+        return z
+
+    def logits_grad(z, sums, idx, inside, grad, dtype):
+        with COUNT.quiet():
+            d = z / sums[:, None]
+            d[torch.arange(len(idx)), idx] -= inside.to(d.dtype)
+            out = (d * grad[:, None]).to(dtype)
+        COUNT.add("ce:grad", _nbytes(z) + _nbytes(out))
+        return out
+
+    return row_stats, exponentials, logits_grad
+
+
 @contextmanager
 def _patched(gpu_kernels: bool):
     """The stubs and stand-ins in place, the executor's own functions back afterwards."""
@@ -339,7 +371,15 @@ def _patched(gpu_kernels: bool):
         (attention, "run_blocks", lambda q, k, v, runs: stub),
     ]
     if gpu_kernels:
+        import meshplan.executor.layouts.vocab as vocab
+        import meshplan.kernels.cross_entropy as cross_entropy
+
+        stats, exps, grad = _ce_stand_ins()
         saved += [
+            (vocab, "_ce_kernels", lambda t: True),
+            (cross_entropy, "row_stats", stats),
+            (cross_entropy, "exponentials", exps),
+            (cross_entropy, "logits_grad", grad),
             (blocks.RMSNorm, "forward", _norm_forward),
             (rotary.Rotary, "apply", _rotary_apply(rotary.Rotary.apply)),
             (tsp, "swiglu", _swiglu(tsp.swiglu)),
@@ -433,7 +473,7 @@ def tsp_motion(r: dict) -> dict[str, float]:
         "mamba2": [_lines(tsp_mamba._TSPMamba2Fn), _lines(tsp_mamba.ring_gather)]
         + [_lines(getattr(tsp_mamba.TSPMamba2, name)) for name in ("pack", "unpack", "gather", "pack_all")],
         "head": [_lines(vocab._TSPLogits)],
-        "loss": [_lines(vocab._VocabParallelCE), _lines(vocab._accumulator)],
+        "loss": [_lines(vocab._VocabParallelCE), _lines(vocab._accumulator), _lines(vocab._fused_forward)],
     }
     out = {f"{part} {phase}": 0.0 for part in parts for phase in ("forward", "backward")}
     for (phase, source, op), nbytes in r["bytes"].items():

@@ -91,8 +91,11 @@ def section(table: list[dict]) -> str:
         "Every row was measured again in session 25 with the executor as it stands "
         "(`bash benchmarks/sweeps/whole-model-h200.sh`, its five memory_peak runs): the peaks fell 0.1-8.0 GiB "
         "from the runs before (dense-7b at 128K 83.96 → 75.93 GiB), which the memory model had come to predict "
-        "8.9% under; the predicted step now prices the loss as the executor's passes at its torch-op rate "
-        "(`compute.executor_loss_bytes`, `device.TORCH_OP_HBM_FRACTION`).",
+        "8.9% under. The loss then moved to three Triton passes (`meshplan/kernels/cross_entropy.py`, saving "
+        "what the torch path saved: the peaks are unchanged) and the rows were run once more "
+        "(`bash benchmarks/sweeps/s25-loss-kernels.sh`): the steps took 8-27% less (dense-7b 16K 139 → 128 ms, "
+        "llama3-8b 212 → 177, mamba2-1.3b 128K 338 → 248); the predicted step prices the loss by its kernels' "
+        "bytes at their measured rate (`compute.executor_loss_bytes`, `device.LOSS_KERNEL_HBM_FRACTION`).",
     ]
     checks = RESULTS / "weights-check-h200.json"
     if checks.exists():

@@ -52,17 +52,17 @@ def test_tsp_motion_is_what_the_executor_moves(monkeypatch, d, qk_norm, hidden, 
             assert 0 <= got[f"loss {phase}"] - want <= 160 * tokens, (phase, got[f"loss {phase}"], want)
 
 
-@pytest.mark.parametrize("d", [2, 4])
-def test_tsp_mamba2_motion_is_what_the_executor_moves(monkeypatch, d):
+@pytest.mark.parametrize("d, batch", [(2, 1), (4, 1), (2, 2)])
+def test_tsp_mamba2_motion_is_what_the_executor_moves(monkeypatch, d, batch):
     """A Mamba-2 stack under TSP: every rank's counted bytes of tsp_mamba.py's gathers, packing and Function
     equal motion_bytes's, and the head's as for a dense model."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     counter = load("tsp_bytes")
     model = replace(mamba2("tiny-tsp-mamba2", 64, 2, 96, d_state=16, headdim=16), param_dtype="bf16")
     seq = 64
-    ranks = run_distributed(counter._rank, d, seq, True, model, 1, timeout_s=300)
-    block = motion_bytes(model, "mamba2", seq / d, d, 2)
-    head = head_motion_bytes(model, seq / d, d, 2)
+    ranks = run_distributed(counter._rank, d, seq, True, model, batch, timeout_s=300)
+    block = motion_bytes(model, "mamba2", batch * seq / d, d, 2, rows=batch)
+    head = head_motion_bytes(model, batch * seq / d, d, 2)
     for r in ranks:
         got = counter.tsp_motion(r)
         assert got["mamba2 forward"] == pytest.approx(model.layers * block[0], rel=1e-9)
@@ -70,7 +70,8 @@ def test_tsp_mamba2_motion_is_what_the_executor_moves(monkeypatch, d):
         assert (got["head forward"], got["head backward"]) == pytest.approx(head, rel=1e-9)
 
 
-def test_tsp_moe_motion_is_what_the_executor_moves(monkeypatch):
+@pytest.mark.parametrize("d", [2, 4])
+def test_tsp_moe_motion_is_what_the_executor_moves(monkeypatch, d):
     """An MoE stack under TSP (Qwen2-MoE's shape: a gated shared expert behind a sigmoid gate): every rank's
     counted bytes of the router's ring (RingRowsFn), the shared expert's (_TSPMlpFn) and its gate's
     (RingColumnsFn) equal motion_bytes's."""
@@ -78,7 +79,7 @@ def test_tsp_moe_motion_is_what_the_executor_moves(monkeypatch):
     counter = load("tsp_bytes")
     spec = MoeSpec(64, 4, 2, 64, shared_ffn=96, shared_gate=True, norm_topk=False)
     model = replace(moe(dense("tiny-tsp-moe", 64, 2, 8, 4, 128, 96), spec), param_dtype="bf16")
-    seq, d = 64, 2
+    seq = 64
     ranks = run_distributed(counter._rank, d, seq, True, model, 1, timeout_s=300)
     router = motion_bytes(model, "router", seq / d, d, 2)
     shared = motion_bytes(model, "shared_expert", seq / d, d, 2)
@@ -89,6 +90,13 @@ def test_tsp_moe_motion_is_what_the_executor_moves(monkeypatch):
         )
         both = (got["mlp forward"] + got["shared gate forward"], got["mlp backward"] + got["shared gate backward"])
         assert both == pytest.approx(tuple(model.layers * b for b in shared), rel=1e-9)
+        # the gate's share alone: its one-wide output zero-filled and summed over the D hops, and backward the
+        # input gradient's columns copied into place
+        gate = (seq / d * 2 * (1 + 3 * d), 2 * seq / d * model.d_model * 2)
+        assert (got["shared gate forward"], got["shared gate backward"]) == pytest.approx(
+            tuple(model.layers * b for b in gate), rel=1e-9
+        )
+        assert got["attention forward"] > 0 and got["mamba2 forward"] == 0  # nothing counted in the wrong part
 
 
 def test_tsp_motion_is_priced_for_the_executor_only(monkeypatch):
@@ -122,3 +130,32 @@ def test_tsp_motion_is_priced_for_the_executor_only(monkeypatch):
     head = sum(head_motion_bytes(model, 2048, 2, 2)) / rate
     assert mine["logits_compute_s"] - without["logits_compute_s"] == pytest.approx(head, rel=1e-6)
     assert breakdown("tp=2").get("shard_motion_s", 0.0) == 0.0
+
+
+@pytest.mark.parametrize("name, kind", [("dense-7b", "attention"), ("dense-7b", "mlp"), ("mamba2-2.7b", "mamba2")])
+def test_tsp_decode_motion(name, kind):
+    """A TSP decode step pays what the executor's decode moves: attention its shard packed, its output
+    zero-filled and D partial outputs added (TSPAttention.decode); the MLP its forward's ring; a Mamba-2 block
+    its whole weights gathered and rebuilt (TSPMamba2.decode) — none of the forward's saved-tensor copies."""
+    from meshplan.costmodel.axes import plan_context
+    from meshplan.costmodel.blocks import BLOCKS, streamed_block_params
+    from meshplan.costmodel.compute import block_compute
+    from meshplan.costmodel.device import Device
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.layout import parse_layout
+    from meshplan.models import PRESETS
+    from meshplan.topologies.cluster import load_cluster
+
+    model, batch, seq, d = PRESETS[name], 8, 4096, 2
+    opts = CostOptions(mode="decode")
+    ctx = plan_context(model, parse_layout(f"tsp={d},dp=4"), seq, batch, opts)
+    sh, dev = ctx.sharding_of(kind), Device.of(load_cluster("h200-8"))
+    comp = block_compute(model, kind, batch, seq, sh, 2, dev, recompute="none", training=False, row_tokens=1)
+    got = BLOCKS[kind].decode(comp, model, batch, seq, sh, opts, dev).motion_fwd_s * dev.torch_op_hbm
+    x, shard = batch * model.d_model * 2, streamed_block_params(model, kind) / d * 2
+    want = {
+        "attention": 2 * shard + x + 3 * d * x,
+        "mlp": 2 * shard + 3 * (d - 1) * x,
+        "mamba2": 2 * shard + 4 * d * shard,
+    }[kind]
+    assert got == pytest.approx(want, rel=1e-9)

@@ -12,7 +12,7 @@ import functools
 
 from meshplan.costmodel.axes import Sharding, tsp
 from meshplan.costmodel.blocks import BLOCKS, BlockCompute
-from meshplan.costmodel.device import Device, gemm_time_s
+from meshplan.costmodel.device import LOSS_KERNEL_HBM_FRACTION, Device, gemm_time_s
 from meshplan.models import ModelSpec
 
 
@@ -84,22 +84,22 @@ def block_compute(
 
 
 def executor_loss_bytes(logits: float, e: int) -> tuple[float, float]:
-    """(forward, backward) bytes of meshplan's executor's cross-entropy over `logits` logits held in e bytes
-    (executor/layouts/vocab.py _VocabParallelCE; benchmarks/bench_loss.py counts the same): forward an fp32
-    copy (read e, write 4), the row maxima (read 4), the shift and the exponentials in place (read and write 4
-    each), their sums (read 4); backward the softmax's division and the gradient's scaling in place (read and
-    write 4 each) and the cast back to e (read 4, write e; no copy in fp32)."""
-    return logits * (e + 28), logits * (16 + (0 if e == 4 else 4 + e))
+    """(forward, backward) bytes of meshplan's executor's cross-entropy on the GPU over `logits` logits held in
+    e bytes (meshplan.kernels.cross_entropy, from executor/layouts/vocab.py _VocabParallelCE): forward the rows'
+    statistics (read e) and the fp32 exponentials (read e, write 4); backward the gradient (read 4, write e) —
+    14 bytes a logit in bf16, 20 in fp32. benchmarks/tsp_bytes.py counts the same (tests/test_tsp_motion.py)."""
+    return logits * (2 * e + 4), logits * (4 + e)
 
 
 def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: Device) -> BlockCompute:
     vocab = model.vocab / sh.vocab_div
     gemm = gemm_time_s(tokens, vocab, model.d_model, e, dev)
     motion_fwd = motion_bwd = 0.0
-    if dev.executor_loss:  # the executor's passes at its torch ops' rate (TSP's logits are fp32 sums)
+    if dev.executor_loss:  # the executor's loss kernels at their measured rate (TSP's logits are fp32 sums)
         mem = 0.0
         fwd_bytes, bwd_bytes = executor_loss_bytes(tokens * vocab, 4 if sh.streams_weights else e)
-        motion_fwd, motion_bwd = fwd_bytes / dev.torch_op_hbm, bwd_bytes / dev.torch_op_hbm
+        rate = dev.rated_hbm * LOSS_KERNEL_HBM_FRACTION
+        motion_fwd, motion_bwd = fwd_bytes / rate, bwd_bytes / rate
     else:  # softmax / cross-entropy over the fp32 logits: read and write them twice a direction
         mem = tokens * vocab * 4 * 4 / dev.hbm_bytes_per_s
     if sh.streams_weights and dev.tsp_motion:  # TSP's logits summed in fp32 over the head's column shards

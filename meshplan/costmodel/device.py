@@ -33,15 +33,21 @@ GEMM_EFFICIENCY = 0.74
 # 5.9× (profile-step-h200.json).
 EAGER_ELEMENTWISE_FACTOR = 1.22
 
-# The rate of the executor's torch ops over large tensors — its loss's fp32 passes (layouts/vocab.py
-# _VocabParallelCE, forward + backward), TSP's fp32 logits sum and its shards' packing cats — as a fraction
-# of the rated HBM rate: the median of 11 timings on one H200 (0.58-0.70; the loss 0.63-0.70 over 8K-16K
-# tokens × 32K-128K vocabulary, bf16 and fp32 logits; the logits sum 0.58-0.59; the cats 0.59-0.69),
-# benchmarks/results/loss-h200.json, `python benchmarks/bench_loss.py`. What those ops move is counted
-# exactly (blocks.attention.zigzag_motion_bytes, axes/tsp.motion_bytes, compute.executor_loss_bytes); the
-# rate is what the measurement adds. The whole TSP steps' elementwise kernels ran at 0.52-0.58 of it
-# (benchmarks/results/s25-h200x2-tsp/), with the norms' and activations' Triton kernels among them.
+# The rate of the executor's torch ops over large tensors — the copies, sums, in-place products and cats TSP's
+# motion is made of (axes/tsp.motion_bytes, head_motion_bytes) — as a fraction of the rated HBM rate: the median
+# of 11 timings on one H200 (0.58-0.70: the loss's former torch path 0.63-0.70 over 8K-16K tokens × 32K-128K
+# vocabulary, bf16 and fp32 logits; TSP's fp32 logits sum 0.58-0.59; its shard packing cats 0.59-0.69),
+# benchmarks/results/loss-h200.json, `python benchmarks/bench_loss.py` (again 0.64 in loss-kernels-h200.json).
+# Measured on an H200 and used for every GPU, as the eager factors above are. What those ops move is counted
+# exactly; the rate is what the measurement adds. The whole TSP steps' elementwise kernels ran at 0.52-0.54 of the
+# rated rate over the counter's bytes (benchmarks/results/s25-h200x2-tsp/), the Triton norms and activations
+# among them. The zigzag motion's index_select, lerp_ and slice gradients are not timed; it stays at the rated rate.
 TORCH_OP_HBM_FRACTION = 0.645
+# The executor's loss kernels (meshplan.kernels.cross_entropy: row statistics, exponentials, gradient) as a
+# fraction of the rated HBM rate over the bytes compute.executor_loss_bytes counts: the median of 6 timings on
+# one H200 (0.61-0.78: 8K-16K tokens × 32K-128K vocabulary, bf16 and fp32 logits; 2.5-4.0× faster than the torch
+# path on the same logits), benchmarks/results/loss-kernels-h200.json, `python benchmarks/bench_loss.py`.
+LOSS_KERNEL_HBM_FRACTION = 0.706
 
 
 # The executor's MoE routing in torch — the MoE sublayer's pre-norm and residual, the router's softmax and

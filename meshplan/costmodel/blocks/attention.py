@@ -257,7 +257,9 @@ class Attention(BlockKind):
 
     def shard_motion_s(self, model, tokens, sh, e, dev, *, zigzag) -> tuple[float, float]:
         """(forward, backward) seconds of the data motion around a zigzag shard's attention kernels, where
-        the stack moves it (Device.zigzag_motion: meshplan's executor), at its torch ops' rate; the
+        the stack moves it (Device.zigzag_motion: meshplan's executor), at the rated HBM rate (a floor: its
+        index_select, lerp_ and slice-gradient kernels are not timed apart; the s22-s23 profiles put them under
+        half of it, below device.TORCH_OP_HBM_FRACTION's cats and sums); the
         backward redoes the forward's where the stack recomputes sequence shards' attention. A stack with
         Mamba layers has contiguous shards in the executor (TSP's too: executor/layouts/layer.py), no reorder."""
         if zigzag <= 1 or model.mamba_layers or not sh.gathers_kv or not dev.zigzag_motion:
@@ -266,7 +268,7 @@ class Attention(BlockKind):
         fwd, bwd = zigzag_motion_bytes(tokens, zigzag, a.q_width / sh.head_div, a.kv_width / sh.head_div, e)
         if dev.sequence_attention_recompute:
             bwd += fwd
-        return fwd / dev.torch_op_hbm, bwd / dev.torch_op_hbm
+        return fwd / dev.rated_hbm, bwd / dev.rated_hbm
 
     def core_bwd_factor(self, dev):
         return ATTENTION_BWD_FACTOR if dev.flash_attention else UNFUSED_ATTENTION_BWD_FACTOR
@@ -292,7 +294,14 @@ class Attention(BlockKind):
         t = max(
             flops / (dev.peak_flops * ATTENTION_EFFICIENCY), kv_bytes / (dev.rated_hbm * DECODE_ATTENTION_HBM_FRACTION)
         )
-        return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd)
+        motion = 0.0
+        if sh.streams_weights and dev.tsp_motion:
+            # TSP's decode step (executor/layouts/tsp.py TSPAttention.decode): the rank's shard packed (2W), the
+            # output zero-filled and each of the D shards' partial outputs added in (X + 3·D·X, X = batch · h · e)
+            e, d = opts.nbytes("act_dtype"), sh.weight_div
+            x = batch * model.d_model * e
+            motion = (2 * self.streamed_params(model) / d * e + x + 3 * d * x) / dev.torch_op_hbm
+        return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd, motion_fwd_s=motion)
 
 
 ATTENTION = Attention()

@@ -8,6 +8,7 @@ kernels are priced by their bytes at measured fractions of HBM and its state pas
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from meshplan.costmodel.activations import Saved
 from meshplan.costmodel.blocks.base import BlockKind
@@ -369,7 +370,9 @@ class Mamba2(BlockKind):
         return mem + kernel_fwd + linear_gemm_time_s(tokens, *self.gemms(model, sh.head_div)[-1], e, dev)
 
     def decode(self, comp, model, batch, seq, sh, opts, dev):
-        return decode_state_io(comp, model.mamba2, batch, sh, opts, dev)
+        # under TSP each decode step gathers and rebuilds the whole weights as the forward does
+        # (executor/layouts/tsp_mamba.py TSPMamba2.decode): comp's forward motion, which has no token term
+        return replace(decode_state_io(comp, model.mamba2, batch, sh, opts, dev), motion_fwd_s=comp.motion_fwd_s)
 
     def boundary_bytes(self, model, batch, head_div, opts, shards=1):
         m = model.mamba2

@@ -38,6 +38,7 @@ from meshplan.executor.comm import (
 from meshplan.executor.layouts.common import Sharded, token_sum
 from meshplan.executor.layouts.splits import vocab_split
 from meshplan.executor.model import OutputHead, TokenEmbedding
+from meshplan.kernels import cross_entropy
 
 
 def _accumulator(t: torch.Tensor) -> torch.Tensor:
@@ -51,6 +52,9 @@ class _VocabParallelCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, labels, start, mesh, axis):
+        ctx.fused = _ce_kernels(logits)
+        if ctx.fused:  # three Triton passes (meshplan.kernels.cross_entropy), the same saved tensors
+            return _fused_forward(ctx, logits, labels, start, mesh, axis)
         z = _accumulator(logits)
         top = z.amax(-1)
         if axis:
@@ -71,10 +75,42 @@ class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         z, sums, idx, inside = ctx.saved_tensors
+        if ctx.fused:
+            return cross_entropy.logits_grad(z, sums, idx, inside, grad, ctx.dtype), None, None, None, None
         z.div_(sums.unsqueeze(-1))  # softmax, in place of the saved exponentials (one backward)
         z.scatter_add_(1, idx.unsqueeze(-1), -inside.to(z.dtype).unsqueeze(-1))
         z.mul_(grad.unsqueeze(-1).to(z.dtype))
         return z.to(ctx.dtype), None, None, None, None
+
+
+def _ce_kernels(logits: torch.Tensor) -> bool:
+    """Whether the loss runs as meshplan.kernels.cross_entropy's passes: on the GPU (the CPU keeps the torch
+    path; the tests dispatch the kernels under Triton's interpreter)."""
+    return logits.is_cuda
+
+
+def _fused_forward(ctx, logits, labels, start, mesh, axis):
+    """_VocabParallelCE.forward through meshplan.kernels.cross_entropy: each row's max, sum of exponentials
+    and label's logit in one pass; the maxima all-reduced and the sums rescaled to them; the fp32
+    exponentials written in a second pass; the sums and the label's shifted logit all-reduced (the torch
+    path's two all-reduces, of the same values)."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    m, s, t = cross_entropy.row_stats(logits, labels, start)
+    top = m
+    if axis:
+        top = m.clone()
+        all_reduce(mesh, top, axis, "max")
+        s = s * torch.exp(m - top)
+    inside = (labels >= start) & (labels < start + logits.shape[-1])
+    idx = torch.where(inside, labels - start, 0)
+    z = cross_entropy.exponentials(logits, top)
+    stats = torch.stack([s, torch.where(inside, t - top, 0.0)])
+    if axis:
+        all_reduce(mesh, stats, axis)
+    sums, target = stats[0], stats[1]
+    ctx.dtype = logits.dtype
+    ctx.save_for_backward(z, sums, idx, inside)
+    return sums.log() - target
 
 
 def log_softmax_over(logits: torch.Tensor, mesh: Mesh, axis: str | None) -> torch.Tensor:
