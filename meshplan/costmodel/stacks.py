@@ -81,10 +81,9 @@ class Stack:
     # saved per-shard tensors and sums its LM head's fp32 logits shard by shard in torch ops (meshplan's
     # executor: axes.tsp.motion_bytes, head_motion_bytes); a stack without a TSP executor is priced without them
     tsp_motion: bool = False
-    # The loss over the logits as meshplan's executor runs it (layouts/vocab.py _VocabParallelCE: an fp32 copy,
-    # its row maxima, shift, exponentials and sums, backward the softmax and the gradient in place and the
-    # cast back; compute.executor_loss_bytes) at the executor's torch-op rate; False: four fp32 passes a
-    # direction over the logits at the device's HBM rate (a fused loss's reads and writes)
+    # The loss over the logits as meshplan's executor runs it on the GPU (meshplan/kernels/cross_entropy.py's three
+    # passes: compute.executor_loss_bytes at device.LOSS_KERNEL_HBM_FRACTION); False: four fp32 passes a
+    # direction over the logits at the device's HBM rate
     executor_loss: bool = False
     # ZeRO shards over the sequence ranks too (Megatron's distributed optimizer over its data-parallel
     # group with context parallelism, dp × cp); meshplan's executor shards over dp only.
