@@ -60,17 +60,10 @@ class _VocabParallelCE(torch.autograd.Function):
         if axis:
             all_reduce(mesh, top, axis, "max")
         z.sub_(top.unsqueeze(-1))
-        inside = (labels >= start) & (labels < start + z.shape[-1])
-        idx = torch.where(inside, labels - start, 0)
+        inside, idx = _label_columns(labels, start, z.shape[-1])
         target = torch.where(inside, z.gather(1, idx.unsqueeze(-1)).squeeze(-1), 0.0)
         z.exp_()
-        stats = torch.stack([z.sum(-1), target])
-        if axis:
-            all_reduce(mesh, stats, axis)
-        sums, target = stats[0], stats[1]
-        ctx.dtype = logits.dtype
-        ctx.save_for_backward(z, sums, idx, inside)
-        return sums.log() - target
+        return _losses(ctx, mesh, axis, z, z.sum(-1), target, idx, inside, logits.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -101,14 +94,25 @@ def _fused_forward(ctx, logits, labels, start, mesh, axis):
         top = m.clone()
         all_reduce(mesh, top, axis, "max")
         s = s * torch.exp(m - top)
-    inside = (labels >= start) & (labels < start + logits.shape[-1])
-    idx = torch.where(inside, labels - start, 0)
+    inside, idx = _label_columns(labels, start, logits.shape[-1])
     z = cross_entropy.exponentials(logits, top)
-    stats = torch.stack([s, torch.where(inside, t - top, 0.0)])
+    return _losses(ctx, mesh, axis, z, s, torch.where(inside, t - top, 0.0), idx, inside, logits.dtype)
+
+
+def _label_columns(labels, start, width):
+    """Whether each label lies in the slice of `width` vocabulary ids from `start`, and its column there (0 if not)."""
+    inside = (labels >= start) & (labels < start + width)
+    return inside, torch.where(inside, labels - start, 0)
+
+
+def _losses(ctx, mesh, axis, z, sums, target, idx, inside, dtype):
+    """The token losses log Σ exp − the label's shifted logit, the sums and targets summed over the vocabulary
+    axis first; the exponentials z and what the backward needs saved."""
+    stats = torch.stack([sums, target])
     if axis:
         all_reduce(mesh, stats, axis)
     sums, target = stats[0], stats[1]
-    ctx.dtype = logits.dtype
+    ctx.dtype = dtype
     ctx.save_for_backward(z, sums, idx, inside)
     return sums.log() - target
 
