@@ -41,8 +41,15 @@ EAGER_ELEMENTWISE_FACTOR = 1.22
 # Measured on an H200 and used for every GPU, as the eager factors above are. What those ops move is counted
 # exactly; the rate is what the measurement adds. The whole TSP steps' elementwise kernels ran at 0.52-0.54 of the
 # rated rate over the counter's bytes (benchmarks/results/s25-h200x2-tsp/), the Triton norms and activations
-# among them. The zigzag motion's index_select, lerp_ and slice gradients are not timed; it stays at the rated rate.
+# among them. The zigzag motion's own rate is below.
 TORCH_OP_HBM_FRACTION = 0.645
+# The zigzag shard's data motion (executor/layouts/common.py attend_zigzag: index_select, the blocks' lerp_
+# merges, slice gradients, cats) as a fraction of the rated HBM rate over the bytes
+# blocks/attention.zigzag_motion_bytes counts: the median of 4 timings on one H200 (0.46-0.55: 16K-64K tokens over
+# 2-4 shards, 32 heads, 32 or 8 K/V heads; forward + backward with the attention kernels stubbed, replayed as a
+# CUDA graph, over benchmarks/zigzag_bytes.py's count of the same call), benchmarks/results/zigzag-motion-h200.json,
+# `python benchmarks/bench_zigzag_motion.py`. (The s22-s23 profiles had put them under half the rated rate.)
+ZIGZAG_MOTION_HBM_FRACTION = 0.495
 # The executor's loss kernels (meshplan.kernels.cross_entropy: row statistics, exponentials, gradient) as a
 # fraction of the rated HBM rate over the bytes compute.executor_loss_bytes counts: the median of 6 timings on
 # one H200 (0.61-0.78: 8K-16K tokens × 32K-128K vocabulary, bf16 and fp32 logits; 2.5-4.0× faster than the torch

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from meshplan.costmodel.activations import FP32, MASK, NORM_STATS, Saved
 from meshplan.costmodel.blocks.base import ATTENTION_BWD_FACTOR, BlockCompute, BlockKind, selective_modules
-from meshplan.costmodel.device import ATTENTION_EFFICIENCY, Device, _efficiency_table, attention_efficiency
+from meshplan.costmodel.device import (
+    ATTENTION_EFFICIENCY,
+    ZIGZAG_MOTION_HBM_FRACTION,
+    Device,
+    _efficiency_table,
+    attention_efficiency,
+)
 from meshplan.costmodel.options import MemoryOptions
 from meshplan.models import ModelSpec
 
@@ -257,9 +263,8 @@ class Attention(BlockKind):
 
     def shard_motion_s(self, model, tokens, sh, e, dev, *, zigzag) -> tuple[float, float]:
         """(forward, backward) seconds of the data motion around a zigzag shard's attention kernels, where
-        the stack moves it (Device.zigzag_motion: meshplan's executor), at the rated HBM rate (a floor: its
-        index_select, lerp_ and slice-gradient kernels are not timed apart; the s22-s23 profiles put them under
-        half of it, below device.TORCH_OP_HBM_FRACTION's cats and sums); the
+        the stack moves it (Device.zigzag_motion: meshplan's executor), at its ops' measured rate
+        (device.ZIGZAG_MOTION_HBM_FRACTION of the rated HBM rate); the
         backward redoes the forward's where the stack recomputes sequence shards' attention. A stack with
         Mamba layers has contiguous shards in the executor (TSP's too: executor/layouts/layer.py), no reorder."""
         if zigzag <= 1 or model.mamba_layers or not sh.gathers_kv or not dev.zigzag_motion:
@@ -268,7 +273,8 @@ class Attention(BlockKind):
         fwd, bwd = zigzag_motion_bytes(tokens, zigzag, a.q_width / sh.head_div, a.kv_width / sh.head_div, e)
         if dev.sequence_attention_recompute:
             bwd += fwd
-        return fwd / dev.rated_hbm, bwd / dev.rated_hbm
+        rate = dev.rated_hbm * ZIGZAG_MOTION_HBM_FRACTION
+        return fwd / rate, bwd / rate
 
     def core_bwd_factor(self, dev):
         return ATTENTION_BWD_FACTOR if dev.flash_attention else UNFUSED_ATTENTION_BWD_FACTOR
