@@ -21,7 +21,7 @@ import zigzag_bytes  # noqa: E402
 
 import meshplan.executor.attention as attention  # noqa: E402
 import meshplan.executor.layouts.common as common  # noqa: E402
-from meshplan.executor.run import median_time_s  # noqa: E402
+from meshplan.executor.run import graph_replay_s, median_time_s  # noqa: E402
 
 # (tokens of the sequence, ranks, heads, kv heads): dense-7b's and Llama-3-8B's attention at 16K-64K over 2-4 shards
 SHAPES = ((16384, 2, 32, 32), (16384, 2, 32, 8), (32768, 4, 32, 8), (65536, 2, 32, 8))
@@ -40,20 +40,6 @@ def gpu_call(seq: int, parts: int, index: int, heads: int, kv_heads: int, d: int
         q.grad = k.grad = v.grad = None
 
     return call
-
-
-def _graph_s(call, reps: int) -> float:
-    """Median seconds of one replay of `call` captured as a CUDA graph (warmed up on a side stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return median_time_s(graph.replay, reps)
 
 
 def _stub_forward(q, k, v, causal):
@@ -80,7 +66,7 @@ def main() -> None:
         try:
             call = gpu_call(seq, parts, index, heads, kv_heads)
             s_call = median_time_s(call, args.reps)
-            s = _graph_s(call, args.reps)  # the GPU's time: the host issuing ~100 small ops is not in it
+            s = graph_replay_s(call, args.reps)  # the GPU's time: the host issuing ~100 small ops is not in it
         finally:
             attention.shard_blocks, attention.run_blocks, common.shard_attention = saved
         row = {"seq": seq, "parts": parts, "heads": heads, "kv_heads": kv_heads, "ms": s * 1e3, "call_ms": s_call * 1e3}

@@ -76,7 +76,7 @@ from meshplan.executor.blocks import DenseLayer
 from meshplan.executor.comm import build_mesh
 from meshplan.executor.optim import MixedAdam
 from meshplan.executor.rotary import inv_freq
-from meshplan.executor.run import measure, timed
+from meshplan.executor.run import graph_replay_s, measure, timed
 from meshplan.kernels.launch import SSD_CHUNK
 from meshplan.layout import parse_layout
 from meshplan.models import PRESETS, ModelSpec, dense, mamba2
@@ -199,18 +199,9 @@ def peer_step_ms(
 
 
 def graph_replay_ms(step, args) -> float:
-    """Median ms of one replay of `step` captured as a CUDA graph — the GPU's time, with no host issuing
-    kernels in it — after --warmup calls on a side stream (where Triton autotunes), over --steps replays."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(max(args.warmup, 1)):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return median_ms(graph.replay, args)
+    """Median ms of one replay of `step` captured as a CUDA graph (run.graph_replay_s: the GPU's time) after
+    --warmup calls, over --steps replays."""
+    return graph_replay_s(step, args.steps, args.warmup) * 1e3
 
 
 def median_ms(step, args) -> float:

@@ -29,27 +29,16 @@ import torch
 sys.path.insert(0, "benchmarks")
 import peers_mamba  # noqa: E402
 
-from meshplan.executor.run import kernel_times, timed  # noqa: E402
+from meshplan.executor.run import graph_replay_s, kernel_times, timed  # noqa: E402
 from meshplan.models import PRESETS  # noqa: E402
 
 
 def graph_ms(call, reps: int) -> float | str:
-    """Median ms of one replay of `call` captured as a CUDA graph, or why it could not be captured."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    """Median ms of one replay of `call` captured as a CUDA graph (run.graph_replay_s), or why it could not be."""
     try:
-        with torch.cuda.graph(graph):
-            call()
+        return graph_replay_s(call, reps) * 1e3
     except Exception as e:  # a host sync or an allocation the capture refuses
         return f"{type(e).__name__}: {e}"[:300]
-    for _ in range(3):
-        graph.replay()
-    return statistics.median(timed(graph.replay, reps, cuda=True)) * 1e3
 
 
 def kernels_ms(call, reps: int = 5) -> float:

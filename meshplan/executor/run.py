@@ -73,6 +73,21 @@ def median_time_s(fn, reps: int = 10, warmup: int = 3) -> float:
     return statistics.median(timed(fn, reps, cuda=True))
 
 
+def graph_replay_s(fn, reps: int = 10, warmup: int = 3) -> float:
+    """Median seconds of one replay of fn captured as a CUDA graph — the GPU's time, with no host issuing its
+    kernels — after `warmup` calls on a side stream (where Triton autotunes and the allocator settles)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_time_s(graph.replay, reps)
+
+
 def kernel_times(fn, names, reps: int = 5) -> dict:
     """Mean CUDA seconds per call of fn spent in each named kernel (torch.profiler), and in all the
     others together under "other" (torch's small ops around them)."""
