@@ -151,7 +151,9 @@ def test_tsp_decode_motion(name, kind):
     ctx = plan_context(model, parse_layout(f"tsp={d},dp=4"), seq, batch, opts)
     sh, dev = ctx.sharding_of(kind), Device.of(load_cluster("h200-8"))
     comp = block_compute(model, kind, batch, seq, sh, 2, dev, recompute="none", training=False, row_tokens=1)
-    got = BLOCKS[kind].decode(comp, model, batch, seq, sh, opts, dev).motion_fwd_s * dev.torch_op_hbm
+    got = (
+        BLOCKS[kind].decode(comp, model, batch, seq, sh, opts, dev).motion_fwd_s * dev.rated_hbm * TORCH_OP_HBM_FRACTION
+    )
     x, shard = batch * model.d_model * 2, streamed_block_params(model, kind) / d * 2
     want = {
         "attention": 2 * shard + x + 3 * d * x,

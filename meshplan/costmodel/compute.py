@@ -12,7 +12,7 @@ import functools
 
 from meshplan.costmodel.axes import Sharding, tsp
 from meshplan.costmodel.blocks import BLOCKS, BlockCompute
-from meshplan.costmodel.device import LOSS_KERNEL_HBM_FRACTION, Device, gemm_time_s
+from meshplan.costmodel.device import LOSS_KERNEL_HBM_FRACTION, TORCH_OP_HBM_FRACTION, Device, gemm_time_s
 from meshplan.models import ModelSpec
 
 
@@ -54,7 +54,8 @@ def block_compute(
     if sh.streams_weights and dev.tsp_motion:  # TSP's packing, partial sums and concatenations (torch ops)
         rows = busy / row_tokens if row_tokens else 1.0  # the sequence rows (the batch) on the rank
         fwd_bytes, bwd_bytes = tsp.motion_bytes(model, kind, busy, sh.weight_div, e, rows)
-        motion_fwd, motion_bwd = motion_fwd + fwd_bytes / dev.torch_op_hbm, motion_bwd + bwd_bytes / dev.torch_op_hbm
+        rate = dev.rated_hbm * TORCH_OP_HBM_FRACTION
+        motion_fwd, motion_bwd = motion_fwd + fwd_bytes / rate, motion_bwd + bwd_bytes / rate
     cast_fwd = cast_bwd = 0.0
     if dev.precision != "bf16":  # Transformer Engine's quantize kernels around the FP8 GEMMs
         fwd_bytes, bwd_bytes = b.fp8_cast_bytes_per_token(model, sh.head_div, dev.fp8_current_scaling)
@@ -104,7 +105,8 @@ def logits_compute(model: ModelSpec, tokens: float, sh: Sharding, e: int, dev: D
         mem = tokens * vocab * 4 * 4 / dev.hbm_bytes_per_s
     if sh.streams_weights and dev.tsp_motion:  # TSP's logits summed in fp32 over the head's column shards
         fwd_bytes, bwd_bytes = tsp.head_motion_bytes(model, tokens, sh.weight_div, e)
-        motion_fwd, motion_bwd = motion_fwd + fwd_bytes / dev.torch_op_hbm, motion_bwd + bwd_bytes / dev.torch_op_hbm
+        rate = dev.rated_hbm * TORCH_OP_HBM_FRACTION
+        motion_fwd, motion_bwd = motion_fwd + fwd_bytes / rate, motion_bwd + bwd_bytes / rate
     return BlockCompute(
         gemm, 0.0, mem, 0.0, 2 * tokens * vocab * model.d_model, motion_fwd_s=motion_fwd, motion_bwd_s=motion_bwd
     )

@@ -168,7 +168,7 @@ class Device:
     zigzag_motion: bool = True
     # TSP's torch-op data motion around its GEMMs (Stack.tsp_motion)
     tsp_motion: bool = True
-    # The loss as the executor's fp32 passes (Stack.executor_loss: compute.executor_loss_bytes)
+    # The loss as the executor's Triton passes (Stack.executor_loss: compute.executor_loss_bytes)
     executor_loss: bool = True
     # Where the rates are borrowed (meshplan.hardware.rates): the note a prediction prints; "" when the
     # table or a calibration has this GPU's own.
@@ -203,11 +203,6 @@ class Device:
     @property
     def rated_hbm(self) -> float:
         return self.hbm_rated_bytes_per_s or self.hbm_bytes_per_s
-
-    @property
-    def torch_op_hbm(self) -> float:
-        """The rate the executor's torch ops move large tensors at (TORCH_OP_HBM_FRACTION of the rated)."""
-        return self.rated_hbm * TORCH_OP_HBM_FRACTION
 
     @classmethod
     def of(cls, cluster, stack=None) -> "Device":

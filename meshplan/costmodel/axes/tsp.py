@@ -195,10 +195,11 @@ def motion_bytes(model, kind: str, tokens: float, d: int, e: int, rows: float = 
         # RingRowsFn: each hop's columns of the router's output copied into place (tokens · experts · e, read
         # and written); backward the input gradient zero-filled and each hop's product added in
         return 2 * tokens * model.moe.experts * e, x + 3 * d * x
-    shard = streamed_block_params(model, kind) / d * e
-    if kind == "shared_expert":
+    if kind == "shared_expert":  # its _TSPMlpFn ring carries [gate; up] and down, not the shared gate's row
         m = model.moe
-        shard = (m.n_input_matrices + 1) * m.hidden * m.shared_ffn / d * e  # its _TSPMlpFn ring, as an MLP's
+        shard = (m.n_input_matrices + 1) * m.hidden * m.shared_ffn / d * e
+    else:
+        shard = streamed_block_params(model, kind) / d * e
     fwd = bwd = 2 * shard
     if kind == "shared_expert" and model.moe.shared_gate:
         # RingColumnsFn (Qwen2-MoE's gate, one output): its output zero-filled and each hop's product added

@@ -18,6 +18,7 @@ from meshplan.costmodel.activations import FP32, MASK, NORM_STATS, Saved
 from meshplan.costmodel.blocks.base import ATTENTION_BWD_FACTOR, BlockCompute, BlockKind, selective_modules
 from meshplan.costmodel.device import (
     ATTENTION_EFFICIENCY,
+    TORCH_OP_HBM_FRACTION,
     ZIGZAG_MOTION_HBM_FRACTION,
     Device,
     _efficiency_table,
@@ -306,7 +307,7 @@ class Attention(BlockKind):
             # output zero-filled and each of the D shards' partial outputs added in (X + 3·D·X, X = batch · h · e)
             e, d = opts.nbytes("act_dtype"), sh.weight_div
             x = batch * model.d_model * e
-            motion = (2 * self.streamed_params(model) / d * e + x + 3 * d * x) / dev.torch_op_hbm
+            motion = (2 * self.streamed_params(model) / d * e + x + 3 * d * x) / (dev.rated_hbm * TORCH_OP_HBM_FRACTION)
         return BlockCompute(comp.gemm_fwd_s, t, comp.mem_fwd_s, 0.0, comp.flops_fwd, motion_fwd_s=motion)
 
 
