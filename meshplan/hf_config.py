@@ -986,7 +986,10 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         raise MeshplanError(
             f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(sorted(_READERS))}"
         )
-    name = raw.get("_name_or_path") or Path(path).parent.name or model_type
+    # A checkpoint's config.json is named by its folder (Meta-Llama-3-70B/config.json); any other file by
+    # its own name (llama70b.json), not by whatever folder it sits in.
+    file = Path(path)
+    name = raw.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem) or model_type
     try:
         return _READERS[model_type](_Fields(raw, where), str(name))
     except MeshplanError as err:

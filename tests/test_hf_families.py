@@ -164,6 +164,14 @@ def test_family_features_read_from_the_config(tmp_path):
     assert read["olmo2"].attention.qk_norm == 4096 + 4096
 
 
+def test_a_config_is_named_by_its_checkpoint_folder_or_its_own_file_name(tmp_path):
+    raw = FAMILIES["qwen2"][0]
+    (tmp_path / "Qwen2-7B").mkdir()
+    assert model_from_hf_config(_write(tmp_path / "Qwen2-7B", raw)).name == "Qwen2-7B"
+    assert model_from_hf_config(_write(tmp_path, raw, "my-qwen.json")).name == "my-qwen"
+    assert model_from_hf_config(_write(tmp_path, dict(raw, _name_or_path="org/model"))).name == "org/model"
+
+
 def test_layer_types_name_the_sliding_layers(tmp_path):
     raw = dict(FAMILIES["gemma3_text"][0], layer_types=["sliding_attention"] * 20 + ["full_attention"] * 6)
     assert model_from_hf_config(_write(tmp_path, raw)).window_layers == 20
