@@ -161,3 +161,32 @@ def test_tsp_decode_motion(name, kind):
         "mamba2": 2 * shard + 4 * d * shard,
     }[kind]
     assert got == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("layout, kind", [("tsp=2", "mlp"), ("tsp=2", "mamba2"), ("sp=2", "attention")])
+def test_full_recompute_redoes_the_forward_motion(layout, kind):
+    """Full recompute runs a block's forward again in its backward, the forward's data motion (TSP's packing,
+    a sequence shard's zigzag concatenations) with it: the recomputed forward costs what the forward does."""
+    from meshplan.costmodel.axes import plan_context
+    from meshplan.costmodel.compute import block_compute
+    from meshplan.costmodel.device import Device
+    from meshplan.costmodel.options import CostOptions
+    from meshplan.layout import parse_layout
+    from meshplan.models import PRESETS
+    from meshplan.topologies.cluster import load_cluster
+
+    model = PRESETS["mamba2-2.7b" if kind == "mamba2" else "dense-7b"]
+    seq = 8192
+    ctx = plan_context(model, parse_layout(layout), seq, 1, CostOptions(mode="train"))
+    sh, dev = ctx.sharding_of(kind), Device.of(load_cluster("h200-8"))
+    zigzag = 2 if kind == "attention" else 0
+
+    def comp(recompute):
+        return block_compute(
+            model, kind, seq / 2, seq, sh, 2, dev, recompute=recompute, training=True, zigzag=zigzag, row_tokens=seq / 2
+        )
+
+    full, none = comp("full"), comp("none")
+    assert full.motion_fwd_s > 0
+    assert full.recompute_fwd_s == pytest.approx(full.fwd_s, rel=1e-12)
+    assert full.bwd_s - none.bwd_s == pytest.approx(full.fwd_s - none.recompute_fwd_s, rel=1e-12)

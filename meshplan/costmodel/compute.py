@@ -62,8 +62,8 @@ def block_compute(
         cast_fwd, cast_bwd = busy * fwd_bytes / dev.rated_hbm, busy * bwd_bytes / dev.rated_hbm
     recompute_s = 0.0
     if training:
-        if recompute == "full":
-            recompute_s += gemm + core + mem + kernel_fwd + cast_fwd
+        if recompute == "full":  # the whole forward again, its sequence-shard and TSP data motion included
+            recompute_s += gemm + core + mem + kernel_fwd + cast_fwd + motion_fwd
         else:
             recompute_s += b.partial_recompute_s(
                 model, recompute, sh, gemm=gemm, core=core, mem=mem, kernel_fwd=kernel_fwd, tokens=tokens, e=e, dev=dev
