@@ -460,11 +460,11 @@ def tsp_motion(r: dict) -> dict[str, float]:
     from meshplan.executor import comm
     from meshplan.executor.layouts import tsp, tsp_mamba, vocab
 
-    # comm.reduce_scatter's line that makes the rank chunks contiguous (what NCCL's path copies too; not the
-    # gloo stand-in's slice after its all-reduce)
+    # comm.reduce_scatter's lines that lay the rank chunks out for NCCL (a copy only where a batch's rows put
+    # them in pieces; not the gloo stand-in's slice after its all-reduce)
     path, span = _lines(comm.reduce_scatter)
     source, _ = inspect.getsourcelines(comm.reduce_scatter)
-    chunks = [span.start + i for i, text in enumerate(source) if text.strip().startswith("chunks = [")]
+    chunks = [span.start + i for i, text in enumerate(source) if text.strip().startswith("chunks = ")]
     parts = {
         "attention": [_lines(tsp._TSPAttentionFn), _lines(comm.all_gather_start), (path, chunks)],
         "mlp": [_lines(tsp._TSPMlpFn)],

@@ -185,27 +185,33 @@ def all_gather_start(mesh: Mesh, t: torch.Tensor, axis: str, dim: int):
 
 
 def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-    """Sum over the axis, keep this rank's slice along `dim`."""
+    """Sum over the axis, keep this rank's slice along `dim` (which must split into equal chunks)."""
     ax = mesh.axis(axis)
     if ax.size == 1:
         return t
+    n = ax.size
+    if t.shape[dim] % n:
+        raise ValueError(f"reduce_scatter: dim {dim} of {tuple(t.shape)} does not split into {n} equal chunks")
     t = t.contiguous()
     mesh.record("reduce_scatter", axis, t.numel() * t.element_size())
-    chunks = [c.contiguous() for c in t.chunk(ax.size, dim=dim)]
+    shape = (*t.shape[:dim], t.shape[dim] // n, *t.shape[dim + 1 :])
+    if all(size == 1 for size in t.shape[:dim]):
+        # The rank chunks lie end to end: NCCL reads the tensor where it is, where the list form has torch
+        # copy the chunks into a buffer of its own first (benchmarks/results/s24-h200x2-reduce-scatter/)
+        chunks = t.view(n, *shape)
+    else:
+        # Rank-major in one copy (a batch's rows put each rank's chunk in pieces): the list form copied each
+        # chunk to make it contiguous and c10d then copied them all again into its own flat buffer
+        chunks = t.unflatten(dim, (n, -1)).movedim(dim, 0).contiguous()
     if not mesh.enabled:
         return chunks[ax.rank]
     if mesh.nccl:
-        out = torch.empty_like(chunks[0])
-        if all(size == 1 for size in t.shape[:dim]) and t.shape[dim] % ax.size == 0:
-            # The chunks lie end to end: NCCL reads the tensor where it is, where the list form has torch
-            # copy the chunks into a buffer of its own first (benchmarks/results/s24-h200x2-reduce-scatter/)
-            dist.reduce_scatter_tensor(out, t, group=ax.group)
-        else:
-            dist.reduce_scatter(out, chunks, group=ax.group)
+        out = t.new_empty(shape)
+        dist.reduce_scatter_tensor(out, chunks, group=ax.group)
         return out
     # gloo has no reduce-scatter: all-reduce and slice (counted as the reduce-scatter it stands for).
     dist.all_reduce(t, group=ax.group)
-    return t.chunk(ax.size, dim=dim)[ax.rank].contiguous()
+    return t.chunk(n, dim=dim)[ax.rank].contiguous()
 
 
 def exchange(

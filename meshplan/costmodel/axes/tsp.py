@@ -174,8 +174,7 @@ def motion_bytes(model, kind: str, tokens: float, d: int, e: int, rows: float = 
       kv · e over the hops, K and V), and the query/key norm scales' gradients zero-filled and summed over
       the hops. With more than one sequence row (`rows`, the batch), each hop's gathered K and V (tokens ·
       kv · e each) are concatenated out of NCCL's rank-major buffer, forward and backward (comm.all_gather_start),
-      and backward their gradients' rank chunks made contiguous for the reduce-scatter (comm.reduce_scatter;
-      its list form's own flattening copy inside c10d is not counted).
+      and backward their gradients laid out rank-major for the reduce-scatter, one copy (comm.reduce_scatter).
     - Gated (or squared-ReLU) MLP: 2W forward and backward; forward D − 1 adds (3X each); backward the
       zero fill (X) and one add a hop (3X).
     - An MoE block's shared expert: its ring as a gated MLP's (TSPSharedExpert), and Qwen2-MoE's gate
