@@ -149,3 +149,18 @@ def test_profile_host_cost_must_be_positive(tmp_path):
     path.write_text(path.read_text() + "host_kernel_us = 0\n")
     with pytest.raises(MeshplanError, match=r"\[calibration\] host_kernel_us must be a positive number, got 0"):
         load_toml(path)
+
+
+def test_calibration_sizes_each_collective_as_the_model_and_the_executor_do():
+    """The α-β fit divides a timed collective's message by the bandwidth, and the model applies it to
+    Comm.message_bytes: an all-gather's is the gathered output (volume_factor (n-1)/n of it crosses a link;
+    the executor counts the same, comm.all_gather_start), so calibrate records n times a rank's buffer; a
+    reduce-scatter's is its whole input, the others' their buffer."""
+    from meshplan.costmodel.collectives import volume_factor
+    from meshplan.executor.calibrate_run import message_bytes
+
+    n, buf = 4, 2**20
+    assert message_bytes("all_gather", buf, n) == n * buf
+    assert volume_factor("all_gather", n) * message_bytes("all_gather", buf, n) == (n - 1) * buf  # what a rank receives
+    for kind in ("all_reduce", "reduce_scatter", "broadcast", "send_recv", "all_to_all"):
+        assert message_bytes(kind, buf, n) == buf

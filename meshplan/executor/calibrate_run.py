@@ -76,9 +76,15 @@ def _collective(
             run()
             return bool((y == n * (n + 1) / 2).all())
     elif kind == "all_gather":
-        parts = [torch.empty(numel, device=device, dtype=dtype) for _ in range(n)]
-        run = lambda: dist.all_gather(parts, x, group=group)  # noqa: E731
-        check = lambda: all(bool((p == i + 1).all()) for i, p in enumerate(parts))  # noqa: E731
+        # Each rank's x into one buffer of n times its size, as the executor gathers (comm.all_gather_start,
+        # comm.all_gather_into_start: NCCL's tensor form; the list form timed before session 26 added torch's
+        # copy of each part out of NCCL's buffer)
+        gathered = torch.empty(n * numel, device=device, dtype=dtype)
+        if dist.get_backend() == "nccl":
+            run = lambda: dist.all_gather_into_tensor(gathered, x, group=group)  # noqa: E731
+        else:
+            run = lambda: dist.all_gather(list(gathered.chunk(n)), x, group=group)  # noqa: E731
+        check = lambda: all(bool((p == i + 1).all()) for i, p in enumerate(gathered.chunk(n)))  # noqa: E731
     elif kind == "reduce_scatter":
         chunk = numel // n
         out = torch.empty(chunk, device=device, dtype=dtype)
@@ -120,6 +126,13 @@ def _collective(
     return run, check
 
 
+def message_bytes(kind: str, buffer_bytes: int, n: int) -> int:
+    """A timed collective's message as the cost model's Comm.message_bytes and the executor's counter size it
+    (the α-β fit divides it by the bandwidth): an all-gather's gathered output, n times each rank's `buffer`;
+    every other kind its buffer (a reduce-scatter's whole input)."""
+    return buffer_bytes * n if kind == "all_gather" else buffer_bytes
+
+
 def measure_collectives(sizes: list[int], device: str, reps: int, progress=None) -> dict:
     """Every collective over groups of the first 2, 4, … ranks; returns {"kind/n": [(bytes, s), …]}."""
     world, me = dist.get_world_size(), dist.get_rank()
@@ -138,7 +151,7 @@ def measure_collectives(sizes: list[int], device: str, reps: int, progress=None)
                     t = _time(run, reps, cuda, lambda: dist.barrier(group=group))
                     if not check():
                         raise RuntimeError(f"calibrate: {kind} on {n} ranks returned a wrong result")
-                    out.setdefault(f"{kind}/{n}", []).append((numel * dtype.itemsize, t))
+                    out.setdefault(f"{kind}/{n}", []).append((message_bytes(kind, numel * dtype.itemsize, n), t))
                 dist.barrier()
                 if progress:
                     progress(f"{kind} on {n} ranks, {size / 2**20:.2f} MiB")
