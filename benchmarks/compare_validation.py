@@ -1,6 +1,11 @@
 """Score committed GPU measurements against the cost model as it is now.
 
     python benchmarks/compare_validation.py benchmarks/results/validation-h200-run1.json [--json OUT]
+    python benchmarks/compare_validation.py RUN.json ... --cluster PROFILE.toml [--collectives-only]
+
+The files are gpu_validation.py's (a "runs" list) or `meshplan execute` run files (one run each). `--cluster`
+predicts on another preset or a calibrated profile; `--collectives-only` keeps the preset's rates but the
+profile's measured collectives (which part of a calibration moves a prediction).
 
 The measurements are fixed (the file and the command that made them are committed); the predictions
 are recomputed from the current code, so a model change is judged against the same runs. Prints
@@ -19,6 +24,7 @@ from meshplan.layout import parse_layout
 from meshplan.models import PRESETS
 from meshplan.predict import predict_run
 from meshplan.topologies import load_cluster
+from meshplan.topologies.cluster import Calibration
 
 
 def model_for(name: str):
@@ -26,12 +32,17 @@ def model_for(name: str):
     return replace(PRESETS[base], layers=int(layers.rstrip("L")), name=name, param_dtype="bf16")
 
 
-def rescore(path: str, cluster_name: str = "") -> list[dict]:
-    """`cluster_name`: predict on this cluster or calibrated profile instead of the one the run names."""
+def rescore(path: str, cluster_name: str = "", collectives_only: bool = False) -> list[dict]:
+    """`cluster_name`: predict on this cluster or calibrated profile instead of the one the run names;
+    `collectives_only`: the run's own cluster with only that profile's measured collectives."""
     data = json.load(open(path))
-    cluster = load_cluster(cluster_name or data.get("cluster_for_predictions", "h200-8"))
+    runs = data["runs"] if "runs" in data else [data]  # an execute run file is one run
+    own = load_cluster(data.get("cluster_for_predictions", "h200-8"))
+    cluster = load_cluster(cluster_name) if cluster_name else own
+    if collectives_only and cluster.calibration is not None:
+        cluster = replace(own, calibration=Calibration(collectives=cluster.calibration.collectives))
     rows = []
-    for run in data["runs"]:
+    for run in runs:
         m = run["measured"]
         if "step_time_s" not in m:
             continue
@@ -47,6 +58,7 @@ def rescore(path: str, cluster_name: str = "") -> list[dict]:
             int8_allreduce=run.get("int8_allreduce", False),
             sp_zigzag=data.get("sp_split") == "zigzag",
             launch_floor=not m.get("cuda_graph", False),  # replayed as a CUDA graph (session 21 on): no host floor
+            whole=run.get("whole_model", False),
         )
         keys = set(m["comm_bytes"]) | set(p["comm_bytes"])
         exact = all(
@@ -74,12 +86,18 @@ def rescore(path: str, cluster_name: str = "") -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("results")
+    ap.add_argument("results", nargs="+")
     ap.add_argument("--json")
     ap.add_argument("--model", default="")
     ap.add_argument("--cluster", default="", help="a preset or calibrated profile to predict with")
+    ap.add_argument("--collectives-only", action="store_true", help="only the profile's measured collectives")
     args = ap.parse_args()
-    rows = [r for r in rescore(args.results, args.cluster) if args.model in r["model"]]
+    rows = [
+        r
+        for path in args.results
+        for r in rescore(path, args.cluster, args.collectives_only)
+        if args.model in r["model"]
+    ]
     print(
         f"{'model':16} {'mode':7} {'layout':12} {'seq':>6} {'mem m/p':>8} {'time m/p':>8} {'exposed m/p ms':>16} bytes"
     )
