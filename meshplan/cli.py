@@ -1075,6 +1075,12 @@ def execute(
         "mistral, phi3, mamba2): each rank reads its shard; the run records the "
         "first batch's loss. Random weights by default.",
     ),
+    cluster: str = typer.Option(
+        "",
+        "--cluster",
+        help="Preset or calibrated profile (meshplan calibrate) the time prediction assumes "
+        "(default: the preset of the GPU the run is on, at its datasheet rates).",
+    ),
     nnodes: int = typer.Option(1, "--nnodes"),
     node_rank: int = typer.Option(0, "--node-rank"),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
@@ -1125,6 +1131,10 @@ def execute(
             f"is compared with leaves them out too"
         )
     _check_folder("--out", out)
+    if cluster:
+        from meshplan.topologies import load_cluster
+
+        load_cluster(cluster)  # a typo or a bad profile stops here, in one line, not in the workers
     if weights:
         _check_weights(weights, model, spec, dropped, layers, layers_only)
     if tokens_file:
@@ -1169,6 +1179,7 @@ def execute(
         profile=do_profile,
         int8_allreduce=int8_allreduce,
         cuda_graph=cuda_graph,
+        cluster=cluster,
     )
     try:
         with spec_file(record) as path:
@@ -1307,7 +1318,9 @@ def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
     run = read_json(path)
     rows, ok = compare_run(run, tolerance)
     if as_json:
-        _print_json({"run": path, "tolerance": tolerance, "ok": ok, "rows": rows})
+        _print_json(
+            {"run": path, "tolerance": tolerance, "ok": ok, "predicted_on": run.get("predicted_on"), "rows": rows}
+        )
     else:
         what = {True: " · whole model", False: " · layers only"}.get(run.get("whole_model"), "")
         table = Table(
@@ -1326,6 +1339,14 @@ def _compare_file(path: str, tolerance: float, as_json: bool) -> None:
                 "[green]yes[/]" if r["ok"] else "[red]no[/]",
             )
         console.print(table)
+        if on := run.get("predicted_on"):
+            how = (
+                f"calibrated {on['calibrated']}"
+                if on.get("calibrated")
+                else "a preset: its links at the datasheet rate, which NCCL does not reach "
+                "(`meshplan calibrate` measures this machine's and writes a profile for --cluster)"
+            )
+            console.print(f"times predicted on {on['cluster']}, {how}", highlight=False)
         console.print(
             f"legend: error = (measured − predicted) / predicted; ok = within --tolerance {tolerance:g} "
             "(bytes moved must match exactly); bytes KIND/AXIS = a rank's bytes a step in that collective on "

@@ -1,6 +1,7 @@
 """meshplan execute / compare end to end on CPU (torchrun, gloo), and their errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 from cli_checks import TINY_LLAMA as TINY
@@ -308,3 +309,39 @@ def test_a_run_record_reads_back_what_was_written_and_names_an_unknown_field(tmp
     CalibrationSpec(out="p.toml", quick=True).write(path)
     with pytest.raises(ValueError, match="RunSpec has no field\\(s\\) max_bytes, quick"):
         RunSpec.read(path)
+
+
+def test_compare_says_what_the_times_were_predicted_on(tmp_path):
+    """A GPU run records the cluster its times were predicted on and whether it was calibrated; compare says
+    which, and for a preset that its links are priced at the datasheet rate."""
+    from meshplan.executor.worker import predicted_on
+    from meshplan.topologies import load_cluster
+
+    profile = Path(__file__).parent.parent / "meshplan/topologies/profiles/h200-2gpu-2026-11-26.toml"
+    assert predicted_on(load_cluster("h200-8")) == {"cluster": "h200-8", "calibrated": None}
+    assert predicted_on(load_cluster(str(profile)))["calibrated"] == "2026-11-26"
+    assert predicted_on(None) is None
+    run = {
+        "model": "m",
+        "layout": "tp=2",
+        "mode": "train",
+        "seq": 64,
+        "device": "cpu",  # (the times themselves are compared on GPU runs only)
+        "predicted": {"comm_bytes": {"all_reduce/tp": 100.0}},
+        "measured": {"comm_bytes": {"all_reduce/tp": 100.0}},
+    }
+    for on, says in (
+        (predicted_on(load_cluster("h200-8")), "times predicted on h200-8, a preset: its links at the datasheet rate"),
+        (predicted_on(load_cluster(str(profile))), "times predicted on h200-8, calibrated 2026-11-26"),
+    ):
+        path = tmp_path / "run.json"
+        path.write_text(json.dumps(dict(run, predicted_on=on)))
+        r = runner.invoke(app, ["compare", str(path)])
+        assert r.exit_code == 0 and says in " ".join(r.output.split()), r.output
+        assert json.loads(runner.invoke(app, ["compare", str(path), "--json"]).stdout)["predicted_on"] == on
+
+
+def test_execute_refuses_an_unknown_cluster_in_one_line():
+    r = runner.invoke(app, ["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "64", "--nproc", "2",
+                            "--cluster", "h200-9"])  # fmt: skip
+    assert r.exit_code == 2 and r.output.startswith("error: --cluster: 'h200-9' is neither a preset")

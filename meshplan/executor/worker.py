@@ -30,6 +30,16 @@ from meshplan.topologies.cluster import load_cluster
 GPU_PRESETS = {"H100": "h100-sxm-8", "H200": "h200-8", "A100": "a100-sxm-8", "MI300X": "mi300x-8"}
 
 
+def predicted_on(cluster) -> dict | None:
+    """Which cluster a run's times were predicted on, and whether `meshplan calibrate` measured it (a preset
+    prices its links at the datasheet rate, which NCCL does not reach: 0.55-0.81 of it between two H200s,
+    benchmarks/results/s26-h200x2-nccl/). None on the CPU, where no time is predicted."""
+    if cluster is None:
+        return None
+    cal = cluster.calibration
+    return {"cluster": cluster.name, "calibrated": cal.date or "yes" if cal is not None else None}
+
+
 def gpu_preset(device_name: str) -> str:
     """The preset for the GPU named `device_name` (an H200's when none matches: the GPUs the time model
     was calibrated on)."""
@@ -126,6 +136,7 @@ def main(spec_path: str) -> int:
                 # A replayed graph launches nothing a kernel: no host floor under the step
                 launch_floor=not measured.get("cuda_graph", False),
             ),
+            "predicted_on": predicted_on(cluster),
             "measured": measured,
             "per_rank": gathered,
             "environment": environment(),
