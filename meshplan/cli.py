@@ -588,9 +588,11 @@ def recommend(
     """Rank every mesh of the cluster for a model and shape — with recompute, Megatron-SP, micro-batch and
     virtual stages chosen per mesh — and say why the winner wins."""
     from meshplan.costmodel.device import Device
+    from meshplan.costmodel.step import uncalibrated_group_sizes
     from meshplan.hf_config import load_model
     from meshplan.layout import validate_int8_allreduce
     from meshplan.planner import plan
+    from meshplan.predict import uncalibrated_note
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
@@ -703,6 +705,8 @@ def recommend(
         console.print(fmt_moe(opts), highlight=False)
     if rates_note:
         console.print(f"note: {rates_note}", highlight=False)
+    if note := uncalibrated_note(uncalibrated_group_sizes(result.ranked[0].layout, cluster_spec)):
+        console.print(f"note: the winner: {note}", highlight=False)
     console.print(RECOMMEND_LEGEND.format(what=WHAT_LEGEND[what]), highlight=False)
 
 
@@ -809,6 +813,7 @@ def predict(
     from meshplan.hf_config import load_model
     from meshplan.layout import parse_layout
     from meshplan.predict import predict as predict_plan
+    from meshplan.predict import uncalibrated_note
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
@@ -915,6 +920,8 @@ def predict(
         console.print(fmt_moe(opts), highlight=False)
     if out["rates_note"]:
         console.print(f"note: {out['rates_note']}", highlight=False)
+    if note := uncalibrated_note(out["uncalibrated_group_sizes"]):
+        console.print(f"note: {note}", highlight=False)
     console.print(memory_legend([k for k, v in out["memory_bytes"].items() if v]), highlight=False)
     console.print(PREDICT_LEGEND, highlight=False)
 

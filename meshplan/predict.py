@@ -20,7 +20,7 @@ from meshplan.costmodel.options import CostOptions
 from meshplan.costmodel.pipeline import schedule_violation, validate_batch
 from meshplan.costmodel.runtime import OutsideAllocator, fits_device, outside_allocator
 from meshplan.costmodel.schedule import step_schedule
-from meshplan.costmodel.step import StepEstimate, estimate_step
+from meshplan.costmodel.step import StepEstimate, estimate_step, uncalibrated_group_sizes
 from meshplan.errors import MeshplanError
 from meshplan.layout import Layout, validate_layout, validate_seq
 from meshplan.models import ModelSpec
@@ -95,8 +95,20 @@ class Prediction:
             "bubble_fraction": e.bubble_fraction,
             "pipeline_simulated": e.pipeline_simulated,
             "rates_note": Device.of(self.cluster, self.opts.stack_spec).rates_note,
+            "uncalibrated_group_sizes": uncalibrated_group_sizes(self.layout, self.cluster),
             "bound": e.bound,
         }
+
+
+def uncalibrated_note(sizes: list[int]) -> str:
+    """One line naming the group sizes a calibrated profile timed no collective over ("" when none)."""
+    if not sizes:
+        return ""
+    what = ", ".join(map(str, sizes))
+    return (
+        f"the profile timed no collective over {what} ranks: those are priced at the preset's datasheet link "
+        f"rate, which NCCL does not reach (`meshplan calibrate --nproc {max(sizes)}` times them)"
+    )
 
 
 def exposed_by(e: StepEstimate) -> dict[str, float]:

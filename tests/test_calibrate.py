@@ -164,3 +164,32 @@ def test_calibration_sizes_each_collective_as_the_model_and_the_executor_do():
     assert volume_factor("all_gather", n) * message_bytes("all_gather", buf, n) == (n - 1) * buf  # what a rank receives
     for kind in ("all_reduce", "reduce_scatter", "broadcast", "send_recv", "all_to_all"):
         assert message_bytes(kind, buf, n) == buf
+
+
+def test_a_profile_that_timed_no_collective_over_a_group_says_so():
+    """A calibrated profile prices the group sizes it timed and leaves the rest at the preset's datasheet
+    link rate; predict and recommend name those sizes in one note, and say nothing on a plain preset."""
+    from pathlib import Path
+
+    from meshplan.costmodel.step import uncalibrated_group_sizes
+    from meshplan.layout import parse_layout
+
+    profile = str(Path(__file__).parent.parent / "meshplan/topologies/profiles/h200-4gpu-2026-11-26b.toml")
+    cluster = load_cluster(profile)  # timed over 2 and 4 ranks
+    assert uncalibrated_group_sizes(parse_layout("tp=8"), cluster) == [8]
+    assert uncalibrated_group_sizes(parse_layout("dp=2,tp=4"), cluster) == []
+    assert uncalibrated_group_sizes(parse_layout("tp=8"), load_cluster("h200-8")) == []
+    runner = CliRunner()
+    say = "the profile timed no collective over 8 ranks"
+    r = runner.invoke(app, ["predict", "--model", "dense-7b", "--cluster", profile, "--layout", "tp=8", "--seq", "16k"])
+    assert r.exit_code == 0 and say in " ".join(r.output.split()), r.output
+    plain = runner.invoke(
+        app, ["predict", "--model", "dense-7b", "--cluster", "h200-8", "--layout", "tp=8", "--seq", "16k"]
+    )
+    assert plain.exit_code == 0 and "timed no collective" not in plain.output
+    r = runner.invoke(
+        app, ["predict", "--model", "dense-7b", "--cluster", profile, "--layout", "tp=8", "--seq", "16k", "--json"]
+    )
+    import json
+
+    assert json.loads(r.stdout)["uncalibrated_group_sizes"] == [8]
