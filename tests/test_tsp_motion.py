@@ -52,6 +52,27 @@ def test_tsp_motion_is_what_the_executor_moves(monkeypatch, d, qk_norm, hidden, 
             assert 0 <= got[f"loss {phase}"] - want <= 160 * tokens, (phase, got[f"loss {phase}"], want)
 
 
+def test_tsp_loss_bytes_are_exact_per_logit(monkeypatch):
+    """The loss's counted bytes at two vocabulary sizes: what grows with the vocabulary is exactly
+    compute.executor_loss_bytes's per logit, and what is left (the ops on each token's row statistics and
+    label, which the model does not price) is the same at both — not a share of the logits' bytes."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    counter = load("tsp_bytes")
+    d, seq = 2, 64
+    tokens = seq / d
+    left = {}
+    for vocab in (96, 160):
+        model = replace(_tiny(False, 64, 8, 4), vocab=vocab)
+        ranks = run_distributed(counter._rank, d, seq, True, model, 1, timeout_s=300)
+        want = executor_loss_bytes(tokens * vocab, 4)
+        left[vocab] = [
+            tuple(counter.tsp_motion(r)[f"loss {phase}"] - w for phase, w in zip(("forward", "backward"), want))
+            for r in ranks
+        ]
+    assert left[96] == left[160]
+    assert all(0 <= b <= 160 * tokens for rank in left[96] for b in rank)
+
+
 @pytest.mark.parametrize("d, batch", [(2, 1), (4, 1), (2, 2)])
 def test_tsp_mamba2_motion_is_what_the_executor_moves(monkeypatch, d, batch):
     """A Mamba-2 stack under TSP: every rank's counted bytes of tsp_mamba.py's gathers, packing and Function
