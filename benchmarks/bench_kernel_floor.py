@@ -2,7 +2,9 @@
 op on tensors of 2 KiB to 128 MiB, replayed as a CUDA graph (no host between them, as the executor's graphed steps
 run) and launched eagerly, time a kernel against the bytes it moves. Fitted per op as t = α + bytes / β
 (meshplan.topologies.calibrate.fit_alpha_bandwidth: relative errors, α ≥ 0): α is the kernel's own floor, β its
-streaming rate, given as a fraction of the GPU's rated HBM rate (--rated-tb-per-s, the preset's).
+streaming rate, given as a fraction of the GPU's rated HBM rate (--rated-tb-per-s, the preset's). A chain reuses its
+tensors, so those that fit the GPU's L2 (50 MB on an H200) are served from it and β comes out above the HBM rate: the
+fit is for α, which the small tensors set, not for β.
 
 Ops, bf16 (bytes a kernel: read and written):
 - add: out = a + b into a third tensor (3 × size)

@@ -36,8 +36,11 @@ def rescore(path: str, cluster_name: str = "", collectives_only: bool = False) -
     """`cluster_name`: predict on this cluster or calibrated profile instead of the one the run names;
     `collectives_only`: the run's own cluster with only that profile's measured collectives."""
     data = json.load(open(path))
-    runs = data["runs"] if "runs" in data else [data]  # an execute run file is one run
+    single = "runs" not in data  # an execute run file: one run, predicted where it says (predicted_on)
+    runs = [data] if single else data["runs"]
     own = load_cluster(data.get("cluster_for_predictions", "h200-8"))
+    if single and (named := (data.get("predicted_on") or {}).get("cluster")):
+        own = load_cluster(named)
     cluster = load_cluster(cluster_name) if cluster_name else own
     if collectives_only and cluster.calibration is not None:
         cluster = replace(own, calibration=Calibration(collectives=cluster.calibration.collectives))
@@ -46,8 +49,8 @@ def rescore(path: str, cluster_name: str = "", collectives_only: bool = False) -
         m = run["measured"]
         if "step_time_s" not in m:
             continue
-        # The executor has dealt SP's tokens in zigzag since run 36, whose files say so; the runs
-        # before it split SP contiguously and are predicted as they ran.
+        # The executor has dealt SP's tokens in zigzag since run 36, whose files say so (execute's own run files
+        # all come after it); the runs before it split SP contiguously and are predicted as they ran.
         p = predict_run(
             model_for(run["model"]),
             parse_layout(run["layout"]),
@@ -56,7 +59,8 @@ def rescore(path: str, cluster_name: str = "", collectives_only: bool = False) -
             run["mode"],
             cluster,
             int8_allreduce=run.get("int8_allreduce", False),
-            sp_zigzag=data.get("sp_split") == "zigzag",
+            act_dtype="fp32" if run.get("dtype") == "fp32" else "bf16",
+            sp_zigzag=single or data.get("sp_split") == "zigzag",
             launch_floor=not m.get("cuda_graph", False),  # replayed as a CUDA graph (session 21 on): no host floor
             whole=run.get("whole_model", False),
         )

@@ -588,11 +588,10 @@ def recommend(
     """Rank every mesh of the cluster for a model and shape — with recompute, Megatron-SP, micro-batch and
     virtual stages chosen per mesh — and say why the winner wins."""
     from meshplan.costmodel.device import Device
-    from meshplan.costmodel.step import uncalibrated_group_sizes
     from meshplan.hf_config import load_model
     from meshplan.layout import validate_int8_allreduce
     from meshplan.planner import plan
-    from meshplan.predict import uncalibrated_note
+    from meshplan.predict import uncalibrated_note, uncalibrated_sizes
     from meshplan.reports import parse_tokens
     from meshplan.topologies.cluster import load_cluster
 
@@ -705,7 +704,7 @@ def recommend(
         console.print(fmt_moe(opts), highlight=False)
     if rates_note:
         console.print(f"note: {rates_note}", highlight=False)
-    if note := uncalibrated_note(uncalibrated_group_sizes(result.ranked[0].layout, cluster_spec)):
+    if note := uncalibrated_note(uncalibrated_sizes(spec, cluster_spec, result.ranked[0].layout, tokens, micro, opts)):
         console.print(f"note: the winner: {note}", highlight=False)
     console.print(RECOMMEND_LEGEND.format(what=WHAT_LEGEND[what]), highlight=False)
 
@@ -1141,6 +1140,8 @@ def execute(
     if cluster:
         from meshplan.topologies import load_cluster
 
+        if device != "cuda":
+            raise MeshplanError("--cluster: times are predicted for GPU runs only; drop it with --device cpu")
         load_cluster(cluster)  # a typo or a bad profile stops here, in one line, not in the workers
     if weights:
         _check_weights(weights, model, spec, dropped, layers, layers_only)

@@ -95,9 +95,21 @@ class Prediction:
             "bubble_fraction": e.bubble_fraction,
             "pipeline_simulated": e.pipeline_simulated,
             "rates_note": Device.of(self.cluster, self.opts.stack_spec).rates_note,
-            "uncalibrated_group_sizes": uncalibrated_group_sizes(self.layout, self.cluster),
+            "uncalibrated_group_sizes": uncalibrated_sizes(
+                self.model, self.cluster, self.layout, self.seq, self.micro_batch, self.opts
+            ),
             "bound": e.bound,
         }
+
+
+def uncalibrated_sizes(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, seq: int, micro_batch: int, opts: CostOptions
+) -> list[int]:
+    """The group sizes this plan's collectives run over inside a node that the cluster's calibrated profile
+    did not time (step.uncalibrated_group_sizes over the plan's schedule)."""
+    if cluster.calibration is None or not cluster.calibration.collectives:
+        return []
+    return uncalibrated_group_sizes(layout, cluster, step_schedule(model, layout, seq, micro_batch, opts))
 
 
 def uncalibrated_note(sizes: list[int]) -> str:

@@ -171,14 +171,20 @@ def test_a_profile_that_timed_no_collective_over_a_group_says_so():
     link rate; predict and recommend name those sizes in one note, and say nothing on a plain preset."""
     from pathlib import Path
 
-    from meshplan.costmodel.step import uncalibrated_group_sizes
     from meshplan.layout import parse_layout
+    from meshplan.predict import uncalibrated_sizes
 
     profile = str(Path(__file__).parent.parent / "meshplan/topologies/profiles/h200-4gpu-2026-11-26b.toml")
     cluster = load_cluster(profile)  # timed over 2 and 4 ranks
-    assert uncalibrated_group_sizes(parse_layout("tp=8"), cluster) == [8]
-    assert uncalibrated_group_sizes(parse_layout("dp=2,tp=4"), cluster) == []
-    assert uncalibrated_group_sizes(parse_layout("tp=8"), load_cluster("h200-8")) == []
+
+    def sizes(layout, on=cluster, mode="train"):
+        return uncalibrated_sizes(PRESETS["dense-7b"], on, parse_layout(layout), 16384, 1, CostOptions(mode=mode))
+
+    assert sizes("tp=8") == [8]
+    assert sizes("sp=2,dp=4") == [8]  # the gradients' all-reduce over dp × sp
+    assert sizes("dp=2,tp=4") == [] and sizes("tsp=2,dp=4") == []  # (no collective over edp's 8 in a dense model)
+    assert sizes("dp=8", mode="decode") == []  # decode runs no collective over dp
+    assert sizes("tp=8", on=load_cluster("h200-8")) == []
     runner = CliRunner()
     say = "the profile timed no collective over 8 ranks"
     r = runner.invoke(app, ["predict", "--model", "dense-7b", "--cluster", profile, "--layout", "tp=8", "--seq", "16k"])

@@ -39,6 +39,8 @@ def _two_ranks(monkeypatch, rank: int):
         ((2, 6, 3), 1, False),
         ((3, 4), 1, False),
         ((2, 3, 4, 5), 2, False),
+        ((2, 3, 4, 5), -2, False),  # counted from the end, as dim 2
+        ((1, 6), -1, True),
     ],
 )
 @pytest.mark.parametrize("rank", [0, 1])

@@ -319,7 +319,10 @@ def test_compare_says_what_the_times_were_predicted_on(tmp_path):
 
     profile = Path(__file__).parent.parent / "meshplan/topologies/profiles/h200-2gpu-2026-11-26.toml"
     assert predicted_on(load_cluster("h200-8")) == {"cluster": "h200-8", "calibrated": None}
-    assert predicted_on(load_cluster(str(profile)))["calibrated"] == "2026-11-26"
+    assert predicted_on(load_cluster(str(profile)), str(profile)) == {
+        "cluster": str(profile),
+        "calibrated": "2026-11-26",
+    }
     assert predicted_on(None) is None
     run = {
         "model": "m",
@@ -332,7 +335,7 @@ def test_compare_says_what_the_times_were_predicted_on(tmp_path):
     }
     for on, says in (
         (predicted_on(load_cluster("h200-8")), "times predicted on h200-8, a preset: its links at the datasheet rate"),
-        (predicted_on(load_cluster(str(profile))), "times predicted on h200-8, calibrated 2026-11-26"),
+        (predicted_on(load_cluster(str(profile)), "p.toml"), "times predicted on p.toml, calibrated 2026-11-26"),
     ):
         path = tmp_path / "run.json"
         path.write_text(json.dumps(dict(run, predicted_on=on)))
@@ -342,6 +345,8 @@ def test_compare_says_what_the_times_were_predicted_on(tmp_path):
 
 
 def test_execute_refuses_an_unknown_cluster_in_one_line():
-    r = runner.invoke(app, ["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "64", "--nproc", "2",
-                            "--cluster", "h200-9"])  # fmt: skip
+    run = ["execute", "--model", "dense-7b", "--layout", "tp=2", "--seq", "64", "--nproc", "2", "--cluster"]
+    r = runner.invoke(app, [*run, "h200-9", "--device", "cuda"])
     assert r.exit_code == 2 and r.output.startswith("error: --cluster: 'h200-9' is neither a preset")
+    r = runner.invoke(app, [*run, "h200-8"])  # on the CPU no time is predicted
+    assert r.exit_code == 2 and r.output.startswith("error: --cluster: times are predicted for GPU runs only")

@@ -131,17 +131,19 @@ def _links(layout: Layout, cluster: ClusterSpec) -> _Links:
     return _Links(layout, cluster)
 
 
-def uncalibrated_group_sizes(layout: Layout, cluster: ClusterSpec) -> list[int]:
-    """The sizes of a layout's groups inside one node over which a calibrated cluster's profile timed no
-    collective (`meshplan calibrate` times every kind at each size it reaches), sorted: _Links prices those
-    at the preset's datasheet link rate beside the measured ones (NCCL reaches 0.42-0.81 of it over 2-4 H200s,
-    benchmarks/results/s26-h200x*-nccl/). Empty where the cluster has no measured collectives."""
+def uncalibrated_group_sizes(layout: Layout, cluster: ClusterSpec, schedule: StepSchedule) -> list[int]:
+    """The sizes of the groups inside one node that the plan's collectives (`schedule`) run over and a
+    calibrated cluster's profile timed no collective over (`meshplan calibrate` times every kind at each size
+    it reaches), sorted: _Links prices those at the preset's datasheet link rate beside the measured ones
+    (NCCL reaches 0.26-0.81 of it over 2-4 H200s by kind and size, 16-512 MiB: benchmarks/results/
+    s26-h200x*-nccl/). Empty where the cluster has no measured collectives."""
     cal = cluster.calibration
     if cal is None or not cal.collectives:
         return []
     timed = {int(key.rpartition("/")[2]) for key, _, _ in cal.collectives}
-    groups = _links(layout, cluster).groups.values()
-    return sorted({g.size for g in groups if g.size > 1 and g.nodes == 1 and g.size not in timed})
+    groups = _links(layout, cluster).groups
+    used = (groups[c.axis] for c, _ in schedule.all_comms())
+    return sorted({g.size for g in used if g.size > 1 and g.nodes == 1 and g.size not in timed})
 
 
 def _stream_wait(c: Comm, t: float, phase_gemm: float) -> float:

@@ -189,7 +189,7 @@ def reduce_scatter(mesh: Mesh, t: torch.Tensor, axis: str, dim: int) -> torch.Te
     ax = mesh.axis(axis)
     if ax.size == 1:
         return t
-    n = ax.size
+    n, dim = ax.size, dim % t.dim()
     if t.shape[dim] % n:
         raise ValueError(f"reduce_scatter: dim {dim} of {tuple(t.shape)} does not split into {n} equal chunks")
     t = t.contiguous()

@@ -30,14 +30,15 @@ from meshplan.topologies.cluster import load_cluster
 GPU_PRESETS = {"H100": "h100-sxm-8", "H200": "h200-8", "A100": "a100-sxm-8", "MI300X": "mi300x-8"}
 
 
-def predicted_on(cluster) -> dict | None:
+def predicted_on(cluster, named: str = "") -> dict | None:
     """Which cluster a run's times were predicted on, and whether `meshplan calibrate` measured it (a preset
     prices its links at the datasheet rate, which NCCL does not reach: 0.55-0.81 of it between two H200s,
-    benchmarks/results/s26-h200x2-nccl/). None on the CPU, where no time is predicted."""
+    benchmarks/results/s26-h200x2-nccl/): `named`, the --cluster given (a profile's path), else the preset's
+    name. None on the CPU, where no time is predicted."""
     if cluster is None:
         return None
     cal = cluster.calibration
-    return {"cluster": cluster.name, "calibrated": cal.date or "yes" if cal is not None else None}
+    return {"cluster": named or cluster.name, "calibrated": (cal.date or "yes") if cal is not None else None}
 
 
 def gpu_preset(device_name: str) -> str:
@@ -136,7 +137,7 @@ def main(spec_path: str) -> int:
                 # A replayed graph launches nothing a kernel: no host floor under the step
                 launch_floor=not measured.get("cuda_graph", False),
             ),
-            "predicted_on": predicted_on(cluster),
+            "predicted_on": predicted_on(cluster, spec.cluster),
             "measured": measured,
             "per_rank": gathered,
             "environment": environment(),
