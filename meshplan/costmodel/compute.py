@@ -64,10 +64,21 @@ def block_compute(
     if training:
         if recompute == "full":  # the whole forward again, its sequence-shard and TSP data motion included
             recompute_s += gemm + core + mem + kernel_fwd + cast_fwd + motion_fwd
-        else:
-            recompute_s += b.partial_recompute_s(
-                model, recompute, sh, gemm=gemm, core=core, mem=mem, kernel_fwd=kernel_fwd, tokens=tokens, e=e, dev=dev
-            )
+        # What the block's own backward recomputes (a Mamba mixer's core, a sequence shard's attention) it recomputes
+        # under full recompute too: in the backward of the recomputed forward, nested (executor/blocks.py's layer
+        # checkpoint around layouts/dense.py's and the Mamba blocks' own), so that work runs three times.
+        recompute_s += b.partial_recompute_s(
+            model,
+            "none" if recompute == "full" else recompute,
+            sh,
+            gemm=gemm,
+            core=core,
+            mem=mem,
+            kernel_fwd=kernel_fwd,
+            tokens=tokens,
+            e=e,
+            dev=dev,
+        )
     return BlockCompute(
         gemm,
         core,
