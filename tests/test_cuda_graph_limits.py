@@ -88,11 +88,21 @@ def test_the_cli_judges_a_tsp_capture_in_its_workers_environment(monkeypatch):
     assert reason is not None and reason.startswith("layout: ")
 
 
-def test_execute_turns_registration_off_for_tsp_alone():
-    assert graphs.ring_env(parse_layout("tsp=2")) == {"NCCL_GRAPH_REGISTER": "0"}
-    assert graphs.ring_env(parse_layout("dp=2,tsp=2")) == {"NCCL_GRAPH_REGISTER": "0"}
-    for other in ("tp=2", "sp=2", "dp=2", "tpssm=2"):
+def test_execute_turns_registration_off_where_it_hangs_a_replay():
+    """TSP's rings and collectives over two or more mesh axes (tp=2,sp=2 hung on four H200s) capture with
+    registration off; a single tensor, sequence or data axis keeps it (those replayed with it)."""
+    for hangs in ("tsp=2", "dp=2,tsp=2", "tp=2,sp=2", "dp=2,tp=2"):
+        assert graphs.ring_env(parse_layout(hangs)) == {"NCCL_GRAPH_REGISTER": "0"}, hangs
+    for other in ("tp=2", "sp=2", "dp=2", "tpssm=2", "tp=4", "sp=4"):
         assert graphs.ring_env(parse_layout(other)) == {}
+    reason = graphs.limits(
+        parse_layout("tp=2,sp=2"),
+        PRESETS["dense-7b"],
+        "train",
+        "cuda:0",
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
+    assert reason is not None and "collectives over several axes" in reason
     assert not graphs.registers_ring_buffers(
         {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **graphs.ring_env(parse_layout("tsp=2"))}
     )

@@ -13,8 +13,9 @@ Only what has no host round trip in its step is captured: training, no pipeline 
 host's schedule), no mixture of experts (the all-to-all's split sizes come to the host once a layer),
 no ZeRO (its gathers land through host-side bookkeeping) and no int8 all-reduce (its peer path meets at
 barriers); and, by measurement, not Zamba2's hybrids (their capture was invalidated on an H200), which run
-eagerly. TSP's rings replay once NCCL stops registering the graph's buffers in the allocator's expandable
-segments (ring_env; sessions 21-23 read the hang that registration made as TSP's own). Mamba-2 under a
+eagerly. TSP's rings, and collectives over several mesh axes, replay once NCCL stops registering the graph's
+buffers in the allocator's expandable segments (ring_env; sessions 21-23 read the hang that registration made as
+TSP's own; session 26 met it under tp=2,sp=2). Mamba-2 under a
 tensor axis was refused from session 21 to 23 after a slow replay; session 23 captured mamba2-130m at tpssm=2
 (73-79 ms a 16K packed step, against 144 ms eager in session 21), its weights after 3 steps at 2K tokens equal
 to an eager run's (benchmarks/results/s23-h200x2-graphs/); other degrees and mixed stacks are not measured.
@@ -34,15 +35,26 @@ from meshplan.models import ModelSpec
 # With the caching allocator's expandable segments (cuMem-mapped memory, run.use_expandable_segments) TSP's
 # rings of weight shards (send/recv between neighbours) hung on the graph's replay: both ranks waiting in
 # the GPU on two H200s, dense-7b 2 layers at 4K whole or layers alone, where the same steps replayed with
-# either off (benchmarks/results/s24-h200x2-tsp-graph/). `meshplan execute` turns registration off for TSP
-# layouts before NCCL starts (worker.py); limits refuses the capture where it is still on (gpu_validation.py
-# leaves it on, as its grids were measured: TSP runs eagerly there unless the caller sets it off).
+# either off (benchmarks/results/s24-h200x2-tsp-graph/). On four H200s tp=2,sp=2 hung the same way (dense-7b 2
+# layers at 4K, twice; it replayed with registration off, 14.7 ms a step, and at 16K), where tp=4 and sp=4 replay
+# with it on; off, they ran 2.6% slower on another lease (benchmarks/results/s26-h200x4-execute/). `meshplan
+# execute` turns registration off before NCCL starts (worker.py) for TSP and for steps whose collectives run over
+# more than one mesh axis; limits refuses the capture where it is still on (gpu_validation.py leaves it on, as its
+# grids were measured: those layouts run eagerly there unless the caller sets it off).
 RING_NCCL_ENV = {"NCCL_GRAPH_REGISTER": "0"}
 
 
+def registration_hangs(layout: Layout) -> bool:
+    """Whether a captured step of this layout hung on replay while NCCL registered its buffers in expandable
+    segments: TSP's rings, and collectives over two or more mesh axes (tp=2,sp=2); one axis replays."""
+    axes = sum(n > 1 for n in (layout.dp, layout.tp, layout.sp, layout.tpssm, layout.tsp))
+    return layout.tsp > 1 or axes > 1
+
+
 def ring_env(layout: Layout) -> dict:
-    """The NCCL settings a TSP step needs to be captured (RING_NCCL_ENV); none for other layouts."""
-    return dict(RING_NCCL_ENV) if layout.tsp > 1 else {}
+    """The NCCL settings a step needs to be captured where registration hangs it (RING_NCCL_ENV); none for the
+    layouts that replay with it."""
+    return dict(RING_NCCL_ENV) if registration_hangs(layout) else {}
 
 
 def expandable_segments(env=None) -> bool:
@@ -94,9 +106,10 @@ def limits(
         # Zamba2-7B's first 6 layers on one H200 (session 21): the capture was invalidated
         # (cudaErrorStreamCaptureInvalidated), its first failing operation not found
         return f"model: {model.name}'s hybrid step did not capture on an H200 (capture invalidated); it runs eagerly"
-    if layout.tsp > 1 and registers_ring_buffers(env):
+    if registration_hangs(layout) and registers_ring_buffers(env):
+        what = f"TSP's ring (tsp={layout.tsp})" if layout.tsp > 1 else f"{layout}'s collectives over several axes"
         return (
-            f"layout: TSP's ring (tsp={layout.tsp}) hangs a replay while NCCL registers graph buffers in expandable"
+            f"layout: {what} hangs a replay while NCCL registers graph buffers in expandable"
             " segments; set NCCL_GRAPH_REGISTER=0 before the process group starts (meshplan execute does)"
         )
     return None
