@@ -1057,9 +1057,9 @@ def execute(
     cuda_graph: Optional[bool] = typer.Option(
         None,
         "--cuda-graph/--no-cuda-graph",
-        help="Replay the training step as a CUDA graph (no pp, ZeRO, experts, int8 all-reduce or Zamba2; TSP "
-        "with NCCL_GRAPH_REGISTER=0, which execute sets); by default wherever it can be, and the run file says "
-        "whether it was.",
+        help="Replay the training step as a CUDA graph (no pp, ZeRO, experts, int8 all-reduce or Zamba2; TSP and "
+        "collectives over several axes with NCCL_GRAPH_REGISTER=0, which execute sets); by default wherever it can "
+        "be, and the run file says whether it was.",
     ),
     layers_only: bool = typer.Option(
         False,
