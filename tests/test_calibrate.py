@@ -199,3 +199,26 @@ def test_a_profile_that_timed_no_collective_over_a_group_says_so():
     import json
 
     assert json.loads(r.stdout)["uncalibrated_group_sizes"] == [8]
+
+
+def test_a_calibrated_collective_is_read_between_its_measured_sizes(tmp_path):
+    """Between two measured sizes a collective takes the line through them (NCCL's time bends between its
+    regimes, which one α-β line over every size misses); outside them, the fit."""
+    points = [(2**20, 50e-6), (2**24, 400e-6), (2**28, 1.2e-3)]  # a knee: slow in the middle
+    cluster = load_toml(_profile(tmp_path, {"collectives": {"send_recv/4": points}}))
+    cal = cluster.calibration
+    alpha, bw = cal.collective("send_recv", 4)
+    mid = (2**24 + 2**28) / 2
+    assert cal.collective_s("send_recv", 4, mid) == pytest.approx((400e-6 + 1.2e-3) / 2)
+    assert cal.collective_s("send_recv", 4, 2**24) == pytest.approx(400e-6)
+    assert cal.collective_s("send_recv", 4, 2**30) == pytest.approx(alpha + 2**30 / bw)  # past the last
+    assert cal.collective_s("send_recv", 2, mid) is None  # not timed over 2
+    links = _Links(Layout(tsp=4), replace(cluster, gpus_per_node=4))
+    assert links.time_s(Comm("send_recv", "tsp", mid, 4, count=3)) == pytest.approx(3 * (400e-6 + 1.2e-3) / 2)
+
+
+def test_profile_points_with_a_typo_are_named(tmp_path):
+    path = _profile(tmp_path, {"collectives": {"all_reduce/2": [(2**20, 1e-5), (2**24, 1e-4)]}})
+    path.write_text(path.read_text().replace("points = [[1048576", 'points = [["x"'))
+    with pytest.raises(MeshplanError, match="points must be \\[message bytes, seconds\\] pairs"):
+        load_toml(path)

@@ -103,10 +103,13 @@ class _Links:
     def time_s(self, c: Comm) -> float:
         group = self.groups[c.axis]
         cl = self.cluster
-        measured = cl.calibration.collective(c.kind, group.size) if cl.calibration and group.nodes == 1 else None
-        if measured is not None:  # fitted on this cluster by `meshplan calibrate`
-            alpha, algbw = measured
-            return (alpha + c.message_bytes / algbw) * c.count
+        measured = (
+            cl.calibration.collective_s(c.kind, group.size, c.message_bytes)
+            if cl.calibration and group.nodes == 1
+            else None
+        )
+        if measured is not None:  # timed on this cluster by `meshplan calibrate`
+            return measured * c.count
         intra = cl.intra_link.bandwidth_bytes_per_s
         if cl.fabric == "xgmi" and c.kind != "send_recv":
             intra *= max(1, group.per_node - 1)  # a full mesh: collectives drive every peer link at once

@@ -57,6 +57,10 @@ class Calibration:
     attention_prefix: tuple[tuple[int, float], ...] | None = None
     # "kind/group_size" → (alpha_s, algorithm bandwidth in bytes/s): time = alpha + message / bandwidth
     collectives: tuple[tuple[str, float, float], ...] = ()
+    # "kind/group_size" → the measured (message bytes, seconds) the fit came from, by size (collective_s reads
+    # between them: NCCL's time is not one line over 64 KiB-1 GiB — send/recv over 4 H200s ran 16-64 MiB at
+    # 119-127 GB/s and 256-512 MiB at 297-350, benchmarks/results/s26-h200x4-nccl/)
+    points: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
     # Host seconds the eager executor spends per kernel it launches, in attention / MLP blocks and in
     # Mamba-2 blocks, training and prefill or decode: the cost model's launch floor under a small step.
     host_kernel_s: float | None = None
@@ -69,6 +73,19 @@ class Calibration:
             if key == f"{kind}/{n}":
                 return alpha, bw
         return None
+
+    def collective_s(self, kind: str, n: int, message: float) -> float | None:
+        """One `kind` over `n` ranks of `message` bytes as measured: between two measured sizes, the line
+        through them (a collective's time is affine in its size within one of NCCL's regimes); outside them, or
+        with fewer than two, the α-β fit. None where the profile did not time it."""
+        fit = self.collective(kind, n)
+        if fit is None:
+            return None
+        pts = next((p for key, p in self.points if key == f"{kind}/{n}"), ())
+        for (m0, t0), (m1, t1) in zip(pts, pts[1:]):
+            if m0 <= message <= m1 and m1 > m0:
+                return t0 + (t1 - t0) * (message - m0) / (m1 - m0)
+        return fit[0] + message / fit[1]
 
 
 @dataclass(frozen=True)
@@ -249,7 +266,7 @@ def _pairs(value, key: str, where: str) -> tuple[tuple[int, float], ...]:
 
 
 def _calibration(cal: dict, where: str) -> Calibration:
-    collectives = []
+    collectives, points = [], []
     for key, entry in (cal.get("collectives") or {}).items():
         kind, _, n = key.partition("/")
         if not n.isdigit() or not isinstance(entry, dict) or "alpha_us" not in entry or "algbw_gb_per_s" not in entry:
@@ -258,6 +275,14 @@ def _calibration(cal: dict, where: str) -> Calibration:
                 "{{alpha_us = …, algbw_gb_per_s = …}}"
             )
         collectives.append((key, float(entry["alpha_us"]) * 1e-6, float(entry["algbw_gb_per_s"]) * 1e9))
+        try:
+            measured = sorted((float(m), float(t)) for m, t in entry.get("points", ()))
+        except (TypeError, ValueError):
+            raise MeshplanError(
+                f"{where}: calibration.collectives.{key!r}.points must be [message bytes, seconds] pairs"
+            ) from None
+        if measured:
+            points.append((key, tuple(measured)))
     gemm = cal.get("gemm_efficiency")
     if gemm is not None and not 0 < gemm <= 1:
         raise MeshplanError(f"{where}: calibration.gemm_efficiency must be in (0, 1], got {gemm}")
@@ -273,6 +298,7 @@ def _calibration(cal: dict, where: str) -> Calibration:
         if "attention_prefix" in cal
         else None,
         collectives=tuple(collectives),
+        points=tuple(points),
         **{key.replace("_us", "_s"): cal[key] * 1e-6 for key in HOST_KEYS if key in cal},
     )
 
